@@ -1,0 +1,415 @@
+//! Typed buffer views. Collectives take these instead of generics so that
+//! [`Communicator`](crate::Communicator) stays object-safe and can cross the
+//! plugin boundary.
+
+use crate::{DType, Device, Element, Error, ErrorKind, Result};
+
+/// A read-only view of host memory holding `len()` elements of `dtype()`.
+///
+/// Build it from any `&[T]` with `T: Element` (`HostBuf::from(&v[..])`) or
+/// from raw bytes with [`HostBuf::from_bytes`].
+#[derive(Debug, Clone, Copy)]
+pub struct HostBuf<'a> {
+    dtype: DType,
+    bytes: &'a [u8],
+}
+
+/// A mutable view of host memory holding `len()` elements of `dtype()`.
+#[derive(Debug)]
+pub struct HostBufMut<'a> {
+    dtype: DType,
+    bytes: &'a mut [u8],
+}
+
+fn check_bytes(dtype: DType, ptr: *const u8, len: usize) -> Result<()> {
+    if len % dtype.size() != 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{len} bytes is not a whole number of {dtype} elements ({} bytes each)",
+                dtype.size()
+            ),
+        ));
+    }
+    if (ptr as usize) % dtype.size() != 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("byte buffer is not aligned for {dtype}"),
+        )
+        .with_fix("allocate the buffer as a slice of the element type"));
+    }
+    Ok(())
+}
+
+fn dtype_error(expected: DType, found: DType) -> Error {
+    Error::new(
+        ErrorKind::InvalidArgument,
+        format!("buffer holds {found} elements, but {expected} was asked for"),
+    )
+}
+
+impl<'a> HostBuf<'a> {
+    /// View `bytes` as elements of `dtype`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when the length is not a multiple of the
+    /// element size or the address is not aligned for `dtype`.
+    pub fn from_bytes(dtype: DType, bytes: &'a [u8]) -> Result<HostBuf<'a>> {
+        check_bytes(dtype, bytes.as_ptr(), bytes.len())?;
+        Ok(HostBuf { dtype, bytes })
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.dtype.size()
+    }
+
+    /// `true` when the view holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The raw bytes (native endianness).
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// Typed access.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when `T` is not the view's element type.
+    pub fn as_slice<T: Element>(&self) -> Result<&'a [T]> {
+        if T::DTYPE != self.dtype {
+            return Err(dtype_error(T::DTYPE, self.dtype));
+        }
+        Ok(bytemuck::cast_slice(self.bytes))
+    }
+
+    /// The sub-view of elements `start..start + len`.
+    ///
+    /// # Panics
+    /// When the range is out of bounds (a caller bug, like slice indexing).
+    pub fn slice(&self, start: usize, len: usize) -> HostBuf<'a> {
+        let s = self.dtype.size();
+        HostBuf {
+            dtype: self.dtype,
+            bytes: &self.bytes[start * s..(start + len) * s],
+        }
+    }
+}
+
+impl<'a> HostBufMut<'a> {
+    /// View `bytes` as elements of `dtype`.
+    ///
+    /// # Errors
+    /// As [`HostBuf::from_bytes`].
+    pub fn from_bytes(dtype: DType, bytes: &'a mut [u8]) -> Result<HostBufMut<'a>> {
+        check_bytes(dtype, bytes.as_ptr(), bytes.len())?;
+        Ok(HostBufMut { dtype, bytes })
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.bytes.len() / self.dtype.size()
+    }
+
+    /// `true` when the view holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The raw bytes.
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes
+    }
+
+    /// The raw bytes, mutably.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.bytes
+    }
+
+    /// Consume the view, keeping the full lifetime of the bytes.
+    pub fn into_bytes(self) -> &'a mut [u8] {
+        self.bytes
+    }
+
+    /// A read-only view of the same memory.
+    pub fn as_buf(&self) -> HostBuf<'_> {
+        HostBuf {
+            dtype: self.dtype,
+            bytes: self.bytes,
+        }
+    }
+
+    /// A shorter-lived mutable view of the same memory.
+    pub fn reborrow(&mut self) -> HostBufMut<'_> {
+        HostBufMut {
+            dtype: self.dtype,
+            bytes: self.bytes,
+        }
+    }
+
+    /// Typed mutable access.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when `T` is not the view's element type.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        if T::DTYPE != self.dtype {
+            return Err(dtype_error(T::DTYPE, self.dtype));
+        }
+        Ok(bytemuck::cast_slice_mut(self.bytes))
+    }
+
+    /// Typed read access.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when `T` is not the view's element type.
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        if T::DTYPE != self.dtype {
+            return Err(dtype_error(T::DTYPE, self.dtype));
+        }
+        Ok(bytemuck::cast_slice(self.bytes))
+    }
+}
+
+impl<'a, T: Element> From<&'a [T]> for HostBuf<'a> {
+    fn from(v: &'a [T]) -> Self {
+        HostBuf {
+            dtype: T::DTYPE,
+            bytes: bytemuck::cast_slice(v),
+        }
+    }
+}
+
+impl<'a, T: Element> From<&'a mut [T]> for HostBufMut<'a> {
+    fn from(v: &'a mut [T]) -> Self {
+        HostBufMut {
+            dtype: T::DTYPE,
+            bytes: bytemuck::cast_slice_mut(v),
+        }
+    }
+}
+
+/// A description of device memory: address, element count, element type,
+/// device and stream.
+///
+/// Device views are built by backend or framework adapters (a CUDA tensor
+/// adapter, say) that own the allocation; a `DeviceBuf` itself owns nothing
+/// and holds the address as an integer. A backend that accepts device
+/// buffers must only dereference addresses on the device it was connected to
+/// and must treat the view as valid only for the duration of the call; it
+/// declares the device kinds it accepts in
+/// [`Capabilities::device_kinds`](crate::Capabilities::device_kinds).
+/// Backends that take only host memory return
+/// [`ErrorKind::Unsupported`] for every device view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceBuf {
+    /// Device address of the first element.
+    pub addr: u64,
+    /// Number of elements.
+    pub len: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// The device holding the memory.
+    pub device: Device,
+    /// Engine stream handle the buffer is ordered on (0 = default stream).
+    pub stream: u64,
+}
+
+/// A read-only buffer argument: host or device memory.
+#[derive(Debug, Clone, Copy)]
+pub enum Buf<'a> {
+    /// Host memory.
+    Host(HostBuf<'a>),
+    /// Device memory.
+    Device(DeviceBuf),
+}
+
+/// A writable buffer argument: host or device memory.
+#[derive(Debug)]
+pub enum BufMut<'a> {
+    /// Host memory.
+    Host(HostBufMut<'a>),
+    /// Device memory.
+    Device(DeviceBuf),
+}
+
+impl<'a> Buf<'a> {
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Buf::Host(h) => h.dtype(),
+            Buf::Device(d) => d.dtype,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Buf::Host(h) => h.len(),
+            Buf::Device(d) => d.len,
+        }
+    }
+
+    /// `true` when the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the memory is.
+    pub fn device(&self) -> Device {
+        match self {
+            Buf::Host(_) => Device::CPU,
+            Buf::Device(d) => d.device,
+        }
+    }
+
+    /// The host view, if this is host memory.
+    pub fn host(&self) -> Option<HostBuf<'a>> {
+        match self {
+            Buf::Host(h) => Some(*h),
+            Buf::Device(_) => None,
+        }
+    }
+}
+
+impl<'a> BufMut<'a> {
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            BufMut::Host(h) => h.dtype(),
+            BufMut::Device(d) => d.dtype,
+        }
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            BufMut::Host(h) => h.len(),
+            BufMut::Device(d) => d.len,
+        }
+    }
+
+    /// `true` when the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the memory is.
+    pub fn device(&self) -> Device {
+        match self {
+            BufMut::Host(_) => Device::CPU,
+            BufMut::Device(d) => d.device,
+        }
+    }
+
+    /// A shorter-lived view of the same memory.
+    pub fn reborrow(&mut self) -> BufMut<'_> {
+        match self {
+            BufMut::Host(h) => BufMut::Host(h.reborrow()),
+            BufMut::Device(d) => BufMut::Device(*d),
+        }
+    }
+
+    /// A read-only view of the same memory.
+    pub fn as_buf(&self) -> Buf<'_> {
+        match self {
+            BufMut::Host(h) => Buf::Host(h.as_buf()),
+            BufMut::Device(d) => Buf::Device(*d),
+        }
+    }
+
+    /// The host view, if this is host memory.
+    pub fn into_host(self) -> Option<HostBufMut<'a>> {
+        match self {
+            BufMut::Host(h) => Some(h),
+            BufMut::Device(_) => None,
+        }
+    }
+}
+
+impl<'a> From<HostBuf<'a>> for Buf<'a> {
+    fn from(h: HostBuf<'a>) -> Self {
+        Buf::Host(h)
+    }
+}
+
+impl<'a> From<HostBufMut<'a>> for BufMut<'a> {
+    fn from(h: HostBufMut<'a>) -> Self {
+        BufMut::Host(h)
+    }
+}
+
+impl<'a, T: Element> From<&'a [T]> for Buf<'a> {
+    fn from(v: &'a [T]) -> Self {
+        Buf::Host(v.into())
+    }
+}
+
+impl<'a, T: Element> From<&'a mut [T]> for BufMut<'a> {
+    fn from(v: &'a mut [T]) -> Self {
+        BufMut::Host(v.into())
+    }
+}
+
+impl<'a, T: Element> From<&'a Vec<T>> for Buf<'a> {
+    fn from(v: &'a Vec<T>) -> Self {
+        Buf::Host(v.as_slice().into())
+    }
+}
+
+impl<'a, T: Element> From<&'a mut Vec<T>> for BufMut<'a> {
+    fn from(v: &'a mut Vec<T>) -> Self {
+        BufMut::Host(v.as_mut_slice().into())
+    }
+}
+
+impl From<DeviceBuf> for Buf<'_> {
+    fn from(d: DeviceBuf) -> Self {
+        Buf::Device(d)
+    }
+}
+
+impl From<DeviceBuf> for BufMut<'_> {
+    fn from(d: DeviceBuf) -> Self {
+        BufMut::Device(d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_views_keep_dtype_and_length() {
+        let mut v = vec![1.0f32, 2.0, 3.0];
+        let b = BufMut::from(&mut v);
+        assert_eq!(b.dtype(), DType::F32);
+        assert_eq!(b.len(), 3);
+        let mut h = b.into_host().unwrap();
+        h.as_mut_slice::<f32>().unwrap()[1] = 5.0;
+        assert!(h.as_mut_slice::<i32>().is_err());
+        assert_eq!(v, vec![1.0, 5.0, 3.0]);
+    }
+
+    #[test]
+    fn from_bytes_rejects_ragged_length() {
+        let bytes = [0u8; 6];
+        let err = HostBuf::from_bytes(DType::F32, &bytes[..6]).unwrap_err();
+        assert!(err.to_string().contains("6 bytes"), "{err}");
+        let v = [0u32; 2];
+        let ok = HostBuf::from_bytes(DType::F32, bytemuck::cast_slice(&v)).unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok.slice(1, 1).len(), 1);
+    }
+}

@@ -1,0 +1,220 @@
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, ErrorKind};
+
+/// The element type of a buffer taking part in a collective.
+///
+/// `DType` is a plain tag; the data itself travels as bytes inside a
+/// [`HostBuf`](crate::HostBuf) or [`DeviceBuf`](crate::DeviceBuf). The
+/// spelling used by [`DType::name`] and [`FromStr`] is the lower-case Rust
+/// name (`f32`, `bf16`, ...), which is also what `--dtype` flags accept.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum DType {
+    /// IEEE 754 half precision ([`half::f16`]).
+    F16,
+    /// bfloat16 ([`half::bf16`]).
+    BF16,
+    /// IEEE 754 single precision.
+    F32,
+    /// IEEE 754 double precision.
+    F64,
+    /// Signed 8-bit integer.
+    I8,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+}
+
+impl DType {
+    /// Every element type, in declaration order.
+    pub const ALL: [DType; 8] = [
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::I64,
+    ];
+
+    /// Size of one element in bytes.
+    pub const fn size(self) -> usize {
+        match self {
+            DType::I8 | DType::U8 => 1,
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::I32 => 4,
+            DType::F64 | DType::I64 => 8,
+        }
+    }
+
+    /// `true` for the four floating-point types.
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// Lower-case name, as accepted by [`FromStr`].
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+            DType::I8 => "i8",
+            DType::U8 => "u8",
+            DType::I32 => "i32",
+            DType::I64 => "i64",
+        }
+    }
+
+    /// Stable numeric code used across the plugin C ABI. Never reused.
+    pub const fn code(self) -> u32 {
+        match self {
+            DType::F16 => 1,
+            DType::BF16 => 2,
+            DType::F32 => 3,
+            DType::F64 => 4,
+            DType::I8 => 5,
+            DType::U8 => 6,
+            DType::I32 => 7,
+            DType::I64 => 8,
+        }
+    }
+
+    /// Inverse of [`DType::code`]; `None` for an unknown code.
+    pub const fn from_code(code: u32) -> Option<DType> {
+        Some(match code {
+            1 => DType::F16,
+            2 => DType::BF16,
+            3 => DType::F32,
+            4 => DType::F64,
+            5 => DType::I8,
+            6 => DType::U8,
+            7 => DType::I32,
+            8 => DType::I64,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for DType {
+    type Err = Error;
+
+    /// Parses `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i32`, `i64` (and the
+    /// common aliases `float16`, `bfloat16`, `float32`, `float64`, `int8`,
+    /// `uint8`, `int32`, `int64`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming the unknown spelling.
+    fn from_str(s: &str) -> Result<Self, Error> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "f16" | "float16" | "half" => DType::F16,
+            "bf16" | "bfloat16" => DType::BF16,
+            "f32" | "float32" | "float" => DType::F32,
+            "f64" | "float64" | "double" => DType::F64,
+            "i8" | "int8" => DType::I8,
+            "u8" | "uint8" => DType::U8,
+            "i32" | "int32" => DType::I32,
+            "i64" | "int64" => DType::I64,
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("unknown dtype `{other}`"),
+                )
+                .with_fix("use one of f16, bf16, f32, f64, i8, u8, i32, i64"))
+            }
+        })
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Rust type that can travel in a collective: `f16`, `bf16`, `f32`, `f64`,
+/// `i8`, `u8`, `i32`, `i64`.
+///
+/// The trait is sealed: the set of element types is part of the contract and
+/// every backend's capability table is written against it.
+pub trait Element: bytemuck::Pod + PartialOrd + fmt::Debug + Send + Sync + sealed::Sealed {
+    /// The tag for this type.
+    const DTYPE: DType;
+    /// Widen to `f64` (exact for every type but `i64` beyond 2^53).
+    fn to_f64(self) -> f64;
+    /// Narrow from `f64`, rounding to nearest (saturating for integers).
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $d:expr, $to:expr, $from:expr) => {
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = $d;
+            fn to_f64(self) -> f64 {
+                ($to)(self)
+            }
+            fn from_f64(v: f64) -> Self {
+                ($from)(v)
+            }
+        }
+    };
+}
+
+element!(
+    half::f16,
+    DType::F16,
+    |x: half::f16| x.to_f64(),
+    half::f16::from_f64
+);
+element!(
+    half::bf16,
+    DType::BF16,
+    |x: half::bf16| x.to_f64(),
+    half::bf16::from_f64
+);
+element!(f32, DType::F32, |x: f32| x as f64, |v: f64| v as f32);
+element!(f64, DType::F64, |x: f64| x, |v: f64| v);
+element!(i8, DType::I8, |x: i8| x as f64, |v: f64| v.round() as i8);
+element!(u8, DType::U8, |x: u8| x as f64, |v: f64| v.round() as u8);
+element!(i32, DType::I32, |x: i32| x as f64, |v: f64| v.round()
+    as i32);
+element!(i64, DType::I64, |x: i64| x as f64, |v: f64| v.round()
+    as i64);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_names_parse() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_code(d.code()), Some(d));
+            assert_eq!(d.name().parse::<DType>().unwrap(), d);
+        }
+        assert_eq!(DType::from_code(0), None);
+        let err = "f12".parse::<DType>().unwrap_err();
+        assert!(err.to_string().contains("f12"), "{err}");
+    }
+
+    #[test]
+    fn sizes_match_rust_types() {
+        assert_eq!(DType::F16.size(), std::mem::size_of::<half::f16>());
+        assert_eq!(DType::BF16.size(), std::mem::size_of::<half::bf16>());
+        assert_eq!(DType::I64.size(), std::mem::size_of::<i64>());
+        assert_eq!(<u8 as Element>::DTYPE, DType::U8);
+    }
+}

@@ -1,0 +1,84 @@
+//! # accel-api: the contracts every accel engine and runtime piece agrees on
+//!
+//! accel runs one training or inference program unchanged on one process or
+//! many. It never implements a collective algorithm itself: each *backend*
+//! drives an existing engine (Gloo, MPI, NCCL, PJRT, HCCL). This crate is the
+//! contract between those backends and the runtime (`accel`), and it has no
+//! engine dependency.
+//!
+//! ## The pieces
+//!
+//! | item | role |
+//! |---|---|
+//! | [`DType`], [`Element`] | the eight element types a collective can carry |
+//! | [`ReduceOp`] | sum, prod, min, max, avg |
+//! | [`Device`], [`DeviceKind`] | where a buffer lives |
+//! | [`HostBuf`], [`HostBufMut`], [`DeviceBuf`], [`Buf`], [`BufMut`] | typed, object-safe buffer views |
+//! | [`Capabilities`], [`Op`] | what a communicator declares it can do, up front |
+//! | [`Communicator`], [`CommunicatorExt`] | collectives over one process group |
+//! | [`Backend`], [`Probe`], [`ConnectContext`], [`BackendRegistration`] | a registration record: name, priority, device kind, probe, connect |
+//! | [`Store`], [`StoreExt`] | the rendezvous key-value store every engine bootstraps from |
+//! | [`Wrapper`] | what `prepare()` returns |
+//! | [`OffloadStore`] | named tensors for big-model offload |
+//! | [`Error`], [`ErrorKind`] | the one public error type |
+//!
+//! ## Rules every backend follows
+//!
+//! 1. **Declare, then act.** [`Communicator::capabilities`] lists every
+//!    operation, element type and reduction the communicator accepts. Calling
+//!    anything outside that set returns [`ErrorKind::Unsupported`]; it never
+//!    panics and never computes a wrong answer.
+//! 2. **Every blocking call ends.** A communicator is built with a timeout
+//!    ([`ConnectContext::timeout`]); every collective, point-to-point call and
+//!    barrier returns [`ErrorKind::Timeout`] or [`ErrorKind::PeerLost`] once it
+//!    is exceeded or a peer disappears. Sub-groups inherit the timeout.
+//! 3. **Failures poison.** After a timeout, a lost peer or an abort, the
+//!    communicator returns [`ErrorKind::Poisoned`] (naming the first failure)
+//!    on every later call instead of hanging on a half-finished protocol.
+//! 4. **Errors say who, what, where and how to fix it.** Build them with
+//!    [`Error::new`] and add the rank, the operation and the backend name.
+//! 5. **Collective calling convention.** Every rank of the group calls the
+//!    same operations in the same order with the same element type, element
+//!    count and root. Breaking it is a user error that debug mode reports as
+//!    [`ErrorKind::Mismatch`].
+//!
+//! Plugins loaded with `dlopen` implement these same traits; the C boundary
+//! that carries them lives in the `accel-plugin` crate so that this crate can
+//! stay free of `unsafe` code.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod backend;
+mod buffer;
+mod caps;
+mod comm;
+mod device;
+mod dtype;
+mod error;
+mod offload;
+mod op;
+mod store;
+mod wrapper;
+
+pub use backend::{
+    Availability, Backend, BackendRegistration, ConnectContext, Probe, ProbeContext, PRIORITY_CPU,
+    PRIORITY_CUDA, PRIORITY_FALLBACK, PRIORITY_MPI, PRIORITY_NPU, PRIORITY_XLA,
+};
+pub use buffer::{Buf, BufMut, DeviceBuf, HostBuf, HostBufMut};
+pub use caps::{Capabilities, Op};
+pub use comm::{validate, Communicator, CommunicatorExt};
+pub use device::{Device, DeviceKind};
+pub use dtype::{DType, Element};
+pub use error::{Error, ErrorKind, MismatchEntry, Result};
+pub use offload::{OffloadStore, TensorMeta};
+pub use op::ReduceOp;
+pub use store::{CasOutcome, Store, StoreExt};
+pub use wrapper::Wrapper;
+
+/// Re-exported so that backends and vendors name the same `half` types.
+pub use half::{bf16, f16};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+}
