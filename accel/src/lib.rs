@@ -1,1 +1,48 @@
-//! (under construction)
+//! # accel
+//!
+//! Run one training or inference program unchanged on one process or many,
+//! on CPU clusters, CUDA GPUs, XLA devices and Ascend NPUs. accel puts real
+//! collective engines (Gloo, MPI, NCCL, PJRT, HCCL) behind the traits of
+//! [`accel_api`] and owns everything around them: process discovery,
+//! backend registry and probing, rendezvous, and execution control.
+//!
+//! ```no_run
+//! let acc = accel::Accelerator::new()?;          // reads RANK/WORLD_SIZE/... once
+//! let mut grads = vec![1.0f32; 4];
+//! acc.all_reduce(&mut grads, accel::ReduceOp::Avg)?;
+//! acc.print(format_args!("rank {} of {} done", acc.rank(), acc.world_size()));
+//! # Ok::<(), accel::Error>(())
+//! ```
+//!
+//! ## Map
+//! * [`state`] / [`ProcessState`]: who this process is, from the launcher's
+//!   environment (accel launch, torchrun, OpenMPI, MPICH, MVAPICH, Slurm).
+//! * [`Registry`]: compiled-in backends (one cargo feature each), plugins
+//!   from `ACCEL_PLUGIN_PATH`, the probe table and `ACCEL_BACKEND`.
+//! * [`Accelerator`]: the connected runtime and execution control.
+//! * [`install_panic_hook`]: root-cause reports for the launcher.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod accelerator;
+mod panic_hook;
+mod registry;
+pub mod state;
+
+pub use accel_api::*;
+pub use accelerator::Accelerator;
+pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
+pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};
+pub use state::{state, LaunchSource, ProcessState};
+
+/// The stores, re-exported for programs that host or open one themselves.
+pub use accel_rendezvous as rendezvous;
+
+/// Reference every enabled backend crate so the linker keeps their
+/// `inventory` registrations (an unreferenced crate can be dropped).
+pub(crate) fn link_backends() {
+    use std::hint::black_box;
+    black_box(accel_backend_single::NAME);
+    #[cfg(feature = "cpu-gloo")]
+    black_box(accel_backend_cpu_gloo::NAME);
+}

@@ -1,1 +1,54 @@
-fn main() {}
+//! `accel`: the command-line front of accel.
+#![forbid(unsafe_code)]
+
+mod env_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run one program on one process or many, on any collective engine.
+#[derive(Debug, Parser)]
+#[command(name = "accel", version, about, long_about = None)]
+struct Cli {
+    /// Log level filter for accel's own logs (also RUST_LOG / ACCEL_LOG).
+    #[arg(long, global = true, env = "ACCEL_LOG", default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Show the probe table, the process state, versions, devices and plugins.
+    Env(env_cmd::EnvArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let result = match cli.command {
+        Command::Env(args) => env_cmd::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("accel: error: {e}");
+            ExitCode::from(exit_code_for(&e))
+        }
+    }
+}
+
+/// 2 for configuration mistakes (fix the command line or environment), 1 otherwise.
+fn exit_code_for(e: &accel_api::Error) -> u8 {
+    match e.kind() {
+        accel_api::ErrorKind::InvalidConfig | accel_api::ErrorKind::InvalidArgument => 2,
+        _ => 1,
+    }
+}

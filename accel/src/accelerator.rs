@@ -1,0 +1,258 @@
+use std::fmt;
+use std::sync::Arc;
+
+use accel_api::{Communicator, CommunicatorExt, ConnectContext, Element, ReduceOp, Result, Store};
+use accel_rendezvous::{MemoryStore, PrefixStore};
+
+use crate::registry::Registry;
+use crate::state::{self, ProcessState};
+
+/// The connected runtime of one process: its [`ProcessState`], the chosen
+/// backend's world communicator, the run's rendezvous store, and the
+/// execution-control helpers of Accelerate.
+pub struct Accelerator {
+    state: Arc<ProcessState>,
+    comm: Arc<dyn Communicator>,
+    store: Arc<dyn Store>,
+}
+
+impl fmt::Debug for Accelerator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Accelerator")
+            .field("rank", &self.state.rank)
+            .field("world_size", &self.state.world_size)
+            .field("backend", &self.comm.backend_name())
+            .field("store", &self.store.describe())
+            .finish()
+    }
+}
+
+impl Accelerator {
+    /// Read the process state from the environment, pick a backend (probe
+    /// order, or `ACCEL_BACKEND`), open the rendezvous store and connect.
+    /// Also installs the panic hook that reports crashes to `accel launch`.
+    ///
+    /// Collective: every rank of the run must call it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig) for a
+    /// malformed environment (naming the variable),
+    /// [`ErrorKind::Unavailable`](accel_api::ErrorKind::Unavailable) when no
+    /// backend can run, store errors (unreachable, wrong token) and the
+    /// backend's connect errors (peers missing after the timeout).
+    pub fn new() -> Result<Accelerator> {
+        crate::install_panic_hook();
+        let state = state::state()?;
+        Accelerator::connect(state, &Registry::from_env())
+    }
+
+    /// [`new`](Self::new) with an explicit state and registry.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn connect(state: Arc<ProcessState>, registry: &Registry) -> Result<Accelerator> {
+        let ctx = state.probe_context();
+        let backend = registry.select(&ctx, state.backend.as_deref())?;
+        let probe = backend.probe(&ctx);
+        let device = state.bind_device(backend.device_kind(), probe.device_count)?;
+        let root: Arc<dyn Store> = match state.store_location()? {
+            None => Arc::new(MemoryStore::new()),
+            Some(url) => accel_rendezvous::open_store(&url, state.token.as_deref(), state.timeout)
+                .map_err(|e| e.with_rank(state.rank))?,
+        };
+        let scope = format!("accel/{}/{}", state.run_id, state.restart_count);
+        let store: Arc<dyn Store> = Arc::new(PrefixStore::new(root, scope));
+        let comm_store: Arc<dyn Store> = Arc::new(PrefixStore::new(store.clone(), "world"));
+        let comm = backend
+            .connect(ConnectContext {
+                rank: state.rank,
+                world_size: state.world_size,
+                local_rank: state.local_rank,
+                local_world_size: state.local_world_size,
+                device,
+                timeout: state.timeout,
+                store: comm_store,
+                run_id: state.run_id.clone(),
+            })
+            .map_err(|e| e.with_backend(backend.name()).with_rank(state.rank))?;
+        tracing::info!(
+            rank = state.rank,
+            world_size = state.world_size,
+            backend = backend.name(),
+            %device,
+            "accel connected"
+        );
+        Ok(Accelerator {
+            state,
+            comm: Arc::from(comm),
+            store,
+        })
+    }
+
+    /// The process state.
+    pub fn state(&self) -> &ProcessState {
+        &self.state
+    }
+
+    /// The world communicator.
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+
+    /// The run's rendezvous store (scoped to this run and restart).
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The chosen backend's name.
+    pub fn backend_name(&self) -> &str {
+        self.comm.backend_name()
+    }
+
+    /// Global rank.
+    pub fn rank(&self) -> usize {
+        self.state.rank
+    }
+
+    /// Number of processes.
+    pub fn world_size(&self) -> usize {
+        self.state.world_size
+    }
+
+    /// Rank on this machine.
+    pub fn local_rank(&self) -> usize {
+        self.state.local_rank
+    }
+
+    /// `true` on global rank 0.
+    pub fn is_main_process(&self) -> bool {
+        self.state.is_main_process()
+    }
+
+    /// `true` on local rank 0.
+    pub fn is_local_main_process(&self) -> bool {
+        self.state.is_local_main_process()
+    }
+
+    /// `true` on the last rank.
+    pub fn is_last_process(&self) -> bool {
+        self.state.is_last_process()
+    }
+
+    /// Run `f` on the main process only; its result comes back there
+    /// (`None` elsewhere). Not collective.
+    pub fn on_main_process<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        self.is_main_process().then(f)
+    }
+
+    /// Run `f` on local rank 0 of each machine only.
+    pub fn on_local_main_process<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        self.is_local_main_process().then(f)
+    }
+
+    /// Run `f` on the last rank only.
+    pub fn on_last_process<T>(&self, f: impl FnOnce() -> T) -> Option<T> {
+        self.is_last_process().then(f)
+    }
+
+    /// Run `f` on global rank `rank` only.
+    pub fn on_process<T>(&self, rank: usize, f: impl FnOnce() -> T) -> Option<T> {
+        (self.state.rank == rank).then(f)
+    }
+
+    /// Run `f` on local rank `local_rank` of each machine only.
+    pub fn on_local_process<T>(&self, local_rank: usize, f: impl FnOnce() -> T) -> Option<T> {
+        (self.state.local_rank == local_rank).then(f)
+    }
+
+    /// Block until every rank reaches this point (a barrier).
+    ///
+    /// # Errors
+    /// The backend's barrier errors: timeout, lost peer, poisoned.
+    pub fn wait_for_everyone(&self) -> Result<()> {
+        self.comm.barrier()
+    }
+
+    /// Run `f` on the main process first, then on all others (e.g. download
+    /// or preprocess once, then read from cache). Collective.
+    ///
+    /// # Errors
+    /// Barrier errors; `f`'s result is returned as is.
+    pub fn main_process_first<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        if !self.is_main_process() {
+            self.wait_for_everyone()?;
+        }
+        let out = f();
+        if self.is_main_process() {
+            self.wait_for_everyone()?;
+        }
+        Ok(out)
+    }
+
+    /// This rank's contiguous share of `items`: `len / world_size` each, the
+    /// first `len % world_size` ranks one more.
+    pub fn split_between_processes<'a, T>(&self, items: &'a [T]) -> &'a [T] {
+        &items[self.state.split_range(items.len())]
+    }
+
+    /// Like [`split_between_processes`](Self::split_between_processes), but
+    /// every rank gets the same count: short shares are padded by repeating
+    /// their last element (or, for an empty share, the last element of
+    /// `items`). Empty `items` give empty shares.
+    pub fn split_between_processes_padded<T: Clone>(&self, items: &[T]) -> Vec<T> {
+        let n = self.world_size();
+        let want = items.len().div_ceil(n);
+        let mut share = self.split_between_processes(items).to_vec();
+        if let Some(fill) = share.last().or(items.last()).cloned() {
+            share.resize(want, fill);
+        }
+        share
+    }
+
+    /// Print on the local main process only (one line per machine).
+    pub fn print(&self, args: fmt::Arguments<'_>) {
+        if self.is_local_main_process() {
+            println!("{args}");
+        }
+    }
+
+    /// All-reduce a slice in place.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`].
+    pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        self.comm.all_reduce_slice(data, op)
+    }
+
+    /// Gather equal-size slices from every rank, in rank order, on every rank.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_gather`].
+    pub fn gather<T: Element>(&self, data: &[T]) -> Result<Vec<T>> {
+        self.comm.all_gather_vec(data)
+    }
+
+    /// Broadcast a slice from `root` in place.
+    ///
+    /// # Errors
+    /// As [`Communicator::broadcast`].
+    pub fn broadcast<T: Element>(&self, data: &mut [T], root: usize) -> Result<()> {
+        self.comm.broadcast_slice(data, root)
+    }
+
+    /// Abort the group with `reason`: every later collective fails.
+    pub fn abort(&self, reason: &str) {
+        self.comm.abort(reason);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accelerator_is_send_and_sync() {
+        fn is<T: Send + Sync>() {}
+        is::<Accelerator>();
+    }
+}

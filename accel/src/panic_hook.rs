@@ -1,0 +1,135 @@
+//! A process-wide panic hook that writes the root cause of a crash to
+//! `ACCEL_ERROR_FILE`, where `accel launch` reads it for its failure report.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Once;
+
+/// What the error file holds (one JSON object).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ErrorRecord {
+    /// Global rank of the process that failed, when known.
+    pub rank: Option<usize>,
+    /// Process id.
+    pub pid: u32,
+    /// The panic message (or error text).
+    pub message: String,
+    /// `file:line:column` of the panic, when known.
+    pub location: Option<String>,
+    /// Seconds since the Unix epoch.
+    pub timestamp: u64,
+}
+
+impl ErrorRecord {
+    /// Read a record written by [`write_error_file`].
+    ///
+    /// # Errors
+    /// I/O errors, or [`accel_api::ErrorKind::Corrupt`] when the file is not
+    /// a record.
+    pub fn read(path: &Path) -> accel_api::Result<ErrorRecord> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            accel_api::Error::io(format!("reading error file {}", path.display()), e)
+        })?;
+        serde_json::from_str(&text).map_err(|e| {
+            accel_api::Error::new(
+                accel_api::ErrorKind::Corrupt,
+                format!(
+                    "error file {} is not an accel error record: {e}",
+                    path.display()
+                ),
+            )
+        })
+    }
+}
+
+/// Write `record` to `path` atomically (temporary file, fsync, rename).
+///
+/// # Errors
+/// The I/O error, naming the path.
+pub fn write_error_file(path: &Path, record: &ErrorRecord) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp.{}",
+        path.file_name().and_then(|s| s.to_str()).unwrap_or("error"),
+        std::process::id()
+    ));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(serde_json::to_string(record).unwrap_or_default().as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+static INSTALL: Once = Once::new();
+
+/// Install the hook (idempotent). The previous hook still runs, so the usual
+/// message still reaches stderr. Without `ACCEL_ERROR_FILE` (or
+/// `TORCHELASTIC_ERROR_FILE`) the hook only forwards.
+pub fn install_panic_hook() {
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let path = std::env::var_os("ACCEL_ERROR_FILE")
+                .or_else(|| std::env::var_os("TORCHELASTIC_ERROR_FILE"))
+                .filter(|p| !p.is_empty());
+            if let Some(path) = path {
+                let message = info
+                    .payload()
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic with a non-string payload".into());
+                let record = ErrorRecord {
+                    rank: std::env::var("RANK").ok().and_then(|r| r.parse().ok()),
+                    pid: std::process::id(),
+                    message,
+                    location: info
+                        .location()
+                        .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column())),
+                    timestamp: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_secs())
+                        .unwrap_or(0),
+                };
+                // Keep the first failure: a later panic while unwinding must
+                // not overwrite the root cause.
+                if !Path::new(&path).exists() {
+                    let _ = write_error_file(Path::new(&path), &record);
+                }
+            }
+            previous(info);
+        }));
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("err.json");
+        let r = ErrorRecord {
+            rank: Some(3),
+            pid: 42,
+            message: "index out of bounds".into(),
+            location: Some("src/main.rs:1:2".into()),
+            timestamp: 1,
+        };
+        write_error_file(&p, &r).unwrap();
+        assert_eq!(ErrorRecord::read(&p).unwrap(), r);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temp file left"
+        );
+        std::fs::write(&p, "garbage").unwrap();
+        let e = ErrorRecord::read(&p).unwrap_err();
+        assert!(e.to_string().contains("err.json"), "{e}");
+    }
+}

@@ -1,0 +1,863 @@
+//! Process state: who this process is in the run, read once from the
+//! environment that a launcher (accel launch, torchrun, mpirun/mpiexec of
+//! OpenMPI, MPICH, Intel MPI or MVAPICH, srun) set.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use accel_api::{Device, DeviceKind, Error, ErrorKind, Result};
+
+/// Default bound for every blocking call when `ACCEL_TIMEOUT` is not set.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Which launcher family the process state was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum LaunchSource {
+    /// No launcher variables: a plain one-process run.
+    None,
+    /// `accel launch` (ACCEL_LAUNCHER=accel).
+    Accel,
+    /// torchrun / torch.distributed.launch, or anything setting RANK and
+    /// WORLD_SIZE by hand.
+    Torchrun,
+    /// OpenMPI's mpirun (OMPI_COMM_WORLD_*).
+    OpenMpi,
+    /// MPICH / Intel MPI hydra (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID).
+    Mpich,
+    /// MVAPICH (MV2_COMM_WORLD_*).
+    Mvapich,
+    /// Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID).
+    Slurm,
+}
+
+impl LaunchSource {
+    /// `true` for the MPI launcher families.
+    pub fn is_mpi(self) -> bool {
+        matches!(
+            self,
+            LaunchSource::OpenMpi | LaunchSource::Mpich | LaunchSource::Mvapich
+        )
+    }
+}
+
+/// Who this process is in the run. Built once per process by [`state`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ProcessState {
+    /// Global rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of processes in the run.
+    pub world_size: usize,
+    /// Rank among the processes of this machine.
+    pub local_rank: usize,
+    /// Number of processes on this machine.
+    pub local_world_size: usize,
+    /// Rank of this machine (torchrun's GROUP_RANK, Slurm's SLURM_NODEID).
+    pub node_rank: usize,
+    /// The launcher family the values came from.
+    pub source: LaunchSource,
+    /// `true` when an MPI launcher started the process (its variables are
+    /// present), whatever else set the ranks.
+    pub mpi_launched: bool,
+    /// MASTER_ADDR.
+    pub master_addr: Option<String>,
+    /// MASTER_PORT.
+    pub master_port: Option<u16>,
+    /// ACCEL_STORE_URL: where the rendezvous store is (`tcp://h:p`,
+    /// `file:///dir`); derived from MASTER_ADDR/MASTER_PORT when absent.
+    pub store_url: Option<String>,
+    /// ACCEL_RUN_ID (torchrun's TORCHELASTIC_RUN_ID), `default` when absent.
+    pub run_id: String,
+    /// ACCEL_RUN_TOKEN: the store's shared secret. Never printed.
+    #[serde(skip)]
+    pub token: Option<String>,
+    /// ACCEL_TIMEOUT: the bound for every blocking call.
+    #[serde(with = "duration_secs")]
+    pub timeout: Duration,
+    /// ACCEL_BACKEND: backends to choose from, in order of preference.
+    pub backend: Option<Vec<String>>,
+    /// ACCEL_DEBUG: fingerprint every collective and report mismatches.
+    pub debug: bool,
+    /// ACCEL_RESTART_COUNT (TORCHELASTIC_RESTART_COUNT).
+    pub restart_count: u32,
+    /// ACCEL_ERROR_FILE (TORCHELASTIC_ERROR_FILE): where the panic hook
+    /// writes the root cause for the launcher.
+    pub error_file: Option<PathBuf>,
+    /// ACCEL_SHARE_DEVICES: allow more local ranks than visible devices.
+    pub share_devices: bool,
+}
+
+mod duration_secs {
+    pub fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+}
+
+type Vars = HashMap<String, String>;
+
+fn fix_for(source: &str) -> String {
+    format!("check the variables your launcher ({source}) sets, or start the program with `accel launch`")
+}
+
+fn num(vars: &Vars, name: &str) -> Result<Option<usize>> {
+    match vars.get(name) {
+        None => Ok(None),
+        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+            Error::invalid_config(name, v, "not a non-negative integer")
+                .with_fix(format!("set {name} to a number such as 0, or unset it"))
+        }),
+    }
+}
+
+fn flag(vars: &Vars, name: &str) -> Result<bool> {
+    match vars.get(name).map(|v| v.trim().to_ascii_lowercase()) {
+        None => Ok(false),
+        Some(v) => match v.as_str() {
+            "" | "0" | "false" | "no" | "off" => Ok(false),
+            "1" | "true" | "yes" | "on" => Ok(true),
+            _ => Err(Error::invalid_config(name, &v, "not a boolean")
+                .with_fix(format!("set {name} to 1 or 0"))),
+        },
+    }
+}
+
+/// Parse `30`, `30s`, `500ms`, `5m`, `1h` (a bare number is seconds).
+pub fn parse_duration(name: &str, v: &str) -> Result<Duration> {
+    let t = v.trim();
+    let (n, unit) = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map(|i| (&t[..i], &t[i..]))
+        .unwrap_or((t, "s"));
+    let n: f64 = n.parse().map_err(|_| {
+        Error::invalid_config(name, v, "not a duration")
+            .with_fix("use e.g. 300, 30s, 500ms, 5m or 1h")
+    })?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" | "min" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => {
+            return Err(Error::invalid_config(name, v, "unknown duration unit")
+                .with_fix("use e.g. 300, 30s, 500ms, 5m or 1h"))
+        }
+    };
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(Error::invalid_config(name, v, "a timeout must be positive")
+            .with_fix("use e.g. 300, 30s, 500ms, 5m or 1h"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// One launcher family's view of (rank, size, local rank, local size).
+#[derive(Debug, Clone, Copy)]
+struct Family {
+    source: LaunchSource,
+    rank: (usize, &'static str),
+    size: (usize, &'static str),
+    local_rank: Option<(usize, &'static str)>,
+    local_size: Option<(usize, &'static str)>,
+    node_rank: Option<usize>,
+}
+
+fn pair(
+    vars: &Vars,
+    source: LaunchSource,
+    rank: &'static str,
+    size: &'static str,
+) -> Result<Option<(usize, usize)>> {
+    match (num(vars, rank)?, num(vars, size)?) {
+        (None, None) => Ok(None),
+        (Some(r), Some(s)) => Ok(Some((r, s))),
+        (Some(_), None) => Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!("{rank} is set but {size} is not"),
+        )
+        .with_fix(fix_for(&format!("{source:?}")))),
+        (None, Some(_)) => Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!("{size} is set but {rank} is not"),
+        )
+        .with_fix(fix_for(&format!("{source:?}")))),
+    }
+}
+
+fn opt(vars: &Vars, name: &'static str) -> Result<Option<(usize, &'static str)>> {
+    Ok(num(vars, name)?.map(|v| (v, name)))
+}
+
+fn torch_family(vars: &Vars) -> Result<Option<Family>> {
+    let Some((r, s)) = pair(vars, LaunchSource::Torchrun, "RANK", "WORLD_SIZE")? else {
+        return Ok(None);
+    };
+    let source = if vars.get("ACCEL_LAUNCHER").map(String::as_str) == Some("accel") {
+        LaunchSource::Accel
+    } else {
+        LaunchSource::Torchrun
+    };
+    Ok(Some(Family {
+        source,
+        rank: (r, "RANK"),
+        size: (s, "WORLD_SIZE"),
+        local_rank: opt(vars, "LOCAL_RANK")?,
+        local_size: opt(vars, "LOCAL_WORLD_SIZE")?,
+        node_rank: num(vars, "GROUP_RANK")?,
+    }))
+}
+
+fn mpi_family(vars: &Vars) -> Result<Option<Family>> {
+    if let Some((r, s)) = pair(
+        vars,
+        LaunchSource::OpenMpi,
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+    )? {
+        return Ok(Some(Family {
+            source: LaunchSource::OpenMpi,
+            rank: (r, "OMPI_COMM_WORLD_RANK"),
+            size: (s, "OMPI_COMM_WORLD_SIZE"),
+            local_rank: opt(vars, "OMPI_COMM_WORLD_LOCAL_RANK")?,
+            local_size: opt(vars, "OMPI_COMM_WORLD_LOCAL_SIZE")?,
+            node_rank: None,
+        }));
+    }
+    if let Some((r, s)) = pair(
+        vars,
+        LaunchSource::Mvapich,
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
+    )? {
+        return Ok(Some(Family {
+            source: LaunchSource::Mvapich,
+            rank: (r, "MV2_COMM_WORLD_RANK"),
+            size: (s, "MV2_COMM_WORLD_SIZE"),
+            local_rank: opt(vars, "MV2_COMM_WORLD_LOCAL_RANK")?,
+            local_size: opt(vars, "MV2_COMM_WORLD_LOCAL_SIZE")?,
+            node_rank: None,
+        }));
+    }
+    if let Some((r, s)) = pair(vars, LaunchSource::Mpich, "PMI_RANK", "PMI_SIZE")? {
+        return Ok(Some(Family {
+            source: LaunchSource::Mpich,
+            rank: (r, "PMI_RANK"),
+            size: (s, "PMI_SIZE"),
+            local_rank: opt(vars, "MPI_LOCALRANKID")?,
+            local_size: opt(vars, "MPI_LOCALNRANKS")?,
+            node_rank: None,
+        }));
+    }
+    Ok(None)
+}
+
+/// Slurm's per-node task counts: `2(x3),1` → [2, 2, 2, 1].
+fn slurm_tasks_per_node(v: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in v.split(',') {
+        let part = part.trim();
+        if let Some((n, rep)) = part.split_once("(x") {
+            let n: usize = n.parse().ok()?;
+            let rep: usize = rep.strip_suffix(')')?.parse().ok()?;
+            out.extend(std::iter::repeat(n).take(rep));
+        } else {
+            out.push(part.parse().ok()?);
+        }
+    }
+    Some(out)
+}
+
+fn slurm_family(vars: &Vars) -> Result<Option<Family>> {
+    let Some((r, s)) = pair(vars, LaunchSource::Slurm, "SLURM_PROCID", "SLURM_NTASKS")? else {
+        return Ok(None);
+    };
+    let node = num(vars, "SLURM_NODEID")?;
+    let local_size = match (vars.get("SLURM_TASKS_PER_NODE"), node) {
+        (Some(v), Some(n)) => {
+            let per = slurm_tasks_per_node(v).ok_or_else(|| {
+                Error::invalid_config("SLURM_TASKS_PER_NODE", v, "not in Slurm's `N(xM),K` format")
+            })?;
+            per.get(n).map(|&c| (c, "SLURM_TASKS_PER_NODE"))
+        }
+        _ => None,
+    };
+    Ok(Some(Family {
+        source: LaunchSource::Slurm,
+        rank: (r, "SLURM_PROCID"),
+        size: (s, "SLURM_NTASKS"),
+        local_rank: opt(vars, "SLURM_LOCALID")?,
+        local_size,
+        node_rank: node,
+    }))
+}
+
+fn check_family(f: &Family) -> Result<()> {
+    let (rank, rn) = f.rank;
+    let (size, sn) = f.size;
+    if size == 0 {
+        return Err(
+            Error::invalid_config(sn, "0", "a run needs at least one process")
+                .with_fix(fix_for(&format!("{:?}", f.source))),
+        );
+    }
+    if rank >= size {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "{rn}={rank} is not below {sn}={size}: ranks go from 0 to {}",
+                size - 1
+            ),
+        )
+        .with_fix(fix_for(&format!("{:?}", f.source))));
+    }
+    if let Some((ls, lsn)) = f.local_size {
+        if ls == 0 || ls > size {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("{lsn}={ls} must be between 1 and {sn}={size}"),
+            )
+            .with_fix(fix_for(&format!("{:?}", f.source))));
+        }
+        if let Some((lr, lrn)) = f.local_rank {
+            if lr >= ls {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("{lrn}={lr} is not below {lsn}={ls}"),
+                )
+                .with_fix(fix_for(&format!("{:?}", f.source))));
+            }
+        }
+    }
+    if let Some((lr, lrn)) = f.local_rank {
+        if lr >= size {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("{lrn}={lr} is not below {sn}={size}"),
+            )
+            .with_fix(fix_for(&format!("{:?}", f.source))));
+        }
+    }
+    Ok(())
+}
+
+impl ProcessState {
+    /// Read the state from this process's environment.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] naming the variable and its value when a
+    /// value is malformed (non-numeric, out of range) or two launcher
+    /// families contradict each other.
+    pub fn from_env() -> Result<ProcessState> {
+        ProcessState::from_vars(std::env::vars().collect())
+    }
+
+    /// Read the state from an explicit set of variables (what
+    /// [`from_env`](Self::from_env) does with the real environment).
+    ///
+    /// Order: accel/torchrun variables (RANK, WORLD_SIZE, LOCAL_RANK,
+    /// LOCAL_WORLD_SIZE, GROUP_RANK), then OpenMPI, MVAPICH, MPICH/Intel MPI,
+    /// then Slurm (only when SLURM_PROCID is set, i.e. under srun). When
+    /// RANK/WORLD_SIZE are set by hand or by torchrun inside an MPI job, the
+    /// two must agree; `accel launch` workers (ACCEL_LAUNCHER=accel) ignore
+    /// MPI variables inherited from an outer mpirun.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    pub fn from_vars(vars: HashMap<String, String>) -> Result<ProcessState> {
+        let torch = torch_family(&vars)?;
+        let mpi = mpi_family(&vars)?;
+        let mpi_launched = mpi.is_some() || vars.contains_key("PMIX_RANK");
+        if let (Some(t), Some(m)) = (&torch, &mpi) {
+            check_family(m)?;
+            if t.source != LaunchSource::Accel && (t.rank.0 != m.rank.0 || t.size.0 != m.size.0) {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "RANK={} WORLD_SIZE={} contradict {}={} {}={}",
+                        t.rank.0, t.size.0, m.rank.1, m.rank.0, m.size.1, m.size.0
+                    ),
+                )
+                .with_fix("unset RANK/WORLD_SIZE when starting with mpirun, or do not wrap torchrun-style launches in mpirun"));
+            }
+        }
+        let family = match (torch, mpi) {
+            (Some(t), _) => Some(t),
+            (None, Some(m)) => Some(m),
+            (None, None) => slurm_family(&vars)?,
+        };
+        if let Some(f) = &family {
+            check_family(f)?;
+        }
+        let (rank, world_size, source) = match &family {
+            Some(f) => (f.rank.0, f.size.0, f.source),
+            None => (0, 1, LaunchSource::None),
+        };
+        let local_world_size = family
+            .and_then(|f| f.local_size.map(|x| x.0))
+            .unwrap_or(world_size);
+        let local_rank = family
+            .and_then(|f| f.local_rank.map(|x| x.0))
+            .unwrap_or(rank % local_world_size);
+        let node_rank = family
+            .and_then(|f| f.node_rank)
+            .unwrap_or(rank / local_world_size);
+
+        let master_port = match vars.get("MASTER_PORT") {
+            None => None,
+            Some(v) => Some(v.trim().parse::<u16>().map_err(|_| {
+                Error::invalid_config("MASTER_PORT", v, "not a TCP port (1-65535)")
+                    .with_fix("set MASTER_PORT to a free port, or let `accel launch` choose one")
+            })?),
+        };
+        if master_port == Some(0) && world_size > 1 {
+            return Err(Error::invalid_config(
+                "MASTER_PORT",
+                "0",
+                "workers cannot connect to port 0",
+            )
+            .with_fix("set the port the store listens on"));
+        }
+        let timeout = match vars.get("ACCEL_TIMEOUT") {
+            Some(v) => parse_duration("ACCEL_TIMEOUT", v)?,
+            None => DEFAULT_TIMEOUT,
+        };
+        let backend = vars
+            .get("ACCEL_BACKEND")
+            .map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .filter(|s| !s.is_empty())
+                    .collect::<Vec<_>>()
+            })
+            .filter(|v| !v.is_empty());
+        let restart_count = match vars
+            .get("ACCEL_RESTART_COUNT")
+            .map(|v| ("ACCEL_RESTART_COUNT", v))
+            .or_else(|| {
+                vars.get("TORCHELASTIC_RESTART_COUNT")
+                    .map(|v| ("TORCHELASTIC_RESTART_COUNT", v))
+            }) {
+            None => 0,
+            Some((name, v)) => v
+                .trim()
+                .parse::<u32>()
+                .map_err(|_| Error::invalid_config(name, v, "not a non-negative integer"))?,
+        };
+        Ok(ProcessState {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            node_rank,
+            source,
+            mpi_launched,
+            master_addr: vars.get("MASTER_ADDR").cloned(),
+            master_port,
+            store_url: vars.get("ACCEL_STORE_URL").cloned(),
+            run_id: vars
+                .get("ACCEL_RUN_ID")
+                .or_else(|| vars.get("TORCHELASTIC_RUN_ID"))
+                .cloned()
+                .unwrap_or_else(|| "default".to_string()),
+            token: vars
+                .get("ACCEL_RUN_TOKEN")
+                .cloned()
+                .filter(|t| !t.is_empty()),
+            timeout,
+            backend,
+            debug: flag(&vars, "ACCEL_DEBUG")?,
+            restart_count,
+            error_file: vars
+                .get("ACCEL_ERROR_FILE")
+                .or_else(|| vars.get("TORCHELASTIC_ERROR_FILE"))
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
+            share_devices: flag(&vars, "ACCEL_SHARE_DEVICES")?,
+        })
+    }
+
+    /// `true` on global rank 0.
+    pub fn is_main_process(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// `true` on local rank 0 of each machine.
+    pub fn is_local_main_process(&self) -> bool {
+        self.local_rank == 0
+    }
+
+    /// `true` on the last global rank.
+    pub fn is_last_process(&self) -> bool {
+        self.rank + 1 == self.world_size
+    }
+
+    /// The probe context for a run shaped like this one.
+    pub fn probe_context(&self) -> accel_api::ProbeContext {
+        accel_api::ProbeContext {
+            world_size: self.world_size,
+            local_world_size: self.local_world_size,
+            mpi_launched: self.mpi_launched,
+        }
+    }
+
+    /// The rendezvous store's URL: ACCEL_STORE_URL, else
+    /// `tcp://MASTER_ADDR:MASTER_PORT`; `None` for a one-process run without
+    /// either.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a multi-process run that names no store.
+    pub fn store_location(&self) -> Result<Option<String>> {
+        if let Some(u) = &self.store_url {
+            return Ok(Some(u.clone()));
+        }
+        match (&self.master_addr, self.master_port) {
+            (Some(a), Some(p)) => Ok(Some(format!("tcp://{a}:{p}"))),
+            _ if self.world_size == 1 => Ok(None),
+            (None, _) => Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("WORLD_SIZE={} but MASTER_ADDR is not set", self.world_size),
+            )
+            .with_fix("set MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL), or start with `accel launch`")),
+            (Some(_), None) => Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("WORLD_SIZE={} but MASTER_PORT is not set", self.world_size),
+            )
+            .with_fix("set MASTER_PORT (or ACCEL_STORE_URL), or start with `accel launch`")),
+        }
+    }
+
+    /// The device this rank drives, given how many devices of `kind` are
+    /// visible: local rank `i` takes device `i`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Unavailable`] when no device of `kind` is visible;
+    /// [`ErrorKind::InvalidConfig`] when there are more local ranks than
+    /// devices, unless ACCEL_SHARE_DEVICES=1 asks for sharing (then devices
+    /// are assigned round-robin). Accelerate silently reuses devices; accel
+    /// refuses, because two ranks on one GPU is almost always a mistake.
+    pub fn bind_device(&self, kind: DeviceKind, visible: usize) -> Result<Device> {
+        if kind == DeviceKind::Cpu {
+            return Ok(Device::CPU);
+        }
+        if visible == 0 {
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                format!("no {kind} device is visible to rank {}", self.rank),
+            )
+            .with_fix("check the driver and the *_VISIBLE_DEVICES mask"));
+        }
+        if self.local_rank < visible {
+            return Ok(Device::new(kind, self.local_rank as u32));
+        }
+        if self.share_devices {
+            return Ok(Device::new(kind, (self.local_rank % visible) as u32));
+        }
+        Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "LOCAL_RANK={} but only {visible} {kind} device(s) are visible ({} local processes)",
+                self.local_rank, self.local_world_size
+            ),
+        )
+        .with_rank(self.rank)
+        .with_fix(format!(
+            "start at most {visible} processes per machine, or set ACCEL_SHARE_DEVICES=1 to share devices"
+        )))
+    }
+
+    /// The contiguous range of `0..len` this rank handles: ranks get
+    /// `len / world_size` items each, and the first `len % world_size` ranks
+    /// one more (Accelerate's `split_between_processes`).
+    pub fn split_range(&self, len: usize) -> Range<usize> {
+        split_range(self.rank, self.world_size, len)
+    }
+}
+
+/// [`ProcessState::split_range`] for an explicit rank and world size.
+pub fn split_range(rank: usize, world_size: usize, len: usize) -> Range<usize> {
+    let base = len / world_size;
+    let extra = len % world_size;
+    let start = rank * base + rank.min(extra);
+    let n = base + usize::from(rank < extra);
+    start..start + n
+}
+
+static STATE: RwLock<Option<Arc<ProcessState>>> = RwLock::new(None);
+
+/// The process state, read from the environment on first use and kept for
+/// the life of the process.
+///
+/// # Errors
+/// As [`ProcessState::from_env`]; an error is not cached, so a corrected
+/// environment is read on the next call.
+pub fn state() -> Result<Arc<ProcessState>> {
+    if let Some(s) = STATE.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        return Ok(s.clone());
+    }
+    let mut slot = STATE.write().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = slot.as_ref() {
+        return Ok(s.clone());
+    }
+    let s = Arc::new(ProcessState::from_env()?);
+    *slot = Some(s.clone());
+    Ok(s)
+}
+
+/// Forget the cached process state (tests that change the environment).
+pub fn reset_state() {
+    *STATE.write().unwrap_or_else(|p| p.into_inner()) = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(kv: &[(&str, &str)]) -> Vars {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn err(kv: &[(&str, &str)]) -> String {
+        let e = ProcessState::from_vars(vars(kv)).unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::InvalidConfig), "{e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn plain_shell_is_one_process() {
+        let s = ProcessState::from_vars(vars(&[])).unwrap();
+        assert_eq!(
+            (s.rank, s.world_size, s.local_rank, s.local_world_size),
+            (0, 1, 0, 1)
+        );
+        assert_eq!(s.source, LaunchSource::None);
+        assert_eq!(s.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(s.store_location().unwrap(), None);
+    }
+
+    #[test]
+    fn torchrun_variables() {
+        let s = ProcessState::from_vars(vars(&[
+            ("RANK", "5"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("GROUP_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+            ("TORCHELASTIC_RUN_ID", "abc"),
+            ("ACCEL_TIMEOUT", "90s"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (
+                s.rank,
+                s.world_size,
+                s.local_rank,
+                s.local_world_size,
+                s.node_rank
+            ),
+            (5, 8, 1, 4, 1)
+        );
+        assert_eq!(s.source, LaunchSource::Torchrun);
+        assert_eq!(s.run_id, "abc");
+        assert_eq!(s.timeout, Duration::from_secs(90));
+        assert_eq!(s.store_location().unwrap().unwrap(), "tcp://10.0.0.1:29500");
+        assert!(!s.is_main_process() && !s.is_local_main_process() && !s.is_last_process());
+    }
+
+    #[test]
+    fn torchrun_family_errors_name_the_variable() {
+        assert!(err(&[("RANK", "5"), ("WORLD_SIZE", "2")]).contains("RANK=5"));
+        assert!(err(&[("RANK", "x"), ("WORLD_SIZE", "2")]).contains("RANK=\"x\""));
+        assert!(err(&[("RANK", "0")]).contains("WORLD_SIZE is not"));
+        assert!(err(&[("RANK", "0"), ("WORLD_SIZE", "0")]).contains("WORLD_SIZE"));
+        let m = err(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "2"),
+            ("LOCAL_WORLD_SIZE", "2"),
+        ]);
+        assert!(
+            m.contains("LOCAL_RANK=2") && m.contains("LOCAL_WORLD_SIZE=2"),
+            "{m}"
+        );
+        assert!(
+            err(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "70000")])
+                .contains("MASTER_PORT")
+        );
+        assert!(err(&[("ACCEL_TIMEOUT", "soon")]).contains("ACCEL_TIMEOUT"));
+        assert!(err(&[("ACCEL_DEBUG", "maybe")]).contains("ACCEL_DEBUG"));
+    }
+
+    #[test]
+    fn openmpi_variables_and_contradiction() {
+        let s = ProcessState::from_vars(vars(&[
+            ("OMPI_COMM_WORLD_RANK", "3"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.rank, s.world_size, s.local_rank, s.node_rank),
+            (3, 4, 1, 1)
+        );
+        assert!(s.mpi_launched && s.source == LaunchSource::OpenMpi);
+        let m = err(&[("OMPI_COMM_WORLD_RANK", "4"), ("OMPI_COMM_WORLD_SIZE", "4")]);
+        assert!(m.contains("OMPI_COMM_WORLD_RANK=4"), "{m}");
+        let m = err(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+        ]);
+        assert!(
+            m.contains("contradict") && m.contains("OMPI_COMM_WORLD_SIZE=4"),
+            "{m}"
+        );
+        // accel launch workers inside an outer mpirun ignore the MPI ranks.
+        let s = ProcessState::from_vars(vars(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("ACCEL_LAUNCHER", "accel"),
+            ("OMPI_COMM_WORLD_RANK", "0"),
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+        ]))
+        .unwrap();
+        assert_eq!((s.rank, s.source), (1, LaunchSource::Accel));
+    }
+
+    #[test]
+    fn mpich_and_mvapich_variables() {
+        let s = ProcessState::from_vars(vars(&[
+            ("PMI_RANK", "2"),
+            ("PMI_SIZE", "3"),
+            ("MPI_LOCALRANKID", "2"),
+            ("MPI_LOCALNRANKS", "3"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (s.rank, s.world_size, s.local_rank, s.source),
+            (2, 3, 2, LaunchSource::Mpich)
+        );
+        assert!(err(&[("PMI_RANK", "-1"), ("PMI_SIZE", "3")]).contains("PMI_RANK"));
+        assert!(err(&[
+            ("PMI_RANK", "1"),
+            ("PMI_SIZE", "3"),
+            ("MPI_LOCALRANKID", "3"),
+            ("MPI_LOCALNRANKS", "3")
+        ])
+        .contains("MPI_LOCALRANKID=3"));
+        let s = ProcessState::from_vars(vars(&[
+            ("MV2_COMM_WORLD_RANK", "1"),
+            ("MV2_COMM_WORLD_SIZE", "2"),
+        ]))
+        .unwrap();
+        assert_eq!((s.rank, s.source), (1, LaunchSource::Mvapich));
+        assert!(
+            err(&[("MV2_COMM_WORLD_RANK", "2"), ("MV2_COMM_WORLD_SIZE", "2")])
+                .contains("MV2_COMM_WORLD_RANK=2")
+        );
+    }
+
+    #[test]
+    fn slurm_variables() {
+        let s = ProcessState::from_vars(vars(&[
+            ("SLURM_PROCID", "5"),
+            ("SLURM_NTASKS", "7"),
+            ("SLURM_LOCALID", "1"),
+            ("SLURM_NODEID", "2"),
+            ("SLURM_TASKS_PER_NODE", "2(x3),1"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (
+                s.rank,
+                s.world_size,
+                s.local_rank,
+                s.local_world_size,
+                s.node_rank
+            ),
+            (5, 7, 1, 2, 2)
+        );
+        assert!(err(&[("SLURM_PROCID", "7"), ("SLURM_NTASKS", "7")]).contains("SLURM_PROCID=7"));
+        assert!(err(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_NODEID", "0"),
+            ("SLURM_TASKS_PER_NODE", "2(x")
+        ])
+        .contains("SLURM_TASKS_PER_NODE"));
+        // Inside salloc without srun, SLURM_NTASKS alone does not make a rank.
+        let s = ProcessState::from_vars(vars(&[("SLURM_NTASKS", "4")]));
+        assert!(s.is_err());
+    }
+
+    #[test]
+    fn device_binding_refuses_oversubscription() {
+        let mut s = ProcessState::from_vars(vars(&[
+            ("RANK", "3"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "3"),
+            ("LOCAL_WORLD_SIZE", "4"),
+        ]))
+        .unwrap();
+        assert_eq!(s.bind_device(DeviceKind::Cpu, 0).unwrap(), Device::CPU);
+        assert_eq!(
+            s.bind_device(DeviceKind::Cuda, 4).unwrap(),
+            Device::new(DeviceKind::Cuda, 3)
+        );
+        let e = s.bind_device(DeviceKind::Cuda, 2).unwrap_err();
+        assert!(e.to_string().contains("ACCEL_SHARE_DEVICES"), "{e}");
+        assert!(matches!(
+            s.bind_device(DeviceKind::Cuda, 0).unwrap_err().kind(),
+            ErrorKind::Unavailable
+        ));
+        s.share_devices = true;
+        assert_eq!(
+            s.bind_device(DeviceKind::Cuda, 2).unwrap(),
+            Device::new(DeviceKind::Cuda, 1)
+        );
+    }
+
+    #[test]
+    fn split_range_is_contiguous_and_balanced() {
+        for world in 1..6 {
+            for len in 0..20 {
+                let mut next = 0;
+                for r in 0..world {
+                    let g = split_range(r, world, len);
+                    assert_eq!(g.start, next);
+                    assert!(g.len() == len / world || g.len() == len / world + 1);
+                    assert_eq!(g.len() == len / world + 1, r < len % world);
+                    next = g.end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+
+    #[test]
+    fn multi_process_needs_a_store() {
+        let s = ProcessState::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap();
+        assert!(s
+            .store_location()
+            .unwrap_err()
+            .to_string()
+            .contains("MASTER_ADDR"));
+        let s = ProcessState::from_vars(vars(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("ACCEL_STORE_URL", "file:///tmp/x"),
+        ]))
+        .unwrap();
+        assert_eq!(s.store_location().unwrap().unwrap(), "file:///tmp/x");
+    }
+}
