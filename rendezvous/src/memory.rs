@@ -1,4 +1,5 @@
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -22,33 +23,105 @@ impl MemoryStore {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Wait until `ready(map)` holds, up to `timeout`; `Err(missing keys)` after.
+    /// Wait until every key in `keys` is set, up to `timeout`; `Err(missing
+    /// keys)` after. A timeout too large to represent means "no deadline".
     fn wait_until(
         &self,
         keys: &[&str],
         timeout: Duration,
     ) -> std::result::Result<MutexGuard<'_, HashMap<String, Vec<u8>>>, Vec<String>> {
-        let deadline = Instant::now() + timeout;
+        match self.wait_inner(keys, timeout, None) {
+            Waited::Ready(map) => Ok(map),
+            Waited::Missing(m) => Err(m),
+            // Without a cancel flag nothing can cancel.
+            Waited::Cancelled => Err(keys.iter().map(|k| k.to_string()).collect()),
+        }
+    }
+
+    fn wait_inner(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+        cancel: Option<&AtomicBool>,
+    ) -> Waited<MutexGuard<'_, HashMap<String, Vec<u8>>>> {
+        let deadline = Instant::now().checked_add(timeout);
         let mut map = self.lock();
         loop {
+            // Checked under the lock: `wake_waiters` takes the lock before
+            // notifying, so a flag set before it is never missed.
+            if cancel.is_some_and(|c| c.load(Ordering::SeqCst)) {
+                return Waited::Cancelled;
+            }
             if keys.iter().all(|k| map.contains_key(*k)) {
-                return Ok(map);
+                return Waited::Ready(map);
             }
             let now = Instant::now();
-            if now >= deadline {
-                return Err(keys
-                    .iter()
-                    .filter(|k| !map.contains_key(**k))
-                    .map(|k| k.to_string())
-                    .collect());
-            }
+            let left = match deadline {
+                Some(d) if now >= d => {
+                    return Waited::Missing(
+                        keys.iter()
+                            .filter(|k| !map.contains_key(**k))
+                            .map(|k| k.to_string())
+                            .collect(),
+                    )
+                }
+                Some(d) => d - now,
+                None => Duration::from_secs(3600),
+            };
             map = self
                 .changed
-                .wait_timeout(map, deadline - now)
+                .wait_timeout(map, left)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
         }
     }
+
+    /// [`Store::get`] that also returns early once `cancel` is set and
+    /// [`wake_waiters`](Self::wake_waiters) was called (TCP server shutdown).
+    pub(crate) fn get_or_cancel(
+        &self,
+        key: &str,
+        timeout: Duration,
+        cancel: &AtomicBool,
+    ) -> Waited<Vec<u8>> {
+        match self.wait_inner(&[key], timeout, Some(cancel)) {
+            Waited::Ready(map) => Waited::Ready(map[key].clone()),
+            Waited::Missing(m) => Waited::Missing(m),
+            Waited::Cancelled => Waited::Cancelled,
+        }
+    }
+
+    /// [`Store::wait`] that also returns early once `cancel` is set and
+    /// [`wake_waiters`](Self::wake_waiters) was called.
+    pub(crate) fn wait_or_cancel(
+        &self,
+        keys: &[&str],
+        timeout: Duration,
+        cancel: &AtomicBool,
+    ) -> Waited<()> {
+        match self.wait_inner(keys, timeout, Some(cancel)) {
+            Waited::Ready(_) => Waited::Ready(()),
+            Waited::Missing(m) => Waited::Missing(m),
+            Waited::Cancelled => Waited::Cancelled,
+        }
+    }
+
+    /// Wake every blocked waiter so that it re-checks its cancel flag.
+    pub(crate) fn wake_waiters(&self) {
+        let _map = self.lock();
+        self.changed.notify_all();
+    }
+}
+
+/// How a cancellable wait ended.
+#[derive(Debug)]
+pub(crate) enum Waited<T> {
+    /// Every key was set.
+    Ready(T),
+    /// The timeout passed; these keys were still missing.
+    Missing(Vec<String>),
+    /// The cancel flag was raised.
+    Cancelled,
 }
 
 pub(crate) fn parse_counter(key: &str, v: &[u8]) -> Result<i64> {
@@ -205,6 +278,43 @@ mod tests {
         );
         assert!(s.delete("n").unwrap());
         assert!(!s.delete("n").unwrap());
+    }
+
+    #[test]
+    fn huge_timeouts_do_not_overflow() {
+        let s = MemoryStore::new();
+        s.set("k", b"v").unwrap();
+        assert_eq!(s.get("k", Duration::MAX).unwrap(), b"v");
+        s.wait(&["k"], Duration::MAX).unwrap();
+    }
+
+    #[test]
+    fn cancellable_waits_end_when_woken() {
+        let s = Arc::new(MemoryStore::new());
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (s2, c2) = (s.clone(), cancel.clone());
+        let t = std::thread::spawn(move || {
+            let start = Instant::now();
+            let r = s2.get_or_cancel("never", Duration::from_secs(20), &c2);
+            (matches!(r, Waited::Cancelled), start.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        cancel.store(true, Ordering::SeqCst);
+        s.wake_waiters();
+        let (cancelled, took) = t.join().unwrap();
+        assert!(cancelled);
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        // Not cancelled: the usual answers.
+        let off = AtomicBool::new(false);
+        s.set("a", b"1").unwrap();
+        assert!(matches!(
+            s.wait_or_cancel(&["a"], Duration::ZERO, &off),
+            Waited::Ready(())
+        ));
+        match s.wait_or_cancel(&["a", "b"], Duration::from_millis(10), &off) {
+            Waited::Missing(m) => assert_eq!(m, vec!["b".to_string()]),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
