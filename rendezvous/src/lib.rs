@@ -1,11 +1,235 @@
-//! Rendezvous stores implementing [`accel_api::Store`].
+//! # accel-rendezvous: the stores every rank bootstraps from
 //!
-//! | store | use |
-//! |---|---|
-//! | [`MemoryStore`] | one process (threads as ranks, tests) |
+//! Implementations of [`accel_api::Store`], the key-value store through
+//! which the ranks of a run find each other (addresses, engine unique ids,
+//! barriers) before any collective engine is up.
+//!
+//! | store | URL ([`open_store`]) | use |
+//! |---|---|---|
+//! | [`TcpStore`] / [`TcpStoreServer`] | `tcp://host:port` | the default: the launcher (or rank 0) hosts the server, every rank connects; authenticated with the run token |
+//! | [`FileStore`] | `file:///abs/dir` | a shared directory (local tmp, NFS) when no TCP server can be hosted |
+//! | [`MemoryStore`] | `memory:` | one process: threads as ranks, tests; also the state behind the TCP server |
+//! | [`PrefixStore`] | — | any store seen under a key prefix, so that independent users never collide |
+//!
+//! ```
+//! use std::time::Duration;
+//! use accel_api::{Store, StoreExt};
+//! use accel_rendezvous::{open_store, TcpStoreServer};
+//!
+//! # fn main() -> accel_api::Result<()> {
+//! // The launcher binds first (port 0: a free port) and hosts the store...
+//! let server = TcpStoreServer::bind_loopback(0, Some("run-token".into()))?;
+//! // ...and every rank opens it from the URL and token it was given.
+//! let store = open_store(&server.url(), Some("run-token"), Duration::from_secs(30))?;
+//! store.set("rank0/addr", b"10.0.0.1:4000")?;
+//! assert_eq!(store.get_string("rank0/addr", Duration::from_secs(1))?, "10.0.0.1:4000");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Every blocking call is bounded: `get` and `wait` by their timeout, every
+//! other call by the store's own bound (the TCP client's connect timeout,
+//! the file store's lock timeout). A store whose server went away fails
+//! each call within that bound with an error naming the server, never hangs.
+//!
+//! ## The TCP protocol
+//!
+//! Each message is a frame: a `u32` little-endian payload length, then the
+//! payload, at most 1 GiB (64 KiB for the first frame, before the client is
+//! authenticated); larger frames are refused without being read. A payload
+//! is an opcode byte followed by fields: little-endian integers, strings and
+//! byte strings as a `u32` length plus bytes, optional fields as a presence
+//! byte plus the field, lists as a `u32` count plus items, timeouts as `u64`
+//! milliseconds.
+//!
+//! | request | fields | reply |
+//! |---|---|---|
+//! | `0x01` hello | magic `ACCELRDV`, version `u16`, token `opt<str>` | ok, refused(`str`), version mismatch(`u16`) |
+//! | `0x02` set | key, value | ok |
+//! | `0x03` get | key, timeout | value(`bytes`) or timeout(missing keys) |
+//! | `0x04` try_get | key | maybe(`opt<bytes>`) |
+//! | `0x05` add | key, delta `i64` | int(`i64`) |
+//! | `0x06` compare_set | key, expected `opt<bytes>`, desired | swapped, or maybe(current) |
+//! | `0x07` wait | keys, timeout | ok or timeout(missing keys) |
+//! | `0x08` delete | key | bool |
+//!
+//! Any request can also be answered with error(kind, message). The first
+//! frame of every connection must be a hello; when the server has a token
+//! and the hello's differs (compared in constant time) or is missing, the
+//! server answers *refused*, logs a warning naming the peer, and closes the
+//! connection. A connection carries one request at a time; the server
+//! answers a `get` or `wait` when its keys are set or its timeout passed,
+//! so no request holds a connection forever.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod file;
 mod memory;
+mod prefix;
+mod tcp;
 
+#[cfg(test)]
+mod scenarios;
+#[cfg(test)]
+mod test_util;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use accel_api::{Error, Result, Store};
+
+pub use file::FileStore;
 pub use memory::MemoryStore;
+pub use prefix::PrefixStore;
+pub use tcp::{TcpStore, TcpStoreServer};
+
+const URL_FORMS: &str = "expected tcp://host:port, file:///absolute/dir or memory:";
+
+/// Open the store a URL names.
+///
+/// * `tcp://host:port` (IPv6 as `tcp://[::1]:29500`): [`TcpStore::connect`]
+///   with `token` and `timeout`;
+/// * `file:///absolute/dir`: [`FileStore::new`], with `timeout` as its lock
+///   timeout (the directory's permissions are its only protection; `token`
+///   is not used);
+/// * `memory:`: a fresh, empty [`MemoryStore`] (useful in tests only: it is
+///   not shared with other processes).
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig) naming
+/// the URL when it is none of these; otherwise what the store's constructor
+/// returns.
+pub fn open_store(url: &str, token: Option<&str>, timeout: Duration) -> Result<Arc<dyn Store>> {
+    let bad = |why: &str| Error::invalid_config("store URL", url, format!("{why}; {URL_FORMS}"));
+    if let Some(rest) = url.strip_prefix("tcp://") {
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
+            let (h, p) = v6
+                .split_once(']')
+                .ok_or_else(|| bad("unclosed `[` in the host"))?;
+            (h, p.strip_prefix(':').unwrap_or(""))
+        } else {
+            rest.rsplit_once(':').unwrap_or((rest, ""))
+        };
+        if host.is_empty()
+            || host.contains(['/', '[', ']'])
+            || (host.contains(':') && !rest.starts_with('['))
+        {
+            return Err(bad("the host is missing or malformed"));
+        }
+        match port.parse::<u16>() {
+            Ok(p) if p != 0 => {}
+            _ => return Err(bad("the port is missing or not in 1..=65535")),
+        }
+        return Ok(Arc::new(TcpStore::connect(rest, token, timeout)?));
+    }
+    if let Some(path) = url.strip_prefix("file://") {
+        if !path.starts_with('/') {
+            return Err(bad(
+                "the directory must be an absolute path (three slashes)",
+            ));
+        }
+        return Ok(Arc::new(FileStore::new(path)?.with_lock_timeout(timeout)));
+    }
+    if url == "memory:" || url == "memory://" {
+        return Ok(Arc::new(MemoryStore::new()));
+    }
+    Err(bad("unknown scheme"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenarios::{store_scenarios, Fixture};
+    use crate::test_util::TempDir;
+    use accel_api::ErrorKind;
+
+    const T: Duration = Duration::from_secs(5);
+
+    mod memory_scenarios {
+        use super::*;
+        store_scenarios!(Fixture::new(Arc::new(MemoryStore::new()), ()));
+    }
+
+    mod prefix_scenarios {
+        use super::*;
+        store_scenarios!(Fixture::new(Arc::new(MemoryStore::new()), ()).prefixed("a"));
+    }
+
+    mod file_scenarios {
+        use super::*;
+        store_scenarios!({
+            let dir = TempDir::new("scenario");
+            Fixture::new(Arc::new(FileStore::new(dir.path()).unwrap()), dir)
+        });
+    }
+
+    #[test]
+    fn open_store_understands_each_scheme() {
+        let m = open_store("memory:", None, T).unwrap();
+        m.set("k", b"v").unwrap();
+        assert_eq!(m.describe(), "memory store");
+        // Each `memory:` is a fresh store.
+        assert_eq!(
+            open_store("memory:", None, T)
+                .unwrap()
+                .try_get("k")
+                .unwrap(),
+            None
+        );
+
+        let dir = TempDir::new("open");
+        let url = format!("file://{}", dir.path().display());
+        let f = open_store(&url, None, T).unwrap();
+        f.set("k", b"v").unwrap();
+        assert_eq!(f.describe(), url);
+        assert_eq!(
+            open_store(&url, None, T).unwrap().try_get("k").unwrap(),
+            Some(b"v".to_vec())
+        );
+
+        let s = TcpStoreServer::bind_loopback(0, Some("tok".into())).unwrap();
+        let url = s.url();
+        let t = open_store(&url, Some("tok"), T).unwrap();
+        t.set("k", b"v").unwrap();
+        assert_eq!(t.describe(), url);
+        let e = match open_store(&url, Some("bad"), T) {
+            Err(e) => e,
+            Ok(_) => panic!("a wrong token must be refused"),
+        };
+        assert_eq!(e.kind(), &ErrorKind::Unauthorized);
+        let v6 = format!("tcp://[::1]:{}", s.local_addr().port());
+        // ::1 may be absent in containers; only the parse is checked here.
+        if let Err(e) = open_store(&v6, Some("tok"), Duration::from_millis(50)) {
+            assert!(!matches!(e.kind(), ErrorKind::InvalidConfig), "{e}");
+        }
+    }
+
+    #[test]
+    fn open_store_rejects_unknown_urls_naming_them() {
+        for url in [
+            "redis://h:1",
+            "",
+            "tcp://",
+            "tcp://host",
+            "tcp://host:0",
+            "tcp://host:99999",
+            "tcp://:29500",
+            "tcp://::1:29500",
+            "tcp://[::1",
+            "tcp://h:1/path",
+            "file://relative/dir",
+            "file:relative",
+            "memory:extra",
+        ] {
+            let e = match open_store(url, None, Duration::from_millis(10)) {
+                Err(e) => e,
+                Ok(s) => panic!("{url:?} opened {}", s.describe()),
+            };
+            assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{url:?}: {e}");
+            let m = e.to_string();
+            assert!(m.contains(&format!("{url:?}")), "{m}");
+            assert!(m.contains("tcp://host:port"), "{m}");
+        }
+    }
+}

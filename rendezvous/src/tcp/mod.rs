@@ -1,0 +1,12 @@
+//! The TCP store: [`TcpStoreServer`] hosted by the launcher (or rank 0),
+//! [`TcpStore`] in every rank.
+
+mod client;
+mod server;
+mod wire;
+
+#[cfg(test)]
+mod tests;
+
+pub use client::TcpStore;
+pub use server::TcpStoreServer;

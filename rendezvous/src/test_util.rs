@@ -1,0 +1,244 @@
+//! Test helpers: temporary directories, captured logs, child processes.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
+use std::sync::{Mutex, Once};
+use std::time::{Duration, Instant};
+
+/// A directory removed on drop.
+#[derive(Debug)]
+pub(crate) struct TempDir(PathBuf);
+
+impl TempDir {
+    pub(crate) fn new(label: &str) -> TempDir {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "accel-rdv-{label}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+// ---------------------------------------------------------------- logs
+
+static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Records every event (debug and above) of every thread as one line of
+/// `LEVEL field=value ...`.
+struct Capture;
+
+struct Line(String);
+
+impl tracing::field::Visit for Line {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write;
+        let _ = write!(self.0, " {}={:?}", field.name(), value);
+    }
+}
+
+impl tracing::Subscriber for Capture {
+    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
+        *m.level() <= tracing::Level::DEBUG
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, e: &tracing::Event<'_>) {
+        let mut line = Line(e.metadata().level().to_string());
+        e.record(&mut line);
+        LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(line.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Install the capturing subscriber for the whole test process (once).
+pub(crate) fn capture_logs() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        tracing::subscriber::set_global_default(Capture).expect("no other global subscriber");
+    });
+}
+
+/// Captured lines containing every one of `needles`, waiting up to 2 s for
+/// one to appear (server threads log asynchronously).
+pub(crate) fn wait_for_log(needles: &[&str]) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let found: Vec<String> = LOGS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|l| needles.iter().all(|n| l.contains(n)))
+            .cloned()
+            .collect();
+        if !found.is_empty() || Instant::now() >= deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------- children
+
+const CHILD_ENV: &str = "ACCEL_RDV_TEST_CHILD";
+
+/// This test binary re-run as a child process running only
+/// [`child_main`] in role `role`. Killed on drop.
+pub(crate) struct ChildProc {
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+pub(crate) fn spawn_child(role: &str, env: &[(&str, &str)]) -> ChildProc {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "test_util::child_main",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, role)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let (tx, rx) = channel();
+    let out = child.stdout.take().unwrap();
+    let err = child.stderr.take().unwrap();
+    let tx2 = tx.clone();
+    std::thread::spawn(move || forward(out, tx));
+    std::thread::spawn(move || forward(err, tx2));
+    ChildProc {
+        child,
+        lines: rx,
+        seen: Vec::new(),
+    }
+}
+
+fn forward(r: impl Read, tx: std::sync::mpsc::Sender<String>) {
+    for line in BufReader::new(r).lines() {
+        let Ok(line) = line else { return };
+        if tx.send(line).is_err() {
+            return;
+        }
+    }
+}
+
+impl ChildProc {
+    /// What follows `prefix` on the first output line containing it.
+    pub(crate) fn line_with(&mut self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    // libtest's "test ... " may precede it on the same line.
+                    if let Some(at) = l.find(prefix) {
+                        return l[at + prefix.len()..].trim().to_string();
+                    }
+                    self.seen.push(l);
+                }
+                Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                    panic!(
+                        "child printed no `{prefix}` line within {timeout:?}:\n{}",
+                        self.seen.join("\n")
+                    )
+                }
+            }
+        }
+    }
+
+    /// SIGKILL the child and reap it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Everything the child printed, once it exited successfully.
+    pub(crate) fn wait_output(mut self, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => self.seen.push(l),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.kill();
+                    panic!(
+                        "child did not finish within {timeout:?}:\n{}",
+                        self.seen.join("\n")
+                    );
+                }
+            }
+        }
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let out = self.seen.join("\n");
+                assert!(status.success(), "child failed ({status}):\n{out}");
+                return out;
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!("child did not exit within {timeout:?}");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for ChildProc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The child side: a no-op in the normal test run.
+#[test]
+fn child_main() {
+    let Ok(role) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let var = |k: &str| std::env::var(k).unwrap();
+    match role.as_str() {
+        "tcp-server" => {
+            let token = std::env::var("ACCEL_RDV_TEST_TOKEN").ok();
+            let server = crate::TcpStoreServer::bind_loopback(0, token).unwrap();
+            println!("CHILD_ADDR={}", server.local_addr());
+            // Bounded: the parent kills us long before.
+            std::thread::sleep(Duration::from_secs(30));
+        }
+        "file-adder" => {
+            let store = crate::FileStore::new(var("ACCEL_RDV_TEST_DIR")).unwrap();
+            let n: i64 = var("ACCEL_RDV_TEST_N").parse().unwrap();
+            if crate::file::tests::child_adder(&store, n, &var("ACCEL_RDV_TEST_ID")) {
+                println!("ADDER_SWAPPED");
+            }
+            println!("ADDER_DONE");
+        }
+        other => panic!("unknown child role {other}"),
+    }
+}
