@@ -28,7 +28,12 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// each accepted connection is served by its own thread, which is plenty
 /// for runs of a few hundred ranks. Blocking `get` / `wait` requests carry
 /// their timeout and are answered with the keys still missing when it
-/// passes, so no connection is held forever.
+/// passes, so no connection is held forever. (A client killed in the middle
+/// of a `get` leaves its server thread waiting until that request's timeout;
+/// the thread then finds the connection closed and exits.) Authenticated
+/// connections may stay idle for the whole run: the server puts no read
+/// timeout on them, only a 30 s write timeout on its replies; a new
+/// connection must send its hello within 10 s.
 ///
 /// # Authentication
 ///

@@ -67,6 +67,16 @@ fn assert_closed(s: &mut TcpStream) {
 }
 
 #[test]
+fn stores_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<TcpStore>();
+    check::<TcpStoreServer>();
+    check::<crate::FileStore>();
+    check::<crate::PrefixStore>();
+    check::<crate::MemoryStore>();
+}
+
+#[test]
 fn describe_is_a_tcp_url() {
     let s = server();
     let c = client(&s);
