@@ -1,0 +1,138 @@
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use accel_api::{Communicator, ConnectContext, Device, ErrorKind, ProbeContext, Store, StoreExt};
+use accel_plugin::load_plugin;
+use accel_rendezvous::MemoryStore;
+
+use crate::common::{err, with_plugins};
+
+fn connect(
+    plugin: &Path,
+    store: &Arc<MemoryStore>,
+    run_id: &str,
+) -> accel_api::Result<Box<dyn Communicator>> {
+    load_plugin(plugin).unwrap().connect(ConnectContext {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        local_world_size: 1,
+        device: Device::CPU,
+        timeout: Duration::from_secs(5),
+        store: store.clone(),
+        run_id: run_id.into(),
+    })
+}
+
+#[test]
+fn the_plugin_rendezvous_through_every_host_store_method() {
+    with_plugins(|p| {
+        let store = Arc::new(MemoryStore::new());
+        let comm = connect(&p.fixture, &store, "store-roundtrip").unwrap();
+        let report = store
+            .get_string("fixture/report", Duration::from_secs(1))
+            .unwrap();
+        assert_eq!(
+            report,
+            format!(
+                "get=alpha try_get=None try_get_a=Some(\"alpha\") add=5,3 \
+                 cas=swapped,current:one,swapped,absent delete=true,false describe={}",
+                store.describe()
+            )
+        );
+        // What the plugin wrote is in the host's store.
+        assert_eq!(store.try_get("fixture/n").unwrap(), Some(b"3".to_vec()));
+        assert_eq!(store.try_get("fixture/c").unwrap(), Some(b"two".to_vec()));
+        assert_eq!(store.try_get("fixture/a").unwrap(), None);
+        drop(comm);
+        assert_eq!(
+            Arc::strong_count(&store),
+            1,
+            "the plugin released the store"
+        );
+    });
+}
+
+#[test]
+fn a_host_store_error_crosses_twice_with_its_kind() {
+    with_plugins(|p| {
+        let store = Arc::new(MemoryStore::new());
+        let e = err(connect(&p.fixture, &store, "store-timeout"));
+        assert_eq!(
+            e.kind(),
+            &ErrorKind::Timeout {
+                after: Duration::from_millis(100)
+            },
+            "{e}"
+        );
+        assert!(e.to_string().contains("fixture/never-set"), "{e}");
+        assert_eq!(e.op(), Some("store get"), "{e}");
+        assert_eq!(e.backend(), Some("fixture"), "{e}");
+        assert!(e.fix().is_some(), "{e}");
+        assert_eq!(Arc::strong_count(&store), 1, "released on failure too");
+    });
+}
+
+#[test]
+fn the_plugin_keeps_the_store_for_the_communicator_lifetime() {
+    with_plugins(|p| {
+        let store = Arc::new(MemoryStore::new());
+        let comm = connect(&p.fixture, &store, "keep").unwrap();
+        assert_eq!(Arc::strong_count(&store), 2);
+        comm.barrier().unwrap();
+        comm.barrier().unwrap();
+        assert_eq!(
+            store.try_get("fixture/barriers").unwrap(),
+            Some(b"2".to_vec())
+        );
+        drop(comm);
+        assert_eq!(Arc::strong_count(&store), 1);
+    });
+}
+
+#[test]
+fn a_panicking_connect_is_a_plugin_error() {
+    with_plugins(|p| {
+        let store = Arc::new(MemoryStore::new());
+        let e = err(connect(&p.fixture, &store, "connect-panic"));
+        match e.kind() {
+            ErrorKind::Plugin { path, symbol } => {
+                assert_eq!(path, &p.fixture);
+                assert_eq!(symbol.as_deref(), Some("connect"));
+            }
+            other => panic!("expected a plugin error, got {other:?}: {e}"),
+        }
+        let text = e.to_string();
+        assert!(
+            text.contains("plugin panicked in connect: fixture connect panics on request"),
+            "{text}"
+        );
+        assert!(text.contains(&*p.fixture.to_string_lossy()), "{text}");
+        assert_eq!(Arc::strong_count(&store), 1, "released while unwinding");
+    });
+}
+
+#[test]
+fn a_panicking_probe_is_reported_unavailable_with_the_path() {
+    with_plugins(|p| {
+        let b = load_plugin(&p.fixture).unwrap();
+        assert_eq!(b.name(), "fixture");
+        for _ in 0..3 {
+            let probe = b.probe(&ProbeContext::single_process());
+            assert!(!probe.is_available());
+            let reason = probe.reason().unwrap();
+            assert!(
+                reason.starts_with("plugin panicked in probe: fixture probe always panics"),
+                "{reason}"
+            );
+            assert!(reason.contains(&*p.fixture.to_string_lossy()), "{reason}");
+        }
+        // The process, and the plugin, go on.
+        let store = Arc::new(MemoryStore::new());
+        connect(&p.fixture, &store, "keep")
+            .unwrap()
+            .barrier()
+            .unwrap();
+    });
+}
