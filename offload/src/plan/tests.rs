@@ -1,0 +1,379 @@
+use super::*;
+use crate::layout::{LayoutJson, ModuleJson, TensorJson, LAYOUT_FORMAT};
+
+/// Build a layout from (full tensor name, bytes) in definition order; the
+/// optional classes name modules' classes.
+fn ordered(tensors: &[(&str, usize)], classes: &[(&str, &str)], tied: &[&[&str]]) -> Layout {
+    let mut root = ModuleJson::default();
+    for (name, bytes) in tensors {
+        let parts: Vec<&str> = name.split('.').collect();
+        let mut m = &mut root;
+        let mut full = String::new();
+        for p in &parts[..parts.len() - 1] {
+            full = if full.is_empty() {
+                p.to_string()
+            } else {
+                format!("{full}.{p}")
+            };
+            let pos = match m.children.iter().position(|c| c.name == *p) {
+                Some(i) => i,
+                None => {
+                    let class = classes
+                        .iter()
+                        .find(|(n, _)| *n == full)
+                        .map(|(_, c)| c.to_string());
+                    m.children.push(ModuleJson {
+                        name: p.to_string(),
+                        class,
+                        ..Default::default()
+                    });
+                    m.children.len() - 1
+                }
+            };
+            m = &mut m.children[pos];
+        }
+        m.params.push(TensorJson {
+            name: parts[parts.len() - 1].to_string(),
+            dtype: DType::U8,
+            shape: vec![*bytes],
+        });
+    }
+    let doc = LayoutJson {
+        format: LAYOUT_FORMAT.into(),
+        root,
+        tied: tied
+            .iter()
+            .map(|g| g.iter().map(|s| s.to_string()).collect())
+            .collect(),
+    };
+    Layout::from_json(&doc).unwrap()
+}
+
+fn opts(spec: &str) -> PlanOptions {
+    PlanOptions {
+        max_memory: Some(MaxMemory::parse(spec).unwrap()),
+        ..Default::default()
+    }
+}
+
+fn map_of(p: &Plan) -> Vec<(String, String)> {
+    p.map
+        .iter()
+        .map(|(n, d)| (n.clone(), p.devices[*d].device.to_string()))
+        .collect()
+}
+
+fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+    v.iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect()
+}
+
+fn tiny() -> Layout {
+    ordered(
+        &[
+            ("embed.weight", 100),
+            ("layers.0.w", 100),
+            ("layers.1.w", 100),
+            ("layers.2.w", 100),
+            ("head.weight", 100),
+        ],
+        &[],
+        &[],
+    )
+}
+
+#[test]
+fn max_memory_spec_parses_in_fill_order() {
+    let m = MaxMemory::parse("cpu=2GB, disk, cuda:0=40GiB,1=1MiB").unwrap();
+    assert_eq!(
+        m.devices,
+        vec![
+            (Target::Accelerator("cuda:0".into()), Some(40 << 30)),
+            (Target::Accelerator("cuda:1".into()), Some(1 << 20)),
+            (Target::Cpu, Some(2_000_000_000)),
+            (Target::Disk, None),
+        ]
+    );
+    for bad in ["cuda:0", "cuda:0=lots", "cpu=1GB,cpu=2GB", "", "gpu 0=1GB"] {
+        let e = MaxMemory::parse(bad).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{bad}: {e}");
+        assert!(e.to_string().contains("--max-memory"), "{e}");
+    }
+}
+
+#[test]
+fn everything_fitting_merges_to_the_root() {
+    let p = plan(&tiny(), &opts("cuda:0=10KB")).unwrap();
+    assert_eq!(map_of(&p), pairs(&[("", "cuda:0")]));
+    assert_eq!(p.devices[0].used, 500);
+    assert_eq!(p.devices[0].tensors, 5);
+}
+
+#[test]
+fn sequential_fill_with_reserve_split_and_disk_spill() {
+    // cuda:0 keeps 100 (largest layer) free: 250 usable -> embed + layers.0.
+    // cpu keeps 100 free: 150 usable -> layers.1. The rest spills to disk.
+    let p = plan(&tiny(), &opts("cuda:0=350,cpu=250,disk")).unwrap();
+    assert_eq!(
+        map_of(&p),
+        pairs(&[
+            ("embed", "cuda:0"),
+            ("head", "disk"),
+            ("layers.0", "cuda:0"),
+            ("layers.1", "cpu"),
+            ("layers.2", "disk")
+        ])
+        .into_iter()
+        .collect::<Vec<_>>()
+        .tap_sort_by_tree(&tiny())
+    );
+    assert_eq!(p.devices[0].reserved, 100);
+    assert_eq!(p.devices[2].used, 200);
+}
+
+trait TapSort {
+    fn tap_sort_by_tree(self, l: &Layout) -> Self;
+}
+impl TapSort for Vec<(String, String)> {
+    fn tap_sort_by_tree(mut self, l: &Layout) -> Self {
+        self.sort_by_key(|(n, _)| l.id(n).unwrap());
+        self
+    }
+}
+
+#[test]
+fn no_disk_means_a_clear_error_naming_the_entry() {
+    let e = plan(&tiny(), &opts("cuda:0=350,cpu=250")).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::InvalidConfig);
+    let s = e.to_string();
+    assert!(
+        s.contains("`layers.2`") && s.contains("fits on no device") && s.contains("disk"),
+        "{s}"
+    );
+}
+
+#[test]
+fn layer_bigger_than_any_gpu() {
+    let l = ordered(
+        &[
+            ("embed.weight", 100),
+            ("layers.0.w", 100),
+            ("layers.1.w", 1000),
+            ("layers.2.w", 100),
+            ("head.weight", 100),
+        ],
+        &[],
+        &[],
+    );
+    // cuda:0 must keep 1000 free, so nothing fits there; cuda:1 (no
+    // reservation, as in Accelerate) takes what fits; the big layer and
+    // the rest go to cpu.
+    let p = plan(&l, &opts("cuda:0=500,cuda:1=500,cpu=2000")).unwrap();
+    assert_eq!(
+        map_of(&p),
+        pairs(&[
+            ("embed", "cuda:1"),
+            ("layers.0", "cuda:1"),
+            ("layers.1", "cpu"),
+            ("layers.2", "cpu"),
+            ("head", "cpu")
+        ])
+    );
+    assert_eq!(p.devices[0].used, 0);
+    // Reserving on every accelerator changes nothing here but is accepted.
+    let mut o = opts("cuda:0=500,cuda:1=500,cpu=2000");
+    o.reserve = Reserve::EveryAccelerator;
+    let p = plan(&l, &o).unwrap();
+    assert_eq!(p.devices[1].used, 0);
+    // Too small everywhere and no disk: both main devices must keep 1000
+    // free, so even the first entry fits nowhere; the error says why.
+    let e = plan(&l, &opts("cuda:0=500,cpu=900"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`embed`") && e.contains("kept free for the largest layer"),
+        "{e}"
+    );
+}
+
+fn blocks() -> Layout {
+    ordered(
+        &[
+            ("embed.weight", 100),
+            ("layers.0.attn.w", 50),
+            ("layers.0.mlp.w", 50),
+            ("layers.1.attn.w", 50),
+            ("layers.1.mlp.w", 50),
+            ("head.weight", 100),
+        ],
+        &[("layers.0", "Block"), ("layers.1", "Block")],
+        &[],
+    )
+}
+
+#[test]
+fn no_split_by_class_and_by_pattern() {
+    // Splittable: largest layer 100, cuda:0 usable 150: embed + layers.0.attn.
+    let p = plan(&blocks(), &opts("cuda:0=250,cpu=1000")).unwrap();
+    assert!(
+        map_of(&p).contains(&("layers.0.attn".into(), "cuda:0".into())),
+        "{:?}",
+        map_of(&p)
+    );
+    assert!(map_of(&p).contains(&("layers.0.mlp".into(), "cpu".into())));
+    for ns in ["Block", "layers.*"] {
+        let mut o = opts("cuda:0=250,cpu=1000");
+        o.no_split = vec![ns.into()];
+        let p = plan(&blocks(), &o).unwrap();
+        assert_eq!(
+            map_of(&p),
+            pairs(&[("embed", "cuda:0"), ("layers", "cpu"), ("head", "cpu")]),
+            "no_split {ns}"
+        );
+    }
+}
+
+#[test]
+fn tied_weights_are_placed_together() {
+    let l = ordered(
+        &[
+            ("embed.weight", 100),
+            ("layers.0.w", 100),
+            ("layers.1.w", 100),
+            ("layers.2.w", 100),
+            ("head.weight", 100),
+            ("head.bias", 10),
+        ],
+        &[],
+        &[&["embed.weight", "head.weight"]],
+    );
+    // embed pulls head along (only its bias costs: the weight is an alias).
+    let p = plan(&l, &opts("cuda:0=320,cpu=900")).unwrap();
+    assert_eq!(
+        map_of(&p),
+        pairs(&[
+            ("embed", "cuda:0"),
+            ("layers.0", "cuda:0"),
+            ("layers.1", "cpu"),
+            ("layers.2", "cpu"),
+            ("head", "cuda:0")
+        ])
+    );
+    assert_eq!(p.devices[0].used, 210);
+    assert_eq!(total_size(&l, &PlanOptions::default()), 410);
+}
+
+#[test]
+fn tied_partner_module_is_split_when_it_is_too_big() {
+    let l = ordered(
+        &[
+            ("embed.weight", 100),
+            ("body.w", 100),
+            ("decoder.proj.weight", 100),
+            ("decoder.big.w", 500),
+        ],
+        &[],
+        &[&["embed.weight", "decoder.proj.weight"]],
+    );
+    // embed alone fits on cuda:0 (600 - 500 reserved = 100), with the whole
+    // decoder it does not: decoder is split and only decoder.proj follows.
+    let p = plan(&l, &opts("cuda:0=600,cpu=2000")).unwrap();
+    let m = map_of(&p);
+    assert!(m.contains(&("embed".into(), "cuda:0".into())), "{m:?}");
+    assert!(
+        m.contains(&("decoder.proj".into(), "cuda:0".into())),
+        "{m:?}"
+    );
+    assert!(m.contains(&("decoder.big".into(), "cpu".into())), "{m:?}");
+}
+
+#[test]
+fn balanced_and_balanced_low_0() {
+    let l = ordered(
+        &[
+            ("embed.weight", 100),
+            ("layers.0.w", 100),
+            ("layers.1.w", 100),
+            ("layers.2.w", 100),
+            ("layers.3.w", 100),
+            ("head.weight", 100),
+        ],
+        &[],
+        &[],
+    );
+    let mut o = opts("cuda:0=1000,cuda:1=1000");
+    o.strategy = Strategy::Balanced;
+    let p = plan(&l, &o).unwrap();
+    // 600/2 + 1.25 × mean leaf (100) = 425 on cuda:0, minus 100 reserved.
+    assert_eq!(p.devices[0].budget, Some(425));
+    assert_eq!(p.devices[0].used, 300);
+    assert_eq!(p.devices[1].used, 300);
+    o.strategy = Strategy::BalancedLow0;
+    let p = plan(&l, &o).unwrap();
+    assert_eq!(p.devices[0].budget, Some(0));
+    assert_eq!(map_of(&p), pairs(&[("", "cuda:1")]));
+}
+
+#[test]
+fn dtype_override_narrows_floats_only() {
+    let doc: LayoutJson = serde_json::from_str(
+        r#"{"format":"accel-layout/1","root":{"children":[
+        {"name":"a","params":[{"name":"w","dtype":"f32","shape":[10]}],"buffers":[{"name":"ids","dtype":"i64","shape":[10]}]},
+        {"name":"b","params":[{"name":"w","dtype":"f16","shape":[10]}]}]}}"#,
+    )
+    .unwrap();
+    let l = Layout::from_json(&doc).unwrap();
+    let mut o = PlanOptions {
+        dtype: Some(DType::F16),
+        ..Default::default()
+    };
+    assert_eq!(total_size(&l, &o), 20 + 80 + 20);
+    o.dtype = Some(DType::F64);
+    assert_eq!(total_size(&l, &o), 40 + 80 + 20);
+    o.special_dtypes.insert("b.w".into(), DType::F32);
+    assert_eq!(total_size(&l, &o), 40 + 80 + 40);
+    o.max_memory = Some(MaxMemory::parse("cpu=1000").unwrap());
+    o.dtype = Some(DType::BF16);
+    let p = plan(&l, &o).unwrap();
+    assert_eq!(p.dtype_of(l.id("a.w").unwrap()), Some(DType::BF16));
+    assert_eq!(p.dtype_of(l.id("a.ids").unwrap()), Some(DType::I64));
+}
+
+#[test]
+fn validation_catches_lost_and_doubled_tensors() {
+    let l = tiny();
+    let o = opts("cuda:0=350,cpu=250,disk");
+    let good = plan(&l, &o).unwrap();
+    let s = compute_sizes(&l, &o);
+    let mut lost = good.clone();
+    lost.map.retain(|(n, _)| n != "head");
+    let e = validate(&l, &s, &lost).unwrap_err().to_string();
+    assert!(e.contains("`head.weight` is not placed"), "{e}");
+    let mut twice = good.clone();
+    twice.map.push(("layers.2.w".into(), 2));
+    assert!(validate(&l, &s, &twice)
+        .unwrap_err()
+        .to_string()
+        .contains("placed twice"));
+    let mut over = good;
+    over.devices[1].budget = Some(10);
+    assert!(validate(&l, &s, &over)
+        .unwrap_err()
+        .to_string()
+        .contains("over its budget"));
+}
+
+#[test]
+fn largest_layer_respects_no_split() {
+    let (size, names) = largest_layer(&blocks(), &PlanOptions::default());
+    assert_eq!(
+        (size, names),
+        (100, vec!["embed".to_string(), "head".to_string()])
+    );
+    let o = PlanOptions {
+        no_split: vec!["Block".into()],
+        ..Default::default()
+    };
+    assert_eq!(largest_layer(&blocks(), &o).1.len(), 4);
+}
