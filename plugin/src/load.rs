@@ -1022,6 +1022,32 @@ mod tests {
     }
 
     #[test]
+    fn a_newer_minor_with_a_longer_table_loads() {
+        /// A table from a future 1.x: the 1.0 fields, then fields we do
+        /// not know.
+        #[repr(C)]
+        struct Future {
+            v1: AccelPluginV1,
+            appended: [usize; 4],
+        }
+        let mut v1 = table::<InProcess>();
+        v1.struct_size = std::mem::size_of::<Future>();
+        v1.abi_minor = ACCEL_PLUGIN_ABI_MINOR + 5;
+        let future = Box::leak(Box::new(Future {
+            v1,
+            appended: [usize::MAX; 4],
+        }));
+        assert_eq!(future.appended.len(), 4);
+        // SAFETY: a leaked table following the ABI, valid forever.
+        let b = unsafe {
+            PluginBackend::from_table(Path::new("<future>"), &future.v1 as *const AccelPluginV1)
+        }
+        .unwrap();
+        assert_eq!(b.abi_version(), (1, ACCEL_PLUGIN_ABI_MINOR + 5));
+        assert!(b.probe(&ProbeContext::single_process()).is_available());
+    }
+
+    #[test]
     fn exported_table_round_trips_in_process() {
         let b = backend();
         assert_eq!(
