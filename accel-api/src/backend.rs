@@ -201,3 +201,13 @@ macro_rules! submit_backend {
         }
     };
 }
+
+impl fmt::Debug for dyn Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Backend")
+            .field("name", &self.name())
+            .field("priority", &self.priority())
+            .field("device_kind", &self.device_kind())
+            .finish()
+    }
+}

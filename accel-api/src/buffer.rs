@@ -22,7 +22,7 @@ pub struct HostBufMut<'a> {
 }
 
 fn check_bytes(dtype: DType, ptr: *const u8, len: usize) -> Result<()> {
-    if len % dtype.size() != 0 {
+    if !len.is_multiple_of(dtype.size()) {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
@@ -31,7 +31,7 @@ fn check_bytes(dtype: DType, ptr: *const u8, len: usize) -> Result<()> {
             ),
         ));
     }
-    if (ptr as usize) % dtype.size() != 0 {
+    if !(ptr as usize).is_multiple_of(dtype.size()) {
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!("byte buffer is not aligned for {dtype}"),

@@ -316,3 +316,14 @@ pub trait CommunicatorExt: Communicator {
 }
 
 impl<C: Communicator + ?Sized> CommunicatorExt for C {}
+
+impl std::fmt::Debug for dyn Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("backend", &self.backend_name())
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .field("device", &self.device())
+            .finish()
+    }
+}

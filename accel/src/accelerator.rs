@@ -75,6 +75,12 @@ impl Accelerator {
                 run_id: state.run_id.clone(),
             })
             .map_err(|e| e.with_backend(backend.name()).with_rank(state.rank))?;
+        let comm: Box<dyn Communicator> = if state.debug {
+            let dbg: Arc<dyn Store> = Arc::new(PrefixStore::new(store.clone(), "debug"));
+            Box::new(crate::DebugCommunicator::new(comm, dbg))
+        } else {
+            comm
+        };
         tracing::info!(
             rank = state.rank,
             world_size = state.world_size,

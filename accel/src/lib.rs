@@ -25,12 +25,16 @@
 #![warn(missing_docs)]
 
 mod accelerator;
+mod collectives;
+mod debug;
 mod panic_hook;
 mod registry;
 pub mod state;
 
 pub use accel_api::*;
 pub use accelerator::Accelerator;
+pub use collectives::CollectivesExt;
+pub use debug::DebugCommunicator;
 pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
 pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};
 pub use state::{state, LaunchSource, ProcessState};

@@ -124,8 +124,7 @@ impl Registry {
     pub fn load_plugins(&mut self, path_list: &str) {
         for report in accel_plugin::load_plugin_paths(path_list) {
             match report.outcome {
-                Ok(backend) => {
-                    let name = backend.name().to_string();
+                accel_plugin::PluginOutcome::Loaded { name, backend, .. } => {
                     match self.register(backend, Origin::Plugin(report.path.clone())) {
                         Ok(()) => {
                             tracing::info!(plugin = %report.path.display(), backend = %name, "plugin loaded")
@@ -133,7 +132,7 @@ impl Registry {
                         Err(e) => self.fail_plugin(report.path, e),
                     }
                 }
-                Err(e) => self.fail_plugin(report.path, e),
+                accel_plugin::PluginOutcome::Failed(e) => self.fail_plugin(report.path, e),
             }
         }
     }

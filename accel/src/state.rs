@@ -264,7 +264,7 @@ fn slurm_tasks_per_node(v: &str) -> Option<Vec<usize>> {
         if let Some((n, rep)) = part.split_once("(x") {
             let n: usize = n.parse().ok()?;
             let rep: usize = rep.strip_suffix(')')?.parse().ok()?;
-            out.extend(std::iter::repeat(n).take(rep));
+            out.extend(std::iter::repeat_n(n, rep));
         } else {
             out.push(part.parse().ok()?);
         }
