@@ -1,0 +1,556 @@
+//! Crash-safe checkpoint directories.
+//!
+//! A checkpoint is a directory of files plus `manifest.json`, which records
+//! every file's size and SHA-256 and is written last. It is assembled in a
+//! hidden temporary directory next to its final place, every file and
+//! directory is fsynced, and the temporary directory is renamed into place,
+//! so a reader sees either no checkpoint or a complete one. Loading verifies
+//! the manifest: a truncated, corrupted or missing file is an
+//! [`ErrorKind::Corrupt`] error naming the file.
+//!
+//! [`CheckpointDir`] adds automatic naming (`checkpoint_0`, `checkpoint_1`,
+//! ...) with `total_limit` pruning by number, never by string order
+//! (`checkpoint_10` is newer than `checkpoint_9`), and finds the latest one
+//! so a resumed run continues the numbering.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use accel_api::{Error, ErrorKind, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Name of the manifest inside a checkpoint directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// Size and checksum of one file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// Length in bytes.
+    pub size: u64,
+    /// Lower-case hex SHA-256 of the contents.
+    pub sha256: String,
+}
+
+/// The manifest: every file of the checkpoint (relative path with `/`
+/// separators) with its size and checksum.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Format version, currently 1.
+    pub version: u32,
+    /// Files by relative path.
+    pub files: BTreeMap<String, FileEntry>,
+}
+
+fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
+    Error::io(format!("{what} {}", path.display()), e).with_op("checkpoint")
+}
+
+fn corrupt(msg: String) -> Error {
+    Error::new(ErrorKind::Corrupt, msg).with_op("checkpoint")
+}
+
+/// Hash and measure a file.
+fn hash_file(path: &Path) -> Result<FileEntry> {
+    let mut f = File::open(path).map_err(|e| io_err("cannot open", path, e))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| io_err("cannot read", path, e))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        size += n as u64;
+    }
+    Ok(FileEntry {
+        size,
+        sha256: hex(&h.finalize()),
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// fsync a directory so renames and new entries in it are durable.
+fn sync_dir(path: &Path) -> Result<()> {
+    #[cfg(unix)]
+    {
+        File::open(path)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_err("cannot fsync directory", path, e))?;
+    }
+    #[cfg(not(unix))]
+    let _ = path;
+    Ok(())
+}
+
+/// Check a checkpoint-relative file name: relative, no `..`, not the
+/// manifest.
+fn check_name(name: &str) -> Result<()> {
+    let p = Path::new(name);
+    let ok = !name.is_empty()
+        && name != MANIFEST_FILE
+        && p.components().all(|c| matches!(c, Component::Normal(_)));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_argument(
+            "checkpoint",
+            format!("{name:?} is not a valid file name inside a checkpoint (relative, no '..', not {MANIFEST_FILE})"),
+        ))
+    }
+}
+
+/// Write `bytes` to `path` and fsync it, creating parent directories.
+///
+/// # Errors
+/// [`ErrorKind::Io`] naming the path.
+pub fn write_file_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).map_err(|e| io_err("cannot create", parent, e))?;
+    }
+    let mut f = File::create(path).map_err(|e| io_err("cannot create", path, e))?;
+    f.write_all(bytes)
+        .map_err(|e| io_err("cannot write", path, e))?;
+    f.sync_all().map_err(|e| io_err("cannot fsync", path, e))
+}
+
+/// Every regular file under `dir`, as `/`-separated relative names.
+fn walk(dir: &Path, prefix: &str, out: &mut Vec<String>) -> Result<()> {
+    let mut entries: Vec<_> = fs::read_dir(dir)
+        .map_err(|e| io_err("cannot list", dir, e))?
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| io_err("cannot list", dir, e))?;
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let rel = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}/{name}")
+        };
+        let ty = e
+            .file_type()
+            .map_err(|err| io_err("cannot stat", &e.path(), err))?;
+        if ty.is_dir() {
+            walk(&e.path(), &rel, out)?;
+        } else if ty.is_file() {
+            out.push(rel);
+        }
+    }
+    Ok(())
+}
+
+/// A checkpoint being assembled in a temporary directory.
+///
+/// # Behavior
+/// The temporary directory is `.<name>.partial` next to the final
+/// directory. Files go in with [`write`](Self::write) (or, from other ranks
+/// on a shared file system, straight into [`temp_path`](Self::temp_path)
+/// with [`write_file_synced`] before a barrier). [`commit`](Self::commit)
+/// hashes every file found there, writes the manifest, fsyncs and renames.
+/// A writer dropped without committing removes its temporary directory.
+#[derive(Debug)]
+pub struct CheckpointWriter {
+    final_dir: PathBuf,
+    temp_dir: PathBuf,
+    done: bool,
+}
+
+impl CheckpointWriter {
+    /// Start a checkpoint that will live at `final_dir`. A stale temporary
+    /// directory from an interrupted save is removed first.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the directories cannot be created.
+    pub fn create(final_dir: impl AsRef<Path>) -> Result<CheckpointWriter> {
+        let final_dir = final_dir.as_ref().to_path_buf();
+        let temp_dir = temp_dir_for(&final_dir)?;
+        if temp_dir.exists() {
+            fs::remove_dir_all(&temp_dir)
+                .map_err(|e| io_err("cannot remove stale", &temp_dir, e))?;
+        }
+        fs::create_dir_all(&temp_dir).map_err(|e| io_err("cannot create", &temp_dir, e))?;
+        Ok(CheckpointWriter {
+            final_dir,
+            temp_dir,
+            done: false,
+        })
+    }
+
+    /// The temporary directory files are written to.
+    pub fn temp_path(&self) -> &Path {
+        &self.temp_dir
+    }
+
+    /// The directory the checkpoint will have after [`commit`](Self::commit).
+    pub fn final_path(&self) -> &Path {
+        &self.final_dir
+    }
+
+    /// Write one file (a relative name, `/` for sub-directories) and fsync
+    /// it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for an absolute name, `..` or the manifest's name;
+    /// [`ErrorKind::Io`] naming the file.
+    pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        check_name(name)?;
+        write_file_synced(&self.temp_dir.join(name), bytes)
+    }
+
+    /// Write `value` as pretty JSON under `name`.
+    ///
+    /// # Errors
+    /// As [`write`](Self::write), and [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// when `value` cannot be serialised.
+    pub fn write_json<T: Serialize>(&mut self, name: &str, value: &T) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(value).map_err(|e| {
+            Error::invalid_argument("checkpoint", format!("cannot serialise {name}: {e}"))
+        })?;
+        self.write(name, &bytes)
+    }
+
+    fn seal(&mut self) -> Result<Manifest> {
+        let mut names = Vec::new();
+        walk(&self.temp_dir, "", &mut names)?;
+        let mut manifest = Manifest {
+            version: 1,
+            files: BTreeMap::new(),
+        };
+        for name in names.into_iter().filter(|n| n != MANIFEST_FILE) {
+            let entry = hash_file(&self.temp_dir.join(&name))?;
+            manifest.files.insert(name, entry);
+        }
+        let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+        write_file_synced(&self.temp_dir.join(MANIFEST_FILE), &bytes)?;
+        // Sub-directories first, then the temporary root.
+        let mut dirs = vec![self.temp_dir.clone()];
+        for name in manifest.files.keys() {
+            let mut p = self.temp_dir.join(name);
+            while p.pop() && p != self.temp_dir {
+                if !dirs.contains(&p) {
+                    dirs.push(p.clone());
+                }
+            }
+        }
+        for d in dirs.iter().rev() {
+            sync_dir(d)?;
+        }
+        Ok(manifest)
+    }
+
+    /// Seal the checkpoint and move it into place.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// when the final directory already exists (use
+    /// [`commit_replacing`](Self::commit_replacing)); [`ErrorKind::Io`]
+    /// naming the path that failed.
+    pub fn commit(mut self) -> Result<Manifest> {
+        if self.final_dir.exists() {
+            return Err(Error::invalid_argument(
+                "checkpoint",
+                format!("{} already exists", self.final_dir.display()),
+            )
+            .with_fix("save under another name, or replace it explicitly"));
+        }
+        let manifest = self.seal()?;
+        fs::rename(&self.temp_dir, &self.final_dir)
+            .map_err(|e| io_err("cannot rename into", &self.final_dir, e))?;
+        self.done = true;
+        sync_dir(parent_of(&self.final_dir))?;
+        Ok(manifest)
+    }
+
+    /// Seal the checkpoint and move it into place, replacing an existing
+    /// directory there. The old one is first renamed aside and removed only
+    /// after the new one is in place.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] naming the path that failed.
+    pub fn commit_replacing(mut self) -> Result<Manifest> {
+        let manifest = self.seal()?;
+        let parent = parent_of(&self.final_dir).to_path_buf();
+        let old = if self.final_dir.exists() {
+            let old = temp_dir_for(&self.final_dir)?.with_extension("old");
+            if old.exists() {
+                fs::remove_dir_all(&old).map_err(|e| io_err("cannot remove", &old, e))?;
+            }
+            fs::rename(&self.final_dir, &old)
+                .map_err(|e| io_err("cannot move aside", &self.final_dir, e))?;
+            Some(old)
+        } else {
+            None
+        };
+        fs::rename(&self.temp_dir, &self.final_dir)
+            .map_err(|e| io_err("cannot rename into", &self.final_dir, e))?;
+        self.done = true;
+        sync_dir(&parent)?;
+        if let Some(old) = old {
+            fs::remove_dir_all(&old).map_err(|e| io_err("cannot remove", &old, e))?;
+        }
+        Ok(manifest)
+    }
+}
+
+impl Drop for CheckpointWriter {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = fs::remove_dir_all(&self.temp_dir);
+        }
+    }
+}
+
+fn parent_of(p: &Path) -> &Path {
+    match p.parent() {
+        Some(q) if !q.as_os_str().is_empty() => q,
+        _ => Path::new("."),
+    }
+}
+
+fn temp_dir_for(final_dir: &Path) -> Result<PathBuf> {
+    let name = final_dir.file_name().ok_or_else(|| {
+        Error::invalid_argument(
+            "checkpoint",
+            format!(
+                "{} has no final component to name a checkpoint",
+                final_dir.display()
+            ),
+        )
+    })?;
+    Ok(parent_of(final_dir).join(format!(".{}.partial", name.to_string_lossy())))
+}
+
+/// Read and check the manifest of `dir` and every file it lists.
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] when the manifest is missing or unreadable, or a
+/// listed file is missing, has the wrong size (truncated) or the wrong
+/// checksum; the message names the file.
+pub fn verify_checkpoint(dir: impl AsRef<Path>) -> Result<Manifest> {
+    let dir = dir.as_ref();
+    let manifest = read_manifest(dir)?;
+    for (name, entry) in &manifest.files {
+        check_entry(dir, name, entry)?;
+    }
+    Ok(manifest)
+}
+
+/// Read the manifest of `dir` without checking the files.
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] when it is missing or not a valid manifest.
+pub fn read_manifest(dir: impl AsRef<Path>) -> Result<Manifest> {
+    let dir = dir.as_ref();
+    let path = dir.join(MANIFEST_FILE);
+    let bytes = fs::read(&path).map_err(|e| {
+        corrupt(format!(
+            "{}: cannot read {MANIFEST_FILE} ({e}); the checkpoint was not completely written",
+            dir.display()
+        ))
+    })?;
+    let m: Manifest = serde_json::from_slice(&bytes)
+        .map_err(|e| corrupt(format!("{} is not a valid manifest: {e}", path.display())))?;
+    if m.version != 1 {
+        return Err(corrupt(format!(
+            "{}: unsupported manifest version {}",
+            path.display(),
+            m.version
+        )));
+    }
+    Ok(m)
+}
+
+fn check_entry(dir: &Path, name: &str, entry: &FileEntry) -> Result<()> {
+    let path = dir.join(name);
+    let meta = fs::metadata(&path).map_err(|e| {
+        corrupt(format!(
+            "{} is listed in the manifest but cannot be read: {e}",
+            path.display()
+        ))
+    })?;
+    if meta.len() != entry.size {
+        return Err(corrupt(format!(
+            "{} is truncated or altered: {} bytes, the manifest says {}",
+            path.display(),
+            meta.len(),
+            entry.size
+        )));
+    }
+    let got = hash_file(&path).map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
+    if got.sha256 != entry.sha256 {
+        return Err(corrupt(format!(
+            "{} is corrupted: SHA-256 {} differs from the manifest's {}",
+            path.display(),
+            got.sha256,
+            entry.sha256
+        )));
+    }
+    Ok(())
+}
+
+/// Read one file of a checkpoint, checked against `manifest`.
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] naming the file when it is not in the manifest,
+/// missing, or its size or checksum differs.
+pub fn read_verified(dir: impl AsRef<Path>, manifest: &Manifest, name: &str) -> Result<Vec<u8>> {
+    let dir = dir.as_ref();
+    let entry = manifest
+        .files
+        .get(name)
+        .ok_or_else(|| corrupt(format!("{}: {name} is not in the manifest", dir.display())))?;
+    let path = dir.join(name);
+    let bytes =
+        fs::read(&path).map_err(|e| corrupt(format!("{} cannot be read: {e}", path.display())))?;
+    if bytes.len() as u64 != entry.size {
+        return Err(corrupt(format!(
+            "{} is truncated or altered: {} bytes, the manifest says {}",
+            path.display(),
+            bytes.len(),
+            entry.size
+        )));
+    }
+    let sum = hex(&Sha256::digest(&bytes));
+    if sum != entry.sha256 {
+        return Err(corrupt(format!(
+            "{} is corrupted: SHA-256 {sum} differs from the manifest's {}",
+            path.display(),
+            entry.sha256
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Parse `checkpoint_<N>` (digits only) into `N`.
+pub fn parse_checkpoint_name(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("checkpoint_")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// A folder of automatically named checkpoints.
+///
+/// # Behavior
+/// Checkpoints are the sub-directories named `checkpoint_<N>`; anything else
+/// (temporary directories, other files) is ignored. Order is by `N` as a
+/// number.
+#[derive(Clone, Debug)]
+pub struct CheckpointDir {
+    root: PathBuf,
+    total_limit: Option<usize>,
+}
+
+impl CheckpointDir {
+    /// Checkpoints under `root`, keeping at most `total_limit` of them
+    /// (`None`: keep all).
+    pub fn new(root: impl Into<PathBuf>, total_limit: Option<usize>) -> CheckpointDir {
+        CheckpointDir {
+            root: root.into(),
+            total_limit,
+        }
+    }
+
+    /// The folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The path of checkpoint `n`.
+    pub fn path_of(&self, n: u64) -> PathBuf {
+        self.root.join(format!("checkpoint_{n}"))
+    }
+
+    /// All checkpoints, oldest (smallest number) first. A missing folder has
+    /// none.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when the folder cannot be listed.
+    pub fn list(&self) -> Result<Vec<(u64, PathBuf)>> {
+        let rd = match fs::read_dir(&self.root) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("cannot list", &self.root, e)),
+        };
+        let mut out = Vec::new();
+        for e in rd {
+            let e = e.map_err(|err| io_err("cannot list", &self.root, err))?;
+            let Some(n) = parse_checkpoint_name(&e.file_name().to_string_lossy()) else {
+                continue;
+            };
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                out.push((n, e.path()));
+            }
+        }
+        out.sort_by_key(|(n, _)| *n);
+        Ok(out)
+    }
+
+    /// The newest checkpoint, if any.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn latest(&self) -> Result<Option<(u64, PathBuf)>> {
+        Ok(self.list()?.pop())
+    }
+
+    /// The number the next save uses: one past the newest, 0 for none.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    pub fn next_iteration(&self) -> Result<u64> {
+        Ok(self.latest()?.map_or(0, |(n, _)| n + 1))
+    }
+
+    /// Start checkpoint `n`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// when it already exists (the numbering was not restored), or as
+    /// [`CheckpointWriter::create`].
+    pub fn begin(&self, n: u64) -> Result<CheckpointWriter> {
+        let path = self.path_of(n);
+        if path.exists() {
+            return Err(Error::invalid_argument(
+                "checkpoint",
+                format!("{} already exists", path.display()),
+            )
+            .with_fix(
+                "continue the numbering with next_iteration() after loading the latest checkpoint",
+            ));
+        }
+        CheckpointWriter::create(path)
+    }
+
+    /// Remove the oldest checkpoints until at most `total_limit` remain (a
+    /// limit of 0 is taken as 1: the newest is always kept); returns the
+    /// removed paths. Call it after a new checkpoint is
+    /// committed, so the newest durable one is never the one removed.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] naming the directory that could not be removed.
+    pub fn prune(&self) -> Result<Vec<PathBuf>> {
+        let Some(limit) = self.total_limit else {
+            return Ok(Vec::new());
+        };
+        let all = self.list()?;
+        let excess = all.len().saturating_sub(limit.max(1));
+        let mut removed = Vec::new();
+        for (_, p) in all.into_iter().take(excess) {
+            fs::remove_dir_all(&p).map_err(|e| io_err("cannot remove", &p, e))?;
+            removed.push(p);
+        }
+        Ok(removed)
+    }
+}

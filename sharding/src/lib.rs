@@ -1,0 +1,79 @@
+//! Data sharding and training-loop state machines for accel.
+//!
+//! Everything here works on sample indices and batches of indices, never on
+//! tensors, so any framework can use it, and every function is pure or a
+//! small serialisable state machine: the runtime (`accel`'s `Accelerator`)
+//! does the communication, this crate decides what each rank reads and when
+//! it steps.
+//!
+//! | piece | what it does |
+//! |---|---|
+//! | [`shard_batches`] | Accelerate's `BatchSamplerShard`: round-robin batches, `even_batches`, `split_batches`, `drop_last`, variable-size batches |
+//! | [`shard_iterable`] | Accelerate's `IterableDatasetShard` for streams of unknown length |
+//! | [`dispatch_slice`], [`dispatch_steps`], [`check_concat_shapes`] | dispatcher mode: what each rank keeps of the batch the main process read |
+//! | [`SeedableSampler`], [`permutation`] | data order from `(seed, epoch)`, identical on every rank and stable across platforms and releases |
+//! | [`ShardedLoader`], [`SamplerState`] | one rank's loader with an exact, serialisable position: `skip_first_batches`, mid-epoch resume, `end_of_dataloader`, `remainder` |
+//! | [`gather_for_metrics`], [`remainder_for_batches`] | drop the duplicated tail of the last gathered step |
+//! | [`GradientAccumulator`], [`accumulate`] | accumulation cadence: all-reduce, optimizer, zero-grad and scheduler decisions per batch |
+//! | [`CheckpointWriter`], [`CheckpointDir`], [`verify_checkpoint`] | atomic checkpoint directories with a checksummed manifest, `checkpoint_N` naming, pruning by number |
+//! | [`reference`] | obviously-correct oracles for all of the above, for tests and the conformance suite |
+//!
+//! # Where accel differs from Accelerate, and why
+//! - **Shuffle order.** The permutation comes from a ChaCha8 generator and a
+//!   Fisher–Yates shuffle implemented in this crate ([`rng`]), keyed by the
+//!   seed with the epoch as stream id, not from PyTorch's generator seeded
+//!   with `seed + epoch`: the order must not depend on a framework or a crate
+//!   version, and `(seed, epoch)` pairs must not collide.
+//! - **Lengths.** [`shard_len`] is exact; Accelerate's `len()` over-counts
+//!   with `split_batches` without `even_batches` when the short last batch
+//!   does not reach every rank.
+//! - **Remainder.** [`LoaderConfig::remainder`] is 0 whenever no sample is
+//!   duplicated (without `even_batches` or with `drop_last`); Accelerate
+//!   reports `len % total_batch_size` without `even_batches`, which truncates
+//!   a full last step on ranks that finish early. For variable-size batches
+//!   [`remainder_for_batches`] gives the exact count where Accelerate has
+//!   none and keeps the duplicates.
+//! - **Resume.** [`SamplerState`] carries the epoch and seed, so a run that
+//!   stopped in epoch 3 resumes in epoch 3's order (Accelerate issue 2016),
+//!   and a state saved after the last batch of an epoch resumes at the start
+//!   of the next one.
+//! - **Iterable streams.** Each [`IterableChunk`] says how many items of its
+//!   step are real, so gather-for-metrics is exact on streams too (Accelerate
+//!   has no remainder for them).
+//! - **Checkpoint pruning** happens after the new checkpoint is durable
+//!   ([`CheckpointDir::prune`]); Accelerate prunes before writing, so a crash
+//!   mid-save can leave fewer checkpoints than the limit.
+//! - **Malformed input.** A short batch in the middle of a fixed-size
+//!   sequence is passed through as if full, where Accelerate silently drops
+//!   that whole round.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod accumulate;
+pub mod checkpoint;
+pub mod dispatch;
+pub mod iterable;
+pub mod loader;
+pub mod metrics;
+pub mod reference;
+pub mod rng;
+pub mod sampler;
+pub mod shard;
+
+pub use accumulate::{
+    accumulate, AccumulationConfig, AccumulatorState, GradientAccumulator, StepDecision,
+};
+pub use checkpoint::{
+    parse_checkpoint_name, read_manifest, read_verified, verify_checkpoint, write_file_synced,
+    CheckpointDir, CheckpointWriter, FileEntry, Manifest, MANIFEST_FILE,
+};
+pub use dispatch::{check_concat_shapes, dispatch_slice, dispatch_steps};
+pub use iterable::{shard_iterable, IterableChunk, IterableShard};
+pub use loader::{EpochIter, LoaderBatch, LoaderConfig, SamplerState, ShardedLoader};
+pub use metrics::{gather_for_metrics, remainder_for_batches};
+pub use rng::{permutation, ChaCha8};
+pub use sampler::{batch_indices, SeedableSampler};
+pub use shard::{
+    shard_batches, shard_len, shard_len_variable, BatchLayout, BatchShard, ShardOptions,
+};
