@@ -42,7 +42,8 @@ impl<T> Arena<T> {
     pub(crate) fn push(&self, v: T) -> usize {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
         let (c, off) = locate(i);
-        let chunk = self.chunks[c].get_or_init(|| (0..(BASE << c)).map(|_| OnceLock::new()).collect());
+        let chunk =
+            self.chunks[c].get_or_init(|| (0..(BASE << c)).map(|_| OnceLock::new()).collect());
         if chunk[off].set(v).is_err() {
             unreachable!("arena slot {i} filled twice");
         }

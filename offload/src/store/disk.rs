@@ -1,0 +1,198 @@
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use accel_api::{Error, OffloadStore, Result, TensorMeta};
+
+use crate::arena::Arena;
+use crate::safetensors::{write_file, SafetensorsFile, TensorEntry};
+
+#[derive(Debug)]
+struct Slot {
+    file: Arc<SafetensorsFile>,
+    entry: usize,
+}
+
+/// Tensors in safetensors files, memory-mapped: `get` borrows from the
+/// mapping (zero-copy; the kernel pages data in on first touch).
+///
+/// `put` writes one file per tensor, `<dir>/<name>.safetensors`,
+/// atomically (temporary file, fsync, rename). [`DiskStore::open`] also
+/// serves every `.safetensors` file already in the directory, and
+/// [`DiskStore::add_file`] serves an existing file (e.g. a checkpoint shard)
+/// in place, without copying it.
+#[derive(Debug)]
+pub struct DiskStore {
+    dir: PathBuf,
+    slots: Arena<Slot>,
+    index: RwLock<HashMap<String, usize>>,
+}
+
+impl DiskStore {
+    /// A store writing into `dir` (created if needed) and serving the
+    /// `.safetensors` files already there.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`](accel_api::ErrorKind::Corrupt) for a truncated
+    /// or lying file, naming file and tensor; [`ErrorKind::Io`](accel_api::ErrorKind::Io).
+    pub fn open(dir: &Path) -> Result<DiskStore> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let s = DiskStore {
+            dir: dir.to_path_buf(),
+            slots: Arena::default(),
+            index: RwLock::new(HashMap::new()),
+        };
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(format!("list {}", dir.display()), e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|x| x == "safetensors")
+                    && !p
+                        .file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+            })
+            .collect();
+        files.sort();
+        for f in files {
+            s.add_file(&f)?;
+        }
+        Ok(s)
+    }
+
+    /// Serve every tensor of the safetensors file `path` from its mapping.
+    pub fn add_file(&self, path: &Path) -> Result<()> {
+        let f = Arc::new(SafetensorsFile::open(path)?);
+        let mut idx = self.index.write().expect("disk store lock");
+        for (i, e) in f.entries().iter().enumerate() {
+            let slot = self.slots.push(Slot {
+                file: f.clone(),
+                entry: i,
+            });
+            idx.insert(e.name.clone(), slot);
+        }
+        Ok(())
+    }
+
+    /// The directory written to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn slot(&self, name: &str) -> Result<(&SafetensorsFile, &TensorEntry)> {
+        let i = self
+            .index
+            .read()
+            .expect("disk store lock")
+            .get(name)
+            .copied();
+        let s = i
+            .and_then(|i| self.slots.get(i))
+            .ok_or_else(|| super::missing(&format!("disk store {}", self.dir.display()), name))?;
+        Ok((&s.file, &s.file.entries()[s.entry]))
+    }
+}
+
+impl OffloadStore for DiskStore {
+    fn get(&self, name: &str) -> Result<Cow<'_, [u8]>> {
+        let (f, e) = self.slot(name)?;
+        Ok(Cow::Borrowed(f.data(e)))
+    }
+
+    fn put(&self, name: &str, meta: TensorMeta, data: &[u8]) -> Result<()> {
+        super::check_len("disk store", name, &meta, data)?;
+        let path = self
+            .dir
+            .join(format!("{}.safetensors", super::file_stem(name)));
+        write_file(&path, [(name, &meta, data)])?;
+        let f = Arc::new(SafetensorsFile::open(&path)?);
+        let entry = f
+            .entries()
+            .iter()
+            .position(|e| e.name == name)
+            .expect("just written");
+        let slot = self.slots.push(Slot { file: f, entry });
+        self.index
+            .write()
+            .expect("disk store lock")
+            .insert(name.to_string(), slot);
+        Ok(())
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.index
+            .read()
+            .expect("disk store lock")
+            .contains_key(name)
+    }
+
+    fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = self
+            .index
+            .read()
+            .expect("disk store lock")
+            .keys()
+            .cloned()
+            .collect();
+        k.sort();
+        k
+    }
+
+    fn meta(&self, name: &str) -> Result<TensorMeta> {
+        Ok(self.slot(name)?.1.meta.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use accel_api::{DType, ErrorKind};
+
+    #[test]
+    fn disk_store_conformance_and_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DiskStore::open(d.path()).unwrap();
+        super::super::conformance::check(&s);
+        drop(s);
+        let s = DiskStore::open(d.path()).unwrap();
+        assert_eq!(s.keys().len(), 2);
+        assert_eq!(
+            s.get("layers.0.w").unwrap().as_ref(),
+            &(100..116).collect::<Vec<u8>>()[..]
+        );
+        assert!(matches!(s.get("layers.0.w").unwrap(), Cow::Borrowed(_)));
+        // No temporary files are left behind.
+        assert!(std::fs::read_dir(d.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')));
+    }
+
+    #[test]
+    fn truncated_file_in_store_names_file_and_tensor() {
+        let d = tempfile::tempdir().unwrap();
+        let s = DiskStore::open(d.path()).unwrap();
+        s.put(
+            "blk.w",
+            TensorMeta {
+                dtype: DType::F16,
+                shape: vec![64],
+            },
+            &[1u8; 128],
+        )
+        .unwrap();
+        drop(s);
+        let p = d.path().join("blk.w.safetensors");
+        let bytes = std::fs::read(&p).unwrap();
+        std::fs::write(&p, &bytes[..bytes.len() - 1]).unwrap();
+        let e = DiskStore::open(d.path()).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Corrupt);
+        let m = e.to_string();
+        assert!(
+            m.contains("blk.w.safetensors") && m.contains("`blk.w`"),
+            "{m}"
+        );
+    }
+}
