@@ -199,7 +199,7 @@ impl CheckpointWriter {
     /// it.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// [`ErrorKind::InvalidArgument`]
     /// for an absolute name, `..` or the manifest's name;
     /// [`ErrorKind::Io`] naming the file.
     pub fn write(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
@@ -210,7 +210,7 @@ impl CheckpointWriter {
     /// Write `value` as pretty JSON under `name`.
     ///
     /// # Errors
-    /// As [`write`](Self::write), and [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// As [`write`](Self::write), and [`ErrorKind::InvalidArgument`]
     /// when `value` cannot be serialised.
     pub fn write_json<T: Serialize>(&mut self, name: &str, value: &T) -> Result<()> {
         let bytes = serde_json::to_vec_pretty(value).map_err(|e| {
@@ -251,7 +251,7 @@ impl CheckpointWriter {
     /// Seal the checkpoint and move it into place.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// [`ErrorKind::InvalidArgument`]
     /// when the final directory already exists (use
     /// [`commit_replacing`](Self::commit_replacing)); [`ErrorKind::Io`]
     /// naming the path that failed.
@@ -315,6 +315,18 @@ fn parent_of(p: &Path) -> &Path {
         Some(q) if !q.as_os_str().is_empty() => q,
         _ => Path::new("."),
     }
+}
+
+/// The temporary directory a [`CheckpointWriter`] for `final_dir` uses, for
+/// ranks that add files to a checkpoint the main rank is assembling (after
+/// it called [`CheckpointWriter::create`] and before it commits, separated
+/// by barriers).
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`]
+/// when `final_dir` has no final component.
+pub fn temp_path_for(final_dir: impl AsRef<Path>) -> Result<PathBuf> {
+    temp_dir_for(final_dir.as_ref())
 }
 
 fn temp_dir_for(final_dir: &Path) -> Result<PathBuf> {
@@ -516,7 +528,7 @@ impl CheckpointDir {
     /// Start checkpoint `n`.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// [`ErrorKind::InvalidArgument`]
     /// when it already exists (the numbering was not restored), or as
     /// [`CheckpointWriter::create`].
     pub fn begin(&self, n: u64) -> Result<CheckpointWriter> {

@@ -14,9 +14,9 @@
 //! | [`SeedableSampler`], [`permutation`] | data order from `(seed, epoch)`, identical on every rank and stable across platforms and releases |
 //! | [`ShardedLoader`], [`SamplerState`] | one rank's loader with an exact, serialisable position: `skip_first_batches`, mid-epoch resume, `end_of_dataloader`, `remainder` |
 //! | [`gather_for_metrics`], [`remainder_for_batches`] | drop the duplicated tail of the last gathered step |
-//! | [`GradientAccumulator`], [`accumulate`] | accumulation cadence: all-reduce, optimizer, zero-grad and scheduler decisions per batch |
+//! | [`GradientAccumulator`], [`accumulate()`] | accumulation cadence: all-reduce, optimizer, zero-grad and scheduler decisions per batch |
 //! | [`CheckpointWriter`], [`CheckpointDir`], [`verify_checkpoint`] | atomic checkpoint directories with a checksummed manifest, `checkpoint_N` naming, pruning by number |
-//! | [`reference`] | obviously-correct oracles for all of the above, for tests and the conformance suite |
+//! | [`reference`](mod@reference) | obviously-correct oracles for all of the above, for tests and the conformance suite |
 //!
 //! # Where accel differs from Accelerate, and why
 //! - **Shuffle order.** The permutation comes from a ChaCha8 generator and a
@@ -65,8 +65,8 @@ pub use accumulate::{
     accumulate, AccumulationConfig, AccumulatorState, GradientAccumulator, StepDecision,
 };
 pub use checkpoint::{
-    parse_checkpoint_name, read_manifest, read_verified, verify_checkpoint, write_file_synced,
-    CheckpointDir, CheckpointWriter, FileEntry, Manifest, MANIFEST_FILE,
+    parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
+    write_file_synced, CheckpointDir, CheckpointWriter, FileEntry, Manifest, MANIFEST_FILE,
 };
 pub use dispatch::{check_concat_shapes, dispatch_slice, dispatch_steps};
 pub use iterable::{shard_iterable, IterableChunk, IterableShard};

@@ -14,7 +14,9 @@ fn save(dir: &std::path::Path) {
     w.write_json("sampler.json", &serde_json::json!({"epoch": 2}))
         .unwrap();
     // Another rank writing straight into the temporary directory.
-    write_file_synced(&w.temp_path().join("rng/rank_1.json"), b"{}").unwrap();
+    let shared = accel_sharding::temp_path_for(dir).unwrap();
+    assert_eq!(shared, w.temp_path());
+    write_file_synced(&shared.join("rng/rank_1.json"), b"{}").unwrap();
     let m = w.commit().unwrap();
     assert_eq!(
         m.files.keys().cloned().collect::<Vec<_>>(),
