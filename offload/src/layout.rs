@@ -31,7 +31,8 @@
 //!   keep definition order. `dtype` is one of `f16 bf16 f32 f64 i8 u8 i32
 //!   i64` (torch spellings such as `float16`/`bfloat16` are accepted too).
 //! * `tied` lists groups of full tensor names sharing one storage. The first
-//!   member in tree order owns the bytes; the others are aliases that cost
+//!   member in tree order owns the bytes (for a layout built from a
+//!   checkpoint: the first member the checkpoint stores); the others are aliases that cost
 //!   nothing and are never stored twice (Accelerate counts them the same way,
 //!   because `named_parameters()` drops duplicates).
 //!
@@ -235,7 +236,7 @@ impl Layout {
             Ok(id)
         }
         walk(&mut l, &doc.root, String::new(), None)?;
-        l.set_tied(&doc.tied)?;
+        l.set_tied(&doc.tied, &Default::default())?;
         Ok(l)
     }
 
@@ -279,6 +280,7 @@ impl Layout {
         }
         let mut arena: Vec<B> = vec![B::default()];
         let mut metas: HashMap<String, TensorMeta> = HashMap::new();
+        let mut absent: std::collections::HashSet<String> = Default::default();
         let insert = |arena: &mut Vec<B>, name: &str, meta: TensorMeta| {
             let mut cur = 0usize;
             let mut parts = name.split('.').peekable();
@@ -317,6 +319,7 @@ impl Layout {
             };
             for n in g {
                 if !metas.contains_key(n) {
+                    absent.insert(n.clone());
                     metas.insert(n.clone(), owner.clone());
                     insert(&mut arena, n, owner.clone());
                 }
@@ -351,7 +354,7 @@ impl Layout {
             Ok(id)
         }
         emit(&mut l, &mut arena, 0, String::new(), None)?;
-        l.set_tied(tied)?;
+        l.set_tied(tied, &absent)?;
         Ok(l)
     }
 
@@ -383,7 +386,14 @@ impl Layout {
         Ok(id)
     }
 
-    fn set_tied(&mut self, tied: &[Vec<String>]) -> Result<()> {
+    /// Record tied groups; the owner is the first member in tree order that
+    /// is not in `absent` (tensors added as aliases because the checkpoint
+    /// stores them once).
+    fn set_tied(
+        &mut self,
+        tied: &[Vec<String>],
+        absent: &std::collections::HashSet<String>,
+    ) -> Result<()> {
         let mut seen: HashMap<NodeId, usize> = HashMap::new();
         for g in tied {
             let mut ids = Vec::with_capacity(g.len());
@@ -414,6 +424,13 @@ impl Layout {
                         ),
                     ));
                 }
+            }
+            if let Some(k) = ids
+                .iter()
+                .position(|&i| !absent.contains(&self.nodes[i as usize].name))
+            {
+                let o = ids.remove(k);
+                ids.insert(0, o);
             }
             let owner = ids[0];
             let om = self.nodes[owner as usize].meta.clone();
@@ -451,7 +468,8 @@ impl Layout {
         self.by_name.get(name).copied()
     }
 
-    /// Tied groups (tensor ids in tree order; the first owns the storage).
+    /// Tied groups: the owner of the storage first, then its aliases in
+    /// tree order.
     pub fn tied(&self) -> &[Vec<NodeId>] {
         &self.tied
     }
@@ -579,8 +597,16 @@ mod tests {
             Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[4, 2]))), &tied).unwrap();
         let head = l.id("head.weight").unwrap();
         let embed = l.id("embed.weight").unwrap();
-        // `embed` sorts before `head`, so it owns the storage.
         assert_eq!(l.node(head).alias_of, Some(embed));
+        // The stored member owns the storage even when it sorts later.
+        let names = ["z.weight", "body.w"];
+        let tied = vec![vec!["z.weight".to_string(), "a.weight".to_string()]];
+        let l2 =
+            Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[4, 2]))), &tied).unwrap();
+        assert_eq!(
+            l2.node(l2.id("a.weight").unwrap()).alias_of,
+            l2.id("z.weight")
+        );
         assert_eq!(l.tied(), &[vec![embed, head]]);
     }
 

@@ -2,9 +2,13 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 mod arena;
+mod convert;
+pub mod exec;
 pub mod layout;
+pub mod load;
 mod mmap;
 pub mod plan;
 pub mod safetensors;
 pub mod store;
+pub mod synth;
 pub mod util;
