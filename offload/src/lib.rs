@@ -2,6 +2,7 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 mod arena;
+pub mod cli;
 mod convert;
 pub mod exec;
 pub mod layout;
