@@ -1,7 +1,10 @@
 //! `accel`: the command-line front of accel.
 #![forbid(unsafe_code)]
 
+mod config_cmd;
 mod env_cmd;
+mod launch;
+mod probe_cmd;
 
 use std::process::ExitCode;
 
@@ -20,8 +23,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start N workers on this machine (and join M machines), with the
+    /// environment every accel or torchrun program reads.
+    Launch(launch::LaunchArgs),
+    /// Write a launch config file from flags, or interactively.
+    Config(config_cmd::ConfigArgs),
     /// Show the probe table, the process state, versions, devices and plugins.
     Env(env_cmd::EnvArgs),
+    /// Worker-side check of a launch: read the process state, connect to the
+    /// store, run a store barrier, print one JSON line (tests, benchmarks).
+    #[command(hide = true, name = "probe-worker")]
+    ProbeWorker(probe_cmd::ProbeArgs),
 }
 
 fn main() -> ExitCode {
@@ -31,10 +43,14 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
     let result = match cli.command {
+        Command::Launch(args) => launch::run(args),
+        Command::Config(args) => config_cmd::run(args),
         Command::Env(args) => env_cmd::run(args),
+        Command::ProbeWorker(args) => probe_cmd::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,563 @@
+//! The options of a launch, from flags, the environment and the config file,
+//! and their resolution into [`Settings`].
+//!
+//! Precedence, highest first: command-line flags, the `ACCEL_*` variables
+//! that have a flag (`ACCEL_RUN_TOKEN`, `ACCEL_TIMEOUT`, `ACCEL_BACKEND`,
+//! `ACCEL_DEBUG`), the config file, the defaults.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use accel_api::{Error, ErrorKind, Result};
+
+/// Port of the store on a run over several machines when none is given
+/// (torchrun's default).
+pub const DEFAULT_MULTI_MACHINE_PORT: u16 = 29500;
+/// Time between SIGTERM and SIGKILL when the launcher stops its workers.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// Default bound for blocking calls, as in the runtime (`ACCEL_TIMEOUT`).
+pub const DEFAULT_TIMEOUT: Duration = accel::state::DEFAULT_TIMEOUT;
+
+/// A comma-separated list of backend names (`--backend cpu-gloo,mpi`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backends(pub Vec<String>);
+
+impl FromStr for Backends {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Backends, String> {
+        let v: Vec<String> = s
+            .split(',')
+            .map(|b| b.trim().to_ascii_lowercase())
+            .filter(|b| !b.is_empty())
+            .collect();
+        if v.is_empty() {
+            return Err("name at least one backend, e.g. cpu-gloo".into());
+        }
+        Ok(Backends(v))
+    }
+}
+
+impl fmt::Display for Backends {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0.join(","))
+    }
+}
+
+/// The global ranks whose output is shown (`--ranks 0,2-3`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankFilter(pub BTreeSet<usize>);
+
+impl RankFilter {
+    /// `true` when `rank`'s output is shown.
+    pub fn shows(&self, rank: usize) -> bool {
+        self.0.contains(&rank)
+    }
+}
+
+impl FromStr for RankFilter {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<RankFilter, String> {
+        let mut set = BTreeSet::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let bad = || format!("`{part}` is not a rank or a range of ranks like 2-5");
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    let a: usize = a.trim().parse().map_err(|_| bad())?;
+                    let b: usize = b.trim().parse().map_err(|_| bad())?;
+                    if a > b {
+                        return Err(format!("range `{part}` is empty"));
+                    }
+                    set.extend(a..=b);
+                }
+                None => {
+                    set.insert(part.parse().map_err(|_| bad())?);
+                }
+            }
+        }
+        if set.is_empty() {
+            return Err("name at least one rank, e.g. 0 or 0,2-3".into());
+        }
+        Ok(RankFilter(set))
+    }
+}
+
+impl fmt::Display for RankFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v: Vec<String> = self.0.iter().map(|r| r.to_string()).collect();
+        f.write_str(&v.join(","))
+    }
+}
+
+/// A count of at least one (`-n`, `--num-machines`); negative numbers are
+/// accepted by the parser so that the message can say what is wrong.
+pub fn parse_count(s: &str) -> std::result::Result<usize, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 1 => Ok(n as usize),
+        Ok(n) => Err(format!("must be at least 1, got {n}")),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
+}
+
+/// A machine rank: 0 or more.
+pub fn parse_index(s: &str) -> std::result::Result<usize, String> {
+    match s.trim().parse::<i64>() {
+        Ok(n) if n >= 0 => Ok(n as usize),
+        Ok(n) => Err(format!("must be 0 or more, got {n}")),
+        Err(_) => Err(format!("`{s}` is not a whole number")),
+    }
+}
+
+/// A duration: `300`, `30s`, `500ms`, `5m`, `1h` (a bare number is seconds).
+pub fn parse_dur(s: &str) -> std::result::Result<Duration, String> {
+    accel::state::parse_duration("duration", s).map_err(|e| {
+        let m = e.message().to_string();
+        // Drop the `duration="x": ` head: clap names the flag itself.
+        let m = m.split_once(": ").map(|(_, r)| r.to_string()).unwrap_or(m);
+        format!("{m} (use e.g. 300, 30s, 500ms, 5m or 1h)")
+    })
+}
+
+/// `30s`, `1500ms`: the shortest exact spelling [`parse_dur`] reads back.
+pub fn format_dur(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}s", d.as_secs_f64())
+    }
+}
+
+/// The options that `accel launch` takes as flags and the config file holds
+/// as keys (key = long flag name with `_`, e.g. `num_processes`).
+///
+/// Every field is optional so that the sources can be layered; see
+/// [`Options::overlay`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct Options {
+    /// Worker processes to start on this machine [default: 1]. Per machine,
+    /// like torchrun's --nproc-per-node (Accelerate's --num_processes counts
+    /// all machines together).
+    #[arg(short = 'n', long = "num-processes", visible_alias = "nproc-per-node",
+          aliases = ["nproc_per_node", "num_processes"], value_name = "N",
+          allow_negative_numbers = true, value_parser = parse_count)]
+    pub num_processes: Option<usize>,
+
+    /// Machines taking part in the run [default: 1].
+    #[arg(long = "num-machines", visible_alias = "nnodes", aliases = ["num_machines"],
+          value_name = "M", allow_negative_numbers = true, value_parser = parse_count)]
+    pub num_machines: Option<usize>,
+
+    /// Rank of this machine, 0 to M-1; machine 0 hosts the store [default: 0].
+    #[arg(long = "machine-rank", visible_alias = "node-rank",
+          aliases = ["node_rank", "machine_rank"], value_name = "K",
+          allow_negative_numbers = true, value_parser = parse_index)]
+    pub machine_rank: Option<usize>,
+
+    /// Address of machine 0, where the store listens (required with several
+    /// machines; one machine always uses 127.0.0.1).
+    #[arg(long = "main-process-ip", visible_alias = "master-addr",
+          aliases = ["master_addr", "main_process_ip"], value_name = "ADDR")]
+    pub main_process_ip: Option<String>,
+
+    /// Port of the store on machine 0 [default: a free port on one machine,
+    /// 29500 on several].
+    #[arg(long = "main-process-port", visible_alias = "master-port",
+          aliases = ["master_port", "main_process_port"], value_name = "PORT")]
+    pub main_process_port: Option<u16>,
+
+    /// Shared secret of the store (also ACCEL_RUN_TOKEN); required with
+    /// several machines, generated for one.
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+
+    /// Backend(s) the workers should use, in order of preference
+    /// (ACCEL_BACKEND); `mpi` selects the MPI launch path.
+    #[arg(long, value_name = "NAME[,NAME]")]
+    pub backend: Option<Backends>,
+
+    /// Bound of every blocking call in the workers, and of the machines'
+    /// join (ACCEL_TIMEOUT) [default: 300s].
+    #[arg(long, value_name = "DUR", value_parser = parse_dur)]
+    pub timeout: Option<Duration>,
+
+    /// Debug mode in the workers (ACCEL_DEBUG=1): collectives are
+    /// fingerprinted and mismatches reported per rank.
+    #[arg(long)]
+    pub debug: bool,
+
+    /// Also write each rank's output to DIR/rank-N.log.
+    #[arg(long = "tee", visible_alias = "log-dir", aliases = ["log_dir"], value_name = "DIR")]
+    pub tee: Option<PathBuf>,
+
+    /// Show the output of these global ranks only (e.g. 0 or 0,2-3); the
+    /// others still go to --tee files and failure reports.
+    #[arg(long, value_name = "RANKS")]
+    pub ranks: Option<RankFilter>,
+
+    /// Show the output of rank 0 only (same as --ranks 0).
+    #[arg(long = "quiet-ranks")]
+    pub quiet_ranks: bool,
+
+    /// Restart the whole group up to K times after a failure [default: 0].
+    #[arg(long = "max-restarts", aliases = ["max_restarts"], value_name = "K")]
+    pub max_restarts: Option<u32>,
+
+    /// Time between SIGTERM and SIGKILL when stopping workers [default: 5s].
+    #[arg(long = "grace-period", value_name = "DUR", value_parser = parse_dur)]
+    pub grace_period: Option<Duration>,
+
+    /// Report a worker as hung, and stop the group, when it prints nothing
+    /// for DUR [default: off].
+    #[arg(long = "hang-timeout", value_name = "DUR", value_parser = parse_dur)]
+    pub hang_timeout: Option<Duration>,
+
+    /// How long machines wait for each other to join [default: --timeout].
+    #[arg(long = "join-timeout", value_name = "DUR", value_parser = parse_dur)]
+    pub join_timeout: Option<Duration>,
+
+    /// Name of the run (ACCEL_RUN_ID) [default: a random one, chosen by
+    /// machine 0].
+    #[arg(long = "run-id", visible_alias = "rdzv-id", aliases = ["rdzv_id", "run_id"],
+          value_name = "ID")]
+    pub run_id: Option<String>,
+}
+
+impl Options {
+    /// Field by field, `self` where set, else `lower`.
+    pub fn overlay(self, lower: Options) -> Options {
+        Options {
+            num_processes: self.num_processes.or(lower.num_processes),
+            num_machines: self.num_machines.or(lower.num_machines),
+            machine_rank: self.machine_rank.or(lower.machine_rank),
+            main_process_ip: self.main_process_ip.or(lower.main_process_ip),
+            main_process_port: self.main_process_port.or(lower.main_process_port),
+            token: self.token.or(lower.token),
+            backend: self.backend.or(lower.backend),
+            timeout: self.timeout.or(lower.timeout),
+            debug: self.debug || lower.debug,
+            tee: self.tee.or(lower.tee),
+            ranks: self.ranks.or(lower.ranks),
+            quiet_ranks: self.quiet_ranks || lower.quiet_ranks,
+            max_restarts: self.max_restarts.or(lower.max_restarts),
+            grace_period: self.grace_period.or(lower.grace_period),
+            hang_timeout: self.hang_timeout.or(lower.hang_timeout),
+            join_timeout: self.join_timeout.or(lower.join_timeout),
+            run_id: self.run_id.or(lower.run_id),
+        }
+    }
+
+    /// The options the launcher's own environment sets: ACCEL_RUN_TOKEN,
+    /// ACCEL_TIMEOUT, ACCEL_BACKEND, ACCEL_DEBUG.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] naming the variable when its value is
+    /// malformed.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Options> {
+        let mut o = Options {
+            token: get("ACCEL_RUN_TOKEN").filter(|t| !t.is_empty()),
+            ..Options::default()
+        };
+        if let Some(v) = get("ACCEL_TIMEOUT").filter(|v| !v.trim().is_empty()) {
+            o.timeout = Some(accel::state::parse_duration("ACCEL_TIMEOUT", &v)?);
+        }
+        if let Some(v) = get("ACCEL_BACKEND").filter(|v| !v.trim().is_empty()) {
+            o.backend = Some(
+                v.parse()
+                    .map_err(|why: String| Error::invalid_config("ACCEL_BACKEND", &v, why))?,
+            );
+        }
+        if let Some(v) = get("ACCEL_DEBUG") {
+            o.debug = match v.trim().to_ascii_lowercase().as_str() {
+                "" | "0" | "false" | "no" | "off" => false,
+                "1" | "true" | "yes" | "on" => true,
+                _ => {
+                    return Err(Error::invalid_config("ACCEL_DEBUG", &v, "not a boolean")
+                        .with_fix("set ACCEL_DEBUG to 1 or 0"))
+                }
+            };
+        }
+        Ok(o)
+    }
+}
+
+/// Everything a launch needs, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Workers on this machine.
+    pub nproc: usize,
+    /// Machines in the run.
+    pub num_machines: usize,
+    /// This machine's rank.
+    pub machine_rank: usize,
+    /// Where the store listens (machine 0 binds it; others connect to it).
+    pub main_addr: String,
+    /// The store's port; 0 = choose a free one (one machine only).
+    pub main_port: u16,
+    /// The store's token; `None` on one machine until one is generated.
+    pub token: Option<String>,
+    /// ACCEL_BACKEND for the workers.
+    pub backend: Option<Vec<String>>,
+    /// ACCEL_TIMEOUT for the workers.
+    pub timeout: Duration,
+    /// ACCEL_DEBUG for the workers.
+    pub debug: bool,
+    /// Directory for per-rank log files.
+    pub tee: Option<PathBuf>,
+    /// Ranks whose output is shown; `None` = all.
+    pub ranks: Option<RankFilter>,
+    /// Restarts of the whole group after a failure.
+    pub max_restarts: u32,
+    /// SIGTERM → SIGKILL delay.
+    pub grace: Duration,
+    /// Silence after which a worker is reported as hung.
+    pub hang_timeout: Option<Duration>,
+    /// Bound of the machines' join.
+    pub join_timeout: Duration,
+    /// The run id asked for, if any.
+    pub run_id: Option<String>,
+}
+
+impl Settings {
+    /// `true` when the run spans several machines.
+    pub fn multi_machine(&self) -> bool {
+        self.num_machines > 1
+    }
+
+    /// Total processes of the run, assuming every machine runs [`nproc`]
+    /// (what this machine claims when it joins).
+    ///
+    /// [`nproc`]: Settings::nproc
+    pub fn world_size_claim(&self) -> usize {
+        self.nproc * self.num_machines
+    }
+
+    /// Resolve layered options into settings, checking each value and their
+    /// combinations.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] with the flag to fix.
+    pub fn resolve(o: Options) -> Result<Settings> {
+        let nproc = o.num_processes.unwrap_or(1);
+        let num_machines = o.num_machines.unwrap_or(1);
+        let machine_rank = o.machine_rank.unwrap_or(0);
+        if nproc == 0 {
+            return Err(bad(
+                "--num-processes",
+                "0",
+                "a run needs at least one process",
+            ));
+        }
+        if num_machines == 0 {
+            return Err(bad(
+                "--num-machines",
+                "0",
+                "a run needs at least one machine",
+            ));
+        }
+        if machine_rank >= num_machines {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "machine rank {machine_rank} is not below the number of machines {num_machines}: \
+                     machine ranks go from 0 to {}",
+                    num_machines - 1
+                ),
+            )
+            .with_fix("pass --machine-rank between 0 and --num-machines minus 1"));
+        }
+        let timeout = o.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let (main_addr, main_port, token) = if num_machines == 1 {
+            // One machine: loopback only, never reachable from outside.
+            (
+                "127.0.0.1".to_string(),
+                o.main_process_port.unwrap_or(0),
+                o.token,
+            )
+        } else {
+            let addr = o
+                .main_process_ip
+                .filter(|a| !a.trim().is_empty())
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidConfig,
+                        format!(
+                        "--main-process-ip is required for a run over {num_machines} machines: \
+                         every machine must know where machine 0's store listens"
+                    ),
+                    )
+                    .with_fix("pass --main-process-ip ADDRESS_OF_MACHINE_0 on every machine")
+                })?;
+            let port = o.main_process_port.unwrap_or(DEFAULT_MULTI_MACHINE_PORT);
+            if port == 0 {
+                return Err(bad(
+                    "--main-process-port",
+                    "0",
+                    "the other machines cannot find a port chosen at random; \
+                     a run over several machines needs a fixed port",
+                )
+                .with_fix("pass the same --main-process-port (e.g. 29500) on every machine"));
+            }
+            let token = o.token.filter(|t| !t.is_empty()).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "a run over {num_machines} machines needs a shared token: the store \
+                         listens on {addr}:{port}, reachable from other machines"
+                    ),
+                )
+                .with_fix(
+                    "pass the same --token on every machine (or set ACCEL_RUN_TOKEN, or `token` \
+                     in the config file); e.g. `--token $(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')`",
+                )
+            })?;
+            (addr, port, Some(token))
+        };
+        if let Some(id) = &o.run_id {
+            if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                return Err(bad(
+                    "--run-id",
+                    id,
+                    "a run id must be non-empty, without spaces",
+                ));
+            }
+        }
+        let ranks = if o.quiet_ranks && o.ranks.is_none() {
+            Some(RankFilter([0].into_iter().collect()))
+        } else {
+            o.ranks
+        };
+        Ok(Settings {
+            nproc,
+            num_machines,
+            machine_rank,
+            main_addr,
+            main_port,
+            token,
+            backend: o.backend.map(|b| b.0),
+            timeout,
+            debug: o.debug,
+            tee: o.tee,
+            ranks,
+            max_restarts: o.max_restarts.unwrap_or(0),
+            grace: o.grace_period.unwrap_or(DEFAULT_GRACE),
+            hang_timeout: o.hang_timeout,
+            join_timeout: o.join_timeout.unwrap_or(timeout),
+            run_id: o.run_id,
+        })
+    }
+}
+
+fn bad(flag: &str, value: &str, why: &str) -> Error {
+    Error::invalid_config(flag, value, why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_filter_parses_lists_and_ranges() {
+        let f: RankFilter = "0, 2-4,7".parse().unwrap();
+        assert_eq!(f.0.iter().copied().collect::<Vec<_>>(), vec![0, 2, 3, 4, 7]);
+        assert_eq!(f.to_string(), "0,2,3,4,7");
+        assert!("3-1".parse::<RankFilter>().unwrap_err().contains("empty"));
+        assert!("x".parse::<RankFilter>().unwrap_err().contains("`x`"));
+        assert!("".parse::<RankFilter>().is_err());
+    }
+
+    #[test]
+    fn counts_refuse_zero_and_negative() {
+        assert_eq!(parse_count("4"), Ok(4));
+        assert!(parse_count("0").unwrap_err().contains("at least 1, got 0"));
+        assert!(parse_count("-2")
+            .unwrap_err()
+            .contains("at least 1, got -2"));
+        assert!(parse_index("-1").unwrap_err().contains("0 or more"));
+    }
+
+    #[test]
+    fn durations_round_trip() {
+        for d in [
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+            Duration::from_secs(3600),
+        ] {
+            assert_eq!(parse_dur(&format_dur(d)).unwrap(), d);
+        }
+        assert!(parse_dur("soon").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn overlay_prefers_the_upper_layer() {
+        let flags = Options {
+            num_processes: Some(4),
+            ..Options::default()
+        };
+        let file = Options {
+            num_processes: Some(2),
+            max_restarts: Some(3),
+            debug: true,
+            ..Options::default()
+        };
+        let o = flags.overlay(file);
+        assert_eq!(
+            (o.num_processes, o.max_restarts, o.debug),
+            (Some(4), Some(3), true)
+        );
+    }
+
+    #[test]
+    fn resolve_checks_combinations() {
+        let e = Settings::resolve(Options {
+            num_machines: Some(2),
+            machine_rank: Some(2),
+            ..Options::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("machine rank 2 is not below"), "{e}");
+        let e = Settings::resolve(Options {
+            num_machines: Some(2),
+            ..Options::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("--main-process-ip"), "{e}");
+        let e = Settings::resolve(Options {
+            num_machines: Some(2),
+            main_process_ip: Some("10.0.0.1".into()),
+            ..Options::default()
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("token"), "{e}");
+        let s = Settings::resolve(Options {
+            num_machines: Some(2),
+            main_process_ip: Some("10.0.0.1".into()),
+            token: Some("t".into()),
+            quiet_ranks: true,
+            ..Options::default()
+        })
+        .unwrap();
+        assert_eq!(s.main_port, DEFAULT_MULTI_MACHINE_PORT);
+        assert!(s.ranks.unwrap().shows(0));
+        let s = Settings::resolve(Options::default()).unwrap();
+        assert_eq!((s.main_addr.as_str(), s.main_port), ("127.0.0.1", 0));
+    }
+
+    #[test]
+    fn env_layer_names_the_variable() {
+        let e =
+            Options::from_env(|k| (k == "ACCEL_TIMEOUT").then(|| "soon".to_string())).unwrap_err();
+        assert!(e.to_string().contains("ACCEL_TIMEOUT"), "{e}");
+        let o = Options::from_env(|k| match k {
+            "ACCEL_DEBUG" => Some("1".into()),
+            "ACCEL_BACKEND" => Some("cpu-gloo".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert!(o.debug);
+        assert_eq!(o.backend.unwrap().0, vec!["cpu-gloo"]);
+    }
+}

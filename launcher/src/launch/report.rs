@@ -1,0 +1,310 @@
+//! What the launcher tells the user: the root-cause block of a failure, the
+//! per-attempt summary, and the `--json` summary.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::output::say_block;
+
+/// How a worker ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Exit {
+    /// It exited with this code.
+    Code {
+        /// The exit code.
+        code: i32,
+    },
+    /// A signal killed it.
+    Signal {
+        /// The signal number.
+        signal: i32,
+    },
+    /// It printed nothing for this long and was reported as hung.
+    Hung {
+        /// Seconds of silence.
+        silent_s: u64,
+    },
+}
+
+/// `SIGSEGV` for 11.
+pub fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+impl Exit {
+    /// From a waited process status.
+    pub fn from_status(s: std::process::ExitStatus) -> Exit {
+        use std::os::unix::process::ExitStatusExt;
+        match (s.code(), s.signal()) {
+            (Some(code), _) => Exit::Code { code },
+            (None, Some(signal)) => Exit::Signal { signal },
+            (None, None) => Exit::Code { code: 1 },
+        }
+    }
+
+    /// `true` for exit code 0.
+    pub fn is_success(self) -> bool {
+        matches!(self, Exit::Code { code: 0 })
+    }
+
+    /// The launcher's exit code when this is the root cause: the code, 128 +
+    /// the signal, 124 for a hang (as `timeout(1)`).
+    pub fn launcher_code(self) -> u8 {
+        match self {
+            Exit::Code { code } => u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1),
+            Exit::Signal { signal } => u8::try_from(128 + signal).unwrap_or(255),
+            Exit::Hung { .. } => 124,
+        }
+    }
+
+    /// `exited with code 3`, `was killed by SIGSEGV (signal 11)`.
+    pub fn describe(self) -> String {
+        match self {
+            Exit::Code { code } => format!("exited with code {code}"),
+            Exit::Signal { signal } => {
+                format!("was killed by {} (signal {signal})", signal_name(signal))
+            }
+            Exit::Hung { silent_s } => {
+                format!("is hung: no output for {silent_s}s")
+            }
+        }
+    }
+}
+
+/// The root cause of a failed attempt: which worker, where, how, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    /// Global rank.
+    pub rank: usize,
+    /// Rank on its machine.
+    pub local_rank: usize,
+    /// Its machine's rank.
+    pub machine: usize,
+    /// Its machine's host name.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// How it ended.
+    pub exit: Exit,
+    /// Panic message from its error file.
+    pub error: Option<String>,
+    /// Panic location from its error file.
+    pub location: Option<String>,
+    /// The last lines of its stderr.
+    pub stderr_tail: Vec<String>,
+    /// Other ranks hung at the same time (for a hang).
+    #[serde(default)]
+    pub also_hung: Vec<usize>,
+    /// `true` when no worker failed but a launcher was interrupted (Ctrl-C):
+    /// the run stops everywhere and is not restarted.
+    #[serde(default)]
+    pub interrupted: bool,
+}
+
+impl Failure {
+    /// One line: `rank 1 (host h, machine 0) exited with code 3`.
+    pub fn headline(&self) -> String {
+        let mut s = format!(
+            "rank {} (local rank {} on machine {}, host {}, pid {}) {}",
+            self.rank,
+            self.local_rank,
+            self.machine,
+            self.host,
+            self.pid,
+            self.exit.describe()
+        );
+        if !self.also_hung.is_empty() {
+            let v: Vec<String> = self.also_hung.iter().map(|r| r.to_string()).collect();
+            s.push_str(&format!("; also hung: rank(s) {}", v.join(", ")));
+        }
+        s
+    }
+
+    /// Print the root-cause block to stderr.
+    pub fn print(&self, attempt: u32) {
+        let mut lines = vec![
+            "==================== root cause ====================".to_string(),
+            format!("attempt:   {attempt}"),
+            format!("rank:      {} (local rank {})", self.rank, self.local_rank),
+            format!("host:      {} (machine {})", self.host, self.machine),
+            format!("pid:       {}", self.pid),
+        ];
+        let exit = match self.exit {
+            Exit::Code { code } => format!("exit code {code}"),
+            Exit::Signal { signal } => format!("signal {} ({signal})", signal_name(signal)),
+            Exit::Hung { silent_s } => format!("hung: no output for {silent_s}s"),
+        };
+        lines.push(format!("exit:      {exit}"));
+        if !self.also_hung.is_empty() {
+            let v: Vec<String> = self.also_hung.iter().map(|r| r.to_string()).collect();
+            lines.push(format!("also hung: rank(s) {}", v.join(", ")));
+        }
+        match (&self.error, &self.location) {
+            (Some(m), loc) => {
+                let mut first = true;
+                for l in m.lines() {
+                    let head = if first { "error:     " } else { "           " };
+                    lines.push(format!("{head}{l}"));
+                    first = false;
+                }
+                if let Some(loc) = loc {
+                    lines.push(format!("at:        {loc}"));
+                }
+            }
+            (None, _) => lines.push(
+                "error:     <no error file: the worker did not panic through accel's hook>"
+                    .to_string(),
+            ),
+        }
+        if self.stderr_tail.is_empty() {
+            lines.push("stderr:    <empty>".to_string());
+        } else {
+            lines.push(format!("stderr (last {} line(s)):", self.stderr_tail.len()));
+            for l in &self.stderr_tail {
+                lines.push(format!("  | {l}"));
+            }
+        }
+        lines.push("====================================================".to_string());
+        say_block(&lines);
+    }
+}
+
+/// How one worker of an attempt ended, for the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerEnd {
+    /// Global rank.
+    pub rank: usize,
+    /// Process id.
+    pub pid: u32,
+    /// How it ended.
+    pub exit: Exit,
+    /// `true` when the launcher stopped it (SIGTERM / SIGKILL / forwarded
+    /// signal) rather than it ending by itself.
+    pub stopped: bool,
+}
+
+/// The result of one attempt.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Every worker everywhere exited 0.
+    Succeeded,
+    /// A worker failed (the root cause is set).
+    Failed,
+    /// The launcher was asked to stop (Ctrl-C, SIGTERM).
+    Interrupted,
+}
+
+/// One attempt in the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct AttemptReport {
+    /// 0 for the first, then ACCEL_RESTART_COUNT.
+    pub attempt: u32,
+    /// Outcome.
+    pub status: Status,
+    /// Wall time of the attempt.
+    pub duration_s: f64,
+    /// What failed first, anywhere in the run.
+    pub root_cause: Option<Failure>,
+    /// This machine's workers.
+    pub workers: Vec<WorkerEnd>,
+    /// Ranks that ignored SIGTERM for the grace period and were killed.
+    pub killed: Vec<usize>,
+    /// The signal that interrupted the launcher.
+    pub interrupted_by: Option<String>,
+}
+
+impl AttemptReport {
+    /// `succeeded after 0.31s` / `failed after 1.2s: rank 1 ... exited with code 3`.
+    pub fn line(&self) -> String {
+        let d = fmt_secs(Duration::from_secs_f64(self.duration_s));
+        match self.status {
+            Status::Succeeded => format!("attempt {}: succeeded after {d}", self.attempt),
+            Status::Failed => format!(
+                "attempt {}: failed after {d}: {}",
+                self.attempt,
+                self.root_cause
+                    .as_ref()
+                    .map(Failure::headline)
+                    .unwrap_or_else(|| "unknown cause".into())
+            ),
+            Status::Interrupted => format!(
+                "attempt {}: interrupted after {d} by {}",
+                self.attempt,
+                self.interrupted_by.as_deref().unwrap_or("a signal")
+            ),
+        }
+    }
+}
+
+/// The whole launch, as `--json` prints it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// ACCEL_RUN_ID.
+    pub run_id: String,
+    /// This machine.
+    pub machine_rank: usize,
+    /// Machines in the run.
+    pub num_machines: usize,
+    /// Processes in the run.
+    pub world_size: usize,
+    /// Where the store listened.
+    pub store: String,
+    /// The launcher's exit code.
+    pub exit_code: u8,
+    /// Each attempt, in order.
+    pub attempts: Vec<AttemptReport>,
+    /// Seconds from the launcher's start to its end.
+    pub wall_s: f64,
+}
+
+/// `0.31s`, `2m05s`.
+pub fn fmt_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s < 60.0 {
+        format!("{s:.2}s")
+    } else {
+        format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(Exit::Code { code: 3 }.launcher_code(), 3);
+        assert_eq!(Exit::Signal { signal: 9 }.launcher_code(), 137);
+        assert_eq!(Exit::Hung { silent_s: 5 }.launcher_code(), 124);
+        assert_eq!(Exit::Code { code: 300 }.launcher_code(), 1);
+        assert_eq!(
+            Exit::Signal { signal: 11 }.describe(),
+            "was killed by SIGSEGV (signal 11)"
+        );
+    }
+
+    #[test]
+    fn failures_travel_as_json() {
+        let f = Failure {
+            rank: 3,
+            local_rank: 1,
+            machine: 1,
+            host: "h".into(),
+            pid: 7,
+            exit: Exit::Signal { signal: 6 },
+            error: Some("boom".into()),
+            location: Some("src/main.rs:1:1".into()),
+            stderr_tail: vec!["x".into()],
+            also_hung: vec![],
+            interrupted: false,
+        };
+        let back: Failure = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
+        assert_eq!(back, f);
+        assert!(f.headline().contains("rank 3") && f.headline().contains("SIGABRT"));
+    }
+}

@@ -1,0 +1,70 @@
+//! `accel probe-worker` (hidden): what a launched worker sees. It reads the
+//! process state the way every accel program does, opens the rendezvous
+//! store with the run token, runs a store barrier with every rank, and
+//! prints one JSON line. The launcher's tests and the launch-latency
+//! benchmark run it as their worker.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use accel_api::{Result, StoreExt};
+
+/// Arguments of `accel probe-worker`.
+#[derive(Debug, clap::Args)]
+pub struct ProbeArgs {
+    /// Skip the store barrier (only read and print the process state).
+    #[arg(long)]
+    no_barrier: bool,
+
+    /// Panic on this rank after the barrier (tests the error-file path).
+    #[arg(long, value_name = "RANK")]
+    panic_on_rank: Option<usize>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct Seen {
+    rank: usize,
+    world_size: usize,
+    local_rank: usize,
+    local_world_size: usize,
+    node_rank: usize,
+    run_id: String,
+    store: Option<String>,
+    restart_count: u32,
+    barrier_ms: Option<f64>,
+}
+
+pub fn run(args: ProbeArgs) -> Result<ExitCode> {
+    accel::install_panic_hook();
+    let state = accel::state()?;
+    let store_url = state.store_location()?;
+    let mut barrier_ms = None;
+    if !args.no_barrier {
+        if let Some(url) = &store_url {
+            let t = Instant::now();
+            let store = accel_rendezvous::open_store(url, state.token.as_deref(), state.timeout)?;
+            store.barrier(
+                &format!("accel-probe/{}", state.restart_count),
+                state.world_size,
+                state.timeout,
+            )?;
+            barrier_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    let seen = Seen {
+        rank: state.rank,
+        world_size: state.world_size,
+        local_rank: state.local_rank,
+        local_world_size: state.local_world_size,
+        node_rank: state.node_rank,
+        run_id: state.run_id.clone(),
+        store: store_url,
+        restart_count: state.restart_count,
+        barrier_ms,
+    };
+    println!("{}", serde_json::to_string(&seen).unwrap_or_default());
+    if args.panic_on_rank == Some(state.rank) {
+        panic!("probe-worker: deliberate panic on rank {}", state.rank);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,190 @@
+//! Helpers of the launcher's integration tests: run the built `accel`
+//! binary under a hard deadline (killed on expiry, so a hung launcher fails
+//! the test instead of hanging the suite).
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// The binary under test.
+pub const ACCEL: &str = env!("CARGO_BIN_EXE_accel");
+
+/// Default hard limit of one launcher run in these tests.
+pub const LIMIT: Duration = Duration::from_secs(30);
+
+/// What a finished run left.
+#[derive(Debug)]
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+impl Run {
+    /// stdout + stderr, for assertion messages.
+    pub fn all(&self) -> String {
+        format!(
+            "exit {:?} after {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.elapsed, self.stdout, self.stderr
+        )
+    }
+}
+
+/// A started launcher whose output is being collected.
+pub struct Running {
+    pub child: Child,
+    start: Instant,
+    out: Option<JoinHandle<String>>,
+    err: Option<JoinHandle<String>>,
+}
+
+fn collect(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = r.read_to_end(&mut v);
+        String::from_utf8_lossy(&v).into_owned()
+    })
+}
+
+/// `accel ARGS...` with a clean launcher environment.
+pub fn command(args: &[&str]) -> Command {
+    let mut c = Command::new(ACCEL);
+    c.args(args)
+        .env_remove("ACCEL_RUN_TOKEN")
+        .env_remove("ACCEL_TIMEOUT")
+        .env_remove("ACCEL_BACKEND")
+        .env_remove("ACCEL_DEBUG")
+        .env_remove("ACCEL_CONFIG_FILE")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Start `cmd`.
+pub fn start(mut cmd: Command) -> Running {
+    let mut child = cmd.spawn().expect("start accel");
+    let out = child.stdout.take().map(collect);
+    let err = child.stderr.take().map(collect);
+    Running {
+        child,
+        start: Instant::now(),
+        out,
+        err,
+    }
+}
+
+impl Running {
+    /// Wait for the end, at most `limit` from the start; on expiry kill it
+    /// and panic with what it printed.
+    pub fn finish(mut self, limit: Duration) -> Run {
+        let code = loop {
+            match self.child.try_wait().expect("wait") {
+                Some(s) => break s.code(),
+                None if self.start.elapsed() > limit => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let run = self.collect_output(None);
+                    panic!("accel did not finish within {limit:?}:\n{}", run.all());
+                }
+                None => std::thread::sleep(Duration::from_millis(10)),
+            }
+        };
+        self.collect_output(code)
+    }
+
+    fn collect_output(&mut self, code: Option<i32>) -> Run {
+        let elapsed = self.start.elapsed();
+        // Output threads end when every writer (including stray grandchildren)
+        // closed the pipe; do not wait on them forever.
+        let join = |h: Option<JoinHandle<String>>| {
+            let h = h?;
+            let t = Instant::now();
+            while !h.is_finished() && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            h.is_finished().then(|| h.join().unwrap_or_default())
+        };
+        Run {
+            code,
+            stdout: join(self.out.take()).unwrap_or_else(|| "<stdout still open>".into()),
+            stderr: join(self.err.take()).unwrap_or_else(|| "<stderr still open>".into()),
+            elapsed,
+        }
+    }
+
+    /// The launcher's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+/// Run `accel ARGS...` to its end (hard limit [`LIMIT`]).
+pub fn accel(args: &[&str]) -> Run {
+    start(command(args)).finish(LIMIT)
+}
+
+/// A port that was free a moment ago (for runs over several machines, which
+/// need a fixed port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `true` while a process with this pid exists and is not a zombie.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // state is the field after the `(comm)`.
+            let state = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .unwrap_or("?");
+            state != "Z" && state != "X"
+        }
+        Err(_) => false,
+    }
+}
+
+/// Read every `*.pid` file of `dir`.
+pub fn pids_in(dir: &Path) -> Vec<u32> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p: PathBuf = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "pid") {
+            if let Ok(n) = std::fs::read_to_string(&p).unwrap().trim().parse() {
+                v.push(n);
+            }
+        }
+    }
+    v
+}
+
+/// Wait up to `limit` for `cond`.
+pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+/// Lines of stdout that belong to `rank`, prefix removed.
+pub fn rank_lines(stdout: &str, rank: usize) -> Vec<String> {
+    let p = format!("[rank {rank}] ");
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix(&p).map(str::to_string))
+        .collect()
+}

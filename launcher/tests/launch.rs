@@ -1,0 +1,654 @@
+//! `accel launch` on one machine: the environment contract, output,
+//! supervision, restarts, config files, and every bad input with its message.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn four_ranks_print_prefixed_lines() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "4",
+        "--",
+        "sh",
+        "-c",
+        "echo $RANK/$WORLD_SIZE",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let mut lines: Vec<&str> = r.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec![
+            "[rank 0] 0/4",
+            "[rank 1] 1/4",
+            "[rank 2] 2/4",
+            "[rank 3] 3/4"
+        ],
+        "{}",
+        r.all()
+    );
+    // A successful run is quiet.
+    assert_eq!(r.stderr, "", "{}", r.all());
+}
+
+#[test]
+fn a_failing_rank_stops_the_group_names_the_rank_and_leaves_nothing_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "sleep 600 & echo $! > {d}/child-$RANK.pid; echo $$ > {d}/worker-$RANK.pid; \
+         if [ \"$RANK\" = 1 ]; then sleep 0.2; echo 'rank one is failing' >&2; exit 3; fi; wait",
+        d = dir.path().display()
+    );
+    let r = accel(&["launch", "-n", "2", "--", "sh", "-c", &script]);
+    assert_eq!(r.code, Some(3), "{}", r.all());
+    assert!(r.elapsed < Duration::from_secs(5), "{}", r.all());
+    assert!(
+        r.stderr.contains("rank:      1 (local rank 1)"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("exit:      exit code 3"), "{}", r.all());
+    assert!(r.stderr.contains("  | rank one is failing"), "{}", r.all());
+    assert!(
+        r.stderr.contains("rank 1 (local rank 1 on machine 0"),
+        "{}",
+        r.all()
+    );
+    let pids = pids_in(dir.path());
+    assert_eq!(pids.len(), 4, "{}", r.all());
+    for pid in pids {
+        assert!(
+            eventually(Duration::from_secs(2), || !alive(pid)),
+            "pid {pid} still running after the launcher exited"
+        );
+    }
+}
+
+#[test]
+fn the_single_command_of_the_issue_exits_3_quickly() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 600",
+    ]);
+    assert_eq!(r.code, Some(3), "{}", r.all());
+    assert!(r.elapsed < Duration::from_secs(5), "{}", r.all());
+    assert!(r.stderr.contains("rank 1"), "{}", r.all());
+}
+
+#[test]
+fn workers_see_the_whole_environment_contract() {
+    // Through the runtime's own reader (and a store barrier over the real
+    // TCP store with the generated token).
+    let r = accel(&["launch", "-n", "3", "--", ACCEL, "probe-worker"]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let mut ranks = BTreeSet::new();
+    let mut run_ids = BTreeSet::new();
+    for rank in 0..3 {
+        let lines = rank_lines(&r.stdout, rank);
+        assert_eq!(lines.len(), 1, "{}", r.all());
+        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(v["rank"], rank);
+        assert_eq!(v["local_rank"], rank);
+        assert_eq!(v["world_size"], 3);
+        assert_eq!(v["local_world_size"], 3);
+        assert_eq!(v["node_rank"], 0);
+        assert_eq!(v["restart_count"], 0);
+        assert!(v["barrier_ms"].is_number(), "{}", r.all());
+        assert!(v["store"].as_str().unwrap().starts_with("tcp://127.0.0.1:"));
+        ranks.insert(v["rank"].as_u64().unwrap());
+        run_ids.insert(v["run_id"].as_str().unwrap().to_string());
+    }
+    assert_eq!(ranks.len(), 3);
+    assert_eq!(run_ids.len(), 1, "one run id for every rank");
+
+    // And the raw variables, torchrun mirrors included.
+    let r = accel(&[
+        "launch",
+        "-n",
+        "1",
+        "--run-id",
+        "exp7",
+        "--timeout",
+        "90s",
+        "--backend",
+        "cpu-gloo",
+        "--debug",
+        "--",
+        "sh",
+        "-c",
+        "env | sort",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let env: Vec<String> = rank_lines(&r.stdout, 0);
+    let has = |kv: &str| env.iter().any(|l| l == kv);
+    for kv in [
+        "RANK=0",
+        "LOCAL_RANK=0",
+        "WORLD_SIZE=1",
+        "LOCAL_WORLD_SIZE=1",
+        "GROUP_RANK=0",
+        "MASTER_ADDR=127.0.0.1",
+        "ACCEL_LAUNCHER=accel",
+        "ACCEL_RUN_ID=exp7",
+        "TORCHELASTIC_RUN_ID=exp7",
+        "ACCEL_TIMEOUT=90s",
+        "ACCEL_BACKEND=cpu-gloo",
+        "ACCEL_DEBUG=1",
+        "ACCEL_RESTART_COUNT=0",
+        "TORCHELASTIC_RESTART_COUNT=0",
+    ] {
+        assert!(has(kv), "missing {kv} in\n{}", env.join("\n"));
+    }
+    let get = |k: &str| {
+        env.iter()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(get("ACCEL_RUN_TOKEN").len(), 32, "a generated token");
+    assert_eq!(
+        get("ACCEL_STORE_URL"),
+        format!("tcp://127.0.0.1:{}", get("MASTER_PORT"))
+    );
+    assert!(get("ACCEL_ERROR_FILE").ends_with("rank-0.json"));
+    assert_eq!(get("ACCEL_ERROR_FILE"), get("TORCHELASTIC_ERROR_FILE"));
+}
+
+#[test]
+fn a_panic_shows_the_error_file_in_the_root_cause() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        ACCEL,
+        "probe-worker",
+        "--panic-on-rank",
+        "1",
+    ]);
+    assert_eq!(r.code, Some(101), "{}", r.all());
+    assert!(
+        r.stderr
+            .contains("error:     probe-worker: deliberate panic on rank 1"),
+        "{}",
+        r.all()
+    );
+    assert!(
+        r.stderr.contains("at:        launcher/src/probe_cmd.rs:"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn a_signal_death_is_reported_by_name_with_128_plus_signal() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--",
+        "sh",
+        "-c",
+        "[ $RANK = 0 ] && kill -SEGV $$; sleep 600",
+    ]);
+    assert_eq!(r.code, Some(139), "{}", r.all());
+    assert!(r.stderr.contains("signal SIGSEGV (11)"), "{}", r.all());
+}
+
+#[test]
+fn workers_ignoring_sigterm_are_killed_after_the_grace_period() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--grace-period",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; if [ $RANK = 1 ]; then sleep 0.2; exit 4; fi; sleep 600",
+    ]);
+    assert_eq!(r.code, Some(4), "{}", r.all());
+    assert!(
+        r.stderr.contains("did not stop within 300ms"),
+        "{}",
+        r.all()
+    );
+    assert!(r.elapsed < Duration::from_secs(5), "{}", r.all());
+}
+
+#[test]
+fn sigterm_to_the_launcher_reaches_every_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo $$ > {}/w-$RANK.pid; exec sleep 600",
+        dir.path().display()
+    );
+    let run = start(command(&["launch", "-n", "3", "--", "sh", "-c", &script]));
+    assert!(eventually(Duration::from_secs(5), || pids_in(dir.path())
+        .len()
+        == 3));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.pid() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let r = run.finish(LIMIT);
+    assert_eq!(r.code, Some(143), "{}", r.all());
+    assert!(
+        r.stderr.contains("received SIGTERM, forwarding it"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("interrupted after"), "{}", r.all());
+    for pid in pids_in(dir.path()) {
+        assert!(
+            eventually(Duration::from_secs(2), || !alive(pid)),
+            "pid {pid} left"
+        );
+    }
+}
+
+#[test]
+fn restarts_count_up_and_the_summary_lists_each_attempt() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--max-restarts",
+        "3",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        "echo try $ACCEL_RESTART_COUNT; [ $ACCEL_RESTART_COUNT -ge 2 ] || exit 5",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        rank_lines(&r.stdout, 0).contains(&"try 2".to_string()),
+        "{}",
+        r.all()
+    );
+    assert!(
+        r.stderr.contains("restarting the group: restart 1 of 3"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("attempt 0: failed after"), "{}", r.all());
+    assert!(
+        r.stderr.contains("attempt 2: succeeded after"),
+        "{}",
+        r.all()
+    );
+    let json = r.stdout.lines().last().unwrap();
+    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    let statuses: Vec<&str> = v["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["failed", "failed", "succeeded"]);
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["attempts"][0]["root_cause"]["exit"]["code"], 5);
+
+    // Out of restarts: the last failure's code.
+    let r = accel(&[
+        "launch",
+        "-n",
+        "1",
+        "--max-restarts",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "exit 9",
+    ]);
+    assert_eq!(r.code, Some(9), "{}", r.all());
+    assert!(
+        r.stderr.contains("2 attempt(s), exit code 9"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn tee_writes_one_file_per_rank_and_the_filter_shows_some_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    let r = accel(&[
+        "launch",
+        "-n",
+        "3",
+        "--tee",
+        logs.to_str().unwrap(),
+        "--ranks",
+        "1-2",
+        "--",
+        "sh",
+        "-c",
+        "echo out $RANK; echo err $RANK >&2",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(rank_lines(&r.stdout, 0).is_empty(), "{}", r.all());
+    assert_eq!(rank_lines(&r.stdout, 1), ["out 1"]);
+    assert_eq!(rank_lines(&r.stdout, 2), ["out 2"]);
+    for rank in 0..3 {
+        let text = std::fs::read_to_string(logs.join(format!("rank-{rank}.log"))).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines.sort();
+        assert_eq!(lines, [format!("err {rank}"), format!("out {rank}")]);
+    }
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--quiet-ranks",
+        "--",
+        "sh",
+        "-c",
+        "echo $RANK",
+    ]);
+    assert_eq!(r.stdout, "[rank 0] 0\n", "{}", r.all());
+}
+
+#[test]
+fn lines_are_never_mixed() {
+    // Four ranks write long lines in small pieces as fast as they can.
+    let script = "i=0; while [ $i -lt 200 ]; do printf '%s' $RANK$RANK$RANK$RANK; \
+                  printf '%0500d' 0 | tr 0 $RANK; printf '\\n'; i=$((i+1)); done";
+    let r = accel(&["launch", "-n", "4", "--", "sh", "-c", script]);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let mut count = 0;
+    for l in r.stdout.lines() {
+        let (head, body) = l.split_at(9);
+        let rank = head
+            .strip_prefix("[rank ")
+            .and_then(|h| h.strip_suffix("] "))
+            .unwrap_or_else(|| panic!("bad prefix in {l:?}"));
+        assert_eq!(body.len(), 504, "{l:?}");
+        assert!(body.chars().all(|c| c.to_string() == rank), "{l:?}");
+        count += 1;
+    }
+    assert_eq!(count, 800);
+}
+
+#[test]
+fn a_silent_worker_is_reported_as_hung() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--hang-timeout",
+        "700ms",
+        "--",
+        "sh",
+        "-c",
+        "if [ $RANK = 0 ]; then while :; do echo tick; sleep 0.1; done; fi; sleep 600",
+    ]);
+    assert_eq!(r.code, Some(124), "{}", r.all());
+    assert!(
+        r.stderr.contains("rank:      1 (local rank 1)"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("hung: no output for"), "{}", r.all());
+}
+
+// ---- bad input: each with its message ----
+
+#[test]
+fn zero_or_negative_process_counts_are_refused() {
+    for n in ["0", "-2"] {
+        let r = accel(&["launch", "-n", n, "--", "true"]);
+        assert_eq!(r.code, Some(2), "{}", r.all());
+        assert!(
+            r.stderr.contains(&format!("must be at least 1, got {n}"))
+                && r.stderr.contains("--num-processes"),
+            "{}",
+            r.all()
+        );
+    }
+    let r = accel(&["launch", "--nproc_per_node", "0", "--", "true"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    let r = accel(&["launch", "--num-machines", "0", "--", "true"]);
+    assert!(
+        r.stderr.contains("must be at least 1, got 0"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn machine_rank_must_be_below_the_number_of_machines() {
+    let r = accel(&[
+        "launch",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--token",
+        "t",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(
+        r.stderr
+            .contains("machine rank 2 is not below the number of machines 2"),
+        "{}",
+        r.all()
+    );
+    let r = accel(&["launch", "--machine-rank", "-1", "--", "true"]);
+    assert!(
+        r.stderr.contains("must be 0 or more, got -1"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn a_busy_port_is_an_error_on_several_machines_and_avoided_on_one() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let r = accel(&[
+        "launch",
+        "--num-machines",
+        "2",
+        "--main-process-ip",
+        "127.0.0.1",
+        "--main-process-port",
+        &port,
+        "--token",
+        "t",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(
+        r.stderr.contains(&format!("port {port} is already in use")),
+        "{}",
+        r.all()
+    );
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--main-process-port",
+        &port,
+        "--",
+        ACCEL,
+        "probe-worker",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.stderr
+            .contains(&format!("port {port} is in use on this machine")),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn missing_or_non_executable_programs_are_named_before_anything_starts() {
+    let r = accel(&["launch", "-n", "2", "--", "no-such-program-4711"]);
+    assert_eq!(r.code, Some(127), "{}", r.all());
+    assert!(
+        r.stderr
+            .contains("program `no-such-program-4711` not found on PATH"),
+        "{}",
+        r.all()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("train.sh");
+    std::fs::write(&f, "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let r = accel(&["launch", "-n", "2", "--", f.to_str().unwrap()]);
+    assert_eq!(r.code, Some(126), "{}", r.all());
+    assert!(
+        r.stderr.contains("train.sh` is not executable"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("chmod +x"), "{}", r.all());
+    assert!(r.stdout.is_empty(), "{}", r.all());
+}
+
+#[test]
+fn several_machines_need_an_address_and_a_token() {
+    let r = accel(&["launch", "--num-machines", "2", "--", "true"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(
+        r.stderr.contains("--main-process-ip is required"),
+        "{}",
+        r.all()
+    );
+    let r = accel(&[
+        "launch",
+        "--num-machines",
+        "2",
+        "--main-process-ip",
+        "127.0.0.1",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(r.stderr.contains("needs a shared token"), "{}", r.all());
+}
+
+#[test]
+fn the_mpi_backend_says_its_launch_path_is_not_there_yet() {
+    let r = accel(&["launch", "-n", "2", "--backend", "mpi", "--", "true"]);
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert!(
+        r.stderr.contains("MPI launch path") && r.stderr.contains("arrives with the mpi backend"),
+        "{}",
+        r.all()
+    );
+}
+
+// ---- config files ----
+
+#[test]
+fn config_files_layer_under_flags_and_refuse_unknown_keys_and_wrong_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("run.toml");
+    std::fs::write(&cfg, "num_processes = 3\nrun_id = \"fromfile\"\n").unwrap();
+    let c = cfg.to_str().unwrap();
+    let echo = ["sh", "-c", "echo $WORLD_SIZE $ACCEL_RUN_ID"];
+    let mut args = vec!["launch", "--config", c, "--"];
+    args.extend(echo);
+    let r = accel(&args);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert_eq!(rank_lines(&r.stdout, 2), ["3 fromfile"], "{}", r.all());
+    let mut args = vec!["launch", "--config", c, "-n", "2", "--"];
+    args.extend(echo);
+    let r = accel(&args);
+    assert_eq!(rank_lines(&r.stdout, 1), ["2 fromfile"], "{}", r.all());
+    assert!(rank_lines(&r.stdout, 2).is_empty(), "{}", r.all());
+
+    std::fs::write(&cfg, "num_processes = 2\nnum_procs = 4\n").unwrap();
+    let r = accel(&["launch", "--config", c, "--", "true"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(r.stderr.contains("unknown key `num_procs`"), "{}", r.all());
+    assert!(r.stderr.contains("run.toml"), "{}", r.all());
+
+    std::fs::write(&cfg, "num_processes = \"two\"\n").unwrap();
+    let r = accel(&["launch", "--config", c, "--", "true"]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(
+        r.stderr
+            .contains("key `num_processes` must be an integer, not a string"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn accel_config_writes_what_launch_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("a.toml");
+    let c = cfg.to_str().unwrap();
+    let r = accel(&[
+        "config",
+        "-n",
+        "2",
+        "--max-restarts",
+        "1",
+        "--timeout",
+        "45s",
+        "-o",
+        c,
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        text.contains("num_processes = 2") && text.contains("timeout = \"45s\""),
+        "{text}"
+    );
+    let r = accel(&["config", "-n", "2", "-o", c]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(r.stderr.contains("already exists"), "{}", r.all());
+    let r = accel(&[
+        "launch",
+        "--config",
+        c,
+        "--",
+        "sh",
+        "-c",
+        "echo $ACCEL_TIMEOUT",
+    ]);
+    assert_eq!(rank_lines(&r.stdout, 1), ["45s"], "{}", r.all());
+
+    // Interactive, answers on stdin.
+    let cfg2 = dir.path().join("b.toml");
+    let mut cmd = command(&["config", "--interactive", "-o", cfg2.to_str().unwrap()]);
+    cmd.stdin(std::process::Stdio::piped());
+    let mut run = start(cmd);
+    {
+        use std::io::Write;
+        let mut stdin = run.child.stdin.take().unwrap();
+        stdin.write_all(b"4\n\n\n\n\n\n\n\nyes\n").unwrap();
+    }
+    let r = run.finish(LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let text = std::fs::read_to_string(&cfg2).unwrap();
+    assert!(
+        text.contains("num_processes = 4") && text.contains("debug = true"),
+        "{text}"
+    );
+}

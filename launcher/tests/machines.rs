@@ -1,0 +1,319 @@
+//! `accel launch` over several machines: two launcher processes on this box
+//! (machine ranks 0 and 1), and the same across two network namespaces with
+//! their own addresses when the test runs as root with `ip netns`.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+fn machine(rank: usize, port: u16, extra: &[&str], program: &[&str]) -> Command {
+    let rank = rank.to_string();
+    let port = port.to_string();
+    let mut args = vec![
+        "launch",
+        "--num-machines",
+        "2",
+        "--machine-rank",
+        &rank,
+        "--main-process-ip",
+        "127.0.0.1",
+        "--main-process-port",
+        &port,
+    ];
+    if !extra.contains(&"--join-timeout") {
+        args.extend_from_slice(&["--join-timeout", "10s"]);
+    }
+    args.extend_from_slice(extra);
+    args.push("--");
+    args.extend_from_slice(program);
+    command(&args)
+}
+
+fn probes(stdout: &str, ranks: std::ops::Range<usize>) -> Vec<serde_json::Value> {
+    ranks
+        .map(|r| {
+            let l = rank_lines(stdout, r);
+            assert_eq!(l.len(), 1, "rank {r} in\n{stdout}");
+            serde_json::from_str(&l[0]).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn two_machines_on_one_box_agree_on_ranks_and_run_id() {
+    let port = free_port();
+    let prog = [ACCEL, "probe-worker"];
+    // Machine 1 first: it waits for machine 0's store.
+    let m1 = start(machine(1, port, &["--token", "s3", "-n", "2"], &prog));
+    std::thread::sleep(Duration::from_millis(100));
+    let m0 = start(machine(
+        0,
+        port,
+        &["--token", "s3", "-n", "2", "--run-id", "two"],
+        &prog,
+    ));
+    let r0 = m0.finish(LIMIT);
+    let r1 = m1.finish(LIMIT);
+    assert_eq!(r0.code, Some(0), "{}", r0.all());
+    assert_eq!(r1.code, Some(0), "{}", r1.all());
+    let all: Vec<_> = probes(&r0.stdout, 0..2)
+        .into_iter()
+        .chain(probes(&r1.stdout, 2..4))
+        .collect();
+    for (i, v) in all.iter().enumerate() {
+        assert_eq!(v["rank"], i);
+        assert_eq!(v["world_size"], 4);
+        assert_eq!(v["local_rank"], i % 2);
+        assert_eq!(v["local_world_size"], 2);
+        assert_eq!(v["node_rank"], i / 2);
+        assert_eq!(v["run_id"], "two", "machine 0 decides the run id");
+        assert_eq!(v["store"], format!("tcp://127.0.0.1:{port}"));
+        assert!(
+            v["barrier_ms"].is_number(),
+            "the barrier spans both machines"
+        );
+    }
+}
+
+#[test]
+fn a_failure_on_one_machine_stops_the_other_and_both_report_it() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo $$ > {}/w-$RANK.pid; if [ $RANK = 3 ]; then sleep 0.3; echo 'rank three broke' >&2; exit 7; fi; exec sleep 600",
+        dir.path().display()
+    );
+    let prog = ["sh", "-c", &script];
+    let m0 = start(machine(0, port, &["--token", "t", "-n", "2"], &prog));
+    let m1 = start(machine(1, port, &["--token", "t", "-n", "2"], &prog));
+    let r1 = m1.finish(LIMIT);
+    let r0 = m0.finish(LIMIT);
+    for r in [&r0, &r1] {
+        assert_eq!(r.code, Some(7), "{}", r.all());
+        assert!(
+            r.stderr.contains("rank:      3 (local rank 1)"),
+            "{}",
+            r.all()
+        );
+        assert!(r.stderr.contains("  | rank three broke"), "{}", r.all());
+        assert!(r.elapsed < Duration::from_secs(8), "{}", r.all());
+    }
+    assert!(
+        r0.stderr.contains("a worker on machine 1 failed"),
+        "{}",
+        r0.all()
+    );
+    for pid in pids_in(dir.path()) {
+        assert!(
+            eventually(Duration::from_secs(2), || !alive(pid)),
+            "pid {pid} left"
+        );
+    }
+}
+
+#[test]
+fn restarts_are_coordinated_across_machines() {
+    let port = free_port();
+    let prog = [
+        "sh",
+        "-c",
+        "echo try $ACCEL_RESTART_COUNT; if [ $RANK = 1 ] && [ $ACCEL_RESTART_COUNT = 0 ]; then exit 3; fi",
+    ];
+    let m0 = start(machine(
+        0,
+        port,
+        &["--token", "t", "--max-restarts", "2"],
+        &prog,
+    ));
+    // Machine 1 follows machine 0's --max-restarts.
+    let m1 = start(machine(1, port, &["--token", "t", "-n", "1"], &prog));
+    let r0 = m0.finish(LIMIT);
+    let r1 = m1.finish(LIMIT);
+    for r in [&r0, &r1] {
+        assert_eq!(r.code, Some(0), "{}", r.all());
+        assert!(r.stderr.contains("attempt 1: succeeded"), "{}", r.all());
+    }
+    assert_eq!(
+        rank_lines(&r1.stdout, 1),
+        ["try 0", "try 1"],
+        "{}",
+        r1.all()
+    );
+}
+
+#[test]
+fn a_wrong_token_is_refused_on_both_sides() {
+    let port = free_port();
+    let m0 = start(machine(
+        0,
+        port,
+        &["--token", "right", "--join-timeout", "2s"],
+        &["true"],
+    ));
+    std::thread::sleep(Duration::from_millis(100));
+    let r1 = start(machine(1, port, &["--token", "wrong"], &["true"])).finish(LIMIT);
+    let r0 = m0.finish(LIMIT);
+    assert_eq!(r1.code, Some(1), "{}", r1.all());
+    assert!(
+        r1.stderr.contains("machine 1 cannot join the run")
+            && r1.stderr.contains("refused this machine's token"),
+        "{}",
+        r1.all()
+    );
+    assert_ne!(r0.code, Some(0), "{}", r0.all());
+    assert!(
+        r0.stderr.contains("refused a connection") && r0.stderr.contains("token does not match"),
+        "{}",
+        r0.all()
+    );
+    assert!(
+        r0.stderr.contains("machine(s) 1 did not join"),
+        "{}",
+        r0.all()
+    );
+}
+
+#[test]
+fn a_machine_with_another_world_size_is_refused_on_both_sides() {
+    let port = free_port();
+    let m0 = start(machine(0, port, &["--token", "t", "-n", "2"], &["true"]));
+    let r1 = start(machine(1, port, &["--token", "t", "-n", "3"], &["true"])).finish(LIMIT);
+    let r0 = m0.finish(LIMIT);
+    assert_eq!(r0.code, Some(2), "{}", r0.all());
+    assert_eq!(r1.code, Some(2), "{}", r1.all());
+    let why = "expects world size 6 (3 processes x 2 machines), but machine 0 runs world size 4";
+    assert!(
+        r0.stderr.contains("refused machine 1") && r0.stderr.contains(why),
+        "{}",
+        r0.all()
+    );
+    assert!(
+        r1.stderr.contains("machine 0 refused this machine") && r1.stderr.contains(why),
+        "{}",
+        r1.all()
+    );
+}
+
+// ---- network namespaces ----
+
+/// Two namespaces joined by a veth pair, removed on drop.
+struct Netns {
+    names: [String; 2],
+}
+
+impl Netns {
+    fn ip(args: &[&str]) -> Result<(), String> {
+        let o = Command::new("ip")
+            .args(args)
+            .output()
+            .map_err(|e| format!("ip: {e}"))?;
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ip {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&o.stderr).trim()
+            ))
+        }
+    }
+
+    fn create() -> Result<Netns, String> {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let euid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|v| v.split_whitespace().nth(1))
+            .unwrap_or("?");
+        if euid != "0" {
+            return Err("not root".into());
+        }
+        let tag = std::process::id() % 100_000;
+        let n = Netns {
+            names: [format!("accel{tag}a"), format!("accel{tag}b")],
+        };
+        let [a, b] = &n.names;
+        let (va, vb) = (format!("va{tag}"), format!("vb{tag}"));
+        Netns::ip(&["netns", "add", a])?;
+        Netns::ip(&["netns", "add", b])?;
+        Netns::ip(&["link", "add", &va, "type", "veth", "peer", "name", &vb])?;
+        Netns::ip(&["link", "set", &va, "netns", a])?;
+        Netns::ip(&["link", "set", &vb, "netns", b])?;
+        for (ns, dev, addr) in [(a, &va, "10.231.7.1/24"), (b, &vb, "10.231.7.2/24")] {
+            Netns::ip(&["-n", ns, "addr", "add", addr, "dev", dev])?;
+            Netns::ip(&["-n", ns, "link", "set", dev, "up"])?;
+            Netns::ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(n)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Netns::ip(&["netns", "del", n]);
+        }
+    }
+}
+
+#[test]
+fn two_machines_in_two_network_namespaces() {
+    let ns = match Netns::create() {
+        Ok(ns) => ns,
+        Err(why) => {
+            eprintln!("SKIPPED two_machines_in_two_network_namespaces: {why}");
+            return;
+        }
+    };
+    let in_ns = |ns: &str, rank: &str| {
+        let mut c = Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            ns,
+            ACCEL,
+            "launch",
+            "--num-machines",
+            "2",
+            "--machine-rank",
+            rank,
+            "--main-process-ip",
+            "10.231.7.1",
+            "--main-process-port",
+            "29555",
+            "--token",
+            "netns-token",
+            "--join-timeout",
+            "10s",
+            "-n",
+            "2",
+            "--",
+            ACCEL,
+            "probe-worker",
+        ])
+        .env_remove("ACCEL_RUN_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        c
+    };
+    let m1 = start(in_ns(&ns.names[1], "1"));
+    let m0 = start(in_ns(&ns.names[0], "0"));
+    let r0 = m0.finish(LIMIT);
+    let r1 = m1.finish(LIMIT);
+    assert_eq!(r0.code, Some(0), "{}", r0.all());
+    assert_eq!(r1.code, Some(0), "{}", r1.all());
+    for (i, v) in probes(&r0.stdout, 0..2)
+        .into_iter()
+        .chain(probes(&r1.stdout, 2..4))
+        .enumerate()
+    {
+        assert_eq!(v["rank"], i);
+        assert_eq!(v["world_size"], 4);
+        assert_eq!(v["store"], "tcp://10.231.7.1:29555");
+        assert!(v["barrier_ms"].is_number());
+    }
+}
