@@ -1,1 +1,229 @@
-//! (under construction)
+//! # accel-backend-cpu-gloo: accel on the real Gloo library
+//!
+//! The `cpu-gloo` backend drives [Gloo] (Debian's `libgloo-dev`, a 2022
+//! snapshot, Gloo 0.5.0) through a small C++ shim (`shim/gloo_shim.cc`)
+//! compiled by `build.rs`. Collectives run over Gloo's TCP transport between
+//! processes (or threads) on host memory.
+//!
+//! ## Building
+//!
+//! `build.rs` looks for `gloo/context.h` in `/usr/include` and `libgloo.so`
+//! in `/usr/lib` (or the folders named by `ACCEL_GLOO_INCLUDE_DIR` and
+//! `ACCEL_GLOO_LIB_DIR`); without them it stops with one line:
+//! `accel-backend-cpu-gloo needs Gloo: run 'apt-get install libgloo-dev'`.
+//!
+//! ## The boundary
+//!
+//! * The shim exposes plain `extern "C"` functions; each catches every C++
+//!   exception (`gloo::IoException`, `gloo::Exception`,
+//!   `gloo::EnforceNotMet`, `std::exception`, anything else) into a status
+//!   code and a message. No exception reaches Rust and no panic reaches C++.
+//! * All `unsafe` Rust is in the private `ffi` module: handle newtypes whose
+//!   `Drop` frees the Gloo object, one `// SAFETY:` note per block.
+//! * Shim failures become the private `GlooError`, turned into
+//!   [`accel_api::Error`] at each method's boundary, naming rank, op and
+//!   backend.
+//!
+//! ## Rendezvous and addresses
+//!
+//! Gloo's `rendezvous::Store` is implemented in the shim by callbacks into
+//! the [`accel_api::Store`] of [`ConnectContext::store`], under a key prefix
+//! unique to each communicator: `cpu-gloo/<n>` for the world group, where
+//! `n` counts this rank's connects on that store, and
+//! `<parent>/split<k>/color<c>` for the `k`-th split of a group. The whole
+//! connection honours [`ConnectContext::timeout`]; a rank that never joins
+//! makes the others fail with [`ErrorKind::Timeout`] naming it.
+//!
+//! Gloo listens on (first match wins): `ACCEL_GLOO_HOSTNAME` (host name or
+//! IP), `ACCEL_GLOO_IFNAME` (interface), `GLOO_SOCKET_IFNAME` (PyTorch's
+//! variable, first of a comma-separated list), then an address derived
+//! from the store: `127.0.0.1` for an in-process store or a store on
+//! loopback, otherwise this machine's address on the route to the store's
+//! host; failing all that, Gloo's default (this machine's host name).
+//!
+//! ## What is supported
+//!
+//! | operation | element types | how |
+//! |---|---|---|
+//! | all_reduce, reduce | f16, f32, f64, i8, u8, i32, i64 | Gloo's ring all-reduce / reduce with Gloo's `sum`, `product`, `min`, `max`; `avg` = sum, then divide by the group size on the host (integers truncate toward zero) |
+//! | reduce_scatter | same | Gloo all-reduce into a scratch buffer, then this rank's chunk is copied out (see below) |
+//! | broadcast, all_gather, gather, scatter, all_to_all | all eight, bf16 included | Gloo's collectives on raw bytes (exact for every type) |
+//! | send, recv | all eight | Gloo unbound buffers; a 16-byte header (length, dtype) precedes each payload, so a receive of the wrong size is an `InvalidArgument` error instead of a Gloo assertion that aborts the process; sends to self go through an in-process mailbox (Gloo has no connection to self) |
+//! | barrier | - | Gloo's barrier |
+//! | split | - | `(color, key)` all-gathered, then a new Gloo context per color sharing the TCP device |
+//!
+//! bf16 reductions are not declared: Gloo has no bfloat16 type. f16 uses
+//! `gloo::float16`, whose arithmetic goes through `float` and rounds once to
+//! half (correctly rounded for +, *). Integer sums and products wrap (the
+//! shim is compiled with `-fwrapv`). Zero-element buffers are accepted; the
+//! call returns at once on every rank (they all agree it is empty), except
+//! send/recv which still exchange their header.
+//!
+//! **reduce_scatter**: Gloo's `ReduceScatterHalvingDoubling` is an old-style
+//! algorithm that reduces in place into its input, leaves the result at the
+//! start of the buffer, and waits on bound buffers without the per-op
+//! timeout. The backend instead all-reduces a copy of the input and keeps
+//! its chunk: exact, bounded by the timeout, at the price of moving the
+//! whole buffer rather than `1/n` of it.
+//!
+//! ## Failures
+//!
+//! Every call passes [`Communicator::timeout`] to Gloo (and the context has
+//! it as its default). A Gloo I/O error whose message names a peer address
+//! becomes [`ErrorKind::PeerLost`] with that peer's rank; a timeout becomes
+//! [`ErrorKind::Timeout`]. To match addresses to ranks, each rank publishes
+//! under `<prefix>/addr/<rank>`, right after connecting, the names the
+//! other ranks' Gloo may print for their connection to it (its socket's
+//! local address, and the listening address it advertised, which Gloo
+//! prints when the peer accepted before its own connect call). After such a failure the communicator is
+//! poisoned ([`ErrorKind::Poisoned`] naming the first failure, without
+//! touching Gloo again), writes why under `<prefix>/fault/<rank>` in the
+//! store and closes its connections so that the other ranks fail at once.
+//! A rank that sees a peer close after such a failure reports the peer that
+//! peer lost, when it published one: the root cause, not the messenger.
+//!
+//! Calls are serialised by a mutex: the communicator is `Send + Sync`, but
+//! two threads calling it at once take turns. [`Communicator::abort`]
+//! poisons and closes the connections when no call is running; it cannot
+//! interrupt a running Gloo collective (`abort_interrupts` is `false`).
+//!
+//! Mismatched collective calls (different element counts on different
+//! ranks) break Gloo's calling convention; Gloo may then fail an assertion
+//! on its event-loop thread, which aborts the process. The runtime's debug
+//! mode detects such mismatches before they reach the engine.
+//!
+//! [Gloo]: https://github.com/facebookincubator/gloo
+//! [`ConnectContext::store`]: accel_api::ConnectContext::store
+//! [`ConnectContext::timeout`]: accel_api::ConnectContext::timeout
+//! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
+//! [`ErrorKind::PeerLost`]: accel_api::ErrorKind::PeerLost
+//! [`ErrorKind::Poisoned`]: accel_api::ErrorKind::Poisoned
+//! [`Communicator::timeout`]: accel_api::Communicator::timeout
+//! [`Communicator::abort`]: accel_api::Communicator::abort
+#![warn(missing_docs)]
+
+mod communicator;
+mod error;
+mod ffi;
+mod probe;
+mod rendezvous;
+
+use std::sync::Arc;
+
+use accel_api::{
+    Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext,
+    Result, PRIORITY_CPU,
+};
+
+pub use communicator::{capabilities, GlooCommunicator};
+pub use probe::{engine_version, PACKAGE_VERSION};
+
+use communicator::Params;
+
+/// The registered name.
+pub const NAME: &str = "cpu-gloo";
+
+/// The `cpu-gloo` backend.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuGlooBackend;
+
+impl CpuGlooBackend {
+    /// The backend (it holds no state; connecting does the work).
+    pub const fn new() -> CpuGlooBackend {
+        CpuGlooBackend
+    }
+}
+
+/// The backend as a trait object, for explicit registration
+/// (`registry.register(Arc::from(accel_backend_cpu_gloo::backend()), ..)`).
+pub fn backend() -> Box<dyn Backend> {
+    Box::new(CpuGlooBackend)
+}
+
+impl Backend for CpuGlooBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn priority(&self) -> i32 {
+        PRIORITY_CPU
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+
+    fn probe(&self, ctx: &ProbeContext) -> Probe {
+        probe::probe(ctx)
+    }
+
+    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
+        connect(ctx).map(|c| Box::new(c) as Box<dyn Communicator>)
+    }
+}
+
+/// Connect the world communicator of this rank (what
+/// [`Backend::connect`] does, with the concrete type).
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] for a rank outside the world or a non-CPU
+/// device; [`ErrorKind::Unavailable`] when Gloo cannot listen on the chosen
+/// address; [`ErrorKind::Timeout`] naming the ranks that did not join.
+pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
+    let fail = |kind: ErrorKind, msg: String| {
+        Error::new(kind, msg)
+            .with_op("connect")
+            .with_backend(NAME)
+            .with_rank(ctx.rank)
+    };
+    if ctx.world_size == 0 || ctx.rank >= ctx.world_size {
+        return Err(fail(
+            ErrorKind::InvalidConfig,
+            format!(
+                "rank {} is not in a world of {} ranks",
+                ctx.rank, ctx.world_size
+            ),
+        )
+        .with_fix("set RANK below WORLD_SIZE"));
+    }
+    if !ctx.device.is_cpu() {
+        return Err(fail(
+            ErrorKind::InvalidConfig,
+            format!("cpu-gloo drives host memory only, not {}", ctx.device),
+        )
+        .with_fix("pick a backend for that device, or the cpu device"));
+    }
+    let bind = rendezvous::choose_bind(&ctx.store.describe(), &|k| std::env::var(k).ok());
+    let gloo_device = ffi::Device::new(&bind.hostname, &bind.iface).map_err(|e| {
+        let target = if bind.iface.is_empty() {
+            format!("host `{}`", bind.hostname)
+        } else {
+            format!("interface `{}`", bind.iface)
+        };
+        fail(
+            ErrorKind::Unavailable,
+            format!(
+                "Gloo cannot listen on {target} (chosen by {}): {e}",
+                bind.source
+            ),
+        )
+        .with_fix("set ACCEL_GLOO_HOSTNAME to an address of this machine or GLOO_SOCKET_IFNAME to an interface")
+    })?;
+    // A fresh prefix per connect on this store: Gloo's keys must not be
+    // reused, and a process may connect more than once.
+    let generation = ctx
+        .store
+        .add(&format!("cpu-gloo/connects/{}", ctx.rank), 1)
+        .map_err(|e| e.with_op("connect").with_backend(NAME).with_rank(ctx.rank))?;
+    GlooCommunicator::connect(Params {
+        gloo_device: Arc::new(gloo_device),
+        store: ctx.store.clone(),
+        prefix: format!("cpu-gloo/{generation}"),
+        rank: ctx.rank,
+        world: ctx.world_size,
+        device: ctx.device,
+        timeout: ctx.timeout,
+    })
+}
+
+accel_api::submit_backend!(|| Box::new(CpuGlooBackend));

@@ -1,0 +1,584 @@
+// accel-backend-cpu-gloo: the C++ side of the Gloo boundary.
+//
+// Rules of this file:
+// * every exported function is wrapped in `guarded`, which catches every
+//   exception (gloo::IoException, gloo::Exception, gloo::EnforceNotMet, which
+//   is not a gloo::Exception, std::exception, and anything else) and turns it
+//   into a status code plus a message: nothing is ever thrown into Rust;
+// * the shim holds no global state; all state lives in the handles.
+
+#include "gloo_shim.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/config.h>
+#include <gloo/context.h>
+#include <gloo/gather.h>
+#include <gloo/math.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+namespace {
+
+// Thrown by the store adapter when a Rust callback failed. The Rust side
+// keeps the real error (with its kind: timeout, lost store server, ...).
+struct StoreFailure : public std::runtime_error {
+  explicit StoreFailure(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Thrown by the shim's own argument checks.
+struct ArgFailure : public std::runtime_error {
+  explicit ArgFailure(const std::string& what) : std::runtime_error(what) {}
+};
+
+void write_msg(char* err, size_t cap, const char* prefix, const char* what) {
+  if (err == nullptr || cap == 0) {
+    return;
+  }
+  std::snprintf(err, cap, "%s%s", prefix, what == nullptr ? "" : what);
+}
+
+template <typename F>
+int guarded(char* err, size_t cap, F&& f) noexcept {
+  if (err != nullptr && cap > 0) {
+    err[0] = '\0';
+  }
+  try {
+    f();
+    return ACCEL_GLOO_OK;
+  } catch (const StoreFailure& e) {
+    write_msg(err, cap, "", e.what());
+    return ACCEL_GLOO_E_STORE;
+  } catch (const ArgFailure& e) {
+    write_msg(err, cap, "", e.what());
+    return ACCEL_GLOO_E_ARG;
+  } catch (const gloo::IoException& e) {
+    write_msg(err, cap, "", e.what());
+    return ACCEL_GLOO_E_IO;
+  } catch (const gloo::Exception& e) {
+    write_msg(err, cap, "", e.what());
+    return ACCEL_GLOO_E_GLOO;
+  } catch (const gloo::EnforceNotMet& e) {
+    write_msg(err, cap, "", e.what());
+    return ACCEL_GLOO_E_ENFORCE;
+  } catch (const std::exception& e) {
+    write_msg(err, cap, "", e.what());
+    return ACCEL_GLOO_E_STD;
+  } catch (...) {
+    write_msg(err, cap, "", "unknown C++ exception");
+    return ACCEL_GLOO_E_UNKNOWN;
+  }
+}
+
+// A gloo::rendezvous::Store whose operations call back into Rust, which
+// forwards them to the accel_api::Store of the communicator (with its key
+// prefix and deadline). It remembers what it set, so that this rank's
+// advertised listening addresses can be read back after the connection.
+class CallbackStore : public gloo::rendezvous::Store {
+ public:
+  explicit CallbackStore(const accel_gloo_store_vtable& vt) : vt_(vt) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    set_values_[key] = data;
+    int rc = vt_.set(vt_.user, key.data(), key.size(),
+                     reinterpret_cast<const uint8_t*>(data.data()), data.size());
+    if (rc != 0) {
+      throw StoreFailure("rendezvous store set of `" + key + "` failed");
+    }
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    std::vector<char> out;
+    int rc = vt_.get(vt_.user, key.data(), key.size(), &out);
+    if (rc != 0) {
+      throw StoreFailure("rendezvous store get of `" + key + "` failed");
+    }
+    return out;
+  }
+
+  void wait(const std::vector<std::string>& keys) override {
+    wait_impl(keys, -1);
+  }
+
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    wait_impl(keys, static_cast<int64_t>(timeout.count()));
+  }
+
+ private:
+  void wait_impl(const std::vector<std::string>& keys, int64_t timeout_ms) {
+    std::vector<const char*> ptrs;
+    std::vector<size_t> lens;
+    ptrs.reserve(keys.size());
+    lens.reserve(keys.size());
+    for (const auto& k : keys) {
+      ptrs.push_back(k.data());
+      lens.push_back(k.size());
+    }
+    int rc = vt_.wait(vt_.user, ptrs.data(), lens.data(), keys.size(),
+                      timeout_ms);
+    if (rc != 0) {
+      throw StoreFailure("rendezvous store wait failed");
+    }
+  }
+
+  accel_gloo_store_vtable vt_;
+  std::map<std::string, std::vector<char>> set_values_;
+
+ public:
+  // The value this rank set for `key`, if any.
+  const std::vector<char>* value_set(const std::string& key) const {
+    auto it = set_values_.find(key);
+    return it == set_values_.end() ? nullptr : &it->second;
+  }
+};
+
+// Gloo's element-wise reductions (gloo/math.h), picked by code. Each name
+// has two overloads; the function-pointer type selects the (c, a, b, n) one.
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <typename T>
+ReduceFn reduce_fn(int op) {
+  ReduceFn f = nullptr;
+  switch (op) {
+    case ACCEL_GLOO_SUM:
+      f = &gloo::sum<T>;
+      return f;
+    case ACCEL_GLOO_PROD:
+      f = &gloo::product<T>;
+      return f;
+    case ACCEL_GLOO_MIN:
+      f = &gloo::min<T>;
+      return f;
+    case ACCEL_GLOO_MAX:
+      f = &gloo::max<T>;
+      return f;
+    default:
+      throw ArgFailure("unknown reduction code " + std::to_string(op));
+  }
+}
+
+// Calls `f.template operator()<T>()` with the Gloo element type of `dtype`.
+template <typename F>
+void with_dtype(int dtype, F&& f) {
+  switch (dtype) {
+    case ACCEL_GLOO_F16:
+      f(gloo::float16());
+      break;
+    case ACCEL_GLOO_F32:
+      f(float());
+      break;
+    case ACCEL_GLOO_F64:
+      f(double());
+      break;
+    case ACCEL_GLOO_I8:
+      f(int8_t());
+      break;
+    case ACCEL_GLOO_U8:
+      f(uint8_t());
+      break;
+    case ACCEL_GLOO_I32:
+      f(int32_t());
+      break;
+    case ACCEL_GLOO_I64:
+      f(int64_t());
+      break;
+    default:
+      throw ArgFailure("element type code " + std::to_string(dtype) +
+                       " has no Gloo reduction");
+  }
+}
+
+std::chrono::milliseconds ms(int64_t timeout_ms) {
+  if (timeout_ms <= 0) {
+    throw ArgFailure("timeout must be positive");
+  }
+  return std::chrono::milliseconds(timeout_ms);
+}
+
+}  // namespace
+
+struct accel_gloo_device {
+  std::shared_ptr<gloo::transport::Device> dev;
+};
+
+struct accel_gloo_context {
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  // For each peer, the names the peer's Gloo may print for its connection
+  // to this rank in error messages ("connection closed by peer <name>"):
+  // the local address of this rank's socket (set when the peer's side of
+  // the pair completed after its connect call), or the listening address
+  // this rank advertised for that pair at rendezvous (when the peer
+  // accepted before its connect call, which then stores the advertised
+  // address). Both are kept.
+  std::vector<std::string> self_names;
+  std::vector<std::string> listen_names;
+};
+
+namespace {
+
+gloo::rendezvous::Context& checked(accel_gloo_context* c) {
+  if (c == nullptr || !c->ctx) {
+    throw ArgFailure("null Gloo context");
+  }
+  return *c->ctx;
+}
+
+void check_peer(const gloo::Context& ctx, int peer, const char* what) {
+  if (peer < 0 || peer >= ctx.size || peer == ctx.rank) {
+    throw ArgFailure(std::string(what) + " " + std::to_string(peer) +
+                     " is not another rank of this context");
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+int accel_gloo_bytes_assign(void* sink, const uint8_t* data, size_t len) {
+  char err[8];
+  return guarded(err, sizeof(err), [&] {
+    if (sink == nullptr || (data == nullptr && len > 0)) {
+      throw ArgFailure("null sink");
+    }
+    auto* out = static_cast<std::vector<char>*>(sink);
+    out->assign(reinterpret_cast<const char*>(data),
+                reinterpret_cast<const char*>(data) + len);
+  });
+}
+
+const char* accel_gloo_version(void) {
+#define ACCEL_GLOO_STR2(x) #x
+#define ACCEL_GLOO_STR(x) ACCEL_GLOO_STR2(x)
+  return ACCEL_GLOO_STR(GLOO_VERSION_MAJOR) "." ACCEL_GLOO_STR(
+      GLOO_VERSION_MINOR) "." ACCEL_GLOO_STR(GLOO_VERSION_PATCH);
+#undef ACCEL_GLOO_STR
+#undef ACCEL_GLOO_STR2
+}
+
+int accel_gloo_device_new(const char* hostname, const char* iface,
+                          accel_gloo_device** out, char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    if (out == nullptr) {
+      throw ArgFailure("null output pointer");
+    }
+    *out = nullptr;
+    gloo::transport::tcp::attr attr;
+    if (iface != nullptr && iface[0] != '\0') {
+      attr.iface = iface;
+    } else if (hostname != nullptr && hostname[0] != '\0') {
+      attr.hostname = hostname;
+    }
+    auto handle = std::make_unique<accel_gloo_device>();
+    handle->dev = gloo::transport::tcp::CreateDevice(attr);
+    *out = handle.release();
+  });
+}
+
+void accel_gloo_device_free(accel_gloo_device* dev) {
+  try {
+    delete dev;
+  } catch (...) {
+    // Destructors must not throw; if Gloo's does, drop it on the floor
+    // rather than crossing into Rust.
+  }
+}
+
+int accel_gloo_device_describe(const accel_gloo_device* dev, char* buf,
+                               size_t cap) {
+  return guarded(buf, cap, [&] {
+    if (dev == nullptr || !dev->dev) {
+      throw ArgFailure("null device");
+    }
+    std::string s = dev->dev->str();
+    write_msg(buf, cap, "", s.c_str());
+  });
+}
+
+int accel_gloo_context_new(accel_gloo_device* dev, int rank, int size,
+                           int64_t timeout_ms,
+                           const accel_gloo_store_vtable* store,
+                           accel_gloo_context** out, char* err,
+                           size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    if (out == nullptr || dev == nullptr || !dev->dev || store == nullptr ||
+        store->set == nullptr || store->get == nullptr ||
+        store->wait == nullptr) {
+      throw ArgFailure("null argument to context_new");
+    }
+    *out = nullptr;
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw ArgFailure("rank " + std::to_string(rank) + " of world size " +
+                       std::to_string(size) + " is out of range");
+    }
+    CallbackStore cb(*store);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    ctx->setTimeout(ms(timeout_ms));
+    ctx->connectFullMesh(cb, dev->dev);
+    auto handle = std::make_unique<accel_gloo_context>();
+    handle->self_names.resize(size);
+    handle->listen_names.resize(size);
+    for (int j = 0; j < size; j++) {
+      auto& pair = ctx->getPair(j);
+      if (j != rank && pair) {
+        // After connecting, a TCP pair's address is its socket's local end.
+        handle->self_names[j] = pair->address().str();
+      }
+    }
+    // What this rank advertised: one address per peer, in rank order
+    // skipping itself (the layout rendezvous::Context writes and reads).
+    const std::vector<char>* blob = cb.value_set(std::to_string(rank));
+    if (blob != nullptr && size > 1 && blob->size() % (size - 1) == 0) {
+      const size_t each = blob->size() / (size - 1);
+      for (int k = 0; k < size - 1; k++) {
+        const int j = k < rank ? k : k + 1;
+        std::vector<char> bytes(blob->begin() + k * each,
+                                blob->begin() + (k + 1) * each);
+        try {
+          handle->listen_names[j] = gloo::transport::tcp::Address(bytes).str();
+        } catch (...) {
+          // Unknown layout: leave the name empty.
+        }
+      }
+    }
+    handle->ctx = std::move(ctx);
+    *out = handle.release();
+  });
+}
+
+void accel_gloo_context_free(accel_gloo_context* ctx) {
+  try {
+    delete ctx;
+  } catch (...) {
+  }
+}
+
+size_t accel_gloo_context_self_name(const accel_gloo_context* ctx, int peer,
+                                    int which, char* buf, size_t cap) {
+  if (ctx == nullptr || peer < 0 ||
+      static_cast<size_t>(peer) >= ctx->self_names.size()) {
+    if (buf != nullptr && cap > 0) {
+      buf[0] = '\0';
+    }
+    return 0;
+  }
+  const std::string& s =
+      which == 0 ? ctx->self_names[peer] : ctx->listen_names[peer];
+  if (buf != nullptr && cap > 0) {
+    std::snprintf(buf, cap, "%s", s.c_str());
+  }
+  return s.size();
+}
+
+void accel_gloo_context_close(accel_gloo_context* ctx) {
+  try {
+    if (ctx != nullptr && ctx->ctx) {
+      ctx->ctx->closeConnections();
+    }
+  } catch (...) {
+  }
+}
+
+int accel_gloo_allreduce(accel_gloo_context* ctx, void* buf, size_t count,
+                         int dtype, int op, uint32_t tag, int64_t timeout_ms,
+                         char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    checked(ctx);
+    with_dtype(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::AllreduceOptions opts(ctx->ctx);
+      opts.setOutput(static_cast<T*>(buf), count);
+      opts.setReduceFunction(reduce_fn<T>(op));
+      opts.setTag(tag);
+      opts.setTimeout(ms(timeout_ms));
+      gloo::allreduce(opts);
+    });
+  });
+}
+
+int accel_gloo_reduce(accel_gloo_context* ctx, void* buf, size_t count,
+                      int dtype, int op, int root, uint32_t tag,
+                      int64_t timeout_ms, char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    if (root < 0 || root >= c.size) {
+      throw ArgFailure("root out of range");
+    }
+    with_dtype(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::ReduceOptions opts(ctx->ctx);
+      opts.setOutput(static_cast<T*>(buf), count);
+      opts.setReduceFunction(reduce_fn<T>(op));
+      opts.setRoot(root);
+      opts.setTag(tag);
+      opts.setTimeout(ms(timeout_ms));
+      gloo::reduce(opts);
+    });
+  });
+}
+
+int accel_gloo_broadcast(accel_gloo_context* ctx, void* buf, size_t nbytes,
+                         int root, uint32_t tag, int64_t timeout_ms, char* err,
+                         size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    if (root < 0 || root >= c.size) {
+      throw ArgFailure("root out of range");
+    }
+    gloo::BroadcastOptions opts(ctx->ctx);
+    opts.setOutput(static_cast<uint8_t*>(buf), nbytes);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(ms(timeout_ms));
+    gloo::broadcast(opts);
+  });
+}
+
+int accel_gloo_allgather(accel_gloo_context* ctx, const void* in,
+                         size_t in_bytes, void* out, uint32_t tag,
+                         int64_t timeout_ms, char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    gloo::AllgatherOptions opts(ctx->ctx);
+    // Gloo only reads from the input buffer; its API takes a non-const
+    // pointer for both directions.
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(in)), in_bytes);
+    opts.setOutput(static_cast<uint8_t*>(out), in_bytes * c.size);
+    opts.setTag(tag);
+    opts.setTimeout(ms(timeout_ms));
+    gloo::allgather(opts);
+  });
+}
+
+int accel_gloo_gather(accel_gloo_context* ctx, const void* in, size_t in_bytes,
+                      void* out, int root, uint32_t tag, int64_t timeout_ms,
+                      char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    if (root < 0 || root >= c.size) {
+      throw ArgFailure("root out of range");
+    }
+    gloo::GatherOptions opts(ctx->ctx);
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(in)), in_bytes);
+    if (c.rank == root) {
+      if (out == nullptr) {
+        throw ArgFailure("the root needs an output buffer");
+      }
+      opts.setOutput(static_cast<uint8_t*>(out), in_bytes * c.size);
+    }
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(ms(timeout_ms));
+    gloo::gather(opts);
+  });
+}
+
+int accel_gloo_scatter(accel_gloo_context* ctx, const void* in, void* out,
+                       size_t out_bytes, int root, uint32_t tag,
+                       int64_t timeout_ms, char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    if (root < 0 || root >= c.size) {
+      throw ArgFailure("root out of range");
+    }
+    gloo::ScatterOptions opts(ctx->ctx);
+    if (c.rank == root) {
+      if (in == nullptr) {
+        throw ArgFailure("the root needs an input buffer");
+      }
+      std::vector<uint8_t*> chunks(c.size);
+      auto* base = static_cast<uint8_t*>(const_cast<void*>(in));
+      for (int i = 0; i < c.size; i++) {
+        chunks[i] = base + static_cast<size_t>(i) * out_bytes;
+      }
+      opts.setInputs(chunks, out_bytes);
+    }
+    opts.setOutput(static_cast<uint8_t*>(out), out_bytes);
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(ms(timeout_ms));
+    gloo::scatter(opts);
+  });
+}
+
+int accel_gloo_alltoall(accel_gloo_context* ctx, const void* in, void* out,
+                        size_t nbytes, uint32_t tag, int64_t timeout_ms,
+                        char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    if (nbytes % static_cast<size_t>(c.size) != 0) {
+      throw ArgFailure("all_to_all byte count is not a multiple of the size");
+    }
+    gloo::AlltoallOptions opts(ctx->ctx);
+    opts.setInput(static_cast<uint8_t*>(const_cast<void*>(in)), nbytes);
+    opts.setOutput(static_cast<uint8_t*>(out), nbytes);
+    opts.setTag(tag);
+    opts.setTimeout(ms(timeout_ms));
+    gloo::alltoall(opts);
+  });
+}
+
+int accel_gloo_barrier(accel_gloo_context* ctx, uint32_t tag,
+                       int64_t timeout_ms, char* err, size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    checked(ctx);
+    gloo::BarrierOptions opts(ctx->ctx);
+    opts.setTag(tag);
+    opts.setTimeout(ms(timeout_ms));
+    gloo::barrier(opts);
+  });
+}
+
+int accel_gloo_send(accel_gloo_context* ctx, const void* buf, size_t nbytes,
+                    int dst, uint64_t slot, int64_t timeout_ms, char* err,
+                    size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    check_peer(c, dst, "destination");
+    if (slot >= (uint64_t(1) << 56)) {
+      throw ArgFailure("point-to-point slot out of range");
+    }
+    auto ubuf = c.createUnboundBuffer(const_cast<void*>(buf), nbytes);
+    ubuf->send(dst, slot);
+    ubuf->waitSend(ms(timeout_ms));
+  });
+}
+
+int accel_gloo_recv(accel_gloo_context* ctx, void* buf, size_t nbytes, int src,
+                    uint64_t slot, int64_t timeout_ms, char* err,
+                    size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    check_peer(c, src, "source");
+    if (slot >= (uint64_t(1) << 56)) {
+      throw ArgFailure("point-to-point slot out of range");
+    }
+    auto ubuf = c.createUnboundBuffer(buf, nbytes);
+    ubuf->recv(src, slot);
+    ubuf->waitRecv(ms(timeout_ms));
+  });
+}
+
+}  // extern "C"
