@@ -1,0 +1,109 @@
+//! One rank of a conformance run. Started by the harness (or `accel launch`,
+//! `mpirun`, `srun`) with the usual environment contract; selects the backend
+//! named by ACCEL_BACKEND (plugins from ACCEL_PLUGIN_PATH), runs the scenario
+//! library, and rank 0 writes the agreed results as JSON to
+//! ACCEL_CONFORMANCE_OUT (or stdout).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use accel::{ProcessState, Registry};
+use accel_api::{ConnectContext, Store, StoreExt};
+use accel_conformance::{run_all, Ctx, Seed};
+use accel_rendezvous::{MemoryStore, PrefixStore};
+
+fn main() -> ExitCode {
+    accel::install_panic_hook();
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("accel-conformance-worker: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run() -> accel_api::Result<()> {
+    let state = Arc::new(ProcessState::from_env()?);
+    let registry = Registry::from_env();
+    let ctx = state.probe_context();
+    let backend = registry.select(&ctx, state.backend.as_deref())?;
+    let probe = backend.probe(&ctx);
+    let device = state.bind_device(backend.device_kind(), probe.device_count)?;
+    let root: Arc<dyn Store> = match state.store_location()? {
+        None => Arc::new(MemoryStore::new()),
+        Some(url) => accel_rendezvous::open_store(&url, state.token.as_deref(), state.timeout)?,
+    };
+    let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
+        root,
+        format!("conformance/{}", state.run_id),
+    ));
+
+    let seed = if state.rank == 0 {
+        let seed = std::env::var("ACCEL_CONFORMANCE_SEED")
+            .ok()
+            .and_then(|s| Seed::parse(&s))
+            .unwrap_or_else(Seed::fresh);
+        store.set("seed", seed.hex().as_bytes())?;
+        seed
+    } else {
+        let hex = store.get_string("seed", state.timeout)?;
+        Seed::parse(&hex).ok_or_else(|| {
+            accel_api::Error::new(
+                accel_api::ErrorKind::Corrupt,
+                format!("store key `seed` holds {hex:?}"),
+            )
+        })?
+    };
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+
+    let comm = backend.connect(ConnectContext {
+        rank: state.rank,
+        world_size: state.world_size,
+        local_rank: state.local_rank,
+        local_world_size: state.local_world_size,
+        device,
+        timeout: state.timeout,
+        store: Arc::new(PrefixStore::new(store.clone(), "world")),
+        run_id: state.run_id.clone(),
+    })?;
+    let ctx = Ctx {
+        comm: Arc::from(comm),
+        backend,
+        store: store.clone(),
+        local_rank: state.local_rank,
+        local_world_size: state.local_world_size,
+        device,
+        cases,
+        seed,
+    };
+    let filter = std::env::var("ACCEL_CONFORMANCE_FILTER")
+        .ok()
+        .filter(|f| !f.is_empty());
+    let results = run_all(&ctx, filter.as_deref());
+    // Nobody leaves (closing its sockets) before everyone is done.
+    store.barrier(
+        "finished",
+        state.world_size,
+        state.timeout + Duration::from_secs(30),
+    )?;
+    if state.rank == 0 {
+        let json = serde_json::json!({ "seed": seed.hex(), "cases": cases, "results": results });
+        let text = serde_json::to_string_pretty(&json).expect("results serialise");
+        match std::env::var_os("ACCEL_CONFORMANCE_OUT") {
+            Some(path) => {
+                let tmp = std::path::PathBuf::from(format!("{}.tmp", path.to_string_lossy()));
+                std::fs::write(&tmp, text)
+                    .map_err(|e| accel_api::Error::io("writing results", e))?;
+                std::fs::rename(&tmp, &path)
+                    .map_err(|e| accel_api::Error::io("writing results", e))?;
+            }
+            None => println!("{text}"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! The shared-seed property runner and verdict agreement.
+
+use std::cell::Cell;
+use std::fmt::Debug;
+use std::time::Duration;
+
+use accel_api::Store;
+use proptest::strategy::Strategy;
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
+
+use crate::{Ctx, Outcome};
+
+/// The run's seed: 32 bytes shared by every rank through the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seed(pub [u8; 32]);
+
+impl Seed {
+    /// A seed from the OS clock and process id (not cryptographic; only
+    /// needs to differ between runs).
+    pub fn fresh() -> Seed {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        Seed::from_u64(t as u64 ^ ((std::process::id() as u64) << 32))
+    }
+
+    /// A seed expanded from one number.
+    pub fn from_u64(x: u64) -> Seed {
+        let mut s = [0u8; 32];
+        for (i, c) in s.chunks_mut(8).enumerate() {
+            c.copy_from_slice(&mix(x.wrapping_add(i as u64)).to_le_bytes());
+        }
+        Seed(s)
+    }
+
+    /// Lower-case hex, as `ACCEL_CONFORMANCE_SEED` takes it.
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parse 64 hex digits.
+    pub fn parse(s: &str) -> Option<Seed> {
+        let s = s.trim();
+        if s.len() != 64 {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(Seed(out))
+    }
+
+    /// An independent seed for one scenario.
+    pub fn derive(&self, name: &str) -> Seed {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        let mut out = self.0;
+        for (i, c) in out.chunks_mut(8).enumerate() {
+            let v =
+                u64::from_le_bytes(c.try_into().expect("8 bytes")) ^ mix(h.wrapping_add(i as u64));
+            c.copy_from_slice(&v.to_le_bytes());
+        }
+        Seed(out)
+    }
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Agree on a verdict with the other ranks through the store: each rank
+/// publishes its own under `prefix/<rank>`, waits for all, and every rank
+/// returns the same answer: `Ok` only if every rank passed, otherwise the
+/// failures of every rank that failed (and the ranks that never reported).
+///
+/// # Errors
+/// The combined failure text.
+pub fn agree(
+    store: &dyn Store,
+    prefix: &str,
+    rank: usize,
+    world: usize,
+    verdict: Result<(), String>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let mine = match &verdict {
+        Ok(()) => "ok".to_string(),
+        Err(m) => format!("fail:{m}"),
+    };
+    if let Err(e) = store.set(&format!("{prefix}/{rank}"), mine.as_bytes()) {
+        return Err(format!("rank {rank} could not publish its verdict: {e}"));
+    }
+    let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/{r}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let waited = store.wait(&refs, timeout);
+    let mut failures = Vec::new();
+    for (r, k) in keys.iter().enumerate() {
+        match store.try_get(k) {
+            Ok(Some(v)) => {
+                let v = String::from_utf8_lossy(&v);
+                if let Some(m) = v.strip_prefix("fail:") {
+                    failures.push(format!("rank {r}: {m}"));
+                }
+            }
+            _ => failures.push(format!("rank {r}: no verdict within {timeout:?}")),
+        }
+    }
+    if failures.is_empty() && waited.is_ok() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+/// Run a property on every rank with the shared seed; see the crate docs.
+pub(crate) fn property<S>(
+    ctx: &Ctx,
+    name: &str,
+    strategy: S,
+    test: impl Fn(&S::Value) -> Result<(), String>,
+) -> Outcome
+where
+    S: Strategy,
+    S::Value: Debug,
+{
+    let seed = ctx.seed.derive(name);
+    let config = Config {
+        cases: ctx.cases,
+        failure_persistence: None,
+        // Shrinking must take the same path on every rank: bound it by
+        // iterations only, never by wall time.
+        max_shrink_iters: 200,
+        max_shrink_time: 0,
+        ..Config::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed.0));
+    let case_no = Cell::new(0u64);
+    let wait = ctx.comm.timeout() + Duration::from_secs(30);
+    let result = runner.run(&strategy, |value| {
+        let n = case_no.get();
+        case_no.set(n + 1);
+        let local = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&value))) {
+            Ok(v) => v,
+            Err(p) => Err(format!("panicked: {}", crate::panic_text(&p))),
+        };
+        agree(
+            &*ctx.store,
+            &format!("prop/{name}/{n}"),
+            ctx.rank(),
+            ctx.world_size(),
+            local,
+            wait,
+        )
+        .map_err(TestCaseError::fail)
+    });
+    match result {
+        Ok(()) => Outcome::Pass,
+        Err(TestError::Fail(reason, value)) => Outcome::Fail(format!(
+            "minimal failing case {value:?}: {reason} (after {} cases; replay with ACCEL_CONFORMANCE_SEED={} PROPTEST_CASES={})",
+            case_no.get(),
+            ctx.seed.hex(),
+            ctx.cases
+        )),
+        Err(TestError::Abort(reason)) => Outcome::Fail(format!("property aborted: {reason}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_hex_round_trips_and_derives_independently() {
+        let s = Seed::from_u64(42);
+        assert_eq!(Seed::parse(&s.hex()), Some(s));
+        assert_ne!(s.derive("a"), s.derive("b"));
+        assert_eq!(s.derive("a"), s.derive("a"));
+        assert_eq!(Seed::parse("zz"), None);
+    }
+
+    #[test]
+    fn agreement_fails_for_everyone_when_one_rank_fails() {
+        let store = std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let v = if r == 1 {
+                        Err("bad sum".to_string())
+                    } else {
+                        Ok(())
+                    };
+                    agree(&*store, "x", r, 3, v, Duration::from_secs(5))
+                })
+            })
+            .collect();
+        for h in hs {
+            let e = h.join().unwrap().unwrap_err();
+            assert!(e.contains("rank 1: bad sum"), "{e}");
+        }
+        let e = agree(&*store, "y", 0, 2, Ok(()), Duration::from_millis(50)).unwrap_err();
+        assert!(e.contains("rank 1: no verdict"), "{e}");
+    }
+}
