@@ -3,6 +3,8 @@
 //! collective fails the test instead of hanging the suite.
 #![allow(dead_code)]
 
+pub mod dir_store;
+
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
