@@ -174,15 +174,16 @@ extern "C" {
     ) -> c_int;
 }
 
-/// A shim call's message buffer plus the conversion of its status code.
+/// A shim call's message buffer (on the stack: no allocation per call)
+/// plus the conversion of its status code.
 struct Status {
-    buf: Vec<u8>,
+    buf: [u8; ERR_CAP],
 }
 
 impl Status {
     fn new() -> Status {
         Status {
-            buf: vec![0u8; ERR_CAP],
+            buf: [0u8; ERR_CAP],
         }
     }
 
