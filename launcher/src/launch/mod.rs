@@ -14,6 +14,59 @@
 //! | [`supervise`] | one attempt: watch, stop on failure, forward signals, hangs |
 //! | [`report`] | root-cause block, summary, `--json` |
 //! | [`mpi`] | the seam of the MPI launch path (`--backend mpi`) |
+//!
+//! # Environment contract
+//!
+//! Every worker gets, on top of the launcher's environment: `RANK`,
+//! `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`, `GROUP_RANK`,
+//! `GROUP_WORLD_SIZE`, `ROLE_RANK`, `ROLE_WORLD_SIZE`, `MASTER_ADDR`,
+//! `MASTER_PORT`, `ACCEL_LAUNCHER=accel`, `ACCEL_STORE_URL=tcp://addr:port`,
+//! `ACCEL_RUN_ID`, `ACCEL_RUN_TOKEN`, `ACCEL_TIMEOUT`, `ACCEL_DEBUG` (0/1),
+//! `ACCEL_RESTART_COUNT`, `ACCEL_ERROR_FILE`, `ACCEL_BACKEND` (when chosen),
+//! and torchrun's `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_RESTART_COUNT`,
+//! `TORCHELASTIC_MAX_RESTARTS`, `TORCHELASTIC_ERROR_FILE`. A unit test feeds
+//! them to `accel::ProcessState::from_vars`, the runtime's own reader.
+//!
+//! # Decisions
+//!
+//! * `-n` counts processes **per machine** (torchrun's `--nproc-per-node`);
+//!   Accelerate's `--num_processes` counts all machines together. Every
+//!   machine must run the same number: the world size a machine claims is
+//!   `-n × --num-machines`, and machine 0 refuses a machine whose claim
+//!   differs from its own.
+//! * Precedence: flags, then `ACCEL_RUN_TOKEN` / `ACCEL_TIMEOUT` /
+//!   `ACCEL_BACKEND` / `ACCEL_DEBUG`, then the config file (only with
+//!   `--config` or `ACCEL_CONFIG_FILE`; no file is read implicitly), then
+//!   the defaults.
+//! * One machine: the store binds 127.0.0.1 with a generated token; an
+//!   explicit `--main-process-port` that is busy falls back to a free port
+//!   with a notice. Several machines: the given address and port exactly
+//!   (default port 29500; 0 refused), a busy port is an error naming it, and
+//!   a token is required.
+//! * Hangs: the runtime bounds every blocking call by `ACCEL_TIMEOUT`
+//!   (`--timeout`), so a collective that never completes becomes an error
+//!   exit naming the peer, which the launcher reports like any failure. The
+//!   launcher does not guess from silence by default (a quiet training
+//!   step is not a hang); `--hang-timeout DUR` opts in to reporting workers
+//!   that print nothing for DUR as hung (exit code 124, all hung ranks
+//!   named).
+//! * Restarts restart the whole group. On one machine each attempt gets a
+//!   fresh store (and port), so no key of a failed attempt survives. Across
+//!   machines the store is machine 0's for the whole run: launcher keys are
+//!   per attempt, and worker keys of a failed attempt stay, so the runtime
+//!   should put `ACCEL_RESTART_COUNT` into its store keys. Machine 0's
+//!   `--max-restarts` rules every machine. A Ctrl-C on any machine stops
+//!   the run everywhere, without restarts.
+//! * Exit codes: the root-cause worker's code, 128 + signal when a signal
+//!   killed it, 124 for a hang, 128 + signal when the launcher itself was
+//!   interrupted, 127 / 126 for a program that is missing / not executable
+//!   (checked before anything starts), 2 for configuration mistakes.
+//! * Only a run of a single process inherits the terminal's stdin; with
+//!   several, stdin is /dev/null.
+//! * Workers run in their own process groups, so stopping one also stops
+//!   what it started; the launcher cannot make the kernel kill them if the
+//!   launcher itself is SIGKILLed (that needs `PR_SET_PDEATHSIG` in
+//!   `pre_exec`, which is unsafe code, forbidden in this crate).
 
 pub mod config;
 pub mod machines;
