@@ -100,23 +100,33 @@ pub fn agree(
     let keys: Vec<String> = (0..world).map(|r| format!("{prefix}/{r}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let waited = store.wait(&refs, timeout);
-    let mut failures = Vec::new();
+    // Group identical failure texts: "ranks 0, 1: <msg>".
+    let mut failures: Vec<(Vec<usize>, String)> = Vec::new();
     for (r, k) in keys.iter().enumerate() {
-        match store.try_get(k) {
-            Ok(Some(v)) => {
-                let v = String::from_utf8_lossy(&v);
-                if let Some(m) = v.strip_prefix("fail:") {
-                    failures.push(format!("rank {r}: {m}"));
-                }
-            }
-            _ => failures.push(format!("rank {r}: no verdict within {timeout:?}")),
+        let msg = match store.try_get(k) {
+            Ok(Some(v)) => match String::from_utf8_lossy(&v).strip_prefix("fail:") {
+                Some(m) => m.to_string(),
+                None => continue,
+            },
+            _ => format!("no verdict within {timeout:?}"),
+        };
+        match failures.iter_mut().find(|(_, m)| *m == msg) {
+            Some((ranks, _)) => ranks.push(r),
+            None => failures.push((vec![r], msg)),
         }
     }
     if failures.is_empty() && waited.is_ok() {
-        Ok(())
-    } else {
-        Err(failures.join("; "))
+        return Ok(());
     }
+    Err(failures
+        .iter()
+        .map(|(ranks, m)| {
+            let list: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+            let who = if ranks.len() == 1 { "rank" } else { "ranks" };
+            format!("{who} {}: {m}", list.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; "))
 }
 
 /// Run a property on every rank with the shared seed; see the crate docs.
