@@ -1,6 +1,22 @@
-//! Big-model inference for accel.
+//! Big-model inference for accel: run models larger than one device by
+//! spreading them over accelerators, host RAM and disk.
+//!
+//! | piece | module |
+//! |---|---|
+//! | ordered module tree + tied groups, JSON format, built from safetensors headers | [`layout`] |
+//! | device-map planner (Accelerate's `infer_auto_device_map` policy, O(n log n), validated) | [`plan`] |
+//! | offload stores: host RAM, mmap'd safetensors, Accelerate's offload folder | [`store`] |
+//! | safetensors reading/writing, sharded checkpoints | [`safetensors`] |
+//! | loading a checkpoint into a plan, with progress | [`load`] |
+//! | layer-by-layer execution with prefetch | [`exec`] |
+//! | `accel plan` / `accel estimate-memory` logic | [`cli`] |
+//! | synthetic layouts and checkpoints (tests, benchmarks) | [`synth`] |
+//!
+//! The crate's only `unsafe` is the read-only `mmap` call in one private
+//! module, documented there.
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
+
 mod arena;
 pub mod cli;
 mod convert;

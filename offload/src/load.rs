@@ -135,7 +135,7 @@ pub fn load_checkpoint(
     let mut per_device: HashMap<Target, usize> = HashMap::new();
     let mut placed = 0usize;
     for path in &ck.shards {
-        let f = SafetensorsFile::open(path)?;
+        let f = SafetensorsFile::open_with(path, true)?;
         f.advise_sequential();
         for e in f.entries() {
             let id = layout.id(&e.name).ok_or_else(|| {

@@ -198,8 +198,14 @@ impl SafetensorsFile {
     /// [`ErrorKind::Corrupt`] for a truncated file or a header that lies
     /// about sizes (naming file and tensor); [`ErrorKind::Io`].
     pub fn open(path: &Path) -> Result<SafetensorsFile> {
+        Self::open_with(path, false)
+    }
+
+    /// [`SafetensorsFile::open`], reading the whole file in at map time
+    /// when `populate` is set (for loaders that scan every byte).
+    pub fn open_with(path: &Path, populate: bool) -> Result<SafetensorsFile> {
         let f = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
-        let map = crate::mmap::map_readonly(&f, path)?;
+        let map = crate::mmap::map_with(&f, path, populate)?;
         let file_len = map.len() as u64;
         if file_len < 8 {
             return Err(corrupt(
