@@ -127,7 +127,7 @@ pub struct LaunchArgs {
         required = true,
         trailing_var_arg = true,
         allow_hyphen_values = true,
-        value_name = "PROGRAM [ARGS]..."
+        value_name = "PROGRAM"
     )]
     command: Vec<OsString>,
 }
@@ -431,6 +431,14 @@ fn launch(args: LaunchArgs) -> Result<ExitCode> {
                     }
                 }
             }
+        };
+        // Waiting for the other machines was cut short by a signal.
+        let (status, interrupted_by) = match status {
+            Status::Failed if root.is_none() && LAST_SIGNAL.load(Ordering::SeqCst) != 0 => (
+                Status::Interrupted,
+                Some(report::signal_name(LAST_SIGNAL.load(Ordering::SeqCst))),
+            ),
+            other => (other, interrupted_by),
         };
         let report = AttemptReport {
             attempt,

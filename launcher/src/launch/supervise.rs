@@ -367,7 +367,8 @@ pub fn run_attempt(
                 .filter(|(_, silent)| *silent >= limit)
                 .collect();
             if !hung.is_empty() {
-                hung.sort_by_key(|(i, _)| *i);
+                // The longest silence is the root cause; ties by rank.
+                hung.sort_by(|(i, a), (j, b)| b.cmp(a).then(i.cmp(j)));
                 let (first, silent) = hung[0];
                 let exit = Exit::Hung {
                     silent_s: silent.as_secs(),
