@@ -16,6 +16,11 @@ pub struct ProbeArgs {
     #[arg(long)]
     no_barrier: bool,
 
+    /// Also connect through `accel::Accelerator::new()` (backend chosen by
+    /// probe or ACCEL_BACKEND) and all-reduce `rank + 1`.
+    #[arg(long)]
+    accelerator: bool,
+
     /// Panic on this rank after the barrier (tests the error-file path).
     #[arg(long, value_name = "RANK")]
     panic_on_rank: Option<usize>,
@@ -32,6 +37,8 @@ struct Seen {
     store: Option<String>,
     restart_count: u32,
     barrier_ms: Option<f64>,
+    backend: Option<String>,
+    all_reduce_sum: Option<f64>,
 }
 
 pub fn run(args: ProbeArgs) -> Result<ExitCode> {
@@ -51,6 +58,14 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
             barrier_ms = Some(t.elapsed().as_secs_f64() * 1e3);
         }
     }
+    let (mut backend, mut all_reduce_sum) = (None, None);
+    if args.accelerator {
+        let acc = accel::Accelerator::new()?;
+        let mut v = [state.rank as f64 + 1.0];
+        acc.all_reduce(&mut v, accel_api::ReduceOp::Sum)?;
+        backend = Some(acc.backend_name().to_string());
+        all_reduce_sum = Some(v[0]);
+    }
     let seen = Seen {
         rank: state.rank,
         world_size: state.world_size,
@@ -61,6 +76,8 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
         store: store_url,
         restart_count: state.restart_count,
         barrier_ms,
+        backend,
+        all_reduce_sum,
     };
     println!("{}", serde_json::to_string(&seen).unwrap_or_default());
     if args.panic_on_rank == Some(state.rank) {

@@ -166,6 +166,31 @@ fn workers_see_the_whole_environment_contract() {
     assert_eq!(get("ACCEL_ERROR_FILE"), get("TORCHELASTIC_ERROR_FILE"));
 }
 
+/// A real program: `accel::Accelerator::new()` picks cpu-gloo, bootstraps it
+/// through the launcher's store and all-reduces across the workers.
+#[cfg(feature = "cpu-gloo")]
+#[test]
+fn an_accelerator_connects_and_all_reduces_under_the_launcher() {
+    let r = accel(&[
+        "launch",
+        "-n",
+        "3",
+        "--backend",
+        "cpu-gloo",
+        "--",
+        ACCEL,
+        "probe-worker",
+        "--accelerator",
+    ]);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    for rank in 0..3 {
+        let l = rank_lines(&r.stdout, rank);
+        let v: serde_json::Value = serde_json::from_str(&l[0]).unwrap();
+        assert_eq!(v["backend"], "cpu-gloo", "{}", r.all());
+        assert_eq!(v["all_reduce_sum"], 6.0, "{}", r.all());
+    }
+}
+
 #[test]
 fn a_panic_shows_the_error_file_in_the_root_cause() {
     let r = accel(&[

@@ -45,15 +45,22 @@ fn probes(stdout: &str, ranks: std::ops::Range<usize>) -> Vec<serde_json::Value>
 #[test]
 fn two_machines_on_one_box_agree_on_ranks_and_run_id() {
     let port = free_port();
-    let prog = [ACCEL, "probe-worker"];
+    // With cpu-gloo compiled in, the workers also connect a real backend
+    // through accel::Accelerator across both machines.
+    let gloo = cfg!(feature = "cpu-gloo");
+    let prog: &[&str] = if gloo {
+        &[ACCEL, "probe-worker", "--accelerator"]
+    } else {
+        &[ACCEL, "probe-worker"]
+    };
     // Machine 1 first: it waits for machine 0's store.
-    let m1 = start(machine(1, port, &["--token", "s3", "-n", "2"], &prog));
+    let m1 = start(machine(1, port, &["--token", "s3", "-n", "2"], prog));
     std::thread::sleep(Duration::from_millis(100));
     let m0 = start(machine(
         0,
         port,
         &["--token", "s3", "-n", "2", "--run-id", "two"],
-        &prog,
+        prog,
     ));
     let r0 = m0.finish(LIMIT);
     let r1 = m1.finish(LIMIT);

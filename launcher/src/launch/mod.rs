@@ -53,8 +53,9 @@
 //! * Restarts restart the whole group. On one machine each attempt gets a
 //!   fresh store (and port), so no key of a failed attempt survives. Across
 //!   machines the store is machine 0's for the whole run: launcher keys are
-//!   per attempt, and worker keys of a failed attempt stay, so the runtime
-//!   should put `ACCEL_RESTART_COUNT` into its store keys. Machine 0's
+//!   per attempt, and worker keys of a failed attempt stay; the runtime's
+//!   `Accelerator` scopes its keys by run id and `ACCEL_RESTART_COUNT`
+//!   (`accel/{run_id}/{restart}/...`), so they cannot collide. Machine 0's
 //!   `--max-restarts` rules every machine. A Ctrl-C on any machine stops
 //!   the run everywhere, without restarts.
 //! * Exit codes: the root-cause worker's code, 128 + signal when a signal
