@@ -271,6 +271,17 @@ impl Registry {
                 }
                 v
             }
+            // One process on the CPU: a CPU engine adds nothing over the
+            // exact built-in `single` backend, so prefer it (ADR 0003).
+            // Accelerator backends still win: they own the device.
+            None if ctx.world_size == 1 && self.get(accel_backend_single::NAME).is_some() => self
+                .entries
+                .iter()
+                .filter(|e| {
+                    e.backend.device_kind() != accel_api::DeviceKind::Cpu
+                        || e.backend.name() == accel_backend_single::NAME
+                })
+                .collect(),
             None => self.entries.iter().collect(),
         };
         let mut reasons = Vec::new();
@@ -419,6 +430,23 @@ mod tests {
         );
         let e = pick(&["mpi"]).unwrap_err();
         assert!(e.to_string().contains("--features mpi"), "{e}");
+    }
+
+    #[test]
+    fn one_cpu_process_prefers_single() {
+        let mut r = reg();
+        r.register(Arc::new(Fake("single", 0, true)), Origin::Builtin)
+            .unwrap();
+        let one = ProbeContext::single_process();
+        assert_eq!(r.select(&one, None).unwrap().name(), "single");
+        let two = ProbeContext {
+            world_size: 2,
+            local_world_size: 2,
+            mpi_launched: false,
+        };
+        assert_eq!(r.select(&two, None).unwrap().name(), "mid");
+        let forced = ["low".to_string()];
+        assert_eq!(r.select(&one, Some(&forced)).unwrap().name(), "low");
     }
 
     #[test]
