@@ -1,6 +1,7 @@
 //! `accel`: the command-line front of accel.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod config_cmd;
 mod env_cmd;
 mod launch;
@@ -30,6 +31,12 @@ enum Command {
     Config(config_cmd::ConfigArgs),
     /// Show the probe table, the process state, versions, devices and plugins.
     Env(env_cmd::EnvArgs),
+    /// Time a collective over a range of sizes on N local ranks
+    /// (nccl-tests-style table).
+    Bench(bench::BenchArgs),
+    /// One rank of `accel bench` (started by it through `accel launch`).
+    #[command(hide = true, name = "bench-worker")]
+    BenchWorker(bench::worker::WorkerArgs),
     /// Worker-side check of a launch: read the process state, connect to the
     /// store, run a store barrier, print one JSON line (tests, benchmarks).
     #[command(hide = true, name = "probe-worker")]
@@ -51,6 +58,8 @@ fn main() -> ExitCode {
         Command::Config(args) => config_cmd::run(args),
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::BenchWorker(args) => bench::worker::run(args),
     };
     match result {
         Ok(code) => code,
