@@ -1,0 +1,258 @@
+//! # accel-backend-mpi: accel on MPI, with the timeouts MPI lacks
+//!
+//! The `mpi` backend drives the system's MPI library (Open MPI, or MPICH
+//! and its derivatives) through rsmpi's `mpi-sys` bindings
+//! (`mpi = { version = "0.8", default-features = false }`: no libffi).
+//! Programs run under `mpirun -n N`, `mpiexec`, `srun`, or
+//! `accel launch --backend mpi` (which builds its command line with
+//! [`mpirun_command`]).
+//!
+//! ## Building
+//!
+//! `mpi-sys` finds MPI with `mpicc -show` (or pkg-config) and generates
+//! its bindings with bindgen, which needs libclang. On Debian/Ubuntu:
+//! `apt-get install libopenmpi-dev openmpi-bin libclang-dev` (what
+//! `make setup` installs).
+//!
+//! ## Probe and connect
+//!
+//! * **Probe** (cheap, no `MPI_Init`): available when an MPI launcher
+//!   started the process ([`probe::LAUNCHER_VARIABLES`], or
+//!   [`ProbeContext::mpi_launched`]); priority [`PRIORITY_MPI`], above
+//!   cpu-gloo. Otherwise unavailable, saying so. The engine version is
+//!   `MPI_Get_library_version`.
+//! * **Connect** initializes MPI once per process (`MPI_Init_thread`,
+//!   serialized threading; a program that initialized MPI itself keeps its
+//!   initialization), registers `MPI_Finalize` to run at process exit,
+//!   and checks MPI's view of the world against the [`ConnectContext`]: a
+//!   binary started by the *other* implementation's launcher (Open MPI
+//!   binary under MPICH's mpiexec, say) sees N one-rank jobs, which is an
+//!   [`ErrorKind::InvalidConfig`] naming both numbers. Each connect then
+//!   duplicates `MPI_COMM_WORLD` (`MPI_Comm_idup`, bounded by the
+//!   timeout), so communicators never share message matching.
+//!
+//! ## What is supported
+//!
+//! Every operation, element type and reduction on host memory:
+//!
+//! | operation | MPI call |
+//! |---|---|
+//! | all_reduce, reduce | `MPI_Iallreduce`, `MPI_Ireduce` (in place at the root) |
+//! | broadcast | `MPI_Ibcast` |
+//! | all_gather, gather, scatter | `MPI_Iallgather`, `MPI_Igather`, `MPI_Iscatter` |
+//! | reduce_scatter | `MPI_Ireduce_scatter_block` |
+//! | all_to_all | `MPI_Ialltoall` |
+//! | send, recv | `MPI_Isend`; `MPI_Improbe` + `MPI_Imrecv` (the size is checked before receiving; a message of the wrong size is dropped and the call fails with `InvalidArgument`; MPI does not carry the element type, so only sizes are checked); sends to self go through an in-process mailbox (buffered) |
+//! | barrier | `MPI_Ibarrier` |
+//! | split | `(color, key)` exchanged with a timed all-gather, then `MPI_Comm_split` |
+//!
+//! `avg` is a sum followed by a division on the host (integers truncate
+//! toward zero). MPI has no 16-bit float types: f16 and bf16 move as
+//! opaque 16-bit units, and reduce in f32 (widened, reduced by MPI, divided
+//! for `avg`, rounded back once), which is at least as accurate as a
+//! reduction in the 16-bit type. Integer sums and products wrap as MPI's
+//! C arithmetic does. Element counts per rank are limited to `2^31 - 1`
+//! (MPI's `int` counts); tags to `MPI_TAG_UB` (2^31 - 1 in Open MPI).
+//!
+//! ## Timeouts MPI does not have
+//!
+//! Every operation is started non-blocking (`MPI_I*`) and polled with
+//! `MPI_Test` (spinning briefly, then yielding, then sleeping 200 µs
+//! between polls) until it completes or [`Communicator::timeout`] passes.
+//! Then the call fails with [`ErrorKind::Timeout`] naming the operation and
+//! the communicator is poisoned. MPI cannot cancel a collective, so what
+//! happens to the pending operation depends on whose memory it uses:
+//!
+//! * Operations whose buffers are at most `ACCEL_MPI_STAGING_BYTES`
+//!   (default 64 KiB), and every f16/bf16 reduction, run on memory the
+//!   communicator owns (copied in and out). On timeout that memory and the
+//!   request are leaked, the error is returned, and the process (and the
+//!   rest of the MPI job) carries on: the program decides.
+//! * Larger operations run on the caller's memory (zero-copy). Returning
+//!   would let MPI write into memory the caller may free, so the timeout
+//!   error is printed to stderr and the job ends with `MPI_Abort` (exit
+//!   code 124); mpirun then reports the rank that called it.
+//!
+//! A receive that times out before a message arrived leaves nothing
+//! pending and always returns. A rank that dies takes the job down: Open
+//! MPI's mpirun kills the others and prints which rank exited and how.
+//!
+//! Calls on one communicator take turns (a mutex); every MPI call of the
+//! process is serialised by a second lock (`MPI_THREAD_SERIALIZED`).
+//! [`Communicator::abort`] poisons the communicator but cannot interrupt a
+//! call in flight (`abort_interrupts` is `false`).
+//!
+//! ## Environment
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `ACCEL_MPI_STAGING_BYTES` | buffer size up to which operations run on owned memory (default 65536; `0`: always in place) |
+//! | `ACCEL_MPIRUN` | the launcher [`mpirun_command`] runs (default `mpirun`) |
+//!
+//! [`ErrorKind::InvalidConfig`]: accel_api::ErrorKind::InvalidConfig
+//! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
+//! [`Communicator::timeout`]: accel_api::Communicator::timeout
+//! [`Communicator::abort`]: accel_api::Communicator::abort
+//! [`ProbeContext::mpi_launched`]: accel_api::ProbeContext::mpi_launched
+#![warn(missing_docs)]
+
+mod communicator;
+mod ffi;
+mod launch;
+pub mod probe;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use accel_api::{
+    Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext,
+    Result, PRIORITY_MPI,
+};
+
+pub use communicator::{capabilities, MpiCommunicator, DEFAULT_STAGING_BYTES};
+pub use launch::{detect_flavor, mpirun_command, parse_tagged_line, MpiFlavor, MpirunSpec};
+pub use probe::engine_version;
+
+use communicator::{poll, timed_out, Shared, Waited};
+
+/// The registered name.
+pub const NAME: &str = "mpi";
+
+/// The `mpi` backend.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MpiBackend;
+
+impl MpiBackend {
+    /// The backend (it holds no state; connecting does the work).
+    pub const fn new() -> MpiBackend {
+        MpiBackend
+    }
+}
+
+/// The backend as a trait object, for explicit registration.
+pub fn backend() -> Box<dyn Backend> {
+    Box::new(MpiBackend)
+}
+
+impl Backend for MpiBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn priority(&self) -> i32 {
+        PRIORITY_MPI
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        DeviceKind::Cpu
+    }
+
+    fn probe(&self, ctx: &ProbeContext) -> Probe {
+        probe::probe(ctx)
+    }
+
+    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
+        connect(ctx).map(|c| Box::new(c) as Box<dyn Communicator>)
+    }
+}
+
+fn staging_from_env() -> Result<usize> {
+    match std::env::var("ACCEL_MPI_STAGING_BYTES") {
+        Err(_) => Ok(DEFAULT_STAGING_BYTES),
+        Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+            Error::invalid_config("ACCEL_MPI_STAGING_BYTES", &v, "not a number of bytes")
+                .with_backend(NAME)
+        }),
+    }
+}
+
+/// Connect the world communicator of this rank (what [`Backend::connect`]
+/// does, with the concrete type).
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] for a rank outside the world, a non-CPU
+/// device, or an MPI world that contradicts the context (the binary was
+/// started by another MPI's launcher, or not by one at all with several
+/// ranks); [`ErrorKind::Backend`] when `MPI_Init` fails;
+/// [`ErrorKind::Timeout`] when the other ranks did not connect in time.
+pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
+    let fail = |kind: ErrorKind, msg: String| {
+        Error::new(kind, msg)
+            .with_op("connect")
+            .with_backend(NAME)
+            .with_rank(ctx.rank)
+    };
+    if ctx.world_size == 0 || ctx.rank >= ctx.world_size {
+        return Err(fail(
+            ErrorKind::InvalidConfig,
+            format!(
+                "rank {} is not in a world of {} ranks",
+                ctx.rank, ctx.world_size
+            ),
+        ));
+    }
+    if !ctx.device.is_cpu() {
+        return Err(fail(
+            ErrorKind::InvalidConfig,
+            format!("mpi drives host memory only, not {}", ctx.device),
+        )
+        .with_fix("pick a backend for that device, or the cpu device"));
+    }
+    let staging = staging_from_env()?;
+    let init = ffi::init().map_err(|e| {
+        fail(ErrorKind::Backend, format!("MPI_Init_thread failed: {e}"))
+            .with_fix("start the program with the mpirun of the MPI it was built against")
+    })?;
+    if init.world_size != ctx.world_size || init.world_rank != ctx.rank {
+        return Err(fail(
+            ErrorKind::InvalidConfig,
+            format!(
+                "MPI says this is rank {} of {}, but the environment says rank {} of {}: the program was started by another MPI implementation's launcher than the one it was built against ({}), or not by an MPI launcher",
+                init.world_rank, init.world_size, ctx.rank, ctx.world_size, init.library
+            ),
+        )
+        .with_fix(format!(
+            "start it with the mpirun of {} (`mpirun --version` names the implementation)",
+            init.library
+        )));
+    }
+    let shared = Arc::new(Shared {
+        library: init.library.clone(),
+        tag_ub: init.tag_ub,
+        staging,
+        device: ctx.device,
+        timeout: ctx.timeout,
+        threading: ffi::threading_name(init.threading),
+        initialized_here: init.initialized_here,
+    });
+    let start = Instant::now();
+    let req = ffi::Comm::world()
+        .idup()
+        .map_err(|e| fail(ErrorKind::Backend, format!("MPI_Comm_idup failed: {e}")))?;
+    let comm = match poll(req, start, ctx.timeout) {
+        Ok(done) => done.into_comm().ok_or_else(|| {
+            fail(
+                ErrorKind::Backend,
+                "MPI_Comm_idup completed without a communicator".into(),
+            )
+        })?,
+        Err(Waited::Failed(e)) => {
+            return Err(fail(
+                ErrorKind::Backend,
+                format!("MPI_Comm_idup failed: {e}"),
+            ))
+        }
+        Err(Waited::TimedOut(req)) => {
+            return Err(timed_out(
+                req,
+                ctx.rank,
+                "connect",
+                ctx.timeout,
+                ctx.world_size,
+            ))
+        }
+    };
+    Ok(MpiCommunicator::new(comm, ctx.rank, ctx.world_size, shared))
+}
+
+accel_api::submit_backend!(|| Box::new(MpiBackend));

@@ -1,0 +1,384 @@
+//! Real MPI jobs: this test binary starts copies of itself under `mpirun`
+//! (built by `mpirun_command`); `worker_process` does the work when
+//! ACCEL_MPI_TEST_WORKER is set and nothing otherwise.
+
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use accel_api::{
+    bf16, f16, Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, Device, ErrorKind,
+    HostBuf, HostBufMut, ReduceOp,
+};
+use accel_backend_mpi::{mpirun_command, MpiFlavor, MpirunSpec};
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn have_mpirun() -> bool {
+    Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Run `mode` on `n` ranks under mpirun; (exit code, combined output).
+fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut spec = MpirunSpec::new(n, exe)
+        .flavor(MpiFlavor::OpenMpi)
+        .args([
+            "--exact",
+            "worker_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("ACCEL_MPI_TEST_WORKER", mode)
+        .env("OMPI_MCA_mpi_yield_when_idle", "1");
+    for (k, v) in extra_env {
+        spec = spec.env(*k, *v);
+    }
+    let mut cmd = mpirun_command(&spec);
+    let out_path = std::env::temp_dir().join(format!(
+        "accel-mpi-test-{mode}-{}-{}.log",
+        std::process::id(),
+        n
+    ));
+    let f = std::fs::File::create(&out_path).expect("log file");
+    cmd.stdin(Stdio::null())
+        .stdout(f.try_clone().expect("log"))
+        .stderr(f);
+    let mut child = cmd.spawn().expect("start mpirun");
+    let end = Instant::now() + DEADLINE;
+    let code = loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            break st.code();
+        }
+        if Instant::now() > end {
+            let _ = child.kill();
+            let _ = child.wait();
+            let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+            panic!("mpirun job `{mode}` did not end within {DEADLINE:?}:\n{out}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&out_path);
+    (code, out)
+}
+
+fn connect(timeout: Duration) -> Box<dyn Communicator> {
+    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let world: usize = std::env::var("OMPI_COMM_WORLD_SIZE")
+        .unwrap()
+        .parse()
+        .unwrap();
+    accel_backend_mpi::backend()
+        .connect(ConnectContext {
+            rank,
+            world_size: world,
+            local_rank: rank,
+            local_world_size: world,
+            device: Device::CPU,
+            timeout,
+            store: Arc::new(accel_rendezvous::MemoryStore::new()),
+            run_id: "test".into(),
+        })
+        .expect("connect")
+}
+
+/// The worker: does nothing unless started by `job`.
+#[test]
+fn worker_process() {
+    let Ok(mode) = std::env::var("ACCEL_MPI_TEST_WORKER") else {
+        return;
+    };
+    match mode.as_str() {
+        "collectives" => collectives(),
+        "timeout_small" => timeout_small(),
+        "timeout_large" => timeout_large(),
+        "kill" => kill(),
+        other => panic!("unknown mode {other}"),
+    }
+}
+
+fn collectives() {
+    let c = connect(Duration::from_secs(20));
+    let (r, n) = (c.rank(), c.world_size());
+    // Every reduction on i32, against the oracle, small (staged) and
+    // large (in place, zero-copy).
+    for len in [0usize, 1, 7, 300_000] {
+        for op in ReduceOp::ALL {
+            let val = |rank: usize, i: usize| -> i32 {
+                if op == ReduceOp::Prod {
+                    [1, -1, 2][(rank + i) % 3]
+                } else {
+                    ((rank * 7 + i * 3) % 11) as i32 - 5
+                }
+            };
+            let mut v: Vec<i32> = (0..len).map(|i| val(r, i)).collect();
+            c.all_reduce_slice(&mut v, op).unwrap();
+            for (i, got) in v.iter().enumerate() {
+                let all: Vec<i64> = (0..n).map(|k| i64::from(val(k, i))).collect();
+                let want = match op {
+                    ReduceOp::Sum => all.iter().sum(),
+                    ReduceOp::Prod => all.iter().product(),
+                    ReduceOp::Min => *all.iter().min().unwrap(),
+                    ReduceOp::Max => *all.iter().max().unwrap(),
+                    _ => all.iter().sum::<i64>() / n as i64,
+                };
+                assert_eq!(i64::from(*got), want, "{op} len {len} index {i}");
+            }
+            // reduce to the last rank
+            let mut v: Vec<i32> = (0..len).map(|i| val(r, i)).collect();
+            c.reduce(BufMut::from(&mut v[..]), op, n - 1).unwrap();
+            if r == n - 1 && op == ReduceOp::Sum {
+                for (i, got) in v.iter().enumerate() {
+                    let want: i32 = (0..n).map(|k| val(k, i)).sum();
+                    assert_eq!(*got, want);
+                }
+            }
+        }
+    }
+    // f16/bf16 reductions through f32.
+    let mut h: Vec<f16> = (0..9).map(|i| f16::from_f32(i as f32 + r as f32)).collect();
+    c.all_reduce_slice(&mut h, ReduceOp::Avg).unwrap();
+    for (i, x) in h.iter().enumerate() {
+        let want = i as f32 + (n - 1) as f32 / 2.0;
+        assert!((x.to_f32() - want).abs() < 1e-2, "f16 avg {i}: {x}");
+    }
+    let mut b: Vec<bf16> = (0..9)
+        .map(|i| bf16::from_f32(i as f32 * (r + 1) as f32))
+        .collect();
+    c.all_reduce_slice(&mut b, ReduceOp::Max).unwrap();
+    for (i, x) in b.iter().enumerate() {
+        assert_eq!(x.to_f32(), (i * n) as f32);
+    }
+    // broadcast, gathers, scatter, all_to_all, reduce_scatter.
+    for len in [3usize, 40_000] {
+        let mut v: Vec<f64> = (0..len).map(|i| (i * (r + 1)) as f64).collect();
+        c.broadcast_slice(&mut v, n - 1).unwrap();
+        assert!(v.iter().enumerate().all(|(i, x)| *x == (i * n) as f64));
+        let mine: Vec<i64> = (0..len).map(|i| (r * len + i) as i64).collect();
+        let all = c.all_gather_vec(&mine).unwrap();
+        assert!(all.iter().enumerate().all(|(i, x)| *x == i as i64));
+        let g = c.gather_vec(&mine, 0).unwrap();
+        if r == 0 {
+            assert_eq!(g.unwrap(), all);
+        }
+        let s = c.scatter_vec((r == 0).then_some(&all[..]), len, 0).unwrap();
+        assert_eq!(s, mine);
+        let a2a = c.all_to_all_vec(&all).unwrap();
+        assert_eq!(a2a.len(), all.len());
+        let ones = vec![1u8; len * n];
+        let rs = c.reduce_scatter_vec(&ones, ReduceOp::Sum).unwrap();
+        assert!(rs.iter().all(|x| *x as usize == n));
+    }
+    // point to point: a ring, self sends, wrong sizes.
+    let next = (r + 1) % n;
+    let prev = (r + n - 1) % n;
+    for len in [0usize, 5, 100_000] {
+        let out: Vec<i32> = vec![r as i32; len];
+        let mut inp = vec![-1i32; len];
+        if r % 2 == 0 {
+            c.send_slice(&out, next, 7).unwrap();
+            c.recv_slice(&mut inp, prev, 7).unwrap();
+        } else {
+            c.recv_slice(&mut inp, prev, 7).unwrap();
+            c.send_slice(&out, next, 7).unwrap();
+        }
+        assert!(inp.iter().all(|x| *x == prev as i32));
+    }
+    c.send_slice(&[1.5f32, 2.5], r, 3).unwrap();
+    let mut me = [0f32; 2];
+    c.recv_slice(&mut me, r, 3).unwrap();
+    assert_eq!(me, [1.5, 2.5]);
+    if n > 1 {
+        if r == 0 {
+            c.send_slice(&[1i32, 2, 3], 1, 9).unwrap();
+        } else if r == 1 {
+            let mut two = [0i32; 2];
+            let e = c.recv_slice(&mut two, 0, 9).unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::InvalidArgument), "{e}");
+        }
+    }
+    // split into even and odd ranks, keys reversed.
+    let sub = c
+        .split(Some((r % 2) as u32), (n - r) as u32)
+        .unwrap()
+        .unwrap();
+    let members = (0..n).filter(|k| k % 2 == r % 2).count();
+    assert_eq!(sub.world_size(), members);
+    let ranks = sub.all_gather_vec(&[r as i64]).unwrap();
+    let mut want: Vec<i64> = (0..n)
+        .filter(|k| k % 2 == r % 2)
+        .map(|k| k as i64)
+        .collect();
+    want.reverse();
+    assert_eq!(ranks, want);
+    assert!(c.split(None, 0).unwrap().is_none());
+    c.barrier().unwrap();
+    // Invalid arguments never communicate.
+    let e = c.broadcast_slice(&mut [0u8; 2], n).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::InvalidArgument));
+    let send = [1i32];
+    let mut recv = vec![0i32; n + 1];
+    let e = c
+        .all_gather(
+            Buf::Host(HostBuf::from(&send[..])),
+            BufMut::Host(HostBufMut::from(&mut recv[..])),
+        )
+        .unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::InvalidArgument));
+    c.barrier().unwrap();
+    println!("rank {r}: collectives ok");
+}
+
+/// The last rank skips a small all_reduce: the others time out, get
+/// Timeout naming it, stay alive, and the whole job then finishes cleanly
+/// on a fresh communicator.
+fn timeout_small() {
+    let world = connect(Duration::from_secs(20));
+    let c = connect(Duration::from_millis(1500));
+    let (r, n) = (c.rank(), c.world_size());
+    if r != n - 1 {
+        let start = Instant::now();
+        let e = c
+            .all_reduce_slice(&mut [1.0f32; 8], ReduceOp::Sum)
+            .unwrap_err();
+        assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
+        assert!(e.to_string().contains("all_reduce"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(10));
+        let p = c.barrier().unwrap_err();
+        assert!(matches!(p.kind(), ErrorKind::Poisoned), "{p}");
+        println!("rank {r}: got {e}");
+    }
+    drop(c);
+    world.barrier().unwrap();
+    println!("rank {r}: timeout_small ok");
+}
+
+/// The last rank skips a large all_reduce (in place on the caller's
+/// memory): the job is aborted with the error printed.
+fn timeout_large() {
+    let c = connect(Duration::from_millis(1500));
+    let (r, n) = (c.rank(), c.world_size());
+    if r != n - 1 {
+        let mut v = vec![1.0f32; 1 << 20];
+        let _ = c.all_reduce_slice(&mut v, ReduceOp::Sum);
+        unreachable!("the job should have been aborted");
+    }
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+/// Rank 1 dies in the middle of a collective.
+fn kill() {
+    let c = connect(Duration::from_secs(60));
+    if c.rank() == 1 {
+        std::thread::sleep(Duration::from_millis(300));
+        std::process::abort();
+    }
+    let _ = c.all_reduce_slice(&mut [1i64; 64], ReduceOp::Sum);
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn collectives_on_1_to_3_ranks() {
+    if !have_mpirun() {
+        eprintln!("skipped: no mpirun");
+        return;
+    }
+    for n in 1..=3 {
+        let (code, out) = job("collectives", n, &[]);
+        assert_eq!(code, Some(0), "world size {n}:\n{out}");
+        assert_eq!(out.matches("collectives ok").count(), n, "{out}");
+    }
+}
+
+#[test]
+fn small_timeout_returns_and_the_job_goes_on() {
+    if !have_mpirun() {
+        return;
+    }
+    let (code, out) = job("timeout_small", 2, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("timed out after"), "{out}");
+    assert_eq!(out.matches("timeout_small ok").count(), 2, "{out}");
+}
+
+#[test]
+fn large_timeout_aborts_the_job_with_the_error() {
+    if !have_mpirun() {
+        return;
+    }
+    let start = Instant::now();
+    let (code, out) = job("timeout_large", 2, &[]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("all_reduce: timed out after 1.5s"), "{out}");
+    assert!(out.contains("aborting the MPI job"), "{out}");
+    assert!(start.elapsed() < Duration::from_secs(30), "{out}");
+}
+
+#[test]
+fn a_dead_rank_ends_the_job_naming_it() {
+    if !have_mpirun() {
+        return;
+    }
+    let start = Instant::now();
+    let (code, out) = job("kill", 2, &[]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("rank 1"), "{out}");
+    assert!(start.elapsed() < Duration::from_secs(30), "{out}");
+}
+
+/// Not started by mpirun: MPI initializes as a one-rank singleton, which
+/// contradicts a context of two ranks.
+#[test]
+fn world_mismatch_is_invalid_config() {
+    if !have_mpirun() || std::env::var_os("ACCEL_MPI_TEST_WORKER").is_some() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["--exact", "mismatch_child", "--nocapture", "--ignored"])
+        .env("ACCEL_MPI_MISMATCH_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("mismatch ok"), "{text}");
+}
+
+#[test]
+#[ignore = "run by world_mismatch_is_invalid_config in its own process"]
+fn mismatch_child() {
+    if std::env::var_os("ACCEL_MPI_MISMATCH_CHILD").is_none() {
+        return;
+    }
+    let e = accel_backend_mpi::connect(ConnectContext {
+        rank: 1,
+        world_size: 2,
+        local_rank: 1,
+        local_world_size: 2,
+        device: Device::CPU,
+        timeout: Duration::from_secs(5),
+        store: Arc::new(accel_rendezvous::MemoryStore::new()),
+        run_id: "x".into(),
+    })
+    .unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::InvalidConfig), "{e}");
+    let s = e.to_string();
+    assert!(
+        s.contains("rank 0 of 1") && s.contains("rank 1 of 2"),
+        "{s}"
+    );
+    println!("mismatch ok: {s}");
+}
