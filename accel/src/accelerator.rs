@@ -14,6 +14,7 @@ pub struct Accelerator {
     state: Arc<ProcessState>,
     comm: Arc<dyn Communicator>,
     store: Arc<dyn Store>,
+    train: Arc<crate::train::TrainShared>,
 }
 
 impl fmt::Debug for Accelerator {
@@ -89,10 +90,50 @@ impl Accelerator {
             "accel connected"
         );
         Ok(Accelerator {
+            train: Arc::new(crate::train::TrainShared::new(state.world_size)),
             state,
             comm: Arc::from(comm),
             store,
         })
+    }
+
+    /// An accelerator over a communicator the caller connected itself
+    /// (threads as ranks in tests, the conformance suite, programs with
+    /// their own bootstrap). The process state is built from the
+    /// communicator's rank, world size and timeout, as if all ranks ran on
+    /// one machine.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig)
+    /// when the communicator reports an impossible rank.
+    pub fn from_communicator(
+        comm: Arc<dyn Communicator>,
+        store: Arc<dyn Store>,
+    ) -> Result<Accelerator> {
+        let vars = [
+            ("RANK", comm.rank().to_string()),
+            ("WORLD_SIZE", comm.world_size().to_string()),
+            ("LOCAL_RANK", comm.rank().to_string()),
+            ("LOCAL_WORLD_SIZE", comm.world_size().to_string()),
+            (
+                "ACCEL_TIMEOUT",
+                format!("{}ms", comm.timeout().as_millis().max(1)),
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let state = Arc::new(ProcessState::from_vars(vars)?);
+        Ok(Accelerator {
+            train: Arc::new(crate::train::TrainShared::new(state.world_size)),
+            state,
+            comm,
+            store,
+        })
+    }
+
+    pub(crate) fn train_shared(&self) -> &Arc<crate::train::TrainShared> {
+        &self.train
     }
 
     /// The process state.

@@ -15,11 +15,14 @@
 //! ```
 //!
 //! ## Map
-//! * [`state`] / [`ProcessState`]: who this process is, from the launcher's
+//! * [`state()`] / [`ProcessState`]: who this process is, from the launcher's
 //!   environment (accel launch, torchrun, OpenMPI, MPICH, MVAPICH, Slurm).
 //! * [`Registry`]: compiled-in backends (one cargo feature each), plugins
 //!   from `ACCEL_PLUGIN_PATH`, the probe table and `ACCEL_BACKEND`.
 //! * [`Accelerator`]: the connected runtime and execution control.
+//! * [`train`]: the training loop: `prepare`, gradient accumulation and
+//!   bucketed gradient averaging, `gather_for_metrics`, RNG, triggers, and
+//!   exact-resume checkpoints (`save_state` / `load_state`).
 //! * [`install_panic_hook`]: root-cause reports for the launcher.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -30,6 +33,7 @@ mod debug;
 mod panic_hook;
 mod registry;
 pub mod state;
+pub mod train;
 
 pub use accel_api::*;
 pub use accelerator::Accelerator;
@@ -51,4 +55,6 @@ pub(crate) fn link_backends() {
     black_box(accel_backend_single::SingleBackend::default as fn() -> _);
     #[cfg(feature = "cpu-gloo")]
     black_box(accel_backend_cpu_gloo::backend as fn() -> _);
+    #[cfg(feature = "mpi")]
+    black_box(accel_backend_mpi::backend as fn() -> _);
 }

@@ -1,0 +1,615 @@
+//! `save_state` / `load_state`: exact-resume checkpoints of everything the
+//! training loop owns, on top of `accel-sharding`'s atomic checkpoint
+//! directories.
+//!
+//! The layout is documented on [`Checkpointed`].
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use accel_api::{Error, ErrorKind, Result};
+use accel_sharding::{
+    parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
+    write_file_synced, AccumulatorState, CheckpointDir, CheckpointWriter, Manifest, SamplerState,
+    MANIFEST_FILE,
+};
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+
+use super::adapters::{Dataset, Optimizer, Parameters, Scheduler, StateDict, Stateful, Tensor};
+use super::prepare::{PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler};
+use super::rng::Rng;
+use crate::{Accelerator, CollectivesExt};
+
+/// Name of the accelerator's own state file inside a checkpoint.
+pub const CHECKPOINT_STATE_FILE: &str = "accelerator.json";
+
+/// A registered custom object (see
+/// [`Accelerator::register_for_checkpointing`]).
+pub type SharedStateful = Arc<Mutex<dyn Stateful + Send>>;
+
+const GRAD_PREFIX: &str = "__grad__.";
+
+/// An object [`Accelerator::save_state`] saves and
+/// [`Accelerator::load_state`] restores: every prepared wrapper implements
+/// it. Object-safe, so a heterogeneous list can be passed.
+///
+/// # Layout of `checkpoint_N/`
+/// | file | written by | holds |
+/// |---|---|---|
+/// | `accelerator.json` | main | format version, iteration `N`, world size, accumulation counter, object keys |
+/// | `model_0.safetensors` (+ `.json`) | main | parameters (and, when saved inside an accumulation group, the gradients so far) |
+/// | `optimizer_0.safetensors` + `.json` | main | optimizer tensors (momentum) and values (lr, steps) |
+/// | `scheduler_0.json` | main | schedule position |
+/// | `loader_0/rank_R.json` | each rank | sampler position: epoch, batches consumed, seed |
+/// | `random_states/rank_R.json` | each rank | the rank's [`Rng`](super::Rng) state |
+/// | `custom_I.safetensors` / `.json` | main | objects from `register_for_checkpointing`, in registration order |
+/// | `manifest.json` | main, last | size and SHA-256 of every file |
+///
+/// Tensors are `f32` safetensors (1-D for parameters); everything else is
+/// JSON. The directory is assembled as `.checkpoint_N.partial`, every file
+/// fsynced, then renamed; ranks other than the main one write their files
+/// into the same temporary directory, so checkpoints need a file system all
+/// ranks share (as Accelerate's do).
+pub trait Checkpointed {
+    /// The key naming its files (`model_0`, `optimizer_0`, `loader_0`, ...).
+    fn checkpoint_key(&self) -> String;
+
+    /// `true` when every rank saves its own state (loaders: each rank has
+    /// its own position); `false` when the main process saves the one
+    /// replicated state (model, optimizer, scheduler).
+    fn per_rank(&self) -> bool {
+        false
+    }
+
+    /// The state to save.
+    ///
+    /// # Errors
+    /// The object's own.
+    fn checkpoint_state(&self) -> Result<StateDict>;
+
+    /// Restore a saved state.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`] or [`ErrorKind::InvalidConfig`] when the state
+    /// does not fit the object.
+    fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()>;
+}
+
+impl<M: Parameters> Checkpointed for PreparedModel<M> {
+    fn checkpoint_key(&self) -> String {
+        self.key.clone()
+    }
+    fn checkpoint_state(&self) -> Result<StateDict> {
+        let mid_group = self.shared.lock().accumulator.state().step != 0;
+        let mut s = StateDict::default();
+        self.model.visit_params(&mut |p| {
+            s.put_tensor(p.name, p.value.to_vec());
+            if mid_group {
+                s.put_tensor(format!("{GRAD_PREFIX}{}", p.name), p.grad.to_vec());
+            }
+        });
+        Ok(s)
+    }
+    fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
+        let mut err = None;
+        self.model.visit_params_mut(&mut |p| {
+            if err.is_some() {
+                return;
+            }
+            let fill = |dst: &mut [f32], t: &Tensor, what: &str| {
+                if t.data.len() != dst.len() {
+                    return Err(Error::new(
+                        ErrorKind::Corrupt,
+                        format!(
+                            "{what} {:?} has {} values in the checkpoint, the model has {}",
+                            p.name,
+                            t.data.len(),
+                            dst.len()
+                        ),
+                    ));
+                }
+                dst.copy_from_slice(&t.data);
+                Ok(())
+            };
+            let r = state
+                .tensor(p.name)
+                .and_then(|t| fill(p.value, t, "parameter"));
+            let r = r.and_then(
+                |()| match state.tensors.get(&format!("{GRAD_PREFIX}{}", p.name)) {
+                    Some(t) => fill(p.grad, t, "gradient"),
+                    None => {
+                        p.grad.fill(0.0);
+                        Ok(())
+                    }
+                },
+            );
+            if let Err(e) = r {
+                err = Some(e);
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+}
+
+impl<O: Optimizer> Checkpointed for PreparedOptimizer<O> {
+    fn checkpoint_key(&self) -> String {
+        self.key.clone()
+    }
+    fn checkpoint_state(&self) -> Result<StateDict> {
+        let mut s = self.optimizer.state_dict();
+        s.put("accel.steps_taken", &self.steps);
+        Ok(s)
+    }
+    fn restore_checkpoint_state(&mut self, mut state: StateDict) -> Result<()> {
+        self.steps = state.get("accel.steps_taken")?;
+        state.values.remove("accel.steps_taken");
+        self.optimizer.load_state_dict(&state)
+    }
+}
+
+impl<S: Scheduler> Checkpointed for PreparedScheduler<S> {
+    fn checkpoint_key(&self) -> String {
+        self.key.clone()
+    }
+    fn checkpoint_state(&self) -> Result<StateDict> {
+        Ok(self.scheduler.state_dict())
+    }
+    fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
+        self.scheduler.load_state_dict(&state)
+    }
+}
+
+impl<D: Dataset> Checkpointed for PreparedLoader<D> {
+    fn checkpoint_key(&self) -> String {
+        self.key.clone()
+    }
+    fn per_rank(&self) -> bool {
+        true
+    }
+    fn checkpoint_state(&self) -> Result<StateDict> {
+        let mut s = StateDict::default();
+        s.put("sampler", &self.sampler_state());
+        Ok(s)
+    }
+    fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
+        let st: SamplerState = state.get("sampler")?;
+        self.load_sampler_state(&st)
+    }
+}
+
+/// `accelerator.json`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Meta {
+    version: u32,
+    iteration: Option<u64>,
+    world_size: usize,
+    accumulator: AccumulatorState,
+    objects: Vec<String>,
+    custom_objects: usize,
+}
+
+fn encode_tensors(tensors: &std::collections::BTreeMap<String, Tensor>) -> Result<Vec<u8>> {
+    let bytes: Vec<(&str, Vec<u8>, &[usize])> = tensors
+        .iter()
+        .map(|(n, t)| {
+            (
+                n.as_str(),
+                t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                t.shape.as_slice(),
+            )
+        })
+        .collect();
+    let mut views = Vec::with_capacity(bytes.len());
+    for (name, b, shape) in &bytes {
+        let v = TensorView::new(Dtype::F32, shape.to_vec(), b).map_err(|e| {
+            Error::invalid_argument(
+                "save_state",
+                format!("tensor {name:?}: shape {shape:?} does not fit its data: {e}"),
+            )
+        })?;
+        views.push((*name, v));
+    }
+    safetensors::serialize(views, None).map_err(|e| {
+        Error::invalid_argument("save_state", format!("cannot encode safetensors: {e}"))
+    })
+}
+
+fn decode_tensors(bytes: &[u8], path: &Path) -> Result<std::collections::BTreeMap<String, Tensor>> {
+    let bad = |m: String| {
+        Error::new(ErrorKind::Corrupt, format!("{}: {m}", path.display())).with_op("load_state")
+    };
+    let st = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not safetensors: {e}")))?;
+    let mut out = std::collections::BTreeMap::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != Dtype::F32 {
+            return Err(bad(format!(
+                "tensor {name:?} is {:?}, expected F32",
+                view.dtype()
+            )));
+        }
+        let data = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        out.insert(
+            name,
+            Tensor {
+                shape: view.shape().to_vec(),
+                data,
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec_pretty(v).expect("checkpoint values serialise")
+}
+
+/// The files of one state under `stem` (`model_0`, `loader_0/rank_1`).
+fn encode_state(stem: &str, s: &StateDict) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut files = vec![(format!("{stem}.json"), to_json(&s.values))];
+    if !s.tensors.is_empty() {
+        files.push((format!("{stem}.safetensors"), encode_tensors(&s.tensors)?));
+    }
+    Ok(files)
+}
+
+fn decode_state(dir: &Path, manifest: &Manifest, stem: &str) -> Result<StateDict> {
+    let json = format!("{stem}.json");
+    if !manifest.files.contains_key(&json) {
+        return Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "{} has no state for {stem} ({json} is not in its manifest)",
+                dir.display()
+            ),
+        )
+        .with_op("load_state")
+        .with_fix("pass the same prepared objects, in the same prepare order, as when saving"));
+    }
+    let bytes = read_verified(dir, manifest, &json)?;
+    let values = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("{} is not valid JSON: {e}", dir.join(&json).display()),
+        )
+        .with_op("load_state")
+    })?;
+    let st = format!("{stem}.safetensors");
+    let tensors = if manifest.files.contains_key(&st) {
+        decode_tensors(&read_verified(dir, manifest, &st)?, &dir.join(&st))?
+    } else {
+        Default::default()
+    };
+    Ok(StateDict { tensors, values })
+}
+
+fn kind_from_name(name: &str) -> ErrorKind {
+    match name {
+        "corrupt" => ErrorKind::Corrupt,
+        "invalid_argument" => ErrorKind::InvalidArgument,
+        "invalid_config" => ErrorKind::InvalidConfig,
+        "unsupported" => ErrorKind::Unsupported,
+        _ => ErrorKind::Io,
+    }
+}
+
+impl Accelerator {
+    /// Every rank learns whether any rank failed; the failing rank keeps its
+    /// own error, the others get one naming it. Collective.
+    fn agree<T>(&self, op: &str, local: Result<T>) -> Result<T> {
+        let local = local.map_err(|e| e.with_op(op).with_rank(self.rank()));
+        if self.world_size() == 1 {
+            return local;
+        }
+        let mine: Option<(String, String)> = local
+            .as_ref()
+            .err()
+            .map(|e| (e.kind().name().to_string(), e.to_string()));
+        let all = self.comm().gather_object(&mine)?;
+        let v = local?;
+        match all
+            .iter()
+            .enumerate()
+            .find_map(|(r, x)| x.as_ref().map(|x| (r, x)))
+        {
+            Some((r, (kind, msg))) => Err(Error::new(
+                kind_from_name(kind),
+                format!("rank {r} failed: {msg}"),
+            )
+            .with_op(op)
+            .with_rank(self.rank())),
+            None => Ok(v),
+        }
+    }
+
+    /// Register an object whose state every [`save_state`](Self::save_state)
+    /// saves (from the main process) and every
+    /// [`load_state`](Self::load_state) restores, keyed `custom_I` in
+    /// registration order (Accelerate's `register_for_checkpointing`).
+    /// Keep a clone of the `Arc` to use the object.
+    pub fn register_for_checkpointing(&self, object: SharedStateful) {
+        super::shared(self).lock().registered.push(object);
+    }
+
+    /// The number the next automatically named checkpoint gets.
+    pub fn save_iteration(&self) -> u64 {
+        super::shared(self).lock().iteration
+    }
+
+    /// Save the training state as `root/checkpoint_N` (`N` counts saves and
+    /// continues after [`load_state`](Self::load_state)), then prune the
+    /// oldest beyond [`TrainConfig::total_limit`](super::TrainConfig::total_limit),
+    /// by number. Returns the new directory. Collective.
+    ///
+    /// # Behavior
+    /// Saves every object in `objects` (prepared wrappers or anything
+    /// [`Checkpointed`]), the registered objects, the accumulation counter,
+    /// each rank's loader position and RNG state. See the
+    /// [layout](Checkpointed) of the files. Nothing is visible under `root` until the
+    /// checkpoint is complete; a failure on any rank fails the call on every
+    /// rank and leaves no partial `checkpoint_N`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when `checkpoint_N` already exists (a
+    /// fresh run saving into the folder of an old one: load it first, or
+    /// use another folder); [`ErrorKind::Io`] naming the path; the
+    /// communicator's.
+    pub fn save_state(
+        &self,
+        root: impl AsRef<Path>,
+        objects: &[&dyn Checkpointed],
+    ) -> Result<PathBuf> {
+        let (n, limit) = {
+            let st = super::shared(self).lock();
+            (st.iteration, st.config.total_limit)
+        };
+        let dir = CheckpointDir::new(root.as_ref(), limit);
+        let path = self.write_checkpoint(&dir.path_of(n), false, Some(n), objects)?;
+        let pruned = if self.is_main_process() {
+            dir.prune().map(|_| ())
+        } else {
+            Ok(())
+        };
+        self.agree("save_state", pruned)?;
+        super::shared(self).lock().iteration = n + 1;
+        Ok(path)
+    }
+
+    /// Save the training state into exactly `dir`, replacing a checkpoint
+    /// already there (the old one is removed only once the new one is in
+    /// place). Does not use or advance the automatic numbering. Collective.
+    ///
+    /// # Errors
+    /// As [`save_state`](Self::save_state).
+    pub fn save_state_to(
+        &self,
+        dir: impl AsRef<Path>,
+        objects: &[&dyn Checkpointed],
+    ) -> Result<PathBuf> {
+        self.write_checkpoint(dir.as_ref(), true, None, objects)
+    }
+
+    fn write_checkpoint(
+        &self,
+        path: &Path,
+        replace: bool,
+        iteration: Option<u64>,
+        objects: &[&dyn Checkpointed],
+    ) -> Result<PathBuf> {
+        const OP: &str = "save_state";
+        let main = self.is_main_process();
+        let rank = self.rank();
+        let writer = if main {
+            if !replace && path.exists() {
+                Err(Error::invalid_argument(
+                    OP,
+                    format!("{} already exists", path.display()),
+                )
+                .with_fix("load the latest checkpoint first (the numbering continues after it), or save into another folder"))
+            } else {
+                CheckpointWriter::create(path).map(Some)
+            }
+        } else {
+            Ok(None)
+        };
+        let writer = self.agree(OP, writer)?;
+        let temp = temp_path_for(path)?;
+
+        let (meta, registered, rng) = {
+            let st = super::shared(self).lock();
+            let meta = Meta {
+                version: 1,
+                iteration,
+                world_size: self.world_size(),
+                accumulator: st.accumulator.state(),
+                objects: objects.iter().map(|o| o.checkpoint_key()).collect(),
+                custom_objects: st.registered.len(),
+            };
+            (meta, st.registered.clone(), st.rng.clone())
+        };
+        let written = (|| -> Result<()> {
+            let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+            for o in objects {
+                let key = o.checkpoint_key();
+                if o.per_rank() {
+                    files.extend(encode_state(
+                        &format!("{key}/rank_{rank}"),
+                        &o.checkpoint_state()?,
+                    )?);
+                } else if main {
+                    files.extend(encode_state(&key, &o.checkpoint_state()?)?);
+                }
+            }
+            if main {
+                for (i, r) in registered.iter().enumerate() {
+                    let s = r.lock().unwrap_or_else(|p| p.into_inner()).state_dict()?;
+                    files.extend(encode_state(&format!("custom_{i}"), &s)?);
+                }
+                files.push((CHECKPOINT_STATE_FILE.to_string(), to_json(&meta)));
+            }
+            files.push((format!("random_states/rank_{rank}.json"), to_json(&rng)));
+            for (name, bytes) in files {
+                write_file_synced(&temp.join(&name), &bytes)?;
+            }
+            Ok(())
+        })();
+        self.agree(OP, written)?;
+        let committed = match writer {
+            Some(w) if replace => w.commit_replacing().map(|_| ()),
+            Some(w) => w.commit().map(|_| ()),
+            None => Ok(()),
+        };
+        self.agree(OP, committed)?;
+        Ok(path.to_path_buf())
+    }
+
+    /// The newest `checkpoint_N` under `root`, if any.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when `root` cannot be listed.
+    pub fn latest_checkpoint(&self, root: impl AsRef<Path>) -> Result<Option<PathBuf>> {
+        Ok(CheckpointDir::new(root.as_ref(), None)
+            .latest()?
+            .map(|(_, p)| p))
+    }
+
+    /// Restore the training state saved by [`save_state`](Self::save_state)
+    /// into `objects` (the same kinds prepared in the same order), the
+    /// registered objects, the accumulation counter, each rank's loader
+    /// position and RNG. `path` is a checkpoint directory, or a folder of
+    /// `checkpoint_N` directories (the newest is loaded). Returns the
+    /// directory loaded. Collective.
+    ///
+    /// # Behavior
+    /// Every file is checked against the manifest first. After loading
+    /// `checkpoint_N`, the next [`save_state`](Self::save_state) writes
+    /// `checkpoint_{N+1}`. Loaders continue with exactly the batches that
+    /// had not been read, in the same order and epoch.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when there is no checkpoint at `path`;
+    /// [`ErrorKind::Corrupt`] naming the file when one is missing, truncated
+    /// or altered, or has no state for one of `objects`;
+    /// [`ErrorKind::InvalidConfig`] when it was saved with another world
+    /// size or data layout. A failure on any rank fails every rank.
+    pub fn load_state(
+        &self,
+        path: impl AsRef<Path>,
+        objects: &mut [&mut dyn Checkpointed],
+    ) -> Result<PathBuf> {
+        const OP: &str = "load_state";
+        let path = path.as_ref();
+        let resolved = if self.is_main_process() {
+            if path.join(MANIFEST_FILE).exists() {
+                Ok(Some(path.to_path_buf()))
+            } else {
+                self.latest_checkpoint(path).and_then(|p| {
+                    p.ok_or_else(|| {
+                        Error::invalid_argument(
+                            OP,
+                            format!(
+                                "no checkpoint in {} (no manifest.json, no checkpoint_N)",
+                                path.display()
+                            ),
+                        )
+                    })
+                    .map(Some)
+                })
+            }
+        } else {
+            Ok(None)
+        };
+        let resolved = self.agree(OP, resolved)?;
+        let dir: PathBuf = PathBuf::from(self.comm().broadcast_object(
+            resolved.map(|p| p.to_string_lossy().into_owned()).as_ref(),
+            0,
+        )?);
+        // The main process checks every file; the others check what they read.
+        let manifest = if self.is_main_process() {
+            verify_checkpoint(&dir)
+        } else {
+            read_manifest(&dir)
+        };
+        let manifest = self.agree(OP, manifest)?;
+        let rank = self.rank();
+        let registered = super::shared(self).lock().registered.clone();
+        let loaded = (|| -> Result<(Meta, Rng)> {
+            let bytes = read_verified(&dir, &manifest, CHECKPOINT_STATE_FILE)?;
+            let meta: Meta = serde_json::from_slice(&bytes).map_err(|e| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "{} is not valid: {e}",
+                        dir.join(CHECKPOINT_STATE_FILE).display()
+                    ),
+                )
+            })?;
+            if meta.world_size != self.world_size() {
+                return Err(Error::invalid_config(
+                    "WORLD_SIZE",
+                    &self.world_size().to_string(),
+                    format!(
+                        "{} was saved by {} processes; an exact resume needs the same number",
+                        dir.display(),
+                        meta.world_size
+                    ),
+                ));
+            }
+            for o in objects.iter_mut() {
+                let key = o.checkpoint_key();
+                let stem = if o.per_rank() {
+                    format!("{key}/rank_{rank}")
+                } else {
+                    key
+                };
+                let state = decode_state(&dir, &manifest, &stem)?;
+                o.restore_checkpoint_state(state).map_err(|e| {
+                    let m = format!("{}: {}", dir.join(&stem).display(), e.message());
+                    Error::new(e.kind().clone(), m)
+                })?;
+            }
+            if registered.len() > meta.custom_objects {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "{} holds {} registered objects, {} are registered now",
+                        dir.display(),
+                        meta.custom_objects,
+                        registered.len()
+                    ),
+                ));
+            }
+            for (i, r) in registered.iter().enumerate() {
+                let s = decode_state(&dir, &manifest, &format!("custom_{i}"))?;
+                r.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .load_state_dict(s)?;
+            }
+            let name = format!("random_states/rank_{rank}.json");
+            let bytes = read_verified(&dir, &manifest, &name)?;
+            let rng: Rng = serde_json::from_slice(&bytes).map_err(|e| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!("{} is not valid: {e}", dir.join(&name).display()),
+                )
+            })?;
+            Ok((meta, rng))
+        })();
+        let (meta, rng) = self.agree(OP, loaded)?;
+        let mut st = super::shared(self).lock();
+        st.accumulator.load_state(meta.accumulator);
+        st.decision = None;
+        st.rng = rng;
+        let numbered = dir
+            .file_name()
+            .and_then(|n| parse_checkpoint_name(&n.to_string_lossy()));
+        if let Some(n) = numbered.or(meta.iteration) {
+            st.iteration = n + 1;
+        }
+        Ok(dir)
+    }
+}

@@ -1,0 +1,265 @@
+//! Reference implementations of the adapter traits: SGD with momentum and
+//! two schedules. Enough for host-side models and for tests; frameworks
+//! bring their own.
+
+use std::collections::BTreeMap;
+
+use accel_api::{Error, ErrorKind, Result};
+
+use super::adapters::{Optimizer, Parameters, Scheduler, StateDict};
+
+/// Stochastic gradient descent with optional momentum and weight decay
+/// (PyTorch's `SGD`: `b = momentum * b + (g + wd * w)`, `w -= lr * b`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sgd {
+    /// Learning rate.
+    pub lr: f64,
+    /// Momentum factor (0 for plain SGD).
+    pub momentum: f32,
+    /// L2 penalty added to the gradient.
+    pub weight_decay: f32,
+    /// Optimizer steps taken.
+    pub steps: u64,
+    buffers: BTreeMap<String, Vec<f32>>,
+}
+
+impl Sgd {
+    /// Plain SGD at `lr`.
+    pub fn new(lr: f64) -> Sgd {
+        Sgd {
+            lr,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            steps: 0,
+            buffers: BTreeMap::new(),
+        }
+    }
+
+    /// The same optimizer with `momentum`.
+    pub fn with_momentum(mut self, momentum: f32) -> Sgd {
+        self.momentum = momentum;
+        self
+    }
+
+    /// The same optimizer with `weight_decay`.
+    pub fn with_weight_decay(mut self, weight_decay: f32) -> Sgd {
+        self.weight_decay = weight_decay;
+        self
+    }
+}
+
+impl Optimizer for Sgd {
+    fn step(&mut self, params: &mut dyn Parameters) -> Result<()> {
+        let lr = self.lr as f32;
+        let (mom, wd) = (self.momentum, self.weight_decay);
+        let mut bad = None;
+        let buffers = &mut self.buffers;
+        params.visit_params_mut(&mut |p| {
+            if p.grad.len() != p.value.len() {
+                bad.get_or_insert(p.name.to_string());
+                return;
+            }
+            if mom == 0.0 {
+                for (w, g) in p.value.iter_mut().zip(p.grad.iter()) {
+                    *w -= lr * (*g + wd * *w);
+                }
+                return;
+            }
+            let first = !buffers.contains_key(p.name);
+            let b = buffers
+                .entry(p.name.to_string())
+                .or_insert_with(|| vec![0.0; p.value.len()]);
+            for ((w, g), b) in p.value.iter_mut().zip(p.grad.iter()).zip(b.iter_mut()) {
+                let d = *g + wd * *w;
+                *b = if first { d } else { mom * *b + d };
+                *w -= lr * *b;
+            }
+        });
+        if let Some(name) = bad {
+            return Err(Error::invalid_argument(
+                "optimizer step",
+                format!("parameter {name:?} has a gradient of another length"),
+            ));
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+
+    fn state_dict(&self) -> StateDict {
+        let mut s = StateDict::default();
+        s.put("lr", &self.lr);
+        s.put("momentum", &self.momentum);
+        s.put("weight_decay", &self.weight_decay);
+        s.put("steps", &self.steps);
+        for (name, b) in &self.buffers {
+            s.put_tensor(format!("momentum_buffer.{name}"), b.clone());
+        }
+        s
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        self.lr = state.get("lr")?;
+        self.momentum = state.get("momentum")?;
+        self.weight_decay = state.get("weight_decay")?;
+        self.steps = state.get("steps")?;
+        self.buffers.clear();
+        for (name, t) in &state.tensors {
+            let Some(p) = name.strip_prefix("momentum_buffer.") else {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!("unexpected SGD state tensor {name:?}"),
+                ));
+            };
+            self.buffers.insert(p.to_string(), t.data.clone());
+        }
+        Ok(())
+    }
+}
+
+/// A constant learning rate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConstantSchedule {
+    /// The rate.
+    pub lr: f64,
+    /// Steps taken (only counted).
+    pub steps: u64,
+}
+
+impl ConstantSchedule {
+    /// Always `lr`.
+    pub fn new(lr: f64) -> ConstantSchedule {
+        ConstantSchedule { lr, steps: 0 }
+    }
+}
+
+impl Scheduler for ConstantSchedule {
+    fn step(&mut self) {
+        self.steps += 1;
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn state_dict(&self) -> StateDict {
+        let mut s = StateDict::default();
+        s.put("steps", &self.steps);
+        s
+    }
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        self.steps = state.get("steps")?;
+        Ok(())
+    }
+}
+
+/// Linear warm-up from 0 to `peak` over `warmup` steps, then linear decay to
+/// 0 at `total` steps (transformers' `get_linear_schedule_with_warmup`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LinearSchedule {
+    /// The rate at the end of the warm-up.
+    pub peak: f64,
+    /// Warm-up steps.
+    pub warmup: u64,
+    /// Step at which the rate reaches 0.
+    pub total: u64,
+    /// Steps taken.
+    pub steps: u64,
+}
+
+impl LinearSchedule {
+    /// A schedule peaking at `peak` after `warmup` steps, 0 at `total`.
+    pub fn new(peak: f64, warmup: u64, total: u64) -> LinearSchedule {
+        LinearSchedule {
+            peak,
+            warmup,
+            total,
+            steps: 0,
+        }
+    }
+}
+
+impl Scheduler for LinearSchedule {
+    fn step(&mut self) {
+        self.steps += 1;
+    }
+    fn lr(&self) -> f64 {
+        let s = self.steps as f64;
+        if self.steps < self.warmup {
+            self.peak * s / self.warmup.max(1) as f64
+        } else if self.steps >= self.total {
+            0.0
+        } else {
+            self.peak * (self.total - self.steps) as f64 / (self.total - self.warmup).max(1) as f64
+        }
+    }
+    fn state_dict(&self) -> StateDict {
+        let mut s = StateDict::default();
+        s.put("steps", &self.steps);
+        s
+    }
+    fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        self.steps = state.get("steps")?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::train::{ParamMut, ParamRef};
+
+    struct P {
+        w: Vec<f32>,
+        g: Vec<f32>,
+    }
+    impl Parameters for P {
+        fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+            f(ParamRef {
+                name: "w",
+                value: &self.w,
+                grad: &self.g,
+            })
+        }
+        fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+            f(ParamMut {
+                name: "w",
+                value: &mut self.w,
+                grad: &mut self.g,
+            })
+        }
+    }
+
+    #[test]
+    fn sgd_momentum_matches_pytorch_and_round_trips() {
+        let mut p = P {
+            w: vec![1.0],
+            g: vec![1.0],
+        };
+        let mut o = Sgd::new(0.1).with_momentum(0.9);
+        o.step(&mut p).unwrap(); // b = 1, w = 0.9
+        o.step(&mut p).unwrap(); // b = 1.9, w = 0.71
+        assert!((p.w[0] - 0.71).abs() < 1e-6, "{}", p.w[0]);
+        let mut o2 = Sgd::new(0.0);
+        o2.load_state_dict(&o.state_dict()).unwrap();
+        assert_eq!(o2, o);
+        o.zero_grad(&mut p);
+        assert_eq!(p.g, vec![0.0]);
+    }
+
+    #[test]
+    fn linear_schedule_warms_up_and_decays() {
+        let mut s = LinearSchedule::new(1.0, 2, 4);
+        let mut lrs = vec![s.lr()];
+        for _ in 0..5 {
+            s.step();
+            lrs.push(s.lr());
+        }
+        assert_eq!(lrs, vec![0.0, 0.5, 1.0, 0.5, 0.0, 0.0]);
+    }
+}

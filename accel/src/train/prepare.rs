@@ -1,0 +1,514 @@
+//! `prepare`: the wrappers around models, optimizers, schedulers and loaders.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use accel_api::{Communicator, CommunicatorExt, Result, Wrapper};
+use accel_sharding::{LoaderConfig, SamplerState, ShardedLoader};
+
+use super::adapters::{DataLoader, Dataset, Optimizer, Parameters, Scheduler};
+use super::{Kind, TrainShared};
+use crate::Accelerator;
+
+/// What [`Accelerator::prepare`] accepts: a raw object (wrapped) or an
+/// already prepared wrapper `W` (returned unchanged).
+///
+/// Implemented for every [`Parameters`] (→ [`PreparedModel`]), every
+/// [`Optimizer`] (→ [`PreparedOptimizer`]), every [`Scheduler`]
+/// (→ [`PreparedScheduler`]), every [`DataLoader`] (→ [`PreparedLoader`]),
+/// and for each wrapper itself.
+pub trait Prepare<W> {
+    /// Wrap `self` for `acc`, or return it when it already is `W`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for a loader the world cannot shard (batch size 0, `split_batches`
+    /// with a batch size the world size does not divide).
+    fn prepare_with(self, acc: &Accelerator) -> Result<W>;
+}
+
+impl Accelerator {
+    /// Prepare a model, optimizer, scheduler or loader for distributed
+    /// training (Accelerate's `prepare`). Preparing a wrapper returns it
+    /// unchanged. The output type picks the kind; the typed
+    /// [`prepare_model`](Self::prepare_model) and friends need no annotation.
+    ///
+    /// # Errors
+    /// As [`Prepare::prepare_with`].
+    pub fn prepare<W, T: Prepare<W>>(&self, value: T) -> Result<W> {
+        value.prepare_with(self)
+    }
+
+    /// [`prepare`](Self::prepare) for a model.
+    ///
+    /// # Errors
+    /// As [`Prepare::prepare_with`].
+    pub fn prepare_model<M: Parameters>(
+        &self,
+        model: impl Prepare<PreparedModel<M>>,
+    ) -> Result<PreparedModel<M>> {
+        model.prepare_with(self)
+    }
+
+    /// [`prepare`](Self::prepare) for an optimizer.
+    ///
+    /// # Errors
+    /// As [`Prepare::prepare_with`].
+    pub fn prepare_optimizer<O: Optimizer>(
+        &self,
+        optimizer: impl Prepare<PreparedOptimizer<O>>,
+    ) -> Result<PreparedOptimizer<O>> {
+        optimizer.prepare_with(self)
+    }
+
+    /// [`prepare`](Self::prepare) for a scheduler.
+    ///
+    /// # Errors
+    /// As [`Prepare::prepare_with`].
+    pub fn prepare_scheduler<S: Scheduler>(
+        &self,
+        scheduler: impl Prepare<PreparedScheduler<S>>,
+    ) -> Result<PreparedScheduler<S>> {
+        scheduler.prepare_with(self)
+    }
+
+    /// [`prepare`](Self::prepare) for a loader.
+    ///
+    /// # Errors
+    /// As [`Prepare::prepare_with`].
+    pub fn prepare_loader<D: Dataset>(
+        &self,
+        loader: impl Prepare<PreparedLoader<D>>,
+    ) -> Result<PreparedLoader<D>> {
+        loader.prepare_with(self)
+    }
+}
+
+macro_rules! wrapper_impls {
+    ($ty:ident, $bound:ident, $field:ident) => {
+        impl<T: $bound> Deref for $ty<T> {
+            type Target = T;
+            fn deref(&self) -> &T {
+                &self.$field
+            }
+        }
+        impl<T: $bound> DerefMut for $ty<T> {
+            fn deref_mut(&mut self) -> &mut T {
+                &mut self.$field
+            }
+        }
+        impl<T: $bound> Wrapper for $ty<T> {
+            type Inner = T;
+            fn inner(&self) -> &T {
+                &self.$field
+            }
+            fn inner_mut(&mut self) -> &mut T {
+                &mut self.$field
+            }
+            fn into_inner(self) -> T {
+                self.$field
+            }
+        }
+        impl<T: $bound> Prepare<$ty<T>> for $ty<T> {
+            fn prepare_with(self, _acc: &Accelerator) -> Result<$ty<T>> {
+                Ok(self)
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------- model
+
+/// A model prepared for data-parallel training (DDP's job): its gradients
+/// are averaged across ranks in buckets when the accumulation cadence says
+/// so (see [`Accelerator::backward`]). Derefs to the model.
+pub struct PreparedModel<M: Parameters> {
+    pub(crate) model: M,
+    pub(crate) key: String,
+    pub(crate) comm: Arc<dyn Communicator>,
+    pub(crate) shared: Arc<TrainShared>,
+    pub(crate) flat: Vec<f32>,
+    pub(crate) syncs: u64,
+    pub(crate) last_buckets: usize,
+}
+
+impl<M: Parameters> std::fmt::Debug for PreparedModel<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedModel")
+            .field("key", &self.key)
+            .field("params", &self.model.num_params())
+            .field("gradient_syncs", &self.syncs)
+            .finish_non_exhaustive()
+    }
+}
+
+wrapper_impls!(PreparedModel, Parameters, model);
+
+impl<M: Parameters> Prepare<PreparedModel<M>> for M {
+    /// Wraps the model and, like DDP, copies the main process's parameter
+    /// values to every rank (one broadcast), so all ranks start equal.
+    /// Collective on more than one rank.
+    fn prepare_with(mut self, acc: &Accelerator) -> Result<PreparedModel<M>> {
+        if acc.world_size() > 1 {
+            let mut flat = Vec::with_capacity(self.num_params());
+            self.visit_params(&mut |p| flat.extend_from_slice(p.value));
+            acc.comm().broadcast_slice(&mut flat, 0)?;
+            let mut off = 0;
+            self.visit_params_mut(&mut |p| {
+                let n = p.value.len();
+                p.value.copy_from_slice(&flat[off..off + n]);
+                off += n;
+            });
+        }
+        let shared = super::shared(acc).clone();
+        Ok(PreparedModel {
+            model: self,
+            key: shared.next_key(Kind::Model),
+            comm: acc.comm().clone(),
+            shared,
+            flat: Vec::new(),
+            syncs: 0,
+            last_buckets: 0,
+        })
+    }
+}
+
+impl<M: Parameters> PreparedModel<M> {
+    /// The checkpoint key (`model_0`, `model_1`, ... in prepare order).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// How many times gradients were all-reduced (tests and logging: inside
+    /// an accumulation group this does not move).
+    pub fn gradient_syncs(&self) -> u64 {
+        self.syncs
+    }
+
+    /// Buckets used by the last gradient all-reduce.
+    pub fn last_sync_buckets(&self) -> usize {
+        self.last_buckets
+    }
+}
+
+// ---------------------------------------------------------------- optimizer
+
+/// An optimizer that steps, and zeroes gradients, only on synchronising
+/// batches (Accelerate's `AcceleratedOptimizer`). Derefs to the optimizer.
+pub struct PreparedOptimizer<O: Optimizer> {
+    pub(crate) optimizer: O,
+    pub(crate) key: String,
+    pub(crate) shared: Arc<TrainShared>,
+    pub(crate) steps: u64,
+}
+
+impl<O: Optimizer> std::fmt::Debug for PreparedOptimizer<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedOptimizer")
+            .field("key", &self.key)
+            .field("lr", &self.optimizer.lr())
+            .field("steps", &self.steps)
+            .finish_non_exhaustive()
+    }
+}
+
+wrapper_impls!(PreparedOptimizer, Optimizer, optimizer);
+
+impl<O: Optimizer> Prepare<PreparedOptimizer<O>> for O {
+    fn prepare_with(self, acc: &Accelerator) -> Result<PreparedOptimizer<O>> {
+        let shared = super::shared(acc).clone();
+        Ok(PreparedOptimizer {
+            optimizer: self,
+            key: shared.next_key(Kind::Optimizer),
+            shared,
+            steps: 0,
+        })
+    }
+}
+
+impl<O: Optimizer> PreparedOptimizer<O> {
+    /// Step the optimizer over `model`'s averaged gradients, if the current
+    /// batch synchronises; returns whether it stepped.
+    ///
+    /// # Errors
+    /// The optimizer's.
+    pub fn step<M: Parameters>(&mut self, model: &mut PreparedModel<M>) -> Result<bool> {
+        if !self.shared.decision().optimizer_step {
+            return Ok(false);
+        }
+        self.optimizer.step(&mut model.model)?;
+        self.steps += 1;
+        Ok(true)
+    }
+
+    /// Zero `model`'s gradients, if the current batch synchronises (inside an
+    /// accumulation group they must survive); returns whether it did.
+    pub fn zero_grad<M: Parameters>(&mut self, model: &mut PreparedModel<M>) -> bool {
+        if !self.shared.decision().zero_grad {
+            return false;
+        }
+        self.optimizer.zero_grad(&mut model.model);
+        true
+    }
+
+    /// Optimizer steps taken through this wrapper.
+    pub fn steps_taken(&self) -> u64 {
+        self.steps
+    }
+
+    /// The checkpoint key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+// ---------------------------------------------------------------- scheduler
+
+/// A scheduler that steps `num_processes` times per optimizer step (once
+/// with `split_batches`, once per batch when not tied to the optimizer),
+/// as Accelerate's `AcceleratedScheduler`. Derefs to the scheduler.
+pub struct PreparedScheduler<S: Scheduler> {
+    pub(crate) scheduler: S,
+    pub(crate) key: String,
+    pub(crate) shared: Arc<TrainShared>,
+}
+
+impl<S: Scheduler> std::fmt::Debug for PreparedScheduler<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedScheduler")
+            .field("key", &self.key)
+            .field("lr", &self.scheduler.lr())
+            .finish_non_exhaustive()
+    }
+}
+
+wrapper_impls!(PreparedScheduler, Scheduler, scheduler);
+
+impl<S: Scheduler> Prepare<PreparedScheduler<S>> for S {
+    fn prepare_with(self, acc: &Accelerator) -> Result<PreparedScheduler<S>> {
+        let shared = super::shared(acc).clone();
+        Ok(PreparedScheduler {
+            scheduler: self,
+            key: shared.next_key(Kind::Scheduler),
+            shared,
+        })
+    }
+}
+
+impl<S: Scheduler> PreparedScheduler<S> {
+    /// Step the schedule as many times as the current batch's decision says
+    /// and give `optimizer` the resulting learning rate; returns the number
+    /// of steps.
+    pub fn step<O: Optimizer>(&mut self, optimizer: &mut PreparedOptimizer<O>) -> usize {
+        let n = self.shared.decision().scheduler_steps;
+        for _ in 0..n {
+            self.scheduler.step();
+        }
+        optimizer.optimizer.set_lr(self.scheduler.lr());
+        n
+    }
+
+    /// The checkpoint key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
+
+// ---------------------------------------------------------------- loader
+
+/// One batch from a [`PreparedLoader`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Batch<T> {
+    /// The samples, in order.
+    pub items: Vec<T>,
+    /// Their dataset indices.
+    pub indices: Vec<usize>,
+    /// The epoch.
+    pub epoch: u64,
+    /// Position among this rank's batches of the epoch.
+    pub index: usize,
+    /// Last batch of the epoch (Accelerate's `end_of_dataloader`).
+    pub end_of_dataloader: bool,
+    /// Real samples in the last gathered step when it holds top-up
+    /// duplicates (0 otherwise); what `gather_for_metrics` keeps.
+    pub remainder: usize,
+}
+
+/// A loader sharded across ranks with an exact, checkpointable position
+/// (`accel-sharding`'s [`ShardedLoader`] over a [`Dataset`]). Derefs to the
+/// [`DataLoader`].
+pub struct PreparedLoader<D: Dataset> {
+    pub(crate) loader: DataLoader<D>,
+    pub(crate) key: String,
+    pub(crate) sharded: ShardedLoader,
+    /// The epoch the pull in progress belongs to.
+    pub(crate) pulling: Option<u64>,
+}
+
+impl<D: Dataset> std::fmt::Debug for PreparedLoader<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedLoader")
+            .field("key", &self.key)
+            .field("sharded", &self.sharded)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<D: Dataset> Deref for PreparedLoader<D> {
+    type Target = DataLoader<D>;
+    fn deref(&self) -> &DataLoader<D> {
+        &self.loader
+    }
+}
+
+impl<D: Dataset> Wrapper for PreparedLoader<D> {
+    type Inner = DataLoader<D>;
+    fn inner(&self) -> &DataLoader<D> {
+        &self.loader
+    }
+    /// Changing the batching of a prepared loader does not re-shard it;
+    /// prepare the unwrapped loader again for that.
+    fn inner_mut(&mut self) -> &mut DataLoader<D> {
+        &mut self.loader
+    }
+    fn into_inner(self) -> DataLoader<D> {
+        self.loader
+    }
+}
+
+impl<D: Dataset> Prepare<PreparedLoader<D>> for PreparedLoader<D> {
+    fn prepare_with(self, _acc: &Accelerator) -> Result<PreparedLoader<D>> {
+        Ok(self)
+    }
+}
+
+impl<D: Dataset> Prepare<PreparedLoader<D>> for DataLoader<D> {
+    fn prepare_with(self, acc: &Accelerator) -> Result<PreparedLoader<D>> {
+        let shared = super::shared(acc).clone();
+        let (split_batches, even_batches) = {
+            let st = shared.lock();
+            (st.config.split_batches, st.config.even_batches)
+        };
+        let config = LoaderConfig {
+            dataset_len: self.dataset.len(),
+            batch_size: self.batch_size,
+            drop_last: self.drop_last,
+            shuffle: self.shuffle,
+            seed: self.seed,
+            num_processes: acc.world_size(),
+            split_batches,
+            even_batches,
+        };
+        let sharded =
+            ShardedLoader::new(config, acc.rank()).map_err(|e| e.with_rank(acc.rank()))?;
+        Ok(PreparedLoader {
+            loader: self,
+            key: shared.next_key(Kind::Loader),
+            sharded,
+            pulling: None,
+        })
+    }
+}
+
+impl<D: Dataset> PreparedLoader<D> {
+    /// The next batch of the current epoch, or `None` once the epoch is
+    /// over (the following call starts the next epoch).
+    ///
+    /// # Behavior
+    /// Pull-style, so the loop body may borrow the loader (to checkpoint
+    /// it) between batches. The position advances as batches are handed
+    /// out; a state taken after the last batch of an epoch resumes at the
+    /// start of the next one.
+    pub fn next_batch(&mut self) -> Option<Batch<D::Item>> {
+        let epoch = *self.pulling.get_or_insert(self.sharded.epoch());
+        if self.sharded.epoch() != epoch {
+            self.pulling = None;
+            return None;
+        }
+        let Some(b) = self.sharded.epoch_iter().next() else {
+            self.pulling = None;
+            return None;
+        };
+        let items = b
+            .indices
+            .iter()
+            .map(|&i| self.loader.dataset.get(i))
+            .collect();
+        Some(Batch {
+            items,
+            indices: b.indices,
+            epoch: b.epoch,
+            index: b.index,
+            end_of_dataloader: b.end_of_dataloader,
+            remainder: self.sharded.remainder(),
+        })
+    }
+
+    /// The rest of the current epoch as an iterator (borrows the loader).
+    pub fn iter(&mut self) -> impl Iterator<Item = Batch<D::Item>> + '_ {
+        std::iter::from_fn(move || self.next_batch())
+    }
+
+    /// Batches this rank reads per epoch.
+    pub fn len(&self) -> usize {
+        self.sharded.len()
+    }
+
+    /// `true` when an epoch has no batch for this rank.
+    pub fn is_empty(&self) -> bool {
+        self.sharded.is_empty()
+    }
+
+    /// The epoch of the next batch.
+    pub fn epoch(&self) -> u64 {
+        self.sharded.epoch()
+    }
+
+    /// Jump to the start of `epoch`.
+    pub fn set_epoch(&mut self, epoch: u64) {
+        self.sharded.set_epoch(epoch);
+        self.pulling = None;
+    }
+
+    /// Skip the next `n` batches of the current epoch (Accelerate's
+    /// `skip_first_batches`); returns how many were skipped.
+    pub fn skip_first_batches(&mut self, n: usize) -> usize {
+        self.sharded.skip_first_batches(n)
+    }
+
+    /// Whether the last batch handed out ended its epoch.
+    pub fn end_of_dataloader(&self) -> bool {
+        self.sharded.end_of_dataloader()
+    }
+
+    /// Real samples in the last gathered step when it holds duplicates.
+    pub fn remainder(&self) -> usize {
+        self.sharded.remainder()
+    }
+
+    /// The exact position, for checkpoints.
+    pub fn sampler_state(&self) -> SamplerState {
+        self.sharded.state()
+    }
+
+    /// Move to a saved position.
+    ///
+    /// # Errors
+    /// As [`ShardedLoader::load_state`]: a state taken with another data
+    /// layout or world size is refused, naming the field.
+    pub fn load_sampler_state(&mut self, state: &SamplerState) -> Result<()> {
+        self.sharded.load_state(state)?;
+        self.pulling = None;
+        Ok(())
+    }
+
+    /// The sharding configuration in force.
+    pub fn config(&self) -> &LoaderConfig {
+        self.sharded.config()
+    }
+
+    /// The checkpoint key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+}
