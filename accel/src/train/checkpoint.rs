@@ -340,6 +340,13 @@ impl Accelerator {
         super::shared(self).lock().iteration
     }
 
+    /// Set the number the next automatically named checkpoint gets
+    /// (Accelerate's `save_iteration` override). [`load_state`](Self::load_state)
+    /// sets it for you.
+    pub fn set_save_iteration(&self, n: u64) {
+        super::shared(self).lock().iteration = n;
+    }
+
     /// Save the training state as `root/checkpoint_N` (`N` counts saves and
     /// continues after [`load_state`](Self::load_state)), then prune the
     /// oldest beyond [`TrainConfig::total_limit`](super::TrainConfig::total_limit),
@@ -354,9 +361,11 @@ impl Accelerator {
     /// rank and leaves no partial `checkpoint_N`.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`] when `checkpoint_N` already exists (a
-    /// fresh run saving into the folder of an old one: load it first, or
-    /// use another folder); [`ErrorKind::Io`] naming the path; the
+    /// [`ErrorKind::InvalidArgument`] when `root` already holds a
+    /// checkpoint numbered `N` or higher (a fresh run saving into the folder
+    /// of an old one: load it first, or use another folder; Accelerate
+    /// fails only on an exact collision, and otherwise lets pruning delete
+    /// the new checkpoint); [`ErrorKind::Io`] naming the path; the
     /// communicator's.
     pub fn save_state(
         &self,
@@ -368,6 +377,26 @@ impl Accelerator {
             (st.iteration, st.config.total_limit)
         };
         let dir = CheckpointDir::new(root.as_ref(), limit);
+        // A number at or below the newest one would go backwards: the new
+        // checkpoint would sort as the oldest and be pruned first.
+        let fresh = if self.is_main_process() {
+            match dir.latest() {
+                Ok(Some((m, p))) if m >= n => Err(Error::invalid_argument(
+                    "save_state",
+                    format!(
+                        "{} already holds {}; this run would save checkpoint_{n}",
+                        root.as_ref().display(),
+                        p.display()
+                    ),
+                )
+                .with_fix("load_state the latest checkpoint first (the numbering continues after it), call set_save_iteration, or save into another folder")),
+                Ok(_) => Ok(()),
+                Err(e) => Err(e),
+            }
+        } else {
+            Ok(())
+        };
+        self.agree("save_state", fresh)?;
         let path = self.write_checkpoint(&dir.path_of(n), false, Some(n), objects)?;
         let pruned = if self.is_main_process() {
             dir.prune().map(|_| ())
