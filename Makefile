@@ -4,8 +4,9 @@
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
-# Debian packages the workspace needs: Gloo for cpu-gloo, g++ for its shim.
-DEB_PACKAGES := libgloo-dev g++ pkg-config
+# Debian packages the workspace needs: Gloo for cpu-gloo, g++ for its shim;
+# Open MPI for the mpi backend, libclang for bindgen in its mpi-sys build.
+DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev
 
 .PHONY: setup build demo test lint fmt-check unit
 

@@ -488,6 +488,9 @@ mod tests {
         if cfg!(feature = "cpu-gloo") {
             expected.push("cpu-gloo".to_string());
         }
+        if cfg!(feature = "mpi") {
+            expected.push("mpi".to_string());
+        }
         expected.sort();
         let mut got = Registry::builtin().names();
         got.sort();

@@ -10,6 +10,18 @@ use std::time::{Duration, Instant};
 
 use crate::{Outcome, ScenarioResult};
 
+/// How the harness starts the ranks of a world.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Launcher {
+    /// One process per rank, started by the harness with RANK, WORLD_SIZE
+    /// and the rest of the environment contract.
+    #[default]
+    Direct,
+    /// One `mpirun -n N` job (the `mpi` backend): MPI numbers the ranks and
+    /// sets its own variables. Needs the `mpi` feature.
+    Mpirun,
+}
+
 /// One world to run: a backend at a world size.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
@@ -31,6 +43,8 @@ pub struct RunSpec {
     pub cases: Option<u32>,
     /// Replay seed (64 hex digits).
     pub seed: Option<String>,
+    /// How the ranks are started.
+    pub launcher: Launcher,
 }
 
 impl RunSpec {
@@ -46,7 +60,14 @@ impl RunSpec {
             hard_timeout: Duration::from_secs(300),
             cases: None,
             seed: None,
+            launcher: Launcher::Direct,
         }
+    }
+
+    /// Builder: start the ranks with `launcher`.
+    pub fn with_launcher(mut self, launcher: Launcher) -> RunSpec {
+        self.launcher = launcher;
+        self
     }
 
     /// Builder: load `plugin`.
@@ -126,7 +147,42 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
     let out = dir.join("results.json");
     let run_id = format!("{}-{}", spec.backend, spec.world_size);
     let mut children: Vec<(usize, Child, PathBuf)> = Vec::new();
-    for rank in 0..spec.world_size {
+    if spec.launcher == Launcher::Mpirun {
+        let log = dir.join("mpirun.log");
+        let logf =
+            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
+        let mut cmd = mpirun(spec)?;
+        // The ranks inherit mpirun's environment; MPI sets their ranks.
+        for v in [
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "ACCEL_LAUNCHER",
+        ] {
+            cmd.env_remove(v);
+        }
+        cmd.env("MASTER_ADDR", addr.ip().to_string())
+            .env("MASTER_PORT", addr.port().to_string())
+            .env("ACCEL_STORE_URL", format!("tcp://{addr}"))
+            .env("ACCEL_RUN_TOKEN", &tok)
+            .env("ACCEL_RUN_ID", &run_id)
+            .env("ACCEL_BACKEND", &spec.backend)
+            .env("ACCEL_TIMEOUT", format!("{}ms", spec.timeout.as_millis()))
+            .env("ACCEL_CONFORMANCE_OUT", &out)
+            .env("OMPI_MCA_mpi_yield_when_idle", "1")
+            .env_remove("ACCEL_DEBUG")
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().map_err(|e| e.to_string())?)
+            .stderr(logf);
+        worker_options(spec, &mut cmd);
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("starting mpirun for {}: {e}", spec.worker.display()))?;
+        children.push((0, child, log));
+    }
+    for rank in (0..spec.world_size).filter(|_| spec.launcher == Launcher::Direct) {
         let log = dir.join(format!("rank{rank}.log"));
         let logf =
             std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
@@ -151,19 +207,7 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
         if rank == 0 {
             cmd.env("ACCEL_CONFORMANCE_OUT", &out);
         }
-        match &spec.plugin {
-            Some(p) => cmd.env("ACCEL_PLUGIN_PATH", p),
-            None => cmd.env_remove("ACCEL_PLUGIN_PATH"),
-        };
-        if let Some(f) = &spec.filter {
-            cmd.env("ACCEL_CONFORMANCE_FILTER", f);
-        }
-        if let Some(c) = spec.cases {
-            cmd.env("PROPTEST_CASES", c.to_string());
-        }
-        if let Some(s) = &spec.seed {
-            cmd.env("ACCEL_CONFORMANCE_SEED", s);
-        }
+        worker_options(spec, &mut cmd);
         let child = cmd
             .spawn()
             .map_err(|e| format!("starting {}: {e}", spec.worker.display()))?;
@@ -208,6 +252,19 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
                     hung.join(" | ")
                 ));
             }
+            if spec.launcher == Launcher::Mpirun {
+                // SIGTERM first: mpirun forwards it and reaps its ranks;
+                // SIGKILL would leave them running.
+                for (_, child, _) in children.iter_mut() {
+                    let _ = Command::new("kill")
+                        .args(["-TERM", &child.id().to_string()])
+                        .status();
+                    let end = Instant::now() + Duration::from_secs(5);
+                    while Instant::now() < end && matches!(child.try_wait(), Ok(None)) {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
             for (_, child, _) in children.iter_mut() {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -228,6 +285,36 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
         .map_err(|e| format!("parsing {}: {e}", out.display()))?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok((results, v["seed"].as_str().map(str::to_string)))
+}
+
+/// The options every worker gets, whatever starts it.
+fn worker_options(spec: &RunSpec, cmd: &mut Command) {
+    match &spec.plugin {
+        Some(p) => cmd.env("ACCEL_PLUGIN_PATH", p),
+        None => cmd.env_remove("ACCEL_PLUGIN_PATH"),
+    };
+    if let Some(f) = &spec.filter {
+        cmd.env("ACCEL_CONFORMANCE_FILTER", f);
+    }
+    if let Some(c) = spec.cases {
+        cmd.env("PROPTEST_CASES", c.to_string());
+    }
+    if let Some(s) = &spec.seed {
+        cmd.env("ACCEL_CONFORMANCE_SEED", s);
+    }
+}
+
+/// `mpirun -n N <worker>` with the flags this machine needs (the same
+/// builder `accel launch --backend mpi` uses).
+#[cfg(feature = "mpi")]
+fn mpirun(spec: &RunSpec) -> Result<Command, String> {
+    let mpi = accel_backend_mpi::MpirunSpec::new(spec.world_size, &spec.worker).tag_output(true);
+    Ok(accel_backend_mpi::mpirun_command(&mpi))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn mpirun(_spec: &RunSpec) -> Result<Command, String> {
+    Err("Launcher::Mpirun needs accel-conformance built with the `mpi` feature".into())
 }
 
 fn tail(path: &Path, lines: usize) -> String {

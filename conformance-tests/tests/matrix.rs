@@ -1,11 +1,12 @@
 //! `cargo test` runs the conformance matrix for every backend available on
-//! this machine: single, cpu-gloo (when compiled in) at world sizes 1-4, and
-//! the same engines through the plugin boundary. Each world runs under a hard
+//! this machine: single, cpu-gloo and mpi (when compiled in; mpi under
+//! `mpirun -n N`) at world sizes 1-4, and the same engines through the
+//! plugin boundary. Each world runs under a hard
 //! timeout. The printed matrix is the same `accel test` prints.
 
 use std::path::{Path, PathBuf};
 
-use accel_conformance::harness::{build_cdylibs, run_world, Matrix, RunSpec};
+use accel_conformance::harness::{build_cdylibs, run_world, Launcher, Matrix, RunSpec};
 
 fn worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_accel-conformance-worker"))
@@ -29,6 +30,16 @@ fn plugin(packages: &[&str], stem: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no {stem} plugin was built"))
 }
 
+/// `mpirun --version` runs (Open MPI or MPICH installed).
+fn mpirun_available() -> bool {
+    std::process::Command::new("mpirun")
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 #[test]
 fn conformance_matrix() {
     let mut specs = vec![RunSpec::new("single", 1, worker())];
@@ -43,6 +54,15 @@ fn conformance_matrix() {
             specs.push(
                 RunSpec::new("cpu-gloo-plugin", n, worker()).with_plugin(Some(gloo_plugin.clone())),
             );
+        }
+    }
+    if cfg!(feature = "mpi") {
+        if mpirun_available() {
+            for n in 1..=4 {
+                specs.push(RunSpec::new("mpi", n, worker()).with_launcher(Launcher::Mpirun));
+            }
+        } else {
+            eprintln!("mpi columns skipped: mpirun not found (make setup installs Open MPI)");
         }
     }
     let mut matrix = Matrix::default();
