@@ -25,6 +25,7 @@ pub mod harness;
 pub mod oracle;
 mod prop;
 mod scenarios;
+mod train_scenarios;
 
 use std::sync::Arc;
 use std::time::Duration;

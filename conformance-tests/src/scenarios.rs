@@ -28,7 +28,7 @@ pub struct Scenario {
 
 /// Every scenario, in the order the matrix lists them.
 pub fn all_scenarios() -> Vec<Scenario> {
-    vec![
+    let mut all = vec![
         Scenario {
             name: "all_reduce",
             gate: |c| needs(c, &[Op::AllReduce]),
@@ -129,7 +129,9 @@ pub fn all_scenarios() -> Vec<Scenario> {
             gate: |c| needs_peers(c, &[Op::AllReduce, Op::Broadcast]),
             run: debug_mismatch_table,
         },
-    ]
+    ];
+    all.extend(crate::train_scenarios::train_scenarios());
+    all
 }
 
 fn needs(ctx: &Ctx, ops: &[Op]) -> Option<String> {

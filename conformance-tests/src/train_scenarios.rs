@@ -1,0 +1,487 @@
+//! Training-loop scenarios (issue 7): sharding, gather-for-metrics,
+//! accumulation cadence, W×k equivalence on the demo model, and exact
+//! resume in a fresh process group. Each runs the facade's training API
+//! over the communicator under test and checks against
+//! `accel_sharding::reference` (itself pinned by Accelerate's golden cases
+//! in `sharding/tests/golden.rs`) or a one-process computation.
+
+use std::sync::Arc;
+
+use accel::train::{DataLoader, Dataset, Parameters, Sgd, TrainConfig};
+use accel::{Accelerator, CollectivesExt};
+use accel_api::Op;
+use accel_example_train::{Mlp, Synthetic};
+use accel_sharding::reference;
+use proptest::prelude::*;
+
+use crate::prop::property;
+use crate::scenarios::Scenario;
+use crate::{Ctx, Outcome};
+
+/// The training scenarios, appended to the matrix.
+pub(crate) fn train_scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "train_sharding",
+            gate: gate_train,
+            run: train_sharding,
+        },
+        Scenario {
+            name: "train_accelerate_golden",
+            gate: gate_train,
+            run: train_accelerate_golden,
+        },
+        Scenario {
+            name: "train_accumulation_cadence",
+            gate: gate_train,
+            run: train_accumulation_cadence,
+        },
+        Scenario {
+            name: "train_equivalence",
+            gate: gate_train,
+            run: train_equivalence,
+        },
+        Scenario {
+            name: "train_resume",
+            gate: gate_train,
+            run: train_resume,
+        },
+    ]
+}
+
+fn gate_train(ctx: &Ctx) -> Option<String> {
+    let caps = ctx.comm.capabilities();
+    [Op::AllReduce, Op::AllGather, Op::Broadcast]
+        .iter()
+        .find(|op| !caps.supports(**op))
+        .map(|op| format!("{op} not declared"))
+}
+
+fn acc(ctx: &Ctx, config: TrainConfig) -> Result<Accelerator, String> {
+    let acc = Accelerator::from_communicator(ctx.comm.clone(), ctx.store.clone())
+        .map_err(|e| e.to_string())?;
+    acc.set_training_config(config).map_err(|e| e.to_string())?;
+    Ok(acc)
+}
+
+fn err(e: accel_api::Error) -> String {
+    e.to_string()
+}
+
+/// Sample `i` is `i`.
+#[derive(Clone, Copy, Debug)]
+struct Indices(usize);
+
+impl Dataset for Indices {
+    type Item = usize;
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn get(&self, i: usize) -> usize {
+        i
+    }
+}
+
+/// One epoch of a prepared loader on every rank: the batches of every rank
+/// (gathered through the communicator) and, when every rank has the same
+/// number of steps, what gather_for_metrics returned over the epoch.
+type Epoch = (Vec<Vec<Vec<usize>>>, Option<Vec<usize>>);
+
+fn one_epoch(
+    ctx: &Ctx,
+    len: usize,
+    bs: usize,
+    drop_last: bool,
+    split: bool,
+    even: bool,
+) -> Result<Epoch, String> {
+    let acc = acc(
+        ctx,
+        TrainConfig {
+            split_batches: split,
+            even_batches: even,
+            ..TrainConfig::default()
+        },
+    )?;
+    let mut loader = acc
+        .prepare_loader(DataLoader::new(Indices(len), bs).drop_last(drop_last))
+        .map_err(err)?;
+    let counts = ctx.comm.gather_object(&loader.len()).map_err(err)?;
+    let equal = counts.windows(2).all(|w| w[0] == w[1]);
+    let mut mine = Vec::new();
+    let mut metrics = Vec::new();
+    while let Some(b) = loader.next_batch() {
+        if b.items != b.indices {
+            return Err(format!(
+                "items {:?} differ from indices {:?}",
+                b.items, b.indices
+            ));
+        }
+        if equal {
+            let idx: Vec<i64> = b.indices.iter().map(|&i| i as i64).collect();
+            metrics.extend(
+                acc.gather_for_metrics(&idx, &b)
+                    .map_err(err)?
+                    .into_iter()
+                    .map(|i| i as usize),
+            );
+        }
+        mine.push(b.indices);
+    }
+    let all = ctx.comm.gather_object(&mine).map_err(err)?;
+    Ok((all, equal.then_some(metrics)))
+}
+
+fn check_epoch(
+    ctx: &Ctx,
+    len: usize,
+    bs: usize,
+    drop_last: bool,
+    split: bool,
+    even: bool,
+) -> Result<(), String> {
+    let n = ctx.world_size();
+    let case = format!("len {len} bs {bs} drop_last {drop_last} split {split} even {even}");
+    let (got, metrics) = one_epoch(ctx, len, bs, drop_last, split, even)?;
+    let want = reference::shard_all(
+        &reference::global_batches(len, bs, drop_last),
+        Some(bs),
+        drop_last,
+        n,
+        split,
+        even,
+    );
+    if got != want {
+        return Err(format!("{case}: shards {got:?}, reference {want:?}"));
+    }
+    if even && !got.windows(2).all(|w| w[0].len() == w[1].len()) {
+        return Err(format!("{case}: even_batches but counts differ: {got:?}"));
+    }
+    if let Some(m) = metrics {
+        let want = reference::metrics_order(len, bs, drop_last, n, split);
+        if m != want {
+            return Err(format!(
+                "{case}: gather_for_metrics gave {m:?}, want {want:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Random (length, batch size, split, even, drop_last): the union over
+/// ranks equals the reference, even_batches gives equal counts, and
+/// gather_for_metrics returns exactly the dataset in order.
+fn train_sharding(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    let strat = (
+        0usize..40,
+        1usize..5,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    );
+    property(
+        ctx,
+        "train_sharding",
+        strat,
+        |&(len, b, split, even, drop_last)| {
+            // split_batches needs a batch size the world size divides.
+            let bs = if split { b * n } else { b };
+            check_epoch(ctx, len, bs, drop_last, split, even)
+        },
+    )
+}
+
+/// Accelerate's data-loader golden cases (lengths 24, 21, 22, 20 and 2,
+/// batch size 3 or, split, 2 per rank; every flag combination) against the
+/// reference that `sharding/tests/golden.rs` pins with Accelerate's numbers
+/// for two processes.
+fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    for len in [24, 21, 22, 20, 2] {
+        for split in [false, true] {
+            for even in [false, true] {
+                for drop_last in [false, true] {
+                    let bs = if split { 2 * n } else { 3 };
+                    if let Err(m) = check_epoch(ctx, len, bs, drop_last, split, even) {
+                        return Outcome::Fail(m);
+                    }
+                }
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+/// Random (k, batches, split, sync_each_batch): the decisions equal the
+/// reference on every rank, and gradients are all-reduced exactly when the
+/// decision says so.
+fn train_accumulation_cadence(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    let strat = (1usize..6, 1usize..14, any::<bool>(), any::<bool>());
+    property(
+        ctx,
+        "train_accumulation_cadence",
+        strat,
+        |&(k, batches, split, each)| {
+            let acc = acc(
+                ctx,
+                TrainConfig {
+                    gradient_accumulation_steps: k,
+                    split_batches: split,
+                    sync_each_batch: each,
+                    ..TrainConfig::default()
+                },
+            )?;
+            let mut model = acc.prepare_model(Mlp::new(2, 1)).map_err(err)?;
+            let mut got = Vec::new();
+            for i in 0..batches {
+                let d = acc.accumulate_step(i + 1 == batches);
+                acc.backward(&mut model, |_, _| ()).map_err(err)?;
+                got.push(d);
+            }
+            let want = reference::accumulation(k, batches, n, split, each);
+            if got != want {
+                return Err(format!("k {k} batches {batches}: {got:?}, want {want:?}"));
+            }
+            let reduces = want.iter().filter(|d| d.all_reduce).count() as u64;
+            if model.gradient_syncs() != reduces {
+                return Err(format!(
+                    "{} gradient all-reduces, the cadence asked for {reduces}",
+                    model.gradient_syncs()
+                ));
+            }
+            let everyone = ctx.comm.gather_object(&got).map_err(err)?;
+            if everyone.iter().any(|g| *g != got) {
+                return Err("ranks took different decisions".into());
+            }
+            Ok(())
+        },
+    )
+}
+
+/// W ranks × k accumulation steps of the demo model give the parameters of
+/// one process stepping on the global batch, within f32 tolerance.
+fn train_equivalence(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    let (bs, steps, hidden) = (3, 3, 6);
+    for k in [1, 2, 3] {
+        let data = Synthetic {
+            len: n * k * bs * steps,
+            seed: 7,
+        };
+        let run = || -> Result<Vec<f32>, String> {
+            let acc = acc(
+                ctx,
+                TrainConfig {
+                    gradient_accumulation_steps: k,
+                    bucket_cap_bytes: 64, // several buckets
+                    ..TrainConfig::default()
+                },
+            )?;
+            let mut model = acc.prepare_model(Mlp::new(hidden, 3)).map_err(err)?;
+            let mut opt = acc
+                .prepare_optimizer(Sgd::new(0.2).with_momentum(0.5))
+                .map_err(err)?;
+            let mut loader = acc.prepare_loader(DataLoader::new(data, bs)).map_err(err)?;
+            while let Some(b) = loader.next_batch() {
+                acc.accumulate(&b);
+                acc.backward(&mut model, |m, s| m.loss_and_grad(&b.items, s))
+                    .map_err(err)?;
+                opt.step(&mut model).map_err(err)?;
+                opt.zero_grad(&mut model);
+            }
+            Ok(model.flat_values())
+        };
+        let got = match run() {
+            Ok(v) => v,
+            Err(m) => return Outcome::Fail(format!("k {k}: {m}")),
+        };
+        // One process, global batches of n * k * bs.
+        let mut m = Mlp::new(hidden, 3);
+        let mut opt = Sgd::new(0.2).with_momentum(0.5);
+        let global = n * k * bs;
+        for s in 0..steps {
+            let batch: Vec<_> = (s * global..(s + 1) * global)
+                .map(|i| data.get(i))
+                .collect();
+            m.loss_and_grad(&batch, 1.0);
+            if let Err(e) = accel::train::Optimizer::step(&mut opt, &mut m) {
+                return Outcome::Fail(e.to_string());
+            }
+            accel::train::Optimizer::zero_grad(&mut opt, &mut m);
+        }
+        let want = m.flat_values();
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            if (a - b).abs() > 1e-4 * (1.0 + b.abs()) {
+                return Outcome::Fail(format!(
+                    "k {k}: parameter {i} is {a}, one process on the global batch gives {b}"
+                ));
+            }
+        }
+        if m.num_params() != got.len() {
+            return Outcome::Fail("parameter count differs".into());
+        }
+    }
+    Outcome::Pass
+}
+
+/// Stop at a random step, save, load in a fresh process group and finish:
+/// the same samples and the same final parameters as an uninterrupted run.
+fn train_resume(ctx: &Ctx) -> Outcome {
+    match resume(ctx) {
+        Ok(()) => Outcome::Pass,
+        Err(m) => Outcome::Fail(m),
+    }
+}
+
+fn resume(ctx: &Ctx) -> Result<(), String> {
+    let n = ctx.world_size();
+    let data = Synthetic {
+        len: 10 * n + 3,
+        seed: 11,
+    };
+    let seed = ctx.seed.derive("train_resume");
+    let total_steps = 2 * (10usize.div_ceil(2) + 1); // two epochs, k = 2
+    let stop = 1 + (seed.0[0] as usize % (total_steps - 1));
+    // A folder every rank agrees on (rank 0 picks it).
+    let key = "train_resume/dir";
+    if ctx.rank() == 0 {
+        let dir = std::env::temp_dir().join(format!(
+            "accel-conformance-resume-{}-{}",
+            std::process::id(),
+            &seed.hex()[..12]
+        ));
+        ctx.store
+            .set(key, dir.to_string_lossy().as_bytes())
+            .map_err(err)?;
+    }
+    let dir = std::path::PathBuf::from(
+        String::from_utf8_lossy(&ctx.store.get(key, ctx.comm.timeout()).map_err(err)?).into_owned(),
+    );
+    let out = resume_in(ctx, &dir, data, stop);
+    let _ = ctx.comm.barrier();
+    if ctx.rank() == 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    out
+}
+
+type Setup = (
+    accel::train::PreparedModel<Mlp>,
+    accel::train::PreparedOptimizer<Sgd>,
+    accel::train::PreparedScheduler<accel::train::LinearSchedule>,
+    accel::train::PreparedLoader<Synthetic>,
+);
+
+fn setup(acc: &Accelerator, data: Synthetic) -> Result<Setup, String> {
+    acc.set_seed(5, true);
+    Ok((
+        acc.prepare_model(Mlp::new(4, 9)).map_err(err)?,
+        acc.prepare_optimizer(Sgd::new(0.1).with_momentum(0.9))
+            .map_err(err)?,
+        acc.prepare_scheduler(accel::train::LinearSchedule::new(0.1, 2, 40))
+            .map_err(err)?,
+        acc.prepare_loader(DataLoader::new(data, 1).shuffle(3))
+            .map_err(err)?,
+    ))
+}
+
+/// What one rank read: (optimizer steps before the batch, sample indices).
+type Log = Vec<(usize, Vec<usize>)>;
+
+/// Train two epochs from optimizer step `from_step`; with `save`, stop
+/// right after optimizer step `at`, saving into the folder. Returns (steps,
+/// log, final parameters).
+fn run(
+    acc: &Accelerator,
+    s: &mut Setup,
+    save: Option<(&std::path::Path, usize)>,
+    from_step: usize,
+) -> Result<(usize, Log, Vec<f32>), String> {
+    let (model, opt, sched, loader) = s;
+    let mut steps = from_step;
+    let mut log = Vec::new();
+    while loader.epoch() < 2 {
+        while let Some(b) = loader.next_batch() {
+            let d = acc.accumulate(&b);
+            // Per-rank noise from the checkpointed RNG.
+            let noise = acc.rng().normal() * 0.01;
+            let items: Vec<_> = b
+                .items
+                .iter()
+                .map(|x| {
+                    let mut x = *x;
+                    x.y += noise;
+                    x
+                })
+                .collect();
+            log.push((steps, b.indices.clone()));
+            acc.backward(model, |m, sc| m.loss_and_grad(&items, sc))
+                .map_err(err)?;
+            opt.step(model).map_err(err)?;
+            sched.step(opt);
+            opt.zero_grad(model);
+            if d.optimizer_step {
+                steps += 1;
+                if let Some((dir, at)) = save {
+                    if steps == at {
+                        acc.save_state(dir, &[&*model, &*opt, &*sched, &*loader])
+                            .map_err(err)?;
+                        return Ok((steps, log, model.flat_values()));
+                    }
+                }
+            }
+        }
+    }
+    Ok((steps, log, model.flat_values()))
+}
+
+fn resume_in(ctx: &Ctx, dir: &std::path::Path, data: Synthetic, stop: usize) -> Result<(), String> {
+    let cfg = TrainConfig {
+        gradient_accumulation_steps: 2,
+        ..TrainConfig::default()
+    };
+    // Uninterrupted.
+    let a = acc(ctx, cfg.clone())?;
+    let mut s = setup(&a, data)?;
+    let (_, log, p_full) = run(&a, &mut s, None, 0)?;
+    let tail_full: Vec<usize> = log
+        .into_iter()
+        .filter(|(st, _)| *st >= stop)
+        .flat_map(|(_, i)| i)
+        .collect();
+    // Stopped after step `stop`, with a checkpoint.
+    let b = acc(ctx, cfg.clone())?;
+    let mut s = setup(&b, data)?;
+    let (at, _, _) = run(&b, &mut s, Some((dir, stop)), 0)?;
+    if at != stop {
+        return Err(format!("stopped at step {at}, asked for {stop}"));
+    }
+    // Resumed in a fresh process group.
+    let comm = ctx
+        .fresh_comm("train_resume", ctx.comm.timeout())
+        .map_err(err)?;
+    let c = Accelerator::from_communicator(Arc::from(comm), ctx.store.clone()).map_err(err)?;
+    c.set_training_config(cfg).map_err(err)?;
+    let mut s = setup(&c, data)?;
+    {
+        let (m, o, sc, l) = &mut s;
+        c.load_state(dir, &mut [m, o, sc, l]).map_err(err)?;
+    }
+    let (_, log, p_resumed) = run(&c, &mut s, None, stop)?;
+    let tail_resumed: Vec<usize> = log.into_iter().flat_map(|(_, i)| i).collect();
+    if tail_resumed != tail_full {
+        return Err(format!(
+            "after resuming at step {stop} the samples differ: {tail_resumed:?} vs {tail_full:?}"
+        ));
+    }
+    for (i, (x, y)) in p_resumed.iter().zip(&p_full).enumerate() {
+        if (x - y).abs() > 1e-6 * (1.0 + y.abs()) {
+            return Err(format!(
+                "resumed at step {stop}: parameter {i} is {x}, uninterrupted {y}"
+            ));
+        }
+    }
+    Ok(())
+}
