@@ -7,6 +7,7 @@
 #   scripts/bench_launch.sh                 # 2 and 8 processes, 20 runs each
 #   RUNS=50 SIZES="2 8 16" scripts/bench_launch.sh
 #   CARGO_FLAGS=--no-default-features scripts/bench_launch.sh
+#   TORCH_RUNS=5 TORCHRUN_ARGS="--monitor_interval 0.1" scripts/bench_launch.sh
 #
 # Prints a Markdown table (median, min, p90 in milliseconds) for
 # docs/benchmarks.md.
@@ -14,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=${RUNS:-20}
+TORCH_RUNS=${TORCH_RUNS:-10}
 SIZES=${SIZES:-"2 8"}
 CARGO=${CARGO:-cargo}
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -51,10 +53,23 @@ measure() {
   rm -f "$out"
 }
 
-PY=${PYTHON:-python3}
+# The first Python that imports torch (PYTHON, python3 on PATH, the system's).
 HAVE_TORCH=0
-if command -v "$PY" >/dev/null && "$PY" -c 'import torch, torch.distributed' 2>/dev/null; then
-  HAVE_TORCH=1
+for PY in ${PYTHON:-} python3 /usr/bin/python3; do
+  if command -v "$PY" >/dev/null && "$PY" -c 'import torch.distributed' 2>/dev/null; then
+    HAVE_TORCH=1
+    break
+  fi
+done
+TORCHRUN_ARGS=${TORCHRUN_ARGS:-}
+if [ "$HAVE_TORCH" = 1 ]; then
+  TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)')
+  # torch 1.x on Python >= 3.11 cannot parse the default --redirects/--tee
+  # ("0": IntFlag iteration skips it) and crashes; stdout redirection with
+  # tee is the closest working setting.
+  if "$PY" -c 'import sys, torch; sys.exit(not (torch.__version__ < "2" and sys.version_info >= (3, 11)))'; then
+    TORCHRUN_ARGS="--redirects 1 --tee 1 $TORCHRUN_ARGS"
+  fi
   TORCH_PROG=$(mktemp --suffix=.py)
   cat >"$TORCH_PROG" <<'EOF'
 import torch.distributed as dist
@@ -69,7 +84,7 @@ echo "|---:|---:|---:|---:|---:|---:|"
 for n in $SIZES; do
   read -r med min p90 < <(measure accel "$n" "$ACCEL" launch -n "$n" -- "$ACCEL" probe-worker)
   if [ "$HAVE_TORCH" = 1 ]; then
-    read -r tmed _ _ < <(measure torchrun "$n" "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" "$TORCH_PROG")
+    read -r tmed _ _ < <(RUNS=$TORCH_RUNS measure torchrun "$n" "$PY" -m torch.distributed.run --standalone --nproc_per_node "$n" $TORCHRUN_ARGS "$TORCH_PROG")
     ratio=$(awk -v a="$med" -v t="$tmed" 'BEGIN { printf "%.0fx", t / a }')
     echo "| $n | $med | $min | $p90 | $tmed | $ratio |"
   else
@@ -77,6 +92,7 @@ for n in $SIZES; do
   fi
 done
 echo
-echo "runs per cell: $RUNS; host: $(nproc) cores, $(uname -sr)"
+echo "runs per cell: $RUNS accel, $TORCH_RUNS torchrun; host: $(nproc) cores, $(uname -sr)"
+[ "$HAVE_TORCH" = 1 ] && echo "torchrun: $PY -m torch.distributed.run --standalone --nproc_per_node N $TORCHRUN_ARGS (torch $TORCH_VERSION)"
 [ "$HAVE_TORCH" = 1 ] && rm -f "$TORCH_PROG"
 exit 0

@@ -324,3 +324,39 @@ fn two_machines_in_two_network_namespaces() {
         assert!(v["barrier_ms"].is_number());
     }
 }
+
+#[test]
+fn two_machines_over_ipv6() {
+    let Ok(l) = std::net::TcpListener::bind("[::1]:0") else {
+        eprintln!("SKIPPED two_machines_over_ipv6: ::1 cannot be bound here");
+        return;
+    };
+    let port = l.local_addr().unwrap().port().to_string();
+    drop(l);
+    let m = |rank: &str| {
+        command(&[
+            "launch",
+            "--num-machines",
+            "2",
+            "--machine-rank",
+            rank,
+            "--main-process-ip",
+            "::1",
+            "--main-process-port",
+            &port,
+            "--token",
+            "v6",
+            "--",
+            ACCEL,
+            "probe-worker",
+        ])
+    };
+    let m0 = start(m("0"));
+    let r1 = start(m("1")).finish(LIMIT);
+    let r0 = m0.finish(LIMIT);
+    assert_eq!(r0.code, Some(0), "{}", r0.all());
+    assert_eq!(r1.code, Some(0), "{}", r1.all());
+    let v = &probes(&r1.stdout, 1..2)[0];
+    assert_eq!(v["store"], format!("tcp://[::1]:{port}"));
+    assert!(v["barrier_ms"].is_number());
+}

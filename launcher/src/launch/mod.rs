@@ -257,7 +257,11 @@ fn launch(args: LaunchArgs) -> Result<ExitCode> {
         let store: Arc<dyn Store> = server.store().clone();
         Coordination::Host { server, store }
     } else {
-        let addr = format!("{}:{}", s.main_addr, s.main_port);
+        let addr = if s.main_addr.contains(':') && !s.main_addr.starts_with('[') {
+            format!("[{}]:{}", s.main_addr, s.main_port) // IPv6
+        } else {
+            format!("{}:{}", s.main_addr, s.main_port)
+        };
         let c = TcpStore::connect(addr.as_str(), Some(&token), s.join_timeout).map_err(|e| {
             if matches!(e.kind(), ErrorKind::Unauthorized) {
                 Error::new(
