@@ -94,6 +94,7 @@ fn one_epoch(
     drop_last: bool,
     split: bool,
     even: bool,
+    metrics: bool,
 ) -> Result<Epoch, String> {
     let acc = acc(
         ctx,
@@ -106,8 +107,16 @@ fn one_epoch(
     let mut loader = acc
         .prepare_loader(DataLoader::new(Indices(len), bs).drop_last(drop_last))
         .map_err(err)?;
-    let counts = ctx.comm.gather_object(&loader.len()).map_err(err)?;
-    let equal = counts.windows(2).all(|w| w[0] == w[1]);
+    // Every rank's batch count, computed locally (sharding is pure): the
+    // per-step gathers of gather_for_metrics need the same count on every
+    // rank (with uneven shards, Accelerate users need join_uneven_inputs).
+    let cfg = loader.config().clone();
+    let counts: Vec<usize> = (0..ctx.world_size())
+        .map(|r| {
+            accel_sharding::shard_len(len, cfg.layout(), cfg.shard_options(r)).unwrap_or(usize::MAX)
+        })
+        .collect();
+    let equal = metrics && counts.windows(2).all(|w| w[0] == w[1]);
     let mut mine = Vec::new();
     let mut metrics = Vec::new();
     while let Some(b) = loader.next_batch() {
@@ -139,10 +148,11 @@ fn check_epoch(
     drop_last: bool,
     split: bool,
     even: bool,
+    metrics: bool,
 ) -> Result<(), String> {
     let n = ctx.world_size();
     let case = format!("len {len} bs {bs} drop_last {drop_last} split {split} even {even}");
-    let (got, metrics) = one_epoch(ctx, len, bs, drop_last, split, even)?;
+    let (got, metrics) = one_epoch(ctx, len, bs, drop_last, split, even, metrics)?;
     let want = reference::shard_all(
         &reference::global_batches(len, bs, drop_last),
         Some(bs),
@@ -187,7 +197,7 @@ fn train_sharding(ctx: &Ctx) -> Outcome {
         |&(len, b, split, even, drop_last)| {
             // split_batches needs a batch size the world size divides.
             let bs = if split { b * n } else { b };
-            check_epoch(ctx, len, bs, drop_last, split, even)
+            check_epoch(ctx, len, bs, drop_last, split, even, true)
         },
     )
 }
@@ -195,7 +205,8 @@ fn train_sharding(ctx: &Ctx) -> Outcome {
 /// Accelerate's data-loader golden cases (lengths 24, 21, 22, 20 and 2,
 /// batch size 3 or, split, 2 per rank; every flag combination) against the
 /// reference that `sharding/tests/golden.rs` pins with Accelerate's numbers
-/// for two processes.
+/// for two processes. (gather_for_metrics is left to `train_sharding`, to
+/// keep this one to one gather per case.)
 fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     for len in [24, 21, 22, 20, 2] {
@@ -203,7 +214,7 @@ fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
             for even in [false, true] {
                 for drop_last in [false, true] {
                     let bs = if split { 2 * n } else { 3 };
-                    if let Err(m) = check_epoch(ctx, len, bs, drop_last, split, even) {
+                    if let Err(m) = check_epoch(ctx, len, bs, drop_last, split, even, false) {
                         return Outcome::Fail(m);
                     }
                 }
@@ -218,7 +229,7 @@ fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
 /// decision says so.
 fn train_accumulation_cadence(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
-    let strat = (1usize..6, 1usize..14, any::<bool>(), any::<bool>());
+    let strat = (1usize..6, 1usize..10, any::<bool>(), any::<bool>());
     property(
         ctx,
         "train_accumulation_cadence",
