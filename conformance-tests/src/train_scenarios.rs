@@ -341,12 +341,15 @@ fn train_equivalence(ctx: &Ctx) -> Outcome {
 /// the same samples and the same final parameters as an uninterrupted run.
 fn train_resume(ctx: &Ctx) -> Outcome {
     match resume(ctx) {
-        Ok(()) => Outcome::Pass,
+        Ok(None) => Outcome::Pass,
+        Ok(Some(why)) => Outcome::Skip(why),
         Err(m) => Outcome::Fail(m),
     }
 }
 
-fn resume(ctx: &Ctx) -> Result<(), String> {
+/// `Ok(Some(reason))`: skipped because the backend cannot connect a fresh
+/// group.
+fn resume(ctx: &Ctx) -> Result<Option<String>, String> {
     let n = ctx.world_size();
     let data = Synthetic {
         len: 10 * n + 3,
@@ -448,7 +451,12 @@ fn run(
     Ok((steps, log, model.flat_values()))
 }
 
-fn resume_in(ctx: &Ctx, dir: &std::path::Path, data: Synthetic, stop: usize) -> Result<(), String> {
+fn resume_in(
+    ctx: &Ctx,
+    dir: &std::path::Path,
+    data: Synthetic,
+    stop: usize,
+) -> Result<Option<String>, String> {
     let cfg = TrainConfig {
         gradient_accumulation_steps: 2,
         ..TrainConfig::default()
@@ -470,9 +478,13 @@ fn resume_in(ctx: &Ctx, dir: &std::path::Path, data: Synthetic, stop: usize) -> 
         return Err(format!("stopped at step {at}, asked for {stop}"));
     }
     // Resumed in a fresh process group.
-    let comm = ctx
-        .fresh_comm("train_resume", ctx.comm.timeout())
-        .map_err(err)?;
+    let comm = match ctx.fresh_comm("train_resume", ctx.comm.timeout()) {
+        Ok(c) => c,
+        Err(e) if matches!(e.kind(), accel_api::ErrorKind::Unsupported) => {
+            return Ok(Some(format!("no fresh process group: {e}")))
+        }
+        Err(e) => return Err(err(e)),
+    };
     let c = Accelerator::from_communicator(Arc::from(comm), ctx.store.clone()).map_err(err)?;
     c.set_training_config(cfg).map_err(err)?;
     let mut s = setup(&c, data)?;
@@ -494,5 +506,5 @@ fn resume_in(ctx: &Ctx, dir: &std::path::Path, data: Synthetic, stop: usize) -> 
             ));
         }
     }
-    Ok(())
+    Ok(None)
 }
