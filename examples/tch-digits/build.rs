@@ -1,0 +1,8 @@
+//! Embed libtorch's lib directory as an rpath so the binary runs without
+//! `LD_LIBRARY_PATH` (torch-sys, a direct dependency, tells where it is).
+fn main() {
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    }
+}

@@ -1,0 +1,190 @@
+//! Every `unsafe` operation of the crate: views of libtorch tensor memory.
+//!
+//! # The contract of a view
+//! A view borrows the [`Tensor`] handle it was made from and points at the
+//! tensor's storage, which libtorch owns and keeps alive at least as long as
+//! the handle. Like any use of a libtorch data pointer, a view is only sound
+//! while nothing *else* writes that storage: no in-place op through another
+//! handle (a `shallow_clone`, a `VarStore` entry, an optimizer) on another
+//! thread, and no call into libtorch that mutates it, while the view lives.
+//! The crate's own uses hold views only for the duration of one collective
+//! or one visitor call, on the thread that owns the model.
+
+use accel_api::{DType, Device, DeviceBuf, DeviceKind, Element, Error, ErrorKind, Result};
+use accel_api::{HostBuf, HostBufMut};
+use tch::{Kind, Tensor};
+
+/// The accel element type of a libtorch kind, if collectives can carry it.
+pub fn dtype_of(kind: Kind) -> Option<DType> {
+    Some(match kind {
+        Kind::Half => DType::F16,
+        Kind::BFloat16 => DType::BF16,
+        Kind::Float => DType::F32,
+        Kind::Double => DType::F64,
+        Kind::Int8 => DType::I8,
+        Kind::Uint8 => DType::U8,
+        Kind::Int => DType::I32,
+        Kind::Int64 => DType::I64,
+        _ => return None,
+    })
+}
+
+/// The libtorch kind of an accel element type.
+pub fn kind_of(dtype: DType) -> Option<Kind> {
+    Some(match dtype {
+        DType::F16 => Kind::Half,
+        DType::BF16 => Kind::BFloat16,
+        DType::F32 => Kind::Float,
+        DType::F64 => Kind::Double,
+        DType::I8 => Kind::Int8,
+        DType::U8 => Kind::Uint8,
+        DType::I32 => Kind::Int,
+        DType::I64 => Kind::Int64,
+        _ => return None,
+    })
+}
+
+fn unsupported_kind(op: &str, kind: Kind) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("{op}: tensors of kind {kind:?} have no accel element type"),
+    )
+    .with_fix("convert with .to_kind(..) to f16, bf16, f32, f64, i8, u8, i32 or i64")
+}
+
+/// Checks shared by the host views; returns the element type and byte length.
+fn check_host(t: &Tensor, op: &str) -> Result<(DType, usize)> {
+    if !t.defined() {
+        return Err(Error::invalid_argument(op, "the tensor is undefined"));
+    }
+    if t.device() != tch::Device::Cpu {
+        return Err(Error::invalid_argument(
+            op,
+            format!("the tensor is on {:?}, a host view needs a CPU tensor", t.device()),
+        )
+        .with_fix("use device_view for CUDA tensors, or .to_device(tch::Device::Cpu)"));
+    }
+    if !t.is_contiguous() {
+        return Err(Error::invalid_argument(
+            op,
+            format!("the tensor (shape {:?}) is not contiguous", t.size()),
+        )
+        .with_fix("call .contiguous() first (it copies)"));
+    }
+    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))?;
+    Ok((dtype, t.numel() * dtype.size()))
+}
+
+/// A read-only view of a contiguous CPU tensor's elements, without a copy.
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for an undefined, non-CPU or
+/// non-contiguous tensor; [`ErrorKind::Unsupported`] for a kind accel has no
+/// element type for (bool, complex, ...).
+pub fn host_view<'a>(t: &'a Tensor) -> Result<HostBuf<'a>> {
+    let (dtype, len) = check_host(t, "host_view")?;
+    if len == 0 {
+        return HostBuf::from_bytes(dtype, &[]);
+    }
+    let ptr = t.data_ptr() as *const u8;
+    // SAFETY: `t` is a defined, contiguous CPU tensor, so `data_ptr()` (which
+    // includes the storage offset) points at `numel * element_size` = `len`
+    // initialised bytes of one allocation that libtorch keeps alive while the
+    // handle `t`, borrowed for 'a, exists. `len > 0`, so the pointer is not
+    // null. No writes happen through other handles while the view lives (the
+    // module contract above).
+    let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+    HostBuf::from_bytes(dtype, bytes)
+}
+
+/// A mutable view of a contiguous CPU tensor's elements, without a copy:
+/// what a collective writes lands in the tensor.
+///
+/// # Errors
+/// As [`host_view`].
+pub fn host_view_mut<'a>(t: &'a mut Tensor) -> Result<HostBufMut<'a>> {
+    let (dtype, len) = check_host(t, "host_view_mut")?;
+    if len == 0 {
+        return HostBufMut::from_bytes(dtype, &mut []);
+    }
+    let ptr = t.data_ptr() as *mut u8;
+    // SAFETY: as in `host_view`; the handle is borrowed mutably for 'a, so no
+    // other view made through this crate from `t` coexists with this one, and
+    // by the module contract nothing else reads or writes the storage while
+    // the view lives.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+    HostBufMut::from_bytes(dtype, bytes)
+}
+
+/// [`host_view`] as a typed slice.
+///
+/// # Errors
+/// As [`host_view`], and [`ErrorKind::InvalidArgument`] when `T` is not the
+/// tensor's element type.
+pub fn host_slice<T: Element>(t: &Tensor) -> Result<&[T]> {
+    host_view(t)?.as_slice::<T>()
+}
+
+/// [`host_view_mut`] as a typed slice.
+///
+/// # Errors
+/// As [`host_slice`].
+pub fn host_slice_mut<T: Element>(t: &mut Tensor) -> Result<&mut [T]> {
+    let view = host_view_mut(t)?;
+    let dtype = view.dtype();
+    if dtype != T::DTYPE {
+        return Err(Error::invalid_argument(
+            "host_slice_mut",
+            format!("the tensor holds {dtype} elements, not {}", T::DTYPE),
+        ));
+    }
+    Ok(bytemuck::cast_slice_mut(view.into_bytes()))
+}
+
+/// A device view of a contiguous CUDA tensor (address, length, dtype,
+/// device, stream) for the device backends (NCCL and the like).
+///
+/// # Behavior
+/// The stream is 0, the default stream: tch offers no stream API, so
+/// libtorch's kernels on tensors made through tch run on the default stream
+/// and a collective ordered on it sees their results. Nothing is copied or
+/// synchronised.
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for an undefined, non-CUDA or
+/// non-contiguous tensor; [`ErrorKind::Unsupported`] for a kind accel has no
+/// element type for.
+pub fn device_view(t: &Tensor) -> Result<DeviceBuf> {
+    const OP: &str = "device_view";
+    if !t.defined() {
+        return Err(Error::invalid_argument(OP, "the tensor is undefined"));
+    }
+    let index = match t.device() {
+        tch::Device::Cuda(i) => i,
+        other => {
+            return Err(Error::invalid_argument(
+                OP,
+                format!("the tensor is on {other:?}, a device view needs a CUDA tensor"),
+            )
+            .with_fix("use host_view for CPU tensors"))
+        }
+    };
+    if !t.is_contiguous() {
+        return Err(Error::invalid_argument(
+            OP,
+            format!("the tensor (shape {:?}) is not contiguous", t.size()),
+        )
+        .with_fix("call .contiguous() first (it copies)"));
+    }
+    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(OP, t.kind()))?;
+    Ok(DeviceBuf {
+        addr: t.data_ptr() as u64,
+        len: t.numel(),
+        dtype,
+        device: Device {
+            kind: DeviceKind::Cuda,
+            index: index as u32,
+        },
+        stream: 0,
+    })
+}

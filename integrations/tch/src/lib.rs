@@ -1,0 +1,63 @@
+//! # accel-tch: accel for tch (libtorch)
+//!
+//! Distributed data-parallel training for [`tch`] programs: prepare a
+//! `VarStore` model, a libtorch optimizer and a loader with accel's
+//! [`Accelerator`](accel::Accelerator), and the same program runs on one
+//! process or many, on any backend accel has (cpu-gloo, MPI, ...).
+//!
+//! | piece | what it does |
+//! |---|---|
+//! | [`TchModel`] | a `VarStore`'s trainable variables as the training loop's `Parameters`: values and gradients viewed in place, averaged in buckets on synchronising batches |
+//! | [`TchOptimizer`] | a `tch::nn::Optimizer` that steps only on synchronising batches and takes its learning rate from a prepared scheduler |
+//! | [`AdamW`] | an AdamW whose moments go into checkpoints (exact resume) |
+//! | [`TensorCollectives`] | `gather`, `gather_for_metrics`, `reduce`, `pad_across_processes`, all-reduce and broadcast on tensors |
+//! | [`set_seed`], [`set_threads_per_rank`] | seed accel and libtorch together; share the cores between local ranks |
+//! | [`ffi`] | zero-copy host views of CPU tensors, device views of CUDA tensors |
+//!
+//! Checkpoints go through the Accelerator's `save_state` / `load_state`: a
+//! prepared [`TchModel`] saves its variables, [`AdamW`] its moments, in
+//! safetensors.
+//!
+//! ```no_run
+//! use accel::train::*;
+//! use accel_tch::{TchModel, TchOptimizer, set_seed};
+//! use tch::nn::{self, Module};
+//!
+//! let acc = accel::Accelerator::new()?.with_training(TrainConfig {
+//!     gradient_accumulation_steps: 2,
+//!     ..TrainConfig::default()
+//! })?;
+//! set_seed(&acc, 42, false);
+//! let vs = nn::VarStore::new(tch::Device::Cpu);
+//! let net = nn::linear(vs.root() / "fc", 64, 10, Default::default());
+//! let opt = TchOptimizer::new(&vs, nn::Sgd::default(), 0.1)?;
+//! let mut model = acc.prepare_model(TchModel::new(vs)?)?;
+//! let mut opt = acc.prepare_optimizer(opt)?;
+//! # let (x, y) = (tch::Tensor::zeros([8, 64], tch::kind::FLOAT_CPU), tch::Tensor::zeros([8], tch::kind::INT64_CPU));
+//! // for each batch (x, y) of a prepared loader:
+//! acc.accumulate_step(false);
+//! acc.backward(&mut model, |_, scale| {
+//!     let loss = net.forward(&x).cross_entropy_for_logits(&y);
+//!     (&loss * scale as f64).backward();
+//! })?;
+//! opt.step(&mut model)?;
+//! opt.zero_grad(&mut model);
+//! # Ok::<(), accel::Error>(())
+//! ```
+//!
+//! ## Building
+//! tch needs libtorch 2.13.0; `make tch-setup` (scripts/tch_setup.sh)
+//! fetches it. Binaries carry an rpath to it (build.rs), so they run without
+//! `LD_LIBRARY_PATH`. This crate lives outside the default workspace so that
+//! the rest of accel never needs libtorch (docs/adr/0004).
+
+pub mod ffi;
+mod model;
+mod optim;
+mod seed;
+mod tensor_ops;
+
+pub use model::TchModel;
+pub use optim::{AdamW, TchOptimizer};
+pub use seed::{set_seed, set_threads_per_rank};
+pub use tensor_ops::TensorCollectives;
