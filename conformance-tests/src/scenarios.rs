@@ -332,7 +332,7 @@ fn send_recv_ring(ctx: &Ctx) -> Outcome {
             let mut got = vec![<T as bytemuck::Zeroable>::zeroed(); len];
             // Even ranks send first, odd ranks receive first: no rank relies
             // on buffering (sends to self, at world size 1, are buffered).
-            if me % 2 == 0 || n == 1 {
+            if me.is_multiple_of(2) || n == 1 {
                 ctx.comm.send_slice(&mine, next, tag).map_err(err_text)?;
                 ctx.comm.recv_slice(&mut got, prev, tag).map_err(err_text)?;
             } else {
@@ -530,7 +530,7 @@ fn objects(ctx: &Ctx) -> Outcome {
         format!("rank-{me}"),
         (
             vec![Some(me as u32), None],
-            if me % 2 == 0 {
+            if me.is_multiple_of(2) {
                 Shape::Point
             } else {
                 Shape::Named {
@@ -625,9 +625,11 @@ fn invalid_arguments(ctx: &Ctx) -> Outcome {
         BufMut::Host(HostBufMut::from(&mut recv[..])),
     ) {
         Err(e) if matches!(e.kind(), ErrorKind::InvalidArgument) => {}
-        other => return Outcome::Fail(format!(
+        other => {
+            return Outcome::Fail(format!(
             "all_gather into a buffer of the wrong length: expected InvalidArgument, got {other:?}"
-        )),
+        ))
+        }
     }
     match ctx.comm.barrier() {
         Ok(()) => Outcome::Pass,

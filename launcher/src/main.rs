@@ -6,6 +6,7 @@ mod config_cmd;
 mod env_cmd;
 mod launch;
 mod probe_cmd;
+mod test_cmd;
 
 use std::process::ExitCode;
 
@@ -41,6 +42,13 @@ enum Command {
     /// store, run a store barrier, print one JSON line (tests, benchmarks).
     #[command(hide = true, name = "probe-worker")]
     ProbeWorker(probe_cmd::ProbeArgs),
+    /// Run the conformance suite on backends and plugins at several world
+    /// sizes and print the matrix.
+    Test(test_cmd::TestArgs),
+    /// Plan a device map for a model under per-device memory budgets.
+    Plan(accel_offload::cli::PlanArgs),
+    /// Model size, largest layer and training-memory estimate per dtype.
+    EstimateMemory(accel_offload::cli::EstimateArgs),
 }
 
 fn main() -> ExitCode {
@@ -58,6 +66,15 @@ fn main() -> ExitCode {
         Command::Config(args) => config_cmd::run(args),
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
+        Command::Test(args) => test_cmd::run(args),
+        Command::Plan(args) => accel_offload::cli::plan(&args).map(|out| {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }),
+        Command::EstimateMemory(args) => accel_offload::cli::estimate_memory(&args).map(|out| {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }),
         Command::Bench(args) => bench::run(args),
         Command::BenchWorker(args) => bench::worker::run(args),
     };
