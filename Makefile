@@ -22,19 +22,24 @@ setup:
 	@command -v $(CARGO) >/dev/null || { echo "setup: cargo not found: install Rust with rustup (https://rustup.rs)"; exit 1; }
 
 build: setup
-	$(CARGO) build --release --workspace --bins --examples
+	$(CARGO) build --release -p accel-launcher -p accel-example-train -p accel-conformance
 
+# The main job: builds the launcher and the training demo (release), then a
+# 2-rank data-parallel run over cpu-gloo. ARGS="--stop-after 23" / ARGS=--resume.
 demo: build
-	./scripts/demo.sh
+	./scripts/demo.sh $(ARGS)
 
 fmt-check:
 	$(CARGO) fmt --all -- --check
 
+# Clippy per feature set (rustls habit): the default workspace build, and the
+# facade and launcher without their optional backends.
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 
 unit: setup
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 
 test: setup fmt-check lint unit
 	@echo "make test: all checks passed"
