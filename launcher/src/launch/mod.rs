@@ -13,7 +13,7 @@
 //! | [`output`] | whole-line `[rank N]` prefixing, `--tee`, stderr tails |
 //! | [`supervise`] | one attempt: watch, stop on failure, forward signals, hangs |
 //! | [`report`] | root-cause block, summary, `--json` |
-//! | [`mpi`] | the seam of the MPI launch path (`--backend mpi`) |
+//! | [`mpi`] | `--backend mpi`: delegate to the system's mpirun (feature `mpi`) |
 //!
 //! # Environment contract
 //!
@@ -62,6 +62,17 @@
 //!   killed it, 124 for a hang, 128 + signal when the launcher itself was
 //!   interrupted, 127 / 126 for a program that is missing / not executable
 //!   (checked before anything starts), 2 for configuration mistakes.
+//! * `--backend mpi` (cargo feature `mpi`, on by default) hands the ranks
+//!   to the system's `mpirun` / `mpiexec` (`ACCEL_MPIRUN` overrides it):
+//!   `-n × --num-machines` ranks, numbered by MPI, with the store, token,
+//!   run id, timeout, restart count and error file in their environment
+//!   (not `RANK` & co., which MPI sets). Output keeps the `[rank N]`
+//!   prefixes, rank filter and `--tee`; mpirun's own lines show as
+//!   `[mpirun] ...` and feed the root-cause block. The exit code is
+//!   mpirun's; signals reach mpirun as SIGTERM (SIGKILL after the grace
+//!   period); restarts rerun mpirun. On several machines only machine 0
+//!   launches, with `--mpi-hosts` or `--hostfile`; other machine ranks are
+//!   refused with a message saying so. Details in [`mpi`].
 //! * Only a run of a single process inherits the terminal's stdin; with
 //!   several, stdin is /dev/null.
 //! * Workers run in their own process groups, so stopping one also stops
@@ -114,6 +125,16 @@ pub struct LaunchArgs {
     /// TOML config file (write one with `accel config`); flags override it.
     #[arg(long, env = "ACCEL_CONFIG_FILE", value_name = "FILE")]
     config: Option<PathBuf>,
+
+    /// --backend mpi on several machines: the machines mpirun starts ranks
+    /// on, `host[:slots],...` (slots default to -n).
+    #[arg(long, env = "ACCEL_MPI_HOSTS", value_name = "HOSTS")]
+    mpi_hosts: Option<String>,
+
+    /// --backend mpi on several machines: a hostfile in mpirun's format
+    /// (instead of --mpi-hosts).
+    #[arg(long, env = "ACCEL_MPI_HOSTFILE", value_name = "FILE")]
+    hostfile: Option<PathBuf>,
 
     /// Print a JSON summary of the run on stdout when it ends.
     #[arg(long)]
@@ -221,7 +242,7 @@ fn launch(args: LaunchArgs) -> Result<ExitCode> {
     let t0 = Instant::now();
     let s = layered(&args)?;
     if mpi::requested(&s) {
-        return mpi::launch(&s, &args.command);
+        return mpi::launch(&s, &args);
     }
     let argv0 = args.command[0].clone();
     let program = match program::resolve(&argv0, std::env::var_os("PATH").as_deref()) {

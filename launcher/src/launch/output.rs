@@ -102,7 +102,10 @@ impl RankSink {
             .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
     }
 
-    fn line(&self, stream: Stream, line: &[u8]) {
+    /// Handle one whole line of the worker (without its newline): prefix
+    /// and show it, tee it, keep it in the stderr tail. The MPI path calls
+    /// it for lines mpirun tagged with this rank.
+    pub fn line(&self, stream: Stream, line: &[u8]) {
         self.touch();
         if let Some(f) = &self.tee {
             let mut f = f.lock().unwrap_or_else(|p| p.into_inner());

@@ -1,0 +1,486 @@
+//! `accel launch --backend mpi`: the launcher delegates to the system's
+//! mpirun and keeps its prefixed output, root-cause block, signal handling
+//! and restarts; the conformance suite passes through it. Every run is
+//! under a hard deadline. Skipped (with the reason) where mpirun is not
+//! installed (`make setup` installs Open MPI).
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `mpirun --version` runs (or `ACCEL_MPIRUN`'s launcher does).
+fn mpirun_available() -> bool {
+    let launcher = std::env::var_os("ACCEL_MPIRUN")
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "mpirun".into());
+    let ok = Command::new(launcher)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: mpirun not found (make setup installs Open MPI)");
+    }
+    ok
+}
+
+fn mpi(args: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = vec!["launch".into(), "--backend".into(), "mpi".into()];
+    v.extend(args.iter().map(|s| s.to_string()));
+    v
+}
+
+fn run(args: &[String], limit: Duration) -> Run {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    start(command(&a)).finish(limit)
+}
+
+#[test]
+fn mpi_ranks_print_their_mpi_rank_with_the_rank_prefix() {
+    if !mpirun_available() {
+        return;
+    }
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo $OMPI_COMM_WORLD_RANK; echo \"rank=${RANK:-unset} launcher=${ACCEL_LAUNCHER:-unset} \
+             backend=$ACCEL_BACKEND restart=$ACCEL_RESTART_COUNT store=${ACCEL_STORE_URL%:*}\" >&2",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let mut lines: Vec<&str> = r.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines, vec!["[rank 0] 0", "[rank 1] 1"], "{}", r.all());
+    // MPI numbers the ranks: the launcher's own RANK / ACCEL_LAUNCHER are
+    // gone; the store and the rest of the contract are there.
+    for rank in 0..2 {
+        assert!(
+            r.stderr.contains(&format!(
+                "[rank {rank}] rank=unset launcher=unset backend=mpi restart=0 store=tcp://127.0.0.1"
+            )),
+            "{}",
+            r.all()
+        );
+    }
+}
+
+#[test]
+fn the_runtime_connects_the_mpi_backend_and_reaches_the_store() {
+    if !mpirun_available() {
+        return;
+    }
+    let r = run(
+        &mpi(&["-n", "2", "--", ACCEL, "probe-worker", "--accelerator"]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    for rank in 0..2 {
+        let lines = rank_lines(&r.stdout, rank);
+        assert_eq!(lines.len(), 1, "{}", r.all());
+        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(v["rank"], rank);
+        assert_eq!(v["world_size"], 2);
+        assert_eq!(v["backend"], "mpi", "{}", r.all());
+        assert_eq!(v["all_reduce_sum"], 3.0, "{}", r.all());
+        assert!(v["barrier_ms"].is_number(), "{}", r.all());
+    }
+}
+
+#[test]
+fn a_failing_mpi_rank_gives_its_exit_code_and_a_root_cause_naming_it() {
+    if !mpirun_available() {
+        return;
+    }
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            // The short sleep: a rank that fails while mpirun is still
+            // starting the job may go unnamed (and its output unforwarded)
+            // in Open MPI's report.
+            "sleep 0.5; if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then echo 'rank one is failing' >&2; exit 3; fi; \
+             sleep 600",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(3), "{}", r.all());
+    assert!(r.elapsed < Duration::from_secs(15), "{}", r.all());
+    assert!(
+        r.stderr.contains("rank:      1 (local rank 1)"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("exit:      exit code 3"), "{}", r.all());
+    assert!(r.stderr.contains("  | rank one is failing"), "{}", r.all());
+    assert!(r.stderr.contains("mpirun said"), "{}", r.all());
+}
+
+#[test]
+fn a_panicking_rank_brings_its_error_file_into_the_root_cause() {
+    if !mpirun_available() {
+        return;
+    }
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--",
+            ACCEL,
+            "probe-worker",
+            "--panic-on-rank",
+            "1",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(101), "{}", r.all());
+    assert!(r.stderr.contains("rank:      1"), "{}", r.all());
+    assert!(
+        r.stderr
+            .contains("error:     probe-worker: deliberate panic on rank 1"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn sigterm_to_the_launcher_stops_mpirun_and_every_rank() {
+    if !mpirun_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "echo $$ > {d}/rank-$OMPI_COMM_WORLD_RANK.pid; sleep 600 & echo $! > {d}/child-$OMPI_COMM_WORLD_RANK.pid; wait",
+        d = dir.path().display()
+    );
+    let args = mpi(&["-n", "2", "--grace-period", "3s", "--", "sh", "-c", &script]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let running = start(command(&a));
+    assert!(
+        eventually(Duration::from_secs(20), || pids_in(dir.path()).len() == 4),
+        "the ranks did not start"
+    );
+    let t = Instant::now();
+    let _ = Command::new("kill")
+        .args(["-TERM", &running.pid().to_string()])
+        .status();
+    let r = running.finish(LIMIT);
+    assert_eq!(r.code, Some(128 + 15), "{}", r.all());
+    assert!(t.elapsed() < Duration::from_secs(10), "{}", r.all());
+    assert!(
+        r.stderr
+            .contains("received SIGTERM, sending SIGTERM to mpirun"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("interrupted"), "{}", r.all());
+    for pid in pids_in(dir.path()) {
+        assert!(
+            eventually(Duration::from_secs(5), || !alive(pid)),
+            "pid {pid} still running after the launcher exited\n{}",
+            r.all()
+        );
+    }
+}
+
+#[test]
+fn restarts_rerun_mpirun_with_the_restart_count() {
+    if !mpirun_available() {
+        return;
+    }
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--max-restarts",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "echo attempt $ACCEL_RESTART_COUNT; [ \"$ACCEL_RESTART_COUNT\" = 1 ] || exit 4",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    for rank in 0..2 {
+        assert_eq!(
+            rank_lines(&r.stdout, rank),
+            vec!["attempt 0", "attempt 1"],
+            "{}",
+            r.all()
+        );
+    }
+    assert!(r.stderr.contains("ACCEL_RESTART_COUNT=1"), "{}", r.all());
+    assert!(r.stderr.contains("attempt 1: succeeded"), "{}", r.all());
+}
+
+#[test]
+fn rank_filter_and_tee_apply_to_mpi_ranks() {
+    if !mpirun_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let logs = dir.path().join("logs");
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--ranks",
+            "1",
+            "--tee",
+            logs.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "echo hello from $OMPI_COMM_WORLD_RANK",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert_eq!(r.stdout, "[rank 1] hello from 1\n", "{}", r.all());
+    for rank in 0..2 {
+        let text = std::fs::read_to_string(logs.join(format!("rank-{rank}.log"))).unwrap();
+        assert_eq!(text, format!("hello from {rank}\n"));
+    }
+}
+
+#[test]
+fn under_mpi_only_machine_0_launches() {
+    // Refused before anything starts, mpirun or not.
+    let r = accel(&[
+        "launch",
+        "--backend",
+        "mpi",
+        "--num-machines",
+        "2",
+        "--machine-rank",
+        "1",
+        "--main-process-ip",
+        "127.0.0.1",
+        "--token",
+        "t",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(r.stderr.contains("only machine 0 launches"), "{}", r.all());
+    let r = accel(&[
+        "launch",
+        "--backend",
+        "mpi",
+        "--num-machines",
+        "2",
+        "--main-process-ip",
+        "127.0.0.1",
+        "--token",
+        "t",
+        "--",
+        "true",
+    ]);
+    assert_eq!(r.code, Some(2), "{}", r.all());
+    assert!(r.stderr.contains("--mpi-hosts"), "{}", r.all());
+}
+
+#[test]
+fn a_missing_mpirun_is_named_with_the_fix() {
+    let r = start({
+        let mut c = command(&["launch", "--backend", "mpi", "-n", "2", "--", "true"]);
+        c.env("ACCEL_MPIRUN", "/nonexistent/mpirun");
+        c
+    })
+    .finish(LIMIT);
+    assert_eq!(r.code, Some(127), "{}", r.all());
+    assert!(
+        r.stderr.contains("/nonexistent/mpirun") && r.stderr.contains("ACCEL_MPIRUN"),
+        "{}",
+        r.all()
+    );
+}
+
+// ---- the conformance suite through `accel launch --backend mpi` ----
+
+/// Build the conformance worker into this test's target directory (bounded
+/// like conformance-tests' harness::build_cdylibs) and return its path.
+fn conformance_worker() -> PathBuf {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target dir");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut child = Command::new(cargo)
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(workspace.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(target)
+        .args([
+            "-p",
+            "accel-conformance",
+            "--bin",
+            "accel-conformance-worker",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run cargo");
+    let mut so = child.stdout.take().expect("piped");
+    let mut se = child.stderr.take().expect("piped");
+    let t_out = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = so.read_to_string(&mut s);
+        s
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = se.read_to_string(&mut s);
+        s
+    });
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for cargo") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("building accel-conformance-worker took more than 900 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = t_out.join().unwrap_or_default();
+    let stderr = t_err.join().unwrap_or_default();
+    assert!(status.success(), "cargo build failed: {stderr}");
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact")
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .expect("cargo reported no accel-conformance-worker executable")
+}
+
+#[test]
+fn the_conformance_suite_passes_under_accel_launch_backend_mpi() {
+    if !mpirun_available() {
+        return;
+    }
+    let worker = conformance_worker();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results.json");
+    let mut cmd = command(&[
+        "launch",
+        "--backend",
+        "mpi",
+        "-n",
+        "2",
+        "--timeout",
+        "30s",
+        "--",
+        worker.to_str().unwrap(),
+    ]);
+    cmd.env("ACCEL_CONFORMANCE_OUT", &out)
+        .env_remove("ACCEL_CONFORMANCE_FILTER")
+        .env_remove("ACCEL_PLUGIN_PATH");
+    let r = start(cmd).finish(Duration::from_secs(300));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let text = std::fs::read_to_string(&out)
+        .unwrap_or_else(|e| panic!("no results at {}: {e}\n{}", out.display(), r.all()));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let results = v["results"].as_array().expect("results");
+    assert!(!results.is_empty(), "{text}");
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|s| s["outcome"] == "fail")
+        .map(|s| format!("{}: {}", s["name"], s["detail"]))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "conformance failures under accel launch --backend mpi (seed {}):\n{}",
+        v["seed"],
+        failed.join("\n")
+    );
+    let passed = results.iter().filter(|s| s["outcome"] == "pass").count();
+    assert!(passed > 0, "{text}");
+}
+
+#[test]
+fn a_silent_mpi_rank_is_reported_as_hung() {
+    if !mpirun_available() {
+        return;
+    }
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--hang-timeout",
+            "1s",
+            "--grace-period",
+            "2s",
+            "--",
+            "sh",
+            "-c",
+            "if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then while :; do echo tick; sleep 0.2; done; fi; sleep 600",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(124), "{}", r.all());
+    assert!(r.stderr.contains("rank:      1"), "{}", r.all());
+    assert!(r.stderr.contains("hung: no output for"), "{}", r.all());
+}
+
+#[test]
+fn machine_0_runs_every_machine_s_ranks_from_the_host_list() {
+    if !mpirun_available() {
+        return;
+    }
+    // Two "machines" that are both this one: mpirun places one rank on
+    // each, and the ranks reach machine 0's store with the run's token.
+    let port = free_port().to_string();
+    let r = run(
+        &mpi(&[
+            "-n",
+            "1",
+            "--num-machines",
+            "2",
+            "--main-process-ip",
+            "127.0.0.1",
+            "--main-process-port",
+            &port,
+            "--token",
+            "mpi-test-token",
+            "--mpi-hosts",
+            "localhost,localhost",
+            "--",
+            ACCEL,
+            "probe-worker",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    for rank in 0..2 {
+        let lines = rank_lines(&r.stdout, rank);
+        assert_eq!(lines.len(), 1, "{}", r.all());
+        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(v["world_size"], 2);
+        assert_eq!(v["store"], format!("tcp://127.0.0.1:{port}"), "{}", r.all());
+        assert!(v["barrier_ms"].is_number(), "{}", r.all());
+    }
+}
