@@ -1,0 +1,111 @@
+//! `accel env`: the Foundation issue's done-when checks.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn accel(envs: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_accel"));
+    cmd.arg("env").args(args);
+    for v in [
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "ACCEL_BACKEND",
+        "ACCEL_PLUGIN_PATH",
+    ] {
+        cmd.env_remove(v);
+    }
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run accel env")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn plain_shell_shows_single_available_and_selected() {
+    let o = accel(&[], &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    let row = t
+        .lines()
+        .find(|l| l.trim_start().starts_with("single "))
+        .expect("single row");
+    assert!(row.contains("yes"), "{row}");
+    assert!(t.contains("Selected backend: single"), "{t}");
+
+    let o = accel(&[], &["--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let single = v["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == "single")
+        .unwrap();
+    assert_eq!(single["probe"]["availability"]["status"], "available");
+    assert_eq!(v["process"]["world_size"], 1);
+}
+
+#[test]
+fn rank_beyond_world_size_is_an_error_naming_rank() {
+    let o = accel(&[("RANK", "5"), ("WORLD_SIZE", "2")], &[]);
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("RANK=5") && t.contains("WORLD_SIZE=2"), "{t}");
+}
+
+#[test]
+fn loaded_and_broken_plugins_are_both_reported() {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
+    let built =
+        accel_conformance::harness::build_cdylibs(workspace, target, &["accel-vendor-plugin"])
+            .unwrap_or_else(|e| panic!("{e}"));
+    let good: PathBuf = built
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("accel_vendor_plugin"))
+        .expect("vendor plugin built");
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("libbroken.so");
+    std::fs::write(&broken, b"this is not an ELF file").unwrap();
+    let path = format!("{}:{}", good.display(), broken.display());
+
+    let o = accel(&[("ACCEL_PLUGIN_PATH", &path)], &[]);
+    assert!(
+        o.status.success(),
+        "a broken plugin must not stop accel env: {}",
+        text(&o)
+    );
+    let t = text(&o);
+    assert!(t.contains("loaded") && t.contains("vendor-single"), "{t}");
+    let failed = t
+        .lines()
+        .find(|l| l.contains("FAILED"))
+        .expect("a FAILED plugin line");
+    assert!(failed.contains("libbroken.so"), "{failed}");
+
+    let o = accel(&[("ACCEL_PLUGIN_PATH", &path)], &["--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    let plugins = v["plugins"].as_array().unwrap();
+    assert!(
+        plugins
+            .iter()
+            .any(|p| p["loaded"] == true && p["backend"] == "vendor-single"),
+        "{v}"
+    );
+    let bad = plugins
+        .iter()
+        .find(|p| p["loaded"] == false)
+        .expect("broken plugin row");
+    assert!(bad["path"].as_str().unwrap().ends_with("libbroken.so"));
+    assert!(!bad["reason"].as_str().unwrap().is_empty());
+}
