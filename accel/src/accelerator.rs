@@ -43,6 +43,7 @@ impl Accelerator {
     /// backend's connect errors (peers missing after the timeout).
     pub fn new() -> Result<Accelerator> {
         crate::install_panic_hook();
+        crate::tie_to_launcher();
         let state = state::state()?;
         Accelerator::connect(state, &Registry::from_env())
     }

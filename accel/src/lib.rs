@@ -30,6 +30,7 @@
 mod accelerator;
 mod collectives;
 mod debug;
+mod lifeline;
 mod panic_hook;
 mod registry;
 pub mod state;
@@ -39,6 +40,7 @@ pub use accel_api::*;
 pub use accelerator::Accelerator;
 pub use collectives::CollectivesExt;
 pub use debug::DebugCommunicator;
+pub use lifeline::tie_to_launcher;
 pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
 pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};
 pub use state::{state, LaunchSource, ProcessState};

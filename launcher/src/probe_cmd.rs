@@ -24,10 +24,16 @@ pub struct ProbeArgs {
     /// Panic on this rank after the barrier (tests the error-file path).
     #[arg(long, value_name = "RANK")]
     panic_on_rank: Option<usize>,
+
+    /// Stay alive this many seconds after printing (tests what happens to
+    /// workers when the launcher dies).
+    #[arg(long, value_name = "SECS")]
+    hold: Option<u64>,
 }
 
 #[derive(Debug, serde::Serialize)]
 struct Seen {
+    pid: u32,
     rank: usize,
     world_size: usize,
     local_rank: usize,
@@ -67,6 +73,7 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
         all_reduce_sum = Some(v[0]);
     }
     let seen = Seen {
+        pid: std::process::id(),
         rank: state.rank,
         world_size: state.world_size,
         local_rank: state.local_rank,
@@ -82,6 +89,11 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
     println!("{}", serde_json::to_string(&seen).unwrap_or_default());
     if args.panic_on_rank == Some(state.rank) {
         panic!("probe-worker: deliberate panic on rank {}", state.rank);
+    }
+    if let Some(secs) = args.hold {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        std::thread::sleep(std::time::Duration::from_secs(secs));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -109,3 +109,67 @@ fn loaded_and_broken_plugins_are_both_reported() {
     assert!(bad["path"].as_str().unwrap().ends_with("libbroken.so"));
     assert!(!bad["reason"].as_str().unwrap().is_empty());
 }
+
+/// A launcher killed with SIGKILL cannot stop its workers; the runtime's
+/// lifeline (PR_SET_PDEATHSIG) makes the kernel stop them instead.
+#[test]
+fn workers_die_with_a_killed_launcher() {
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+    let exe = env!("CARGO_BIN_EXE_accel");
+    let mut child = Command::new(exe)
+        .args([
+            "launch",
+            "-n",
+            "2",
+            "--",
+            exe,
+            "probe-worker",
+            "--accelerator",
+            "--hold",
+            "60",
+        ])
+        .env_remove("ACCEL_BACKEND")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut pids = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pids.len() < 2 && Instant::now() < deadline {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            if let Some(json) = line.split_once("] ").map(|(_, j)| j) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(json) {
+                    pids.push(v["pid"].as_i64().unwrap() as i32);
+                }
+            }
+        }
+    }
+    assert_eq!(pids.len(), 2, "both workers reported");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.wait();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = |p: i32| {
+        std::path::Path::new(&format!("/proc/{p}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{p}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ")
+    };
+    while pids.iter().any(|&p| alive(p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for p in pids {
+        assert!(!alive(p), "worker {p} outlived its SIGKILLed launcher");
+    }
+}

@@ -77,6 +77,8 @@ impl RunEnv {
             ("MASTER_ADDR", self.master_addr.clone()),
             ("MASTER_PORT", self.master_port.to_string()),
             ("ACCEL_LAUNCHER", "accel".into()),
+            // Lets the runtime tie the worker's life to this process.
+            ("ACCEL_LAUNCHER_PID", std::process::id().to_string()),
             ("ACCEL_STORE_URL", self.store_url()),
             ("ACCEL_RUN_ID", self.run_id.clone()),
             ("ACCEL_RUN_TOKEN", self.token.clone().unwrap_or_default()),
