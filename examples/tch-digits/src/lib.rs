@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use accel::train::{
-    DataLoader, Dataset, LinearSchedule, Optimizer, Parameters, StateDict, Stateful, TrainConfig,
+    DataLoader, Dataset, LinearSchedule, Optimizer, Parameters, Scheduler, StateDict, Stateful,
+    TrainConfig,
 };
 use accel::{Accelerator, Error, ErrorKind, Result};
 use accel_tch::{set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives};
@@ -74,7 +75,11 @@ impl Digits {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| bad(format!("not a number ({e})")))?;
             if values.len() != FEATURES + 1 {
-                return Err(bad(format!("{} values, expected {}", values.len(), FEATURES + 1)));
+                return Err(bad(format!(
+                    "{} values, expected {}",
+                    values.len(),
+                    FEATURES + 1
+                )));
             }
             let label = values[FEATURES];
             if !(0.0..CLASSES as f32).contains(&label) || label.fract() != 0.0 {
@@ -158,7 +163,12 @@ impl Dataset for Split {
 /// The classifier: 64 → hidden → hidden → 10 with ReLU, in `vs`.
 pub fn mlp(vs: &nn::Path<'_>, hidden: i64) -> impl Module {
     nn::seq()
-        .add(nn::linear(vs / "fc1", FEATURES as i64, hidden, Default::default()))
+        .add(nn::linear(
+            vs / "fc1",
+            FEATURES as i64,
+            hidden,
+            Default::default(),
+        ))
         .add_fn(|x| x.relu())
         .add(nn::linear(vs / "fc2", hidden, hidden, Default::default()))
         .add_fn(|x| x.relu())
@@ -378,6 +388,12 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     let steps_per_epoch = loader.len().div_ceil(opts.accumulation) as u64;
     let total = steps_per_epoch * opts.epochs * acc.world_size() as u64;
     let mut sched = acc.prepare_scheduler(LinearSchedule::new(opts.lr, total / 20, total))?;
+    // Start at the schedule's first rate, as a PyTorch scheduler does when
+    // it is built. Otherwise the first optimizer step would use `opts.lr`
+    // without accumulation, but the schedule's rate with it: the prepared
+    // scheduler also hands its rate to the optimizer on batches where it
+    // does not step.
+    opt.set_lr(sched.lr());
     let progress = Arc::new(Mutex::new(Progress::default()));
     acc.register_for_checkpointing(progress.clone());
 
@@ -402,9 +418,8 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             )),
         }
     } else if acc.is_main_process() && opts.checkpoint_dir.exists() {
-        std::fs::remove_dir_all(&opts.checkpoint_dir).map_err(|e| {
-            Error::io(format!("removing {}", opts.checkpoint_dir.display()), e)
-        })?;
+        std::fs::remove_dir_all(&opts.checkpoint_dir)
+            .map_err(|e| Error::io(format!("removing {}", opts.checkpoint_dir.display()), e))?;
     }
     acc.wait_for_everyone()?;
 

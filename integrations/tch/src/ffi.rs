@@ -60,7 +60,10 @@ fn check_host(t: &Tensor, op: &str) -> Result<(DType, usize)> {
     if t.device() != tch::Device::Cpu {
         return Err(Error::invalid_argument(
             op,
-            format!("the tensor is on {:?}, a host view needs a CPU tensor", t.device()),
+            format!(
+                "the tensor is on {:?}, a host view needs a CPU tensor",
+                t.device()
+            ),
         )
         .with_fix("use device_view for CUDA tensors, or .to_device(tch::Device::Cpu)"));
     }

@@ -41,7 +41,10 @@ impl TchOptimizer {
     /// [`ErrorKind::Backend`] with libtorch's message when it refuses.
     pub fn new<C: OptimizerConfig>(vs: &VarStore, config: C, lr: f64) -> Result<TchOptimizer> {
         let inner = config.build(vs, lr).map_err(|e| {
-            Error::new(ErrorKind::Backend, format!("building the libtorch optimizer: {e}"))
+            Error::new(
+                ErrorKind::Backend,
+                format!("building the libtorch optimizer: {e}"),
+            )
         })?;
         Ok(TchOptimizer::from_optimizer(inner, lr))
     }

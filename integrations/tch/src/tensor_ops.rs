@@ -69,7 +69,10 @@ fn dtype(t: &Tensor, op: &str) -> Result<DType> {
     ffi::dtype_of(t.kind()).ok_or_else(|| {
         Error::new(
             accel_api::ErrorKind::Unsupported,
-            format!("{op}: tensors of kind {:?} have no accel element type", t.kind()),
+            format!(
+                "{op}: tensors of kind {:?} have no accel element type",
+                t.kind()
+            ),
         )
     })
 }
@@ -78,8 +81,12 @@ fn dtype(t: &Tensor, op: &str) -> Result<DType> {
 fn tensor_from<T: Element>(data: &[T], shape: &[i64], device: Device) -> Result<Tensor> {
     let kind = ffi::kind_of(T::DTYPE).expect("every accel dtype has a kind");
     let bytes: &[u8] = bytemuck::cast_slice(data);
-    let t = Tensor::f_from_data_size(bytes, shape, kind)
-        .map_err(|e| Error::new(accel_api::ErrorKind::Backend, format!("making a tensor: {e}")))?;
+    let t = Tensor::f_from_data_size(bytes, shape, kind).map_err(|e| {
+        Error::new(
+            accel_api::ErrorKind::Backend,
+            format!("making a tensor: {e}"),
+        )
+    })?;
     Ok(if device == Device::Cpu {
         t
     } else {
