@@ -1,0 +1,221 @@
+//! The adapters on one process (the `single` backend): views alias tensor
+//! memory, every dtype round-trips through the tensor collectives, a
+//! VarStore trains through the prepared wrappers and checkpoints restore
+//! it exactly.
+
+use accel::train::{Optimizer, Parameters, TrainConfig};
+use accel::{Accelerator, ReduceOp};
+use accel_tch::{ffi, set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+fn acc() -> Accelerator {
+    // No launcher variables: one process, the exact `single` backend.
+    Accelerator::new().expect("a one-process accelerator")
+}
+
+#[test]
+fn host_views_alias_the_tensor_memory() {
+    let mut t = Tensor::arange(6, (Kind::Float, Device::Cpu));
+    {
+        let s = ffi::host_slice_mut::<f32>(&mut t).unwrap();
+        assert_eq!(s, &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        s[2] = 42.0;
+    }
+    assert_eq!(t.double_value(&[2]), 42.0);
+    // A view of a column slice is refused, not silently wrong.
+    let m = Tensor::zeros([3, 4], (Kind::Float, Device::Cpu));
+    let col = m.narrow(1, 1, 1);
+    assert!(ffi::host_view(&col).is_err());
+    // A wrong element type is refused.
+    assert!(ffi::host_slice::<f64>(&t).is_err());
+    // A row slice is contiguous: its view starts at the storage offset.
+    let rows = Tensor::arange(12, (Kind::Int64, Device::Cpu)).view([3, 4]);
+    let second = rows.narrow(0, 1, 1);
+    assert_eq!(ffi::host_slice::<i64>(&second).unwrap(), &[4, 5, 6, 7]);
+    // Unsupported kinds and CUDA views on the CPU are typed errors.
+    let b = Tensor::zeros([2], (Kind::Bool, Device::Cpu));
+    assert_eq!(
+        ffi::host_view(&b).unwrap_err().kind(),
+        &accel::ErrorKind::Unsupported
+    );
+    assert!(ffi::device_view(&t).is_err());
+}
+
+#[test]
+fn every_dtype_round_trips_through_the_collectives() {
+    let acc = acc();
+    for kind in [
+        Kind::Half,
+        Kind::BFloat16,
+        Kind::Float,
+        Kind::Double,
+        Kind::Int8,
+        Kind::Uint8,
+        Kind::Int,
+        Kind::Int64,
+    ] {
+        let t = Tensor::arange(6, (kind, Device::Cpu)).view([3, 2]);
+        let g = acc.gather_tensor(&t).unwrap();
+        assert_eq!(g.size(), vec![3, 2], "{kind:?}");
+        assert_eq!(g.kind(), kind);
+        assert!(g.equal(&t), "{kind:?}");
+        let r = acc.reduce_tensor(&t, "sum").unwrap();
+        assert!(r.equal(&t), "{kind:?}");
+        let mut a = t.copy();
+        acc.all_reduce_tensor(&mut a, ReduceOp::Sum).unwrap();
+        assert!(a.equal(&t), "{kind:?}");
+        let p = acc.pad_tensor_across_processes(&t, 0, 0.0, false).unwrap();
+        assert!(p.equal(&t), "{kind:?}");
+    }
+    assert!(acc
+        .reduce_tensor(&Tensor::from_slice(&[1.0f32]), "median")
+        .is_err());
+}
+
+#[test]
+fn non_contiguous_tensors_are_gathered_from_a_copy() {
+    let acc = acc();
+    let t = Tensor::arange(6, (Kind::Float, Device::Cpu))
+        .view([2, 3])
+        .transpose(0, 1);
+    let g = acc.gather_tensor(&t).unwrap();
+    assert!(g.equal(&t));
+    let s = acc.gather_tensor(&Tensor::from(3.5f64)).unwrap();
+    assert_eq!(s.size(), vec![1]);
+}
+
+fn net(vs: &nn::Path<'_>) -> impl Module {
+    nn::seq()
+        .add(nn::linear(vs / "a", 4, 8, Default::default()))
+        .add_fn(|x| x.tanh())
+        .add(nn::linear(vs / "b", 8, 1, Default::default()))
+}
+
+#[test]
+fn var_store_parameters_are_views_with_defined_gradients() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _net = net(&vs.root());
+    let model = TchModel::new(vs).unwrap();
+    let mut names = Vec::new();
+    model.visit_params(&mut |p| {
+        assert_eq!(p.value.len(), p.grad.len());
+        assert!(p.grad.iter().all(|&g| g == 0.0));
+        names.push(p.name.to_string());
+    });
+    assert_eq!(names, ["a.bias", "a.weight", "b.bias", "b.weight"]);
+    assert_eq!(model.num_params(), 8 + 32 + 1 + 8);
+    // f64 variables are refused with the variable's name.
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _ = vs.root().zeros("w", &[2]);
+    let mut vs = vs;
+    vs.double();
+    let err = TchModel::new(vs).unwrap_err();
+    assert!(err.message().contains("\"w\""), "{err}");
+}
+
+/// Train a few steps through the prepared wrappers; return the parameters.
+fn train(acc: &Accelerator, steps: usize, adamw: bool) -> (Vec<f32>, accel::train::StateDict) {
+    set_seed(acc, 7, false);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = net(&vs.root());
+    let opt: Box<dyn Optimizer> = if adamw {
+        Box::new(AdamW::new(0.01))
+    } else {
+        Box::new(TchOptimizer::new(&vs, nn::Sgd::default(), 0.1).unwrap())
+    };
+    let mut model = acc.prepare_model(TchModel::new(vs).unwrap()).unwrap();
+    let mut opt = acc.prepare_optimizer(BoxOpt(opt)).unwrap();
+    let x = Tensor::from_slice(&[0.1f32, -0.2, 0.3, 0.5, 1.0, 0.0, -1.0, 0.25]).view([2, 4]);
+    let y = Tensor::from_slice(&[1.0f32, -1.0]).view([2, 1]);
+    for _ in 0..steps {
+        acc.accumulate_step(false);
+        acc.backward(&mut model, |_, scale| {
+            let loss = (net.forward(&x) - &y).square().mean(Kind::Float);
+            (&loss * f64::from(scale)).backward();
+        })
+        .unwrap();
+        assert!(opt.step(&mut model).unwrap());
+        opt.zero_grad(&mut model);
+    }
+    let mut out = Vec::new();
+    model.visit_params(&mut |p| out.extend_from_slice(p.value));
+    (out, opt.state_dict())
+}
+
+struct BoxOpt(Box<dyn Optimizer>);
+impl Optimizer for BoxOpt {
+    fn step(&mut self, p: &mut dyn Parameters) -> accel::Result<()> {
+        self.0.step(p)
+    }
+    fn lr(&self) -> f64 {
+        self.0.lr()
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.0.set_lr(lr)
+    }
+    fn state_dict(&self) -> accel::train::StateDict {
+        self.0.state_dict()
+    }
+    fn load_state_dict(&mut self, s: &accel::train::StateDict) -> accel::Result<()> {
+        self.0.load_state_dict(s)
+    }
+}
+
+#[test]
+fn prepared_libtorch_sgd_and_adamw_reduce_the_loss_and_are_deterministic() {
+    let acc = acc().with_training(TrainConfig::default()).unwrap();
+    for adamw in [false, true] {
+        let (a, state) = train(&acc, 5, adamw);
+        let (b, _) = train(&acc, 5, adamw);
+        assert_eq!(a, b, "adamw={adamw}: same seed, same parameters");
+        let steps: u64 = state.get("steps").unwrap();
+        assert_eq!(steps, 5);
+        if adamw {
+            assert_eq!(state.tensors.len(), 8, "two moments per parameter");
+        }
+    }
+}
+
+#[test]
+fn checkpoints_restore_the_var_store_and_adamw_exactly() {
+    let acc = acc().with_training(TrainConfig::default()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    set_seed(&acc, 3, false);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = net(&vs.root());
+    let mut model = acc.prepare_model(TchModel::new(vs).unwrap()).unwrap();
+    let mut opt = acc.prepare_optimizer(AdamW::new(0.05)).unwrap();
+    let x = Tensor::from_slice(&[0.5f32, 0.1, -0.3, 0.9]).view([1, 4]);
+    let step = |model: &mut accel::train::PreparedModel<TchModel>,
+                opt: &mut accel::train::PreparedOptimizer<AdamW>| {
+        acc.accumulate_step(false);
+        acc.backward(model, |_, s| {
+            (net.forward(&x).sum(Kind::Float) * f64::from(s)).backward()
+        })
+        .unwrap();
+        opt.step(model).unwrap();
+        opt.zero_grad(model);
+    };
+    step(&mut model, &mut opt);
+    let saved = acc.save_state(dir.path(), &[&model, &opt]).unwrap();
+    // The VarStore's variables and AdamW's moments, in safetensors.
+    assert!(saved.join("model_0.safetensors").is_file());
+    assert!(saved.join("optimizer_0.safetensors").is_file());
+    let snapshot = |m: &TchModel| {
+        let mut v = Vec::new();
+        m.visit_params(&mut |p| v.extend_from_slice(p.value));
+        v
+    };
+    step(&mut model, &mut opt);
+    let after_two = snapshot(&model);
+    // Scribble over the parameters, restore, and take the second step again.
+    tch::no_grad(|| {
+        for (_, p) in model.named_parameters() {
+            let _ = p.shallow_clone().fill_(9.0);
+        }
+    });
+    acc.load_state(&saved, &mut [&mut model, &mut opt]).unwrap();
+    step(&mut model, &mut opt);
+    assert_eq!(snapshot(&model), after_two);
+}
