@@ -88,8 +88,8 @@ if [[ ! -f $STAMP ]]; then
     unzip -q -o -j "$(wheel "scikit_learn-$SKLEARN_VERSION-*.whl")" \
         'sklearn/datasets/data/digits.csv.gz' -d "$DATA"
 
-    # Keep only the data-set file of the scikit-learn wheel; the others are kept so a
-    # re-run after `rm -rf site-packages` needs no network. ACCEL_TCH_KEEP_WHEELS=0 drops them.
+    # The wheels stay (528 MB) so that a re-run after deleting site-packages/ needs no
+    # network; ACCEL_TCH_KEEP_WHEELS=0 drops them.
     if [[ ${ACCEL_TCH_KEEP_WHEELS:-1} == 0 ]]; then rm -f "$WHEELS"/*.whl; fi
     end=$(date +%s)
     write_env
