@@ -1,6 +1,7 @@
 # accel: the two commands of the README live here.
 #   make demo   install what is missing, build, launch a multi-process run
 #   make test   install what is missing, then format check, clippy and every test
+#               (the tch workspace too: make tch-test, after make tch-setup)
 SHELL := /bin/bash
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
@@ -41,5 +42,33 @@ lint: setup
 unit: setup
 	$(CARGO) test --workspace --no-fail-fast
 
-test: setup fmt-check lint unit
+# tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
+# separate cargo step so the default build never needs libtorch.
+test: setup fmt-check lint unit tch-test
 	@echo "make test: all checks passed"
+
+# ---- tch (libtorch) integration: a second workspace (docs/adr/0004) --------
+# make tch-setup   fetch libtorch 2.13.0 (CPU part) + the digits data set into
+#                  .accel-cache/tch (~540 MB download, ~490 MB unpacked)
+# make tch-test    format check, clippy and tests of accel-tch and the demo
+# make tch-demo    the digits demo on 2 ranks over cpu-gloo (ARGS=--resume ...)
+TCH_CACHE ?= $(CURDIR)/.accel-cache/tch
+TCH_TARGET_DIR ?= $(CURDIR)/target-tch
+TCH_CARGO = source $(TCH_CACHE)/env.sh && CARGO_TARGET_DIR=$(TCH_TARGET_DIR) $(CARGO)
+TCH_PACKAGES = --manifest-path integrations/Cargo.toml -p accel-tch -p accel-example-tch-digits
+
+.PHONY: tch-setup tch-test tch-demo
+
+tch-setup: setup
+	ACCEL_TCH_CACHE=$(TCH_CACHE) ./scripts/tch_setup.sh
+
+tch-test: tch-setup
+	$(TCH_CARGO) fmt --manifest-path integrations/Cargo.toml --all -- --check
+	$(TCH_CARGO) clippy $(TCH_PACKAGES) --all-targets -- -D warnings
+	$(TCH_CARGO) test $(TCH_PACKAGES) --no-fail-fast
+
+tch-demo: tch-setup
+	$(CARGO) build --release -p accel-launcher
+	$(TCH_CARGO) build --release $(TCH_PACKAGES)
+	source $(TCH_CACHE)/env.sh && target/release/accel launch -n 2 --backend cpu-gloo -- \
+	  $(TCH_TARGET_DIR)/release/tch-digits $(ARGS)
