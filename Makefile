@@ -9,7 +9,7 @@ CARGO ?= cargo
 # Open MPI for the mpi backend, libclang for bindgen in its mpi-sys build.
 DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev
 
-.PHONY: setup build demo test lint fmt-check unit
+.PHONY: setup build demo demo-light test lint fmt-check unit
 
 setup:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -25,9 +25,14 @@ setup:
 build: setup
 	$(CARGO) build --release -p accel-launcher -p accel-example-train -p accel-conformance
 
-# The main job: builds the launcher and the training demo (release), then a
-# 2-rank data-parallel run over cpu-gloo. ARGS="--stop-after 23" / ARGS=--resume.
-demo: build
+# The main job: the tch digits demo (a real data set, libtorch kernels) on 2
+# ranks over cpu-gloo; fetches libtorch on first use (make tch-setup).
+# ARGS=--resume continues from the newest checkpoint.
+demo: tch-demo
+
+# The light demo: pure Rust (examples/train), no libtorch download.
+# ARGS="--stop-after 23" / ARGS=--resume.
+demo-light: build
 	./scripts/demo.sh $(ARGS)
 
 fmt-check:

@@ -297,14 +297,19 @@ impl<S: Scheduler> Prepare<PreparedScheduler<S>> for S {
 
 impl<S: Scheduler> PreparedScheduler<S> {
     /// Step the schedule as many times as the current batch's decision says
-    /// and give `optimizer` the resulting learning rate; returns the number
-    /// of steps.
+    /// and, if it stepped, give `optimizer` the resulting learning rate;
+    /// returns the number of steps. Inside an accumulation group (no step)
+    /// the optimizer's rate is left alone, so the first optimizer step uses
+    /// the same rate whatever the accumulation setting (as PyTorch: the rate
+    /// changes only when `scheduler.step()` runs).
     pub fn step<O: Optimizer>(&mut self, optimizer: &mut PreparedOptimizer<O>) -> usize {
         let n = self.shared.decision().scheduler_steps;
         for _ in 0..n {
             self.scheduler.step();
         }
-        optimizer.optimizer.set_lr(self.scheduler.lr());
+        if n > 0 {
+            optimizer.optimizer.set_lr(self.scheduler.lr());
+        }
         n
     }
 
