@@ -183,6 +183,63 @@ pub mod validate {
         Ok(())
     }
 
+    /// Arguments of [`Communicator::gather`]: `root` is a rank of the group
+    /// and, on `root`, `recv` is present with `send.len() * world_size()`
+    /// elements of `send`'s dtype. Returns `recv` on `root`, `None` elsewhere
+    /// (a buffer passed by another rank is ignored, as documented).
+    pub fn gather<'a>(
+        comm: &(impl Communicator + ?Sized),
+        send: &Buf<'_>,
+        recv: Option<BufMut<'a>>,
+        root: usize,
+    ) -> Result<Option<BufMut<'a>>> {
+        rank_in_group(comm, Op::Gather, "root", root)?;
+        if comm.rank() != root {
+            return Ok(None);
+        }
+        let recv = recv.ok_or_else(|| {
+            Error::invalid_argument(Op::Gather.name(), "the root must pass a receive buffer")
+                .with_backend(comm.backend_name())
+                .with_rank(comm.rank())
+        })?;
+        lengths(
+            comm,
+            Op::Gather,
+            ("send", send.dtype(), send.len()),
+            ("recv", recv.dtype(), recv.len()),
+            comm.world_size(),
+        )?;
+        Ok(Some(recv))
+    }
+
+    /// Arguments of [`Communicator::scatter`]: `root` is a rank of the group
+    /// and, on `root`, `send` is present with `recv.len() * world_size()`
+    /// elements of `recv`'s dtype. Returns `send` on `root`, `None` elsewhere.
+    pub fn scatter<'a>(
+        comm: &(impl Communicator + ?Sized),
+        send: Option<Buf<'a>>,
+        recv: &BufMut<'_>,
+        root: usize,
+    ) -> Result<Option<Buf<'a>>> {
+        rank_in_group(comm, Op::Scatter, "root", root)?;
+        if comm.rank() != root {
+            return Ok(None);
+        }
+        let send = send.ok_or_else(|| {
+            Error::invalid_argument(Op::Scatter.name(), "the root must pass a send buffer")
+                .with_backend(comm.backend_name())
+                .with_rank(comm.rank())
+        })?;
+        lengths(
+            comm,
+            Op::Scatter,
+            ("recv", recv.dtype(), recv.len()),
+            ("send", send.dtype(), send.len()),
+            comm.world_size(),
+        )?;
+        Ok(Some(send))
+    }
+
     /// Check that two buffers have the same dtype and `big == small * factor`.
     pub fn lengths(
         comm: &(impl Communicator + ?Sized),

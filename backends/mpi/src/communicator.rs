@@ -725,28 +725,10 @@ impl Communicator for MpiCommunicator {
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
         let op = Op::Gather;
         self.enter(op, send.dtype(), None, send.device())?;
-        let r = self.root(op, root)?;
+        let recv = validate::gather(self, &send, recv, root)?;
+        let r = root as c_int;
         let src = self.host(op, send)?;
-        let mut dst = if self.rank == root {
-            let recv = recv.ok_or_else(|| {
-                err_at(
-                    ErrorKind::InvalidArgument,
-                    self.rank,
-                    op.name(),
-                    "the root must pass a receive buffer",
-                )
-            })?;
-            validate::lengths(
-                self,
-                op,
-                ("send", src.dtype(), src.len()),
-                ("recv", recv.dtype(), recv.len()),
-                self.world,
-            )?;
-            Some(self.host_mut(op, recv)?)
-        } else {
-            None
-        };
+        let mut dst = recv.map(|b| self.host_mut(op, b)).transpose()?;
         if src.is_empty() {
             return Ok(());
         }
@@ -789,27 +771,10 @@ impl Communicator for MpiCommunicator {
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
         let op = Op::Scatter;
         self.enter(op, recv.dtype(), None, recv.device())?;
-        let r = self.root(op, root)?;
-        let src = if self.rank == root {
-            let send = send.ok_or_else(|| {
-                err_at(
-                    ErrorKind::InvalidArgument,
-                    self.rank,
-                    op.name(),
-                    "the root must pass a send buffer",
-                )
-            })?;
-            validate::lengths(
-                self,
-                op,
-                ("recv", recv.dtype(), recv.len()),
-                ("send", send.dtype(), send.len()),
-                self.world,
-            )?;
-            Some(self.host(op, send)?)
-        } else {
-            None
-        };
+        let src = validate::scatter(self, send, &recv, root)?
+            .map(|b| self.host(op, b))
+            .transpose()?;
+        let r = root as c_int;
         let mut dst = self.host_mut(op, recv)?;
         if dst.is_empty() {
             return Ok(());

@@ -130,23 +130,13 @@ impl Communicator for SingleCommunicator {
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
         self.enter(Op::Gather, send.dtype(), None, send.device())?;
-        validate::rank_in_group(self, Op::Gather, "root", root)?;
-        let recv = recv.ok_or_else(|| {
-            Error::invalid_argument("gather", "the root must pass a receive buffer")
-                .with_backend(NAME)
-                .with_rank(0)
-        })?;
+        let recv = validate::gather(self, &send, recv, root)?.expect("rank 0 is the root");
         self.copy(Op::Gather, send, recv)
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
         self.enter(Op::Scatter, recv.dtype(), None, recv.device())?;
-        validate::rank_in_group(self, Op::Scatter, "root", root)?;
-        let send = send.ok_or_else(|| {
-            Error::invalid_argument("scatter", "the root must pass a send buffer")
-                .with_backend(NAME)
-                .with_rank(0)
-        })?;
+        let send = validate::scatter(self, send, &recv, root)?.expect("rank 0 is the root");
         self.copy(Op::Scatter, send, recv)
     }
 
