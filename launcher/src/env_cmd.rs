@@ -122,8 +122,15 @@ fn print_human(r: &Report) {
     }
     println!();
     println!("Backends (probe order)");
+    let vw = r
+        .backends
+        .iter()
+        .filter_map(|row| row.probe.as_ref()?.engine_version.as_ref().map(String::len))
+        .max()
+        .unwrap_or(0)
+        .max("version".len());
     println!(
-        "  {:<14} {:>8}  {:<9} {:<9} {:>7}  {:<10} reason / origin",
+        "  {:<14} {:>8}  {:<9} {:<9} {:>7}  {:<vw$}  reason / origin",
         "name", "priority", "compiled", "available", "devices", "version"
     );
     for row in &r.backends {
@@ -150,7 +157,7 @@ fn print_human(r: &Report) {
             ),
         };
         println!(
-            "  {:<14} {:>8}  {:<9} {:<9} {:>7}  {:<10} {}",
+            "  {:<14} {:>8}  {:<9} {:<9} {:>7}  {:<vw$}  {}",
             row.name,
             row.priority
                 .map(|p| p.to_string())
