@@ -180,6 +180,35 @@ impl<'a> HostBufMut<'a> {
         }
         Ok(bytemuck::cast_slice(self.bytes))
     }
+    /// Divide every element by `n` in place: the second half of
+    /// [`ReduceOp::Avg`](crate::ReduceOp::Avg) for engines without a native
+    /// average (sum, then divide). Integers truncate toward zero; f16 and
+    /// bf16 are divided in f32 and rounded once; f32 and f64 round as the
+    /// type rounds. Every backend uses this, so averages agree everywhere.
+    ///
+    /// # Panics
+    /// When `n` is 0 (a group has at least one rank).
+    pub fn divide_by(&mut self, n: usize) {
+        assert!(n > 0, "divide_by(0)");
+        fn each<T: Element>(b: &mut [u8], f: impl Fn(T) -> T) {
+            bytemuck::cast_slice_mut::<u8, T>(b)
+                .iter_mut()
+                .for_each(|x| *x = f(*x));
+        }
+        let b = &mut *self.bytes;
+        match self.dtype {
+            crate::DType::F16 => each(b, |x: half::f16| half::f16::from_f32(x.to_f32() / n as f32)),
+            crate::DType::BF16 => each(b, |x: half::bf16| {
+                half::bf16::from_f32(x.to_f32() / n as f32)
+            }),
+            crate::DType::F32 => each(b, |x: f32| x / n as f32),
+            crate::DType::F64 => each(b, |x: f64| x / n as f64),
+            crate::DType::I8 => each(b, |x: i8| (i64::from(x) / n as i64) as i8),
+            crate::DType::U8 => each(b, |x: u8| (u64::from(x) / n as u64) as u8),
+            crate::DType::I32 => each(b, |x: i32| (i64::from(x) / n as i64) as i32),
+            crate::DType::I64 => each(b, |x: i64| x / n as i64),
+        }
+    }
 }
 
 impl<'a, T: Element> From<&'a [T]> for HostBuf<'a> {
@@ -400,6 +429,23 @@ mod tests {
         h.as_mut_slice::<f32>().unwrap()[1] = 5.0;
         assert!(h.as_mut_slice::<i32>().is_err());
         assert_eq!(v, vec![1.0, 5.0, 3.0]);
+    }
+
+    #[test]
+    fn divide_by_truncates_integers_and_rounds_floats_once() {
+        let mut i = vec![-7i32, 7, 5];
+        HostBufMut::from(&mut i[..]).divide_by(2);
+        assert_eq!(i, vec![-3, 3, 2]);
+        let mut u = vec![255u8, 1];
+        HostBufMut::from(&mut u[..]).divide_by(4);
+        assert_eq!(u, vec![63, 0]);
+        let mut h = [half::f16::from_f32(1.0), half::f16::from_f32(-3.0)];
+        HostBufMut::from(&mut h[..]).divide_by(3);
+        assert_eq!(h[0], half::f16::from_f32(1.0 / 3.0));
+        assert_eq!(h[1], half::f16::from_f32(-1.0));
+        let mut f = [1.0f64];
+        HostBufMut::from(&mut f[..]).divide_by(4);
+        assert_eq!(f, [0.25]);
     }
 
     #[test]

@@ -240,6 +240,36 @@ pub mod validate {
         Ok(Some(send))
     }
 
+    /// Arguments of [`Communicator::all_to_all`]: same dtype and length on
+    /// both sides, and a length divisible by the group size.
+    pub fn all_to_all(
+        comm: &(impl Communicator + ?Sized),
+        send: &Buf<'_>,
+        recv: &BufMut<'_>,
+    ) -> Result<()> {
+        let op = Op::AllToAll;
+        lengths(
+            comm,
+            op,
+            ("send", send.dtype(), send.len()),
+            ("recv", recv.dtype(), recv.len()),
+            1,
+        )?;
+        if !send.len().is_multiple_of(comm.world_size()) {
+            return Err(Error::invalid_argument(
+                op.name(),
+                format!(
+                    "send has {} elements, not a multiple of the world size {}",
+                    send.len(),
+                    comm.world_size()
+                ),
+            )
+            .with_backend(comm.backend_name())
+            .with_rank(comm.rank()));
+        }
+        Ok(())
+    }
+
     /// Check that two buffers have the same dtype and `big == small * factor`.
     pub fn lengths(
         comm: &(impl Communicator + ?Sized),

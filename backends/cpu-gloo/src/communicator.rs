@@ -7,8 +7,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    f16, validate, Buf, BufMut, Capabilities, Communicator, DType, Device, Error, ErrorKind,
-    HostBuf, HostBufMut, Op, ReduceOp, Result, Store,
+    validate, Buf, BufMut, Capabilities, Communicator, DType, Device, Error, ErrorKind, HostBuf,
+    HostBufMut, Op, ReduceOp, Result, Store,
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
@@ -114,47 +114,6 @@ const FAULT_NOTE_GRACE: Duration = Duration::from_millis(500);
 
 fn scratch_bytes(v: &mut [i64], bytes: usize) -> &mut [u8] {
     &mut HostBufMut::from(v).into_bytes()[..bytes]
-}
-
-/// Divide every element by `n` (avg = sum / n; integers truncate toward
-/// zero, floats round as the type rounds).
-fn divide(buf: &mut HostBufMut<'_>, n: usize) -> Result<()> {
-    let nf = n as f64;
-    match buf.dtype() {
-        DType::F16 => buf
-            .as_mut_slice::<f16>()?
-            .iter_mut()
-            .for_each(|x| *x = f16::from_f32(x.to_f32() / n as f32)),
-        DType::F32 => buf
-            .as_mut_slice::<f32>()?
-            .iter_mut()
-            .for_each(|x| *x /= n as f32),
-        DType::F64 => buf.as_mut_slice::<f64>()?.iter_mut().for_each(|x| *x /= nf),
-        DType::I8 => buf
-            .as_mut_slice::<i8>()?
-            .iter_mut()
-            .for_each(|x| *x = (i64::from(*x) / n as i64) as i8),
-        DType::U8 => buf
-            .as_mut_slice::<u8>()?
-            .iter_mut()
-            .for_each(|x| *x = (u64::from(*x) / n as u64) as u8),
-        DType::I32 => buf
-            .as_mut_slice::<i32>()?
-            .iter_mut()
-            .for_each(|x| *x = (i64::from(*x) / n as i64) as i32),
-        DType::I64 => buf
-            .as_mut_slice::<i64>()?
-            .iter_mut()
-            .for_each(|x| *x /= n as i64),
-        other => {
-            return Err(Error::unsupported(
-                NAME,
-                "all_reduce",
-                format!("avg on {other} is not supported"),
-            ))
-        }
-    }
-    Ok(())
 }
 
 fn native(op: ReduceOp) -> OpCode {
@@ -429,7 +388,7 @@ impl GlooCommunicator {
             }
         })?;
         if reduce == ReduceOp::Avg && root.is_none_or(|r| r == self.rank) {
-            divide(&mut host, self.world)?;
+            host.divide_by(self.world);
         }
         Ok(())
     }
@@ -688,7 +647,7 @@ impl Communicator for GlooCommunicator {
         let work = scratch_bytes(&mut tmp, total);
         dst.bytes_mut().copy_from_slice(&work[start..start + chunk]);
         if reduce == ReduceOp::Avg {
-            divide(&mut dst, self.world)?;
+            dst.divide_by(self.world);
         }
         Ok(())
     }
@@ -696,25 +655,7 @@ impl Communicator for GlooCommunicator {
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let op = Op::AllToAll;
         self.enter(op, send.dtype(), None, send.device())?;
-        validate::lengths(
-            self,
-            op,
-            ("send", send.dtype(), send.len()),
-            ("recv", recv.dtype(), recv.len()),
-            1,
-        )?;
-        if !send.len().is_multiple_of(self.world) {
-            return Err(err_at(
-                ErrorKind::InvalidArgument,
-                self.rank,
-                op,
-                format!(
-                    "send has {} elements, not a multiple of the world size {}",
-                    send.len(),
-                    self.world
-                ),
-            ));
-        }
+        validate::all_to_all(self, &send, &recv)?;
         let src = self.host(op, send)?;
         let mut dst = self.host_mut(op, recv)?;
         if src.is_empty() {

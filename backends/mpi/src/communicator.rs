@@ -225,40 +225,6 @@ fn narrow(d: DType, src: &[u8], dst: &mut [u8], div: usize) {
     }
 }
 
-/// Divide every element by `n` (avg = sum / n; integers truncate toward
-/// zero, floats round as the type rounds).
-fn divide(buf: &mut HostBufMut<'_>, n: usize) -> Result<()> {
-    match buf.dtype() {
-        DType::F32 => buf
-            .as_mut_slice::<f32>()?
-            .iter_mut()
-            .for_each(|x| *x /= n as f32),
-        DType::F64 => buf
-            .as_mut_slice::<f64>()?
-            .iter_mut()
-            .for_each(|x| *x /= n as f64),
-        DType::I8 => buf
-            .as_mut_slice::<i8>()?
-            .iter_mut()
-            .for_each(|x| *x = (i64::from(*x) / n as i64) as i8),
-        DType::U8 => buf
-            .as_mut_slice::<u8>()?
-            .iter_mut()
-            .for_each(|x| *x = (u64::from(*x) / n as u64) as u8),
-        DType::I32 => buf
-            .as_mut_slice::<i32>()?
-            .iter_mut()
-            .for_each(|x| *x = (i64::from(*x) / n as i64) as i32),
-        DType::I64 => buf
-            .as_mut_slice::<i64>()?
-            .iter_mut()
-            .for_each(|x| *x /= n as i64),
-        // f16/bf16 are divided in f32 by `narrow`.
-        _ => {}
-    }
-    Ok(())
-}
-
 impl MpiCommunicator {
     pub(crate) fn new(comm: Comm, rank: usize, world: usize, shared: Arc<Shared>) -> Self {
         MpiCommunicator {
@@ -507,7 +473,7 @@ impl MpiCommunicator {
             )?;
         }
         if div != 1 && gets_result {
-            divide(&mut host, div)?;
+            host.divide_by(div);
         }
         Ok(())
     }
@@ -873,7 +839,7 @@ impl Communicator for MpiCommunicator {
             )?;
         }
         if div != 1 {
-            divide(&mut dst, div)?;
+            dst.divide_by(div);
         }
         Ok(())
     }
@@ -881,25 +847,7 @@ impl Communicator for MpiCommunicator {
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let op = Op::AllToAll;
         self.enter(op, send.dtype(), None, send.device())?;
-        validate::lengths(
-            self,
-            op,
-            ("send", send.dtype(), send.len()),
-            ("recv", recv.dtype(), recv.len()),
-            1,
-        )?;
-        if !send.len().is_multiple_of(self.world) {
-            return Err(err_at(
-                ErrorKind::InvalidArgument,
-                self.rank,
-                op.name(),
-                format!(
-                    "send has {} elements, not a multiple of the world size {}",
-                    send.len(),
-                    self.world
-                ),
-            ));
-        }
+        validate::all_to_all(self, &send, &recv)?;
         let src = self.host(op, send)?;
         let mut dst = self.host_mut(op, recv)?;
         if src.is_empty() {
