@@ -2,7 +2,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use accel_api::{Communicator, CommunicatorExt, ConnectContext, Element, ReduceOp, Result, Store};
-use accel_rendezvous::{MemoryStore, PrefixStore};
+use accel_rendezvous::PrefixStore;
 
 use crate::registry::Registry;
 use crate::state::{self, ProcessState};
@@ -53,15 +53,8 @@ impl Accelerator {
     /// # Errors
     /// As [`new`](Self::new).
     pub fn connect(state: Arc<ProcessState>, registry: &Registry) -> Result<Accelerator> {
-        let ctx = state.probe_context();
-        let backend = registry.select(&ctx, state.backend.as_deref())?;
-        let probe = backend.probe(&ctx);
-        let device = state.bind_device(backend.device_kind(), probe.device_count)?;
-        let root: Arc<dyn Store> = match state.store_location()? {
-            None => Arc::new(MemoryStore::new()),
-            Some(url) => accel_rendezvous::open_store(&url, state.token.as_deref(), state.timeout)
-                .map_err(|e| e.with_rank(state.rank))?,
-        };
+        let (backend, device) = registry.select_for(&state)?;
+        let root = state.open_store()?;
         let scope = format!("accel/{}/{}", state.run_id, state.restart_count);
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(root, scope));
         let comm_store: Arc<dyn Store> = Arc::new(PrefixStore::new(store.clone(), "world"));

@@ -314,6 +314,25 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// [`select`](Self::select) for the run described by `state` (its
+    /// `ACCEL_BACKEND` preference), then bind this rank's device for the
+    /// chosen backend ([`ProcessState::bind_device`]).
+    ///
+    /// # Errors
+    /// As [`select`](Self::select) and [`ProcessState::bind_device`].
+    pub fn select_for(
+        &self,
+        state: &crate::ProcessState,
+    ) -> Result<(Arc<dyn Backend>, accel_api::Device)> {
+        let ctx = state.probe_context();
+        let backend = self.select(&ctx, state.backend.as_deref())?;
+        let probe = backend.probe(&ctx);
+        let device = state.bind_device(backend.device_kind(), probe.device_count)?;
+        Ok((backend, device))
+    }
+}
+
 /// Probes must not panic; if one does anyway, report it as unavailable.
 fn guarded_probe(b: &dyn Backend, ctx: &ProbeContext) -> Probe {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.probe(ctx))) {

@@ -531,6 +531,21 @@ impl ProcessState {
         }
     }
 
+    /// Open the run's rendezvous store: the one at
+    /// [`store_location`](Self::store_location) with the run token, or a
+    /// fresh in-memory store for a one-process run that names none.
+    ///
+    /// # Errors
+    /// As [`store_location`](Self::store_location), plus the store's connect
+    /// errors (unreachable, wrong token), tagged with this rank.
+    pub fn open_store(&self) -> Result<Arc<dyn accel_api::Store>> {
+        match self.store_location()? {
+            None => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
+            Some(url) => accel_rendezvous::open_store(&url, self.token.as_deref(), self.timeout)
+                .map_err(|e| e.with_rank(self.rank)),
+        }
+    }
+
     /// The device this rank drives, given how many devices of `kind` are
     /// visible: local rank `i` takes device `i`.
     ///

@@ -11,7 +11,7 @@ use std::time::Duration;
 use accel::{ProcessState, Registry};
 use accel_api::{ConnectContext, Store, StoreExt};
 use accel_conformance::{run_all, Ctx, Seed};
-use accel_rendezvous::{MemoryStore, PrefixStore};
+use accel_rendezvous::PrefixStore;
 
 fn main() -> ExitCode {
     accel::install_panic_hook();
@@ -27,14 +27,8 @@ fn main() -> ExitCode {
 fn run() -> accel_api::Result<()> {
     let state = Arc::new(ProcessState::from_env()?);
     let registry = Registry::from_env();
-    let ctx = state.probe_context();
-    let backend = registry.select(&ctx, state.backend.as_deref())?;
-    let probe = backend.probe(&ctx);
-    let device = state.bind_device(backend.device_kind(), probe.device_count)?;
-    let root: Arc<dyn Store> = match state.store_location()? {
-        None => Arc::new(MemoryStore::new()),
-        Some(url) => accel_rendezvous::open_store(&url, state.token.as_deref(), state.timeout)?,
-    };
+    let (backend, device) = registry.select_for(&state)?;
+    let root = state.open_store()?;
     let store: Arc<dyn Store> = Arc::new(PrefixStore::new(
         root,
         format!("conformance/{}", state.run_id),
