@@ -473,6 +473,22 @@ pub fn build_cdylibs(
     target_dir: &Path,
     packages: &[&str],
 ) -> Result<Vec<PathBuf>, String> {
+    let args: Vec<&str> = packages.iter().flat_map(|p| ["-p", *p]).collect();
+    Ok(cargo_build(workspace, target_dir, &args)?
+        .into_iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "so"))
+        .collect())
+}
+
+/// Run `cargo build ARGS` on `workspace` into `target_dir` (tests pass
+/// their own target directory, so nothing is built twice) and return every
+/// file cargo reports producing: libraries and executables. Bounded by
+/// 600 s; cargo's own error output on failure.
+pub fn cargo_build(
+    workspace: &Path,
+    target_dir: &Path,
+    args: &[&str],
+) -> Result<Vec<PathBuf>, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.arg("build")
@@ -481,12 +497,10 @@ pub fn build_cdylibs(
         .arg("--target-dir")
         .arg(target_dir)
         .arg("--message-format=json-render-diagnostics")
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for p in packages {
-        cmd.args(["-p", p]);
-    }
     let mut child = cmd.spawn().map_err(|e| format!("running cargo: {e}"))?;
     let mut so = child.stdout.take().expect("piped");
     let mut se = child.stderr.take().expect("piped");
@@ -508,14 +522,17 @@ pub fn build_cdylibs(
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            return Err("building the plugins took more than 600 s".into());
+            return Err(format!(
+                "cargo build {} took more than 600 s",
+                args.join(" ")
+            ));
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     let stdout = t_out.join().unwrap_or_default();
     let stderr = t_err.join().unwrap_or_default();
     if !status.success() {
-        return Err(format!("cargo build failed: {stderr}"));
+        return Err(format!("cargo build {} failed: {stderr}", args.join(" ")));
     }
     let mut found = Vec::new();
     for line in stdout.lines() {
@@ -525,12 +542,11 @@ pub fn build_cdylibs(
         if v["reason"] != "compiler-artifact" {
             continue;
         }
+        if let Some(exe) = v["executable"].as_str() {
+            found.push(PathBuf::from(exe));
+        }
         if let Some(files) = v["filenames"].as_array() {
-            for f in files.iter().filter_map(|f| f.as_str()) {
-                if f.ends_with(".so") {
-                    found.push(PathBuf::from(f));
-                }
-            }
+            found.extend(files.iter().filter_map(|f| f.as_str()).map(PathBuf::from));
         }
     }
     Ok(found)

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -314,8 +313,8 @@ fn a_missing_mpirun_is_named_with_the_fix() {
 
 // ---- the conformance suite through `accel launch --backend mpi` ----
 
-/// Build the conformance worker into this test's target directory (bounded
-/// like conformance-tests' harness::build_cdylibs) and return its path.
+/// Build the conformance worker into this test's target directory (with
+/// the conformance harness's bounded `cargo_build`) and return its path.
 fn conformance_worker() -> PathBuf {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -323,58 +322,23 @@ fn conformance_worker() -> PathBuf {
     let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("target dir");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut child = Command::new(cargo)
-        .arg("build")
-        .arg("--manifest-path")
-        .arg(workspace.join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target)
-        .args([
+    accel_conformance::harness::cargo_build(
+        workspace,
+        target,
+        &[
             "-p",
             "accel-conformance",
             "--bin",
             "accel-conformance-worker",
-            "--message-format=json-render-diagnostics",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run cargo");
-    let mut so = child.stdout.take().expect("piped");
-    let mut se = child.stderr.take().expect("piped");
-    let t_out = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = so.read_to_string(&mut s);
-        s
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = se.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + Duration::from_secs(900);
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for cargo") {
-            break st;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("building accel-conformance-worker took more than 900 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let stdout = t_out.join().unwrap_or_default();
-    let stderr = t_err.join().unwrap_or_default();
-    assert!(status.success(), "cargo build failed: {stderr}");
-    stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact")
-        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .expect("cargo reported no accel-conformance-worker executable")
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+    .into_iter()
+    .find(|p| {
+        p.file_name()
+            .is_some_and(|f| f == "accel-conformance-worker")
+    })
+    .expect("cargo reported no accel-conformance-worker executable")
 }
 
 #[test]
