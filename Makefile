@@ -7,7 +7,8 @@ export PATH := $(HOME)/.cargo/bin:$(PATH)
 CARGO ?= cargo
 # Debian packages the workspace needs: Gloo for cpu-gloo, g++ for its shim;
 # Open MPI for the mpi backend, libclang for bindgen in its mpi-sys build.
-DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev
+# iproute2: the launcher's two-network-namespace test (ip netns).
+DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2
 
 .PHONY: setup build demo demo-light test lint fmt-check unit
 
