@@ -245,6 +245,15 @@ impl Registry {
         ctx: &ProbeContext,
         preferred: Option<&[String]>,
     ) -> Result<Arc<dyn Backend>> {
+        self.select_probed(ctx, preferred).map(|(b, _)| b)
+    }
+
+    /// [`select`](Self::select), also returning the chosen backend's probe.
+    fn select_probed(
+        &self,
+        ctx: &ProbeContext,
+        preferred: Option<&[String]>,
+    ) -> Result<(Arc<dyn Backend>, Probe)> {
         let candidates: Vec<&Entry> = match preferred {
             Some(names) => {
                 let mut v = Vec::new();
@@ -288,10 +297,10 @@ impl Registry {
         for e in candidates {
             let probe = guarded_probe(e.backend.as_ref(), ctx);
             log_probe(e.backend.name(), &probe);
-            match probe.availability {
+            match &probe.availability {
                 Availability::Available => {
                     tracing::info!(backend = e.backend.name(), "backend selected");
-                    return Ok(e.backend.clone());
+                    return Ok((e.backend.clone(), probe));
                 }
                 Availability::Unavailable { reason } => {
                     reasons.push(format!("{}: {reason}", e.backend.name()));
@@ -326,8 +335,7 @@ impl Registry {
         state: &crate::ProcessState,
     ) -> Result<(Arc<dyn Backend>, accel_api::Device)> {
         let ctx = state.probe_context();
-        let backend = self.select(&ctx, state.backend.as_deref())?;
-        let probe = backend.probe(&ctx);
+        let (backend, probe) = self.select_probed(&ctx, state.backend.as_deref())?;
         let device = state.bind_device(backend.device_kind(), probe.device_count)?;
         Ok((backend, device))
     }
