@@ -5,14 +5,14 @@
 //! conformance matrix. It is available only when the run has one process.
 #![forbid(unsafe_code)]
 
-mod communicator;
+mod engine;
 
 use accel_api::{
     Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext,
     Result, PRIORITY_FALLBACK,
 };
 
-pub use communicator::SingleCommunicator;
+pub use engine::{communicator, SingleCommunicator, SingleEngine};
 
 /// The registered name.
 pub const NAME: &str = "single";
@@ -58,7 +58,7 @@ impl Backend for SingleBackend {
             .with_op("connect")
             .with_fix("enable a multi-process backend such as cpu-gloo, or run one process"));
         }
-        Ok(Box::new(SingleCommunicator::new(ctx.device, ctx.timeout)))
+        Ok(Box::new(communicator(ctx.device, ctx.timeout)))
     }
 }
 
