@@ -211,10 +211,7 @@ impl SplitPlan {
         if !all.len().is_multiple_of(2) || rank >= all.len() / 2 {
             return Err(Error::internal(
                 Op::Split.name(),
-                format!(
-                    "split exchange has {} values for rank {rank}",
-                    all.len()
-                ),
+                format!("split exchange has {} values for rank {rank}", all.len()),
             ));
         }
         let world = all.len() / 2;
@@ -487,12 +484,14 @@ impl<E: Engine> Group<E> {
             let now = Instant::now();
             if now >= deadline {
                 drop(mb);
+                // Nothing crossed the wire: the group is still in step.
                 let err = Error::timeout(
                     op.name(),
                     self.timeout,
-                    format!("no message from this rank to itself with tag {tag}"),
+                    format!("no message with tag {tag} was sent to self"),
                 )
-                .with_fix("send to self before receiving from self");
+                .with_fix("send to self before receiving from self")
+                .with_fatal(false);
                 return Err(self.fail(op, err));
             }
             mb = self
@@ -796,7 +795,11 @@ mod tests {
         assert_eq!(calls(&g), 0);
         let mut v = [4.0f32, -6.0];
         g.all_reduce_slice(&mut v, ReduceOp::Avg).unwrap();
-        assert_eq!(v, [2.0, -3.0], "the engine summed (left as is), the group divided by 2");
+        assert_eq!(
+            v,
+            [2.0, -3.0],
+            "the engine summed (left as is), the group divided by 2"
+        );
         assert!(!*lock(&g.engine().seen_avg), "the engine never sees avg");
         assert_eq!(calls(&g), 1);
     }
@@ -815,8 +818,11 @@ mod tests {
         let e = g.recv_slice(&mut out, 0, 9).unwrap_err();
         assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
         assert!(e.to_string().contains("tag 9"), "{e}");
-        let e = g.barrier().unwrap_err();
-        assert_eq!(e.kind(), &ErrorKind::Poisoned, "a timeout poisons");
+        g.barrier().unwrap();
+        assert!(
+            g.poison_text().is_none(),
+            "a local timeout leaves the group usable"
+        );
     }
 
     #[test]
@@ -824,7 +830,11 @@ mod tests {
         let g = Group::new(Probe::default());
         *lock(&g.engine().fail_with) = Some(ErrorKind::PeerLost { peer: Some(1) });
         let e = g.barrier().unwrap_err();
-        assert!(e.to_string().starts_with("[probe rank 0] barrier: lost peer rank 1"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("[probe rank 0] barrier: lost peer rank 1"),
+            "{e}"
+        );
         let e = g.all_reduce_slice(&mut [1f32], ReduceOp::Sum).unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::Poisoned);
         assert!(e.to_string().contains("lost peer rank 1"), "{e}");

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use accel::{CollectivesExt, DebugCommunicator};
+use accel::{debug_communicator, CollectivesExt};
 use accel_api::{
     Buf, BufMut, CommunicatorExt, DType, Element, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp,
 };
@@ -732,7 +732,7 @@ fn debug_mismatch_table(ctx: &Ctx) -> Outcome {
         ctx.store.clone(),
         "debug-mismatch",
     ));
-    let dbg = DebugCommunicator::new(comm, store);
+    let dbg = debug_communicator(comm, store);
     let mut v = vec![1.0f32; 16];
     if let Err(e) = dbg.all_reduce_slice(&mut v, ReduceOp::Sum) {
         return Outcome::Fail(format!("matching call failed: {e}"));

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use accel_api::{
-    Buf, BufMut, Capabilities, DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Error, ErrorKind, HostBuf,
-    HostBufMut, MismatchEntry, Op, ReduceOp, Result,
+    Buf, BufMut, Capabilities, DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Error,
+    ErrorKind, HostBuf, HostBufMut, MismatchEntry, Op, ReduceOp, Result,
 };
 
 use crate::abi::*;

@@ -14,6 +14,7 @@ use crate::NAME;
 /// The engine of a one-rank group.
 #[derive(Debug, Clone, Copy)]
 pub struct SingleEngine {
+    name: &'static str,
     device: Device,
     timeout: Duration,
 }
@@ -24,7 +25,23 @@ pub type SingleCommunicator = Group<SingleEngine>;
 /// A one-rank communicator on `device` whose blocking calls (a receive from
 /// self with no message) give up after `timeout`.
 pub fn communicator(device: Device, timeout: Duration) -> SingleCommunicator {
-    Group::new(SingleEngine { device, timeout })
+    communicator_named(NAME, device, timeout)
+}
+
+/// As [`communicator`], reporting `name` as its backend (in
+/// [`Communicator::backend_name`](accel_api::Communicator::backend_name) and
+/// in every error): for plugins and tests that reuse this engine under
+/// another name.
+pub fn communicator_named(
+    name: &'static str,
+    device: Device,
+    timeout: Duration,
+) -> SingleCommunicator {
+    Group::new(SingleEngine {
+        name,
+        device,
+        timeout,
+    })
 }
 
 /// `recv` gets `send`'s bytes (the lengths were checked by the group).
@@ -37,7 +54,7 @@ fn copy(op: Op, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
 
 impl Engine for SingleEngine {
     fn backend_name(&self) -> &str {
-        NAME
+        self.name
     }
 
     fn rank(&self) -> usize {
