@@ -10,7 +10,7 @@ use accel_api::{
     Backend, BackendRegistration, Communicator, CommunicatorExt, DeviceKind, ErrorKind,
     ProbeContext, ReduceOp, Store, PRIORITY_CPU,
 };
-use accel_backend_cpu_gloo::CpuGlooBackend;
+use accel_backend_cpu_gloo::BACKEND;
 use accel_rendezvous::MemoryStore;
 
 const SHORT: Duration = Duration::from_secs(2);
@@ -25,7 +25,7 @@ fn is_poisoned_by(e: &accel_api::Error, first: &str) {
 
 #[test]
 fn probe_and_registration() {
-    let b = CpuGlooBackend;
+    let b = BACKEND;
     assert_eq!(b.name(), "cpu-gloo");
     assert_eq!(b.priority(), PRIORITY_CPU);
     assert_eq!(b.device_kind(), DeviceKind::Cpu);
