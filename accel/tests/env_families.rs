@@ -15,7 +15,10 @@ fn vars(kv: &[(&str, &str)]) -> HashMap<String, String> {
 }
 
 /// (case, variables, the variable the message must name)
-const BAD: &[(&str, &[(&str, &str)], &str)] = &[
+/// Variables of one case.
+type Env = &'static [(&'static str, &'static str)];
+
+const BAD: &[(&str, Env, &str)] = &[
     // ---- accel / torchrun ----
     (
         "rank with a plus sign",
@@ -398,7 +401,7 @@ fn every_malformed_or_contradictory_case_is_an_error_naming_the_variable() {
 }
 
 /// (case, variables, expected rank, world size, family)
-const GOOD: &[(&str, &[(&str, &str)], usize, usize, LaunchSource)] = &[
+const GOOD: &[(&str, Env, usize, usize, LaunchSource)] = &[
     (
         "accel launch worker inside an outer mpirun",
         &[

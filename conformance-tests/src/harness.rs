@@ -3,8 +3,8 @@
 //! bound the whole run, collect rank 0's results, and print the matrix.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
 use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -210,7 +210,7 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
             (None, w) => format!(
                 "{} failed ({}): {}",
                 group.kind(),
-                w.as_deref().unwrap_or("exit code ") ,
+                w.as_deref().unwrap_or("exit code "),
                 group.explain().join(" / ")
             ),
         };

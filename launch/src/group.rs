@@ -117,6 +117,11 @@ pub trait ProcessGroup {
         sinks: &[Arc<RankSink>],
     ) -> Failure;
 
+    /// What the supervisor says when it forwards the launcher's `signal`.
+    fn forwarding(&self, signal: &str) -> String {
+        format!("received {signal}, forwarding it to the workers")
+    }
+
     /// Lines to show under the root-cause block (mpirun's own report).
     fn explain(&self) -> Vec<String> {
         Vec::new()
@@ -265,7 +270,7 @@ impl ProcessGroup for LocalGroup {
                 // worker may read it (a debugger, a prompt).
                 .stdin(if one { Stdio::inherit() } else { Stdio::null() });
             if self.die_with_parent {
-                crate::ffi::die_with_parent(&mut cmd, Signal::SIGKILL);
+                crate::ffi::die_with_parent(&mut cmd, Signal::SIGKILL, false);
             }
             let label = format!(
                 "rank {} ({})",
@@ -465,7 +470,7 @@ impl ProcessGroup for MpirunGroup {
     ) -> Result<Vec<Started>> {
         let mut cmd = self.command(attempt);
         if self.die_with_parent {
-            crate::ffi::die_with_parent(&mut cmd, Signal::SIGTERM);
+            crate::ffi::die_with_parent(&mut cmd, Signal::SIGTERM, true);
         }
         let out = MpirunOutput::new(sinks.to_vec(), self.echo);
         self.out = Some(out.clone());
@@ -488,12 +493,18 @@ impl ProcessGroup for MpirunGroup {
 
     fn signal(&self, pid: u32, sig: Signal, _alive: bool) {
         let p = Pid::from_raw(pid as i32);
-        // mpirun forwards SIGTERM to its ranks and reaps them; SIGKILL
-        // would leave them running, so it goes to the whole group.
-        let _ = kill(p, sig);
         if sig == Signal::SIGKILL {
+            // Whatever is left in mpirun's process group goes too.
+            let _ = kill(p, sig);
             let _ = killpg(p, sig);
+        } else {
+            // mpirun stops its ranks (and reaps them) on SIGTERM.
+            let _ = kill(p, Signal::SIGTERM);
         }
+    }
+
+    fn forwarding(&self, signal: &str) -> String {
+        format!("received {signal}, sending SIGTERM to mpirun")
     }
 
     fn failure(

@@ -285,11 +285,7 @@ pub fn run_attempt(
                     tell("second signal: killing everything now");
                     begin_stop(&*group, &mut members, Signal::SIGKILL, &mut kill_at);
                 } else if outcome.is_none() {
-                    tell(&format!(
-                        "received {}, forwarding it to the {}",
-                        signal.as_str(),
-                        group.kind()
-                    ));
+                    tell(&group.forwarding(signal.as_str()));
                     outcome = Some(LocalOutcome::Interrupted(sig));
                     begin_stop(&*group, &mut members, signal, &mut kill_at);
                 }
@@ -738,9 +734,13 @@ pub fn run(
             }
             n += 1;
             if sup.echo {
+                let what = if group.kind() == "mpirun" {
+                    "mpirun"
+                } else {
+                    "the group"
+                };
                 say(&format!(
-                    "restarting the {}: restart {n} of {} (ACCEL_RESTART_COUNT={n})",
-                    group.kind(),
+                    "restarting {what}: restart {n} of {} (ACCEL_RESTART_COUNT={n})",
                     coord.max_restarts()
                 ));
             }

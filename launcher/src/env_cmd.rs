@@ -107,11 +107,19 @@ fn print_human(r: &Report) {
     outln!("Process");
     outln!(
         "  rank {} of {} (local {} of {}, machine {}), launcher: {:?}",
-        p.rank, p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.source
+        p.rank,
+        p.world_size,
+        p.local_rank,
+        p.local_world_size,
+        p.node_rank,
+        p.source
     );
     outln!(
         "  run id {}, restart {}, timeout {:?}, debug {}",
-        p.run_id, p.restart_count, p.timeout, p.debug
+        p.run_id,
+        p.restart_count,
+        p.timeout,
+        p.debug
     );
     outln!(
         "  store: {}",
@@ -131,7 +139,12 @@ fn print_human(r: &Report) {
         .max("version".len());
     outln!(
         "  {:<14} {:>8}  {:<9} {:<9} {:>7}  {:<vw$}  reason / origin",
-        "name", "priority", "compiled", "available", "devices", "version"
+        "name",
+        "priority",
+        "compiled",
+        "available",
+        "devices",
+        "version"
     );
     for row in &r.backends {
         let (avail, devices, version, reason) = match &row.probe {

@@ -441,7 +441,7 @@ fn zero_or_negative_process_counts_are_refused() {
         assert_eq!(r.code, Some(2), "{}", r.all());
         assert!(
             r.stderr.contains(&format!("must be at least 1, got {n}"))
-                && r.stderr.contains("--num-processes"),
+                && r.stderr.contains("--nproc-per-node"),
             "{}",
             r.all()
         );
@@ -573,20 +573,6 @@ fn several_machines_need_an_address_and_a_token() {
     ]);
     assert_eq!(r.code, Some(2), "{}", r.all());
     assert!(r.stderr.contains("needs a shared token"), "{}", r.all());
-}
-
-/// Without the `mpi` feature, `--backend mpi` says how to get it (with the
-/// feature, tests/mpi.rs runs the MPI launch path).
-#[cfg(not(feature = "mpi"))]
-#[test]
-fn the_mpi_backend_without_the_feature_says_to_rebuild() {
-    let r = accel(&["launch", "-n", "2", "--backend", "mpi", "--", "true"]);
-    assert_eq!(r.code, Some(1), "{}", r.all());
-    assert!(
-        r.stderr.contains("without the `mpi` feature") && r.stderr.contains("--features mpi"),
-        "{}",
-        r.all()
-    );
 }
 
 // ---- config files ----

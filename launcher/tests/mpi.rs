@@ -2,8 +2,9 @@
 //! mpirun and keeps its prefixed output, root-cause block, signal handling
 //! and restarts; the conformance suite passes through it. Every run is
 //! under a hard deadline. Skipped (with the reason) where mpirun is not
-//! installed (`make setup` installs Open MPI).
-#![cfg(feature = "mpi")]
+//! installed (`make setup` installs Open MPI). Launching through mpirun
+//! needs no cargo feature; the test of the mpi backend inside the `accel`
+//! binary itself (probe-worker) needs `--features mpi`.
 
 mod common;
 
@@ -81,6 +82,7 @@ fn mpi_ranks_print_their_mpi_rank_with_the_rank_prefix() {
     }
 }
 
+#[cfg(feature = "mpi")]
 #[test]
 fn the_runtime_connects_the_mpi_backend_and_reaches_the_store() {
     if !mpirun_available() {
@@ -452,4 +454,87 @@ fn machine_0_runs_every_machine_s_ranks_from_the_host_list() {
         assert_eq!(v["store"], format!("tcp://127.0.0.1:{port}"), "{}", r.all());
         assert!(v["barrier_ms"].is_number(), "{}", r.all());
     }
+}
+
+// ---- rough edges of the mpirun path ----
+
+#[test]
+fn partial_lines_of_several_ranks_do_not_leak_mpirun_s_tags() {
+    if !mpirun_available() {
+        return;
+    }
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "printf 'part1 '; sleep 0.3; echo part2; printf 'err1 ' >&2; sleep 0.3; echo err2 >&2; exit 3",
+        ]),
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(3), "{}", r.all());
+    let mut lines: Vec<&str> = r.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec!["[rank 0] part1 part2", "[rank 1] part1 part2"],
+        "{}",
+        r.all()
+    );
+    assert!(
+        !r.all().contains("<stdout>:") && !r.all().contains("<stderr>:"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stderr.contains("  | err1 err2"), "{}", r.all());
+}
+
+fn kill_9_run(marker: &str) {
+    let args = mpi(&["-n", "2", "--", "sleep", marker]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut c = command(&a);
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    // The launcher, mpirun, and two ranks.
+    assert!(
+        wait_for(|| processes_with(marker) >= 4, 30),
+        "mpirun and its ranks did not start ({} processes)",
+        processes_with(marker)
+    );
+    child.kill().unwrap(); // SIGKILL
+    let _ = child.wait();
+}
+
+#[test]
+fn kill_9_of_the_launcher_leaves_no_mpirun() {
+    if !mpirun_available() {
+        return;
+    }
+    let marker = format!("{}.{}", 1001, std::process::id());
+    kill_9_run(&marker);
+    let mpirun_left = || processes_with(&format!("--tag-output sleep {marker}"));
+    assert!(
+        wait_for(|| mpirun_left() == 0, 20),
+        "mpirun outlived the launcher"
+    );
+}
+
+/// Not yet: mpirun dies with the launcher (SIGTERM from the kernel), but
+/// with its pipes gone it does not stop its ranks (Open MPI 4.1), so they
+/// are orphaned. Kept as a known gap (docs/adr/0008-launch-library.md).
+#[test]
+#[ignore = "known gap: mpirun's ranks outlive a SIGKILLed launcher"]
+fn kill_9_of_the_launcher_leaves_no_mpi_rank() {
+    if !mpirun_available() {
+        return;
+    }
+    let marker = format!("{}.{}", 1002, std::process::id());
+    kill_9_run(&marker);
+    assert!(
+        wait_for(|| processes_with(&marker) == 0, 20),
+        "{} process(es) outlived the launcher",
+        processes_with(&marker)
+    );
 }

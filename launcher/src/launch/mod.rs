@@ -301,7 +301,9 @@ fn distance(a: &str, b: &str) -> usize {
         row[0] = i + 1;
         for (j, cb) in b.iter().enumerate() {
             let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(row[j + 1] + 1);
+            row[j + 1] = (prev + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
             prev = cur;
         }
     }
@@ -324,7 +326,12 @@ fn unknown_flag(word: &std::ffi::OsStr) -> Option<Error> {
         if let Some(l) = a.get_long() {
             known.push(l.to_string());
         }
-        known.extend(a.get_all_aliases().unwrap_or_default().into_iter().map(str::to_string));
+        known.extend(
+            a.get_all_aliases()
+                .unwrap_or_default()
+                .into_iter()
+                .map(str::to_string),
+        );
     }
     let best = known
         .iter()
@@ -379,7 +386,13 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
             Some(id) => id.clone(),
             None => store::random_hex(6)?,
         };
-        let mut coord = HostedStore::new(&s.main_addr, s.main_port, false, &token, base_env(&s, &run_id));
+        let mut coord = HostedStore::new(
+            &s.main_addr,
+            s.main_port,
+            false,
+            &token,
+            base_env(&s, &run_id),
+        );
         coord.max_restarts = s.max_restarts;
         coord.scratch = scratch.clone();
         accel_launch::run(&mut group, &mut coord, &sup, &format!("run {run_id}"))

@@ -167,7 +167,9 @@ fn find_launcher() -> std::result::Result<PathBuf, u8> {
             "install Open MPI (`make setup`, or `apt-get install openmpi-bin`) or MPICH, \
              or point ACCEL_MPIRUN at your mpirun / mpiexec"
         };
-        eprintln!("accel: error: --backend mpi needs the system's MPI launcher: {e}\n  fix: {hint}");
+        eprintln!(
+            "accel: error: --backend mpi needs the system's MPI launcher: {e}\n  fix: {hint}"
+        );
         e.exit_code()
     })
 }

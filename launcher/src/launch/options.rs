@@ -349,7 +349,7 @@ impl Settings {
             return Err(Error::invalid_config(
                 "--nproc-per-node",
                 &nproc.to_string(),
-                &format!(
+                format!(
                     "a machine starts at most {} processes (each costs the launcher three \
                      threads and two pipes)",
                     accel_launch::MAX_LOCAL_PROCESSES
@@ -528,8 +528,14 @@ mod tests {
         // Accelerate's --num_processes 2 --num_machines 2: 2 ranks in all.
         let s = r(None, Some(2), 2).unwrap();
         assert_eq!((s.nproc, s.world_size_claim()), (1, 2));
-        assert!(r(None, Some(3), 2).unwrap_err().to_string().contains("does not divide"));
-        assert!(r(Some(2), Some(4), 2).unwrap_err().to_string().contains("both"));
+        assert!(r(None, Some(3), 2)
+            .unwrap_err()
+            .to_string()
+            .contains("does not divide"));
+        assert!(r(Some(2), Some(4), 2)
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
         let e = r(Some(100_000), None, 1).unwrap_err();
         assert!(e.to_string().contains("at most 1024"), "{e}");
     }
@@ -547,7 +553,10 @@ mod tests {
             })
         };
         assert_eq!(r(None, Some(&f)).unwrap().token.as_deref(), Some("abc123"));
-        assert!(r(Some("x"), Some(&f)).unwrap_err().to_string().contains("both"));
+        assert!(r(Some("x"), Some(&f))
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
         std::fs::write(&f, "\n").unwrap();
         assert!(r(None, Some(&f)).unwrap_err().to_string().contains("empty"));
         assert!(r(None, Some(&dir.path().join("none"))).is_err());
@@ -555,7 +564,9 @@ mod tests {
 
     #[test]
     fn torchrun_tee_selectors_are_refused() {
-        assert!(parse_tee("3").unwrap_err().contains("torchrun's stream selector"));
+        assert!(parse_tee("3")
+            .unwrap_err()
+            .contains("torchrun's stream selector"));
         assert_eq!(parse_tee("./3").unwrap(), PathBuf::from("./3"));
     }
 

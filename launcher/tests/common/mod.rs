@@ -188,3 +188,32 @@ pub fn rank_lines(stdout: &str, rank: usize) -> Vec<String> {
         .filter_map(|l| l.strip_prefix(&p).map(str::to_string))
         .collect()
 }
+
+/// Processes whose command line contains `marker` (read from /proc).
+pub fn processes_with(marker: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(marker))
+        .count()
+}
+
+/// Poll `cond` every 50 ms for up to `secs` seconds.
+pub fn wait_for(mut cond: impl FnMut() -> bool, secs: u64) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
