@@ -369,6 +369,11 @@ pub struct MpirunGroup {
     pub die_with_parent: bool,
     /// Show mpirun's own lines on stderr as `[mpirun] ...`.
     pub echo: bool,
+    /// Start mpirun under this guard program (and its arguments), which
+    /// runs [`guard::run`](crate::guard::run) on the mpirun command line
+    /// that follows them: with `die_with_parent`, the only way mpirun stops
+    /// its ranks when the launcher is SIGKILLed (see [`crate::guard`]).
+    pub guard: Option<(PathBuf, Vec<OsString>)>,
     out: Option<Arc<MpirunOutput>>,
 }
 
@@ -386,6 +391,7 @@ impl MpirunGroup {
             remove_env: Vec::new(),
             die_with_parent: false,
             echo: true,
+            guard: None,
             out: None,
         }
     }
@@ -468,9 +474,33 @@ impl ProcessGroup for MpirunGroup {
         sinks: &[Arc<RankSink>],
         tx: &Sender<Event>,
     ) -> Result<Vec<Started>> {
-        let mut cmd = self.command(attempt);
-        if self.die_with_parent {
-            crate::ffi::die_with_parent(&mut cmd, Signal::SIGTERM, true);
+        let inner = self.command(attempt);
+        let mut cmd = match &self.guard {
+            None => inner,
+            Some((guard, guard_args)) => {
+                let mut c = Command::new(guard);
+                c.args(guard_args)
+                    .arg(inner.get_program())
+                    .args(inner.get_args());
+                for (k, v) in inner.get_envs() {
+                    match v {
+                        Some(v) => c.env(k, v),
+                        None => c.env_remove(k),
+                    };
+                }
+                c.stdin(if self.total == 1 {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                });
+                c
+            }
+        };
+        match (self.die_with_parent, self.guard.is_some()) {
+            // The guard dies with the launcher, mpirun once with the guard.
+            (true, true) => crate::ffi::die_with_parent(&mut cmd, Signal::SIGKILL, false),
+            (true, false) => crate::ffi::die_with_parent(&mut cmd, Signal::SIGTERM, true),
+            (false, _) => {}
         }
         let out = MpirunOutput::new(sinks.to_vec(), self.echo);
         self.out = Some(out.clone());

@@ -25,6 +25,7 @@
 
 pub mod ffi;
 pub mod group;
+pub mod guard;
 pub mod mpirun;
 pub mod output;
 pub mod program;

@@ -262,8 +262,10 @@ pub fn run_attempt(
                 m.exit = Some(exit);
                 if !exit.is_success() && outcome.is_none() {
                     m.stopped = false;
-                    // Let the pumps catch the last lines of stderr.
-                    wait_pumps(&m.pumps, Duration::from_millis(300));
+                    // Let the pumps catch the last lines of stderr (and
+                    // mpirun's report); a grandchild holding the pipes open
+                    // delays the stop by at most this.
+                    wait_pumps(&m.pumps, Duration::from_secs(1));
                     let pid = m.pid;
                     group.finish();
                     let root = group.failure(attempt, index, pid, exit, &sinks);

