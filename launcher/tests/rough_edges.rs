@@ -12,7 +12,7 @@ use common::*;
 #[test]
 fn an_unknown_flag_is_named_with_the_closest_known_one() {
     let r = accel(&["launch", "--rdzv-backend", "c10d", "-n", "2", "--", "app"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
+    r.code_is(2);
     assert!(
         r.stderr
             .contains("`--rdzv-backend` is not a flag of `accel launch`")
@@ -22,11 +22,7 @@ fn an_unknown_flag_is_named_with_the_closest_known_one() {
     );
     assert!(!r.stderr.contains("not found on PATH"), "{}", r.all());
     let r = accel(&["launch", "--nproc_per_nod", "2", "--", "true"]);
-    assert!(
-        r.stderr.contains("did you mean `--nproc-per-node`"),
-        "{}",
-        r.all()
-    );
+    r.has_stderr("did you mean `--nproc-per-node`");
 }
 
 #[test]
@@ -35,12 +31,8 @@ fn torchrun_s_tee_selector_is_refused_and_creates_nothing() {
     let mut c = command(&["launch", "--tee", "3", "-n", "1", "--", "true"]);
     c.current_dir(dir.path());
     let r = start(c).finish(LIMIT);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(
-        r.stderr.contains("torchrun's stream selector"),
-        "{}",
-        r.all()
-    );
+    r.code_is(2);
+    r.has_stderr("torchrun's stream selector");
     assert!(
         !dir.path().join("3").exists(),
         "a directory named 3 was created"
@@ -50,28 +42,16 @@ fn torchrun_s_tee_selector_is_refused_and_creates_nothing() {
 #[test]
 fn accelerate_s_num_processes_counts_all_machines() {
     // 3 processes over 2 machines cannot be split evenly.
-    let r = accel(&[
-        "launch",
-        "--num_processes",
-        "3",
-        "--num_machines",
-        "2",
-        "--main-process-ip",
-        "127.0.0.1",
-        "--join-timeout",
-        "1s",
-        "--",
-        "true",
-    ]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("does not divide"), "{}", r.all());
+    let r = accel_words("launch --num_processes 3 --num_machines 2 --main-process-ip 127.0.0.1 --join-timeout 1s -- true");
+    r.code_is(2);
+    r.has_stderr("does not divide");
     // Per machine and in total at once is ambiguous.
     let r = accel(&["launch", "-n", "2", "--num-processes", "2", "--", "true"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("both -n/--nproc-per-node"), "{}", r.all());
+    r.code_is(2);
+    r.has_stderr("both -n/--nproc-per-node");
     // One machine: the total is the local count.
     let r = accel(&["launch", "--num_processes", "2", "--json", "--", "true"]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
     assert_eq!(v["world_size"], 2, "{}", r.all());
 }
@@ -95,8 +75,8 @@ fn a_closed_stdout_is_a_normal_exit() {
 #[test]
 fn a_huge_timeout_is_an_error_naming_it_not_a_panic() {
     let r = accel(&["launch", "--timeout", "100000000000000000000", "--", "true"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("365 days"), "{}", r.all());
+    r.code_is(2);
+    r.has_stderr("365 days");
     let mut c = command(&["env"]);
     c.env("ACCEL_TIMEOUT", "100000000000000000000");
     let r = start(c).finish(LIMIT);
@@ -111,8 +91,8 @@ fn a_huge_timeout_is_an_error_naming_it_not_a_panic() {
 #[test]
 fn a_huge_process_count_is_an_error_not_a_sigkill() {
     let r = accel(&["launch", "-n", "100000", "--", "true"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("at most 1024 processes"), "{}", r.all());
+    r.code_is(2);
+    r.has_stderr("at most 1024 processes");
 }
 
 #[test]
@@ -129,16 +109,12 @@ fn the_token_can_stay_out_of_ps() {
         "-c",
         "echo token=$ACCEL_RUN_TOKEN",
     ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
-    assert!(
-        r.stdout.contains("[rank 0] token=0123456789abcdef"),
-        "{}",
-        r.all()
-    );
+    r.code_is(0);
+    r.has_stdout("[rank 0] token=0123456789abcdef");
     assert!(!r.stderr.contains("warning"), "{}", r.all());
     // On the command line it still works, with a warning.
     let r = accel(&["launch", "--token", "abc", "--", "true"]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     assert!(
         r.stderr.contains("visible to every user") && r.stderr.contains("--token-file"),
         "{}",

@@ -44,27 +44,13 @@ fn restarts_rerun_the_group_with_the_restart_count() {
     for g in groups() {
         let r = launch(
             g,
-            &[
-                "-n",
-                "2",
-                "--max-restarts",
-                "2",
-                "--json",
-                "--",
-                "sh",
-                "-c",
-                "test \"$ACCEL_RESTART_COUNT\" = 1 || exit 3",
-            ],
+            &argv(
+                "-n 2 --max-restarts 2 --json -- sh -c",
+                &["test \"$ACCEL_RESTART_COUNT\" = 1 || exit 3"],
+            ),
         );
         assert_eq!(r.code, Some(0), "{g}: {}", r.all());
-        let json = r.stdout.lines().last().unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(json).unwrap();
-        let statuses: Vec<&str> = v["attempts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a["status"].as_str().unwrap())
-            .collect();
+        let statuses = attempt_statuses(&r.stdout);
         assert_eq!(statuses, ["failed", "succeeded"], "{g}: {}", r.all());
         assert!(
             r.stderr.contains("ACCEL_RESTART_COUNT=1"),
@@ -80,18 +66,10 @@ fn a_silent_rank_is_reported_as_hung() {
         let script = format!("if [ {MY_RANK} = 1 ]; then sleep 60; else echo hi; sleep 60; fi");
         let r = launch(
             g,
-            &[
-                "-n",
-                "2",
-                "--hang-timeout",
-                "2s",
-                "--grace-period",
-                "1s",
-                "--",
-                "sh",
-                "-c",
-                &script,
-            ],
+            &argv(
+                "-n 2 --hang-timeout 2s --grace-period 1s -- sh -c",
+                &[&script],
+            ),
         );
         assert_eq!(r.code, Some(124), "{g}: {}", r.all());
         assert!(r.stderr.contains("hung: no output for"), "{g}: {}", r.all());
@@ -141,18 +119,18 @@ fn tee_writes_one_file_per_rank_and_the_filter_hides_ranks() {
         let script = format!("echo out-{MY_RANK}; echo err-{MY_RANK} >&2");
         let r = launch(
             g,
-            &[
-                "-n",
-                "2",
-                "--tee",
-                dir.path().to_str().unwrap(),
-                "--ranks",
-                "1",
-                "--",
-                "sh",
-                "-c",
-                &script,
-            ],
+            &argv(
+                "-n 2 --tee",
+                &[
+                    dir.path().to_str().unwrap(),
+                    "--ranks",
+                    "1",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ],
+            ),
         );
         assert_eq!(r.code, Some(0), "{g}: {}", r.all());
         for rank in 0..2 {

@@ -333,24 +333,17 @@ mod tests {
 
     #[test]
     fn table_has_one_line_per_row() {
-        let rows = vec![
+        let row = |bytes, elems, us| {
             Row::new(
                 workload::BenchOp::AllReduce,
                 2,
                 accel_api::DType::F32,
-                4096,
-                1024,
-                &[250.0],
-            ),
-            Row::new(
-                workload::BenchOp::AllReduce,
-                2,
-                accel_api::DType::F32,
-                8192,
-                2048,
-                &[260.0],
-            ),
-        ];
+                bytes,
+                elems,
+                &[us],
+            )
+        };
+        let rows = vec![row(4096, 1024, 250.0), row(8192, 2048, 260.0)];
         let r = Report {
             op: "all_reduce",
             backend: "cpu-gloo",

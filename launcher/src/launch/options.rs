@@ -603,26 +603,29 @@ mod tests {
 
     #[test]
     fn resolve_checks_combinations() {
-        let e = Settings::resolve(Options {
-            num_machines: Some(2),
-            machine_rank: Some(2),
-            ..Options::default()
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("machine rank 2 is not below"), "{e}");
-        let e = Settings::resolve(Options {
+        let refused = |o: Options, what: &str| {
+            let e = Settings::resolve(o).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        };
+        let two = Options {
             num_machines: Some(2),
             ..Options::default()
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("--main-process-ip"), "{e}");
-        let e = Settings::resolve(Options {
-            num_machines: Some(2),
-            main_process_ip: Some("10.0.0.1".into()),
-            ..Options::default()
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("token"), "{e}");
+        };
+        refused(
+            Options {
+                machine_rank: Some(2),
+                ..two.clone()
+            },
+            "machine rank 2 is not below",
+        );
+        refused(two.clone(), "--main-process-ip");
+        refused(
+            Options {
+                main_process_ip: Some("10.0.0.1".into()),
+                ..two.clone()
+            },
+            "token",
+        );
         let s = Settings::resolve(Options {
             num_machines: Some(2),
             main_process_ip: Some("10.0.0.1".into()),
