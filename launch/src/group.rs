@@ -204,6 +204,30 @@ fn record(path: &Path) -> Option<accel::ErrorRecord> {
     accel::ErrorRecord::read(path).ok()
 }
 
+/// The root cause at `(rank, local rank, machine)`: the error file's
+/// message and pid when the rank wrote one, the rank's stderr tail.
+fn failure_at(
+    (rank, local_rank, machine): (usize, usize, usize),
+    host: &str,
+    rec: Option<accel::ErrorRecord>,
+    exit: Exit,
+    sink: Option<&Arc<RankSink>>,
+) -> Failure {
+    Failure {
+        rank,
+        local_rank,
+        machine,
+        host: host.to_string(),
+        pid: rec.as_ref().map(|r| r.pid),
+        exit,
+        error: rec.as_ref().map(|r| r.message.clone()),
+        location: rec.and_then(|r| r.location),
+        stderr_tail: sink.map(|s| s.tail()).unwrap_or_default(),
+        also_hung: Vec::new(),
+        interrupted: false,
+    }
+}
+
 /// N local workers, one process group each (torchrun's
 /// `SubprocessContext`).
 #[derive(Debug, Clone)]
@@ -328,19 +352,8 @@ impl ProcessGroup for LocalGroup {
     ) -> Failure {
         let rank = attempt.rank_offset + index;
         let rec = record(&error_file(attempt, rank));
-        Failure {
-            rank,
-            local_rank: index,
-            machine: attempt.machine(),
-            host: attempt.host.clone(),
-            pid: rec.as_ref().map(|r| r.pid),
-            exit,
-            error: rec.as_ref().map(|r| r.message.clone()),
-            location: rec.and_then(|r| r.location),
-            stderr_tail: sinks.get(index).map(|s| s.tail()).unwrap_or_default(),
-            also_hung: Vec::new(),
-            interrupted: false,
-        }
+        let place = (rank, index, attempt.machine());
+        failure_at(place, &attempt.host, rec, exit, sinks.get(index))
     }
 }
 
@@ -567,19 +580,8 @@ impl ProcessGroup for MpirunGroup {
         let rec = record(&attempt.error_dir.join("error.json"))
             .filter(|r| r.rank.is_none_or(|x| x == index));
         let (machine, local_rank) = self.hosts.place(self.nproc, index);
-        Failure {
-            rank: index,
-            local_rank,
-            machine,
-            host: attempt.host.clone(),
-            pid: rec.as_ref().map(|r| r.pid),
-            exit,
-            error: rec.as_ref().map(|r| r.message.clone()),
-            location: rec.and_then(|r| r.location),
-            stderr_tail: sinks.get(index).map(|s| s.tail()).unwrap_or_default(),
-            also_hung: Vec::new(),
-            interrupted: false,
-        }
+        let place = (index, local_rank, machine);
+        failure_at(place, &attempt.host, rec, exit, sinks.get(index))
     }
 
     fn explain(&self) -> Vec<String> {

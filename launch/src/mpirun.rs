@@ -141,6 +141,18 @@ impl MpirunSpec {
     }
 }
 
+/// `true` when the MPI launcher (`ACCEL_MPIRUN`, else `mpirun`) answers
+/// `--version`.
+pub fn available() -> bool {
+    Command::new(MpirunSpec::new(1, "x").launcher)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Ask `launcher --version` which family it is (Open MPI prints
 /// `mpirun (Open MPI) 4.1.4`, hydra `HYDRA build details`). Anything
 /// unrecognised, or a launcher that does not start, counts as Open MPI.

@@ -25,16 +25,7 @@ macro_rules! need_mpirun {
 
 /// `mpirun --version` runs (or `ACCEL_MPIRUN`'s launcher does).
 fn mpirun_available() -> bool {
-    let launcher = std::env::var_os("ACCEL_MPIRUN")
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "mpirun".into());
-    let ok = Command::new(launcher)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = accel_launch::mpirun::available();
     if !ok {
         // A skip is not a pass: where the project's set-up ran, it is a failure.
         assert!(

@@ -4,20 +4,13 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
-
 use common::*;
 
 /// The ranks' own number under either group.
 const MY_RANK: &str = "${RANK:-$OMPI_COMM_WORLD_RANK}";
 
 fn groups() -> Vec<&'static str> {
-    let mpirun = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let mpirun = accel_launch::mpirun::available();
     assert!(
         mpirun || std::env::var_os("CI").is_none(),
         "mpirun not found, but CI runs `make setup`, which installs Open MPI"
