@@ -881,6 +881,24 @@ mod tests {
     }
 
     #[test]
+    fn mpirun_or_srun_alone_needs_no_store_until_one_is_used() {
+        for kv in [
+            &[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2")][..],
+            &[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")][..],
+        ] {
+            let s = ProcessState::from_vars(vars(kv)).unwrap();
+            let store = s.open_store().unwrap();
+            let e = store.set("k", b"v").unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::InvalidConfig), "{e}");
+            assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+            assert_eq!(e.rank(), Some(1));
+        }
+        // A launcher that is not MPI's still needs the store named.
+        let s = ProcessState::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap();
+        assert!(s.open_store().is_err());
+    }
+
+    #[test]
     fn multi_process_needs_a_store() {
         let s = ProcessState::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap();
         assert!(s

@@ -788,3 +788,51 @@ pub fn run(
 fn group_world(group: &dyn ProcessGroup, attempt: Option<&Attempt>) -> usize {
     attempt.map_or(0, |a| group.ranks(a).len())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosted_store_urls_bracket_ipv6_and_fill_the_attempt() {
+        let (tx, _rx) = channel();
+        let mut c = HostedStore::new("127.0.0.1", 0, false, "tok", WorkerEnv::default());
+        c.echo = false;
+        let a = c.begin(3, &tx).unwrap();
+        assert!(c.store_url().starts_with("tcp://127.0.0.1:"));
+        assert_eq!(a.env.store_url.as_deref(), Some(c.store_url().as_str()));
+        assert_eq!(
+            (a.env.restart_count, a.env.token.as_deref()),
+            (Some(3), Some("tok"))
+        );
+        c.end(3);
+        // IPv6, where this machine has a loopback for it.
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            let mut c = HostedStore::new("::1", 0, false, "tok", WorkerEnv::default());
+            c.echo = false;
+            let a = c.begin(0, &tx).unwrap();
+            assert!(
+                c.store_url().starts_with("tcp://[::1]:"),
+                "{}",
+                c.store_url()
+            );
+            assert_eq!(a.env.master_addr.as_deref(), Some("::1"));
+            c.end(0);
+        }
+    }
+
+    #[test]
+    fn one_machine_outcomes() {
+        let s = Settled::alone(LocalOutcome::Interrupted(15));
+        assert_eq!((s.code, s.restartable), (143, false));
+        let s = Settled::alone(LocalOutcome::WallLimit(Duration::from_secs(1)));
+        assert_eq!((s.code, s.restartable), (124, true));
+        let s = Settled::alone(LocalOutcome::Failed {
+            root: None,
+            code: 7,
+            exit: Exit::Code { code: 7 },
+        });
+        assert_eq!(s.code, 7);
+        assert!(s.interrupted_by.unwrap().contains("code 7"));
+    }
+}
