@@ -68,7 +68,11 @@ if [ "$GLOO" != 1 ] && [ "$MPI" != 1 ]; then
 fi
 
 # shellcheck disable=SC2086
-$CARGO build --release -q -p accel-launcher ${CARGO_FLAGS:-}
+# The mpi backend inside `accel bench-worker` is the launcher's opt-in `mpi`
+# feature (launching through mpirun needs none: docs/adr/0008).
+MPI_FEATURE=""
+[ "$MPI" = 1 ] && MPI_FEATURE="--features mpi"
+$CARGO build --release -q -p accel-launcher $MPI_FEATURE ${CARGO_FLAGS:-}
 ACCEL="$TARGET/release/accel"
 RAW_GLOO="$TARGET/release/raw_gloo_bench"
 RAW_MPI="$TARGET/release/raw_mpi_bench"

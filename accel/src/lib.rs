@@ -35,6 +35,7 @@ mod panic_hook;
 mod registry;
 pub mod state;
 pub mod train;
+pub mod worker_env;
 
 pub use accel_api::*;
 pub use accelerator::Accelerator;
@@ -44,6 +45,7 @@ pub use lifeline::tie_to_launcher;
 pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
 pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};
 pub use state::{state, LaunchSource, ProcessState};
+pub use worker_env::WorkerEnv;
 
 /// The stores, re-exported for programs that host or open one themselves.
 pub use accel_rendezvous as rendezvous;

@@ -102,58 +102,17 @@ mod duration_secs {
 
 type Vars = HashMap<String, String>;
 
+pub use crate::worker_env::parse_duration;
+use crate::worker_env::{keys, parse_number, tcp_url, WorkerEnv};
+
 fn fix_for(source: &str) -> String {
     format!("check the variables your launcher ({source}) sets, or start the program with `accel launch`")
 }
 
 fn num(vars: &Vars, name: &str) -> Result<Option<usize>> {
-    match vars.get(name) {
-        None => Ok(None),
-        Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
-            Error::invalid_config(name, v, "not a non-negative integer")
-                .with_fix(format!("set {name} to a number such as 0, or unset it"))
-        }),
-    }
-}
-
-fn flag(vars: &Vars, name: &str) -> Result<bool> {
-    match vars.get(name).map(|v| v.trim().to_ascii_lowercase()) {
-        None => Ok(false),
-        Some(v) => match v.as_str() {
-            "" | "0" | "false" | "no" | "off" => Ok(false),
-            "1" | "true" | "yes" | "on" => Ok(true),
-            _ => Err(Error::invalid_config(name, &v, "not a boolean")
-                .with_fix(format!("set {name} to 1 or 0"))),
-        },
-    }
-}
-
-/// Parse `30`, `30s`, `500ms`, `5m`, `1h` (a bare number is seconds).
-pub fn parse_duration(name: &str, v: &str) -> Result<Duration> {
-    let t = v.trim();
-    let (n, unit) = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .map(|i| (&t[..i], &t[i..]))
-        .unwrap_or((t, "s"));
-    let n: f64 = n.parse().map_err(|_| {
-        Error::invalid_config(name, v, "not a duration")
-            .with_fix("use e.g. 300, 30s, 500ms, 5m or 1h")
-    })?;
-    let secs = match unit.trim() {
-        "ms" => n / 1000.0,
-        "s" | "" => n,
-        "m" | "min" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => {
-            return Err(Error::invalid_config(name, v, "unknown duration unit")
-                .with_fix("use e.g. 300, 30s, 500ms, 5m or 1h"))
-        }
-    };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(Error::invalid_config(name, v, "a timeout must be positive")
-            .with_fix("use e.g. 300, 30s, 500ms, 5m or 1h"));
-    }
-    Ok(Duration::from_secs_f64(secs))
+    vars.get(name)
+        .map(|v| parse_number::<usize>(name, v))
+        .transpose()
 }
 
 /// One launcher family's view of (rank, size, local rank, local size).
@@ -194,66 +153,74 @@ fn opt(vars: &Vars, name: &'static str) -> Result<Option<(usize, &'static str)>>
 }
 
 fn torch_family(vars: &Vars) -> Result<Option<Family>> {
-    let Some((r, s)) = pair(vars, LaunchSource::Torchrun, "RANK", "WORLD_SIZE")? else {
+    use keys::*;
+    let Some((r, s)) = pair(vars, LaunchSource::Torchrun, RANK, WORLD_SIZE)? else {
         return Ok(None);
     };
-    let source = if vars.get("ACCEL_LAUNCHER").map(String::as_str) == Some("accel") {
+    let source = if vars.get(ACCEL_LAUNCHER).map(String::as_str) == Some("accel") {
         LaunchSource::Accel
     } else {
         LaunchSource::Torchrun
     };
     Ok(Some(Family {
         source,
-        rank: (r, "RANK"),
-        size: (s, "WORLD_SIZE"),
-        local_rank: opt(vars, "LOCAL_RANK")?,
-        local_size: opt(vars, "LOCAL_WORLD_SIZE")?,
-        node_rank: num(vars, "GROUP_RANK")?,
+        rank: (r, RANK),
+        size: (s, WORLD_SIZE),
+        local_rank: opt(vars, LOCAL_RANK)?,
+        local_size: opt(vars, LOCAL_WORLD_SIZE)?,
+        node_rank: num(vars, GROUP_RANK)?,
     }))
 }
 
 fn mpi_family(vars: &Vars) -> Result<Option<Family>> {
-    if let Some((r, s)) = pair(
-        vars,
-        LaunchSource::OpenMpi,
-        "OMPI_COMM_WORLD_RANK",
-        "OMPI_COMM_WORLD_SIZE",
-    )? {
-        return Ok(Some(Family {
-            source: LaunchSource::OpenMpi,
-            rank: (r, "OMPI_COMM_WORLD_RANK"),
-            size: (s, "OMPI_COMM_WORLD_SIZE"),
-            local_rank: opt(vars, "OMPI_COMM_WORLD_LOCAL_RANK")?,
-            local_size: opt(vars, "OMPI_COMM_WORLD_LOCAL_SIZE")?,
+    let candidates = [
+        (
+            LaunchSource::OpenMpi,
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+        ),
+        (
+            LaunchSource::Mvapich,
+            "MV2_COMM_WORLD_RANK",
+            "MV2_COMM_WORLD_SIZE",
+            "MV2_COMM_WORLD_LOCAL_RANK",
+            "MV2_COMM_WORLD_LOCAL_SIZE",
+        ),
+        (
+            LaunchSource::Mpich,
+            "PMI_RANK",
+            "PMI_SIZE",
+            "MPI_LOCALRANKID",
+            "MPI_LOCALNRANKS",
+        ),
+    ];
+    let mut found: Option<Family> = None;
+    for (source, rank, size, local_rank, local_size) in candidates {
+        let Some((r, s)) = pair(vars, source, rank, size)? else {
+            continue;
+        };
+        let f = Family {
+            source,
+            rank: (r, rank),
+            size: (s, size),
+            local_rank: opt(vars, local_rank)?,
+            local_size: opt(vars, local_size)?,
             node_rank: None,
-        }));
+        };
+        match &found {
+            // Two MPI families in one environment must say the same.
+            Some(first) => contradiction(
+                first,
+                &f,
+                "the environment mixes two MPI launchers' variables: start the program with one \
+                 launcher, and unset the other's variables",
+            )?,
+            None => found = Some(f),
+        }
     }
-    if let Some((r, s)) = pair(
-        vars,
-        LaunchSource::Mvapich,
-        "MV2_COMM_WORLD_RANK",
-        "MV2_COMM_WORLD_SIZE",
-    )? {
-        return Ok(Some(Family {
-            source: LaunchSource::Mvapich,
-            rank: (r, "MV2_COMM_WORLD_RANK"),
-            size: (s, "MV2_COMM_WORLD_SIZE"),
-            local_rank: opt(vars, "MV2_COMM_WORLD_LOCAL_RANK")?,
-            local_size: opt(vars, "MV2_COMM_WORLD_LOCAL_SIZE")?,
-            node_rank: None,
-        }));
-    }
-    if let Some((r, s)) = pair(vars, LaunchSource::Mpich, "PMI_RANK", "PMI_SIZE")? {
-        return Ok(Some(Family {
-            source: LaunchSource::Mpich,
-            rank: (r, "PMI_RANK"),
-            size: (s, "PMI_SIZE"),
-            local_rank: opt(vars, "MPI_LOCALRANKID")?,
-            local_size: opt(vars, "MPI_LOCALNRANKS")?,
-            node_rank: None,
-        }));
-    }
-    Ok(None)
+    Ok(found)
 }
 
 /// Slurm's per-node task counts: `2(x3),1` → [2, 2, 2, 1].
@@ -345,6 +312,21 @@ fn check_family(f: &Family) -> Result<()> {
     Ok(())
 }
 
+/// Two launcher families that both number this process must agree.
+fn contradiction(a: &Family, b: &Family, fix: &str) -> Result<()> {
+    if a.rank.0 == b.rank.0 && a.size.0 == b.size.0 {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "{}={} {}={} contradict {}={} {}={}",
+            a.rank.1, a.rank.0, a.size.1, a.size.0, b.rank.1, b.rank.0, b.size.1, b.size.0
+        ),
+    )
+    .with_fix(fix.to_string()))
+}
+
 impl ProcessState {
     /// Read the state from this process's environment.
     ///
@@ -369,26 +351,36 @@ impl ProcessState {
     /// # Errors
     /// As [`from_env`](Self::from_env).
     pub fn from_vars(vars: HashMap<String, String>) -> Result<ProcessState> {
+        let env = WorkerEnv::from_vars(&vars)?;
         let torch = torch_family(&vars)?;
         let mpi = mpi_family(&vars)?;
+        let slurm = slurm_family(&vars)?;
         let mpi_launched = mpi.is_some() || vars.contains_key("PMIX_RANK");
+        // accel launch workers inside an outer mpirun or srun ignore the
+        // outer launcher's ranks; so do torchrun's workers under srun (one
+        // torchrun per node is srun's usual use).
+        let nested = env.from_accel_launch();
+        let torchrun_set = vars.contains_key(keys::TORCHELASTIC_RUN_ID)
+            || vars.contains_key(keys::TORCHELASTIC_RESTART_COUNT);
         if let (Some(t), Some(m)) = (&torch, &mpi) {
             check_family(m)?;
-            if t.source != LaunchSource::Accel && (t.rank.0 != m.rank.0 || t.size.0 != m.size.0) {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!(
-                        "RANK={} WORLD_SIZE={} contradict {}={} {}={}",
-                        t.rank.0, t.size.0, m.rank.1, m.rank.0, m.size.1, m.size.0
-                    ),
-                )
-                .with_fix("unset RANK/WORLD_SIZE when starting with mpirun, or do not wrap torchrun-style launches in mpirun"));
+            if !nested {
+                contradiction(t, m, "unset RANK/WORLD_SIZE when starting with mpirun, or do not wrap torchrun-style launches in mpirun")?;
+            }
+        }
+        if let (Some(t), Some(s)) = (&torch, &slurm) {
+            check_family(s)?;
+            if !nested && !torchrun_set {
+                contradiction(t, s, "unset RANK/WORLD_SIZE under srun (accel reads SLURM_PROCID/SLURM_NTASKS), or start the program with srun alone")?;
             }
         }
         let family = match (torch, mpi) {
             (Some(t), _) => Some(t),
+            // An MPI launcher's numbering wins over Slurm's variables:
+            // mpirun inside an allocation inherits the batch step's
+            // SLURM_PROCID=0 on every rank.
             (None, Some(m)) => Some(m),
-            (None, None) => slurm_family(&vars)?,
+            (None, None) => slurm,
         };
         if let Some(f) = &family {
             check_family(f)?;
@@ -407,47 +399,14 @@ impl ProcessState {
             .and_then(|f| f.node_rank)
             .unwrap_or(rank / local_world_size);
 
-        let master_port = match vars.get("MASTER_PORT") {
-            None => None,
-            Some(v) => Some(v.trim().parse::<u16>().map_err(|_| {
-                Error::invalid_config("MASTER_PORT", v, "not a TCP port (1-65535)")
-                    .with_fix("set MASTER_PORT to a free port, or let `accel launch` choose one")
-            })?),
-        };
-        if master_port == Some(0) && world_size > 1 {
+        if env.master_port == Some(0) && world_size > 1 {
             return Err(Error::invalid_config(
-                "MASTER_PORT",
+                keys::MASTER_PORT,
                 "0",
                 "workers cannot connect to port 0",
             )
             .with_fix("set the port the store listens on"));
         }
-        let timeout = match vars.get("ACCEL_TIMEOUT") {
-            Some(v) => parse_duration("ACCEL_TIMEOUT", v)?,
-            None => DEFAULT_TIMEOUT,
-        };
-        let backend = vars
-            .get("ACCEL_BACKEND")
-            .map(|v| {
-                v.split(',')
-                    .map(|s| s.trim().to_ascii_lowercase())
-                    .filter(|s| !s.is_empty())
-                    .collect::<Vec<_>>()
-            })
-            .filter(|v| !v.is_empty());
-        let restart_count = match vars
-            .get("ACCEL_RESTART_COUNT")
-            .map(|v| ("ACCEL_RESTART_COUNT", v))
-            .or_else(|| {
-                vars.get("TORCHELASTIC_RESTART_COUNT")
-                    .map(|v| ("TORCHELASTIC_RESTART_COUNT", v))
-            }) {
-            None => 0,
-            Some((name, v)) => v
-                .trim()
-                .parse::<u32>()
-                .map_err(|_| Error::invalid_config(name, v, "not a non-negative integer"))?,
-        };
         Ok(ProcessState {
             rank,
             world_size,
@@ -456,28 +415,17 @@ impl ProcessState {
             node_rank,
             source,
             mpi_launched,
-            master_addr: vars.get("MASTER_ADDR").cloned(),
-            master_port,
-            store_url: vars.get("ACCEL_STORE_URL").cloned(),
-            run_id: vars
-                .get("ACCEL_RUN_ID")
-                .or_else(|| vars.get("TORCHELASTIC_RUN_ID"))
-                .cloned()
-                .unwrap_or_else(|| "default".to_string()),
-            token: vars
-                .get("ACCEL_RUN_TOKEN")
-                .cloned()
-                .filter(|t| !t.is_empty()),
-            timeout,
-            backend,
-            debug: flag(&vars, "ACCEL_DEBUG")?,
-            restart_count,
-            error_file: vars
-                .get("ACCEL_ERROR_FILE")
-                .or_else(|| vars.get("TORCHELASTIC_ERROR_FILE"))
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from),
-            share_devices: flag(&vars, "ACCEL_SHARE_DEVICES")?,
+            master_addr: env.master_addr,
+            master_port: env.master_port,
+            store_url: env.store_url,
+            run_id: env.run_id.unwrap_or_else(|| "default".to_string()),
+            token: env.token.filter(|t| !t.is_empty()),
+            timeout: env.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            backend: env.backend.filter(|v| !v.is_empty()),
+            debug: env.debug.unwrap_or(false),
+            restart_count: env.restart_count.unwrap_or(0),
+            error_file: env.error_file.filter(|p| !p.as_os_str().is_empty()),
+            share_devices: env.share_devices.unwrap_or(false),
         })
     }
 
@@ -516,7 +464,7 @@ impl ProcessState {
             return Ok(Some(u.clone()));
         }
         match (&self.master_addr, self.master_port) {
-            (Some(a), Some(p)) => Ok(Some(format!("tcp://{a}:{p}"))),
+            (Some(a), Some(p)) => Ok(Some(tcp_url(a, p))),
             _ if self.world_size == 1 => Ok(None),
             (None, _) => Err(Error::new(
                 ErrorKind::InvalidConfig,
@@ -535,14 +483,31 @@ impl ProcessState {
     /// [`store_location`](Self::store_location) with the run token, or a
     /// fresh in-memory store for a one-process run that names none.
     ///
+    /// A multi-process run started by an MPI launcher or srun directly
+    /// (`mpirun -n 2 prog`, no `MASTER_ADDR`) names no store either: the
+    /// `mpi` backend bootstraps through MPI and needs none. It gets a
+    /// store that is opened never and fails on first use with the
+    /// [`store_location`](Self::store_location) error, so a backend or
+    /// feature that does need one (cpu-gloo, debug mode) still says to set
+    /// `MASTER_ADDR` (docs/adr/0008-launch-library.md).
+    ///
     /// # Errors
-    /// As [`store_location`](Self::store_location), plus the store's connect
-    /// errors (unreachable, wrong token), tagged with this rank.
+    /// As [`store_location`](Self::store_location) (except in the case
+    /// above), plus the store's connect errors (unreachable, wrong token),
+    /// tagged with this rank.
     pub fn open_store(&self) -> Result<Arc<dyn accel_api::Store>> {
-        match self.store_location()? {
-            None => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
-            Some(url) => accel_rendezvous::open_store(&url, self.token.as_deref(), self.timeout)
-                .map_err(|e| e.with_rank(self.rank)),
+        match self.store_location() {
+            Ok(None) => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
+            Ok(Some(url)) => {
+                accel_rendezvous::open_store(&url, self.token.as_deref(), self.timeout)
+                    .map_err(|e| e.with_rank(self.rank))
+            }
+            Err(e) if self.mpi_launched || self.source == LaunchSource::Slurm => {
+                Ok(Arc::new(NoStore {
+                    why: e.with_rank(self.rank),
+                }))
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -590,6 +555,62 @@ impl ProcessState {
     /// one more (Accelerate's `split_between_processes`).
     pub fn split_range(&self, len: usize) -> Range<usize> {
         split_range(self.rank, self.world_size, len)
+    }
+}
+
+/// The store of a run whose launcher named none (an MPI launcher started
+/// it directly): every call fails with the reason, naming `MASTER_ADDR`.
+#[derive(Debug)]
+struct NoStore {
+    why: Error,
+}
+
+impl NoStore {
+    fn fail<T>(&self, op: &str) -> Result<T> {
+        Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "{op} needs the run's rendezvous store, and the launcher named none: {}",
+                self.why.message()
+            ),
+        )
+        .with_rank(self.why.rank().unwrap_or(0))
+        .with_fix(
+            "use the mpi backend (ACCEL_BACKEND=mpi), which needs no store under mpirun, or set \
+             MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL) to a store, or start with `accel launch`",
+        ))
+    }
+}
+
+impl accel_api::Store for NoStore {
+    fn set(&self, _key: &str, _value: &[u8]) -> Result<()> {
+        self.fail("store set")
+    }
+    fn get(&self, _key: &str, _timeout: Duration) -> Result<Vec<u8>> {
+        self.fail("store get")
+    }
+    fn try_get(&self, _key: &str) -> Result<Option<Vec<u8>>> {
+        self.fail("store get")
+    }
+    fn add(&self, _key: &str, _delta: i64) -> Result<i64> {
+        self.fail("store add")
+    }
+    fn compare_set(
+        &self,
+        _key: &str,
+        _expected: Option<&[u8]>,
+        _desired: &[u8],
+    ) -> Result<accel_api::CasOutcome> {
+        self.fail("store compare_set")
+    }
+    fn wait(&self, _keys: &[&str], _timeout: Duration) -> Result<()> {
+        self.fail("store wait")
+    }
+    fn delete(&self, _key: &str) -> Result<bool> {
+        self.fail("store delete")
+    }
+    fn describe(&self) -> String {
+        "none (started by an MPI launcher without MASTER_ADDR)".to_string()
     }
 }
 
@@ -857,6 +878,24 @@ mod tests {
                 assert_eq!(next, len);
             }
         }
+    }
+
+    #[test]
+    fn mpirun_or_srun_alone_needs_no_store_until_one_is_used() {
+        for kv in [
+            &[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2")][..],
+            &[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2")][..],
+        ] {
+            let s = ProcessState::from_vars(vars(kv)).unwrap();
+            let store = s.open_store().unwrap();
+            let e = store.set("k", b"v").unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::InvalidConfig), "{e}");
+            assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
+            assert_eq!(e.rank(), Some(1));
+        }
+        // A launcher that is not MPI's still needs the store named.
+        let s = ProcessState::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap();
+        assert!(s.open_store().is_err());
     }
 
     #[test]

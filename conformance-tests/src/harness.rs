@@ -1,11 +1,11 @@
-//! The multi-process harness: host a store, start one worker per rank with
-//! the environment contract, bound the whole run, collect rank 0's results,
-//! and print the matrix.
+//! The multi-process harness: host a store, start the ranks through the
+//! launch library (`accel-launch`: one process per rank, or one mpirun),
+//! bound the whole run, collect rank 0's results, and print the matrix.
 
 use std::fmt::Write as _;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::{Outcome, ScenarioResult};
@@ -18,7 +18,7 @@ pub enum Launcher {
     #[default]
     Direct,
     /// One `mpirun -n N` job (the `mpi` backend): MPI numbers the ranks and
-    /// sets its own variables. Needs the `mpi` feature.
+    /// sets its own variables.
     Mpirun,
 }
 
@@ -124,20 +124,11 @@ pub fn run_world(spec: &RunSpec) -> WorldReport {
     report
 }
 
-fn token() -> String {
-    let mut buf = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = f.read_exact(&mut buf);
-    }
-    let t: String = buf.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{t}{:x}", std::process::id())
-}
-
 fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String>), String> {
-    let tok = token();
-    let server = accel_rendezvous::TcpStoreServer::bind_loopback(0, Some(tok.clone()))
-        .map_err(|e| format!("hosting the store: {e}"))?;
-    let addr = server.local_addr();
+    use accel_launch::mpirun::{detect_flavor, MpirunSpec};
+    use accel_launch::{HostedStore, LocalGroup, MpirunGroup, ProcessGroup, Program, Supervision};
+
+    let tok = accel_launch::store::random_hex(16).map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!(
         "accel-conformance-{}-{}",
         std::process::id(),
@@ -145,137 +136,85 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let out = dir.join("results.json");
-    let run_id = format!("{}-{}", spec.backend, spec.world_size);
-    let mut children: Vec<(usize, Child, PathBuf)> = Vec::new();
-    if spec.launcher == Launcher::Mpirun {
-        let log = dir.join("mpirun.log");
-        let logf =
-            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-        let mut cmd = mpirun(spec)?;
-        // The ranks inherit mpirun's environment; MPI sets their ranks.
-        for v in [
-            "RANK",
-            "WORLD_SIZE",
-            "LOCAL_RANK",
-            "LOCAL_WORLD_SIZE",
-            "GROUP_RANK",
-            "ACCEL_LAUNCHER",
-        ] {
-            cmd.env_remove(v);
+    let program = Program {
+        path: spec.worker.clone(),
+        argv0: spec.worker.clone().into_os_string(),
+        args: Vec::new(),
+    };
+    let extra_env = worker_options(spec, &out);
+    // Only the plugin asked for (the harness's own environment may name
+    // others), and no debug mode.
+    let remove_env: Vec<String> = vec!["ACCEL_PLUGIN_PATH".into(), "ACCEL_DEBUG".into()];
+    let mut group: Box<dyn ProcessGroup> = match spec.launcher {
+        Launcher::Direct => Box::new(LocalGroup {
+            program,
+            local_world_size: spec.world_size,
+            extra_env,
+            remove_env,
+            die_with_parent: false,
+        }),
+        Launcher::Mpirun => {
+            let launcher = MpirunSpec::new(spec.world_size, &spec.worker).launcher;
+            let flavor = detect_flavor(&launcher);
+            let mut g = MpirunGroup::new(program, launcher, flavor, spec.world_size);
+            g.echo = false;
+            g.extra_env = extra_env;
+            g.remove_env = remove_env;
+            g.extra_env
+                .push(("OMPI_MCA_mpi_yield_when_idle".into(), "1".into()));
+            Box::new(g)
         }
-        cmd.env("MASTER_ADDR", addr.ip().to_string())
-            .env("MASTER_PORT", addr.port().to_string())
-            .env("ACCEL_STORE_URL", format!("tcp://{addr}"))
-            .env("ACCEL_RUN_TOKEN", &tok)
-            .env("ACCEL_RUN_ID", &run_id)
-            .env("ACCEL_BACKEND", &spec.backend)
-            .env("ACCEL_TIMEOUT", format!("{}ms", spec.timeout.as_millis()))
-            .env("ACCEL_CONFORMANCE_OUT", &out)
-            .env("OMPI_MCA_mpi_yield_when_idle", "1")
-            .env_remove("ACCEL_DEBUG")
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().map_err(|e| e.to_string())?)
-            .stderr(logf);
-        worker_options(spec, &mut cmd);
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("starting mpirun for {}: {e}", spec.worker.display()))?;
-        children.push((0, child, log));
-    }
-    for rank in (0..spec.world_size).filter(|_| spec.launcher == Launcher::Direct) {
-        let log = dir.join(format!("rank{rank}.log"));
-        let logf =
-            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
-        let mut cmd = Command::new(&spec.worker);
-        cmd.env("RANK", rank.to_string())
-            .env("WORLD_SIZE", spec.world_size.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", spec.world_size.to_string())
-            .env("GROUP_RANK", "0")
-            .env("MASTER_ADDR", addr.ip().to_string())
-            .env("MASTER_PORT", addr.port().to_string())
-            .env("ACCEL_STORE_URL", format!("tcp://{addr}"))
-            .env("ACCEL_RUN_TOKEN", &tok)
-            .env("ACCEL_RUN_ID", &run_id)
-            .env("ACCEL_LAUNCHER", "accel")
-            .env("ACCEL_BACKEND", &spec.backend)
-            .env("ACCEL_TIMEOUT", format!("{}ms", spec.timeout.as_millis()))
-            .env_remove("ACCEL_DEBUG")
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone().map_err(|e| e.to_string())?)
-            .stderr(logf);
-        if rank == 0 {
-            cmd.env("ACCEL_CONFORMANCE_OUT", &out);
-        }
-        worker_options(spec, &mut cmd);
-        let child = cmd
-            .spawn()
-            .map_err(|e| format!("starting {}: {e}", spec.worker.display()))?;
-        children.push((rank, child, log));
-    }
-    let deadline = Instant::now() + spec.hard_timeout;
-    let mut failure: Option<String> = None;
-    let mut running: Vec<bool> = vec![true; children.len()];
-    while running.iter().any(|r| *r) {
-        for (i, (rank, child, log)) in children.iter_mut().enumerate() {
-            if !running[i] {
-                continue;
-            }
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    running[i] = false;
-                    if !status.success() && failure.is_none() {
-                        failure = Some(format!(
-                            "rank {rank} exited with {status}: {}",
-                            tail(log, 15)
-                        ));
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    running[i] = false;
-                    failure.get_or_insert(format!("waiting for rank {rank}: {e}"));
-                }
-            }
-        }
-        if failure.is_some() || Instant::now() > deadline {
-            if failure.is_none() {
-                let hung: Vec<String> = children
-                    .iter()
-                    .enumerate()
-                    .filter(|(i, _)| running[*i])
-                    .map(|(_, (r, _, log))| format!("rank {r}: {}", tail(log, 5)))
+    };
+    let base = accel::WorkerEnv {
+        world_size: Some(spec.world_size),
+        local_world_size: Some(spec.world_size),
+        group_rank: Some(0),
+        group_world_size: Some(1),
+        run_id: Some(format!("{}-{}", spec.backend, spec.world_size)),
+        timeout: Some(spec.timeout),
+        backend: Some(vec![spec.backend.clone()]),
+        debug: Some(false),
+        launcher: Some("accel".into()),
+        ..accel::WorkerEnv::default()
+    };
+    let mut coord = HostedStore::new("127.0.0.1", 0, false, &tok, base);
+    coord.scratch = dir.clone();
+    coord.echo = false;
+    let sup = Supervision {
+        tee: Some(dir.clone()),
+        wall_limit: Some(spec.hard_timeout),
+        grace: Duration::from_secs(5),
+        echo: false,
+        forward_signals: false,
+        ..Supervision::default()
+    };
+    let ran = accel_launch::run(&mut *group, &mut coord, &sup, &spec.label())
+        .map_err(|e| format!("starting the world: {e}"))?;
+    if ran.code != 0 {
+        let why = match (&ran.root, &ran.why) {
+            (Some(f), _) => format!(
+                "{}: {}",
+                f.headline(),
+                tail(&dir.join(format!("rank-{}.log", f.rank)), 15)
+            ),
+            (None, Some(w)) if w.starts_with("wall limit") => {
+                let logs: Vec<String> = (0..spec.world_size)
+                    .map(|r| format!("rank {r}: {}", tail(&dir.join(format!("rank-{r}.log")), 5)))
                     .collect();
-                failure = Some(format!(
-                    "world did not finish within {:?}; still running: {}",
+                format!(
+                    "world did not finish within {:?}; {}",
                     spec.hard_timeout,
-                    hung.join(" | ")
-                ));
+                    logs.join(" | ")
+                )
             }
-            if spec.launcher == Launcher::Mpirun {
-                // SIGTERM first: mpirun forwards it and reaps its ranks;
-                // SIGKILL would leave them running.
-                for (_, child, _) in children.iter_mut() {
-                    let _ = Command::new("kill")
-                        .args(["-TERM", &child.id().to_string()])
-                        .status();
-                    let end = Instant::now() + Duration::from_secs(5);
-                    while Instant::now() < end && matches!(child.try_wait(), Ok(None)) {
-                        std::thread::sleep(Duration::from_millis(50));
-                    }
-                }
-            }
-            for (_, child, _) in children.iter_mut() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server.shutdown();
-    if let Some(f) = failure {
-        return Err(f);
+            (None, w) => format!(
+                "{} failed ({}): {}",
+                group.kind(),
+                w.as_deref().unwrap_or("exit code "),
+                group.explain().join(" / ")
+            ),
+        };
+        return Err(why);
     }
     let text =
         std::fs::read_to_string(&out).map_err(|e| format!("reading {}: {e}", out.display()))?;
@@ -287,34 +226,26 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
     Ok((results, v["seed"].as_str().map(str::to_string)))
 }
 
-/// The options every worker gets, whatever starts it.
-fn worker_options(spec: &RunSpec, cmd: &mut Command) {
-    match &spec.plugin {
-        Some(p) => cmd.env("ACCEL_PLUGIN_PATH", p),
-        None => cmd.env_remove("ACCEL_PLUGIN_PATH"),
-    };
+/// The options every worker gets, whatever starts it (rank 0 writes the
+/// results to `out`).
+fn worker_options(spec: &RunSpec, out: &Path) -> Vec<(String, String)> {
+    let mut v = vec![(
+        "ACCEL_CONFORMANCE_OUT".to_string(),
+        out.to_string_lossy().into_owned(),
+    )];
+    if let Some(p) = &spec.plugin {
+        v.push(("ACCEL_PLUGIN_PATH".into(), p.to_string_lossy().into_owned()));
+    }
     if let Some(f) = &spec.filter {
-        cmd.env("ACCEL_CONFORMANCE_FILTER", f);
+        v.push(("ACCEL_CONFORMANCE_FILTER".into(), f.clone()));
     }
     if let Some(c) = spec.cases {
-        cmd.env("PROPTEST_CASES", c.to_string());
+        v.push(("PROPTEST_CASES".into(), c.to_string()));
     }
     if let Some(s) = &spec.seed {
-        cmd.env("ACCEL_CONFORMANCE_SEED", s);
+        v.push(("ACCEL_CONFORMANCE_SEED".into(), s.clone()));
     }
-}
-
-/// `mpirun -n N <worker>` with the flags this machine needs (the same
-/// builder `accel launch --backend mpi` uses).
-#[cfg(feature = "mpi")]
-fn mpirun(spec: &RunSpec) -> Result<Command, String> {
-    let mpi = accel_backend_mpi::MpirunSpec::new(spec.world_size, &spec.worker).tag_output(true);
-    Ok(accel_backend_mpi::mpirun_command(&mpi))
-}
-
-#[cfg(not(feature = "mpi"))]
-fn mpirun(_spec: &RunSpec) -> Result<Command, String> {
-    Err("Launcher::Mpirun needs accel-conformance built with the `mpi` feature".into())
+    v
 }
 
 fn tail(path: &Path, lines: usize) -> String {

@@ -8,7 +8,7 @@ use accel_api::{Error, ErrorKind, Result};
 
 use crate::launch::config::{self, KEYS};
 use crate::launch::options::Options;
-use crate::launch::store::random_hex;
+use accel_launch::store::random_hex;
 
 /// Arguments of `accel config`.
 #[derive(Debug, clap::Args)]
@@ -136,7 +136,7 @@ pub fn run(args: ConfigArgs) -> Result<ExitCode> {
     }
     let text = config::render(&o);
     if args.output.as_os_str() == "-" {
-        print!("{text}");
+        out!("{text}");
         return Ok(ExitCode::SUCCESS);
     }
     if args.output.exists() && !args.force {

@@ -90,7 +90,7 @@ pub fn run(args: EnvArgs) -> Result<ExitCode> {
             .collect(),
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&report).expect("report serialises")
         );
@@ -102,26 +102,34 @@ pub fn run(args: EnvArgs) -> Result<ExitCode> {
 
 fn print_human(r: &Report) {
     let p = &r.process;
-    println!("accel {} (plugin ABI {})", r.accel_version, r.plugin_abi);
-    println!();
-    println!("Process");
-    println!(
+    outln!("accel {} (plugin ABI {})", r.accel_version, r.plugin_abi);
+    outln!();
+    outln!("Process");
+    outln!(
         "  rank {} of {} (local {} of {}, machine {}), launcher: {:?}",
-        p.rank, p.world_size, p.local_rank, p.local_world_size, p.node_rank, p.source
+        p.rank,
+        p.world_size,
+        p.local_rank,
+        p.local_world_size,
+        p.node_rank,
+        p.source
     );
-    println!(
+    outln!(
         "  run id {}, restart {}, timeout {:?}, debug {}",
-        p.run_id, p.restart_count, p.timeout, p.debug
+        p.run_id,
+        p.restart_count,
+        p.timeout,
+        p.debug
     );
-    println!(
+    outln!(
         "  store: {}",
         r.store.as_deref().unwrap_or("in-memory (one-process run)")
     );
     if let Some(b) = &p.backend {
-        println!("  ACCEL_BACKEND: {}", b.join(","));
+        outln!("  ACCEL_BACKEND: {}", b.join(","));
     }
-    println!();
-    println!("Backends (probe order)");
+    outln!();
+    outln!("Backends (probe order)");
     let vw = r
         .backends
         .iter()
@@ -129,9 +137,14 @@ fn print_human(r: &Report) {
         .max()
         .unwrap_or(0)
         .max("version".len());
-    println!(
+    outln!(
         "  {:<14} {:>8}  {:<9} {:<9} {:>7}  {:<vw$}  reason / origin",
-        "name", "priority", "compiled", "available", "devices", "version"
+        "name",
+        "priority",
+        "compiled",
+        "available",
+        "devices",
+        "version"
     );
     for row in &r.backends {
         let (avail, devices, version, reason) = match &row.probe {
@@ -156,7 +169,7 @@ fn print_human(r: &Report) {
                 ),
             ),
         };
-        println!(
+        outln!(
             "  {:<14} {:>8}  {:<9} {:<9} {:>7}  {:<vw$}  {}",
             row.name,
             row.priority
@@ -169,37 +182,37 @@ fn print_human(r: &Report) {
             reason
         );
     }
-    println!();
+    outln!();
     match &r.selected {
-        Ok(name) => println!("Selected backend: {name}"),
-        Err(e) => println!("Selected backend: none ({e})"),
+        Ok(name) => outln!("Selected backend: {name}"),
+        Err(e) => outln!("Selected backend: none ({e})"),
     }
-    println!();
-    println!("Plugins (ACCEL_PLUGIN_PATH)");
+    outln!();
+    outln!("Plugins (ACCEL_PLUGIN_PATH)");
     if r.plugins.is_empty() {
-        println!("  none");
+        outln!("  none");
     }
     for pl in &r.plugins {
         if pl.loaded {
-            println!(
+            outln!(
                 "  loaded  {}  (backend {})",
                 pl.path,
                 pl.backend.as_deref().unwrap_or("?")
             );
         } else {
-            println!(
+            outln!(
                 "  FAILED  {}  {}",
                 pl.path,
                 pl.reason.as_deref().unwrap_or("")
             );
         }
     }
-    println!();
-    println!("Visible devices");
+    outln!();
+    outln!("Visible devices");
     if r.visible_devices.is_empty() {
-        println!("  cpu (no device masks set)");
+        outln!("  cpu (no device masks set)");
     }
     for (k, v) in &r.visible_devices {
-        println!("  {k}={v}");
+        outln!("  {k}={v}");
     }
 }

@@ -1,6 +1,22 @@
 //! `accel`: the command-line front of accel.
 #![forbid(unsafe_code)]
 
+/// `print!` to stdout; a closed stdout (`accel env --json | head`) ends the
+/// process quietly with exit code 0 instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!` with [`out!`]'s handling of a closed stdout.
+macro_rules! outln {
+    () => { $crate::write_stdout(format_args!("\n")) };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 mod bench;
 mod config_cmd;
 mod env_cmd;
@@ -42,6 +58,14 @@ enum Command {
     /// store, run a store barrier, print one JSON line (tests, benchmarks).
     #[command(hide = true, name = "probe-worker")]
     ProbeWorker(probe_cmd::ProbeArgs),
+    /// The single-threaded parent of mpirun under `accel launch --backend
+    /// mpi` (accel_launch::guard).
+    #[command(hide = true, name = "mpirun-guard")]
+    MpirunGuard {
+        /// mpirun and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Run the conformance suite on backends and plugins at several world
     /// sizes and print the matrix.
     Test(test_cmd::TestArgs),
@@ -51,8 +75,32 @@ enum Command {
     EstimateMemory(accel_offload::cli::EstimateArgs),
 }
 
+/// Write to stdout; on a broken pipe (the reader went away), exit 0: the
+/// reader has what it wanted.
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_fmt(args).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout: a closed pipe is fine there.
+            let code = e.exit_code();
+            if e.use_stderr() {
+                let _ = e.print();
+            } else {
+                out!("{}", e.render());
+            }
+            return ExitCode::from(u8::try_from(code).unwrap_or(2));
+        }
+    };
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
@@ -67,12 +115,16 @@ fn main() -> ExitCode {
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
         Command::Test(args) => test_cmd::run(args),
+        Command::MpirunGuard { command } => {
+            let code = accel_launch::guard::run(&command[0], &command[1..]);
+            Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
+        }
         Command::Plan(args) => accel_offload::cli::plan(&args).map(|out| {
-            print!("{out}");
+            out!("{out}");
             ExitCode::SUCCESS
         }),
         Command::EstimateMemory(args) => accel_offload::cli::estimate_memory(&args).map(|out| {
-            print!("{out}");
+            out!("{out}");
             ExitCode::SUCCESS
         }),
         Command::Bench(args) => bench::run(args),

@@ -86,7 +86,7 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
         backend,
         all_reduce_sum,
     };
-    println!("{}", serde_json::to_string(&seen).unwrap_or_default());
+    outln!("{}", serde_json::to_string(&seen).unwrap_or_default());
     if args.panic_on_rank == Some(state.rank) {
         panic!("probe-worker: deliberate panic on rank {}", state.rank);
     }

@@ -154,9 +154,9 @@ pub fn run(args: TestArgs) -> Result<ExitCode> {
         );
         matrix.worlds.push(w);
     }
-    print!("{}", matrix.render());
+    out!("{}", matrix.render());
     for line in &not_run {
-        println!("{line}");
+        outln!("{line}");
     }
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&serde_json::json!({

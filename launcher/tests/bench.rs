@@ -16,20 +16,8 @@ fn sane(x: f64) -> bool {
 
 #[test]
 fn table_has_one_sane_row_per_size() {
-    let r = accel(&[
-        "bench",
-        "-n",
-        "2",
-        "--backend",
-        "cpu-gloo",
-        "--op",
-        "all_reduce",
-        "--sizes",
-        "4K:16K",
-        "--iters",
-        "3",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel_words("bench -n 2 --backend cpu-gloo --op all_reduce --sizes 4K:16K --iters 3");
+    r.code_is(0);
     assert!(
         r.stdout
             .starts_with("# accel bench: all_reduce on 2 ranks, backend cpu-gloo"),
@@ -63,21 +51,10 @@ fn table_has_one_sane_row_per_size() {
 
 #[test]
 fn json_has_the_same_rows() {
-    let r = accel(&[
-        "bench",
-        "-n",
-        "2",
-        "--backend",
-        "cpu-gloo",
-        "--op",
-        "all_reduce",
-        "--sizes",
-        "4K:16K",
-        "--iters",
-        "3",
-        "--json",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel_words(
+        "bench -n 2 --backend cpu-gloo --op all_reduce --sizes 4K:16K --iters 3 --json",
+    );
+    r.code_is(0);
     let v: serde_json::Value =
         serde_json::from_str(&r.stdout).unwrap_or_else(|e| panic!("{e}: {}", r.all()));
     assert_eq!(v["op"], "all_reduce");
@@ -110,22 +87,12 @@ fn every_op_runs_on_three_ranks() {
         "all_to_all",
         "barrier",
     ] {
-        let r = start(command(&[
-            "bench",
-            "-n",
-            "3",
-            "--backend",
-            "cpu-gloo",
-            "--op",
-            op,
-            "--sizes",
-            "4K",
-            "--iters",
-            "2",
-            "--warmup",
-            "1",
-            "--json",
-        ]))
+        let r = start(command(&argv(
+            "bench -n 3 --backend cpu-gloo --op",
+            &[
+                op, "--sizes", "4K", "--iters", "2", "--warmup", "1", "--json",
+            ],
+        )))
         .finish(Duration::from_secs(60));
         assert_eq!(r.code, Some(0), "{op}: {}", r.all());
         let v: serde_json::Value =
@@ -152,40 +119,18 @@ fn every_op_runs_on_three_ranks() {
 #[test]
 fn bad_flags_fail_before_launching() {
     let r = accel(&["bench", "--sizes", "64K:4K"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("MIN <= MAX"), "{}", r.all());
-    let r = accel(&[
-        "bench",
-        "--op",
-        "all_gather",
-        "-n",
-        "4",
-        "--sizes",
-        "8",
-        "--dtype",
-        "f64",
-    ]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(
-        r.stderr.contains("hold no whole f64 element per rank"),
-        "{}",
-        r.all()
-    );
+    r.code_is(2);
+    r.has_stderr("MIN <= MAX");
+    let r = accel_words("bench --op all_gather -n 4 --sizes 8 --dtype f64");
+    r.code_is(2);
+    r.has_stderr("hold no whole f64 element per rank");
 }
 
 #[test]
 fn a_failing_worker_becomes_the_exit_code() {
     // An unknown backend: the workers fail to connect, the launcher reports
     // it, and bench exits non-zero without a table.
-    let r = accel(&[
-        "bench",
-        "-n",
-        "2",
-        "--backend",
-        "no-such-backend",
-        "--sizes",
-        "4K",
-    ]);
+    let r = accel_words("bench -n 2 --backend no-such-backend --sizes 4K");
     assert_ne!(r.code, Some(0), "{}", r.all());
     assert!(!r.stdout.contains("size(B)"), "{}", r.all());
 }

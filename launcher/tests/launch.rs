@@ -11,16 +11,8 @@ use common::*;
 
 #[test]
 fn four_ranks_print_prefixed_lines() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "4",
-        "--",
-        "sh",
-        "-c",
-        "echo $RANK/$WORLD_SIZE",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel(&argv("launch -n 4 -- sh -c", &["echo $RANK/$WORLD_SIZE"]));
+    r.code_is(0);
     let mut lines: Vec<&str> = r.stdout.lines().collect();
     lines.sort();
     assert_eq!(
@@ -47,15 +39,11 @@ fn a_failing_rank_stops_the_group_names_the_rank_and_leaves_nothing_running() {
         d = dir.path().display()
     );
     let r = accel(&["launch", "-n", "2", "--", "sh", "-c", &script]);
-    assert_eq!(r.code, Some(3), "{}", r.all());
+    r.code_is(3);
     assert!(r.elapsed < Duration::from_secs(5), "{}", r.all());
-    assert!(
-        r.stderr.contains("rank:      1 (local rank 1)"),
-        "{}",
-        r.all()
-    );
-    assert!(r.stderr.contains("exit:      exit code 3"), "{}", r.all());
-    assert!(r.stderr.contains("  | rank one is failing"), "{}", r.all());
+    r.has_stderr("rank:      1 (local rank 1)");
+    r.has_stderr("exit:      exit code 3");
+    r.has_stderr("  | rank one is failing");
     assert!(
         r.stderr.contains("rank 1 (local rank 1 on machine 0"),
         "{}",
@@ -64,27 +52,19 @@ fn a_failing_rank_stops_the_group_names_the_rank_and_leaves_nothing_running() {
     let pids = pids_in(dir.path());
     assert_eq!(pids.len(), 4, "{}", r.all());
     for pid in pids {
-        assert!(
-            eventually(Duration::from_secs(2), || !alive(pid)),
-            "pid {pid} still running after the launcher exited"
-        );
+        assert_gone(pid, "pid {pid} still running after the launcher exited");
     }
 }
 
 #[test]
 fn the_single_command_of_the_issue_exits_3_quickly() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 600",
-    ]);
-    assert_eq!(r.code, Some(3), "{}", r.all());
+    let r = accel(&argv(
+        "launch -n 2 -- sh -c",
+        &["if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 600"],
+    ));
+    r.code_is(3);
     assert!(r.elapsed < Duration::from_secs(5), "{}", r.all());
-    assert!(r.stderr.contains("rank 1"), "{}", r.all());
+    r.has_stderr("rank 1");
 }
 
 #[test]
@@ -92,7 +72,7 @@ fn workers_see_the_whole_environment_contract() {
     // Through the runtime's own reader (and a store barrier over the real
     // TCP store with the generated token).
     let r = accel(&["launch", "-n", "3", "--", ACCEL, "probe-worker"]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     let mut ranks = BTreeSet::new();
     let mut run_ids = BTreeSet::new();
     for rank in 0..3 {
@@ -114,23 +94,11 @@ fn workers_see_the_whole_environment_contract() {
     assert_eq!(run_ids.len(), 1, "one run id for every rank");
 
     // And the raw variables, torchrun mirrors included.
-    let r = accel(&[
-        "launch",
-        "-n",
-        "1",
-        "--run-id",
-        "exp7",
-        "--timeout",
-        "90s",
-        "--backend",
-        "cpu-gloo",
-        "--debug",
-        "--",
-        "sh",
-        "-c",
-        "env | sort",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel(&argv(
+        "launch -n 1 --run-id exp7 --timeout 90s --backend cpu-gloo --debug -- sh -c",
+        &["env | sort"],
+    ));
+    r.code_is(0);
     let env: Vec<String> = rank_lines(&r.stdout, 0);
     let has = |kv: &str| env.iter().any(|l| l == kv);
     for kv in [
@@ -171,18 +139,11 @@ fn workers_see_the_whole_environment_contract() {
 #[cfg(feature = "cpu-gloo")]
 #[test]
 fn an_accelerator_connects_and_all_reduces_under_the_launcher() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "3",
-        "--backend",
-        "cpu-gloo",
-        "--",
-        ACCEL,
-        "probe-worker",
-        "--accelerator",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel(&argv(
+        "launch -n 3 --backend cpu-gloo --",
+        &[ACCEL, "probe-worker", "--accelerator"],
+    ));
+    r.code_is(0);
     for rank in 0..3 {
         let l = rank_lines(&r.stdout, rank);
         let v: serde_json::Value = serde_json::from_str(&l[0]).unwrap();
@@ -193,64 +154,33 @@ fn an_accelerator_connects_and_all_reduces_under_the_launcher() {
 
 #[test]
 fn a_panic_shows_the_error_file_in_the_root_cause() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        ACCEL,
-        "probe-worker",
-        "--panic-on-rank",
-        "1",
-    ]);
-    assert_eq!(r.code, Some(101), "{}", r.all());
-    assert!(
-        r.stderr
-            .contains("error:     probe-worker: deliberate panic on rank 1"),
-        "{}",
-        r.all()
-    );
-    assert!(
-        r.stderr.contains("at:        launcher/src/probe_cmd.rs:"),
-        "{}",
-        r.all()
-    );
+    let r = accel(&argv(
+        "launch -n 2 --",
+        &[ACCEL, "probe-worker", "--panic-on-rank", "1"],
+    ));
+    r.code_is(101);
+    r.has_stderr("error:     probe-worker: deliberate panic on rank 1");
+    r.has_stderr("at:        launcher/src/probe_cmd.rs:");
 }
 
 #[test]
 fn a_signal_death_is_reported_by_name_with_128_plus_signal() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--",
-        "sh",
-        "-c",
-        "[ $RANK = 0 ] && kill -SEGV $$; sleep 600",
-    ]);
-    assert_eq!(r.code, Some(139), "{}", r.all());
-    assert!(r.stderr.contains("signal SIGSEGV (11)"), "{}", r.all());
+    let r = accel(&argv(
+        "launch -n 2 -- sh -c",
+        &["[ $RANK = 0 ] && kill -SEGV $$; sleep 600"],
+    ));
+    r.code_is(139);
+    r.has_stderr("signal SIGSEGV (11)");
 }
 
 #[test]
 fn workers_ignoring_sigterm_are_killed_after_the_grace_period() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--grace-period",
-        "300ms",
-        "--",
-        "sh",
-        "-c",
-        "trap '' TERM; if [ $RANK = 1 ]; then sleep 0.2; exit 4; fi; sleep 600",
-    ]);
-    assert_eq!(r.code, Some(4), "{}", r.all());
-    assert!(
-        r.stderr.contains("did not stop within 300ms"),
-        "{}",
-        r.all()
-    );
+    let r = accel(&argv(
+        "launch -n 2 --grace-period 300ms -- sh -c",
+        &["trap '' TERM; if [ $RANK = 1 ]; then sleep 0.2; exit 4; fi; sleep 600"],
+    ));
+    r.code_is(4);
+    r.has_stderr("did not stop within 300ms");
     assert!(r.elapsed < Duration::from_secs(5), "{}", r.all());
 }
 
@@ -271,102 +201,59 @@ fn sigterm_to_the_launcher_reaches_every_worker() {
     )
     .unwrap();
     let r = run.finish(LIMIT);
-    assert_eq!(r.code, Some(143), "{}", r.all());
-    assert!(
-        r.stderr.contains("received SIGTERM, forwarding it"),
-        "{}",
-        r.all()
-    );
-    assert!(r.stderr.contains("interrupted after"), "{}", r.all());
+    r.code_is(143);
+    r.has_stderr("received SIGTERM, forwarding it");
+    r.has_stderr("interrupted after");
     for pid in pids_in(dir.path()) {
-        assert!(
-            eventually(Duration::from_secs(2), || !alive(pid)),
-            "pid {pid} left"
-        );
+        assert_gone(pid, "pid {pid} left");
     }
 }
 
 #[test]
 fn restarts_count_up_and_the_summary_lists_each_attempt() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--max-restarts",
-        "3",
-        "--json",
-        "--",
-        "sh",
-        "-c",
-        "echo try $ACCEL_RESTART_COUNT; [ $ACCEL_RESTART_COUNT -ge 2 ] || exit 5",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel(&argv(
+        "launch -n 2 --max-restarts 3 --json -- sh -c",
+        &["echo try $ACCEL_RESTART_COUNT; [ $ACCEL_RESTART_COUNT -ge 2 ] || exit 5"],
+    ));
+    r.code_is(0);
     assert!(
         rank_lines(&r.stdout, 0).contains(&"try 2".to_string()),
         "{}",
         r.all()
     );
-    assert!(
-        r.stderr.contains("restarting the group: restart 1 of 3"),
-        "{}",
-        r.all()
-    );
-    assert!(r.stderr.contains("attempt 0: failed after"), "{}", r.all());
-    assert!(
-        r.stderr.contains("attempt 2: succeeded after"),
-        "{}",
-        r.all()
-    );
+    r.has_stderr("restarting the group: restart 1 of 3");
+    r.has_stderr("attempt 0: failed after");
+    r.has_stderr("attempt 2: succeeded after");
     let json = r.stdout.lines().last().unwrap();
     let v: serde_json::Value = serde_json::from_str(json).unwrap();
-    let statuses: Vec<&str> = v["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a["status"].as_str().unwrap())
-        .collect();
+    let statuses = attempt_statuses(&r.stdout);
     assert_eq!(statuses, ["failed", "failed", "succeeded"]);
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["attempts"][0]["root_cause"]["exit"]["code"], 5);
 
     // Out of restarts: the last failure's code.
-    let r = accel(&[
-        "launch",
-        "-n",
-        "1",
-        "--max-restarts",
-        "1",
-        "--",
-        "sh",
-        "-c",
-        "exit 9",
-    ]);
-    assert_eq!(r.code, Some(9), "{}", r.all());
-    assert!(
-        r.stderr.contains("2 attempt(s), exit code 9"),
-        "{}",
-        r.all()
-    );
+    let r = accel(&argv("launch -n 1 --max-restarts 1 -- sh -c", &["exit 9"]));
+    r.code_is(9);
+    r.has_stderr("2 attempt(s), exit code 9");
 }
 
 #[test]
 fn tee_writes_one_file_per_rank_and_the_filter_shows_some_ranks() {
     let dir = tempfile::tempdir().unwrap();
     let logs = dir.path().join("logs");
-    let r = accel(&[
-        "launch",
-        "-n",
-        "3",
-        "--tee",
-        logs.to_str().unwrap(),
-        "--ranks",
-        "1-2",
-        "--",
-        "sh",
-        "-c",
-        "echo out $RANK; echo err $RANK >&2",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel(&argv(
+        "launch -n 3 --tee",
+        &[
+            logs.to_str().unwrap(),
+            "--ranks",
+            "1-2",
+            "--",
+            "sh",
+            "-c",
+            "echo out $RANK; echo err $RANK >&2",
+        ],
+    ));
+    r.code_is(0);
     assert!(rank_lines(&r.stdout, 0).is_empty(), "{}", r.all());
     assert_eq!(rank_lines(&r.stdout, 1), ["out 1"]);
     assert_eq!(rank_lines(&r.stdout, 2), ["out 2"]);
@@ -376,16 +263,7 @@ fn tee_writes_one_file_per_rank_and_the_filter_shows_some_ranks() {
         lines.sort();
         assert_eq!(lines, [format!("err {rank}"), format!("out {rank}")]);
     }
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--quiet-ranks",
-        "--",
-        "sh",
-        "-c",
-        "echo $RANK",
-    ]);
+    let r = accel(&argv("launch -n 2 --quiet-ranks -- sh -c", &["echo $RANK"]));
     assert_eq!(r.stdout, "[rank 0] 0\n", "{}", r.all());
 }
 
@@ -412,24 +290,13 @@ fn lines_are_never_mixed() {
 
 #[test]
 fn a_silent_worker_is_reported_as_hung() {
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--hang-timeout",
-        "700ms",
-        "--",
-        "sh",
-        "-c",
-        "if [ $RANK = 0 ]; then while :; do echo tick; sleep 0.1; done; fi; sleep 600",
-    ]);
-    assert_eq!(r.code, Some(124), "{}", r.all());
-    assert!(
-        r.stderr.contains("rank:      1 (local rank 1)"),
-        "{}",
-        r.all()
-    );
-    assert!(r.stderr.contains("hung: no output for"), "{}", r.all());
+    let r = accel(&argv(
+        "launch -n 2 --hang-timeout 700ms -- sh -c",
+        &["if [ $RANK = 0 ]; then while :; do echo tick; sleep 0.1; done; fi; sleep 600"],
+    ));
+    r.code_is(124);
+    r.has_stderr("rank:      1 (local rank 1)");
+    r.has_stderr("hung: no output for");
 }
 
 // ---- bad input: each with its message ----
@@ -438,155 +305,72 @@ fn a_silent_worker_is_reported_as_hung() {
 fn zero_or_negative_process_counts_are_refused() {
     for n in ["0", "-2"] {
         let r = accel(&["launch", "-n", n, "--", "true"]);
-        assert_eq!(r.code, Some(2), "{}", r.all());
+        r.code_is(2);
         assert!(
             r.stderr.contains(&format!("must be at least 1, got {n}"))
-                && r.stderr.contains("--num-processes"),
+                && r.stderr.contains("--nproc-per-node"),
             "{}",
             r.all()
         );
     }
     let r = accel(&["launch", "--nproc_per_node", "0", "--", "true"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
+    r.code_is(2);
     let r = accel(&["launch", "--num-machines", "0", "--", "true"]);
-    assert!(
-        r.stderr.contains("must be at least 1, got 0"),
-        "{}",
-        r.all()
-    );
+    r.has_stderr("must be at least 1, got 0");
 }
 
 #[test]
 fn machine_rank_must_be_below_the_number_of_machines() {
-    let r = accel(&[
-        "launch",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--token",
-        "t",
-        "--",
-        "true",
-    ]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(
-        r.stderr
-            .contains("machine rank 2 is not below the number of machines 2"),
-        "{}",
-        r.all()
-    );
+    let r =
+        accel_words("launch --nnodes 2 --node-rank 2 --master-addr 127.0.0.1 --token t -- true");
+    r.code_is(2);
+    r.has_stderr("machine rank 2 is not below the number of machines 2");
     let r = accel(&["launch", "--machine-rank", "-1", "--", "true"]);
-    assert!(
-        r.stderr.contains("must be 0 or more, got -1"),
-        "{}",
-        r.all()
-    );
+    r.has_stderr("must be 0 or more, got -1");
 }
 
 #[test]
 fn a_busy_port_is_an_error_on_several_machines_and_avoided_on_one() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
-    let r = accel(&[
-        "launch",
-        "--num-machines",
-        "2",
-        "--main-process-ip",
-        "127.0.0.1",
-        "--main-process-port",
-        &port,
-        "--token",
-        "t",
-        "--",
-        "true",
-    ]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(
-        r.stderr.contains(&format!("port {port} is already in use")),
-        "{}",
-        r.all()
-    );
-    let r = accel(&[
-        "launch",
-        "-n",
-        "2",
-        "--main-process-port",
-        &port,
-        "--",
-        ACCEL,
-        "probe-worker",
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
-    assert!(
-        r.stderr
-            .contains(&format!("port {port} is in use on this machine")),
-        "{}",
-        r.all()
-    );
+    let r = accel(&argv(
+        "launch --num-machines 2 --main-process-ip 127.0.0.1 --main-process-port",
+        &[&port, "--token", "t", "--", "true"],
+    ));
+    r.code_is(2);
+    r.has_stderr(&format!("port {port} is already in use"));
+    let r = accel(&argv(
+        "launch -n 2 --main-process-port",
+        &[&port, "--", ACCEL, "probe-worker"],
+    ));
+    r.code_is(0);
+    r.has_stderr(&format!("port {port} is in use on this machine"));
 }
 
 #[test]
 fn missing_or_non_executable_programs_are_named_before_anything_starts() {
     let r = accel(&["launch", "-n", "2", "--", "no-such-program-4711"]);
-    assert_eq!(r.code, Some(127), "{}", r.all());
-    assert!(
-        r.stderr
-            .contains("program `no-such-program-4711` not found on PATH"),
-        "{}",
-        r.all()
-    );
+    r.code_is(127);
+    r.has_stderr("program `no-such-program-4711` not found on PATH");
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("train.sh");
     std::fs::write(&f, "#!/bin/sh\necho hi\n").unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
     let r = accel(&["launch", "-n", "2", "--", f.to_str().unwrap()]);
-    assert_eq!(r.code, Some(126), "{}", r.all());
-    assert!(
-        r.stderr.contains("train.sh` is not executable"),
-        "{}",
-        r.all()
-    );
-    assert!(r.stderr.contains("chmod +x"), "{}", r.all());
+    r.code_is(126);
+    r.has_stderr("train.sh` is not executable");
+    r.has_stderr("chmod +x");
     assert!(r.stdout.is_empty(), "{}", r.all());
 }
 
 #[test]
 fn several_machines_need_an_address_and_a_token() {
     let r = accel(&["launch", "--num-machines", "2", "--", "true"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(
-        r.stderr.contains("--main-process-ip is required"),
-        "{}",
-        r.all()
-    );
-    let r = accel(&[
-        "launch",
-        "--num-machines",
-        "2",
-        "--main-process-ip",
-        "127.0.0.1",
-        "--",
-        "true",
-    ]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("needs a shared token"), "{}", r.all());
-}
-
-/// Without the `mpi` feature, `--backend mpi` says how to get it (with the
-/// feature, tests/mpi.rs runs the MPI launch path).
-#[cfg(not(feature = "mpi"))]
-#[test]
-fn the_mpi_backend_without_the_feature_says_to_rebuild() {
-    let r = accel(&["launch", "-n", "2", "--backend", "mpi", "--", "true"]);
-    assert_eq!(r.code, Some(1), "{}", r.all());
-    assert!(
-        r.stderr.contains("without the `mpi` feature") && r.stderr.contains("--features mpi"),
-        "{}",
-        r.all()
-    );
+    r.code_is(2);
+    r.has_stderr("--main-process-ip is required");
+    let r = accel_words("launch --num-machines 2 --main-process-ip 127.0.0.1 -- true");
+    r.code_is(2);
+    r.has_stderr("needs a shared token");
 }
 
 // ---- config files ----
@@ -601,7 +385,7 @@ fn config_files_layer_under_flags_and_refuse_unknown_keys_and_wrong_types() {
     let mut args = vec!["launch", "--config", c, "--"];
     args.extend(echo);
     let r = accel(&args);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     assert_eq!(rank_lines(&r.stdout, 2), ["3 fromfile"], "{}", r.all());
     let mut args = vec!["launch", "--config", c, "-n", "2", "--"];
     args.extend(echo);
@@ -611,19 +395,14 @@ fn config_files_layer_under_flags_and_refuse_unknown_keys_and_wrong_types() {
 
     std::fs::write(&cfg, "num_processes = 2\nnum_procs = 4\n").unwrap();
     let r = accel(&["launch", "--config", c, "--", "true"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("unknown key `num_procs`"), "{}", r.all());
-    assert!(r.stderr.contains("run.toml"), "{}", r.all());
+    r.code_is(2);
+    r.has_stderr("unknown key `num_procs`");
+    r.has_stderr("run.toml");
 
     std::fs::write(&cfg, "num_processes = \"two\"\n").unwrap();
     let r = accel(&["launch", "--config", c, "--", "true"]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(
-        r.stderr
-            .contains("key `num_processes` must be an integer, not a string"),
-        "{}",
-        r.all()
-    );
+    r.code_is(2);
+    r.has_stderr("key `num_processes` must be an integer, not a string");
 }
 
 #[test]
@@ -631,26 +410,16 @@ fn accel_config_writes_what_launch_reads() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("a.toml");
     let c = cfg.to_str().unwrap();
-    let r = accel(&[
-        "config",
-        "-n",
-        "2",
-        "--max-restarts",
-        "1",
-        "--timeout",
-        "45s",
-        "-o",
-        c,
-    ]);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    let r = accel(&argv("config -n 2 --max-restarts 1 --timeout 45s -o", &[c]));
+    r.code_is(0);
     let text = std::fs::read_to_string(&cfg).unwrap();
     assert!(
         text.contains("num_processes = 2") && text.contains("timeout = \"45s\""),
         "{text}"
     );
     let r = accel(&["config", "-n", "2", "-o", c]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("already exists"), "{}", r.all());
+    r.code_is(2);
+    r.has_stderr("already exists");
     let r = accel(&[
         "launch",
         "--config",
@@ -673,7 +442,7 @@ fn accel_config_writes_what_launch_reads() {
         stdin.write_all(b"4\n\n\n\n\n\n\n\nyes\n").unwrap();
     }
     let r = run.finish(LIMIT);
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     let text = std::fs::read_to_string(&cfg2).unwrap();
     assert!(
         text.contains("num_processes = 4") && text.contains("debug = true"),

@@ -64,8 +64,8 @@ fn two_machines_on_one_box_agree_on_ranks_and_run_id() {
     ));
     let r0 = m0.finish(LIMIT);
     let r1 = m1.finish(LIMIT);
-    assert_eq!(r0.code, Some(0), "{}", r0.all());
-    assert_eq!(r1.code, Some(0), "{}", r1.all());
+    r0.code_is(0);
+    r1.code_is(0);
     let all: Vec<_> = probes(&r0.stdout, 0..2)
         .into_iter()
         .chain(probes(&r1.stdout, 2..4))
@@ -99,25 +99,14 @@ fn a_failure_on_one_machine_stops_the_other_and_both_report_it() {
     let r1 = m1.finish(LIMIT);
     let r0 = m0.finish(LIMIT);
     for r in [&r0, &r1] {
-        assert_eq!(r.code, Some(7), "{}", r.all());
-        assert!(
-            r.stderr.contains("rank:      3 (local rank 1)"),
-            "{}",
-            r.all()
-        );
-        assert!(r.stderr.contains("  | rank three broke"), "{}", r.all());
+        r.code_is(7);
+        r.has_stderr("rank:      3 (local rank 1)");
+        r.has_stderr("  | rank three broke");
         assert!(r.elapsed < Duration::from_secs(8), "{}", r.all());
     }
-    assert!(
-        r0.stderr.contains("a worker on machine 1 failed"),
-        "{}",
-        r0.all()
-    );
+    r0.has_stderr("a worker on machine 1 failed");
     for pid in pids_in(dir.path()) {
-        assert!(
-            eventually(Duration::from_secs(2), || !alive(pid)),
-            "pid {pid} left"
-        );
+        assert_gone(pid, "pid {pid} left");
     }
 }
 
@@ -140,8 +129,8 @@ fn restarts_are_coordinated_across_machines() {
     let r0 = m0.finish(LIMIT);
     let r1 = m1.finish(LIMIT);
     for r in [&r0, &r1] {
-        assert_eq!(r.code, Some(0), "{}", r.all());
-        assert!(r.stderr.contains("attempt 1: succeeded"), "{}", r.all());
+        r.code_is(0);
+        r.has_stderr("attempt 1: succeeded");
     }
     assert_eq!(
         rank_lines(&r1.stdout, 1),
@@ -163,7 +152,7 @@ fn a_wrong_token_is_refused_on_both_sides() {
     std::thread::sleep(Duration::from_millis(100));
     let r1 = start(machine(1, port, &["--token", "wrong"], &["true"])).finish(LIMIT);
     let r0 = m0.finish(LIMIT);
-    assert_eq!(r1.code, Some(1), "{}", r1.all());
+    r1.code_is(1);
     assert!(
         r1.stderr.contains("machine 1 cannot join the run")
             && r1.stderr.contains("refused this machine's token"),
@@ -176,11 +165,7 @@ fn a_wrong_token_is_refused_on_both_sides() {
         "{}",
         r0.all()
     );
-    assert!(
-        r0.stderr.contains("machine(s) 1 did not join"),
-        "{}",
-        r0.all()
-    );
+    r0.has_stderr("machine(s) 1 did not join");
 }
 
 #[test]
@@ -189,8 +174,8 @@ fn a_machine_with_another_world_size_is_refused_on_both_sides() {
     let m0 = start(machine(0, port, &["--token", "t", "-n", "2"], &["true"]));
     let r1 = start(machine(1, port, &["--token", "t", "-n", "3"], &["true"])).finish(LIMIT);
     let r0 = m0.finish(LIMIT);
-    assert_eq!(r0.code, Some(2), "{}", r0.all());
-    assert_eq!(r1.code, Some(2), "{}", r1.all());
+    r0.code_is(2);
+    r1.code_is(2);
     let why = "expects world size 6 (3 processes x 2 machines), but machine 0 runs world size 4";
     assert!(
         r0.stderr.contains("refused machine 1") && r0.stderr.contains(why),
@@ -317,8 +302,8 @@ fn two_machines_in_two_network_namespaces() {
     let m0 = start(in_ns(&ns.names[0], "0"));
     let r0 = m0.finish(LIMIT);
     let r1 = m1.finish(LIMIT);
-    assert_eq!(r0.code, Some(0), "{}", r0.all());
-    assert_eq!(r1.code, Some(0), "{}", r1.all());
+    r0.code_is(0);
+    r1.code_is(0);
     for (i, v) in probes(&r0.stdout, 0..2)
         .into_iter()
         .chain(probes(&r1.stdout, 2..4))
@@ -340,28 +325,27 @@ fn two_machines_over_ipv6() {
     let port = l.local_addr().unwrap().port().to_string();
     drop(l);
     let m = |rank: &str| {
-        command(&[
-            "launch",
-            "--num-machines",
-            "2",
-            "--machine-rank",
-            rank,
-            "--main-process-ip",
-            "::1",
-            "--main-process-port",
-            &port,
-            "--token",
-            "v6",
-            "--",
-            ACCEL,
-            "probe-worker",
-        ])
+        command(&argv(
+            "launch --num-machines 2 --machine-rank",
+            &[
+                rank,
+                "--main-process-ip",
+                "::1",
+                "--main-process-port",
+                &port,
+                "--token",
+                "v6",
+                "--",
+                ACCEL,
+                "probe-worker",
+            ],
+        ))
     };
     let m0 = start(m("0"));
     let r1 = start(m("1")).finish(LIMIT);
     let r0 = m0.finish(LIMIT);
-    assert_eq!(r0.code, Some(0), "{}", r0.all());
-    assert_eq!(r1.code, Some(0), "{}", r1.all());
+    r0.code_is(0);
+    r1.code_is(0);
     let v = &probes(&r1.stdout, 1..2)[0];
     assert_eq!(v["store"], format!("tcp://[::1]:{port}"));
     assert!(v["barrier_ms"].is_number());

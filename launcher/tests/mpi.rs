@@ -2,8 +2,9 @@
 //! mpirun and keeps its prefixed output, root-cause block, signal handling
 //! and restarts; the conformance suite passes through it. Every run is
 //! under a hard deadline. Skipped (with the reason) where mpirun is not
-//! installed (`make setup` installs Open MPI).
-#![cfg(feature = "mpi")]
+//! installed (`make setup` installs Open MPI). Launching through mpirun
+//! needs no cargo feature; the test of the mpi backend inside the `accel`
+//! binary itself (probe-worker) needs `--features mpi`.
 
 mod common;
 
@@ -13,18 +14,18 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
+/// Return from the test (saying why) where mpirun is missing.
+macro_rules! need_mpirun {
+    () => {
+        if !mpirun_available() {
+            return;
+        }
+    };
+}
+
 /// `mpirun --version` runs (or `ACCEL_MPIRUN`'s launcher does).
 fn mpirun_available() -> bool {
-    let launcher = std::env::var_os("ACCEL_MPIRUN")
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "mpirun".into());
-    let ok = Command::new(launcher)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = accel_launch::mpirun::available();
     if !ok {
         // A skip is not a pass: where the project's set-up ran, it is a failure.
         assert!(
@@ -42,6 +43,13 @@ fn mpi(args: &[&str]) -> Vec<String> {
     v
 }
 
+/// `accel launch --backend mpi FLAGS -- sh -c SCRIPT`.
+fn mpi_sh(flags: &str, script: &str) -> Run {
+    let mut words = argv(flags, &[]);
+    words.extend(["--", "sh", "-c", script]);
+    run(&mpi(&words), LIMIT)
+}
+
 fn run(args: &[String], limit: Duration) -> Run {
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     start(command(&a)).finish(limit)
@@ -49,48 +57,34 @@ fn run(args: &[String], limit: Duration) -> Run {
 
 #[test]
 fn mpi_ranks_print_their_mpi_rank_with_the_rank_prefix() {
-    if !mpirun_available() {
-        return;
-    }
-    let r = run(
-        &mpi(&[
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "echo $OMPI_COMM_WORLD_RANK; echo \"rank=${RANK:-unset} launcher=${ACCEL_LAUNCHER:-unset} \
+    need_mpirun!();
+    let r = mpi_sh(
+        "-n 2",
+        "echo $OMPI_COMM_WORLD_RANK; echo \"rank=${RANK:-unset} launcher=${ACCEL_LAUNCHER:-unset} \
              backend=$ACCEL_BACKEND restart=$ACCEL_RESTART_COUNT store=${ACCEL_STORE_URL%:*}\" >&2",
-        ]),
-        LIMIT,
     );
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     let mut lines: Vec<&str> = r.stdout.lines().collect();
     lines.sort();
     assert_eq!(lines, vec!["[rank 0] 0", "[rank 1] 1"], "{}", r.all());
     // MPI numbers the ranks: the launcher's own RANK / ACCEL_LAUNCHER are
     // gone; the store and the rest of the contract are there.
     for rank in 0..2 {
-        assert!(
-            r.stderr.contains(&format!(
-                "[rank {rank}] rank=unset launcher=unset backend=mpi restart=0 store=tcp://127.0.0.1"
-            )),
-            "{}",
-            r.all()
-        );
+        r.has_stderr(&format!(
+            "[rank {rank}] rank=unset launcher=unset backend=mpi restart=0 store=tcp://127.0.0.1"
+        ));
     }
 }
 
+#[cfg(feature = "mpi")]
 #[test]
 fn the_runtime_connects_the_mpi_backend_and_reaches_the_store() {
-    if !mpirun_available() {
-        return;
-    }
+    need_mpirun!();
     let r = run(
         &mpi(&["-n", "2", "--", ACCEL, "probe-worker", "--accelerator"]),
         LIMIT,
     );
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     for rank in 0..2 {
         let lines = rank_lines(&r.stdout, rank);
         assert_eq!(lines.len(), 1, "{}", r.all());
@@ -105,68 +99,38 @@ fn the_runtime_connects_the_mpi_backend_and_reaches_the_store() {
 
 #[test]
 fn a_failing_mpi_rank_gives_its_exit_code_and_a_root_cause_naming_it() {
-    if !mpirun_available() {
-        return;
-    }
-    let r = run(
-        &mpi(&[
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            // The short sleep: a rank that fails while mpirun is still
-            // starting the job may go unnamed (and its output unforwarded)
-            // in Open MPI's report.
-            "sleep 0.5; if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then echo 'rank one is failing' >&2; exit 3; fi; \
-             sleep 600",
-        ]),
-        LIMIT,
-    );
-    assert_eq!(r.code, Some(3), "{}", r.all());
+    need_mpirun!();
+    // The short sleep: a rank that fails while mpirun is still
+    // starting the job may go unnamed (and its output unforwarded)
+    // in Open MPI's report.
+    let r = mpi_sh("-n 2", "sleep 0.5; if [ \"$OMPI_COMM_WORLD_RANK\" = 1 ]; then echo 'rank one is failing' >&2; exit 3; fi; \
+             sleep 600");
+    r.code_is(3);
     assert!(r.elapsed < Duration::from_secs(15), "{}", r.all());
-    assert!(
-        r.stderr.contains("rank:      1 (local rank 1)"),
-        "{}",
-        r.all()
-    );
-    assert!(r.stderr.contains("exit:      exit code 3"), "{}", r.all());
-    assert!(r.stderr.contains("  | rank one is failing"), "{}", r.all());
-    assert!(r.stderr.contains("mpirun said"), "{}", r.all());
+    r.has_stderr("rank:      1 (local rank 1)");
+    r.has_stderr("exit:      exit code 3");
+    r.has_stderr("  | rank one is failing");
+    r.has_stderr("mpirun said");
 }
 
 #[test]
 fn a_panicking_rank_brings_its_error_file_into_the_root_cause() {
-    if !mpirun_available() {
-        return;
-    }
+    need_mpirun!();
     let r = run(
-        &mpi(&[
-            "-n",
-            "2",
-            "--",
-            ACCEL,
-            "probe-worker",
-            "--panic-on-rank",
-            "1",
-        ]),
+        &mpi(&argv(
+            "-n 2 --",
+            &[ACCEL, "probe-worker", "--panic-on-rank", "1"],
+        )),
         LIMIT,
     );
-    assert_eq!(r.code, Some(101), "{}", r.all());
-    assert!(r.stderr.contains("rank:      1"), "{}", r.all());
-    assert!(
-        r.stderr
-            .contains("error:     probe-worker: deliberate panic on rank 1"),
-        "{}",
-        r.all()
-    );
+    r.code_is(101);
+    r.has_stderr("rank:      1");
+    r.has_stderr("error:     probe-worker: deliberate panic on rank 1");
 }
 
 #[test]
 fn sigterm_to_the_launcher_stops_mpirun_and_every_rank() {
-    if !mpirun_available() {
-        return;
-    }
+    need_mpirun!();
     let dir = tempfile::tempdir().unwrap();
     let script = format!(
         "echo $$ > {d}/rank-$OMPI_COMM_WORLD_RANK.pid; sleep 600 & echo $! > {d}/child-$OMPI_COMM_WORLD_RANK.pid; wait",
@@ -184,15 +148,10 @@ fn sigterm_to_the_launcher_stops_mpirun_and_every_rank() {
         .args(["-TERM", &running.pid().to_string()])
         .status();
     let r = running.finish(LIMIT);
-    assert_eq!(r.code, Some(128 + 15), "{}", r.all());
+    r.code_is(128 + 15);
     assert!(t.elapsed() < Duration::from_secs(10), "{}", r.all());
-    assert!(
-        r.stderr
-            .contains("received SIGTERM, sending SIGTERM to mpirun"),
-        "{}",
-        r.all()
-    );
-    assert!(r.stderr.contains("interrupted"), "{}", r.all());
+    r.has_stderr("received SIGTERM, sending SIGTERM to mpirun");
+    r.has_stderr("interrupted");
     for pid in pids_in(dir.path()) {
         assert!(
             eventually(Duration::from_secs(5), || !alive(pid)),
@@ -204,23 +163,15 @@ fn sigterm_to_the_launcher_stops_mpirun_and_every_rank() {
 
 #[test]
 fn restarts_rerun_mpirun_with_the_restart_count() {
-    if !mpirun_available() {
-        return;
-    }
+    need_mpirun!();
     let r = run(
-        &mpi(&[
-            "-n",
-            "2",
-            "--max-restarts",
-            "1",
-            "--",
-            "sh",
-            "-c",
-            "echo attempt $ACCEL_RESTART_COUNT; [ \"$ACCEL_RESTART_COUNT\" = 1 ] || exit 4",
-        ]),
+        &mpi(&argv(
+            "-n 2 --max-restarts 1 -- sh -c",
+            &["echo attempt $ACCEL_RESTART_COUNT; [ \"$ACCEL_RESTART_COUNT\" = 1 ] || exit 4"],
+        )),
         LIMIT,
     );
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     for rank in 0..2 {
         assert_eq!(
             rank_lines(&r.stdout, rank),
@@ -229,33 +180,29 @@ fn restarts_rerun_mpirun_with_the_restart_count() {
             r.all()
         );
     }
-    assert!(r.stderr.contains("ACCEL_RESTART_COUNT=1"), "{}", r.all());
-    assert!(r.stderr.contains("attempt 1: succeeded"), "{}", r.all());
+    r.has_stderr("ACCEL_RESTART_COUNT=1");
+    r.has_stderr("attempt 1: succeeded");
 }
 
 #[test]
 fn rank_filter_and_tee_apply_to_mpi_ranks() {
-    if !mpirun_available() {
-        return;
-    }
+    need_mpirun!();
     let dir = tempfile::tempdir().unwrap();
     let logs = dir.path().join("logs");
     let r = run(
-        &mpi(&[
-            "-n",
-            "2",
-            "--ranks",
-            "1",
-            "--tee",
-            logs.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
-            "echo hello from $OMPI_COMM_WORLD_RANK",
-        ]),
+        &mpi(&argv(
+            "-n 2 --ranks 1 --tee",
+            &[
+                logs.to_str().unwrap(),
+                "--",
+                "sh",
+                "-c",
+                "echo hello from $OMPI_COMM_WORLD_RANK",
+            ],
+        )),
         LIMIT,
     );
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     assert_eq!(r.stdout, "[rank 1] hello from 1\n", "{}", r.all());
     for rank in 0..2 {
         let text = std::fs::read_to_string(logs.join(format!("rank-{rank}.log"))).unwrap();
@@ -266,38 +213,14 @@ fn rank_filter_and_tee_apply_to_mpi_ranks() {
 #[test]
 fn under_mpi_only_machine_0_launches() {
     // Refused before anything starts, mpirun or not.
-    let r = accel(&[
-        "launch",
-        "--backend",
-        "mpi",
-        "--num-machines",
-        "2",
-        "--machine-rank",
-        "1",
-        "--main-process-ip",
-        "127.0.0.1",
-        "--token",
-        "t",
-        "--",
-        "true",
-    ]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("only machine 0 launches"), "{}", r.all());
-    let r = accel(&[
-        "launch",
-        "--backend",
-        "mpi",
-        "--num-machines",
-        "2",
-        "--main-process-ip",
-        "127.0.0.1",
-        "--token",
-        "t",
-        "--",
-        "true",
-    ]);
-    assert_eq!(r.code, Some(2), "{}", r.all());
-    assert!(r.stderr.contains("--mpi-hosts"), "{}", r.all());
+    let r = accel_words("launch --backend mpi --num-machines 2 --machine-rank 1 --main-process-ip 127.0.0.1 --token t -- true");
+    r.code_is(2);
+    r.has_stderr("only machine 0 launches");
+    let r = accel_words(
+        "launch --backend mpi --num-machines 2 --main-process-ip 127.0.0.1 --token t -- true",
+    );
+    r.code_is(2);
+    r.has_stderr("--mpi-hosts");
 }
 
 #[test]
@@ -308,7 +231,7 @@ fn a_missing_mpirun_is_named_with_the_fix() {
         c
     })
     .finish(LIMIT);
-    assert_eq!(r.code, Some(127), "{}", r.all());
+    r.code_is(127);
     assert!(
         r.stderr.contains("/nonexistent/mpirun") && r.stderr.contains("ACCEL_MPIRUN"),
         "{}",
@@ -330,12 +253,7 @@ fn conformance_worker() -> PathBuf {
     accel_conformance::harness::cargo_build(
         workspace,
         target,
-        &[
-            "-p",
-            "accel-conformance",
-            "--bin",
-            "accel-conformance-worker",
-        ],
+        &argv("-p accel-conformance --bin accel-conformance-worker", &[]),
     )
     .unwrap_or_else(|e| panic!("{e}"))
     .into_iter()
@@ -348,28 +266,19 @@ fn conformance_worker() -> PathBuf {
 
 #[test]
 fn the_conformance_suite_passes_under_accel_launch_backend_mpi() {
-    if !mpirun_available() {
-        return;
-    }
+    need_mpirun!();
     let worker = conformance_worker();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("results.json");
-    let mut cmd = command(&[
-        "launch",
-        "--backend",
-        "mpi",
-        "-n",
-        "2",
-        "--timeout",
-        "30s",
-        "--",
-        worker.to_str().unwrap(),
-    ]);
+    let mut cmd = command(&argv(
+        "launch --backend mpi -n 2 --timeout 30s --",
+        &[worker.to_str().unwrap()],
+    ));
     cmd.env("ACCEL_CONFORMANCE_OUT", &out)
         .env_remove("ACCEL_CONFORMANCE_FILTER")
         .env_remove("ACCEL_PLUGIN_PATH");
     let r = start(cmd).finish(Duration::from_secs(300));
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     let text = std::fs::read_to_string(&out)
         .unwrap_or_else(|e| panic!("no results at {}: {e}\n{}", out.display(), r.all()));
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -392,58 +301,36 @@ fn the_conformance_suite_passes_under_accel_launch_backend_mpi() {
 
 #[test]
 fn a_silent_mpi_rank_is_reported_as_hung() {
-    if !mpirun_available() {
-        return;
-    }
-    let r = run(
-        &mpi(&[
-            "-n",
-            "2",
-            "--hang-timeout",
-            "1s",
-            "--grace-period",
-            "2s",
-            "--",
-            "sh",
-            "-c",
-            "if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then while :; do echo tick; sleep 0.2; done; fi; sleep 600",
-        ]),
-        LIMIT,
-    );
-    assert_eq!(r.code, Some(124), "{}", r.all());
-    assert!(r.stderr.contains("rank:      1"), "{}", r.all());
-    assert!(r.stderr.contains("hung: no output for"), "{}", r.all());
+    need_mpirun!();
+    let r = mpi_sh("-n 2 --hang-timeout 1s --grace-period 2s", "if [ \"$OMPI_COMM_WORLD_RANK\" = 0 ]; then while :; do echo tick; sleep 0.2; done; fi; sleep 600");
+    r.code_is(124);
+    r.has_stderr("rank:      1");
+    r.has_stderr("hung: no output for");
 }
 
 #[test]
 fn machine_0_runs_every_machine_s_ranks_from_the_host_list() {
-    if !mpirun_available() {
-        return;
-    }
+    need_mpirun!();
     // Two "machines" that are both this one: mpirun places one rank on
     // each, and the ranks reach machine 0's store with the run's token.
     let port = free_port().to_string();
     let r = run(
-        &mpi(&[
-            "-n",
-            "1",
-            "--num-machines",
-            "2",
-            "--main-process-ip",
-            "127.0.0.1",
-            "--main-process-port",
-            &port,
-            "--token",
-            "mpi-test-token",
-            "--mpi-hosts",
-            "localhost,localhost",
-            "--",
-            ACCEL,
-            "probe-worker",
-        ]),
+        &mpi(&argv(
+            "-n 1 --num-machines 2 --main-process-ip 127.0.0.1 --main-process-port",
+            &[
+                &port,
+                "--token",
+                "mpi-test-token",
+                "--mpi-hosts",
+                "localhost,localhost",
+                "--",
+                ACCEL,
+                "probe-worker",
+            ],
+        )),
         LIMIT,
     );
-    assert_eq!(r.code, Some(0), "{}", r.all());
+    r.code_is(0);
     for rank in 0..2 {
         let lines = rank_lines(&r.stdout, rank);
         assert_eq!(lines.len(), 1, "{}", r.all());
@@ -452,4 +339,69 @@ fn machine_0_runs_every_machine_s_ranks_from_the_host_list() {
         assert_eq!(v["store"], format!("tcp://127.0.0.1:{port}"), "{}", r.all());
         assert!(v["barrier_ms"].is_number(), "{}", r.all());
     }
+}
+
+// ---- rough edges of the mpirun path ----
+
+#[test]
+fn partial_lines_of_several_ranks_do_not_leak_mpirun_s_tags() {
+    need_mpirun!();
+    let r = mpi_sh("-n 2", "printf 'part1 '; sleep 0.3; echo part2; printf 'err1 ' >&2; sleep 0.3; echo err2 >&2; exit 3");
+    r.code_is(3);
+    let mut lines: Vec<&str> = r.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        vec!["[rank 0] part1 part2", "[rank 1] part1 part2"],
+        "{}",
+        r.all()
+    );
+    assert!(
+        !r.all().contains("<stdout>:") && !r.all().contains("<stderr>:"),
+        "{}",
+        r.all()
+    );
+    r.has_stderr("  | err1 err2");
+}
+
+fn kill_9_run(marker: &str) {
+    let args = mpi(&["-n", "2", "--", "sleep", marker]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut c = command(&a);
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    // The launcher, the guard, mpirun, and two ranks.
+    assert!(
+        wait_for(|| processes_with(marker) >= 5, 30),
+        "mpirun and its ranks did not start ({} processes)",
+        processes_with(marker)
+    );
+    child.kill().unwrap(); // SIGKILL
+    let _ = child.wait();
+}
+
+#[test]
+fn kill_9_of_the_launcher_leaves_no_mpirun() {
+    need_mpirun!();
+    let marker = format!("{}.{}", 1001, std::process::id());
+    kill_9_run(&marker);
+    let mpirun_left = || processes_with(&format!("--tag-output sleep {marker}"));
+    assert!(
+        wait_for(|| mpirun_left() == 0, 20),
+        "mpirun outlived the launcher"
+    );
+}
+
+/// The ranks go too: mpirun gets exactly one SIGTERM (from its
+/// single-threaded guard), and stops them.
+#[test]
+fn kill_9_of_the_launcher_leaves_no_mpi_rank() {
+    need_mpirun!();
+    let marker = format!("{}.{}", 1002, std::process::id());
+    kill_9_run(&marker);
+    assert!(
+        wait_for(|| processes_with(&marker) == 0, 20),
+        "{} process(es) outlived the launcher",
+        processes_with(&marker)
+    );
 }

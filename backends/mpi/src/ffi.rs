@@ -243,13 +243,6 @@ pub(crate) fn abort_job(message: &str, code: i32) -> ! {
     std::process::abort()
 }
 
-/// `true` when the effective user is root (OpenMPI's mpirun then needs
-/// `--allow-run-as-root`).
-pub(crate) fn running_as_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Element types MPI moves or reduces for us.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Ty {

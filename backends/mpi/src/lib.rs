@@ -4,8 +4,8 @@
 //! and its derivatives) through rsmpi's `mpi-sys` bindings
 //! (`mpi = { version = "0.8", default-features = false }`: no libffi).
 //! Programs run under `mpirun -n N`, `mpiexec`, `srun`, or
-//! `accel launch --backend mpi` (which builds its command line with
-//! [`mpirun_command`]).
+//! `accel launch --backend mpi` (whose command line the launch library,
+//! `accel-launch`, builds: launching links no MPI).
 //!
 //! ## Building
 //!
@@ -87,7 +87,6 @@
 //! | variable | effect |
 //! |---|---|
 //! | `ACCEL_MPI_STAGING_BYTES` | buffer size up to which operations run on owned memory (default 65536; `0`: always in place) |
-//! | `ACCEL_MPIRUN` | the launcher [`mpirun_command`] runs (default `mpirun`) |
 //!
 //! [`ErrorKind::InvalidConfig`]: accel_api::ErrorKind::InvalidConfig
 //! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
@@ -102,7 +101,6 @@ mod error;
 // Every raw MPI call lives here, behind handle newtypes.
 #[allow(unsafe_code)]
 mod ffi;
-mod launch;
 pub mod probe;
 
 use std::sync::Arc;
@@ -113,7 +111,6 @@ use accel_api::{
 };
 
 pub use engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
-pub use launch::{detect_flavor, mpirun_command, parse_tagged_line, MpiFlavor, MpirunSpec};
 pub use probe::engine_version;
 
 use engine::{poll, timed_out, Shared, Waited};

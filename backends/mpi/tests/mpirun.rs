@@ -10,7 +10,7 @@ use accel_api::{
     bf16, f16, Backend, Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, ErrorKind,
     HostBuf, HostBufMut, ReduceOp,
 };
-use accel_backend_mpi::{mpirun_command, MpiFlavor, MpirunSpec};
+use accel_launch::mpirun::{mpirun_command, MpiFlavor, MpirunSpec};
 
 const DEADLINE: Duration = Duration::from_secs(90);
 

@@ -6,14 +6,14 @@
 //! | [`workload`] | the shared flags, sizes, bus factors, the result row |
 //! | [`worker`] | the hidden `accel bench-worker`: one rank's timing loop |
 //!
-//! `accel bench` starts the ranks through `accel launch` itself (it runs
-//! `<this accel> launch -n N [--backend B] -- <this accel> bench-worker
-//! ...`), so the workers see exactly what every launched program sees and
-//! connect with [`accel::Accelerator::new`]. Rank 0 appends one JSON line
-//! per size to a scratch file; this process follows the file for the
-//! progress bar, then prints the table (or `--json`) on stdout. The
-//! launcher's and the workers' own output goes to stderr, so stdout holds
-//! only the result.
+//! `accel bench` starts the ranks through the launch library, exactly as
+//! `accel launch -n N [--backend B] -- <this accel> bench-worker ...` does
+//! (in this process: same supervisor, same worker environment), so the
+//! workers see what every launched program sees and connect with
+//! [`accel::Accelerator::new`]. Rank 0 appends one JSON line per size to a
+//! scratch file; a thread follows the file for the progress bar, then this
+//! process prints the table (or `--json`) on stdout. The workers' own
+//! output goes to stderr, so stdout holds only the result.
 //!
 //! # Method
 //!
@@ -30,9 +30,8 @@ pub mod worker;
 pub mod workload;
 
 use std::fmt::Write as _;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use accel_api::{Error, ErrorKind, Result};
@@ -172,54 +171,60 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     let me =
         std::env::current_exe().map_err(|e| Error::io("cannot find the accel executable", e))?;
     let out = scratch_file();
-    let mut cmd = Command::new(&me);
-    cmd.arg("launch").arg("-n").arg(world.to_string());
-    if let Some(b) = &args.backend {
-        cmd.arg("--backend").arg(b);
-    }
-    if let Some(t) = &args.timeout {
-        cmd.arg("--timeout").arg(t);
-    }
-    cmd.arg("--").arg(&me).arg("bench-worker");
-    cmd.args(w.to_args()).arg("--out").arg(&out);
-    // Keep stdout for the result: everything the launch prints goes to
-    // stderr.
-    let to_stderr = std::io::stderr()
-        .as_fd()
-        .try_clone_to_owned()
-        .map_err(|e| Error::io("cannot duplicate stderr", e))?;
-    cmd.stdout(Stdio::from(to_stderr)).stdin(Stdio::null());
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::io(format!("cannot start {} launch", me.display()), e))?;
+    let mut command: Vec<std::ffi::OsString> = vec![me.clone().into(), "bench-worker".into()];
+    command.extend(w.to_args().into_iter().map(Into::into));
+    command.push("--out".into());
+    command.push(out.clone().into());
+    let options = crate::launch::options::Options {
+        num_processes: Some(world),
+        backend: match &args.backend {
+            Some(b) => Some(
+                b.parse()
+                    .map_err(|why: String| Error::invalid_config("--backend", b, why))?,
+            ),
+            None => None,
+        },
+        timeout: match &args.timeout {
+            Some(t) => Some(
+                crate::launch::options::parse_dur(t)
+                    .map_err(|why| Error::invalid_config("--timeout", t, why))?,
+            ),
+            None => None,
+        },
+        ..Default::default()
+    };
+    let mut launch = crate::launch::LaunchArgs::new(options, command);
+    // Keep stdout for the result: the workers' lines go to stderr.
+    launch.workers_stdout_to_stderr = true;
 
     let pb = progress_bar(expected, w.op.name());
-    let status = loop {
-        if let Some(s) = child
-            .try_wait()
-            .map_err(|e| Error::io("cannot wait for accel launch", e))?
-        {
-            break s;
-        }
-        if !pb.is_hidden() {
-            if let Ok(lines) = read_lines(&out) {
-                let done = lines.iter().filter(|l| matches!(l, Line::Row(_))).count();
-                pb.set_position(done as u64);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let follower = {
+        let (pb, out, done) = (pb.clone(), out.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if !pb.is_hidden() {
+                    if let Ok(lines) = read_lines(&out) {
+                        let n = lines.iter().filter(|l| matches!(l, Line::Row(_))).count();
+                        pb.set_position(n as u64);
+                    }
+                    pb.tick();
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
-            pb.tick();
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        })
     };
+    // On this (the main) thread: the workers are tied to it.
+    let code = crate::launch::run_code(&launch);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = follower.join();
     pb.finish_and_clear();
+    let code = code?;
     let lines = read_lines(&out);
     let _ = std::fs::remove_file(&out);
-    if !status.success() {
-        eprintln!("accel: bench: the benchmark run failed ({status})");
-        let code = status
-            .code()
-            .or_else(|| std::os::unix::process::ExitStatusExt::signal(&status).map(|s| 128 + s))
-            .unwrap_or(1);
-        return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    if code != 0 {
+        eprintln!("accel: bench: the benchmark run failed (exit code {code})");
+        return Ok(ExitCode::from(code));
     }
     let lines = lines?;
     let mut backend = String::from("?");
@@ -258,12 +263,12 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         rows: &rows,
     };
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&report).unwrap_or_default()
         );
     } else {
-        print!("{}", table(&report));
+        out!("{}", table(&report));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -328,24 +333,17 @@ mod tests {
 
     #[test]
     fn table_has_one_line_per_row() {
-        let rows = vec![
+        let row = |bytes, elems, us| {
             Row::new(
                 workload::BenchOp::AllReduce,
                 2,
                 accel_api::DType::F32,
-                4096,
-                1024,
-                &[250.0],
-            ),
-            Row::new(
-                workload::BenchOp::AllReduce,
-                2,
-                accel_api::DType::F32,
-                8192,
-                2048,
-                &[260.0],
-            ),
-        ];
+                bytes,
+                elems,
+                &[us],
+            )
+        };
+        let rows = vec![row(4096, 1024, 250.0), row(8192, 2048, 260.0)];
         let r = Report {
             op: "all_reduce",
             backend: "cpu-gloo",

@@ -41,8 +41,8 @@ use std::time::{Duration, Instant};
 use accel_api::{CasOutcome, Error, ErrorKind, Result, Store};
 use serde::{Deserialize, Serialize};
 
-use super::report::Failure;
-use super::supervise::{Event, LAST_SIGNAL};
+use accel_launch::report::Failure;
+use accel_launch::supervise::{Event, LAST_SIGNAL};
 
 const ROOT: &str = "accel-launch";
 /// Poll step of the waiting loops (they also watch for signals).
@@ -126,7 +126,7 @@ fn interrupted() -> Result<()> {
             ErrorKind::Aborted,
             format!(
                 "interrupted by {} while the machines were joining",
-                super::report::signal_name(s)
+                accel_launch::report::signal_name(s)
             ),
         )),
     }
@@ -631,8 +631,8 @@ mod tests {
             local_rank: 0,
             machine,
             host: "h".into(),
-            pid: 1,
-            exit: super::super::report::Exit::Code { code: 3 },
+            pid: Some(1),
+            exit: accel_launch::report::Exit::Code { code: 3 },
             error: None,
             location: None,
             stderr_tail: vec![],

@@ -6,14 +6,13 @@
 //! |---|---|
 //! | [`options`] | flags, environment and config layers → [`options::Settings`] |
 //! | [`config`] | the TOML config file (read, check, render) |
-//! | [`program`] | find the program before spawning anything |
-//! | [`store`] | bind and host the store on machine 0 |
 //! | [`machines`] | how several machines' launchers agree on a run |
-//! | [`spawn`] | the workers' environment contract, process groups |
-//! | [`output`] | whole-line `[rank N]` prefixing, `--tee`, stderr tails |
-//! | [`supervise`] | one attempt: watch, stop on failure, forward signals, hangs |
-//! | [`report`] | root-cause block, summary, `--json` |
-//! | [`mpi`] | `--backend mpi`: delegate to the system's mpirun (feature `mpi`) |
+//! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
+//!
+//! Starting, supervising and restarting the processes is the launch
+//! library's ([`accel_launch`]): a [`LocalGroup`] of workers here, an
+//! [`accel_launch::MpirunGroup`] under `--backend mpi`, both under one
+//! supervisor and one restart loop.
 //!
 //! # Environment contract
 //!
@@ -26,14 +25,19 @@
 //! and torchrun's `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_RESTART_COUNT`,
 //! `TORCHELASTIC_MAX_RESTARTS`, `TORCHELASTIC_ERROR_FILE`. A unit test feeds
 //! them to `accel::ProcessState::from_vars`, the runtime's own reader.
+//! They are written from one [`accel::WorkerEnv`].
 //!
 //! # Decisions
 //!
-//! * `-n` counts processes **per machine** (torchrun's `--nproc-per-node`);
-//!   Accelerate's `--num_processes` counts all machines together. Every
-//!   machine must run the same number: the world size a machine claims is
-//!   `-n × --num-machines`, and machine 0 refuses a machine whose claim
-//!   differs from its own.
+//! * `-n` / `--nproc-per-node` counts processes **per machine** (torchrun);
+//!   `--num-processes` / `--num_processes` counts **all machines together**
+//!   (Accelerate), and must divide by `--num-machines`; giving both is an
+//!   error. Every machine runs the same number: the world size a machine
+//!   claims is `-n × --num-machines`, and machine 0 refuses a machine whose
+//!   claim differs from its own. At most
+//!   [`MAX_LOCAL_PROCESSES`](accel_launch::MAX_LOCAL_PROCESSES) per machine.
+//! * The token: `--token-file FILE` or `ACCEL_RUN_TOKEN` keep it out of
+//!   `ps`; `--token` on the command line works but warns.
 //! * Precedence: flags, then `ACCEL_RUN_TOKEN` / `ACCEL_TIMEOUT` /
 //!   `ACCEL_BACKEND` / `ACCEL_DEBUG`, then the config file (only with
 //!   `--config` or `ACCEL_CONFIG_FILE`; no file is read implicitly), then
@@ -76,44 +80,39 @@
 //! * Only a run of a single process inherits the terminal's stdin; with
 //!   several, stdin is /dev/null.
 //! * Workers run in their own process groups, so stopping one also stops
-//!   what it started; the launcher cannot make the kernel kill them if the
-//!   launcher itself is SIGKILLed (that needs `PR_SET_PDEATHSIG` in
-//!   `pre_exec`, which is unsafe code, forbidden in this crate).
+//!   what it started. If the launcher itself is SIGKILLed, the kernel sends
+//!   each worker SIGKILL and mpirun SIGTERM (which stops its ranks):
+//!   `PR_SET_PDEATHSIG`, set by the launch library's `ffi` module.
 
 pub mod config;
 pub mod machines;
 pub mod mpi;
 pub mod options;
-pub mod output;
-pub mod program;
-pub mod report;
-pub mod spawn;
-pub mod store;
-pub mod supervise;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use accel::worker_env::WorkerEnv;
 use accel_api::{Error, ErrorKind, Result, Store};
+use accel_launch::output::{print_stdout, say};
+use accel_launch::report::{self, Exit, Failure, Status};
+use accel_launch::supervise::{Event, LocalOutcome, Settled, LAST_SIGNAL};
+use accel_launch::{program, store, Attempt, Coordinator, HostedStore, LocalGroup, Supervision};
 use accel_rendezvous::{TcpStore, TcpStoreServer};
 
 use machines::{Global, Registration, Watcher};
 use options::{Options, Settings};
-use output::{print_stdout, say};
-use report::{AttemptReport, Exit, Failure, Status, Summary};
-use spawn::RunEnv;
-use supervise::{run_attempt, AttemptSpec, Event, LocalOutcome, LAST_SIGNAL};
 
 /// Arguments of `accel launch`.
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  accel launch -n 4 -- ./train --epochs 3\n  \
-                  accel launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --token $TOKEN -n 8 -- ./train\n\n\
+                  accel launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --token-file ~/.accel-token -n 8 -- ./train\n\n\
                   Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, \
                   MASTER_PORT and the ACCEL_* variables (store URL and token, run id, timeout, backend, debug, \
                   restart count, error file)."
@@ -144,6 +143,10 @@ pub struct LaunchArgs {
     #[arg(long)]
     standalone: bool,
 
+    /// Show the workers' stdout on stderr (`accel bench`).
+    #[arg(skip)]
+    pub workers_stdout_to_stderr: bool,
+
     /// The program to run and its arguments (after `--`).
     #[arg(
         required = true,
@@ -154,50 +157,21 @@ pub struct LaunchArgs {
     command: Vec<OsString>,
 }
 
-/// What one machine needs to reach the store and agree with the others.
-enum Coordination {
-    /// One machine: a fresh store per attempt, nothing to agree on.
-    Single,
-    /// Machine 0 of several: hosts the store for the whole run.
-    Host {
-        server: TcpStoreServer,
-        store: Arc<dyn Store>,
-    },
-    /// Another machine: a client of machine 0's store.
-    Member { store: Arc<dyn Store> },
-}
-
-impl Coordination {
-    fn store(&self) -> Option<&Arc<dyn Store>> {
-        match self {
-            Coordination::Single => None,
-            Coordination::Host { store, .. } | Coordination::Member { store } => Some(store),
+impl LaunchArgs {
+    /// Arguments for `program args...` with `options`, as `accel bench`
+    /// builds them.
+    pub fn new(options: Options, command: Vec<OsString>) -> LaunchArgs {
+        LaunchArgs {
+            options,
+            config: None,
+            mpi_hosts: None,
+            hostfile: None,
+            json: false,
+            standalone: false,
+            workers_stdout_to_stderr: false,
+            command,
         }
     }
-}
-
-fn host_name() -> String {
-    nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
-fn install_signals(tx: Sender<Event>) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
-        .map_err(|e| Error::io("cannot install the signal handlers", e))?;
-    std::thread::Builder::new()
-        .name("accel-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                LAST_SIGNAL.store(sig, Ordering::SeqCst);
-                if tx.send(Event::Signal(sig)).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| Error::io("cannot start the signal thread", e))?;
-    Ok(())
 }
 
 fn layered(args: &LaunchArgs) -> Result<Settings> {
@@ -217,6 +191,12 @@ fn layered(args: &LaunchArgs) -> Result<Settings> {
         o.num_machines = Some(1);
         o.machine_rank = Some(0);
     }
+    if args.options.token.is_some() {
+        say(
+            "warning: --token on the command line is visible to every user of this machine \
+             (`ps`); use --token-file FILE or the ACCEL_RUN_TOKEN variable instead",
+        );
+    }
     Settings::resolve(o)
 }
 
@@ -226,359 +206,445 @@ fn layered(args: &LaunchArgs) -> Result<Settings> {
 /// Configuration errors (exit code 2) and failures to host or reach the
 /// store; worker failures are not errors but exit codes.
 pub fn run(args: LaunchArgs) -> Result<ExitCode> {
+    run_code(&args).map(ExitCode::from)
+}
+
+/// [`run`], returning the exit code as a number (for `accel bench`).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_code(args: &LaunchArgs) -> Result<u8> {
     match launch(args) {
         // An error caused by Ctrl-C (e.g. during the machines' join) exits
         // like an interrupted run.
         Err(e) if LAST_SIGNAL.load(Ordering::SeqCst) != 0 => {
             eprintln!("accel: error: {e}");
             let sig = LAST_SIGNAL.load(Ordering::SeqCst);
-            Ok(ExitCode::from(u8::try_from(128 + sig).unwrap_or(1)))
+            Ok(u8::try_from(128 + sig).unwrap_or(1))
         }
         other => other,
     }
 }
 
-fn launch(args: LaunchArgs) -> Result<ExitCode> {
-    let t0 = Instant::now();
-    let s = layered(&args)?;
-    if mpi::requested(&s) {
-        return mpi::launch(&s, &args);
+/// What the supervisor watches, from the settings.
+fn supervision(s: &Settings, args: &LaunchArgs) -> Supervision {
+    Supervision {
+        ranks: s.ranks.clone(),
+        tee: s.tee.clone(),
+        grace: s.grace,
+        hang_timeout: s.hang_timeout,
+        wall_limit: None,
+        echo: true,
+        forward_signals: true,
+        stdout_to_stderr: args.workers_stdout_to_stderr,
     }
+}
+
+/// The environment every worker of the run shares (store fields and the
+/// restart count are added per attempt).
+fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
+    WorkerEnv {
+        world_size: Some(s.world_size_claim()),
+        local_world_size: Some(s.nproc),
+        group_rank: Some(s.machine_rank),
+        group_world_size: Some(s.num_machines),
+        run_id: Some(run_id.to_string()),
+        timeout: Some(s.timeout),
+        backend: s.backend.clone(),
+        debug: Some(s.debug),
+        launcher: Some("accel".into()),
+        // Lets the runtime tie the worker's life to this process.
+        launcher_pid: Some(std::process::id()),
+        ..WorkerEnv::default()
+    }
+}
+
+fn scratch_dir() -> Result<PathBuf> {
+    Ok(std::env::temp_dir().join(format!(
+        "accel-{}-{}",
+        std::process::id(),
+        store::random_hex(4)?
+    )))
+}
+
+/// The program, resolved before anything starts; `Err(code)` after saying
+/// why.
+fn resolve_program(args: &LaunchArgs) -> std::result::Result<accel_launch::Program, u8> {
     let argv0 = args.command[0].clone();
-    let program = match program::resolve(&argv0, std::env::var_os("PATH").as_deref()) {
-        Ok(p) => p,
+    match program::resolve(&argv0, std::env::var_os("PATH").as_deref()) {
+        Ok(path) => Ok(accel_launch::Program {
+            path,
+            argv0,
+            args: args.command[1..].to_vec(),
+        }),
         Err(e) => {
             eprintln!("accel: error: {e}");
-            return Ok(ExitCode::from(e.exit_code()));
+            Err(e.exit_code())
         }
-    };
-    let host = host_name();
-    let (tx, rx) = channel::<Event>();
-    install_signals(tx.clone())?;
+    }
+}
 
-    // The token: given, or generated for a run on one machine.
+/// Print the `--json` summary of a run when asked.
+fn finish(args: &LaunchArgs, out: &accel_launch::RunOutcome) -> u8 {
+    if args.json {
+        print_stdout(&serde_json::to_string(&out.summary).unwrap_or_default());
+    }
+    out.code
+}
+
+/// Levenshtein distance, for "did you mean".
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb))
+                .min(row[j] + 1)
+                .min(row[j + 1] + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// A "program" that starts with `-` is a flag `accel launch` does not know
+/// (clap hands everything after the first unknown word to the program):
+/// say so, with the closest known flag.
+fn unknown_flag(word: &std::ffi::OsStr) -> Option<Error> {
+    let w = word.to_string_lossy();
+    if !w.starts_with('-') || w == "-" {
+        return None;
+    }
+    let name = w.trim_start_matches('-');
+    let name = name.split_once('=').map_or(name, |(n, _)| n);
+    let cmd = <LaunchArgs as clap::Args>::augment_args(clap::Command::new("launch"));
+    let mut known: Vec<String> = Vec::new();
+    for a in cmd.get_arguments() {
+        if let Some(l) = a.get_long() {
+            known.push(l.to_string());
+        }
+        known.extend(
+            a.get_all_aliases()
+                .unwrap_or_default()
+                .into_iter()
+                .map(str::to_string),
+        );
+    }
+    let best = known
+        .iter()
+        .map(|k| (distance(&name.replace('_', "-"), &k.replace('_', "-")), k))
+        .min();
+    let hint = match best {
+        Some((d, k)) if d <= name.len().max(4) / 2 => format!("did you mean `--{k}`? "),
+        _ => String::new(),
+    };
+    Some(
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("`{w}` is not a flag of `accel launch`"),
+        )
+        .with_fix(format!(
+            "{hint}see `accel launch --help`; put the program after `--` (a program whose name \
+             starts with `-` needs a path, like ./{w})"
+        )),
+    )
+}
+
+fn launch(args: &LaunchArgs) -> Result<u8> {
+    if let Some(e) = args.command.first().and_then(|w| unknown_flag(w)) {
+        return Err(e);
+    }
+    let s = layered(args)?;
+    if mpi::requested(&s) {
+        return mpi::launch(&s, args);
+    }
+    let program = match resolve_program(args) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
     let token = match &s.token {
         Some(t) => t.clone(),
         None => store::random_hex(16)?,
     };
-    let me = Registration {
-        machine_rank: s.machine_rank,
-        nproc: s.nproc,
-        num_machines: s.num_machines,
-        world_size: s.world_size_claim(),
-        run_id: s.run_id.clone(),
-        host: host.clone(),
-        pid: std::process::id(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
+    let mut group = LocalGroup {
+        program,
+        local_world_size: s.nproc,
+        extra_env: Vec::new(),
+        remove_env: Vec::new(),
+        die_with_parent: true,
     };
-    let coord = if !s.multi_machine() {
-        Coordination::Single
-    } else if s.machine_rank == 0 {
-        let (server, _) = store::host(&s.main_addr, s.main_port, true, &token)?;
-        let store: Arc<dyn Store> = server.store().clone();
-        Coordination::Host { server, store }
+    let sup = supervision(&s, args);
+    let scratch = scratch_dir()?;
+    let out = if s.multi_machine() {
+        let mut coord = Machines::join(&s, &token, scratch.clone())?;
+        accel_launch::run(&mut group, &mut coord, &sup, "run")
     } else {
-        let addr = if s.main_addr.contains(':') && !s.main_addr.starts_with('[') {
-            format!("[{}]:{}", s.main_addr, s.main_port) // IPv6
-        } else {
-            format!("{}:{}", s.main_addr, s.main_port)
+        let run_id = match &s.run_id {
+            Some(id) => id.clone(),
+            None => store::random_hex(6)?,
         };
-        let c = TcpStore::connect(addr.as_str(), Some(&token), s.join_timeout).map_err(|e| {
-            if matches!(e.kind(), ErrorKind::Unauthorized) {
-                Error::new(
-                    ErrorKind::Unauthorized,
-                    format!(
-                        "machine {} cannot join the run: machine 0's store at {addr} refused \
-                         this machine's token",
-                        s.machine_rank
-                    ),
-                )
-                .with_op("machine join")
-                .with_fix("pass the same --token (or ACCEL_RUN_TOKEN, or `token` in the config file) on every machine")
-                .with_source(e)
-            } else {
-                e.with_op("machine join")
-            }
-        })?;
-        Coordination::Member { store: Arc::new(c) }
-    };
-    let mut run_id = match (&coord, &s.run_id) {
-        (Coordination::Member { .. }, _) => String::new(), // machine 0 decides
-        (_, Some(id)) => id.clone(),
-        (_, None) => store::random_hex(6)?,
-    };
-    let scratch = std::env::temp_dir().join(format!(
-        "accel-{}-{}",
-        std::process::id(),
-        store::random_hex(4)?
-    ));
-
-    let mut reports: Vec<AttemptReport> = Vec::new();
-    let mut attempt: u32 = 0;
-    let mut max_restarts = s.max_restarts;
-    let mut world_size = s.world_size_claim();
-    let mut store_url = String::new();
-    let code: u8 = loop {
-        if let Some(sig) = Some(LAST_SIGNAL.load(Ordering::SeqCst)).filter(|&x| x != 0) {
-            break u8::try_from(128 + sig).unwrap_or(1);
-        }
-        let a0 = Instant::now();
-        // Where the store is, and (several machines) what was agreed.
-        let mut single_server: Option<TcpStoreServer> = None;
-        let (rank_offset, master_port) = match &coord {
-            Coordination::Single => {
-                // A fresh store per attempt: no key of a failed attempt can
-                // confuse the next one.
-                let (server, notice) = store::host(&s.main_addr, s.main_port, false, &token)?;
-                if let Some(n) = notice.filter(|_| attempt == 0) {
-                    say(&n);
-                }
-                let port = server.local_addr().port();
-                single_server = Some(server);
-                (0, port)
-            }
-            Coordination::Host { store, .. } => {
-                let plan = machines::host_join(
-                    &**store,
-                    &me,
-                    &run_id,
-                    s.max_restarts,
-                    attempt,
-                    s.join_timeout,
-                )?;
-                world_size = plan.world_size;
-                (0, s.main_port)
-            }
-            Coordination::Member { store } => {
-                let plan = machines::member_join(&**store, &me, attempt, s.join_timeout)?;
-                run_id = plan.run_id.clone();
-                world_size = plan.world_size;
-                max_restarts = plan.max_restarts;
-                let off = plan
-                    .machines
-                    .get(s.machine_rank)
-                    .map(|m| m.rank_offset)
-                    .unwrap_or(s.machine_rank * s.nproc);
-                (off, s.main_port)
-            }
-        };
-        let env = RunEnv {
-            world_size,
-            local_world_size: s.nproc,
-            rank_offset,
-            machine_rank: s.machine_rank,
-            num_machines: s.num_machines,
-            master_addr: s.main_addr.clone(),
-            master_port,
-            token: Some(token.clone()),
-            run_id: run_id.clone(),
-            timeout: s.timeout,
-            backend: s.backend.clone(),
-            debug: s.debug,
-            restart_count: attempt,
-            max_restarts,
-            error_dir: scratch.join(format!("attempt-{attempt}")),
-        };
-        store_url = env.store_url();
-        let spec = AttemptSpec {
-            program: &program,
-            argv0: &argv0,
-            args: &args.command[1..],
-            env: &env,
-            host: &host,
-            ranks: s.ranks.as_ref(),
-            tee: s.tee.as_deref(),
-            grace: s.grace,
-            hang_timeout: s.hang_timeout,
-        };
-        let watcher = coord
-            .store()
-            .map(|st| Watcher::start(st.clone(), attempt, s.machine_rank, tx.clone()));
-        let shared = coord.store().cloned();
-        let mut publish = |f: &Failure| {
-            if let Some(st) = &shared {
-                machines::publish_failure(&**st, attempt, f);
-            }
-        };
-        let result = run_attempt(&spec, attempt, &tx, &rx, t0, &mut publish);
-        if let Some(w) = watcher {
-            w.stop();
-        }
-        let result = result?;
-        drop(single_server);
-
-        // The outcome of the attempt across machines.
-        let (status, root, interrupted_by) = match (&coord, result.outcome) {
-            (_, LocalOutcome::Interrupted(sig)) => {
-                if let Some(st) = coord.store() {
-                    let f = interruption(&env, &host, sig);
-                    machines::publish_failure(&**st, attempt, &f);
-                    let _ = machines::settle(&**st, attempt, s.machine_rank, s.num_machines, false);
-                }
-                (Status::Interrupted, None, Some(report::signal_name(sig)))
-            }
-            (Coordination::Single, LocalOutcome::Succeeded) => (Status::Succeeded, None, None),
-            (Coordination::Single, LocalOutcome::Failed(f)) => (Status::Failed, Some(*f), None),
-            (Coordination::Single, other) => {
-                // Remote failures and a lost store cannot happen on one machine.
-                (Status::Failed, None, Some(format!("{other:?}")))
-            }
-            (_, LocalOutcome::StoreLost(m)) => {
-                (Status::Failed, None, Some(format!("lost store: {m}")))
-            }
-            (_, local) => {
-                let st = coord.store().map(Arc::clone);
-                let ok = matches!(local, LocalOutcome::Succeeded);
-                let g = match &st {
-                    Some(st) => {
-                        machines::settle(&**st, attempt, s.machine_rank, s.num_machines, ok)
-                    }
-                    None => Global::StoreLost("no store".into()),
-                };
-                match (g, local) {
-                    (Global::Succeeded, _) => (Status::Succeeded, None, None),
-                    (Global::Failed(f), _) => {
-                        if f.interrupted {
-                            (
-                                Status::Interrupted,
-                                Some(*f),
-                                Some("another machine's launcher".into()),
-                            )
-                        } else {
-                            (Status::Failed, Some(*f), None)
-                        }
-                    }
-                    (Global::StoreLost(m), LocalOutcome::Failed(f) | LocalOutcome::Remote(f)) => {
-                        say(&format!("lost the store on machine 0: {m}"));
-                        (Status::Failed, Some(*f), None)
-                    }
-                    (Global::StoreLost(m), _) => {
-                        (Status::Failed, None, Some(format!("lost store: {m}")))
-                    }
-                }
-            }
-        };
-        // Waiting for the other machines was cut short by a signal.
-        let (status, interrupted_by) = match status {
-            Status::Failed if root.is_none() && LAST_SIGNAL.load(Ordering::SeqCst) != 0 => (
-                Status::Interrupted,
-                Some(report::signal_name(LAST_SIGNAL.load(Ordering::SeqCst))),
-            ),
-            other => (other, interrupted_by),
-        };
-        let report = AttemptReport {
-            attempt,
-            status: status.clone(),
-            duration_s: a0.elapsed().as_secs_f64(),
-            root_cause: root.clone(),
-            workers: result.workers,
-            killed: result.killed,
-            interrupted_by: interrupted_by.clone(),
-        };
-        reports.push(report);
-        match status {
-            Status::Succeeded => break 0,
-            Status::Interrupted => {
-                let sig = LAST_SIGNAL.load(Ordering::SeqCst);
-                if let Some(f) = &root {
-                    say(&format!(
-                        "the run was stopped on machine {} ({})",
-                        f.machine,
-                        f.error.as_deref().unwrap_or("interrupted")
-                    ));
-                }
-                break if sig != 0 {
-                    u8::try_from(128 + sig).unwrap_or(1)
-                } else {
-                    root.map(|f| f.exit.launcher_code()).unwrap_or(130)
-                };
-            }
-            Status::Failed => {
-                let code = match &root {
-                    Some(f) => {
-                        f.print(attempt);
-                        f.exit.launcher_code()
-                    }
-                    None => {
-                        say(&format!(
-                            "attempt {attempt} failed: {}",
-                            interrupted_by.as_deref().unwrap_or("unknown cause")
-                        ));
-                        1
-                    }
-                };
-                let store_lost = root.is_none();
-                if attempt < max_restarts && !store_lost {
-                    attempt += 1;
-                    say(&format!(
-                        "restarting the group: restart {attempt} of {} (ACCEL_RESTART_COUNT={attempt})",
-                        max_restarts
-                    ));
-                    continue;
-                }
-                break code;
-            }
-        }
-    };
-
-    if let Some(st) = coord.store() {
-        let last = reports.last().map(|r| r.attempt).unwrap_or(0);
-        machines::farewell(
-            &**st,
-            last,
-            s.machine_rank,
-            s.num_machines,
-            Duration::from_secs(5),
+        let mut coord = HostedStore::new(
+            &s.main_addr,
+            s.main_port,
+            false,
+            &token,
+            base_env(&s, &run_id),
         );
-    }
-    if let Coordination::Host { server, .. } = &coord {
-        server.shutdown();
-    }
+        coord.max_restarts = s.max_restarts;
+        coord.scratch = scratch.clone();
+        accel_launch::run(&mut group, &mut coord, &sup, &format!("run {run_id}"))
+    };
     let _ = std::fs::remove_dir_all(&scratch);
-
-    let failed = code != 0;
-    if reports.len() > 1 || failed {
-        let mut lines = vec![format!(
-            "run {run_id}: {} attempt(s), exit code {code}",
-            reports.len()
-        )];
-        lines.extend(reports.iter().map(|r| format!("  {}", r.line())));
-        output::say_block(&lines);
-    }
-    if args.json {
-        let summary = Summary {
-            run_id,
-            machine_rank: s.machine_rank,
-            num_machines: s.num_machines,
-            world_size,
-            store: store_url,
-            exit_code: code,
-            attempts: reports,
-            wall_s: t0.elapsed().as_secs_f64(),
-        };
-        print_stdout(&serde_json::to_string(&summary).unwrap_or_default());
-    }
-    Ok(ExitCode::from(code))
+    Ok(finish(args, &out?))
 }
 
-/// The record a launcher publishes when it is interrupted, so that the
-/// other machines stop too (and do not restart).
-fn interruption(env: &RunEnv, host: &str, sig: i32) -> Failure {
-    Failure {
-        rank: env.rank_offset,
-        local_rank: 0,
-        machine: env.machine_rank,
-        host: host.to_string(),
-        pid: std::process::id(),
-        exit: Exit::Signal { signal: sig },
-        error: Some(format!(
-            "the launcher on machine {} ({host}) received {}",
-            env.machine_rank,
-            report::signal_name(sig)
-        )),
-        location: None,
-        stderr_tail: Vec::new(),
-        also_hung: Vec::new(),
-        interrupted: true,
+/// One of several machines: machine 0 hosts the store for the whole run,
+/// the others are its clients; every attempt starts with the machines'
+/// join ([`machines`]).
+struct Machines<'a> {
+    s: &'a Settings,
+    me: Registration,
+    server: Option<TcpStoreServer>,
+    store: Arc<dyn Store>,
+    run_id: String,
+    max_restarts: u32,
+    scratch: PathBuf,
+    host: String,
+    base: WorkerEnv,
+    watcher: Option<Watcher>,
+}
+
+impl<'a> Machines<'a> {
+    fn join(s: &'a Settings, token: &str, scratch: PathBuf) -> Result<Machines<'a>> {
+        let host = accel_launch::supervise::host_name();
+        let me = Registration {
+            machine_rank: s.machine_rank,
+            nproc: s.nproc,
+            num_machines: s.num_machines,
+            world_size: s.world_size_claim(),
+            run_id: s.run_id.clone(),
+            host: host.clone(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        };
+        let (server, store): (Option<TcpStoreServer>, Arc<dyn Store>) = if s.machine_rank == 0 {
+            let (server, _) = store::host(&s.main_addr, s.main_port, true, token)?;
+            let st: Arc<dyn Store> = server.store().clone();
+            (Some(server), st)
+        } else {
+            let addr = accel::worker_env::tcp_url(&s.main_addr, s.main_port);
+            let addr = addr.trim_start_matches("tcp://").to_string();
+            let c = TcpStore::connect(addr.as_str(), Some(token), s.join_timeout).map_err(|e| {
+                if matches!(e.kind(), ErrorKind::Unauthorized) {
+                    Error::new(
+                        ErrorKind::Unauthorized,
+                        format!(
+                            "machine {} cannot join the run: machine 0's store at {addr} refused \
+                             this machine's token",
+                            s.machine_rank
+                        ),
+                    )
+                    .with_op("machine join")
+                    .with_fix("pass the same token (--token-file, ACCEL_RUN_TOKEN, or `token` in the config file) on every machine")
+                    .with_source(e)
+                } else {
+                    e.with_op("machine join")
+                }
+            })?;
+            (None, Arc::new(c))
+        };
+        let run_id = match (s.machine_rank, &s.run_id) {
+            (0, Some(id)) => id.clone(),
+            (0, None) => store::random_hex(6)?,
+            _ => String::new(), // machine 0 decides
+        };
+        let mut base = base_env(s, &run_id);
+        base.master_addr = Some(s.main_addr.clone());
+        base.master_port = Some(s.main_port);
+        base.store_url = Some(accel::worker_env::tcp_url(&s.main_addr, s.main_port));
+        base.token = Some(token.to_string());
+        Ok(Machines {
+            s,
+            me,
+            server,
+            store,
+            run_id,
+            max_restarts: s.max_restarts,
+            scratch,
+            host,
+            base,
+            watcher: None,
+        })
+    }
+
+    /// The record a launcher publishes when it is interrupted, so that the
+    /// other machines stop too (and do not restart).
+    fn interruption(&self, rank_offset: usize, sig: i32) -> Failure {
+        Failure {
+            rank: rank_offset,
+            local_rank: 0,
+            machine: self.s.machine_rank,
+            host: self.host.clone(),
+            pid: Some(std::process::id()),
+            exit: Exit::Signal { signal: sig },
+            error: Some(format!(
+                "the launcher on machine {} ({}) received {}",
+                self.s.machine_rank,
+                self.host,
+                report::signal_name(sig)
+            )),
+            location: None,
+            stderr_tail: Vec::new(),
+            also_hung: Vec::new(),
+            interrupted: true,
+        }
+    }
+}
+
+impl Coordinator for Machines<'_> {
+    fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt> {
+        let s = self.s;
+        let (rank_offset, world_size) = if s.machine_rank == 0 {
+            let plan = machines::host_join(
+                &*self.store,
+                &self.me,
+                &self.run_id,
+                s.max_restarts,
+                n,
+                s.join_timeout,
+            )?;
+            (0, plan.world_size)
+        } else {
+            let plan = machines::member_join(&*self.store, &self.me, n, s.join_timeout)?;
+            self.run_id = plan.run_id.clone();
+            self.max_restarts = plan.max_restarts;
+            let off = plan
+                .machines
+                .get(s.machine_rank)
+                .map(|m| m.rank_offset)
+                .unwrap_or(s.machine_rank * s.nproc);
+            (off, plan.world_size)
+        };
+        self.watcher = Some(Watcher::start(
+            self.store.clone(),
+            n,
+            s.machine_rank,
+            tx.clone(),
+        ));
+        let mut env = self.base.clone();
+        env.run_id = Some(self.run_id.clone());
+        env.world_size = Some(world_size);
+        env.restart_count = Some(n);
+        env.max_restarts = Some(self.max_restarts);
+        Ok(Attempt {
+            number: n,
+            env,
+            rank_offset,
+            error_dir: self.scratch.join(format!("attempt-{n}")),
+            host: self.host.clone(),
+        })
+    }
+
+    fn publish(&self, n: u32, f: &Failure) {
+        machines::publish_failure(&*self.store, n, f);
+    }
+
+    fn settle(&mut self, n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
+        if let Some(w) = self.watcher.take() {
+            w.stop();
+        }
+        let (st, me, m) = (&*self.store, self.s.machine_rank, self.s.num_machines);
+        let failed = |root: Failure| Settled {
+            status: Status::Failed,
+            code: root.exit.launcher_code(),
+            root: Some(root),
+            interrupted_by: None,
+            restartable: true,
+        };
+        let lost = |why: String| Settled {
+            status: Status::Failed,
+            root: None,
+            code: 1,
+            interrupted_by: Some(format!("lost store: {why}")),
+            restartable: false,
+        };
+        match local {
+            LocalOutcome::Interrupted(sig) => {
+                let f = self.interruption(attempt.rank_offset, sig);
+                machines::publish_failure(st, n, &f);
+                let _ = machines::settle(st, n, me, m, false);
+                Settled::alone(LocalOutcome::Interrupted(sig))
+            }
+            LocalOutcome::StoreLost(why) => lost(why),
+            local => {
+                let ok = matches!(local, LocalOutcome::Succeeded);
+                match (machines::settle(st, n, me, m, ok), local) {
+                    (Global::Succeeded, _) => Settled::alone(LocalOutcome::Succeeded),
+                    (Global::Failed(f), _) if f.interrupted => {
+                        say(&format!(
+                            "the run was stopped on machine {} ({})",
+                            f.machine,
+                            f.error.as_deref().unwrap_or("interrupted")
+                        ));
+                        let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+                        Settled {
+                            status: Status::Interrupted,
+                            code: if sig != 0 {
+                                u8::try_from(128 + sig).unwrap_or(1)
+                            } else {
+                                f.exit.launcher_code()
+                            },
+                            root: Some(*f),
+                            interrupted_by: Some("another machine's launcher".into()),
+                            restartable: false,
+                        }
+                    }
+                    (Global::Failed(f), _) => failed(*f),
+                    (
+                        Global::StoreLost(why),
+                        LocalOutcome::Failed { root: Some(f), .. } | LocalOutcome::Remote(f),
+                    ) => {
+                        say(&format!("lost the store on machine 0: {why}"));
+                        Settled {
+                            restartable: false,
+                            ..failed(*f)
+                        }
+                    }
+                    (Global::StoreLost(why), _) => {
+                        // Waiting for the other machines was cut short by a signal.
+                        let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+                        if sig != 0 {
+                            Settled::alone(LocalOutcome::Interrupted(sig))
+                        } else {
+                            lost(why)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn max_restarts(&self) -> u32 {
+        self.max_restarts
+    }
+
+    fn end(&mut self, last: u32) {
+        machines::farewell(
+            &*self.store,
+            last,
+            self.s.machine_rank,
+            self.s.num_machines,
+            Duration::from_secs(5),
+        );
+        if let Some(server) = self.server.take() {
+            server.shutdown();
+        }
+    }
+
+    fn store_url(&self) -> String {
+        accel::worker_env::tcp_url(&self.s.main_addr, self.s.main_port)
     }
 }

@@ -5,7 +5,6 @@
 //! that have a flag (`ACCEL_RUN_TOKEN`, `ACCEL_TIMEOUT`, `ACCEL_BACKEND`,
 //! `ACCEL_DEBUG`), the config file, the defaults.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -46,50 +45,7 @@ impl fmt::Display for Backends {
     }
 }
 
-/// The global ranks whose output is shown (`--ranks 0,2-3`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RankFilter(pub BTreeSet<usize>);
-
-impl RankFilter {
-    /// `true` when `rank`'s output is shown.
-    pub fn shows(&self, rank: usize) -> bool {
-        self.0.contains(&rank)
-    }
-}
-
-impl FromStr for RankFilter {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<RankFilter, String> {
-        let mut set = BTreeSet::new();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let bad = || format!("`{part}` is not a rank or a range of ranks like 2-5");
-            match part.split_once('-') {
-                Some((a, b)) => {
-                    let a: usize = a.trim().parse().map_err(|_| bad())?;
-                    let b: usize = b.trim().parse().map_err(|_| bad())?;
-                    if a > b {
-                        return Err(format!("range `{part}` is empty"));
-                    }
-                    set.extend(a..=b);
-                }
-                None => {
-                    set.insert(part.parse().map_err(|_| bad())?);
-                }
-            }
-        }
-        if set.is_empty() {
-            return Err("name at least one rank, e.g. 0 or 0,2-3".into());
-        }
-        Ok(RankFilter(set))
-    }
-}
-
-impl fmt::Display for RankFilter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let v: Vec<String> = self.0.iter().map(|r| r.to_string()).collect();
-        f.write_str(&v.join(","))
-    }
-}
+pub use accel_launch::output::RankFilter;
 
 /// A count of at least one (`-n`, `--num-machines`); negative numbers are
 /// accepted by the parser so that the message can say what is wrong.
@@ -110,25 +66,33 @@ pub fn parse_index(s: &str) -> std::result::Result<usize, String> {
     }
 }
 
-/// A duration: `300`, `30s`, `500ms`, `5m`, `1h` (a bare number is seconds).
+/// A duration: `300`, `30s`, `500ms`, `5m`, `1h` (a bare number is
+/// seconds), at most [`accel::worker_env::MAX_TIMEOUT`].
 pub fn parse_dur(s: &str) -> std::result::Result<Duration, String> {
-    accel::state::parse_duration("duration", s).map_err(|e| {
+    accel::worker_env::parse_duration("duration", s).map_err(|e| {
         let m = e.message().to_string();
         // Drop the `duration="x": ` head: clap names the flag itself.
         let m = m.split_once(": ").map(|(_, r)| r.to_string()).unwrap_or(m);
-        format!("{m} (use e.g. 300, 30s, 500ms, 5m or 1h)")
+        format!("{m} (use e.g. 300, 30s, 500ms, 5m or 1h; at most 365 days)")
     })
 }
 
 /// `30s`, `1500ms`: the shortest exact spelling [`parse_dur`] reads back.
 pub fn format_dur(d: Duration) -> String {
-    if d.subsec_nanos() == 0 {
-        format!("{}s", d.as_secs())
-    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
-        format!("{}ms", d.as_millis())
-    } else {
-        format!("{}s", d.as_secs_f64())
+    accel::worker_env::format_duration(d)
+}
+
+/// A `--tee` directory; torchrun's `--tee 0..3` (which streams to tee) is
+/// refused with what to write instead.
+pub fn parse_tee(s: &str) -> std::result::Result<PathBuf, String> {
+    if matches!(s.trim(), "0" | "1" | "2" | "3") {
+        return Err(format!(
+            "`--tee {s}` is torchrun's stream selector; accel's --tee takes a directory and \
+             writes each rank's stdout and stderr to DIR/rank-N.log: pass --tee DIR (or \
+             --log-dir DIR), or --tee ./{s} for a directory named {s}"
+        ));
     }
+    Ok(PathBuf::from(s))
 }
 
 /// The options that `accel launch` takes as flags and the config file holds
@@ -138,13 +102,18 @@ pub fn format_dur(d: Duration) -> String {
 /// [`Options::overlay`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct Options {
-    /// Worker processes to start on this machine [default: 1]. Per machine,
-    /// like torchrun's --nproc-per-node (Accelerate's --num_processes counts
-    /// all machines together).
-    #[arg(short = 'n', long = "num-processes", visible_alias = "nproc-per-node",
-          aliases = ["nproc_per_node", "num_processes"], value_name = "N",
+    /// Worker processes to start on this machine [default: 1]: per
+    /// machine, like torchrun's --nproc-per-node (config key
+    /// `num_processes`).
+    #[arg(short = 'n', long = "nproc-per-node", aliases = ["nproc_per_node"], value_name = "N",
           allow_negative_numbers = true, value_parser = parse_count)]
     pub num_processes: Option<usize>,
+
+    /// Worker processes on all machines together, like Accelerate's
+    /// --num_processes: must divide by --num-machines; not with -n.
+    #[arg(long = "num-processes", aliases = ["num_processes"], value_name = "TOTAL",
+          allow_negative_numbers = true, value_parser = parse_count)]
+    pub total_processes: Option<usize>,
 
     /// Machines taking part in the run [default: 1].
     #[arg(long = "num-machines", visible_alias = "nnodes", aliases = ["num_machines"],
@@ -169,10 +138,16 @@ pub struct Options {
           aliases = ["master_port", "main_process_port"], value_name = "PORT")]
     pub main_process_port: Option<u16>,
 
-    /// Shared secret of the store (also ACCEL_RUN_TOKEN); required with
-    /// several machines, generated for one.
+    /// Shared secret of the store; required with several machines,
+    /// generated for one. Visible in `ps`: prefer --token-file or
+    /// ACCEL_RUN_TOKEN.
     #[arg(long, value_name = "TOKEN")]
     pub token: Option<String>,
+
+    /// Read the store's shared secret from FILE (its first line), so it
+    /// does not show in `ps`.
+    #[arg(long = "token-file", value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 
     /// Backend(s) the workers should use, in order of preference
     /// (ACCEL_BACKEND); `mpi` selects the MPI launch path.
@@ -190,7 +165,8 @@ pub struct Options {
     pub debug: bool,
 
     /// Also write each rank's output to DIR/rank-N.log.
-    #[arg(long = "tee", visible_alias = "log-dir", aliases = ["log_dir"], value_name = "DIR")]
+    #[arg(long = "tee", visible_alias = "log-dir", aliases = ["log_dir"], value_name = "DIR",
+          value_parser = parse_tee)]
     pub tee: Option<PathBuf>,
 
     /// Show the output of these global ranks only (e.g. 0 or 0,2-3); the
@@ -231,11 +207,13 @@ impl Options {
     pub fn overlay(self, lower: Options) -> Options {
         Options {
             num_processes: self.num_processes.or(lower.num_processes),
+            total_processes: self.total_processes.or(lower.total_processes),
             num_machines: self.num_machines.or(lower.num_machines),
             machine_rank: self.machine_rank.or(lower.machine_rank),
             main_process_ip: self.main_process_ip.or(lower.main_process_ip),
             main_process_port: self.main_process_port.or(lower.main_process_port),
             token: self.token.or(lower.token),
+            token_file: self.token_file.or(lower.token_file),
             backend: self.backend.or(lower.backend),
             timeout: self.timeout.or(lower.timeout),
             debug: self.debug || lower.debug,
@@ -341,8 +319,44 @@ impl Settings {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] with the flag to fix.
     pub fn resolve(o: Options) -> Result<Settings> {
-        let nproc = o.num_processes.unwrap_or(1);
         let num_machines = o.num_machines.unwrap_or(1);
+        let nproc = match (o.num_processes, o.total_processes) {
+            (Some(n), Some(t)) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "both -n/--nproc-per-node {n} (per machine) and --num-processes {t} \
+                         (all machines, as in Accelerate) are given"
+                    ),
+                )
+                .with_fix("pass one: -n / --nproc-per-node for processes per machine, or --num-processes for the total"))
+            }
+            (Some(n), None) => n,
+            (None, Some(t)) if num_machines > 0 && t % num_machines == 0 => t / num_machines,
+            (None, Some(t)) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "--num-processes {t} counts all machines together (as in Accelerate), \
+                         and does not divide by --num-machines {num_machines}"
+                    ),
+                )
+                .with_fix("pass a multiple of --num-machines, or -n / --nproc-per-node for processes per machine"))
+            }
+            (None, None) => 1,
+        };
+        if nproc > accel_launch::MAX_LOCAL_PROCESSES {
+            return Err(Error::invalid_config(
+                "--nproc-per-node",
+                &nproc.to_string(),
+                format!(
+                    "a machine starts at most {} processes (each costs the launcher three \
+                     threads and two pipes)",
+                    accel_launch::MAX_LOCAL_PROCESSES
+                ),
+            )
+            .with_fix("start fewer processes per machine, and more machines"));
+        }
         let machine_rank = o.machine_rank.unwrap_or(0);
         if nproc == 0 {
             return Err(bad(
@@ -370,12 +384,23 @@ impl Settings {
             .with_fix("pass --machine-rank between 0 and --num-machines minus 1"));
         }
         let timeout = o.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        let token = match (o.token, &o.token_file) {
+            (Some(_), Some(_)) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    "both --token and --token-file give the token",
+                )
+                .with_fix("pass --token-file FILE only (the token then stays out of `ps`)"))
+            }
+            (t, None) => t,
+            (None, Some(f)) => Some(read_token(f)?),
+        };
         let (main_addr, main_port, token) = if num_machines == 1 {
             // One machine: loopback only, never reachable from outside.
             (
                 "127.0.0.1".to_string(),
                 o.main_process_port.unwrap_or(0),
-                o.token,
+                token,
             )
         } else {
             let addr = o
@@ -401,7 +426,7 @@ impl Settings {
                 )
                 .with_fix("pass the same --main-process-port (e.g. 29500) on every machine"));
             }
-            let token = o.token.filter(|t| !t.is_empty()).ok_or_else(|| {
+            let token = token.filter(|t| !t.is_empty()).ok_or_else(|| {
                 Error::new(
                     ErrorKind::InvalidConfig,
                     format!(
@@ -410,8 +435,9 @@ impl Settings {
                     ),
                 )
                 .with_fix(
-                    "pass the same --token on every machine (or set ACCEL_RUN_TOKEN, or `token` \
-                     in the config file); e.g. `--token $(od -An -tx1 -N16 /dev/urandom | tr -d ' \\n')`",
+                    "give every machine the same token in a file: `od -An -tx1 -N16 /dev/urandom | \
+                     tr -d ' \\n' > ~/.accel-token`, copy it, and pass --token-file ~/.accel-token \
+                     (or set ACCEL_RUN_TOKEN, or `token` in the config file)",
                 )
             })?;
             (addr, port, Some(token))
@@ -451,6 +477,23 @@ impl Settings {
     }
 }
 
+/// The token in `path`: its first line, trimmed.
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::io(format!("cannot read the token file {}", path.display()), e)
+            .with_fix("pass --token-file a readable file holding the run's token")
+    })?;
+    let t = text.lines().next().unwrap_or("").trim().to_string();
+    if t.is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!("the token file {} is empty", path.display()),
+        )
+        .with_fix("write the token (e.g. 32 hex digits) on its first line"));
+    }
+    Ok(t)
+}
+
 fn bad(flag: &str, value: &str, why: &str) -> Error {
     Error::invalid_config(flag, value, why)
 }
@@ -460,16 +503,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rank_filter_parses_lists_and_ranges() {
-        let f: RankFilter = "0, 2-4,7".parse().unwrap();
-        assert_eq!(f.0.iter().copied().collect::<Vec<_>>(), vec![0, 2, 3, 4, 7]);
-        assert_eq!(f.to_string(), "0,2,3,4,7");
-        assert!("3-1".parse::<RankFilter>().unwrap_err().contains("empty"));
-        assert!("x".parse::<RankFilter>().unwrap_err().contains("`x`"));
-        assert!("".parse::<RankFilter>().is_err());
-    }
-
-    #[test]
     fn counts_refuse_zero_and_negative() {
         assert_eq!(parse_count("4"), Ok(4));
         assert!(parse_count("0").unwrap_err().contains("at least 1, got 0"));
@@ -477,6 +510,64 @@ mod tests {
             .unwrap_err()
             .contains("at least 1, got -2"));
         assert!(parse_index("-1").unwrap_err().contains("0 or more"));
+    }
+
+    #[test]
+    fn process_counts_per_machine_and_in_total() {
+        let r = |n: Option<usize>, t: Option<usize>, m: usize| {
+            Settings::resolve(Options {
+                num_processes: n,
+                total_processes: t,
+                num_machines: Some(m),
+                main_process_ip: Some("10.0.0.1".into()),
+                token: Some("t".into()),
+                ..Options::default()
+            })
+        };
+        assert_eq!(r(Some(2), None, 2).unwrap().world_size_claim(), 4);
+        // Accelerate's --num_processes 2 --num_machines 2: 2 ranks in all.
+        let s = r(None, Some(2), 2).unwrap();
+        assert_eq!((s.nproc, s.world_size_claim()), (1, 2));
+        assert!(r(None, Some(3), 2)
+            .unwrap_err()
+            .to_string()
+            .contains("does not divide"));
+        assert!(r(Some(2), Some(4), 2)
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
+        let e = r(Some(100_000), None, 1).unwrap_err();
+        assert!(e.to_string().contains("at most 1024"), "{e}");
+    }
+
+    #[test]
+    fn tokens_come_from_a_file_and_not_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tok");
+        std::fs::write(&f, "abc123\n").unwrap();
+        let r = |token: Option<&str>, file: Option<&std::path::Path>| {
+            Settings::resolve(Options {
+                token: token.map(str::to_string),
+                token_file: file.map(|p| p.to_path_buf()),
+                ..Options::default()
+            })
+        };
+        assert_eq!(r(None, Some(&f)).unwrap().token.as_deref(), Some("abc123"));
+        assert!(r(Some("x"), Some(&f))
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
+        std::fs::write(&f, "\n").unwrap();
+        assert!(r(None, Some(&f)).unwrap_err().to_string().contains("empty"));
+        assert!(r(None, Some(&dir.path().join("none"))).is_err());
+    }
+
+    #[test]
+    fn torchrun_tee_selectors_are_refused() {
+        assert!(parse_tee("3")
+            .unwrap_err()
+            .contains("torchrun's stream selector"));
+        assert_eq!(parse_tee("./3").unwrap(), PathBuf::from("./3"));
     }
 
     #[test]
@@ -512,26 +603,29 @@ mod tests {
 
     #[test]
     fn resolve_checks_combinations() {
-        let e = Settings::resolve(Options {
-            num_machines: Some(2),
-            machine_rank: Some(2),
-            ..Options::default()
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("machine rank 2 is not below"), "{e}");
-        let e = Settings::resolve(Options {
+        let refused = |o: Options, what: &str| {
+            let e = Settings::resolve(o).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        };
+        let two = Options {
             num_machines: Some(2),
             ..Options::default()
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("--main-process-ip"), "{e}");
-        let e = Settings::resolve(Options {
-            num_machines: Some(2),
-            main_process_ip: Some("10.0.0.1".into()),
-            ..Options::default()
-        })
-        .unwrap_err();
-        assert!(e.to_string().contains("token"), "{e}");
+        };
+        refused(
+            Options {
+                machine_rank: Some(2),
+                ..two.clone()
+            },
+            "machine rank 2 is not below",
+        );
+        refused(two.clone(), "--main-process-ip");
+        refused(
+            Options {
+                main_process_ip: Some("10.0.0.1".into()),
+                ..two.clone()
+            },
+            "token",
+        );
         let s = Settings::resolve(Options {
             num_machines: Some(2),
             main_process_ip: Some("10.0.0.1".into()),

@@ -25,6 +25,32 @@ pub struct Run {
 }
 
 impl Run {
+    /// Assert that stderr contains `text` (showing the whole run if not).
+    #[track_caller]
+    pub fn has_stderr(&self, text: &str) {
+        assert!(
+            self.stderr.contains(text),
+            "no {text:?} in stderr\n{}",
+            self.all()
+        );
+    }
+
+    /// Assert the exit code (showing the whole run if it differs).
+    #[track_caller]
+    pub fn code_is(&self, code: i32) {
+        assert_eq!(self.code, Some(code), "{}", self.all());
+    }
+
+    /// Assert that stdout contains `text` (showing the whole run if not).
+    #[track_caller]
+    pub fn has_stdout(&self, text: &str) {
+        assert!(
+            self.stdout.contains(text),
+            "no {text:?} in stdout\n{}",
+            self.all()
+        );
+    }
+
     /// stdout + stderr, for assertion messages.
     pub fn all(&self) -> String {
         format!(
@@ -187,4 +213,71 @@ pub fn rank_lines(stdout: &str, rank: usize) -> Vec<String> {
         .lines()
         .filter_map(|l| l.strip_prefix(&p).map(str::to_string))
         .collect()
+}
+
+/// Processes whose command line contains `marker` (read from /proc).
+pub fn processes_with(marker: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(marker))
+        .count()
+}
+
+/// Poll `cond` every 50 ms for up to `secs` seconds.
+pub fn wait_for(mut cond: impl FnMut() -> bool, secs: u64) -> bool {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cond()
+}
+
+/// `words` split at whitespace, then `rest` as they are (scripts, paths):
+/// the arguments of one command line.
+pub fn argv<'a>(words: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    words
+        .split_whitespace()
+        .chain(rest.iter().copied())
+        .collect()
+}
+
+/// `accel` with the arguments of one whitespace-separated string.
+pub fn accel_words(words: &str) -> Run {
+    accel(&argv(words, &[]))
+}
+
+/// Assert that `pid` ends within 2 s.
+#[track_caller]
+pub fn assert_gone(pid: u32, context: &str) {
+    assert!(
+        eventually(Duration::from_secs(2), || !alive(pid)),
+        "pid {pid} still running: {context}"
+    );
+}
+
+/// The statuses of the attempts in the `--json` summary on the last line
+/// of `stdout`.
+pub fn attempt_statuses(stdout: &str) -> Vec<String> {
+    let v: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
+    v["attempts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| x["status"].as_str().unwrap_or("?").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }

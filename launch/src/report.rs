@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::output::say_block;
+use crate::output::say_block;
 
 /// How a worker ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,8 +86,9 @@ pub struct Failure {
     pub machine: usize,
     /// Its machine's host name.
     pub host: String,
-    /// Its process id.
-    pub pid: u32,
+    /// Its process id (`None` when mpirun did not say and no error file
+    /// was written).
+    pub pid: Option<u32>,
     /// How it ended.
     pub exit: Exit,
     /// Panic message from its error file.
@@ -114,7 +115,7 @@ impl Failure {
             self.local_rank,
             self.machine,
             self.host,
-            self.pid,
+            self.pid_text(),
             self.exit.describe()
         );
         if !self.also_hung.is_empty() {
@@ -124,6 +125,11 @@ impl Failure {
         s
     }
 
+    fn pid_text(&self) -> String {
+        self.pid
+            .map_or_else(|| "unknown".to_string(), |p| p.to_string())
+    }
+
     /// Print the root-cause block to stderr.
     pub fn print(&self, attempt: u32) {
         let mut lines = vec![
@@ -131,7 +137,7 @@ impl Failure {
             format!("attempt:   {attempt}"),
             format!("rank:      {} (local rank {})", self.rank, self.local_rank),
             format!("host:      {} (machine {})", self.host, self.machine),
-            format!("pid:       {}", self.pid),
+            format!("pid:       {}", self.pid_text()),
         ];
         let exit = match self.exit {
             Exit::Code { code } => format!("exit code {code}"),
@@ -185,6 +191,9 @@ pub struct WorkerEnd {
     /// `true` when the launcher stopped it (SIGTERM / SIGKILL / forwarded
     /// signal) rather than it ending by itself.
     pub stopped: bool,
+    /// What the process was: `workers` (one rank) or `mpirun` (every rank;
+    /// `rank` is then the first).
+    pub process: String,
 }
 
 /// The result of one attempt.
@@ -295,7 +304,7 @@ mod tests {
             local_rank: 1,
             machine: 1,
             host: "h".into(),
-            pid: 7,
+            pid: Some(7),
             exit: Exit::Signal { signal: 6 },
             error: Some("boom".into()),
             location: Some("src/main.rs:1:1".into()),

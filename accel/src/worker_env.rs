@@ -1,0 +1,487 @@
+//! The worker environment contract: the variables a launcher gives each
+//! worker, with one owner.
+//!
+//! [`WorkerEnv`] is what `accel launch` (local workers and mpirun), the
+//! conformance harness and [`Accelerator::from_communicator`] write with
+//! [`WorkerEnv::to_vars`], and what [`ProcessState`](crate::ProcessState)
+//! reads with [`WorkerEnv::from_vars`]. The names are the constants of
+//! [`keys`]; a property test round-trips every field.
+//!
+//! Under an MPI launcher the rank fields stay `None`: MPI numbers the ranks
+//! (`OMPI_COMM_WORLD_*`, `PMI_*`), and [`keys::NUMBERED_BY_LAUNCHER`] lists
+//! the variables a launcher must remove from mpirun's environment.
+//!
+//! [`Accelerator::from_communicator`]: crate::Accelerator::from_communicator
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use accel_api::{Error, Result};
+
+/// The variable names of the contract.
+pub mod keys {
+    /// Global rank.
+    pub const RANK: &str = "RANK";
+    /// Processes in the run.
+    pub const WORLD_SIZE: &str = "WORLD_SIZE";
+    /// Rank on this machine.
+    pub const LOCAL_RANK: &str = "LOCAL_RANK";
+    /// Processes on this machine.
+    pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
+    /// This machine's rank (torchrun's node rank).
+    pub const GROUP_RANK: &str = "GROUP_RANK";
+    /// Machines in the run.
+    pub const GROUP_WORLD_SIZE: &str = "GROUP_WORLD_SIZE";
+    /// torchrun's role rank (= RANK: accel has one role).
+    pub const ROLE_RANK: &str = "ROLE_RANK";
+    /// torchrun's role world size (= WORLD_SIZE).
+    pub const ROLE_WORLD_SIZE: &str = "ROLE_WORLD_SIZE";
+    /// Where the store listens (host).
+    pub const MASTER_ADDR: &str = "MASTER_ADDR";
+    /// Where the store listens (port).
+    pub const MASTER_PORT: &str = "MASTER_PORT";
+    /// `accel` when `accel launch` started the worker.
+    pub const ACCEL_LAUNCHER: &str = "ACCEL_LAUNCHER";
+    /// The launcher's pid (the worker ties its life to it).
+    pub const ACCEL_LAUNCHER_PID: &str = "ACCEL_LAUNCHER_PID";
+    /// The store's URL (`tcp://h:p`, `file:///dir`).
+    pub const ACCEL_STORE_URL: &str = "ACCEL_STORE_URL";
+    /// The run's name.
+    pub const ACCEL_RUN_ID: &str = "ACCEL_RUN_ID";
+    /// The store's shared secret.
+    pub const ACCEL_RUN_TOKEN: &str = "ACCEL_RUN_TOKEN";
+    /// The bound of every blocking call.
+    pub const ACCEL_TIMEOUT: &str = "ACCEL_TIMEOUT";
+    /// Backends to choose from, in order.
+    pub const ACCEL_BACKEND: &str = "ACCEL_BACKEND";
+    /// Debug mode (0/1).
+    pub const ACCEL_DEBUG: &str = "ACCEL_DEBUG";
+    /// The attempt number, 0 first.
+    pub const ACCEL_RESTART_COUNT: &str = "ACCEL_RESTART_COUNT";
+    /// Where a crashing worker writes its root cause.
+    pub const ACCEL_ERROR_FILE: &str = "ACCEL_ERROR_FILE";
+    /// Allow more local ranks than devices.
+    pub const ACCEL_SHARE_DEVICES: &str = "ACCEL_SHARE_DEVICES";
+    /// torchrun's run id.
+    pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
+    /// torchrun's restart count.
+    pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
+    /// torchrun's restart limit.
+    pub const TORCHELASTIC_MAX_RESTARTS: &str = "TORCHELASTIC_MAX_RESTARTS";
+    /// torchrun's error file.
+    pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
+
+    /// Variables an MPI launcher sets itself: a launcher that delegates to
+    /// mpirun removes these from mpirun's environment.
+    pub const NUMBERED_BY_LAUNCHER: [&str; 10] = [
+        RANK,
+        WORLD_SIZE,
+        LOCAL_RANK,
+        LOCAL_WORLD_SIZE,
+        GROUP_RANK,
+        GROUP_WORLD_SIZE,
+        ROLE_RANK,
+        ROLE_WORLD_SIZE,
+        ACCEL_LAUNCHER,
+        ACCEL_LAUNCHER_PID,
+    ];
+}
+
+/// The longest timeout accel accepts (`ACCEL_TIMEOUT`, `--timeout`): 365
+/// days. Longer values are an error naming the variable, not a panic and
+/// not a silent clamp (docs/adr/0008-launch-library.md).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
+const DURATION_FIX: &str = "use e.g. 300, 30s, 500ms, 5m or 1h (at most 365 days)";
+
+/// Parse a count or index: ASCII digits only (surrounding whitespace is
+/// ignored), so `+1`, `-1`, `1e3` and `0x10` are refused.
+///
+/// # Errors
+/// [`accel_api::ErrorKind::InvalidConfig`] naming `name` and the value.
+pub fn parse_number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
+    let t = v.trim();
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::invalid_config(name, v, "not a non-negative integer")
+            .with_fix(format!("set {name} to a number such as 0, or unset it")));
+    }
+    t.parse::<T>().map_err(|_| {
+        Error::invalid_config(name, v, "out of range")
+            .with_fix(format!("set {name} to a smaller number, or unset it"))
+    })
+}
+
+/// Parse a boolean: `1/0`, `true/false`, `yes/no`, `on/off` (empty = off).
+///
+/// # Errors
+/// [`accel_api::ErrorKind::InvalidConfig`] naming `name`.
+pub fn parse_flag(name: &str, v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        "1" | "true" | "yes" | "on" => Ok(true),
+        _ => Err(Error::invalid_config(name, v, "not a boolean")
+            .with_fix(format!("set {name} to 1 or 0"))),
+    }
+}
+
+/// Parse `30`, `30s`, `1.5s`, `500ms`, `5m`, `1h` (a bare number is
+/// seconds), exactly (no floating point), and at most [`MAX_TIMEOUT`].
+///
+/// # Errors
+/// [`accel_api::ErrorKind::InvalidConfig`] naming `name`: not a duration,
+/// an unknown unit, zero, or above [`MAX_TIMEOUT`].
+pub fn parse_duration(name: &str, v: &str) -> Result<Duration> {
+    let t = v.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = (&t[..split], t[split..].trim());
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    let well_formed = !int.is_empty() || !frac.is_empty();
+    if !well_formed || !frac.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::invalid_config(name, v, "not a duration").with_fix(DURATION_FIX));
+    }
+    let nanos_per: u128 = match unit {
+        "ns" => 1,
+        "us" => 1_000,
+        "ms" => 1_000_000,
+        "s" | "" => 1_000_000_000,
+        "m" | "min" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
+        _ => {
+            return Err(
+                Error::invalid_config(name, v, "unknown duration unit").with_fix(DURATION_FIX)
+            )
+        }
+    };
+    let too_long = || {
+        Error::invalid_config(
+            name,
+            v,
+            "longer than the longest timeout accel takes (365 days)",
+        )
+        .with_fix(DURATION_FIX)
+    };
+    // More than 40 digits cannot be below MAX_TIMEOUT in any unit.
+    if int.len() > 40 {
+        return Err(too_long());
+    }
+    let whole: u128 = if int.is_empty() {
+        0
+    } else {
+        int.parse().map_err(|_| too_long())?
+    };
+    let mut nanos = whole.checked_mul(nanos_per).ok_or_else(too_long)?;
+    // The fraction, digit by digit, to the nanosecond.
+    let mut scale = nanos_per;
+    for d in frac.bytes().take(30) {
+        scale /= 10;
+        nanos += u128::from(d - b'0') * scale;
+    }
+    if nanos == 0 {
+        return Err(
+            Error::invalid_config(name, v, "a timeout must be positive").with_fix(DURATION_FIX)
+        );
+    }
+    if nanos > MAX_TIMEOUT.as_nanos() {
+        return Err(too_long());
+    }
+    let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| too_long())?;
+    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
+/// `30s`, `1500ms`, `7ns`: the shortest exact spelling [`parse_duration`]
+/// reads back.
+pub fn format_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}ns", d.as_nanos())
+    }
+}
+
+/// `tcp://host:port`, with brackets around an IPv6 address.
+pub fn tcp_url(host: &str, port: u16) -> String {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    if h.contains(':') {
+        format!("tcp://[{h}]:{port}")
+    } else {
+        format!("tcp://{h}:{port}")
+    }
+}
+
+/// The variables one worker gets. `None` fields are not written (and read
+/// back as `None` when absent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerEnv {
+    /// RANK (also ROLE_RANK).
+    pub rank: Option<usize>,
+    /// WORLD_SIZE (also ROLE_WORLD_SIZE).
+    pub world_size: Option<usize>,
+    /// LOCAL_RANK.
+    pub local_rank: Option<usize>,
+    /// LOCAL_WORLD_SIZE.
+    pub local_world_size: Option<usize>,
+    /// GROUP_RANK.
+    pub group_rank: Option<usize>,
+    /// GROUP_WORLD_SIZE.
+    pub group_world_size: Option<usize>,
+    /// MASTER_ADDR.
+    pub master_addr: Option<String>,
+    /// MASTER_PORT.
+    pub master_port: Option<u16>,
+    /// ACCEL_STORE_URL.
+    pub store_url: Option<String>,
+    /// ACCEL_RUN_ID (also TORCHELASTIC_RUN_ID).
+    pub run_id: Option<String>,
+    /// ACCEL_RUN_TOKEN.
+    pub token: Option<String>,
+    /// ACCEL_TIMEOUT.
+    pub timeout: Option<Duration>,
+    /// ACCEL_BACKEND.
+    pub backend: Option<Vec<String>>,
+    /// ACCEL_DEBUG.
+    pub debug: Option<bool>,
+    /// ACCEL_RESTART_COUNT (also TORCHELASTIC_RESTART_COUNT).
+    pub restart_count: Option<u32>,
+    /// TORCHELASTIC_MAX_RESTARTS.
+    pub max_restarts: Option<u32>,
+    /// ACCEL_ERROR_FILE (also TORCHELASTIC_ERROR_FILE).
+    pub error_file: Option<PathBuf>,
+    /// ACCEL_LAUNCHER (`accel` for `accel launch`).
+    pub launcher: Option<String>,
+    /// ACCEL_LAUNCHER_PID.
+    pub launcher_pid: Option<u32>,
+    /// ACCEL_SHARE_DEVICES.
+    pub share_devices: Option<bool>,
+}
+
+fn bool_str(b: bool) -> String {
+    if b { "1" } else { "0" }.to_string()
+}
+
+impl WorkerEnv {
+    /// The variables to set, torchrun's aliases included (ROLE_RANK,
+    /// ROLE_WORLD_SIZE, TORCHELASTIC_*), in a stable order.
+    pub fn to_vars(&self) -> Vec<(&'static str, String)> {
+        use keys::*;
+        let mut v: Vec<(&'static str, String)> = Vec::with_capacity(24);
+        let mut put = |k: &'static str, val: Option<String>| {
+            if let Some(val) = val {
+                v.push((k, val));
+            }
+        };
+        let s = |x: Option<usize>| x.map(|n| n.to_string());
+        put(RANK, s(self.rank));
+        put(LOCAL_RANK, s(self.local_rank));
+        put(WORLD_SIZE, s(self.world_size));
+        put(LOCAL_WORLD_SIZE, s(self.local_world_size));
+        put(GROUP_RANK, s(self.group_rank));
+        put(GROUP_WORLD_SIZE, s(self.group_world_size));
+        put(ROLE_RANK, s(self.rank));
+        put(ROLE_WORLD_SIZE, s(self.world_size));
+        put(MASTER_ADDR, self.master_addr.clone());
+        put(MASTER_PORT, self.master_port.map(|p| p.to_string()));
+        put(ACCEL_LAUNCHER, self.launcher.clone());
+        put(ACCEL_LAUNCHER_PID, self.launcher_pid.map(|p| p.to_string()));
+        put(ACCEL_STORE_URL, self.store_url.clone());
+        put(ACCEL_RUN_ID, self.run_id.clone());
+        put(ACCEL_RUN_TOKEN, self.token.clone());
+        put(ACCEL_TIMEOUT, self.timeout.map(format_duration));
+        put(ACCEL_BACKEND, self.backend.as_ref().map(|b| b.join(",")));
+        put(ACCEL_DEBUG, self.debug.map(bool_str));
+        put(
+            ACCEL_RESTART_COUNT,
+            self.restart_count.map(|n| n.to_string()),
+        );
+        let err = self
+            .error_file
+            .as_ref()
+            .map(|p| p.to_string_lossy().into_owned());
+        put(ACCEL_ERROR_FILE, err.clone());
+        put(ACCEL_SHARE_DEVICES, self.share_devices.map(bool_str));
+        put(TORCHELASTIC_RUN_ID, self.run_id.clone());
+        put(
+            TORCHELASTIC_RESTART_COUNT,
+            self.restart_count.map(|n| n.to_string()),
+        );
+        put(
+            TORCHELASTIC_MAX_RESTARTS,
+            self.max_restarts.map(|n| n.to_string()),
+        );
+        put(TORCHELASTIC_ERROR_FILE, err);
+        v
+    }
+
+    /// Read the contract back from `vars`: each value checked, torchrun's
+    /// names used where accel's are absent. Launcher families other than
+    /// accel/torchrun (MPI, Slurm) are read by
+    /// [`ProcessState::from_vars`](crate::ProcessState::from_vars).
+    ///
+    /// # Errors
+    /// [`accel_api::ErrorKind::InvalidConfig`] naming the variable and its
+    /// value: a number with a sign or non-digits, a port outside 1-65535
+    /// (0 is read, and refused later for a multi-process run), a malformed
+    /// boolean or duration, a duration above [`MAX_TIMEOUT`].
+    pub fn from_vars(vars: &HashMap<String, String>) -> Result<WorkerEnv> {
+        use keys::*;
+        let get = |k: &str| vars.get(k).map(String::as_str);
+        let n = |k: &str| get(k).map(|v| parse_number::<usize>(k, v)).transpose();
+        let u32_of = |k: &str| get(k).map(|v| parse_number::<u32>(k, v)).transpose();
+        let either = |a: &'static str, b: &'static str| {
+            get(a).map(|v| (a, v)).or_else(|| get(b).map(|v| (b, v)))
+        };
+        let master_port = match get(MASTER_PORT) {
+            None => None,
+            Some(v) => Some(parse_number::<u16>(MASTER_PORT, v).map_err(|_| {
+                Error::invalid_config(MASTER_PORT, v, "not a TCP port (1-65535)")
+                    .with_fix("set MASTER_PORT to a free port, or let `accel launch` choose one")
+            })?),
+        };
+        let restart_count = match either(ACCEL_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT) {
+            None => None,
+            Some((k, v)) => Some(parse_number::<u32>(k, v)?),
+        };
+        Ok(WorkerEnv {
+            rank: n(RANK)?,
+            world_size: n(WORLD_SIZE)?,
+            local_rank: n(LOCAL_RANK)?,
+            local_world_size: n(LOCAL_WORLD_SIZE)?,
+            group_rank: n(GROUP_RANK)?,
+            group_world_size: n(GROUP_WORLD_SIZE)?,
+            master_addr: get(MASTER_ADDR).map(str::to_string),
+            master_port,
+            store_url: get(ACCEL_STORE_URL).map(str::to_string),
+            run_id: either(ACCEL_RUN_ID, TORCHELASTIC_RUN_ID).map(|(_, v)| v.to_string()),
+            token: get(ACCEL_RUN_TOKEN).map(str::to_string),
+            timeout: get(ACCEL_TIMEOUT)
+                .map(|v| parse_duration(ACCEL_TIMEOUT, v))
+                .transpose()?,
+            backend: get(ACCEL_BACKEND).map(|v| {
+                v.split(',')
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .filter(|s| !s.is_empty())
+                    .collect()
+            }),
+            debug: get(ACCEL_DEBUG)
+                .map(|v| parse_flag(ACCEL_DEBUG, v))
+                .transpose()?,
+            restart_count,
+            max_restarts: u32_of(TORCHELASTIC_MAX_RESTARTS)?,
+            error_file: either(ACCEL_ERROR_FILE, TORCHELASTIC_ERROR_FILE)
+                .map(|(_, v)| PathBuf::from(v)),
+            launcher: get(ACCEL_LAUNCHER).map(str::to_string),
+            launcher_pid: get(ACCEL_LAUNCHER_PID)
+                .map(|v| parse_number::<u32>(ACCEL_LAUNCHER_PID, v))
+                .transpose()?,
+            share_devices: get(ACCEL_SHARE_DEVICES)
+                .map(|v| parse_flag(ACCEL_SHARE_DEVICES, v))
+                .transpose()?,
+        })
+    }
+
+    /// `true` when `accel launch` wrote this environment.
+    pub fn from_accel_launch(&self) -> bool {
+        self.launcher.as_deref() == Some("accel")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn opt<T: std::fmt::Debug + Clone>(
+        s: impl Strategy<Value = T>,
+    ) -> impl Strategy<Value = Option<T>> {
+        prop::option::of(s)
+    }
+
+    fn word() -> impl Strategy<Value = String> {
+        "[a-zA-Z0-9._:/-]{1,12}"
+    }
+
+    prop_compose! {
+        fn worker_env()(
+            ranks in (opt(0usize..1 << 20), opt(1usize..1 << 20), opt(0usize..64), opt(1usize..64), opt(0usize..64), opt(1usize..64)),
+            master_addr in opt(word()), master_port in opt(any::<u16>()),
+            store_url in opt(word()), run_id in opt(word()), token in opt("[0-9a-f]{0,32}"),
+            timeout in opt((0u64..MAX_TIMEOUT.as_secs(), 0u32..1_000_000_000)),
+            backend in opt(prop::collection::vec("[a-z][a-z0-9-]{0,8}", 1..3)),
+            flags in (opt(any::<bool>()), opt(any::<bool>())),
+            counts in (opt(any::<u32>()), opt(any::<u32>()), opt(any::<u32>())),
+            error_file in opt("/[a-z0-9/._-]{1,20}"), launcher in opt("[a-z]{1,6}"),
+        ) -> WorkerEnv {
+            WorkerEnv {
+                rank: ranks.0, world_size: ranks.1, local_rank: ranks.2,
+                local_world_size: ranks.3, group_rank: ranks.4, group_world_size: ranks.5,
+                master_addr, master_port, store_url, run_id, token,
+                timeout: timeout.map(|(s, n)| Duration::new(s, n)).filter(|d| !d.is_zero()),
+                backend, debug: flags.0, share_devices: flags.1,
+                restart_count: counts.0, max_restarts: counts.1, launcher_pid: counts.2,
+                error_file: error_file.map(PathBuf::from), launcher,
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn to_vars_then_from_vars_is_the_identity(env in worker_env()) {
+            let vars: HashMap<String, String> =
+                env.to_vars().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+            prop_assert_eq!(WorkerEnv::from_vars(&vars).unwrap(), env);
+        }
+    }
+
+    #[test]
+    fn numbers_are_digits_only() {
+        assert_eq!(parse_number::<usize>("RANK", " 7 ").unwrap(), 7);
+        for bad in ["+1", "-1", "1e3", "0x10", "", " ", "1 2", "٣"] {
+            let e = parse_number::<usize>("RANK", bad).unwrap_err();
+            assert!(e.to_string().contains("RANK"), "{bad}: {e}");
+        }
+        let e = parse_number::<u16>("MASTER_PORT", "70000").unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+    }
+
+    #[test]
+    fn durations_are_exact_and_bounded() {
+        let ok = [
+            ("30", Duration::from_secs(30)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("500ms", Duration::from_millis(500)),
+            ("5m", Duration::from_secs(300)),
+            ("1h", Duration::from_secs(3600)),
+            ("7ns", Duration::from_nanos(7)),
+            ("365d", MAX_TIMEOUT),
+        ];
+        for (s, d) in ok {
+            assert_eq!(parse_duration("T", s).unwrap(), d, "{s}");
+            assert_eq!(parse_duration("T", &format_duration(d)).unwrap(), d);
+        }
+        for bad in [
+            "100000000000000000000",
+            "366d",
+            "18446744073709551616s",
+            "99999999999999999999999999999999999999999999h",
+        ] {
+            let e = parse_duration("ACCEL_TIMEOUT", bad).unwrap_err();
+            assert!(e.to_string().contains("365 days"), "{bad}: {e}");
+        }
+        for bad in ["soon", "0", "0s", "-1s", "+1s", ".", "1.2.3s", "5 parsecs"] {
+            let e = parse_duration("ACCEL_TIMEOUT", bad).unwrap_err();
+            assert!(e.to_string().contains("ACCEL_TIMEOUT"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn tcp_urls_bracket_ipv6() {
+        assert_eq!(tcp_url("fd00::1", 1), "tcp://[fd00::1]:1");
+        assert_eq!(tcp_url("[fd00::1]", 1), "tcp://[fd00::1]:1");
+        assert_eq!(tcp_url("10.0.0.1", 2), "tcp://10.0.0.1:2");
+    }
+}

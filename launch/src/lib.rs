@@ -1,0 +1,43 @@
+//! # accel-launch: process groups under one supervisor
+//!
+//! The library behind `accel launch`, the conformance harness and
+//! `accel bench`: every way accel starts the processes of a run goes
+//! through it.
+//!
+//! * [`group::ProcessGroup`]: how an attempt's processes are started,
+//!   signalled and blamed, with two implementations:
+//!   [`group::LocalGroup`] (one process per local rank) and
+//!   [`group::MpirunGroup`] (one `mpirun`/`mpiexec` for every rank).
+//! * [`supervise::run_attempt`]: one supervisor for both: output pumping
+//!   with `[rank N]` prefixes, `--tee` files, the rank filter, hang
+//!   detection, fail-fast (SIGTERM, SIGKILL after the grace period), signal
+//!   forwarding, a wall limit; [`supervise::run`]: one restart loop, the
+//!   root-cause block, the summary and the `--json` record.
+//! * [`supervise::Coordinator`]: where the store is and how an attempt
+//!   went across machines ([`supervise::HostedStore`] for one machine or
+//!   one mpirun; the launcher adds the multi-machine join).
+//! * [`mpirun`]: the mpirun command builder and the readers of mpirun's
+//!   output. It formats text only: nothing here links MPI.
+//! * The worker environment itself is [`accel::WorkerEnv`].
+//!
+//! Unsafe code lives in [`ffi`] only (one `pre_exec` for the parent-death
+//! signal).
+
+pub mod ffi;
+pub mod group;
+pub mod guard;
+pub mod mpirun;
+pub mod output;
+pub mod program;
+pub mod report;
+pub mod store;
+pub mod supervise;
+
+pub use accel::worker_env::{self, WorkerEnv};
+pub use group::{Attempt, LocalGroup, MpirunGroup, ProcessGroup, Program};
+pub use supervise::{run, run_attempt, Coordinator, HostedStore, RunOutcome, Supervision};
+
+/// The most processes one machine starts (`-n`): each costs the launcher
+/// three threads and two pipes, and far more would exhaust the kernel's
+/// memory maps and kill the launcher. More is an error naming the limit.
+pub const MAX_LOCAL_PROCESSES: usize = 1024;

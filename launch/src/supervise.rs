@@ -1,0 +1,838 @@
+//! One supervisor over every [`ProcessGroup`], and one restart loop
+//! (torchrun's `SimpleElasticAgent._invoke_run`).
+//!
+//! [`run_attempt`] starts a group, watches it, stops it on the first
+//! failure (SIGTERM, then SIGKILL after the grace period), forwards the
+//! launcher's signals, reports silent ranks as hung (`--hang-timeout`) and
+//! bounds the whole attempt (`wall_limit`). [`run`] repeats attempts up to
+//! the restart limit, asks a [`Coordinator`] where the store is before each
+//! and how the attempt went across machines after it, prints the
+//! root-cause block and the summary, and returns the `--json` summary.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use accel::worker_env::WorkerEnv;
+use accel_api::{Error, Result};
+use accel_rendezvous::TcpStoreServer;
+use nix::sys::signal::Signal;
+
+use crate::group::{sinks_for, Attempt, ProcessGroup};
+use crate::output::{say, say_block, RankFilter, RankSink};
+use crate::report::{self, AttemptReport, Exit, Failure, Status, Summary, WorkerEnd};
+
+/// The last signal the launcher received (0: none), for loops that do not
+/// read the event channel (the machines' join).
+pub static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// What the supervisor reacts to.
+#[derive(Debug)]
+pub enum Event {
+    /// A started process ended.
+    Exited {
+        /// Attempt it belongs to.
+        attempt: u32,
+        /// Its index among the group's started processes.
+        index: usize,
+        /// How it ended.
+        exit: Exit,
+    },
+    /// The launcher received a signal (SIGINT, SIGTERM, SIGHUP).
+    Signal(i32),
+    /// A worker on another machine failed first.
+    Remote {
+        /// Attempt it belongs to.
+        attempt: u32,
+        /// The root cause it published.
+        failure: Box<Failure>,
+    },
+    /// The store (machine 0) went away.
+    StoreLost {
+        /// Attempt it belongs to.
+        attempt: u32,
+        /// What the store client said.
+        message: String,
+    },
+}
+
+/// Forward SIGINT, SIGTERM and SIGHUP to `tx` as [`Event::Signal`] (and
+/// record them in [`LAST_SIGNAL`]).
+///
+/// # Errors
+/// The handlers or their thread cannot be installed.
+pub fn install_signals(tx: Sender<Event>) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| Error::io("cannot install the signal handlers", e))?;
+    std::thread::Builder::new()
+        .name("accel-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                LAST_SIGNAL.store(sig, Ordering::SeqCst);
+                if tx.send(Event::Signal(sig)).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| Error::io("cannot start the signal thread", e))?;
+    Ok(())
+}
+
+/// How the supervisor watches a group.
+#[derive(Debug, Clone)]
+pub struct Supervision {
+    /// Ranks whose output is shown; `None` = all.
+    pub ranks: Option<RankFilter>,
+    /// Directory of per-rank log files (`--tee`).
+    pub tee: Option<PathBuf>,
+    /// SIGTERM → SIGKILL delay.
+    pub grace: Duration,
+    /// Silence after which a rank is hung.
+    pub hang_timeout: Option<Duration>,
+    /// Bound of one attempt; the group is stopped after it.
+    pub wall_limit: Option<Duration>,
+    /// Write ranks' lines and the launcher's messages to the terminal.
+    pub echo: bool,
+    /// Install handlers for SIGINT/SIGTERM/SIGHUP and forward them.
+    pub forward_signals: bool,
+    /// Show the ranks' stdout lines on stderr (the caller's stdout holds a
+    /// result, as in `accel bench`).
+    pub stdout_to_stderr: bool,
+}
+
+impl Default for Supervision {
+    fn default() -> Self {
+        Supervision {
+            ranks: None,
+            tee: None,
+            grace: Duration::from_secs(5),
+            hang_timeout: None,
+            wall_limit: None,
+            echo: true,
+            forward_signals: true,
+            stdout_to_stderr: false,
+        }
+    }
+}
+
+/// How this machine's attempt ended.
+#[derive(Debug)]
+pub enum LocalOutcome {
+    /// Every process exited 0.
+    Succeeded,
+    /// A process failed (or a rank hung) first.
+    Failed {
+        /// The root cause, when the group can name the rank.
+        root: Option<Box<Failure>>,
+        /// The launcher's exit code for it.
+        code: u8,
+        /// How the failed process ended (mpirun's own exit).
+        exit: Exit,
+    },
+    /// Stopped because a worker on another machine failed first.
+    Remote(Box<Failure>),
+    /// Stopped because the store went away.
+    StoreLost(String),
+    /// Stopped because the launcher received this signal.
+    Interrupted(i32),
+    /// Stopped because the attempt ran past its wall limit.
+    WallLimit(Duration),
+}
+
+/// The result of an attempt on this machine.
+#[derive(Debug)]
+pub struct AttemptResult {
+    /// How it ended.
+    pub outcome: LocalOutcome,
+    /// Every started process's end.
+    pub workers: Vec<WorkerEnd>,
+    /// Ranks that did not stop within the grace period and were killed.
+    pub killed: Vec<usize>,
+}
+
+struct Member {
+    pid: u32,
+    pumps: Vec<JoinHandle<()>>,
+    exit: Option<Exit>,
+    stopped: bool,
+}
+
+fn wait_pumps(pumps: &[JoinHandle<()>], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while pumps.iter().any(|p| !p.is_finished()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Run one attempt of `group`: start it, supervise it until every process
+/// has ended, and say how it went. `on_local_failure` sees the root cause
+/// as soon as it is known (to publish it to other machines).
+///
+/// # Errors
+/// Only when the processes cannot be started at all (log files, spawn
+/// failure); whatever was started is killed first.
+pub fn run_attempt(
+    group: &mut dyn ProcessGroup,
+    attempt: &Attempt,
+    sup: &Supervision,
+    events: (&Sender<Event>, &Receiver<Event>),
+    start: Instant,
+    on_local_failure: &mut dyn FnMut(&Failure),
+) -> Result<AttemptResult> {
+    let (tx, rx) = events;
+    let n = attempt.number;
+    std::fs::create_dir_all(&attempt.error_dir).map_err(|e| {
+        Error::io(
+            format!(
+                "cannot create the error-file directory {}",
+                attempt.error_dir.display()
+            ),
+            e,
+        )
+    })?;
+    let ranks = group.ranks(attempt);
+    let first = ranks.start;
+    let show = |r: usize| sup.echo && sup.ranks.as_ref().is_none_or(|f| f.shows(r));
+    let sinks: Vec<Arc<RankSink>> = sinks_for(
+        ranks,
+        n,
+        show,
+        sup.tee.as_deref(),
+        start,
+        sup.stdout_to_stderr,
+    )?;
+    let mut members: Vec<Member> = group
+        .start(attempt, &sinks, tx)?
+        .into_iter()
+        .map(|s| Member {
+            pid: s.pid,
+            pumps: s.pumps,
+            exit: None,
+            stopped: false,
+        })
+        .collect();
+    let began = Instant::now();
+    let tell = |line: &str| {
+        if sup.echo {
+            say(line);
+        }
+    };
+
+    let mut alive = members.len();
+    let mut outcome: Option<LocalOutcome> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut killed: Vec<usize> = Vec::new();
+    let tick = Duration::from_millis(50);
+
+    let begin_stop = |group: &dyn ProcessGroup,
+                      members: &mut [Member],
+                      sig: Signal,
+                      kill_at: &mut Option<Instant>| {
+        for m in members.iter_mut() {
+            if m.exit.is_none() {
+                m.stopped = true;
+            }
+            group.signal(m.pid, sig, m.exit.is_none());
+        }
+        kill_at.get_or_insert(Instant::now() + sup.grace);
+    };
+
+    while alive > 0 {
+        let wait = match kill_at {
+            Some(t) => t.saturating_duration_since(Instant::now()).min(tick),
+            None => tick,
+        };
+        match rx.recv_timeout(wait) {
+            Ok(Event::Exited {
+                attempt: a,
+                index,
+                exit,
+            }) if a == n => {
+                let Some(m) = members.get_mut(index) else {
+                    continue;
+                };
+                if m.exit.is_some() {
+                    continue;
+                }
+                alive -= 1;
+                m.exit = Some(exit);
+                if !exit.is_success() && outcome.is_none() {
+                    m.stopped = false;
+                    // Let the pumps catch the last lines of stderr (and
+                    // mpirun's report); a grandchild holding the pipes open
+                    // delays the stop by at most this.
+                    wait_pumps(&m.pumps, Duration::from_secs(1));
+                    let pid = m.pid;
+                    group.finish();
+                    let root = group.failure(attempt, index, pid, exit, &sinks);
+                    if let Some(f) = &root {
+                        on_local_failure(f);
+                    }
+                    outcome = Some(LocalOutcome::Failed {
+                        root: root.map(Box::new),
+                        code: exit.launcher_code(),
+                        exit,
+                    });
+                    begin_stop(&*group, &mut members, Signal::SIGTERM, &mut kill_at);
+                }
+            }
+            Ok(Event::Exited { .. }) => {} // a previous attempt's straggler
+            Ok(Event::Signal(sig)) => {
+                let signal = Signal::try_from(sig).unwrap_or(Signal::SIGTERM);
+                if matches!(outcome, Some(LocalOutcome::Interrupted(_))) {
+                    tell("second signal: killing everything now");
+                    begin_stop(&*group, &mut members, Signal::SIGKILL, &mut kill_at);
+                } else if outcome.is_none() {
+                    tell(&group.forwarding(signal.as_str()));
+                    outcome = Some(LocalOutcome::Interrupted(sig));
+                    begin_stop(&*group, &mut members, signal, &mut kill_at);
+                }
+            }
+            Ok(Event::Remote {
+                attempt: a,
+                failure,
+            }) if a == n => {
+                if outcome.is_none() {
+                    tell(&format!(
+                        "a worker on machine {} failed: {}; stopping this machine's {}",
+                        failure.machine,
+                        failure.headline(),
+                        group.kind()
+                    ));
+                    outcome = Some(LocalOutcome::Remote(failure));
+                    begin_stop(&*group, &mut members, Signal::SIGTERM, &mut kill_at);
+                }
+            }
+            Ok(Event::StoreLost {
+                attempt: a,
+                message,
+            }) if a == n => {
+                if outcome.is_none() {
+                    tell(&format!(
+                        "lost the store on machine 0 ({message}); stopping this machine's {}",
+                        group.kind()
+                    ));
+                    outcome = Some(LocalOutcome::StoreLost(message));
+                    begin_stop(&*group, &mut members, Signal::SIGTERM, &mut kill_at);
+                }
+            }
+            Ok(_) => {}
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => break,
+        }
+        let now = Instant::now();
+        if let Some(t) = kill_at.filter(|t| now >= *t) {
+            let _ = t;
+            let stuck: Vec<usize> = members
+                .iter()
+                .enumerate()
+                .filter(|(_, m)| m.exit.is_none())
+                .map(|(i, _)| i)
+                .collect();
+            if !stuck.is_empty() {
+                let ranks: Vec<usize> = if members.len() == sinks.len() {
+                    stuck.iter().map(|i| first + i).collect()
+                } else {
+                    (first..first + sinks.len()).collect()
+                };
+                for r in &ranks {
+                    if !killed.contains(r) {
+                        killed.push(*r);
+                    }
+                }
+                let v: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+                tell(&format!(
+                    "{} of rank(s) {} did not stop within {:?} of SIGTERM; sending SIGKILL",
+                    group.kind(),
+                    v.join(", "),
+                    sup.grace
+                ));
+            }
+            for m in &members {
+                group.signal(m.pid, Signal::SIGKILL, m.exit.is_none());
+            }
+            // Check again later in case something survives.
+            kill_at = Some(now + Duration::from_secs(1));
+        }
+        if outcome.is_none() {
+            if let Some(limit) = sup.wall_limit.filter(|l| now.duration_since(began) >= *l) {
+                tell(&format!(
+                    "the attempt ran past its limit of {limit:?}; stopping the {}",
+                    group.kind()
+                ));
+                outcome = Some(LocalOutcome::WallLimit(limit));
+                begin_stop(&*group, &mut members, Signal::SIGTERM, &mut kill_at);
+            }
+        }
+        if let (Some(limit), None) = (sup.hang_timeout, &outcome) {
+            let mut hung: Vec<(usize, Duration)> = sinks
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (i, now.saturating_duration_since(s.last_output())))
+                .filter(|(_, silent)| *silent >= limit)
+                .collect();
+            // A rank whose own process has ended is not hung.
+            if members.len() == sinks.len() {
+                hung.retain(|(i, _)| members[*i].exit.is_none());
+            }
+            if !hung.is_empty() {
+                // The longest silence is the root cause; ties by rank.
+                hung.sort_by(|(i, a), (j, b)| b.cmp(a).then(i.cmp(j)));
+                let (index, silent) = hung[0];
+                let exit = Exit::Hung {
+                    silent_s: silent.as_secs(),
+                };
+                let mut f = group.rank_failure(attempt, index, exit, &sinks);
+                f.also_hung = hung[1..].iter().map(|(i, _)| first + i).collect();
+                tell(&format!("{}; stopping the {}", f.headline(), group.kind()));
+                on_local_failure(&f);
+                outcome = Some(LocalOutcome::Failed {
+                    root: Some(Box::new(f)),
+                    code: exit.launcher_code(),
+                    exit,
+                });
+                begin_stop(&*group, &mut members, Signal::SIGTERM, &mut kill_at);
+            }
+        }
+    }
+    let failed = !matches!(outcome, None | Some(LocalOutcome::Succeeded));
+    if failed {
+        // Whatever the processes started and left behind goes too.
+        for m in &members {
+            group.signal(m.pid, Signal::SIGKILL, false);
+        }
+    }
+    // Output still in the pipes; a grandchild holding a pipe open must not
+    // keep the launcher waiting.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for m in &members {
+        wait_pumps(&m.pumps, deadline.saturating_duration_since(Instant::now()));
+    }
+    group.finish();
+    let one_per_rank = members.len() == sinks.len();
+    let ends = members
+        .iter()
+        .enumerate()
+        .map(|(i, m)| WorkerEnd {
+            rank: if one_per_rank { first + i } else { first },
+            pid: m.pid,
+            exit: m.exit.unwrap_or(Exit::Code { code: 1 }),
+            stopped: m.stopped,
+            process: group.kind().to_string(),
+        })
+        .collect();
+    Ok(AttemptResult {
+        outcome: outcome.unwrap_or(LocalOutcome::Succeeded),
+        workers: ends,
+        killed,
+    })
+}
+
+/// How an attempt went across machines.
+#[derive(Debug, Clone)]
+pub struct Settled {
+    /// Outcome.
+    pub status: Status,
+    /// What failed first, anywhere.
+    pub root: Option<Failure>,
+    /// The launcher's exit code if the run ends here.
+    pub code: u8,
+    /// What interrupted it (a signal's name, another machine's launcher).
+    pub interrupted_by: Option<String>,
+    /// A failed attempt may be restarted (false when the store is lost).
+    pub restartable: bool,
+}
+
+impl Settled {
+    /// The outcome on one machine (no one to agree with).
+    pub fn alone(local: LocalOutcome) -> Settled {
+        let failed = |root: Option<Box<Failure>>, code: u8, why: Option<String>| Settled {
+            status: Status::Failed,
+            root: root.map(|b| *b),
+            code,
+            interrupted_by: why,
+            restartable: true,
+        };
+        match local {
+            LocalOutcome::Succeeded => Settled {
+                status: Status::Succeeded,
+                root: None,
+                code: 0,
+                interrupted_by: None,
+                restartable: false,
+            },
+            LocalOutcome::Failed { root, code, exit } => {
+                let why = root
+                    .is_none()
+                    .then(|| format!("process {}", exit.describe()));
+                failed(root, code, why)
+            }
+            LocalOutcome::Interrupted(sig) => Settled {
+                status: Status::Interrupted,
+                root: None,
+                code: u8::try_from(128 + sig).unwrap_or(1),
+                interrupted_by: Some(report::signal_name(sig)),
+                restartable: false,
+            },
+            LocalOutcome::WallLimit(d) => failed(None, 124, Some(format!("wall limit of {d:?}"))),
+            LocalOutcome::Remote(f) => {
+                let code = f.exit.launcher_code();
+                failed(Some(f), code, None)
+            }
+            LocalOutcome::StoreLost(m) => Settled {
+                restartable: false,
+                ..failed(None, 1, Some(format!("lost store: {m}")))
+            },
+        }
+    }
+}
+
+/// What the restart loop asks of the machines' coordination.
+pub trait Coordinator {
+    /// Prepare attempt `n`: host or join the store, agree with the other
+    /// machines; `tx` receives remote failures.
+    ///
+    /// # Errors
+    /// The store cannot be hosted or reached, the machines do not agree.
+    fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt>;
+
+    /// A local root cause, as soon as it is known.
+    fn publish(&self, _n: u32, _failure: &Failure) {}
+
+    /// The attempt ended on this machine: how did it go everywhere?
+    fn settle(&mut self, n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
+        let _ = (n, attempt);
+        Settled::alone(local)
+    }
+
+    /// Restarts allowed.
+    fn max_restarts(&self) -> u32;
+
+    /// The run ended after attempt `last`.
+    fn end(&mut self, _last: u32) {}
+
+    /// Where the store of the last attempt listened (for `--json`).
+    fn store_url(&self) -> String;
+}
+
+/// The coordination of a run on one machine (or of an mpirun started from
+/// machine 0): this launcher hosts the store, a fresh one per attempt
+/// unless `per_run` (several machines reach one address).
+#[derive(Debug)]
+pub struct HostedStore {
+    /// Where the store binds and the workers dial it.
+    pub addr: String,
+    /// Its port (0: a free one).
+    pub port: u16,
+    /// Bind exactly (several machines were told the port).
+    pub per_run: bool,
+    /// The store's token.
+    pub token: String,
+    /// What every worker of every attempt shares (run id, timeout, ...);
+    /// store fields and the restart count are filled in per attempt.
+    pub base: WorkerEnv,
+    /// Where error-file directories go.
+    pub scratch: PathBuf,
+    /// Host name for reports.
+    pub host: String,
+    /// Restarts allowed.
+    pub max_restarts: u32,
+    /// Say the store's notices (a busy port avoided).
+    pub echo: bool,
+    server: Option<TcpStoreServer>,
+    url: String,
+}
+
+impl HostedStore {
+    /// A coordinator hosting the store at `addr:port` with `token`.
+    pub fn new(addr: &str, port: u16, per_run: bool, token: &str, base: WorkerEnv) -> Self {
+        HostedStore {
+            addr: addr.to_string(),
+            port,
+            per_run,
+            token: token.to_string(),
+            base,
+            scratch: std::env::temp_dir(),
+            host: host_name(),
+            max_restarts: 0,
+            echo: true,
+            server: None,
+            url: String::new(),
+        }
+    }
+}
+
+/// This machine's host name.
+pub fn host_name() -> String {
+    nix::unistd::gethostname()
+        .map(|h| h.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+impl Coordinator for HostedStore {
+    fn begin(&mut self, n: u32, _tx: &Sender<Event>) -> Result<Attempt> {
+        if !self.per_run || self.server.is_none() {
+            // A fresh store per attempt: no key of a failed attempt can
+            // confuse the next one.
+            self.server = None;
+            let (server, notice) =
+                crate::store::host(&self.addr, self.port, self.per_run, &self.token)?;
+            if let Some(msg) = notice.filter(|_| n == 0 && self.echo) {
+                say(&msg);
+            }
+            self.server = Some(server);
+        }
+        let port = self.server.as_ref().map_or(0, |s| s.local_addr().port());
+        self.url = accel::worker_env::tcp_url(&self.addr, port);
+        let mut env = self.base.clone();
+        env.master_addr = Some(
+            self.addr
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .into(),
+        );
+        env.master_port = Some(port);
+        env.store_url = Some(self.url.clone());
+        env.token = Some(self.token.clone());
+        env.restart_count = Some(n);
+        env.max_restarts = Some(self.max_restarts);
+        Ok(Attempt {
+            number: n,
+            env,
+            rank_offset: 0,
+            error_dir: self.scratch.join(format!("attempt-{n}")),
+            host: self.host.clone(),
+        })
+    }
+
+    fn max_restarts(&self) -> u32 {
+        self.max_restarts
+    }
+
+    fn end(&mut self, _last: u32) {
+        if let Some(s) = self.server.take() {
+            s.shutdown();
+        }
+    }
+
+    fn store_url(&self) -> String {
+        self.url.clone()
+    }
+}
+
+/// A whole run: its summary and exit code.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    /// The launcher's exit code.
+    pub code: u8,
+    /// What `--json` prints.
+    pub summary: Summary,
+    /// The last attempt's root cause, if it failed.
+    pub root: Option<Failure>,
+    /// Why the last attempt failed when no rank is named.
+    pub why: Option<String>,
+}
+
+/// Print the root-cause block of a failed attempt, or say that the group
+/// could not name a rank, then the group's own explanation.
+fn print_failure(group: &dyn ProcessGroup, n: u32, s: &Settled) {
+    match &s.root {
+        Some(f) => f.print(n),
+        None => say_block(&[
+            "==================== root cause ====================".to_string(),
+            format!("attempt:   {n}"),
+            format!(
+                "rank:      unknown ({} did not name one)",
+                if group.kind() == "mpirun" {
+                    "mpirun's report below"
+                } else {
+                    "the launcher"
+                }
+            ),
+            format!(
+                "exit:      {}",
+                s.interrupted_by.as_deref().unwrap_or("unknown cause")
+            ),
+            "====================================================".to_string(),
+        ]),
+    }
+    let said: Vec<String> = group
+        .explain()
+        .iter()
+        .map(|l| crate::mpirun::untag(l))
+        .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("-----"))
+        .map(|l| format!("  | {l}"))
+        .collect();
+    if !said.is_empty() {
+        let mut lines = vec![format!(
+            "{} said (last {} line(s)):",
+            group.kind(),
+            said.len()
+        )];
+        lines.extend(said);
+        say_block(&lines);
+    }
+}
+
+/// Run `group` until an attempt succeeds, the restarts are used up, or the
+/// launcher is interrupted. `label` heads the summary (`run ID`).
+///
+/// # Errors
+/// The coordinator's errors (store, machines' join) and start failures;
+/// failed attempts are exit codes, not errors.
+pub fn run(
+    group: &mut dyn ProcessGroup,
+    coord: &mut dyn Coordinator,
+    sup: &Supervision,
+    label: &str,
+) -> Result<RunOutcome> {
+    let t0 = Instant::now();
+    let (tx, rx) = channel::<Event>();
+    if sup.forward_signals {
+        install_signals(tx.clone())?;
+    }
+    let mut reports: Vec<AttemptReport> = Vec::new();
+    let mut n: u32 = 0;
+    let mut last: Option<(Attempt, Settled)> = None;
+    let result = (|| -> Result<u8> {
+        loop {
+            let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+            if sig != 0 && sup.forward_signals {
+                return Ok(u8::try_from(128 + sig).unwrap_or(1));
+            }
+            let a0 = Instant::now();
+            let attempt = coord.begin(n, &tx)?;
+            let result = {
+                let c: &dyn Coordinator = coord;
+                let mut publish = |f: &Failure| c.publish(n, f);
+                run_attempt(group, &attempt, sup, (&tx, &rx), t0, &mut publish)?
+            };
+            let settled = coord.settle(n, &attempt, result.outcome);
+            reports.push(AttemptReport {
+                attempt: n,
+                status: settled.status.clone(),
+                duration_s: a0.elapsed().as_secs_f64(),
+                root_cause: settled.root.clone(),
+                workers: result.workers,
+                killed: result.killed,
+                interrupted_by: settled.interrupted_by.clone(),
+            });
+            let code = settled.code;
+            let status = settled.status.clone();
+            if matches!(status, Status::Failed) && sup.echo {
+                print_failure(&*group, n, &settled);
+            }
+            let again = matches!(status, Status::Failed)
+                && settled.restartable
+                && n < coord.max_restarts()
+                && LAST_SIGNAL.load(Ordering::SeqCst) == 0;
+            last = Some((attempt, settled));
+            if !again {
+                return Ok(code);
+            }
+            n += 1;
+            if sup.echo {
+                let what = if group.kind() == "mpirun" {
+                    "mpirun"
+                } else {
+                    "the group"
+                };
+                say(&format!(
+                    "restarting {what}: restart {n} of {} (ACCEL_RESTART_COUNT={n})",
+                    coord.max_restarts()
+                ));
+            }
+        }
+    })();
+    coord.end(reports.last().map_or(0, |r| r.attempt));
+    let code = result?;
+    let (attempt, settled) = match last {
+        Some((a, s)) => (Some(a), Some(s)),
+        None => (None, None),
+    };
+    let env = attempt.as_ref().map(|a| &a.env);
+    let run_id = env.and_then(|e| e.run_id.clone()).unwrap_or_default();
+    let world_size = env
+        .and_then(|e| e.world_size)
+        .unwrap_or_else(|| group_world(&*group, attempt.as_ref()));
+    if sup.echo && (reports.len() > 1 || code != 0) {
+        let mut lines = vec![format!(
+            "{label}: {} attempt(s), exit code {code}",
+            reports.len()
+        )];
+        lines.extend(reports.iter().map(|r| format!("  {}", r.line())));
+        say_block(&lines);
+    }
+    let summary = Summary {
+        run_id,
+        machine_rank: env.and_then(|e| e.group_rank).unwrap_or(0),
+        num_machines: env.and_then(|e| e.group_world_size).unwrap_or(1),
+        world_size,
+        store: coord.store_url(),
+        exit_code: code,
+        attempts: reports,
+        wall_s: t0.elapsed().as_secs_f64(),
+    };
+    Ok(RunOutcome {
+        code,
+        summary,
+        root: settled.as_ref().and_then(|s| s.root.clone()),
+        why: settled.and_then(|s| s.interrupted_by),
+    })
+}
+
+fn group_world(group: &dyn ProcessGroup, attempt: Option<&Attempt>) -> usize {
+    attempt.map_or(0, |a| group.ranks(a).len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosted_store_urls_bracket_ipv6_and_fill_the_attempt() {
+        let (tx, _rx) = channel();
+        let mut c = HostedStore::new("127.0.0.1", 0, false, "tok", WorkerEnv::default());
+        c.echo = false;
+        let a = c.begin(3, &tx).unwrap();
+        assert!(c.store_url().starts_with("tcp://127.0.0.1:"));
+        assert_eq!(a.env.store_url.as_deref(), Some(c.store_url().as_str()));
+        assert_eq!(
+            (a.env.restart_count, a.env.token.as_deref()),
+            (Some(3), Some("tok"))
+        );
+        c.end(3);
+        // IPv6, where this machine has a loopback for it.
+        if std::net::TcpListener::bind("[::1]:0").is_ok() {
+            let mut c = HostedStore::new("::1", 0, false, "tok", WorkerEnv::default());
+            c.echo = false;
+            let a = c.begin(0, &tx).unwrap();
+            assert!(
+                c.store_url().starts_with("tcp://[::1]:"),
+                "{}",
+                c.store_url()
+            );
+            assert_eq!(a.env.master_addr.as_deref(), Some("::1"));
+            c.end(0);
+        }
+    }
+
+    #[test]
+    fn one_machine_outcomes() {
+        let s = Settled::alone(LocalOutcome::Interrupted(15));
+        assert_eq!((s.code, s.restartable), (143, false));
+        let s = Settled::alone(LocalOutcome::WallLimit(Duration::from_secs(1)));
+        assert_eq!((s.code, s.restartable), (124, true));
+        let s = Settled::alone(LocalOutcome::Failed {
+            root: None,
+            code: 7,
+            exit: Exit::Code { code: 7 },
+        });
+        assert_eq!(s.code, 7);
+        assert!(s.interrupted_by.unwrap().contains("code 7"));
+    }
+}

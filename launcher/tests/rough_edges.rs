@@ -1,0 +1,153 @@
+//! What a new user trips over, each with its message (every test here
+//! failed before the launch library): unknown flags, torchrun's `--tee N`,
+//! Accelerate's `--num_processes`, a closed stdout, huge timeouts, huge
+//! process counts, the token on the command line.
+
+mod common;
+
+use std::process::Stdio;
+
+use common::*;
+
+#[test]
+fn an_unknown_flag_is_named_with_the_closest_known_one() {
+    let r = accel(&["launch", "--rdzv-backend", "c10d", "-n", "2", "--", "app"]);
+    r.code_is(2);
+    assert!(
+        r.stderr
+            .contains("`--rdzv-backend` is not a flag of `accel launch`")
+            && r.stderr.contains("did you mean `--"),
+        "{}",
+        r.all()
+    );
+    assert!(!r.stderr.contains("not found on PATH"), "{}", r.all());
+    let r = accel(&["launch", "--nproc_per_nod", "2", "--", "true"]);
+    r.has_stderr("did you mean `--nproc-per-node`");
+}
+
+#[test]
+fn torchrun_s_tee_selector_is_refused_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = command(&["launch", "--tee", "3", "-n", "1", "--", "true"]);
+    c.current_dir(dir.path());
+    let r = start(c).finish(LIMIT);
+    r.code_is(2);
+    r.has_stderr("torchrun's stream selector");
+    assert!(
+        !dir.path().join("3").exists(),
+        "a directory named 3 was created"
+    );
+}
+
+#[test]
+fn accelerate_s_num_processes_counts_all_machines() {
+    // 3 processes over 2 machines cannot be split evenly.
+    let r = accel_words("launch --num_processes 3 --num_machines 2 --main-process-ip 127.0.0.1 --join-timeout 1s -- true");
+    r.code_is(2);
+    r.has_stderr("does not divide");
+    // Per machine and in total at once is ambiguous.
+    let r = accel(&["launch", "-n", "2", "--num-processes", "2", "--", "true"]);
+    r.code_is(2);
+    r.has_stderr("both -n/--nproc-per-node");
+    // One machine: the total is the local count.
+    let r = accel(&["launch", "--num_processes", "2", "--json", "--", "true"]);
+    r.code_is(0);
+    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap();
+    assert_eq!(v["world_size"], 2, "{}", r.all());
+}
+
+#[test]
+fn a_closed_stdout_is_a_normal_exit() {
+    for args in [&["env", "--json"][..], &["env"], &["--help"]] {
+        let mut c = command(args);
+        c.stdout(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        // The reader goes away before the first line.
+        drop(child.stdout.take());
+        let mut err = String::new();
+        std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {status} {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_huge_timeout_is_an_error_naming_it_not_a_panic() {
+    let r = accel(&["launch", "--timeout", "100000000000000000000", "--", "true"]);
+    r.code_is(2);
+    r.has_stderr("365 days");
+    let mut c = command(&["env"]);
+    c.env("ACCEL_TIMEOUT", "100000000000000000000");
+    let r = start(c).finish(LIMIT);
+    assert!(!r.stderr.contains("panicked"), "{}", r.all());
+    assert!(
+        r.all().contains("ACCEL_TIMEOUT") && r.all().contains("365 days"),
+        "{}",
+        r.all()
+    );
+}
+
+#[test]
+fn a_huge_process_count_is_an_error_not_a_sigkill() {
+    let r = accel(&["launch", "-n", "100000", "--", "true"]);
+    r.code_is(2);
+    r.has_stderr("at most 1024 processes");
+}
+
+#[test]
+fn the_token_can_stay_out_of_ps() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("token");
+    std::fs::write(&f, "0123456789abcdef\n").unwrap();
+    let r = accel(&[
+        "launch",
+        "--token-file",
+        f.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "echo token=$ACCEL_RUN_TOKEN",
+    ]);
+    r.code_is(0);
+    r.has_stdout("[rank 0] token=0123456789abcdef");
+    assert!(!r.stderr.contains("warning"), "{}", r.all());
+    // On the command line it still works, with a warning.
+    let r = accel(&["launch", "--token", "abc", "--", "true"]);
+    r.code_is(0);
+    assert!(
+        r.stderr.contains("visible to every user") && r.stderr.contains("--token-file"),
+        "{}",
+        r.all()
+    );
+    // The environment works too, silently.
+    let mut c = command(&["launch", "--", "sh", "-c", "echo token=$ACCEL_RUN_TOKEN"]);
+    c.env("ACCEL_RUN_TOKEN", "fromenv");
+    let r = start(c).finish(LIMIT);
+    assert!(
+        r.stdout.contains("token=fromenv") && !r.stderr.contains("warning"),
+        "{}",
+        r.all()
+    );
+}
+
+/// kill -9 of the launcher leaves no worker running (the kernel signals
+/// them: PR_SET_PDEATHSIG).
+#[test]
+fn kill_9_of_the_launcher_leaves_no_worker() {
+    let marker = format!("{}.{}", 1000, std::process::id());
+    let mut c = command(&["launch", "-n", "2", "--", "sleep", &marker]);
+    c.stdout(Stdio::null()).stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    assert!(
+        wait_for(|| processes_with(&marker) >= 3, 20),
+        "the workers did not start"
+    );
+    child.kill().unwrap(); // SIGKILL
+    let _ = child.wait();
+    assert!(
+        wait_for(|| processes_with(&marker) == 0, 10),
+        "{} worker(s) outlived the launcher",
+        processes_with(&marker)
+    );
+}

@@ -1,0 +1,139 @@
+//! Each supervisor behaviour, once, against both process groups: the local
+//! workers and mpirun (`--backend mpi`). The mpirun half is skipped (with
+//! the reason) where mpirun is not installed.
+
+mod common;
+
+use common::*;
+
+/// The ranks' own number under either group.
+const MY_RANK: &str = "${RANK:-$OMPI_COMM_WORLD_RANK}";
+
+fn groups() -> Vec<&'static str> {
+    let mpirun = accel_launch::mpirun::available();
+    assert!(
+        mpirun || std::env::var_os("CI").is_none(),
+        "mpirun not found, but CI runs `make setup`, which installs Open MPI"
+    );
+    if mpirun {
+        vec!["local", "mpi"]
+    } else {
+        eprintln!("skipped the mpirun group: mpirun not found");
+        vec!["local"]
+    }
+}
+
+fn launch(group: &str, args: &[&str]) -> Run {
+    let mut v = vec!["launch"];
+    if group == "mpi" {
+        v.extend(["--backend", "mpi"]);
+    }
+    v.extend(args);
+    accel(&v)
+}
+
+#[test]
+fn restarts_rerun_the_group_with_the_restart_count() {
+    for g in groups() {
+        let r = launch(
+            g,
+            &argv(
+                "-n 2 --max-restarts 2 --json -- sh -c",
+                &["test \"$ACCEL_RESTART_COUNT\" = 1 || exit 3"],
+            ),
+        );
+        assert_eq!(r.code, Some(0), "{g}: {}", r.all());
+        let statuses = attempt_statuses(&r.stdout);
+        assert_eq!(statuses, ["failed", "succeeded"], "{g}: {}", r.all());
+        assert!(
+            r.stderr.contains("ACCEL_RESTART_COUNT=1"),
+            "{g}: {}",
+            r.all()
+        );
+    }
+}
+
+#[test]
+fn a_silent_rank_is_reported_as_hung() {
+    for g in groups() {
+        let script = format!("if [ {MY_RANK} = 1 ]; then sleep 60; else echo hi; sleep 60; fi");
+        let r = launch(
+            g,
+            &argv(
+                "-n 2 --hang-timeout 2s --grace-period 1s -- sh -c",
+                &[&script],
+            ),
+        );
+        assert_eq!(r.code, Some(124), "{g}: {}", r.all());
+        assert!(r.stderr.contains("hung: no output for"), "{g}: {}", r.all());
+        assert!(
+            r.stderr.contains("rank:      1") || r.stderr.contains("rank:      0"),
+            "{g}: {}",
+            r.all()
+        );
+    }
+}
+
+#[test]
+fn json_names_the_failed_rank_its_pid_and_the_store() {
+    for g in groups() {
+        // The short sleep: a rank that fails while mpirun is still starting
+        // is reported with less detail.
+        let script = format!("sleep 0.5; [ {MY_RANK} = 1 ] && exit 7; sleep 20");
+        let r = launch(g, &["-n", "2", "--json", "--", "sh", "-c", &script]);
+        assert_eq!(r.code, Some(7), "{g}: {}", r.all());
+        let v: serde_json::Value =
+            serde_json::from_str(r.stdout.lines().last().unwrap_or_default()).unwrap();
+        assert_eq!(v["world_size"], 2, "{g}: {}", r.all());
+        assert_eq!(v["exit_code"], 7, "{g}: {}", r.all());
+        let root = &v["attempts"][0]["root_cause"];
+        if g == "mpi" && root.is_null() {
+            // Open MPI 4.1 sometimes omits its "Process name" report (about
+            // 1 run in 5 here, mpirun alone too): then the block says so.
+            assert!(r.stderr.contains("rank:      unknown"), "{g}: {}", r.all());
+            continue;
+        }
+        assert_eq!(root["rank"], 1, "{g}: {}", r.all());
+        assert_eq!(root["exit"]["code"], 7, "{g}: {}", r.all());
+        // Never `pid: 0`: a real pid, or null when nobody knows it.
+        assert_ne!(root["pid"], 0, "{g}: {}", r.all());
+        assert!(
+            v["store"].as_str().unwrap().starts_with("tcp://127.0.0.1:"),
+            "{g}: {}",
+            r.all()
+        );
+    }
+}
+
+#[test]
+fn tee_writes_one_file_per_rank_and_the_filter_hides_ranks() {
+    for g in groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = format!("echo out-{MY_RANK}; echo err-{MY_RANK} >&2");
+        let r = launch(
+            g,
+            &argv(
+                "-n 2 --tee",
+                &[
+                    dir.path().to_str().unwrap(),
+                    "--ranks",
+                    "1",
+                    "--",
+                    "sh",
+                    "-c",
+                    &script,
+                ],
+            ),
+        );
+        assert_eq!(r.code, Some(0), "{g}: {}", r.all());
+        for rank in 0..2 {
+            let log = std::fs::read_to_string(dir.path().join(format!("rank-{rank}.log"))).unwrap();
+            assert!(
+                log.contains(&format!("out-{rank}")) && log.contains(&format!("err-{rank}")),
+                "{g}: rank {rank}: {log}"
+            );
+        }
+        assert!(r.stdout.contains("[rank 1] out-1"), "{g}: {}", r.all());
+        assert!(!r.stdout.contains("[rank 0]"), "{g}: {}", r.all());
+    }
+}
