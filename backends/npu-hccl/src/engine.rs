@@ -85,7 +85,10 @@ pub(crate) fn apply_hccl_env(timeout: Duration) {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let (connect, exec) = hccl_timeouts(timeout);
-        for (var, value) in [("HCCL_CONNECT_TIMEOUT", connect), ("HCCL_EXEC_TIMEOUT", exec)] {
+        for (var, value) in [
+            ("HCCL_CONNECT_TIMEOUT", connect),
+            ("HCCL_EXEC_TIMEOUT", exec),
+        ] {
             if std::env::var_os(var).is_none() {
                 tracing::debug!(var, value, "npu-hccl: deriving from the accel timeout");
                 // Before any HCCL communicator exists, so HCCL reads it at
@@ -170,7 +173,10 @@ fn header(bytes: usize, dtype: DType, tag: u32) -> [u8; HEADER] {
     h
 }
 
-fn parse_header(h: &[u8; HEADER], src: usize) -> std::result::Result<(usize, DType, u32), HcclError> {
+fn parse_header(
+    h: &[u8; HEADER],
+    src: usize,
+) -> std::result::Result<(usize, DType, u32), HcclError> {
     let word = |r: std::ops::Range<usize>| {
         let mut b = [0u8; 4];
         b.copy_from_slice(&h[r]);
@@ -209,10 +215,13 @@ impl NpuEngine {
                     p.store.describe(),
                     e.message()
                 );
-                Error::new(e.kind().clone(), msg).with_fix("check that rank 0 started and reached connect")
+                Error::new(e.kind().clone(), msg)
+                    .with_fix("check that rank 0 started and reached connect")
             })?
         };
-        let comm = init_bounded(&p.rt, dev_id, p.world, p.rank, root, deadline, &p.prefix, p.timeout)?;
+        let comm = init_bounded(
+            &p.rt, dev_id, p.world, p.rank, root, deadline, &p.prefix, p.timeout,
+        )?;
         let stream = Stream::new(&p.rt)?;
         Ok(NpuEngine {
             rt: p.rt,
@@ -243,7 +252,11 @@ impl NpuEngine {
     /// [`accel_api::ErrorKind::Backend`] when `aclrtMalloc` fails.
     pub fn alloc(&self, dtype: DType, len: usize) -> Result<NpuBuffer> {
         self.rt.bind(self.dev_id)?;
-        let mem = DevMem::alloc(&self.rt, len * dtype.size(), &Arc::new(AtomicBool::new(false)))?;
+        let mem = DevMem::alloc(
+            &self.rt,
+            len * dtype.size(),
+            &Arc::new(AtomicBool::new(false)),
+        )?;
         Ok(NpuBuffer::new(mem, len, dtype, self.device)?)
     }
 
@@ -271,7 +284,8 @@ impl NpuEngine {
         }
         self.rt.bind(self.dev_id)?;
         let mut out = vec![<T as bytemuck::Zeroable>::zeroed(); buf.len()];
-        self.rt.d2h(bytemuck::cast_slice_mut(&mut out), buf.region())?;
+        self.rt
+            .d2h(bytemuck::cast_slice_mut(&mut out), buf.region())?;
         Ok(out)
     }
 
@@ -310,7 +324,11 @@ impl NpuEngine {
         Ok(())
     }
 
-    fn input(&self, b: &Buf<'_>, deadline: Instant) -> std::result::Result<Staged<'static>, HcclError> {
+    fn input(
+        &self,
+        b: &Buf<'_>,
+        deadline: Instant,
+    ) -> std::result::Result<Staged<'static>, HcclError> {
         match b {
             Buf::Host(h) => {
                 let mem = self.scratch(h.bytes().len())?;
@@ -456,7 +474,12 @@ impl NpuEngine {
             .push_back(m);
     }
 
-    fn recv_inner(&self, buf: BufMut<'_>, src: usize, tag: u32) -> std::result::Result<(), HcclError> {
+    fn recv_inner(
+        &self,
+        buf: BufMut<'_>,
+        src: usize,
+        tag: u32,
+    ) -> std::result::Result<(), HcclError> {
         let deadline = self.deadline();
         if let Some(m) = self.take_mail(src, tag) {
             return self.deliver(m, buf, src, tag, deadline);
@@ -511,10 +534,14 @@ impl NpuEngine {
         let mut all = Vec::with_capacity(2 * self.world);
         for r in 0..self.world {
             let left = deadline.saturating_duration_since(Instant::now());
-            let v = self.store.get(&format!("{base}/ck/{r}"), left).map_err(|e| {
-                let msg = format!("waiting for rank {r}'s split color: {}", e.message());
-                Error::new(e.kind().clone(), msg).with_fix("every rank of the group must call split")
-            })?;
+            let v = self
+                .store
+                .get(&format!("{base}/ck/{r}"), left)
+                .map_err(|e| {
+                    let msg = format!("waiting for rank {r}'s split color: {}", e.message());
+                    Error::new(e.kind().clone(), msg)
+                        .with_fix("every rank of the group must call split")
+                })?;
             let text = String::from_utf8_lossy(&v).into_owned();
             let parsed = text
                 .split_once(',')
@@ -622,7 +649,9 @@ impl Engine for NpuEngine {
         let n = buf.len() as u64;
         let dl = self.deadline();
         let out = self.output(buf, true, dl)?;
-        self.go("HcclAllReduce", dl, |c, s| c.all_reduce(out.ptr, out.ptr, n, dt, rop, s))?;
+        self.go("HcclAllReduce", dl, |c, s| {
+            c.all_reduce(out.ptr, out.ptr, n, dt, rop, s)
+        })?;
         Ok(out.finish(&self.rt)?)
     }
 
@@ -673,7 +702,9 @@ impl Engine for NpuEngine {
             Some(BufMut::Host(mut h)) => Ok(self.rt.d2h(h.bytes_mut(), all.ptr())?),
             Some(BufMut::Device(d)) => {
                 self.ready(d.stream(), dl)?;
-                Ok(self.rt.d2d(DevPtr::of_mut(&d), all.ptr(), bytes * self.world)?)
+                Ok(self
+                    .rt
+                    .d2d(DevPtr::of_mut(&d), all.ptr(), bytes * self.world)?)
             }
         }
     }
@@ -726,10 +757,14 @@ impl Engine for NpuEngine {
             let inp = self.input(&buf, dl)?;
             let mut bytes = vec![0u8; inp.ptr.bytes()];
             self.rt.d2h(&mut bytes, inp.ptr)?;
-            self.post_mail(dst, tag, Mail {
-                dtype: buf.dtype(),
-                bytes,
-            });
+            self.post_mail(
+                dst,
+                tag,
+                Mail {
+                    dtype: buf.dtype(),
+                    bytes,
+                },
+            );
             return Ok(());
         }
         let inp = self.input(&buf, dl)?;

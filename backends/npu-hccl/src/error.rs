@@ -216,7 +216,11 @@ mod tests {
     fn hccl_codes_map_to_kinds() {
         let e: Error = HcclError::hccl("HcclAllReduce", 13, Some("link down".into())).into();
         assert_eq!(e.kind(), &ErrorKind::PeerLost { peer: None });
-        assert!(e.to_string().contains("HCCL_E_TCP_TRANSFER (13): link down"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("HCCL_E_TCP_TRANSFER (13): link down"),
+            "{e}"
+        );
         // HCCL's own timeout carries no bound here: the engine turns it into
         // `HcclError::Timeout` with the bound it derived HCCL_EXEC_TIMEOUT from.
         let e: Error = HcclError::hccl("HcclBroadcast", HCCL_E_TIMEOUT, None).into();

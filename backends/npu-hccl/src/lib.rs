@@ -88,7 +88,7 @@
 //! hardware, run `accel env` and `accel test --backend npu-hccl -n N`
 //! (docs/backends.md).
 //!
-//! [HCCL]: https://www.hiascend.com/document (CANN: HCCL API reference)
+//! [HCCL]: https://www.hiascend.com/document
 //! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
 //! [`ErrorKind::PeerLost`]: accel_api::ErrorKind::PeerLost
 //! [`ErrorKind::Backend`]: accel_api::ErrorKind::Backend
@@ -198,7 +198,9 @@ impl NpuHcclBackend {
             .into());
         }
         engine::apply_hccl_env(ctx.timeout);
-        let generation = ctx.store.add(&format!("npu-hccl/connects/{}", ctx.rank), 1)?;
+        let generation = ctx
+            .store
+            .add(&format!("npu-hccl/connects/{}", ctx.rank), 1)?;
         let engine = NpuEngine::connect(engine::Params {
             rt,
             store: ctx.store.clone(),

@@ -177,7 +177,9 @@ pub(crate) fn devices(
     let n = visible(count, mask.as_deref())?;
     if n == 0 {
         let detail = match &mask {
-            Some(m) => format!("aclrtGetDeviceCount reports {count}, ASCEND_RT_VISIBLE_DEVICES={m:?}"),
+            Some(m) => {
+                format!("aclrtGetDeviceCount reports {count}, ASCEND_RT_VISIBLE_DEVICES={m:?}")
+            }
             None => format!("aclrtGetDeviceCount reports {count}"),
         };
         return Err(HcclError::NoDevice { detail }.reason());
@@ -201,7 +203,10 @@ mod tests {
         assert_eq!(visible(2, Some("0,1,2,3")), Ok(2));
         assert_eq!(visible(8, Some(" ")), Ok(0));
         let e = visible(8, Some("0,x")).unwrap_err();
-        assert!(e.contains("ASCEND_RT_VISIBLE_DEVICES") && e.contains("`x`"), "{e}");
+        assert!(
+            e.contains("ASCEND_RT_VISIBLE_DEVICES") && e.contains("`x`"),
+            "{e}"
+        );
         assert!(visible(8, Some("1,1")).unwrap_err().contains("twice"));
     }
 
