@@ -148,6 +148,16 @@ impl fmt::Debug for NpuEngine {
     }
 }
 
+impl Drop for NpuEngine {
+    /// Bind the dropping thread to the NPU first: destroying the stream and
+    /// the communicator needs the device context (the fields drop next).
+    fn drop(&mut self) {
+        if let Err(e) = self.rt.bind(self.dev_id) {
+            tracing::warn!(%e, "npu-hccl: cannot bind the device to release the communicator");
+        }
+    }
+}
+
 /// A device region for one call: the caller's view, or a staging copy of
 /// a host buffer that is copied back by [`Staged::finish`].
 struct Staged<'a> {
@@ -291,6 +301,13 @@ impl NpuEngine {
 
     fn deadline(&self) -> Instant {
         Instant::now() + self.timeout
+    }
+
+    /// Bind this thread to the engine's NPU (staging allocations and HCCL
+    /// calls need it) and start the call's deadline.
+    fn start(&self) -> std::result::Result<Instant, HcclError> {
+        self.rt.bind(self.dev_id)?;
+        Ok(self.deadline())
     }
 
     /// Stop freeing what the device may still use.
@@ -647,7 +664,7 @@ impl Engine for NpuEngine {
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (dt, rop) = (reduce_dtype(buf.dtype())?, reduce_code(op)?);
         let n = buf.len() as u64;
-        let dl = self.deadline();
+        let dl = self.start()?;
         let out = self.output(buf, true, dl)?;
         self.go("HcclAllReduce", dl, |c, s| {
             c.all_reduce(out.ptr, out.ptr, n, dt, rop, s)
@@ -658,7 +675,7 @@ impl Engine for NpuEngine {
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
         let (dt, rop) = (reduce_dtype(buf.dtype())?, reduce_code(op)?);
         let n = buf.len() as u64;
-        let dl = self.deadline();
+        let dl = self.start()?;
         let out = self.output(buf, true, dl)?;
         self.go("HcclReduce", dl, |c, s| {
             c.reduce(out.ptr, out.ptr, n, dt, rop, root as u32, s)
@@ -667,7 +684,7 @@ impl Engine for NpuEngine {
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        let dl = self.deadline();
+        let dl = self.start()?;
         let out = self.output(buf, root == self.rank, dl)?;
         let bytes = out.ptr.bytes() as u64;
         self.go("HcclBroadcast", dl, |c, s| {
@@ -677,7 +694,7 @@ impl Engine for NpuEngine {
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        let dl = self.deadline();
+        let dl = self.start()?;
         let inp = self.input(&send, dl)?;
         let out = self.output(recv, false, dl)?;
         let bytes = inp.ptr.bytes() as u64;
@@ -690,7 +707,7 @@ impl Engine for NpuEngine {
     /// HCCL has no gather: an all-gather into scratch memory, of which the
     /// root keeps the result.
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, _root: usize) -> Result<()> {
-        let dl = self.deadline();
+        let dl = self.start()?;
         let inp = self.input(&send, dl)?;
         let bytes = inp.ptr.bytes();
         let all = self.scratch(bytes * self.world)?;
@@ -710,7 +727,7 @@ impl Engine for NpuEngine {
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
-        let dl = self.deadline();
+        let dl = self.start()?;
         let inp = match &send {
             Some(b) => Some(self.input(b, dl)?),
             None => None,
@@ -727,7 +744,7 @@ impl Engine for NpuEngine {
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (dt, rop) = (reduce_dtype(send.dtype())?, reduce_code(op)?);
         let n = recv.len() as u64;
-        let dl = self.deadline();
+        let dl = self.start()?;
         let inp = self.input(&send, dl)?;
         let out = self.output(recv, false, dl)?;
         self.go("HcclReduceScatter", dl, |c, s| {
@@ -737,7 +754,7 @@ impl Engine for NpuEngine {
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        let dl = self.deadline();
+        let dl = self.start()?;
         let inp = self.input(&send, dl)?;
         let out = self.output(recv, false, dl)?;
         let per = chunk(inp.ptr.bytes(), self.world) as u64;
@@ -751,8 +768,7 @@ impl Engine for NpuEngine {
     /// receiver can check both (HCCL has neither tags nor message sizes).
     /// Device memory sent to self is kept for the matching receive.
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
-        let dl = self.deadline();
-        self.rt.bind(self.dev_id)?;
+        let dl = self.start()?;
         if dst == self.rank {
             let inp = self.input(&buf, dl)?;
             let mut bytes = vec![0u8; inp.ptr.bytes()];
@@ -788,7 +804,7 @@ impl Engine for NpuEngine {
     }
 
     fn barrier(&self) -> Result<()> {
-        let dl = self.deadline();
+        let dl = self.start()?;
         Ok(self.go("HcclBarrier", dl, |c, s| c.barrier(s))?)
     }
 
@@ -807,9 +823,8 @@ impl Engine for NpuEngine {
     /// ([`HostBufMut::divide_by`]), copy back: slow, but the same answer as
     /// every other backend.
     fn divide_device(&self, buf: accel_api::DeviceBufMut<'_>, n: usize) -> Result<()> {
-        let dl = self.deadline();
+        let dl = self.start()?;
         self.ready(buf.stream(), dl)?;
-        self.rt.bind(self.dev_id)?;
         let bytes = buf.size_bytes();
         let mut words = vec![0u64; bytes.div_ceil(8)];
         let host = &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes];

@@ -121,6 +121,10 @@ impl Knobs {
         Knobs::count(&self.acl, b"stub_acl_live_allocs\0")
     }
 
+    fn set_device_calls(&self) -> i64 {
+        Knobs::count(&self.acl, b"stub_acl_set_device_calls\0")
+    }
+
     fn last(&self, what: &str) -> i64 {
         let what = std::ffi::CString::new(what).unwrap();
         // SAFETY: the stub exports this with exactly this prototype.
@@ -319,6 +323,28 @@ fn one_rank_collectives_on_host_memory_pass_hccl_codes() {
     assert_eq!((k.last("dtype"), k.last("count")), (4, 2));
     c.barrier().unwrap();
     assert_eq!(k.live_allocs(), base_allocs, "staging memory is freed");
+}
+
+#[test]
+fn each_calling_thread_binds_the_device_once() {
+    let stub = Stub::ok();
+    let k = stub.knobs();
+    let c = connect(&stub, Duration::from_secs(5));
+    c.barrier().unwrap();
+    let bound = k.set_device_calls();
+    c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum).unwrap();
+    assert_eq!(k.set_device_calls(), bound, "this thread is bound already");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum).unwrap();
+            c.barrier().unwrap();
+        });
+    });
+    assert_eq!(
+        k.set_device_calls(),
+        bound + 1,
+        "a new thread binds before its first call"
+    );
 }
 
 #[test]
