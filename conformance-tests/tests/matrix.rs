@@ -75,7 +75,9 @@ fn conformance_matrix() {
         // Probed here as the worker would: a column runs only where CANN
         // and enough NPUs are, otherwise it is listed as not run.
         let registry = accel::Registry::builtin();
-        let npu = registry.get("npu-hccl").expect("the npu-hccl feature registers it");
+        let npu = registry
+            .get("npu-hccl")
+            .expect("the npu-hccl feature registers it");
         for n in 1..=4 {
             let probe = npu.backend.probe(&accel_api::ProbeContext {
                 world_size: n,
