@@ -326,6 +326,31 @@ fn one_rank_collectives_on_host_memory_pass_hccl_codes() {
 }
 
 #[test]
+fn hccl_timeouts_are_derived_unless_the_user_set_them() {
+    let user = (
+        std::env::var_os("HCCL_CONNECT_TIMEOUT"),
+        std::env::var_os("HCCL_EXEC_TIMEOUT"),
+    );
+    let stub = Stub::ok();
+    let _c = connect(&stub, Duration::from_secs(5));
+    // Every test here connects with at most 5 s, whose derived values are
+    // HCCL's minimums, whichever test's connect came first.
+    let (connect_s, exec_s) = accel_backend_npu_hccl::hccl_timeouts(Duration::from_secs(5));
+    let now = |v: &str| std::env::var(v).unwrap();
+    if user.0.is_none() {
+        assert_eq!(now("HCCL_CONNECT_TIMEOUT"), connect_s.to_string());
+    }
+    match &user.1 {
+        None => assert_eq!(now("HCCL_EXEC_TIMEOUT"), exec_s.to_string()),
+        Some(v) => assert_eq!(
+            std::env::var_os("HCCL_EXEC_TIMEOUT").as_ref(),
+            Some(v),
+            "kept"
+        ),
+    }
+}
+
+#[test]
 fn each_calling_thread_binds_the_device_once() {
     let stub = Stub::ok();
     let k = stub.knobs();
