@@ -620,3 +620,43 @@ fn the_required_symbols_are_the_stubs_exports() {
     }
     assert!(acl.contains(&"aclrtStreamQuery") && hccl.contains(&"HcclGetCommAsyncError"));
 }
+
+/// The shared conformance scenarios in this process, on one rank, through
+/// the stubs: the whole path from `dlopen` to the group works with the
+/// runtime's own checks. Glue only (a one-rank copy is exact by
+/// construction); the conformance matrix on NPUs is the real test.
+#[test]
+fn conformance_scenarios_pass_on_one_stub_rank() {
+    let stub = Stub::ok();
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let backend: Arc<dyn Backend> = Arc::new(stub.backend());
+    let world: Arc<dyn Store> =
+        Arc::new(accel_rendezvous::PrefixStore::new(store.clone(), "world"));
+    let comm = backend
+        .connect(ctx(world, 0, 1, Duration::from_secs(10)))
+        .unwrap();
+    let c = accel_conformance::Ctx {
+        comm: Arc::from(comm),
+        backend,
+        store,
+        local_rank: 0,
+        local_world_size: 1,
+        device: Device::new(DeviceKind::Npu, 0),
+        cases: 8,
+        seed: accel_conformance::Seed::from_u64(17),
+    };
+    let results = accel_conformance::run_all(&c, None);
+    let failed: Vec<String> = results
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            accel_conformance::Outcome::Fail(m) => Some(format!("{}: {m}", r.name)),
+            _ => None,
+        })
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    let passed = results
+        .iter()
+        .filter(|r| matches!(r.outcome, accel_conformance::Outcome::Pass))
+        .count();
+    assert!(passed >= 20, "{results:#?}");
+}
