@@ -590,6 +590,37 @@ fn point_to_point_headers_match_tags_and_sizes() {
 }
 
 #[test]
+fn two_rank_splits_follow_color_then_key() {
+    let stub = Stub::ok();
+    let (c0, c1) = two_ranks(&stub, Duration::from_secs(5));
+    let run = |c: &NpuCommunicator| {
+        let r = c.rank() as u32;
+        // Own color each: two one-rank groups that can compute.
+        let alone = c.split(Some(r), 0).unwrap().unwrap();
+        let sum = alone
+            .all_reduce_vec(&[r as i32 + 1], ReduceOp::Sum)
+            .unwrap();
+        // One color, keys reversed: new ranks swap.
+        let both = c.split(Some(9), 1 - r).unwrap().unwrap();
+        // Rank 1 opts out of the third split.
+        let third = c.split((r == 0).then_some(4), 0).unwrap();
+        (
+            alone.world_size(),
+            sum,
+            both.rank(),
+            both.world_size(),
+            third.is_some(),
+        )
+    };
+    let t = std::thread::scope(|s| {
+        let h = s.spawn(|| run(&c1));
+        (run(&c0), h.join().unwrap())
+    });
+    assert_eq!(t.0, (1, vec![1], 1, 2, true));
+    assert_eq!(t.1, (1, vec![2], 0, 2, false));
+}
+
+#[test]
 fn a_missing_rank_zero_times_out_naming_the_key() {
     let stub = Stub::ok();
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
