@@ -33,7 +33,7 @@ fn compile(src: &str, out: &Path, defines: &[&str]) {
         .join("tests/stub")
         .join(src);
     let status = Command::new(&cc)
-        .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
+        .args(["-shared", "-fPIC", "-O0", "-pthread", "-o"])
         .arg(out)
         .arg(&src)
         .args(defines)
