@@ -44,6 +44,8 @@ pub(crate) fn hccl_code_name(code: i32) -> &'static str {
         20 => "HCCL_E_AGAIN",
         21 => "HCCL_E_REMOTE",
         22 => "HCCL_E_SUSPENDING",
+        23 => "HCCL_E_OPRETRY_FAIL",
+        24 => "HCCL_E_OOM",
         _ => "unknown HcclResult",
     }
 }
