@@ -61,4 +61,6 @@ pub(crate) fn link_backends() {
     black_box(accel_backend_cpu_gloo::connect as fn(_) -> _);
     #[cfg(feature = "mpi")]
     black_box(accel_backend_mpi::connect as fn(_) -> _);
+    #[cfg(feature = "npu-hccl")]
+    black_box(accel_backend_npu_hccl::backend as fn() -> _);
 }

@@ -71,6 +71,25 @@ fn conformance_matrix() {
             eprintln!("mpi columns skipped: mpirun not found (make setup installs Open MPI)");
         }
     }
+    if cfg!(feature = "npu-hccl") {
+        // Probed here as the worker would: a column runs only where CANN
+        // and enough NPUs are, otherwise it is listed as not run.
+        let registry = accel::Registry::builtin();
+        let npu = registry
+            .get("npu-hccl")
+            .expect("the npu-hccl feature registers it");
+        for n in 1..=4 {
+            let probe = npu.backend.probe(&accel_api::ProbeContext {
+                world_size: n,
+                local_world_size: n,
+                mpi_launched: false,
+            });
+            match probe.reason() {
+                Some(reason) => eprintln!("npu-hccl@{n}: not run: {reason}"),
+                None => specs.push(RunSpec::new("npu-hccl", n, worker())),
+            }
+        }
+    }
     let mut matrix = Matrix::default();
     for spec in &specs {
         let w = run_world(spec);

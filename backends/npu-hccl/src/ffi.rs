@@ -1,0 +1,939 @@
+//! Every call into `libascendcl.so` and `libhccl.so`, and every `unsafe`
+//! block of the crate.
+//!
+//! The libraries are opened at run time with `libloading` (AscendCL with
+//! `RTLD_GLOBAL` first, because HCCL resolves runtime symbols from it) and
+//! never closed: a [`Runtime`] lives in the process-wide cache of the probe
+//! for the rest of the process. Each function the backend calls is resolved
+//! once into a table of function pointers typed after the public headers
+//! (`acl/acl_rt.h`, `acl/acl.h`, `hccl/hccl.h`, `hccl/hccl_types.h`); a
+//! missing symbol is an error naming it, so an old CANN is "unavailable",
+//! not a crash.
+//!
+//! Handles are newtypes whose `Drop` releases them ([`Stream`], [`Comm`],
+//! [`DevMem`]), except after a failure that may leave the device still
+//! working on them (a timeout, an asynchronous HCCL error): then they are
+//! leaked on purpose, because destroying a communicator or freeing memory
+//! under a running kernel can hang or corrupt the process.
+//!
+//! Device addresses reach the libraries only as [`DevPtr`]s, built from a
+//! [`DeviceBuf`]/[`DeviceBufMut`] (whose `unsafe` constructor vouched for
+//! the address) or from a [`DevMem`] this module allocated; every wrapper
+//! checks that the region is large enough for the element count it passes.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use accel_api::{DType, Device, DeviceBuf, DeviceBufMut};
+use libloading::os::unix::{Library as UnixLibrary, RTLD_GLOBAL, RTLD_LOCAL, RTLD_NOW};
+use libloading::Library;
+
+use crate::error::HcclError;
+
+/// Size of `HcclRootInfo` (`HCCL_ROOT_INFO_BYTES` in `hccl_types.h`).
+pub(crate) const ROOT_INFO_BYTES: usize = 4108;
+/// `ACL_ERROR_REPEAT_INITIALIZE`: `aclInit` was already called in this
+/// process (by accel or by a framework such as torch_npu); not a failure.
+pub(crate) const ACL_ERROR_REPEAT_INITIALIZE: c_int = 100002;
+const ACL_STREAM_STATUS_COMPLETE: c_int = 0;
+const ACL_MEM_MALLOC_HUGE_FIRST: c_int = 0;
+const ACL_MEMCPY_HOST_TO_DEVICE: c_int = 1;
+const ACL_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
+
+type Handle = *mut c_void;
+
+/// A table of C functions resolved from one library by name.
+macro_rules! table {
+    ($name:ident { $($field:ident = $sym:literal : fn($($arg:ty),*) -> $ret:ty;)* }) => {
+        #[derive(Clone, Copy)]
+        struct $name {
+            $($field: unsafe extern "C" fn($($arg),*) -> $ret,)*
+        }
+
+        impl $name {
+            /// Every symbol of the table, in order.
+            const SYMBOLS: &'static [&'static str] = &[$($sym),*];
+
+            fn resolve(lib: &Library, path: &Path) -> Result<$name, HcclError> {
+                Ok($name {
+                    $($field: {
+                        // SAFETY: the pointer type is the symbol's C
+                        // prototype from the public CANN headers, and the
+                        // library outlives the table (never unloaded).
+                        let sym = unsafe {
+                            lib.get::<unsafe extern "C" fn($($arg),*) -> $ret>(
+                                concat!($sym, "\0").as_bytes(),
+                            )
+                        };
+                        *sym.map_err(|e| HcclError::Symbol {
+                            library: path.display().to_string(),
+                            symbol: $sym,
+                            detail: e.to_string(),
+                        })?
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+table!(Acl {
+    init = "aclInit": fn(*const c_char) -> c_int;
+    set_device = "aclrtSetDevice": fn(i32) -> c_int;
+    device_count = "aclrtGetDeviceCount": fn(*mut u32) -> c_int;
+    version = "aclrtGetVersion": fn(*mut i32, *mut i32, *mut i32) -> c_int;
+    create_stream = "aclrtCreateStream": fn(*mut Handle) -> c_int;
+    destroy_stream = "aclrtDestroyStream": fn(Handle) -> c_int;
+    stream_query = "aclrtStreamQuery": fn(Handle, *mut c_int) -> c_int;
+    malloc = "aclrtMalloc": fn(*mut Handle, usize, c_int) -> c_int;
+    free = "aclrtFree": fn(Handle) -> c_int;
+    memcpy = "aclrtMemcpy": fn(Handle, usize, *const c_void, usize, c_int) -> c_int;
+    recent_err_msg = "aclGetRecentErrMsg": fn() -> *const c_char;
+});
+
+table!(Hccl {
+    get_root_info = "HcclGetRootInfo": fn(*mut u8) -> c_int;
+    comm_init_root_info = "HcclCommInitRootInfo": fn(u32, *const u8, u32, *mut Handle) -> c_int;
+    comm_destroy = "HcclCommDestroy": fn(Handle) -> c_int;
+    all_reduce = "HcclAllReduce": fn(Handle, Handle, u64, c_int, c_int, Handle, Handle) -> c_int;
+    broadcast = "HcclBroadcast": fn(Handle, u64, c_int, u32, Handle, Handle) -> c_int;
+    all_gather = "HcclAllGather": fn(Handle, Handle, u64, c_int, Handle, Handle) -> c_int;
+    reduce_scatter = "HcclReduceScatter": fn(Handle, Handle, u64, c_int, c_int, Handle, Handle) -> c_int;
+    reduce = "HcclReduce": fn(Handle, Handle, u64, c_int, c_int, u32, Handle, Handle) -> c_int;
+    scatter = "HcclScatter": fn(Handle, Handle, u64, c_int, u32, Handle, Handle) -> c_int;
+    all_to_all = "HcclAlltoAll": fn(*const c_void, u64, c_int, *const c_void, u64, c_int, Handle, Handle) -> c_int;
+    send = "HcclSend": fn(Handle, u64, c_int, u32, Handle, Handle) -> c_int;
+    recv = "HcclRecv": fn(Handle, u64, c_int, u32, Handle, Handle) -> c_int;
+    barrier = "HcclBarrier": fn(Handle, Handle) -> c_int;
+    async_error = "HcclGetCommAsyncError": fn(Handle, *mut c_int) -> c_int;
+    error_string = "HcclGetErrorString": fn(c_int) -> *const c_char;
+});
+
+/// The AscendCL symbols the backend resolves, for docs and tests.
+pub(crate) fn acl_symbols() -> &'static [&'static str] {
+    Acl::SYMBOLS
+}
+
+/// The HCCL symbols the backend resolves, for docs and tests.
+pub(crate) fn hccl_symbols() -> &'static [&'static str] {
+    Hccl::SYMBOLS
+}
+
+/// Open the shared object at `path` (a path or a bare name for the
+/// dynamic loader's search), `RTLD_NOW`, global when `global`.
+pub(crate) fn open_library(path: &Path, global: bool) -> Result<Library, String> {
+    let flags = RTLD_NOW | if global { RTLD_GLOBAL } else { RTLD_LOCAL };
+    // SAFETY: opening runs the library's initialisers. The libraries opened
+    // here are AscendCL and HCCL (or stand-ins with the same C interface),
+    // whose initialisers only set up their own state; nothing in this
+    // process depends on the symbols they export except through the tables
+    // above.
+    unsafe { UnixLibrary::open(Some(path), flags) }
+        .map(Library::from)
+        .map_err(|e| e.to_string())
+}
+
+/// Text behind a C string pointer the libraries return (or `None`).
+fn text(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the libraries return NUL-terminated strings that stay valid
+    // at least until the next call on this thread; the text is copied out.
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// The loaded libraries and their function tables.
+pub(crate) struct Runtime {
+    acl: Acl,
+    hccl: Hccl,
+    acl_path: PathBuf,
+    hccl_path: PathBuf,
+    init: OnceLock<Result<(), HcclError>>,
+    // Kept so that the function pointers stay valid; a runtime is never
+    // dropped (the probe caches it for the life of the process).
+    _libs: (Library, Library),
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("acl", &self.acl_path)
+            .field("hccl", &self.hccl_path)
+            .finish_non_exhaustive()
+    }
+}
+
+thread_local! {
+    /// The device this thread last bound, per runtime (by address).
+    static BOUND: RefCell<Vec<(usize, i32)>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Runtime {
+    /// Resolve every symbol of both libraries.
+    pub(crate) fn new(
+        acl_lib: Library,
+        acl_path: PathBuf,
+        hccl_lib: Library,
+        hccl_path: PathBuf,
+    ) -> Result<Runtime, HcclError> {
+        let acl = Acl::resolve(&acl_lib, &acl_path)?;
+        let hccl = Hccl::resolve(&hccl_lib, &hccl_path)?;
+        Ok(Runtime {
+            acl,
+            hccl,
+            acl_path,
+            hccl_path,
+            init: OnceLock::new(),
+            _libs: (acl_lib, hccl_lib),
+        })
+    }
+
+    /// Where AscendCL was loaded from.
+    pub(crate) fn acl_path(&self) -> &Path {
+        &self.acl_path
+    }
+
+    /// Where HCCL was loaded from.
+    pub(crate) fn hccl_path(&self) -> &Path {
+        &self.hccl_path
+    }
+
+    fn acl_message(&self) -> Option<String> {
+        // SAFETY: `aclGetRecentErrMsg` takes nothing and returns a string
+        // owned by AscendCL (or NULL).
+        text(unsafe { (self.acl.recent_err_msg)() })
+    }
+
+    fn acl_check(&self, call: &'static str, rc: c_int) -> Result<(), HcclError> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(HcclError::acl(call, rc, self.acl_message()))
+        }
+    }
+
+    fn hccl_check(&self, call: &'static str, rc: c_int) -> Result<(), HcclError> {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(HcclError::hccl(call, rc, self.hccl_text(rc)))
+        }
+    }
+
+    /// HCCL's description of `code`.
+    pub(crate) fn hccl_text(&self, code: i32) -> Option<String> {
+        // SAFETY: `HcclGetErrorString` maps any code to a static string.
+        text(unsafe { (self.hccl.error_string)(code) })
+    }
+
+    /// `aclInit(NULL)`, once per runtime; "already initialised" is success.
+    pub(crate) fn init(&self) -> Result<(), HcclError> {
+        self.init
+            .get_or_init(|| {
+                // SAFETY: NULL asks for the default configuration.
+                let rc = unsafe { (self.acl.init)(std::ptr::null()) };
+                if rc == ACL_ERROR_REPEAT_INITIALIZE {
+                    Ok(())
+                } else {
+                    self.acl_check("aclInit", rc)
+                }
+            })
+            .clone()
+    }
+
+    /// `aclrtGetDeviceCount`: devices visible to the process (AscendCL
+    /// already applies `ASCEND_RT_VISIBLE_DEVICES`).
+    pub(crate) fn device_count(&self) -> Result<u32, HcclError> {
+        let mut n = 0u32;
+        // SAFETY: `n` is a valid out-pointer for the call.
+        let rc = unsafe { (self.acl.device_count)(&mut n) };
+        self.acl_check("aclrtGetDeviceCount", rc)?;
+        Ok(n)
+    }
+
+    /// AscendCL's interface version, `major.minor.patch`.
+    pub(crate) fn version(&self) -> Option<String> {
+        let (mut a, mut b, mut c) = (0i32, 0i32, 0i32);
+        // SAFETY: three valid out-pointers.
+        let rc = unsafe { (self.acl.version)(&mut a, &mut b, &mut c) };
+        (rc == 0).then(|| format!("{a}.{b}.{c}"))
+    }
+
+    /// `aclrtSetDevice(device)` in the calling thread, unless this thread
+    /// already did for this runtime (AscendCL's device context is per
+    /// thread; every engine call goes through here first).
+    pub(crate) fn bind(&self, device: i32) -> Result<(), HcclError> {
+        let me = self as *const Runtime as usize;
+        let bound = BOUND.with(|b| b.borrow().iter().any(|&(r, d)| r == me && d == device));
+        if bound {
+            return Ok(());
+        }
+        // SAFETY: plain integer argument; AscendCL checks the id.
+        let rc = unsafe { (self.acl.set_device)(device) };
+        self.acl_check("aclrtSetDevice", rc)?;
+        BOUND.with(|b| {
+            let mut b = b.borrow_mut();
+            b.retain(|&(r, _)| r != me);
+            b.push((me, device));
+        });
+        Ok(())
+    }
+
+    /// `true` when every task on the stream `raw` finished (`raw` is the
+    /// stream of a device view, ordered on the view's device).
+    pub(crate) fn stream_done(&self, raw: u64) -> Result<bool, HcclError> {
+        let mut status: c_int = -1;
+        // SAFETY: `raw` is a stream of this device per the contract of the
+        // view's `unsafe` constructor; `status` is a valid out-pointer.
+        let rc = unsafe { (self.acl.stream_query)(raw as usize as Handle, &mut status) };
+        self.acl_check("aclrtStreamQuery", rc)?;
+        Ok(status == ACL_STREAM_STATUS_COMPLETE)
+    }
+
+    /// Copy host bytes into device memory.
+    pub(crate) fn h2d(&self, dst: DevPtr, src: &[u8]) -> Result<(), HcclError> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        dst.fits(src.len(), "aclrtMemcpy destination")?;
+        // SAFETY: `dst` holds at least `src.len()` bytes (checked above),
+        // `src` is a live host slice.
+        let rc = unsafe {
+            (self.acl.memcpy)(
+                dst.raw(),
+                dst.bytes,
+                src.as_ptr().cast(),
+                src.len(),
+                ACL_MEMCPY_HOST_TO_DEVICE,
+            )
+        };
+        self.acl_check("aclrtMemcpy", rc)
+    }
+
+    /// Copy device memory into host bytes.
+    pub(crate) fn d2h(&self, dst: &mut [u8], src: DevPtr) -> Result<(), HcclError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        src.fits(dst.len(), "aclrtMemcpy source")?;
+        // SAFETY: `src` holds at least `dst.len()` bytes (checked above),
+        // `dst` is a live, exclusively borrowed host slice.
+        let rc = unsafe {
+            (self.acl.memcpy)(
+                dst.as_mut_ptr().cast(),
+                dst.len(),
+                src.raw(),
+                dst.len(),
+                ACL_MEMCPY_DEVICE_TO_HOST,
+            )
+        };
+        self.acl_check("aclrtMemcpy", rc)
+    }
+
+    /// Copy `bytes` bytes between device regions.
+    pub(crate) fn d2d(&self, dst: DevPtr, src: DevPtr, bytes: usize) -> Result<(), HcclError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        dst.fits(bytes, "aclrtMemcpy destination")?;
+        src.fits(bytes, "aclrtMemcpy source")?;
+        // SAFETY: both regions hold at least `bytes` bytes (checked above).
+        let rc = unsafe {
+            (self.acl.memcpy)(
+                dst.raw(),
+                dst.bytes,
+                src.raw(),
+                bytes,
+                ACL_MEMCPY_DEVICE_TO_DEVICE,
+            )
+        };
+        self.acl_check("aclrtMemcpy", rc)
+    }
+}
+
+/// A device region handed to the libraries: an address and its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DevPtr {
+    addr: u64,
+    bytes: usize,
+}
+
+impl DevPtr {
+    /// The region of a read-only device view.
+    pub(crate) fn of(view: &DeviceBuf<'_>) -> DevPtr {
+        DevPtr {
+            addr: view.addr(),
+            bytes: view.size_bytes(),
+        }
+    }
+
+    /// The region of a writable device view.
+    pub(crate) fn of_mut(view: &DeviceBufMut<'_>) -> DevPtr {
+        DevPtr {
+            addr: view.addr(),
+            bytes: view.size_bytes(),
+        }
+    }
+
+    /// Size in bytes.
+    pub(crate) fn bytes(self) -> usize {
+        self.bytes
+    }
+
+    fn fits(self, bytes: usize, what: &str) -> Result<(), HcclError> {
+        if bytes <= self.bytes {
+            Ok(())
+        } else {
+            Err(HcclError::Internal {
+                detail: format!(
+                    "{what} needs {bytes} bytes, the region holds {}",
+                    self.bytes
+                ),
+            })
+        }
+    }
+
+    fn raw(self) -> Handle {
+        self.addr as usize as Handle
+    }
+}
+
+/// Device memory allocated by the backend (staging copies of host buffers,
+/// scratch space); freed on drop unless `leak` was raised.
+pub(crate) struct DevMem {
+    rt: Arc<Runtime>,
+    ptr: Handle,
+    bytes: usize,
+    leak: Arc<AtomicBool>,
+}
+
+// SAFETY: device memory is not tied to the allocating thread; AscendCL
+// frees it from any thread bound to the same device.
+unsafe impl Send for DevMem {}
+// SAFETY: `&DevMem` only exposes the address; writes go through the
+// runtime's copy functions.
+unsafe impl Sync for DevMem {}
+
+impl std::fmt::Debug for DevMem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DevMem")
+            .field("bytes", &self.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DevMem {
+    /// `bytes` bytes of device memory on the calling thread's device
+    /// (nothing is allocated for 0 bytes). When `leak` is raised before the
+    /// drop, the memory is not freed (the device may still write it).
+    pub(crate) fn alloc(
+        rt: &Arc<Runtime>,
+        bytes: usize,
+        leak: &Arc<AtomicBool>,
+    ) -> Result<DevMem, HcclError> {
+        let mut ptr: Handle = std::ptr::null_mut();
+        if bytes > 0 {
+            // SAFETY: `ptr` is a valid out-pointer; the size is non-zero.
+            let rc = unsafe { (rt.acl.malloc)(&mut ptr, bytes, ACL_MEM_MALLOC_HUGE_FIRST) };
+            rt.acl_check("aclrtMalloc", rc)?;
+        }
+        Ok(DevMem {
+            rt: rt.clone(),
+            ptr,
+            bytes,
+            leak: leak.clone(),
+        })
+    }
+
+    /// The whole region.
+    pub(crate) fn ptr(&self) -> DevPtr {
+        DevPtr {
+            addr: self.ptr as usize as u64,
+            bytes: self.bytes,
+        }
+    }
+}
+
+impl Drop for DevMem {
+    fn drop(&mut self) {
+        if self.ptr.is_null() || self.leak.load(Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: `ptr` came from `aclrtMalloc` and is freed once; no task
+        // uses it any more (the stream finished, or `leak` would be set).
+        let rc = unsafe { (self.rt.acl.free)(self.ptr) };
+        if rc != 0 {
+            tracing::warn!(rc, "aclrtFree failed; the memory is lost");
+        }
+    }
+}
+
+/// Device memory owned by the caller: `len` elements of `dtype` on one NPU,
+/// freed on drop. Made by [`NpuEngine::alloc`](crate::NpuEngine::alloc);
+/// its views borrow it, so they cannot outlive it.
+pub struct NpuBuffer {
+    mem: DevMem,
+    len: usize,
+    dtype: DType,
+    device: Device,
+}
+
+impl std::fmt::Debug for NpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NpuBuffer")
+            .field("len", &self.len)
+            .field("dtype", &self.dtype)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NpuBuffer {
+    /// Wrap `mem`, which holds at least `len` elements of `dtype` on
+    /// `device`.
+    pub(crate) fn new(
+        mem: DevMem,
+        len: usize,
+        dtype: DType,
+        device: Device,
+    ) -> Result<NpuBuffer, HcclError> {
+        mem.ptr().fits(len * dtype.size(), "device buffer")?;
+        Ok(NpuBuffer {
+            mem,
+            len,
+            dtype,
+            device,
+        })
+    }
+
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// `true` when the buffer holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The NPU holding the memory.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub(crate) fn region(&self) -> DevPtr {
+        self.mem.ptr()
+    }
+
+    /// A read-only view for collectives (ordered on the default stream:
+    /// the backend waits for its own stream before returning).
+    pub fn view(&self) -> DeviceBuf<'_> {
+        // SAFETY: `self.mem` holds `len` elements of `dtype` on `device`
+        // (checked in `new`) and lives as long as the borrow of `self`.
+        unsafe {
+            DeviceBuf::from_raw(
+                self,
+                self.mem.ptr().addr,
+                self.len,
+                self.dtype,
+                self.device,
+                0,
+            )
+        }
+    }
+
+    /// A writable view for collectives.
+    pub fn view_mut(&mut self) -> DeviceBufMut<'_> {
+        let (addr, len, dtype, device) = (self.mem.ptr().addr, self.len, self.dtype, self.device);
+        // SAFETY: as in `view`; the mutable borrow of `self` keeps every
+        // other view away while this one lives.
+        unsafe { DeviceBufMut::from_raw(self, addr, len, dtype, device, 0) }
+    }
+}
+
+/// An AscendCL stream, destroyed on drop unless leaked.
+pub(crate) struct Stream {
+    rt: Arc<Runtime>,
+    raw: Handle,
+    leak: AtomicBool,
+}
+
+// SAFETY: AscendCL streams may be used from any thread bound to their
+// device; the group serialises every use.
+unsafe impl Send for Stream {}
+// SAFETY: as above: calls on the stream are serialised by the group.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A new stream on the calling thread's device.
+    pub(crate) fn new(rt: &Arc<Runtime>) -> Result<Stream, HcclError> {
+        let mut raw: Handle = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer.
+        let rc = unsafe { (rt.acl.create_stream)(&mut raw) };
+        rt.acl_check("aclrtCreateStream", rc)?;
+        Ok(Stream {
+            rt: rt.clone(),
+            raw,
+            leak: AtomicBool::new(false),
+        })
+    }
+
+    /// `true` when every task enqueued on the stream finished.
+    pub(crate) fn is_done(&self) -> Result<bool, HcclError> {
+        self.rt.stream_done(self.raw as usize as u64)
+    }
+
+    /// Do not destroy the stream on drop (tasks may still be pending).
+    pub(crate) fn leak_on_drop(&self) {
+        self.leak.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.leak.load(Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: the stream came from `aclrtCreateStream`, is idle (every
+        // call waited for it) and is destroyed once.
+        let rc = unsafe { (self.rt.acl.destroy_stream)(self.raw) };
+        if rc != 0 {
+            tracing::warn!(rc, "aclrtDestroyStream failed");
+        }
+    }
+}
+
+/// The bytes of a fresh `HcclRootInfo` (call on the group's first rank,
+/// with its device bound).
+pub(crate) fn root_info(rt: &Runtime) -> Result<Vec<u8>, HcclError> {
+    let mut info = vec![0u8; ROOT_INFO_BYTES];
+    // SAFETY: `info` holds the `HCCL_ROOT_INFO_BYTES` bytes of the struct.
+    let rc = unsafe { (rt.hccl.get_root_info)(info.as_mut_ptr()) };
+    rt.hccl_check("HcclGetRootInfo", rc)?;
+    Ok(info)
+}
+
+/// An HCCL communicator, destroyed on drop unless leaked.
+pub(crate) struct Comm {
+    rt: Arc<Runtime>,
+    raw: Handle,
+    rank: u32,
+    ranks: u32,
+    leak: AtomicBool,
+}
+
+// SAFETY: HCCL communicators are plain handles usable from any thread bound
+// to their device; the group serialises every call.
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank)
+            .field("ranks", &self.ranks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Comm {
+    /// `HcclCommInitRootInfo(ranks, root, rank)`: blocks until every rank
+    /// joined (bounded by `HCCL_CONNECT_TIMEOUT`).
+    pub(crate) fn init(
+        rt: &Arc<Runtime>,
+        ranks: u32,
+        root: &[u8],
+        rank: u32,
+    ) -> Result<Comm, HcclError> {
+        if root.len() != ROOT_INFO_BYTES {
+            return Err(HcclError::Corrupt {
+                detail: format!(
+                    "the HCCL root info holds {} bytes, HCCL writes {ROOT_INFO_BYTES}",
+                    root.len()
+                ),
+            });
+        }
+        let mut raw: Handle = std::ptr::null_mut();
+        // SAFETY: `root` holds a whole `HcclRootInfo` (checked above) and
+        // `raw` is a valid out-pointer.
+        let rc = unsafe { (rt.hccl.comm_init_root_info)(ranks, root.as_ptr(), rank, &mut raw) };
+        rt.hccl_check("HcclCommInitRootInfo", rc)?;
+        Ok(Comm {
+            rt: rt.clone(),
+            raw,
+            rank,
+            ranks,
+            leak: AtomicBool::new(false),
+        })
+    }
+
+    /// Do not destroy the communicator on drop (tasks may be pending).
+    pub(crate) fn leak_on_drop(&self) {
+        self.leak.store(true, Ordering::SeqCst);
+    }
+
+    /// `HcclGetCommAsyncError`: 0 while the communicator is healthy.
+    pub(crate) fn async_error(&self) -> Result<i32, HcclError> {
+        let mut code: c_int = 0;
+        // SAFETY: live communicator handle, valid out-pointer.
+        let rc = unsafe { (self.rt.hccl.async_error)(self.raw, &mut code) };
+        self.rt.hccl_check("HcclGetCommAsyncError", rc)?;
+        Ok(code)
+    }
+
+    fn need(&self, p: DevPtr, elems: u64, dt: c_int, what: &str) -> Result<(), HcclError> {
+        let size = dtype_size(dt);
+        if size == 0 {
+            return Err(HcclError::Internal {
+                detail: format!("{what}: unknown HcclDataType {dt}"),
+            });
+        }
+        let bytes = elems
+            .checked_mul(size as u64)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| HcclError::Internal {
+                detail: format!("{elems} elements overflow a byte count"),
+            })?;
+        p.fits(bytes, what)
+    }
+
+    fn all(&self, count: u64) -> u64 {
+        count * u64::from(self.ranks)
+    }
+
+    /// Enqueue `HcclAllReduce` on `s`.
+    pub(crate) fn all_reduce(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dt: c_int,
+        op: c_int,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(send, count, dt, "HcclAllReduce send")?;
+        self.need(recv, count, dt, "HcclAllReduce recv")?;
+        // SAFETY: both regions hold `count` elements (checked); live
+        // communicator and stream.
+        let rc = unsafe {
+            (self.rt.hccl.all_reduce)(send.raw(), recv.raw(), count, dt, op, self.raw, s.raw)
+        };
+        self.rt.hccl_check("HcclAllReduce", rc)
+    }
+
+    /// Enqueue `HcclReduce` on `s`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn reduce(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dt: c_int,
+        op: c_int,
+        root: u32,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(send, count, dt, "HcclReduce send")?;
+        self.need(recv, count, dt, "HcclReduce recv")?;
+        // SAFETY: both regions hold `count` elements (checked); live
+        // communicator and stream.
+        let rc = unsafe {
+            (self.rt.hccl.reduce)(send.raw(), recv.raw(), count, dt, op, root, self.raw, s.raw)
+        };
+        self.rt.hccl_check("HcclReduce", rc)
+    }
+
+    /// Enqueue `HcclBroadcast` on `s`.
+    pub(crate) fn broadcast(
+        &self,
+        buf: DevPtr,
+        count: u64,
+        dt: c_int,
+        root: u32,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(buf, count, dt, "HcclBroadcast buffer")?;
+        // SAFETY: the region holds `count` elements (checked).
+        let rc = unsafe { (self.rt.hccl.broadcast)(buf.raw(), count, dt, root, self.raw, s.raw) };
+        self.rt.hccl_check("HcclBroadcast", rc)
+    }
+
+    /// Enqueue `HcclAllGather` (`count` elements from each rank) on `s`.
+    pub(crate) fn all_gather(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dt: c_int,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(send, count, dt, "HcclAllGather send")?;
+        self.need(recv, self.all(count), dt, "HcclAllGather recv")?;
+        // SAFETY: send holds `count`, recv `ranks * count` elements.
+        let rc = unsafe {
+            (self.rt.hccl.all_gather)(send.raw(), recv.raw(), count, dt, self.raw, s.raw)
+        };
+        self.rt.hccl_check("HcclAllGather", rc)
+    }
+
+    /// Enqueue `HcclReduceScatter` (`count` elements to each rank) on `s`.
+    pub(crate) fn reduce_scatter(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dt: c_int,
+        op: c_int,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(send, self.all(count), dt, "HcclReduceScatter send")?;
+        self.need(recv, count, dt, "HcclReduceScatter recv")?;
+        // SAFETY: send holds `ranks * count`, recv `count` elements.
+        let rc = unsafe {
+            (self.rt.hccl.reduce_scatter)(send.raw(), recv.raw(), count, dt, op, self.raw, s.raw)
+        };
+        self.rt.hccl_check("HcclReduceScatter", rc)
+    }
+
+    /// Enqueue `HcclScatter` (`count` elements to each rank) on `s`; `send`
+    /// is `Some` exactly on `root`.
+    pub(crate) fn scatter(
+        &self,
+        send: Option<DevPtr>,
+        recv: DevPtr,
+        count: u64,
+        dt: c_int,
+        root: u32,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(recv, count, dt, "HcclScatter recv")?;
+        let send = match send {
+            Some(p) => {
+                self.need(p, self.all(count), dt, "HcclScatter send")?;
+                p
+            }
+            // Off the root HCCL never reads the send buffer; pass a valid
+            // region anyway.
+            None => recv,
+        };
+        // SAFETY: recv holds `count` elements, the root's send `ranks *
+        // count` (checked); other ranks' send is not read.
+        let rc = unsafe {
+            (self.rt.hccl.scatter)(send.raw(), recv.raw(), count, dt, root, self.raw, s.raw)
+        };
+        self.rt.hccl_check("HcclScatter", rc)
+    }
+
+    /// Enqueue `HcclAlltoAll` (`count` elements per pair of ranks) on `s`.
+    pub(crate) fn all_to_all(
+        &self,
+        send: DevPtr,
+        recv: DevPtr,
+        count: u64,
+        dt: c_int,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(send, self.all(count), dt, "HcclAlltoAll send")?;
+        self.need(recv, self.all(count), dt, "HcclAlltoAll recv")?;
+        // SAFETY: both regions hold `ranks * count` elements (checked).
+        let rc = unsafe {
+            (self.rt.hccl.all_to_all)(
+                send.raw(),
+                count,
+                dt,
+                recv.raw(),
+                count,
+                dt,
+                self.raw,
+                s.raw,
+            )
+        };
+        self.rt.hccl_check("HcclAlltoAll", rc)
+    }
+
+    /// Enqueue `HcclSend` to `dst` on `s`.
+    pub(crate) fn send(
+        &self,
+        buf: DevPtr,
+        count: u64,
+        dt: c_int,
+        dst: u32,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(buf, count, dt, "HcclSend buffer")?;
+        // SAFETY: the region holds `count` elements (checked).
+        let rc = unsafe { (self.rt.hccl.send)(buf.raw(), count, dt, dst, self.raw, s.raw) };
+        self.rt.hccl_check("HcclSend", rc)
+    }
+
+    /// Enqueue `HcclRecv` from `src` on `s`.
+    pub(crate) fn recv(
+        &self,
+        buf: DevPtr,
+        count: u64,
+        dt: c_int,
+        src: u32,
+        s: &Stream,
+    ) -> Result<(), HcclError> {
+        self.need(buf, count, dt, "HcclRecv buffer")?;
+        // SAFETY: the region holds `count` elements (checked).
+        let rc = unsafe { (self.rt.hccl.recv)(buf.raw(), count, dt, src, self.raw, s.raw) };
+        self.rt.hccl_check("HcclRecv", rc)
+    }
+
+    /// Enqueue `HcclBarrier` on `s`.
+    pub(crate) fn barrier(&self, s: &Stream) -> Result<(), HcclError> {
+        // SAFETY: live communicator and stream.
+        let rc = unsafe { (self.rt.hccl.barrier)(self.raw, s.raw) };
+        self.rt.hccl_check("HcclBarrier", rc)
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if self.leak.load(Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: the handle came from `HcclCommInitRootInfo`, no task is
+        // pending on it (every call waited), and it is destroyed once.
+        let rc = unsafe { (self.rt.hccl.comm_destroy)(self.raw) };
+        if rc != 0 {
+            tracing::warn!(rc, "HcclCommDestroy failed");
+        }
+    }
+}
+
+/// `HcclDataType` codes (`hccl_types.h`) of accel's element types.
+#[allow(dead_code)] // the whole mapping, though data movement only uses INT8
+pub(crate) mod dtype {
+    pub(crate) const INT8: i32 = 0;
+    pub(crate) const INT32: i32 = 2;
+    pub(crate) const FP16: i32 = 3;
+    pub(crate) const FP32: i32 = 4;
+    pub(crate) const INT64: i32 = 5;
+    pub(crate) const UINT8: i32 = 7;
+    pub(crate) const FP64: i32 = 10;
+    pub(crate) const BFP16: i32 = 11;
+}
+
+/// Bytes per element of an `HcclDataType` code (0 for an unknown code).
+pub(crate) fn dtype_size(dt: c_int) -> usize {
+    match dt {
+        0 | 7 => 1,
+        1 | 3 | 8 | 11 => 2,
+        2 | 4 | 9 => 4,
+        5 | 6 | 10 => 8,
+        _ => 0,
+    }
+}
