@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use accel_api::{
     Backend, Communicator, ConnectContext, DType, Device, Element, Op, ReduceOp, Result, Store,
+    StoreExt,
 };
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -103,16 +104,26 @@ impl Ctx {
             self.store.clone(),
             format!("fresh/{name}"),
         ));
-        self.backend.connect(ConnectContext {
-            rank: self.rank(),
-            world_size: self.world_size(),
+        let (n, wait) = (self.world_size(), self.comm.timeout());
+        // The ranks arrive together, so that a short `timeout` bounds the
+        // connect itself, not how far apart the ranks finished the last
+        // scenario (which grows with the machine's load).
+        self.store
+            .barrier(&format!("fresh-sync/{name}/enter"), n, wait)?;
+        let comm = self.backend.connect(ConnectContext {
             local_rank: self.local_rank,
             local_world_size: self.local_world_size,
-            device: self.device,
-            timeout,
-            store,
-            run_id: format!("conformance-{name}"),
-        })
+            ..ConnectContext::local(self.rank(), n, timeout, store)
+                .with_device(self.device)
+                .with_run_id(format!("conformance-{name}"))
+        });
+        // Connecting is collective: no rank uses or drops its communicator
+        // before every rank's connect returned (a rank that drops it at once,
+        // as `lost_rank_is_named` does, would otherwise break a peer's
+        // handshake that is still in flight on a loaded machine).
+        self.store
+            .barrier(&format!("fresh-sync/{name}/connected"), n, wait)?;
+        comm
     }
 }
 
