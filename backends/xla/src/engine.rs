@@ -1,0 +1,380 @@
+//! [`XlaEngine`]: the [`Engine`] of one rank thread. Collectives meet the
+//! group's other rank threads ([`Meet`]); the last to arrive runs the
+//! compiled StableHLO program over every rank's input on the plugin's
+//! devices (replica `i` is rank `i`). Point-to-point messages go through
+//! the meeting's mailbox; a barrier is a meeting without a program.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use accel_api::{
+    host, host_mut, Buf, BufMut, Capabilities, DType, Device, DeviceKind, Engine, Error, Group, Op,
+    ReduceOp, Result, SplitPlan,
+};
+
+use crate::error::XlaError;
+use crate::meet::{CallKey, Deposit, Meet, Outcome, Work};
+use crate::programs::{Program, DTYPES};
+use crate::runtime::Runtime;
+use crate::NAME;
+
+/// The communicator of one rank thread.
+pub type XlaCommunicator = Group<XlaEngine>;
+
+/// What every xla communicator declares: every operation, element type and
+/// reduction (avg as sum then division by the group) on host memory.
+pub fn capabilities() -> Capabilities {
+    let mut c = Capabilities::all_host()
+        .with_dtypes(DTYPES)
+        .with_reduce_dtypes(DTYPES)
+        .with_device_kinds([DeviceKind::Cpu]);
+    c.reduce_ops = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ]
+    .into_iter()
+    .collect();
+    c
+}
+
+/// The engine of one rank thread of a group.
+pub struct XlaEngine {
+    runtime: Arc<Runtime>,
+    meet: Arc<Meet>,
+    rank: usize,
+    device: Device,
+    timeout: Duration,
+    /// This rank's next round number on `meet`.
+    next_round: AtomicU64,
+}
+
+impl std::fmt::Debug for XlaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XlaEngine")
+            .field("group", &self.meet.name)
+            .field("rank", &self.rank)
+            .field("world_size", &self.meet.size)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl XlaEngine {
+    /// The engine of `rank` in the group meeting at `meet`, whose round
+    /// `first_round` is the next to run.
+    pub(crate) fn new(
+        runtime: Arc<Runtime>,
+        meet: Arc<Meet>,
+        rank: usize,
+        device: Device,
+        timeout: Duration,
+        first_round: u64,
+    ) -> XlaEngine {
+        XlaEngine {
+            runtime,
+            meet,
+            rank,
+            device,
+            timeout,
+            next_round: AtomicU64::new(first_round),
+        }
+    }
+
+    /// Programs compiled in this process so far (cached per program text
+    /// and group size).
+    pub fn programs_compiled(&self) -> usize {
+        self.runtime.programs_compiled()
+    }
+
+    /// The plugin, API and devices, as the probe reports them.
+    pub fn describe_runtime(&self) -> String {
+        self.runtime.describe()
+    }
+
+    /// A meeting without data or program: returns once every rank arrived
+    /// (a barrier; `connect`'s join).
+    pub(crate) fn gather_up(&self, op: &'static str) -> std::result::Result<(), XlaError> {
+        let deposit = Deposit {
+            key: CallKey::control(op),
+            data: Vec::new(),
+            split: None,
+        };
+        let n = self.meet.size;
+        self.meet(
+            deposit,
+            Box::new(move |_| Ok((0..n).map(|_| None).collect())),
+        )?;
+        Ok(())
+    }
+
+    /// Meet the other ranks with `deposit`; the last one runs `work`.
+    fn meet(&self, deposit: Deposit, work: Work<'_>) -> std::result::Result<Outcome, XlaError> {
+        let n = self.next_round.fetch_add(1, Ordering::SeqCst);
+        self.meet.round(self.rank, n, deposit, self.timeout, work)
+    }
+
+    /// One collective: deposit `data`, run `program` over all deposits with
+    /// blocks of `len`, and return this rank's output.
+    fn collective(
+        &self,
+        key: CallKey,
+        data: Vec<u8>,
+        program: Program,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let runtime = &self.runtime;
+        let dtype = key.dtype;
+        let work: Work<'_> = Box::new(move |deposits| {
+            let inputs: Vec<&[u8]> = deposits.iter().map(|d| d.data.as_slice()).collect();
+            let outs = runtime.run(program, dtype, len, &inputs)?;
+            Ok(outs.into_iter().map(|o| Some(Outcome::Bytes(o))).collect())
+        });
+        let deposit = Deposit {
+            key,
+            data,
+            split: None,
+        };
+        match self.meet(deposit, work)? {
+            Outcome::Bytes(b) => Ok(b),
+            other => Err(XlaError::Broken(format!("{} got {other:?}", key.op)).into()),
+        }
+    }
+
+    fn key(op: Op, dtype: DType, len: usize) -> CallKey {
+        CallKey {
+            op: op.name(),
+            dtype,
+            len,
+            root: None,
+            reduce: None,
+        }
+    }
+}
+
+/// Copy `src` into the host buffer `dst` (same length, checked).
+fn fill(op: Op, dst: BufMut<'_>, src: &[u8]) -> Result<()> {
+    let mut d = host_mut(op, dst)?;
+    if d.bytes().len() != src.len() {
+        return Err(XlaError::Broken(format!(
+            "{op}: {} bytes came back for a {}-byte buffer",
+            src.len(),
+            d.bytes().len()
+        ))
+        .into());
+    }
+    d.bytes_mut().copy_from_slice(src);
+    Ok(())
+}
+
+impl Engine for XlaEngine {
+    fn backend_name(&self) -> &str {
+        NAME
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.meet.size
+    }
+
+    fn device(&self) -> Device {
+        self.device
+    }
+
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+
+    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        let o = Op::AllReduce;
+        let data = host(o, buf.as_buf())?.bytes().to_vec();
+        let mut key = Self::key(o, buf.dtype(), buf.len());
+        key.reduce = Some(op);
+        let out = self.collective(key, data, Program::AllReduce(op), buf.len())?;
+        fill(o, buf, &out)
+    }
+
+    fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
+        let o = Op::Reduce;
+        let data = host(o, buf.as_buf())?.bytes().to_vec();
+        let mut key = Self::key(o, buf.dtype(), buf.len());
+        key.reduce = Some(op);
+        key.root = Some(root);
+        let out = self.collective(key, data, Program::AllReduce(op), buf.len())?;
+        if self.rank == root {
+            fill(o, buf, &out)?;
+        }
+        Ok(())
+    }
+
+    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
+        let o = Op::Broadcast;
+        let data = host(o, buf.as_buf())?.bytes().to_vec();
+        let mut key = Self::key(o, buf.dtype(), buf.len());
+        key.root = Some(root);
+        let out = self.collective(key, data, Program::Broadcast { root }, buf.len())?;
+        fill(o, buf, &out)
+    }
+
+    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let o = Op::AllGather;
+        let key = Self::key(o, send.dtype(), send.len());
+        let len = send.len();
+        let out = self.collective(
+            key,
+            host(o, send)?.bytes().to_vec(),
+            Program::AllGather,
+            len,
+        )?;
+        fill(o, recv, &out)
+    }
+
+    fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
+        let o = Op::Gather;
+        let mut key = Self::key(o, send.dtype(), send.len());
+        key.root = Some(root);
+        let len = send.len();
+        let out = self.collective(
+            key,
+            host(o, send)?.bytes().to_vec(),
+            Program::AllGather,
+            len,
+        )?;
+        match recv {
+            Some(r) => fill(o, r, &out),
+            None => Ok(()),
+        }
+    }
+
+    fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
+        let o = Op::Scatter;
+        let len = recv.len();
+        let mut key = Self::key(o, recv.dtype(), len);
+        key.root = Some(root);
+        let data = match send {
+            Some(s) => host(o, s)?.bytes().to_vec(),
+            // Non-roots contribute zeros: only the root's blocks are kept.
+            None => vec![0u8; self.meet.size * len * recv.dtype().size()],
+        };
+        let out = self.collective(key, data, Program::Scatter { root }, len)?;
+        fill(o, recv, &out)
+    }
+
+    fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        let o = Op::ReduceScatter;
+        let len = recv.len();
+        let mut key = Self::key(o, recv.dtype(), len);
+        key.reduce = Some(op);
+        let data = host(o, send)?.bytes().to_vec();
+        let out = self.collective(key, data, Program::ReduceScatter(op), len)?;
+        fill(o, recv, &out)
+    }
+
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let o = Op::AllToAll;
+        let len = send.len() / self.meet.size;
+        let key = Self::key(o, send.dtype(), send.len());
+        let data = host(o, send)?.bytes().to_vec();
+        let out = self.collective(key, data, Program::AllToAll, len)?;
+        fill(o, recv, &out)
+    }
+
+    fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
+        let h = host(Op::Send, buf)?;
+        self.meet
+            .send(self.rank, dst, tag, h.dtype(), h.bytes().to_vec());
+        Ok(())
+    }
+
+    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
+        let mut h = host_mut(Op::Recv, buf)?;
+        let data = self.meet.recv(
+            src,
+            self.rank,
+            tag,
+            h.dtype(),
+            h.bytes().len(),
+            self.timeout,
+        )?;
+        h.bytes_mut().copy_from_slice(&data);
+        Ok(())
+    }
+
+    fn barrier(&self) -> Result<()> {
+        Ok(self.gather_up(Op::Barrier.name())?)
+    }
+
+    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Self>> {
+        let deposit = Deposit {
+            key: CallKey::control(Op::Split.name()),
+            data: Vec::new(),
+            split: Some((color, key)),
+        };
+        let parent = self.meet.name.clone();
+        let round = self.next_round.load(Ordering::SeqCst);
+        let work: Work<'_> = Box::new(move |deposits| {
+            let all: Vec<i64> = deposits
+                .iter()
+                .flat_map(|d| {
+                    let (c, k) = d.split.unwrap_or((None, 0));
+                    [c.map_or(-1, i64::from), i64::from(k)]
+                })
+                .collect();
+            let mut meets: std::collections::HashMap<u32, Arc<Meet>> = Default::default();
+            let mut out = Vec::with_capacity(deposits.len());
+            for (r, d) in deposits.iter().enumerate() {
+                let c = d.split.and_then(|s| s.0);
+                let plan = SplitPlan::from_exchanged(r, c, &all)
+                    .map_err(|e| XlaError::Broken(e.to_string()))?;
+                out.push(Some(Outcome::Sub(c.map(|c| {
+                    let m = meets.entry(c).or_insert_with(|| {
+                        Meet::new(
+                            format!("{parent}/split{round}/color{c}"),
+                            plan.members.len(),
+                        )
+                    });
+                    (m.clone(), plan.new_rank)
+                }))));
+            }
+            Ok(out)
+        });
+        match self.meet(deposit, work)? {
+            Outcome::Sub(None) => Ok(None),
+            Outcome::Sub(Some((meet, rank))) => Ok(Some(XlaEngine::new(
+                self.runtime.clone(),
+                meet,
+                rank,
+                self.device,
+                self.timeout,
+                0,
+            ))),
+            other => Err(XlaError::Broken(format!("split got {other:?}")).into()),
+        }
+    }
+
+    fn abort(&self, reason: &str) {
+        self.meet.break_with(XlaError::PeerFailed {
+            rank: self.rank,
+            why: format!("aborted: {reason}"),
+        });
+    }
+
+    fn on_fatal(&self, err: &Error) {
+        // A timeout already broke the meeting with its own message; other
+        // failures tell the peers which rank failed first.
+        self.meet.break_with(XlaError::PeerFailed {
+            rank: self.rank,
+            why: err.to_string(),
+        });
+    }
+}
