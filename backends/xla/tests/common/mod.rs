@@ -27,7 +27,12 @@ pub fn plugin_or_skip(test: &str) -> bool {
 }
 
 /// The context of `rank` in a run of `world` ranks on `store`.
-pub fn ctx(store: &Arc<MemoryStore>, rank: usize, world: usize, timeout: Duration) -> ConnectContext {
+pub fn ctx(
+    store: &Arc<MemoryStore>,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+) -> ConnectContext {
     ConnectContext {
         rank,
         world_size: world,
