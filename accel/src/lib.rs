@@ -59,4 +59,6 @@ pub(crate) fn link_backends() {
     black_box(accel_backend_cpu_gloo::backend as fn() -> _);
     #[cfg(feature = "mpi")]
     black_box(accel_backend_mpi::backend as fn() -> _);
+    #[cfg(feature = "xla")]
+    black_box(accel_backend_xla::backend as fn() -> _);
 }

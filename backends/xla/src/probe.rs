@@ -23,18 +23,19 @@ pub(crate) fn probe(ctx: &ProbeContext) -> Probe {
 }
 
 pub(crate) fn probe_with(ctx: &ProbeContext, env: &dyn Fn(&str) -> Option<String>) -> Probe {
+    // Decided before loading anything: multi-process runs of other
+    // backends pay nothing for this probe.
+    if ctx.world_size > 1 && !ranks_are_threads(env) {
+        return Probe::unavailable(format!(
+            "xla runs ranks as threads of one process ({PROCESS_MODEL_VAR}=threads), this run has {} processes: use `accel launch --backend xla`",
+            ctx.world_size,
+        ));
+    }
     let rt = match Runtime::get() {
         Ok(rt) => rt,
         Err(e) => return Probe::unavailable(e.to_string()),
     };
     let devices = rt.device_count();
-    if ctx.world_size > 1 && !ranks_are_threads(env) {
-        return Probe::unavailable(format!(
-            "xla runs ranks as threads of one process ({PROCESS_MODEL_VAR}=threads), this run has {} processes: use `accel launch --backend xla` ({})",
-            ctx.world_size,
-            rt.describe()
-        ));
-    }
     if ctx.world_size > devices {
         return Probe::unavailable(format!(
             "{} ranks but the PJRT client has {devices} devices: set ACCEL_PJRT_CPU_DEVICES={} ({})",
