@@ -61,6 +61,12 @@
 //! | `ACCEL_PJRT_PLUGIN` | the plugin file (otherwise the search order of the `runtime` module: `ACCEL_PJRT_CACHE`, then `.accel-cache/pjrt/` above the current directory or the executable) |
 //! | `ACCEL_PJRT_CPU_DEVICES` | devices of the CPU client (default 8): the most ranks of one run |
 //! | `ACCEL_PROCESS_MODEL=threads` | set by the launcher when a run's ranks are threads; without it the probe is unavailable for runs of more than one rank |
+//! | `TF_CPP_MIN_LOG_LEVEL=1` | silences the CPU plugin's start-up line on stderr (`cpu_device_count set via create_options`) |
+//!
+//! ## Measuring
+//!
+//! `examples/bench_all_reduce.rs` times all_reduce on N rank threads with
+//! `accel bench`'s method; docs/benchmarks.md has the numbers.
 //!
 //! [PJRT]: https://openxla.org/xla/pjrt
 //! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout

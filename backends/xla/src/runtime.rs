@@ -178,10 +178,10 @@ impl Runtime {
     /// One line for `accel env`: plugin, API, platform and devices.
     pub(crate) fn describe(&self) -> String {
         let (major, minor) = self.api_version();
-        let mut s = format!(
-            "PJRT API {major}.{minor}, {} {}",
-            self.platform, self.platform_version
-        );
+        let mut s = format!("PJRT API {major}.{minor}, platform {}", self.platform);
+        if !self.platform_version.is_empty() && self.platform_version != self.platform {
+            s.push_str(&format!(" {}", self.platform_version));
+        }
         for (k, v) in &self.attributes {
             let v: Vec<String> = v.iter().map(i64::to_string).collect();
             s.push_str(&format!(", {k} {}", v.join(".")));
