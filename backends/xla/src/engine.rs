@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, DType, Device, DeviceKind, Engine, Error, Group, Op,
+    host, host_mut, Buf, BufMut, Capabilities, Device, DeviceKind, Engine, Error, Group, Op,
     ReduceOp, Result, SplitPlan,
 };
 
 use crate::error::XlaError;
 use crate::meet::{CallKey, Deposit, Meet, Outcome, Work};
-use crate::programs::{Program, DTYPES};
+use crate::programs::{dtypes, Program};
 use crate::runtime::Runtime;
 use crate::NAME;
 
@@ -26,8 +26,8 @@ pub type XlaCommunicator = Group<XlaEngine>;
 /// reduction (avg as sum then division by the group) on host memory.
 pub fn capabilities() -> Capabilities {
     let mut c = Capabilities::all_host()
-        .with_dtypes(DTYPES)
-        .with_reduce_dtypes(DTYPES)
+        .with_dtypes(dtypes())
+        .with_reduce_dtypes(dtypes())
         .with_device_kinds([DeviceKind::Cpu]);
     c.reduce_ops = [
         ReduceOp::Sum,
@@ -144,14 +144,27 @@ impl XlaEngine {
         }
     }
 
-    fn key(op: Op, dtype: DType, len: usize) -> CallKey {
-        CallKey {
+    /// [`collective`](Self::collective) on `send`'s bytes, with the key
+    /// every rank must agree on: `op`, `send`'s type and length, `root`,
+    /// `reduce`.
+    fn run(
+        &self,
+        op: Op,
+        send: Buf<'_>,
+        root: Option<usize>,
+        reduce: Option<ReduceOp>,
+        program: Program,
+        len: usize,
+    ) -> Result<Vec<u8>> {
+        let key = CallKey {
             op: op.name(),
-            dtype,
-            len,
-            root: None,
-            reduce: None,
-        }
+            dtype: send.dtype(),
+            len: send.len(),
+            root,
+            reduce,
+        };
+        let data = host(op, send)?.bytes().to_vec();
+        self.collective(key, data, program, len)
     }
 }
 
@@ -196,62 +209,46 @@ impl Engine for XlaEngine {
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        let o = Op::AllReduce;
-        let data = host(o, buf.as_buf())?.bytes().to_vec();
-        let mut key = Self::key(o, buf.dtype(), buf.len());
-        key.reduce = Some(op);
-        let out = self.collective(key, data, Program::AllReduce(op), buf.len())?;
-        fill(o, buf, &out)
+        let len = buf.len();
+        let out = self.run(
+            Op::AllReduce,
+            buf.as_buf(),
+            None,
+            Some(op),
+            Program::AllReduce(op),
+            len,
+        )?;
+        fill(Op::AllReduce, buf, &out)
     }
 
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
-        let o = Op::Reduce;
-        let data = host(o, buf.as_buf())?.bytes().to_vec();
-        let mut key = Self::key(o, buf.dtype(), buf.len());
-        key.reduce = Some(op);
-        key.root = Some(root);
-        let out = self.collective(key, data, Program::AllReduce(op), buf.len())?;
+        let len = buf.len();
+        let p = Program::AllReduce(op);
+        let out = self.run(Op::Reduce, buf.as_buf(), Some(root), Some(op), p, len)?;
         if self.rank == root {
-            fill(o, buf, &out)?;
+            fill(Op::Reduce, buf, &out)?;
         }
         Ok(())
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        let o = Op::Broadcast;
-        let data = host(o, buf.as_buf())?.bytes().to_vec();
-        let mut key = Self::key(o, buf.dtype(), buf.len());
-        key.root = Some(root);
-        let out = self.collective(key, data, Program::Broadcast { root }, buf.len())?;
-        fill(o, buf, &out)
+        let len = buf.len();
+        let p = Program::Broadcast { root };
+        let out = self.run(Op::Broadcast, buf.as_buf(), Some(root), None, p, len)?;
+        fill(Op::Broadcast, buf, &out)
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        let o = Op::AllGather;
-        let key = Self::key(o, send.dtype(), send.len());
         let len = send.len();
-        let out = self.collective(
-            key,
-            host(o, send)?.bytes().to_vec(),
-            Program::AllGather,
-            len,
-        )?;
-        fill(o, recv, &out)
+        let out = self.run(Op::AllGather, send, None, None, Program::AllGather, len)?;
+        fill(Op::AllGather, recv, &out)
     }
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
-        let o = Op::Gather;
-        let mut key = Self::key(o, send.dtype(), send.len());
-        key.root = Some(root);
         let len = send.len();
-        let out = self.collective(
-            key,
-            host(o, send)?.bytes().to_vec(),
-            Program::AllGather,
-            len,
-        )?;
+        let out = self.run(Op::Gather, send, Some(root), None, Program::AllGather, len)?;
         match recv {
-            Some(r) => fill(o, r, &out),
+            Some(r) => fill(Op::Gather, r, &out),
             None => Ok(()),
         }
     }
@@ -259,8 +256,13 @@ impl Engine for XlaEngine {
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
         let o = Op::Scatter;
         let len = recv.len();
-        let mut key = Self::key(o, recv.dtype(), len);
-        key.root = Some(root);
+        let key = CallKey {
+            op: o.name(),
+            dtype: recv.dtype(),
+            len,
+            root: Some(root),
+            reduce: None,
+        };
         let data = match send {
             Some(s) => host(o, s)?.bytes().to_vec(),
             // Non-roots contribute zeros: only the root's blocks are kept.
@@ -271,22 +273,16 @@ impl Engine for XlaEngine {
     }
 
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        let o = Op::ReduceScatter;
         let len = recv.len();
-        let mut key = Self::key(o, recv.dtype(), len);
-        key.reduce = Some(op);
-        let data = host(o, send)?.bytes().to_vec();
-        let out = self.collective(key, data, Program::ReduceScatter(op), len)?;
-        fill(o, recv, &out)
+        let p = Program::ReduceScatter(op);
+        let out = self.run(Op::ReduceScatter, send, None, Some(op), p, len)?;
+        fill(Op::ReduceScatter, recv, &out)
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        let o = Op::AllToAll;
         let len = send.len() / self.meet.size;
-        let key = Self::key(o, send.dtype(), send.len());
-        let data = host(o, send)?.bytes().to_vec();
-        let out = self.collective(key, data, Program::AllToAll, len)?;
-        fill(o, recv, &out)
+        let out = self.run(Op::AllToAll, send, None, None, Program::AllToAll, len)?;
+        fill(Op::AllToAll, recv, &out)
     }
 
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {

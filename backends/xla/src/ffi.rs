@@ -43,31 +43,23 @@ const NAMED_VALUE_INT64_LIST: c_int = 2;
 /// the host data before `BufferFromHostBuffer` returns.
 const IMMUTABLE_ONLY_DURING_CALL: c_int = 0;
 
-// Opaque PJRT objects (only ever handled through pointers).
-#[repr(C)]
-pub(crate) struct RawError {
-    _opaque: [u8; 0],
+/// Opaque PJRT objects, only ever handled through pointers.
+macro_rules! opaque {
+    ($($name:ident),*) => {$(
+        #[repr(C)]
+        pub(crate) struct $name {
+            _opaque: [u8; 0],
+        }
+    )*};
 }
-#[repr(C)]
-pub(crate) struct RawClient {
-    _opaque: [u8; 0],
-}
-#[repr(C)]
-pub(crate) struct RawDevice {
-    _opaque: [u8; 0],
-}
-#[repr(C)]
-pub(crate) struct RawExecutable {
-    _opaque: [u8; 0],
-}
-#[repr(C)]
-pub(crate) struct RawBuffer {
-    _opaque: [u8; 0],
-}
-#[repr(C)]
-pub(crate) struct RawEvent {
-    _opaque: [u8; 0],
-}
+opaque!(
+    RawError,
+    RawClient,
+    RawDevice,
+    RawExecutable,
+    RawBuffer,
+    RawEvent
+);
 
 type Call<A> = Option<unsafe extern "C" fn(*mut A) -> *mut RawError>;
 type VoidCall<A> = Option<unsafe extern "C" fn(*mut A)>;

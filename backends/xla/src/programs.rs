@@ -48,17 +48,11 @@ pub(crate) struct Module {
     pub(crate) out_len: usize,
 }
 
-/// The element types programs are written for (all eight of accel's).
-pub(crate) const DTYPES: [DType; 8] = [
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::I8,
-    DType::U8,
-    DType::I32,
-    DType::I64,
-];
+/// The element types programs are written for: every accel type with an
+/// XLA spelling (all eight today).
+pub(crate) fn dtypes() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|&d| element(d).is_ok())
+}
 
 /// The StableHLO element type and `PJRT_Buffer_Type` of `d`.
 pub(crate) fn element(d: DType) -> Result<(&'static str, i32), XlaError> {
