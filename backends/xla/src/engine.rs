@@ -5,7 +5,7 @@
 //! the meeting's mailbox; a barrier is a meeting without a program.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use accel_api::{
@@ -18,6 +18,10 @@ use crate::meet::{CallKey, Deposit, Meet, Outcome, Work};
 use crate::programs::{dtypes, Program};
 use crate::runtime::Runtime;
 use crate::NAME;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// The communicator of one rank thread.
 pub type XlaCommunicator = Group<XlaEngine>;
@@ -50,6 +54,10 @@ pub struct XlaEngine {
     timeout: Duration,
     /// This rank's next round number on `meet`.
     next_round: AtomicU64,
+    /// The allocation this rank's contributions travel in (and its output
+    /// comes back in), kept between calls: fresh large allocations cost a
+    /// page fault per page.
+    staging: Mutex<Vec<u8>>,
 }
 
 impl std::fmt::Debug for XlaEngine {
@@ -81,6 +89,7 @@ impl XlaEngine {
             device,
             timeout,
             next_round: AtomicU64::new(first_round),
+            staging: Mutex::new(Vec::new()),
         }
     }
 
@@ -117,60 +126,90 @@ impl XlaEngine {
         self.meet.round(self.rank, n, deposit, self.timeout, work)
     }
 
-    /// One collective: deposit `data`, run `program` over all deposits with
-    /// blocks of `len`, and return this rank's output.
+    /// `bytes` in this rank's staging allocation.
+    fn stage(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut v = std::mem::take(&mut *lock(&self.staging));
+        v.clear();
+        v.extend_from_slice(bytes);
+        v
+    }
+
+    /// `n` zero bytes in this rank's staging allocation.
+    fn stage_zeros(&self, n: usize) -> Vec<u8> {
+        let mut v = std::mem::take(&mut *lock(&self.staging));
+        v.clear();
+        v.resize(n, 0);
+        v
+    }
+
+    /// One collective: deposit `data` (staged), run `program` over all
+    /// deposits with blocks of `len`, and copy this rank's output into
+    /// `dst` (`None`: a rank that keeps no output).
     fn collective(
         &self,
         key: CallKey,
         data: Vec<u8>,
         program: Program,
         len: usize,
-    ) -> Result<Vec<u8>> {
+        dst: Option<BufMut<'_>>,
+    ) -> Result<()> {
         let runtime = &self.runtime;
         let dtype = key.dtype;
         let work: Work<'_> = Box::new(move |deposits| {
-            let inputs: Vec<&[u8]> = deposits.iter().map(|d| d.data.as_slice()).collect();
-            let outs = runtime.run(program, dtype, len, &inputs)?;
-            Ok(outs.into_iter().map(|o| Some(Outcome::Bytes(o))).collect())
+            let mut bufs: Vec<Vec<u8>> = deposits.into_iter().map(|d| d.data).collect();
+            runtime.run(program, dtype, len, &mut bufs)?;
+            Ok(bufs.into_iter().map(|o| Some(Outcome::Bytes(o))).collect())
         });
         let deposit = Deposit {
             key,
             data,
             split: None,
         };
-        match self.meet(deposit, work)? {
-            Outcome::Bytes(b) => Ok(b),
-            other => Err(XlaError::Broken(format!("{} got {other:?}", key.op)).into()),
-        }
+        let out = match self.meet(deposit, work)? {
+            Outcome::Bytes(b) => b,
+            other => return Err(XlaError::Broken(format!("{} got {other:?}", key.op)).into()),
+        };
+        let filled = match dst {
+            Some(d) => fill(key.op, d, &out),
+            None => Ok(()),
+        };
+        *lock(&self.staging) = out;
+        filled
     }
 
-    /// [`collective`](Self::collective) on `send`'s bytes, with the key
-    /// every rank must agree on: `op`, `send`'s type and length, `root`,
-    /// `reduce`.
-    fn run(
-        &self,
-        op: Op,
-        send: Buf<'_>,
-        root: Option<usize>,
-        reduce: Option<ReduceOp>,
-        program: Program,
-        len: usize,
-    ) -> Result<Vec<u8>> {
-        let key = CallKey {
+    /// What every rank must agree on for a call on `send`.
+    fn key(op: Op, send: &Buf<'_>, root: Option<usize>, reduce: Option<ReduceOp>) -> CallKey {
+        CallKey {
             op: op.name(),
             dtype: send.dtype(),
             len: send.len(),
             root,
             reduce,
-        };
-        let data = host(op, send)?.bytes().to_vec();
-        self.collective(key, data, program, len)
+        }
+    }
+
+    /// [`collective`](Self::collective) with `send`'s bytes.
+    fn run(
+        &self,
+        key: CallKey,
+        send: Buf<'_>,
+        program: Program,
+        len: usize,
+        dst: Option<BufMut<'_>>,
+    ) -> Result<()> {
+        let h = send
+            .host()
+            .ok_or_else(|| Error::internal(key.op, "a device buffer reached a host-only engine"))?;
+        let data = self.stage(h.bytes());
+        self.collective(key, data, program, len, dst)
     }
 }
 
 /// Copy `src` into the host buffer `dst` (same length, checked).
-fn fill(op: Op, dst: BufMut<'_>, src: &[u8]) -> Result<()> {
-    let mut d = host_mut(op, dst)?;
+fn fill(op: &str, dst: BufMut<'_>, src: &[u8]) -> Result<()> {
+    let mut d = dst
+        .into_host()
+        .ok_or_else(|| Error::internal(op, "a device buffer reached a host-only engine"))?;
     if d.bytes().len() != src.len() {
         return Err(XlaError::Broken(format!(
             "{op}: {} bytes came back for a {}-byte buffer",
@@ -209,80 +248,66 @@ impl Engine for XlaEngine {
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        let len = buf.len();
-        let out = self.run(
-            Op::AllReduce,
-            buf.as_buf(),
-            None,
-            Some(op),
-            Program::AllReduce(op),
-            len,
-        )?;
-        fill(Op::AllReduce, buf, &out)
+        let (key, len) = (
+            Self::key(Op::AllReduce, &buf.as_buf(), None, Some(op)),
+            buf.len(),
+        );
+        let data = self.stage(host(Op::AllReduce, buf.as_buf())?.bytes());
+        self.collective(key, data, Program::AllReduce(op), len, Some(buf))
     }
 
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
-        let len = buf.len();
-        let p = Program::AllReduce(op);
-        let out = self.run(Op::Reduce, buf.as_buf(), Some(root), Some(op), p, len)?;
-        if self.rank == root {
-            fill(Op::Reduce, buf, &out)?;
-        }
-        Ok(())
+        let (key, len) = (
+            Self::key(Op::Reduce, &buf.as_buf(), Some(root), Some(op)),
+            buf.len(),
+        );
+        let data = self.stage(host(Op::Reduce, buf.as_buf())?.bytes());
+        let dst = (self.rank == root).then_some(buf);
+        self.collective(key, data, Program::AllReduce(op), len, dst)
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        let len = buf.len();
-        let p = Program::Broadcast { root };
-        let out = self.run(Op::Broadcast, buf.as_buf(), Some(root), None, p, len)?;
-        fill(Op::Broadcast, buf, &out)
+        let (key, len) = (
+            Self::key(Op::Broadcast, &buf.as_buf(), Some(root), None),
+            buf.len(),
+        );
+        let data = self.stage(host(Op::Broadcast, buf.as_buf())?.bytes());
+        self.collective(key, data, Program::Broadcast { root }, len, Some(buf))
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let key = Self::key(Op::AllGather, &send, None, None);
         let len = send.len();
-        let out = self.run(Op::AllGather, send, None, None, Program::AllGather, len)?;
-        fill(Op::AllGather, recv, &out)
+        self.run(key, send, Program::AllGather, len, Some(recv))
     }
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
+        let key = Self::key(Op::Gather, &send, Some(root), None);
         let len = send.len();
-        let out = self.run(Op::Gather, send, Some(root), None, Program::AllGather, len)?;
-        match recv {
-            Some(r) => fill(Op::Gather, r, &out),
-            None => Ok(()),
-        }
+        self.run(key, send, Program::AllGather, len, recv)
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
-        let o = Op::Scatter;
         let len = recv.len();
-        let key = CallKey {
-            op: o.name(),
-            dtype: recv.dtype(),
-            len,
-            root: Some(root),
-            reduce: None,
-        };
+        let key = Self::key(Op::Scatter, &recv.as_buf(), Some(root), None);
         let data = match send {
-            Some(s) => host(o, s)?.bytes().to_vec(),
+            Some(s) => self.stage(host(Op::Scatter, s)?.bytes()),
             // Non-roots contribute zeros: only the root's blocks are kept.
-            None => vec![0u8; self.meet.size * len * recv.dtype().size()],
+            None => self.stage_zeros(self.meet.size * len * recv.dtype().size()),
         };
-        let out = self.collective(key, data, Program::Scatter { root }, len)?;
-        fill(o, recv, &out)
+        self.collective(key, data, Program::Scatter { root }, len, Some(recv))
     }
 
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        let key = Self::key(Op::ReduceScatter, &recv.as_buf(), None, Some(op));
         let len = recv.len();
-        let p = Program::ReduceScatter(op);
-        let out = self.run(Op::ReduceScatter, send, None, Some(op), p, len)?;
-        fill(Op::ReduceScatter, recv, &out)
+        self.run(key, send, Program::ReduceScatter(op), len, Some(recv))
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let key = Self::key(Op::AllToAll, &send, None, None);
         let len = send.len() / self.meet.size;
-        let out = self.run(Op::AllToAll, send, None, None, Program::AllToAll, len)?;
-        fill(Op::AllToAll, recv, &out)
+        self.run(key, send, Program::AllToAll, len, Some(recv))
     }
 
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {

@@ -199,8 +199,9 @@ impl Runtime {
         lock(&self.programs).len()
     }
 
-    /// Run `program` over `inputs` (one per rank of a group of
-    /// `inputs.len()`), compiling it on first use.
+    /// Run `program` over `bufs` (one input per rank of a group of
+    /// `bufs.len()`), compiling it on first use; each rank's output
+    /// replaces its input in `bufs`.
     ///
     /// # Errors
     /// Compilation or execution failures from the plugin.
@@ -209,9 +210,9 @@ impl Runtime {
         program: Program,
         dtype: DType,
         len: usize,
-        inputs: &[&[u8]],
-    ) -> Result<Vec<Vec<u8>>, XlaError> {
-        let n = inputs.len();
+        bufs: &mut [Vec<u8>],
+    ) -> Result<(), XlaError> {
+        let n = bufs.len();
         let module = program.module(dtype, n, len)?;
         let (_, kind) = element(dtype)?;
         let exe = {
@@ -230,7 +231,7 @@ impl Runtime {
         let _one = lock(&self.executing);
         exe.run(
             &self.client,
-            inputs,
+            bufs,
             kind,
             dtype.size(),
             module.in_len,
