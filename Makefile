@@ -10,7 +10,7 @@ CARGO ?= cargo
 # iproute2: the launcher's two-network-namespace test (ip netns).
 DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2
 
-.PHONY: setup build demo demo-light test lint fmt-check unit
+.PHONY: setup build demo demo-light test lint fmt-check unit pjrt-setup
 
 setup:
 	@missing=""; for p in $(DEB_PACKAGES); do \
@@ -22,6 +22,11 @@ setup:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
 	else echo "setup: system packages present"; fi
 	@command -v $(CARGO) >/dev/null || { echo "setup: cargo not found: install Rust with rustup (https://rustup.rs)"; exit 1; }
+
+# The XLA CPU PJRT plugin the xla backend's tests run on (lammps-jax-pjrt-cpu
+# 0.11.2 from PyPI, 63 MB download) into .accel-cache/pjrt; nothing when present.
+pjrt-setup:
+	./scripts/fetch_pjrt_plugin.sh
 
 build: setup
 	$(CARGO) build --release -p accel-launcher -p accel-example-train -p accel-conformance
@@ -45,12 +50,12 @@ lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 
-unit: setup
+unit: setup pjrt-setup
 	$(CARGO) test --workspace --no-fail-fast
 
 # tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
 # separate cargo step so the default build never needs libtorch.
-test: setup fmt-check lint unit tch-test
+test: setup pjrt-setup fmt-check lint unit tch-test
 	@echo "make test: all checks passed"
 
 # ---- tch (libtorch) integration: a second workspace (docs/adr/0004) --------

@@ -63,4 +63,6 @@ pub(crate) fn link_backends() {
     black_box(accel_backend_mpi::connect as fn(_) -> _);
     #[cfg(feature = "npu-hccl")]
     black_box(accel_backend_npu_hccl::backend as fn() -> _);
+    #[cfg(feature = "xla")]
+    black_box(accel_backend_xla::connect as fn(_) -> _);
 }

@@ -521,6 +521,9 @@ mod tests {
         if cfg!(feature = "npu-hccl") {
             expected.push("npu-hccl".to_string());
         }
+        if cfg!(feature = "xla") {
+            expected.push("xla".to_string());
+        }
         expected.sort();
         let mut got = Registry::builtin().names();
         got.sort();

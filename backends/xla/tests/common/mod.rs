@@ -1,0 +1,72 @@
+//! Running a closure on N rank threads of this process, each with its own
+//! xla communicator, and skipping (with the reason) without a plugin.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use accel_api::{ConnectContext, Device, Result, Store};
+use accel_backend_xla::XlaCommunicator;
+use accel_rendezvous::MemoryStore;
+
+/// `true` when a PJRT plugin is there. Without one: under CI (`CI=true`)
+/// the test fails (the plugin is part of `make test`'s set-up); elsewhere it
+/// prints why it skips and returns `false`.
+pub fn plugin_or_skip(test: &str) -> bool {
+    match accel_backend_xla::describe_plugin() {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{test}: CI=true but the PJRT plugin is missing (run `make pjrt-setup`): {e}"
+            );
+            eprintln!("skipping {test}: {e}");
+            false
+        }
+    }
+}
+
+/// The context of `rank` in a run of `world` ranks on `store`.
+pub fn ctx(
+    store: &Arc<MemoryStore>,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+) -> ConnectContext {
+    ConnectContext {
+        rank,
+        world_size: world,
+        local_rank: rank,
+        local_world_size: world,
+        device: Device::CPU,
+        timeout,
+        store: store.clone() as Arc<dyn Store>,
+        run_id: "xla-test".into(),
+    }
+}
+
+/// Run `f(rank, communicator)` on `world` rank threads, each connecting its
+/// own communicator; results in rank order.
+pub fn on_ranks<T: Send>(
+    world: usize,
+    timeout: Duration,
+    f: impl Fn(usize, &XlaCommunicator) -> T + Sync,
+) -> Vec<Result<T>> {
+    let store = Arc::new(MemoryStore::new());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let store = &store;
+                let f = &f;
+                s.spawn(move || {
+                    let c = accel_backend_xla::connect(ctx(store, rank, world, timeout))?;
+                    Ok(f(rank, &c))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank thread panicked"))
+            .collect()
+    })
+}

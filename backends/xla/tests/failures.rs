@@ -1,0 +1,150 @@
+//! Failures end, with errors that name what happened: a rank thread that
+//! never arrives, mismatched calls, ranks in another process, too many
+//! ranks, a receive without a send.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use accel_api::{Communicator, CommunicatorExt, ErrorKind, ReduceOp, Store};
+use accel_rendezvous::MemoryStore;
+
+const SHORT: Duration = Duration::from_millis(1500);
+
+#[test]
+fn a_rank_thread_that_never_arrives_times_out_the_others() {
+    if !common::plugin_or_skip("a_rank_thread_that_never_arrives_times_out_the_others") {
+        return;
+    }
+    let out = common::on_ranks(3, SHORT, |r, c| {
+        if r == 2 {
+            // Arrive only after the others gave up: an error, not a hang.
+            std::thread::sleep(SHORT * 2);
+            return vec![c
+                .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
+                .unwrap_err()];
+        }
+        let first = c
+            .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
+            .unwrap_err();
+        let then = c.barrier().unwrap_err();
+        vec![first, then]
+    });
+    for (r, errs) in out.into_iter().enumerate() {
+        let errs = errs.unwrap();
+        if r == 2 {
+            assert!(errs[0].is_fatal_for_group(), "{}", errs[0]);
+            continue;
+        }
+        let e = &errs[0];
+        assert!(
+            matches!(e.kind(), ErrorKind::Timeout { .. }),
+            "rank {r}: {e}"
+        );
+        let s = e.to_string();
+        assert!(
+            s.contains("all_reduce") && s.contains("rank(s) 2 of 3"),
+            "rank {r}: {s}"
+        );
+        assert_eq!(
+            errs[1].kind(),
+            &ErrorKind::Poisoned,
+            "rank {r}: {}",
+            errs[1]
+        );
+    }
+}
+
+#[test]
+fn connect_without_every_rank_times_out_naming_the_missing() {
+    if !common::plugin_or_skip("connect_without_every_rank_times_out_naming_the_missing") {
+        return;
+    }
+    let store = Arc::new(MemoryStore::new());
+    let errs: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let store = &store;
+                s.spawn(move || {
+                    accel_backend_xla::connect(common::ctx(store, r, 3, SHORT)).unwrap_err()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in errs {
+        assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
+        let s = e.to_string();
+        assert!(s.contains("connect") && s.contains("rank(s) 2 of 3"), "{s}");
+    }
+}
+
+#[test]
+fn mismatched_calls_fail_every_rank() {
+    if !common::plugin_or_skip("mismatched_calls_fail_every_rank") {
+        return;
+    }
+    let out = common::on_ranks(2, SHORT * 4, |r, c| {
+        let mut v = vec![1i32; 3 + r];
+        c.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap_err()
+    });
+    for e in out {
+        let e = e.unwrap();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument, "{e}");
+        assert!(e.is_fatal_for_group());
+        assert!(e.to_string().contains("all_reduce of 3 i32"), "{e}");
+    }
+}
+
+#[test]
+fn ranks_in_another_process_are_refused() {
+    if !common::plugin_or_skip("ranks_in_another_process_are_refused") {
+        return;
+    }
+    // Rank 0 of "another process" (pid 1) published its meeting.
+    let store = Arc::new(MemoryStore::new());
+    store.set("xla/1/meet", b"1:0").unwrap();
+    let e = accel_backend_xla::connect(common::ctx(&store, 1, 2, SHORT)).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("rank 0 runs in process 1"), "{e}");
+    assert!(
+        e.fix().unwrap().contains("accel launch --backend xla"),
+        "{e}"
+    );
+}
+
+#[test]
+fn more_ranks_than_devices_is_a_config_error() {
+    if !common::plugin_or_skip("more_ranks_than_devices_is_a_config_error") {
+        return;
+    }
+    let store = Arc::new(MemoryStore::new());
+    let e = accel_backend_xla::connect(common::ctx(&store, 0, 1000, SHORT)).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
+    assert!(
+        e.fix().unwrap().contains("ACCEL_PJRT_CPU_DEVICES=1000"),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_receive_without_a_send_times_out_and_wrong_sizes_are_refused() {
+    if !common::plugin_or_skip("a_receive_without_a_send_times_out_and_wrong_sizes_are_refused") {
+        return;
+    }
+    let out = common::on_ranks(2, SHORT, |r, c| {
+        if r == 0 {
+            c.send_slice(&[1u8, 2], 1, 4).unwrap();
+            return None;
+        }
+        let wrong = c.recv_slice(&mut [0u8; 3], 0, 4).unwrap_err();
+        let none = c.recv_slice(&mut [0u8; 2], 0, 5).unwrap_err();
+        Some((wrong, none))
+    });
+    let (wrong, none) = out.into_iter().nth(1).unwrap().unwrap().unwrap();
+    assert_eq!(wrong.kind(), &ErrorKind::InvalidArgument, "{wrong}");
+    assert!(wrong.to_string().contains("rank 0 sent 2 u8"), "{wrong}");
+    assert!(matches!(none.kind(), ErrorKind::Timeout { .. }), "{none}");
+    assert!(none.to_string().contains("tag 5"), "{none}");
+}
