@@ -50,8 +50,10 @@ lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 
+# The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
 unit: setup pjrt-setup
 	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
 
 # tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
 # separate cargo step so the default build never needs libtorch.
