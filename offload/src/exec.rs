@@ -104,11 +104,15 @@ pub struct LayerSpec {
 }
 
 impl LayerSpec {
-    /// A layer holding every tensor under module `name` of `layout`.
+    /// A layer holding every stored tensor under module `name` of `layout`
+    /// (non-persistent buffers are left out: the model computes them, no
+    /// store holds them).
     pub fn module(layout: &Layout, name: &str) -> Option<LayerSpec> {
+        let mut tensors = layout.tensors_under(name)?;
+        tensors.retain(|t| layout.id(t).is_some_and(|i| layout.node(i).persistent));
         Some(LayerSpec {
             name: name.to_string(),
-            tensors: layout.tensors_under(name)?,
+            tensors,
         })
     }
 }

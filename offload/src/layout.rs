@@ -30,11 +30,16 @@
 //!   from a checkpoint). `params`, `buffers` and `children` are optional and
 //!   keep definition order. `dtype` is one of `f16 bf16 f32 f64 i8 u8 i32
 //!   i64` (torch spellings such as `float16`/`bfloat16` are accepted too).
+//! * A buffer may say `"persistent": false` (rotary `inv_freq`, masks): it
+//!   is in no checkpoint and is never loaded, but it takes memory on its
+//!   device, so the planner counts it as Accelerate does.
 //! * `tied` lists groups of full tensor names sharing one storage. The first
-//!   member in tree order owns the bytes (for a layout built from a
-//!   checkpoint: the first member the checkpoint stores); the others are aliases that cost
-//!   nothing and are never stored twice (Accelerate counts them the same way,
-//!   because `named_parameters()` drops duplicates).
+//!   member in tree order owns the storage (for a layout built from a
+//!   checkpoint: the first member the checkpoint stores); the others are
+//!   aliases, never stored twice. The planner counts the group's bytes once,
+//!   on its first member in tree order (Accelerate counts them the same way,
+//!   because `named_parameters()` drops later duplicates).
+//! * Every tensor's size, and their sum, must fit in 64 bits (checked).
 //!
 //! In tree order, a module's entries come as: its own parameters, its child
 //! modules, its own buffers (Accelerate's order for the root).
@@ -81,6 +86,9 @@ pub struct Node {
     pub end: NodeId,
     /// For a tied alias, the owner of the storage.
     pub alias_of: Option<NodeId>,
+    /// `false` for a non-persistent buffer: counted in module sizes (as
+    /// Accelerate does) but not in any checkpoint (the model computes it).
+    pub persistent: bool,
 }
 
 impl Node {
@@ -96,6 +104,7 @@ pub struct Layout {
     nodes: Vec<Node>,
     by_name: HashMap<String, NodeId>,
     tied: Vec<Vec<NodeId>>,
+    order_inferred: bool,
 }
 
 /// JSON form of one tensor.
@@ -108,6 +117,18 @@ pub struct TensorJson {
     pub dtype: DType,
     /// Shape.
     pub shape: Vec<usize>,
+    /// `false` for a non-persistent buffer (absent from checkpoints);
+    /// written only when `false`.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub persistent: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// JSON form of one module.
@@ -169,12 +190,47 @@ fn join(prefix: &str, local: &str) -> String {
     }
 }
 
+/// Bytes of a tensor of `meta`, or `None` when the element count or the
+/// byte count does not fit in 64 bits (a layout must never be planned with a
+/// wrapped-around size).
+pub fn checked_bytes(meta: &TensorMeta) -> Option<u64> {
+    meta.shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(u64::try_from(d).ok()?))?
+        .checked_mul(meta.dtype.size() as u64)
+}
+
+/// Where siblings go when the model's own order is unknown (a layout built
+/// from a checkpoint, whose names say nothing about definition order):
+/// embeddings first, then an encoder, then everything else in natural
+/// order, then final norms, then output heads, the order nearly every
+/// Hugging Face model defines them in.
+fn inferred_rank(local: &str) -> u8 {
+    match local {
+        "embed_tokens" | "wte" | "word_embeddings" | "tok_embeddings" | "embed_in" | "shared"
+        | "embeddings" | "embedding" => 0,
+        "wpe"
+        | "embed_positions"
+        | "position_embeddings"
+        | "token_type_embeddings"
+        | "rotary_emb"
+        | "emb_ln"
+        | "embed_layer_norm" => 1,
+        "encoder" => 2,
+        "norm" | "ln_f" | "final_layer_norm" | "final_layernorm" | "norm_f" | "final_norm"
+        | "ln_out" => 4,
+        "lm_head" | "head" | "classifier" | "cls" | "score" | "qa_outputs" | "embed_out" => 5,
+        _ => 3,
+    }
+}
+
 impl Layout {
     /// Build from a [`LayoutJson`] document.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] for a wrong format tag, duplicate
-    /// names, or tied names that are not tensors of the tree.
+    /// names, a tensor whose size does not fit in 64 bits, or tied names
+    /// that are not tensors of the tree.
     pub fn from_json(doc: &LayoutJson) -> Result<Layout> {
         if doc.format != LAYOUT_FORMAT {
             return Err(Error::new(
@@ -182,11 +238,7 @@ impl Layout {
                 format!("layout format `{}`, expected `{LAYOUT_FORMAT}`", doc.format),
             ));
         }
-        let mut l = Layout {
-            nodes: vec![],
-            by_name: HashMap::new(),
-            tied: vec![],
-        };
+        let mut l = Layout::empty(0, false);
         fn walk(
             l: &mut Layout,
             m: &ModuleJson,
@@ -230,6 +282,7 @@ impl Layout {
                     Some(meta),
                     Some(id),
                 )?;
+                l.nodes[c as usize].persistent = b.persistent;
                 l.nodes[id as usize].children.push(c);
             }
             l.nodes[id as usize].end = l.nodes.len() as NodeId;
@@ -237,13 +290,27 @@ impl Layout {
         }
         walk(&mut l, &doc.root, String::new(), None)?;
         l.set_tied(&doc.tied, &Default::default())?;
+        l.check_total()?;
         Ok(l)
     }
 
+    fn empty(capacity: usize, order_inferred: bool) -> Layout {
+        Layout {
+            nodes: Vec::with_capacity(capacity),
+            by_name: HashMap::with_capacity(capacity),
+            tied: vec![],
+            order_inferred,
+        }
+    }
+
     /// Read a layout JSON file.
+    ///
+    /// # Errors
+    /// As [`Layout::from_json`], naming the file; [`ErrorKind::Io`] when it
+    /// cannot be read; [`ErrorKind::InvalidArgument`] when it is not a
+    /// regular file (a FIFO would block forever) or not a layout.
     pub fn from_json_file(path: &Path) -> Result<Layout> {
-        let text =
-            std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        let text = crate::util::read_regular(path, "layout")?;
         let doc: LayoutJson = serde_json::from_slice(&text).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -258,9 +325,15 @@ impl Layout {
         })
     }
 
+    /// `true` when the module order was inferred from tensor names (a
+    /// layout built from a checkpoint) rather than given by the model.
+    pub fn order_inferred(&self) -> bool {
+        self.order_inferred
+    }
+
     /// Build from a checkpoint's headers: the tree from the dotted names,
-    /// siblings in natural order (`layers.2` before `layers.10`, tensors
-    /// before child modules), class names unknown, every tensor a parameter.
+    /// class names unknown, every tensor a parameter, and the module order
+    /// inferred (see [`Layout::from_tensors`]).
     pub fn from_checkpoint(ck: &Checkpoint, tied: &[Vec<String>]) -> Result<Layout> {
         Self::from_tensors(ck.iter().map(|(n, m)| (n.to_string(), m.clone())), tied)
     }
@@ -268,6 +341,18 @@ impl Layout {
     /// Build from (full name, meta) pairs as [`Layout::from_checkpoint`] does.
     /// A tied-group member absent from `tensors` is added as an alias with
     /// its owner's meta (checkpoints store tied weights once).
+    ///
+    /// Names carry no definition order, so siblings are ordered by a rule
+    /// that matches how models are written: a module's own tensors first,
+    /// then its child modules with embeddings first, an encoder next, the
+    /// rest in natural order (`layers.2` before `layers.10`), final norms
+    /// and then output heads (`lm_head`) last. [`Layout::order_inferred`]
+    /// says so; a layout from `tools/export_layout.py` has the real order.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a name that is both a module and a
+    /// tensor or appears twice, a tensor whose size does not fit in 64 bits,
+    /// or a tied group none of whose members is given.
     pub fn from_tensors(
         tensors: impl IntoIterator<Item = (String, TensorMeta)>,
         tied: &[Vec<String>],
@@ -325,11 +410,7 @@ impl Layout {
                 }
             }
         }
-        let mut l = Layout {
-            nodes: Vec::with_capacity(metas.len() * 3 / 2 + 1),
-            by_name: HashMap::new(),
-            tied: vec![],
-        };
+        let mut l = Layout::empty(metas.len() * 3 / 2 + 1, true);
         fn emit(
             l: &mut Layout,
             arena: &mut Vec<B>,
@@ -341,7 +422,11 @@ impl Layout {
             let mut ts = std::mem::take(&mut arena[b].tensors);
             ts.sort_by(|a, c| natural_cmp(&a.0, &c.0));
             let mut ms = std::mem::take(&mut arena[b].mods);
-            ms.sort_by(|a, c| natural_cmp(&a.0, &c.0));
+            ms.sort_by(|a, c| {
+                inferred_rank(&a.0)
+                    .cmp(&inferred_rank(&c.0))
+                    .then_with(|| natural_cmp(&a.0, &c.0))
+            });
             for (n, m) in ts {
                 let c = l.push(join(&full, &n), None, NodeKind::Param, Some(m), Some(id))?;
                 l.nodes[id as usize].children.push(c);
@@ -355,6 +440,7 @@ impl Layout {
         }
         emit(&mut l, &mut arena, 0, String::new(), None)?;
         l.set_tied(tied, &absent)?;
+        l.check_total()?;
         Ok(l)
     }
 
@@ -367,6 +453,19 @@ impl Layout {
         parent: Option<NodeId>,
     ) -> Result<NodeId> {
         let id = self.nodes.len() as NodeId;
+        if let Some(m) = &meta {
+            if checked_bytes(m).is_none() {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "tensor `{name}`: {} {:?} holds more than 2^64 bytes",
+                        m.dtype.name(),
+                        m.shape
+                    ),
+                )
+                .with_fix("check the shape; no real tensor is that large"));
+            }
+        }
         if self.by_name.insert(name.clone(), id).is_some() {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
@@ -382,8 +481,32 @@ impl Layout {
             children: vec![],
             end: id + 1,
             alias_of: None,
+            persistent: true,
         });
         Ok(id)
+    }
+
+    /// The whole layout's bytes must fit in 64 bits too (every size sum the
+    /// planner takes is then exact).
+    fn check_total(&self) -> Result<()> {
+        let mut total = 0u64;
+        for n in &self.nodes {
+            if let (Some(m), None) = (&n.meta, n.alias_of) {
+                total = checked_bytes(m)
+                    .and_then(|b| total.checked_add(b))
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "the layout's tensors hold more than 2^64 bytes in all (at `{}`)",
+                                n.name
+                            ),
+                        )
+                        .with_fix("check the shapes; no real model is that large")
+                    })?;
+            }
+        }
+        Ok(())
     }
 
     /// Record tied groups; the owner is the first member in tree order that
@@ -519,6 +642,7 @@ impl Layout {
                         name: cn.name.rsplit('.').next().unwrap_or("").to_string(),
                         dtype: meta.dtype,
                         shape: meta.shape.clone(),
+                        persistent: cn.persistent,
                     }
                 };
                 match cn.kind {
@@ -571,8 +695,6 @@ mod tests {
             order,
             [
                 "",
-                "lm_head",
-                "lm_head.weight",
                 "model",
                 "model.embed",
                 "model.embed.weight",
@@ -581,11 +703,14 @@ mod tests {
                 "model.layers.2.b",
                 "model.layers.2.w",
                 "model.layers.10",
-                "model.layers.10.w"
+                "model.layers.10.w",
+                "lm_head",
+                "lm_head.weight",
             ]
         );
+        assert!(l.order_inferred());
         let layers = l.id("model.layers").unwrap();
-        assert_eq!(l.node(layers).end as usize, l.nodes().len());
+        assert_eq!(l.node(layers).end, l.id("lm_head").unwrap());
         assert_eq!(l.tensors_under("model.layers").unwrap().len(), 3);
     }
 
@@ -635,5 +760,77 @@ mod tests {
             &[]
         )
         .is_err());
+    }
+
+    #[test]
+    fn inferred_order_puts_embeddings_first_and_heads_last() {
+        // GPT-2's names: alphabetically `h` < `ln_f` < `wpe` < `wte`.
+        let names = ["h.10.w", "h.2.w", "ln_f.weight", "wpe.weight", "wte.weight"];
+        let l = Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[2]))), &[]).unwrap();
+        let mods: Vec<&str> = l
+            .node(0)
+            .children
+            .iter()
+            .map(|&c| l.node(c).name.as_str())
+            .collect();
+        assert_eq!(mods, ["wte", "wpe", "h", "ln_f"]);
+        let h = l.node(l.id("h").unwrap());
+        let layers: Vec<&str> = h
+            .children
+            .iter()
+            .map(|&c| l.node(c).name.as_str())
+            .collect();
+        assert_eq!(layers, ["h.2", "h.10"]);
+        // A layout from the model keeps the model's order and says so.
+        let back = Layout::from_json(&l.to_json()).unwrap();
+        assert!(!back.order_inferred());
+    }
+
+    #[test]
+    fn sizes_that_overflow_64_bits_are_refused() {
+        // 2^62 + 1 f32 elements: 2^64 + 4 bytes, which wraps to 4.
+        let huge = TensorMeta {
+            dtype: DType::F32,
+            shape: vec![(1usize << 62) + 1],
+        };
+        assert_eq!(checked_bytes(&huge), None);
+        let e = Layout::from_tensors([("w".to_string(), huge.clone())], &[]).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string().contains("`w`") && e.to_string().contains("2^64"),
+            "{e}"
+        );
+        let text = format!(
+            r#"{{"format":"accel-layout/1","root":{{"params":[{{"name":"w","dtype":"f32","shape":[{}]}}]}}}}"#,
+            (1u64 << 62) + 1
+        );
+        let doc: LayoutJson = serde_json::from_str(&text).unwrap();
+        assert!(Layout::from_json(&doc)
+            .unwrap_err()
+            .to_string()
+            .contains("2^64"));
+        // Each fits, the sum does not.
+        let half = TensorMeta {
+            dtype: DType::F32,
+            shape: vec![1usize << 61],
+        };
+        let e = Layout::from_tensors(
+            [("a".to_string(), half.clone()), ("b".to_string(), half)],
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("in all"), "{e}");
+    }
+
+    #[test]
+    fn non_persistent_buffers_round_trip() {
+        let text = r#"{"format":"accel-layout/1","root":{"children":[
+            {"name":"rope","buffers":[{"name":"inv_freq","dtype":"f32","shape":[64],"persistent":false},
+                                      {"name":"kept","dtype":"f32","shape":[2]}]}]}}"#;
+        let l = Layout::from_json(&serde_json::from_str(text).unwrap()).unwrap();
+        assert!(!l.node(l.id("rope.inv_freq").unwrap()).persistent);
+        assert!(l.node(l.id("rope.kept").unwrap()).persistent);
+        let j = serde_json::to_string(&l.to_json()).unwrap();
+        assert_eq!(j.matches("\"persistent\":false").count(), 1, "{j}");
     }
 }

@@ -4,8 +4,10 @@
 //! # Policy (what [`plan`] does)
 //! * Sizes: a tensor costs `numel × dtype size`; with a dtype override,
 //!   floating-point tensors cost `numel × min(override, own)` and integer
-//!   tensors keep their own size; a per-tensor override wins. Tied aliases
-//!   cost nothing (the first member of a group owns the storage).
+//!   tensors keep their own size; a per-tensor override wins. A tied group
+//!   costs its bytes once, on its first member in tree order (as
+//!   `named_parameters()` counts it in Accelerate), whichever member a
+//!   checkpoint stores; the other members cost nothing.
 //! * Modules are taken in tree order, starting from the root's entries
 //!   (parameters, child modules, buffers). Devices are filled in order:
 //!   accelerators in the order given, then `cpu`, then `disk` (unbounded).
@@ -16,7 +18,16 @@
 //!   that cannot be split moves the cursor to the next device, and earlier
 //!   devices are never revisited.
 //! * When an entry fits alone but not with its tied partners, the first
-//!   splittable partner module is split and the entry tried again.
+//!   splittable partner module, taking partners in sorted-name order as
+//!   Accelerate's `find_tied_parameters` does, is split and the entry tried
+//!   again.
+//! * With [`PlanOptions::fallback_allocation`], a device (not disk) that
+//!   would be left empty gets the first module further on that fits in its
+//!   budget minus the larger of the reserved layer and the entry that did
+//!   not fit (splitting modules to find one), as Accelerate's
+//!   `fallback_allocation`. A device passed over while empty reports the
+//!   bytes the entry needed ([`DevicePlan::min_needed`]) and why
+//!   ([`DevicePlan::empty_reason`]), e.g. because of the reservation.
 //! * The size of the largest remaining *layer* (a module with no child
 //!   modules, or a no-split module) is kept free on the main devices — the
 //!   first accelerator and `cpu`, exactly as Accelerate does — so an
@@ -25,11 +36,16 @@
 //! * Same-device siblings are merged in the result: a module whose every
 //!   entry went to one device appears once.
 //! * `balanced` / `balanced_low_0` first shrink the accelerator budgets
-//!   as Accelerate's `get_balanced_memory` does, then run the same policy.
+//!   as Accelerate's `get_balanced_memory` does (its leaves are modules
+//!   holding tensors none of whose children hold any), then run the same
+//!   policy.
 //!
 //! Deliberate differences from Accelerate: `disk` is used only when the
 //! spec lists it (Accelerate always appends it), so a model that does not
-//! fit is an error naming the entry instead of a silent disk offload;
+//! fit is an error naming the entry instead of a silent disk offload; an
+//! explicit disk budget (`disk=100GB`) is honoured (Accelerate ignores it;
+//! here it is a real limit, the free space of the offload folder), and the
+//! error then says to raise it or write plain `disk`;
 //! buffers of a split module stay in the map (Accelerate drops them from
 //! the split); the result is validated before it is returned.
 //!
@@ -206,6 +222,11 @@ pub struct PlanOptions {
     pub strategy: Strategy,
     /// Largest-layer reservation.
     pub reserve: Reserve,
+    /// Accelerate's `fallback_allocation`: when the reservation would leave
+    /// a device (other than disk) empty, look further along the model for
+    /// the first module that fits (splitting modules to find one) and
+    /// place it there before moving on.
+    pub fallback_allocation: bool,
 }
 
 /// One device's line of the plan.
@@ -225,6 +246,15 @@ pub struct DevicePlan {
     pub tensors: usize,
     /// Entries of the merged device map placed here.
     pub entries: usize,
+    /// For a device with a budget that the planner passed over while it was
+    /// still empty: the bytes the entry that did not fit would have needed
+    /// there, reservation included (Accelerate's "minimum assignment
+    /// memory").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_needed: Option<u64>,
+    /// Why such a device ended empty, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub empty_reason: Option<String>,
 }
 
 /// A validated device map.
@@ -258,17 +288,27 @@ impl Plan {
         self.node_dtype.get(id as usize).copied().flatten()
     }
 
-    /// The merged map as JSON: `{"name": "device", ...}` in tree order
-    /// (the root's entry is `""`, as in Accelerate).
-    pub fn map_json(&self) -> serde_json::Value {
-        let mut m = serde_json::Map::new();
-        for (n, d) in &self.map {
-            m.insert(
-                n.clone(),
-                serde_json::Value::String(self.devices[*d].device.to_string()),
-            );
+    /// The merged map, serialising as `{"name": "device", ...}` with its
+    /// keys in module (tree) order; the root's entry is `""`, as in
+    /// Accelerate.
+    pub fn device_map(&self) -> DeviceMap<'_> {
+        DeviceMap(self)
+    }
+}
+
+/// [`Plan::device_map`]: a JSON object whose keys keep module order
+/// (`h.2` before `h.10`, embeddings before layers), not sorted order.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceMap<'a>(&'a Plan);
+
+impl Serialize for DeviceMap<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.map.len()))?;
+        for (n, d) in &self.0.map {
+            m.serialize_entry(n, &self.0.devices[*d].device)?;
         }
-        serde_json::Value::Object(m)
+        m.end()
     }
 }
 
@@ -279,6 +319,9 @@ pub(crate) struct Sizes {
     /// Owned (non-alias) tensors in the subtree.
     pub owned: Vec<u32>,
     pub has_module_child: Vec<bool>,
+    /// A child module holding at least one owned tensor (Accelerate's
+    /// `get_balanced_memory` sees only such modules).
+    pub has_tensor_module_child: Vec<bool>,
     pub no_split: Vec<bool>,
     /// Layer ids in tree order.
     pub layers: Vec<NodeId>,
@@ -291,7 +334,18 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
     let mut dtype = vec![None; n];
     let mut owned = vec![0u32; n];
     let mut has_module_child = vec![false; n];
+    let mut has_tensor_module_child = vec![false; n];
     let mut no_split = vec![false; n];
+    // A tied group's bytes are counted on its first member in tree order,
+    // as `named_parameters()` (which drops later duplicates) counts them in
+    // Accelerate, whichever member the checkpoint stores.
+    let mut free = vec![false; n];
+    for g in layout.tied() {
+        let first = g.iter().copied().min().unwrap_or(0);
+        for &m in g {
+            free[m as usize] = m != first;
+        }
+    }
     for (i, node) in nodes.iter().enumerate() {
         if let Some(meta) = &node.meta {
             let own = meta.dtype;
@@ -306,8 +360,13 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
                 own
             };
             dtype[i] = Some(d);
-            if node.alias_of.is_none() {
-                size[i] = (meta.numel() * d.size()) as u64;
+            if !free[i] {
+                // The layout checked that the tensor's own size fits in 64
+                // bits; a per-tensor override may widen it, so saturate.
+                size[i] = crate::layout::checked_bytes(meta)
+                    .map(|b| b / own.size() as u64)
+                    .and_then(|numel| numel.checked_mul(d.size() as u64))
+                    .unwrap_or(u64::MAX);
                 owned[i] = 1;
             }
         } else if !opts.no_split.is_empty() {
@@ -319,10 +378,13 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
     }
     for i in (1..n).rev() {
         let p = nodes[i].parent.expect("non-root has a parent") as usize;
-        size[p] += size[i];
+        size[p] = size[p].saturating_add(size[i]);
         owned[p] += owned[i];
         if nodes[i].kind == NodeKind::Module {
             has_module_child[p] = true;
+            if owned[i] > 0 {
+                has_tensor_module_child[p] = true;
+            }
         }
     }
     // Layers: descend from the root's entries through splittable modules.
@@ -349,6 +411,7 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
         dtype,
         owned,
         has_module_child,
+        has_tensor_module_child,
         no_split,
         layers,
     }
@@ -377,8 +440,10 @@ fn balanced_budgets(
     let total = s.size[0];
     let mut per = total / (if low_zero { num - 1 } else { num }) as u64;
     // Buffer: largest of the first module of each no-split class/pattern,
-    // and the mean size of leaf modules (modules holding tensors but no
-    // child module).
+    // and the mean size of leaf modules: modules holding tensors none of
+    // whose child modules holds any (Accelerate looks only at modules that
+    // own tensors, so a tensor-less child such as an activation does not
+    // stop its parent from being a leaf).
     let mut first: HashMap<&str, u64> = HashMap::new();
     let mut leaf_sum = 0u128;
     let mut leaf_n = 0u64;
@@ -393,7 +458,7 @@ fn balanced_budgets(
                 }
             }
         }
-        if !s.has_module_child[i] {
+        if !s.has_tensor_module_child[i] {
             leaf_sum += u128::from(s.size[i]);
             leaf_n += 1;
         }
@@ -501,6 +566,8 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
 
     let mut used = vec![0u64; ndev];
     let mut reserved = vec![0u64; ndev];
+    let mut fallback_tried = vec![false; ndev];
+    let mut empty: Vec<Option<Passed>> = vec![None; ndev];
     let mut placed: Vec<(NodeId, usize)> = vec![];
     let mut cur = 0usize;
 
@@ -559,16 +626,11 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
                 }
             }
         }
-        let mut with_ties = size_e;
-        let mut tied_entries: Vec<NodeId> = vec![];
-        for &p in &partners {
-            if let Some(te) = enclosing_entry(&state, p) {
-                with_ties += s.size[te as usize] - s.size[p as usize];
-                if !tied_entries.contains(&te) {
-                    tied_entries.push(te);
-                }
-            }
-        }
+        // Accelerate's tied groups are sorted by name, so the modules
+        // holding the partners are tried (and split) in that order.
+        partners.sort_by(|&a, &b| nodes[a as usize].name.cmp(&nodes[b as usize].name));
+        let (with_ties, tied_entries) =
+            size_with_ties(&s, size_e, &partners, |p| enclosing_entry(&state, p));
         let Some((_, max)) = budgets.get(cur) else {
             let list: Vec<String> = budgets
                 .iter()
@@ -586,6 +648,13 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
                     )
                 })
                 .collect();
+            let fix = match budgets.iter().find(|(t, _)| *t == Target::Disk) {
+                Some((_, Some(b))) => format!(
+                    "raise --max-memory: disk is limited to {} here (write plain `disk` for an unbounded disk), or allow splitting (fewer --no-split)",
+                    format_bytes(*b)
+                ),
+                _ => "raise --max-memory, add `disk`, or allow splitting (fewer --no-split)".into(),
+            };
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!(
@@ -595,8 +664,9 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
                     list.join(", ")
                 ),
             )
-            .with_fix("raise --max-memory, add `disk`, or allow splitting (fewer --no-split)"));
+            .with_fix(fix));
         };
+        let max = *max;
         let reserve = if reserve_on[cur] { tracked_size } else { 0 };
         let limit = max.map(|m| m.saturating_sub(reserve));
         let fits = |need: u64| !matches!(limit, Some(l) if used[cur] + need > l);
@@ -654,6 +724,32 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
             (tracked_size, tracked_left) = recompute(&remaining, &mut stamp, &mut gen);
             continue;
         }
+        if used[cur] == 0 && budgets[cur].0 != Target::Disk {
+            if let Some(m) = max {
+                if opts.fallback_allocation && !fallback_tried[cur] {
+                    fallback_tried[cur] = true;
+                    let limit = m.saturating_sub(tracked_size.max(with_ties));
+                    if let Some(x) = find_fallback(layout, &s, &state, &stack, &tied_of, limit) {
+                        put_back(&mut state, &mut stack, &mut remaining);
+                        stack.pop();
+                        bring_forward(nodes, &mut state, &mut stack, x);
+                        stack.push(e);
+                        stack.push(x);
+                        state[x as usize] = St::Pending;
+                        continue;
+                    }
+                }
+                let largest = remaining
+                    .last()
+                    .map(|&(_, l)| display_name(&nodes[l as usize].name).to_string());
+                empty[cur] = Some(Passed {
+                    entry: e,
+                    need: with_ties,
+                    reserve,
+                    largest,
+                });
+            }
+        }
         cur += 1;
         put_back(&mut state, &mut stack, &mut remaining);
     }
@@ -685,8 +781,50 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
             reserved: reserved[i].min(b.unwrap_or(0)),
             tensors: 0,
             entries: 0,
+            min_needed: None,
+            empty_reason: None,
         })
         .collect();
+    for (d, info) in devices.iter_mut().zip(&empty) {
+        let (
+            Some(Passed {
+                entry: e,
+                need,
+                reserve,
+                largest,
+            }),
+            Some(budget),
+        ) = (info, d.budget)
+        else {
+            continue;
+        };
+        if d.used > 0 {
+            continue;
+        }
+        let name = display_name(&nodes[*e as usize].name);
+        d.min_needed = Some(need.saturating_add(*reserve));
+        d.empty_reason = Some(if *reserve > 0 && *need <= budget {
+            format!(
+                "empty because {} is kept free for the largest layer{}: the next entry `{name}` ({}) fits in {} only without that reservation; give it at least {}, or pass --fallback-allocation to place a smaller module here",
+                format_bytes(*reserve),
+                largest.as_ref().map_or(String::new(), |l| format!(" (`{l}`)")),
+                format_bytes(*need),
+                format_bytes(budget),
+                format_bytes(need.saturating_add(*reserve)),
+            )
+        } else {
+            format!(
+                "empty: the next entry `{name}` ({}) does not fit in {}{} and cannot be split further",
+                format_bytes(*need),
+                format_bytes(budget),
+                if *reserve > 0 {
+                    format!(" minus {} kept free for the largest layer", format_bytes(*reserve))
+                } else {
+                    String::new()
+                },
+            )
+        });
+    }
     for (i, &d) in node_device.iter().enumerate() {
         if d != u16::MAX && nodes[i].is_tensor() {
             devices[d as usize].tensors += 1;
@@ -703,6 +841,181 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
     };
     validate(layout, &s, &plan)?;
     Ok(plan)
+}
+
+/// A device the planner moved past while it was still empty.
+#[derive(Debug, Clone)]
+struct Passed {
+    /// The entry that did not fit.
+    entry: NodeId,
+    /// Its size with its tied partners.
+    need: u64,
+    /// What was kept free for the largest layer.
+    reserve: u64,
+    /// The largest remaining layer's name.
+    largest: Option<String>,
+}
+
+/// The size of an entry of `size_e` bytes together with the entries that
+/// hold its tied `partners` (found by `unit_of`), and those entries in
+/// partner order, each once.
+fn size_with_ties(
+    s: &Sizes,
+    size_e: u64,
+    partners: &[NodeId],
+    unit_of: impl Fn(NodeId) -> Option<NodeId>,
+) -> (u64, Vec<NodeId>) {
+    let mut with_ties = size_e;
+    let mut units: Vec<NodeId> = vec![];
+    for &p in partners {
+        if let Some(u) = unit_of(p) {
+            with_ties = with_ties.saturating_add(s.size[u as usize] - s.size[p as usize]);
+            if !units.contains(&u) {
+                units.push(u);
+            }
+        }
+    }
+    (with_ties, units)
+}
+
+/// Accelerate's `fallback_allocate`: the first module, in the order the
+/// planner will treat them (the stack's top first, descending into
+/// splittable modules that are too big), whose size with its tied partners
+/// is at most `limit`.
+fn find_fallback(
+    layout: &Layout,
+    s: &Sizes,
+    state: &[St],
+    stack: &[NodeId],
+    tied_of: &[(NodeId, usize)],
+    limit: u64,
+) -> Option<NodeId> {
+    let nodes = layout.nodes();
+    let mut todo: Vec<NodeId> = vec![];
+    for &x in stack {
+        match state[x as usize] {
+            St::Pending => todo.push(x),
+            St::Split => todo.extend(
+                nodes[x as usize]
+                    .children
+                    .iter()
+                    .copied()
+                    .filter(|&c| state[c as usize] == St::Pending),
+            ),
+            St::Placed | St::Inside => {}
+        }
+    }
+    // `todo` is a stack too: its last element is treated first.
+    let contains = |a: NodeId, x: NodeId| a <= x && x < nodes[a as usize].end;
+    while let Some(x) = todo.pop() {
+        let end = nodes[x as usize].end;
+        let lo = tied_of.partition_point(|&(t, _)| t < x);
+        let hi = tied_of.partition_point(|&(t, _)| t < end);
+        let mut partners: Vec<NodeId> = vec![];
+        for &(_, g) in &tied_of[lo..hi] {
+            for &m in &layout.tied()[g] {
+                if !contains(x, m) && !partners.contains(&m) {
+                    partners.push(m);
+                }
+            }
+        }
+        partners.sort_by(|&a, &b| nodes[a as usize].name.cmp(&nodes[b as usize].name));
+        // The unit holding a partner: its pending entry, or, inside the
+        // entry that holds `x` too, the sibling subtree it would be once
+        // that entry is split down to `x`.
+        let unit_of = |p: NodeId| -> Option<NodeId> {
+            let mut u = p;
+            loop {
+                match state[u as usize] {
+                    St::Placed | St::Split => return None,
+                    St::Pending if !contains(u, x) => return Some(u),
+                    _ => {}
+                }
+                let parent = nodes[u as usize].parent?;
+                if contains(parent, x) && state[parent as usize] != St::Split {
+                    // `parent` is an ancestor of `x` that will be split.
+                    return Some(u);
+                }
+                u = parent;
+            }
+        };
+        let (need, _) = size_with_ties(s, s.size[x as usize], &partners, unit_of);
+        if need <= limit {
+            return Some(x);
+        }
+        let n = &nodes[x as usize];
+        if n.kind == NodeKind::Module && s.has_module_child[x as usize] && !s.no_split[x as usize] {
+            todo.extend(n.children.iter().rev());
+        }
+    }
+    None
+}
+
+/// Make `x` (found by [`find_fallback`]) an entry of its own: the pending
+/// entry holding it, and every module between them, is split in place on
+/// the stack, `x` left out (the caller pushes it on top).
+fn bring_forward(
+    nodes: &[crate::layout::Node],
+    state: &mut [St],
+    stack: &mut Vec<NodeId>,
+    x: NodeId,
+) {
+    let contains = |a: NodeId, x: NodeId| a <= x && x < nodes[a as usize].end;
+    let Some(pos) = stack
+        .iter()
+        .rposition(|&y| state[y as usize] != St::Placed && contains(y, x))
+    else {
+        return;
+    };
+    let mut top = stack[pos];
+    if state[top as usize] == St::Split {
+        // A tied partner split earlier: find its pending child holding `x`.
+        let Some(&c) = nodes[top as usize]
+            .children
+            .iter()
+            .find(|&&c| state[c as usize] == St::Pending && contains(c, x))
+        else {
+            return;
+        };
+        // Expand the split module in place so `c` is an entry of the stack.
+        let kids: Vec<NodeId> = nodes[top as usize]
+            .children
+            .iter()
+            .copied()
+            .filter(|&k| state[k as usize] != St::Placed)
+            .collect();
+        stack.splice(pos..=pos, kids.into_iter().rev());
+        top = c;
+    }
+    let Some(pos) = stack.iter().rposition(|&y| y == top) else {
+        return;
+    };
+    fn expand(
+        nodes: &[crate::layout::Node],
+        state: &mut [St],
+        a: NodeId,
+        x: NodeId,
+        out: &mut Vec<NodeId>,
+    ) {
+        if a == x {
+            return;
+        }
+        state[a as usize] = St::Split;
+        for &c in &nodes[a as usize].children {
+            if c == x {
+                continue;
+            }
+            if c < x && x < nodes[c as usize].end {
+                expand(nodes, state, c, x, out);
+            } else {
+                state[c as usize] = St::Pending;
+                out.push(c);
+            }
+        }
+    }
+    let mut forward = vec![];
+    expand(nodes, state, top, x, &mut forward);
+    stack.splice(pos..=pos, forward.into_iter().rev());
 }
 
 fn display_name(n: &str) -> &str {
