@@ -44,13 +44,20 @@
 //! In tree order, a module's entries come as: its own parameters, its child
 //! modules, its own buffers (Accelerate's order for the root).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use accel_api::{DType, Error, ErrorKind, Result, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 use crate::safetensors::Checkpoint;
+
+mod parse;
 use crate::util::natural_cmp;
 
 /// Index of a node in [`Layout::nodes`] (tree preorder).
@@ -72,8 +79,9 @@ pub enum NodeKind {
 pub struct Node {
     /// Full dotted name (`""` for the root).
     pub name: String,
-    /// Class name of a module, when known.
-    pub class: Option<String>,
+    /// Class name of a module, when known (shared between modules of one
+    /// class).
+    pub class: Option<Arc<str>>,
     /// Module, parameter or buffer.
     pub kind: NodeKind,
     /// Element type and shape (tensors only).
@@ -99,12 +107,25 @@ impl Node {
 }
 
 /// An ordered module tree (see the [module docs](self) for the JSON format).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Layout {
     nodes: Vec<Node>,
-    by_name: HashMap<String, NodeId>,
+    /// (hash, node id) by full name, built on the first lookup (planning
+    /// never needs it); the names live only in `nodes`.
+    by_name: OnceLock<HashTable<(u64, NodeId)>>,
+    hasher: DefaultHashBuilder,
     tied: Vec<Vec<NodeId>>,
     order_inferred: bool,
+}
+
+impl std::fmt::Debug for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layout")
+            .field("nodes", &self.nodes.len())
+            .field("tied", &self.tied.len())
+            .field("order_inferred", &self.order_inferred)
+            .finish()
+    }
 }
 
 /// JSON form of one tensor.
@@ -166,6 +187,125 @@ pub struct LayoutJson {
 /// The format tag written and accepted.
 pub const LAYOUT_FORMAT: &str = "accel-layout/1";
 
+/// A string borrowed from the JSON text when it has no escapes.
+#[derive(Default)]
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A dtype read without allocating.
+struct RawDType(DType);
+
+impl<'de> Deserialize<'de> for RawDType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawDType;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a dtype name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawDType, E> {
+                // The canonical names without allocating; anything else
+                // (torch spellings) through `DType::from_str`.
+                const ALL: [DType; 8] = [
+                    DType::F16,
+                    DType::BF16,
+                    DType::F32,
+                    DType::F64,
+                    DType::I8,
+                    DType::U8,
+                    DType::I32,
+                    DType::I64,
+                ];
+                if let Some(&d) = ALL.iter().find(|d| d.name() == v) {
+                    return Ok(RawDType(d));
+                }
+                v.strip_prefix("torch.")
+                    .unwrap_or(v)
+                    .parse::<DType>()
+                    .map(RawDType)
+                    .map_err(|e| E::custom(e.to_string()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The parsing form of [`LayoutJson`]: names borrowed from the text, shapes
+/// moved into the layout (the fast path of [`Layout::from_json_file`]).
+#[derive(Deserialize)]
+struct RawDoc<'a> {
+    #[serde(borrow)]
+    format: Str<'a>,
+    #[serde(borrow)]
+    root: RawModule<'a>,
+    #[serde(default)]
+    tied: Vec<Vec<String>>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawModule<'a> {
+    #[serde(default, borrow)]
+    name: Str<'a>,
+    #[serde(default, borrow)]
+    class: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    params: Vec<RawTensor<'a>>,
+    #[serde(default, borrow)]
+    buffers: Vec<RawTensor<'a>>,
+    #[serde(default, borrow)]
+    children: Vec<RawModule<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawTensor<'a> {
+    #[serde(borrow)]
+    name: Str<'a>,
+    dtype: RawDType,
+    shape: Vec<usize>,
+    #[serde(default = "yes")]
+    persistent: bool,
+}
+
+impl<'a> RawModule<'a> {
+    /// A borrowed view of a [`ModuleJson`] (shapes copied).
+    fn of(m: &'a ModuleJson) -> RawModule<'a> {
+        let t = |t: &'a TensorJson| RawTensor {
+            name: Str(Cow::Borrowed(&t.name)),
+            dtype: RawDType(t.dtype),
+            shape: t.shape.clone(),
+            persistent: t.persistent,
+        };
+        RawModule {
+            name: Str(Cow::Borrowed(&m.name)),
+            class: m.class.as_deref().map(|c| Str(Cow::Borrowed(c))),
+            params: m.params.iter().map(t).collect(),
+            buffers: m.buffers.iter().map(t).collect(),
+            children: m.children.iter().map(RawModule::of).collect(),
+        }
+    }
+}
+
 mod dtype_serde {
     use accel_api::DType;
     use serde::{Deserialize, Deserializer, Serializer};
@@ -186,7 +326,11 @@ fn join(prefix: &str, local: &str) -> String {
     if prefix.is_empty() {
         local.to_string()
     } else {
-        format!("{prefix}.{local}")
+        let mut s = String::with_capacity(prefix.len() + 1 + local.len());
+        s.push_str(prefix);
+        s.push('.');
+        s.push_str(local);
+        s
     }
 }
 
@@ -232,72 +376,101 @@ impl Layout {
     /// names, a tensor whose size does not fit in 64 bits, or tied names
     /// that are not tensors of the tree.
     pub fn from_json(doc: &LayoutJson) -> Result<Layout> {
-        if doc.format != LAYOUT_FORMAT {
+        Self::from_raw(RawDoc {
+            format: Str(Cow::Borrowed(&doc.format)),
+            root: RawModule::of(&doc.root),
+            tied: doc.tied.clone(),
+        })
+    }
+
+    fn from_raw(doc: RawDoc<'_>) -> Result<Layout> {
+        if doc.format.0 != LAYOUT_FORMAT {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("layout format `{}`, expected `{LAYOUT_FORMAT}`", doc.format),
+                format!(
+                    "layout format `{}`, expected `{LAYOUT_FORMAT}`",
+                    doc.format.0
+                ),
             ));
         }
-        let mut l = Layout::empty(0, false);
+        fn count(m: &RawModule<'_>) -> usize {
+            1 + m.params.len() + m.buffers.len() + m.children.iter().map(count).sum::<usize>()
+        }
+        let mut l = Layout::empty(count(&doc.root), false);
+        let mut classes: HashMap<Box<str>, Arc<str>> = HashMap::new();
         fn walk(
             l: &mut Layout,
-            m: &ModuleJson,
+            classes: &mut HashMap<Box<str>, Arc<str>>,
+            m: RawModule<'_>,
             full: String,
             parent: Option<NodeId>,
         ) -> Result<NodeId> {
-            let id = l.push(
+            let class = m.class.map(|c| match classes.get(&*c.0) {
+                Some(a) => a.clone(),
+                None => {
+                    let a: Arc<str> = Arc::from(&*c.0);
+                    classes.insert(Box::from(&*c.0), a.clone());
+                    a
+                }
+            });
+            let child_count = m.params.len() + m.children.len() + m.buffers.len();
+            let id = l.push_with(
                 full.clone(),
-                m.class.clone(),
+                class,
                 NodeKind::Module,
                 None,
                 parent,
+                child_count,
             )?;
-            for p in &m.params {
-                let meta = TensorMeta {
-                    dtype: p.dtype,
-                    shape: p.shape.clone(),
-                };
-                let c = l.push(
-                    join(&full, &p.name),
-                    None,
-                    NodeKind::Param,
-                    Some(meta),
-                    Some(id),
-                )?;
+            for p in m.params {
+                let c = l.push_tensor(&full, p, NodeKind::Param, id)?;
                 l.nodes[id as usize].children.push(c);
             }
-            for c in &m.children {
-                let cid = walk(l, c, join(&full, &c.name), Some(id))?;
+            for c in m.children {
+                let name = join(&full, &c.name.0);
+                let cid = walk(l, classes, c, name, Some(id))?;
                 l.nodes[id as usize].children.push(cid);
             }
-            for b in &m.buffers {
-                let meta = TensorMeta {
-                    dtype: b.dtype,
-                    shape: b.shape.clone(),
-                };
-                let c = l.push(
-                    join(&full, &b.name),
-                    None,
-                    NodeKind::Buffer,
-                    Some(meta),
-                    Some(id),
-                )?;
-                l.nodes[c as usize].persistent = b.persistent;
+            for b in m.buffers {
+                let c = l.push_tensor(&full, b, NodeKind::Buffer, id)?;
                 l.nodes[id as usize].children.push(c);
             }
             l.nodes[id as usize].end = l.nodes.len() as NodeId;
             Ok(id)
         }
-        walk(&mut l, &doc.root, String::new(), None)?;
-        l.set_tied(&doc.tied, &Default::default())?;
-        l.check_total()?;
+        walk(&mut l, &mut classes, doc.root, String::new(), None)?;
+        l.finish(&doc.tied, &Default::default())?;
         Ok(l)
+    }
+
+    fn push_tensor(
+        &mut self,
+        prefix: &str,
+        t: RawTensor<'_>,
+        kind: NodeKind,
+        parent: NodeId,
+    ) -> Result<NodeId> {
+        let meta = TensorMeta {
+            dtype: t.dtype.0,
+            shape: t.shape,
+        };
+        let id = self.push_with(
+            join(prefix, &t.name.0),
+            None,
+            kind,
+            Some(meta),
+            Some(parent),
+            0,
+        )?;
+        self.nodes[id as usize].persistent = t.persistent;
+        Ok(id)
     }
 
     fn empty(capacity: usize, order_inferred: bool) -> Layout {
         Layout {
             nodes: Vec::with_capacity(capacity),
-            by_name: HashMap::with_capacity(capacity),
+            by_name: OnceLock::new(),
+            hasher: DefaultHashBuilder::default(),
             tied: vec![],
             order_inferred,
         }
@@ -311,18 +484,55 @@ impl Layout {
     /// regular file (a FIFO would block forever) or not a layout.
     pub fn from_json_file(path: &Path) -> Result<Layout> {
         let text = crate::util::read_regular(path, "layout")?;
-        let doc: LayoutJson = serde_json::from_slice(&text).map_err(|e| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{}: not a layout file: {e}", path.display()),
-            )
-        })?;
-        Self::from_json(&doc).map_err(|e| {
+        let named = |e: Error| {
             Error::new(
                 e.kind().clone(),
                 format!("{}: {}", path.display(), e.message()),
             )
-        })
+        };
+        let not_layout = |e: serde_json::Error| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{}: not a layout file: {e}", path.display()),
+            )
+        };
+        // Fast path: straight into nodes.
+        // About 50 bytes of JSON per node in practice.
+        let mut l = Layout::empty(text.len() / 48, false);
+        let mut b = parse::Builder::new(&mut l);
+        // One UTF-8 check of the whole text instead of one per string.
+        let Ok(utf8) = std::str::from_utf8(&text) else {
+            return Err(named(Error::new(
+                ErrorKind::InvalidArgument,
+                "not a layout file: not UTF-8 text",
+            )));
+        };
+        let mut de = serde_json::Deserializer::from_str(utf8);
+        let res = serde::de::DeserializeSeed::deserialize(parse::DocSeed(&mut b), &mut de)
+            .and_then(|()| de.end());
+        match res {
+            Ok(()) => {
+                let (format, tied) = (
+                    b.format.take().unwrap_or_default(),
+                    std::mem::take(&mut b.tied),
+                );
+                if format != LAYOUT_FORMAT {
+                    return Err(named(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("layout format `{format}`, expected `{LAYOUT_FORMAT}`"),
+                    )));
+                }
+                l.finish(&tied, &Default::default()).map_err(named)?;
+                Ok(l)
+            }
+            Err(_) if b.err.is_some() => Err(named(b.err.take().expect("layout error"))),
+            Err(e) if e.to_string().starts_with(parse::OUT_OF_ORDER) => {
+                // Valid JSON in another key order: the tree path.
+                let doc: RawDoc<'_> = serde_json::from_slice(&text).map_err(not_layout)?;
+                Self::from_raw(doc).map_err(named)
+            }
+            Err(e) => Err(not_layout(e)),
+        }
     }
 
     /// `true` when the module order was inferred from tensor names (a
@@ -439,18 +649,29 @@ impl Layout {
             Ok(id)
         }
         emit(&mut l, &mut arena, 0, String::new(), None)?;
-        l.set_tied(tied, &absent)?;
-        l.check_total()?;
+        l.finish(tied, &absent)?;
         Ok(l)
     }
 
     fn push(
         &mut self,
         name: String,
-        class: Option<String>,
+        class: Option<Arc<str>>,
         kind: NodeKind,
         meta: Option<TensorMeta>,
         parent: Option<NodeId>,
+    ) -> Result<NodeId> {
+        self.push_with(name, class, kind, meta, parent, 0)
+    }
+
+    fn push_with(
+        &mut self,
+        name: String,
+        class: Option<Arc<str>>,
+        kind: NodeKind,
+        meta: Option<TensorMeta>,
+        parent: Option<NodeId>,
+        child_capacity: usize,
     ) -> Result<NodeId> {
         let id = self.nodes.len() as NodeId;
         if let Some(m) = &meta {
@@ -466,24 +687,105 @@ impl Layout {
                 .with_fix("check the shape; no real tensor is that large"));
             }
         }
-        if self.by_name.insert(name.clone(), id).is_some() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("`{name}` is both a module and a tensor, or appears twice"),
-            ));
-        }
         self.nodes.push(Node {
             name,
             class,
             kind,
             meta,
             parent,
-            children: vec![],
+            children: Vec::with_capacity(child_capacity),
             end: id + 1,
             alias_of: None,
             persistent: true,
         });
         Ok(id)
+    }
+
+    fn index(&self) -> &HashTable<(u64, NodeId)> {
+        self.by_name.get_or_init(|| {
+            let mut t = HashTable::with_capacity(self.nodes.len());
+            for (i, n) in self.nodes.iter().enumerate() {
+                let h = self.hasher.hash_one(n.name.as_str());
+                // Names are unique (checked by `check_siblings`).
+                t.insert_unique(h, (h, i as NodeId), |&(hh, _)| hh);
+            }
+            t
+        })
+    }
+
+    /// Ids of `names`, without building the name index when it is not
+    /// there yet (one pass over the nodes instead).
+    fn ids_of(&self, names: &[&str]) -> Vec<Option<NodeId>> {
+        if self.by_name.get().is_some() || names.len() > 64 {
+            return names.iter().map(|n| self.id(n)).collect();
+        }
+        let mut out = vec![None; names.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for (k, want) in names.iter().enumerate() {
+                if n.name.len() == want.len() && n.name == *want {
+                    out[k] = Some(i as NodeId);
+                }
+            }
+        }
+        out
+    }
+
+    /// Full names are unique when no local name is empty or holds a dot
+    /// (PyTorch forbids both) and siblings differ.
+    fn check_siblings(&self) -> Result<()> {
+        let dup = |name: &str| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("`{name}` is both a module and a tensor, or appears twice"),
+            )
+        };
+        let mut locals: Vec<&str> = vec![];
+        for n in &self.nodes {
+            if n.kind != NodeKind::Module || n.children.is_empty() {
+                continue;
+            }
+            let skip = if n.name.is_empty() {
+                0
+            } else {
+                n.name.len() + 1
+            };
+            locals.clear();
+            for &c in &n.children {
+                let full = &self.nodes[c as usize].name;
+                let local = &full[skip..];
+                if local.is_empty() || local.contains('.') {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("`{full}`: a module, parameter or buffer name must be non-empty and hold no `.`"),
+                    ));
+                }
+                locals.push(local);
+            }
+            if locals.len() <= 8 {
+                for (k, a) in locals.iter().enumerate() {
+                    if locals[..k].contains(a) {
+                        return Err(dup(&self.nodes[n.children[k] as usize].name));
+                    }
+                }
+            } else {
+                locals.sort_unstable();
+                if let Some(w) = locals.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(dup(&join(&n.name, w[0])));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks and tied groups, once the tree is built.
+    fn finish(
+        &mut self,
+        tied: &[Vec<String>],
+        absent: &std::collections::HashSet<String>,
+    ) -> Result<()> {
+        self.check_siblings()?;
+        self.set_tied(tied, absent)?;
+        self.check_total()
     }
 
     /// The whole layout's bytes must fit in 64 bits too (every size sum the
@@ -518,11 +820,14 @@ impl Layout {
         absent: &std::collections::HashSet<String>,
     ) -> Result<()> {
         let mut seen: HashMap<NodeId, usize> = HashMap::new();
+        let all: Vec<&str> = tied.iter().flatten().map(String::as_str).collect();
+        let mut found = self.ids_of(&all).into_iter();
         for g in tied {
             let mut ids = Vec::with_capacity(g.len());
             for n in g {
-                let id = self
-                    .id(n)
+                let id = found
+                    .next()
+                    .flatten()
                     .filter(|&i| self.nodes[i as usize].is_tensor())
                     .ok_or_else(|| {
                         Error::new(
@@ -588,7 +893,10 @@ impl Layout {
 
     /// The id of the module or tensor named `name`.
     pub fn id(&self, name: &str) -> Option<NodeId> {
-        self.by_name.get(name).copied()
+        let h = self.hasher.hash_one(name);
+        self.index()
+            .find(h, |&(hh, i)| hh == h && self.nodes[i as usize].name == name)
+            .map(|&(_, i)| i)
     }
 
     /// Tied groups: the owner of the storage first, then its aliases in
@@ -631,7 +939,7 @@ impl Layout {
             let local = n.name.rsplit('.').next().unwrap_or("").to_string();
             let mut m = ModuleJson {
                 name: local,
-                class: n.class.clone(),
+                class: n.class.as_deref().map(str::to_string),
                 ..Default::default()
             };
             for &c in &n.children {

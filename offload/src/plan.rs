@@ -54,7 +54,7 @@
 //! sit in an ordered set, so the whole plan is O(n log n) in the number of
 //! tensors (times the tree depth for tied-partner lookups).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fmt;
 
 use accel_api::{DType, Error, ErrorKind, Result};
@@ -264,6 +264,8 @@ pub struct Plan {
     pub devices: Vec<DevicePlan>,
     /// The merged map: module or tensor name → device index, tree order.
     pub map: Vec<(String, usize)>,
+    /// The merged map by node id (what `map` names).
+    pub(crate) entries: Vec<(NodeId, usize)>,
     /// Per node: device index (`u16::MAX` for modules).
     pub(crate) node_device: Vec<u16>,
     /// Per node: the dtype the tensor is loaded as.
@@ -542,27 +544,28 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
         let hi = s.layers.partition_point(|&l| l < nodes[e as usize].end);
         lo..hi
     };
-    let mut remaining: BTreeSet<(u64, NodeId)> =
-        s.layers.iter().map(|&l| (s.size[l as usize], l)).collect();
-    let mut stamp = vec![0u32; s.layers.len()];
-    let mut gen = 0u32;
-    let layer_pos = |l: NodeId| s.layers.binary_search(&l).expect("layer");
-    let recompute = |remaining: &BTreeSet<(u64, NodeId)>,
-                     stamp: &mut Vec<u32>,
-                     gen: &mut u32|
+    // The remaining layers: a layer leaves when the entry holding it is
+    // taken (and comes back if that entry is put back or split).
+    let mut remaining = MaskedMax::new(s.layers.iter().map(|&l| s.size[l as usize]).collect());
+    // Accelerate's `max_layer_names`: the layers of the largest size at the
+    // last recomputation, each consumed (for good) when an entry holding it
+    // is taken; the size is recomputed when none is left.
+    let mut tracked: Vec<usize> = vec![];
+    let mut consumed: Vec<bool> = vec![];
+    let recompute = |remaining: &MaskedMax,
+                     tracked: &mut Vec<usize>,
+                     consumed: &mut Vec<bool>|
      -> (u64, usize) {
-        *gen += 1;
-        let Some(&(max, _)) = remaining.last() else {
-            return (0, 0);
-        };
-        let mut cnt = 0;
-        for &(_, l) in remaining.range((max, 0)..) {
-            stamp[layer_pos(l)] = *gen;
-            cnt += 1;
+        tracked.clear();
+        let max = remaining.max();
+        if max > 0 {
+            remaining.each_equal(max, &mut |k| tracked.push(k));
         }
-        (max, cnt)
+        consumed.clear();
+        consumed.resize(tracked.len(), false);
+        (max, tracked.len())
     };
-    let (mut tracked_size, mut tracked_left) = recompute(&remaining, &mut stamp, &mut gen);
+    let (mut tracked_size, mut tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
 
     let mut used = vec![0u64; ndev];
     let mut reserved = vec![0u64; ndev];
@@ -599,16 +602,17 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
         }
         let es = e as usize;
         let lr = layers_in(e);
-        for k in lr.clone() {
-            let l = s.layers[k];
-            remaining.remove(&(s.size[l as usize], l));
-            if stamp[k] == gen {
-                stamp[k] = 0;
+        remaining.mask(lr.clone(), 1);
+        let t0 = tracked.partition_point(|&k| k < lr.start);
+        let t1 = tracked.partition_point(|&k| k < lr.end);
+        for c in &mut consumed[t0..t1] {
+            if !*c {
+                *c = true;
                 tracked_left -= 1;
             }
         }
         if tracked_left == 0 {
-            (tracked_size, tracked_left) = recompute(&remaining, &mut stamp, &mut gen);
+            (tracked_size, tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
         }
         let size_e = s.size[es];
         let end = nodes[es].end;
@@ -676,24 +680,16 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
             state[es] = St::Placed;
             placed.push((e, cur));
             for te in tied_entries {
-                for k in layers_in(te) {
-                    let l = s.layers[k];
-                    remaining.remove(&(s.size[l as usize], l));
-                }
+                remaining.mask(layers_in(te), 1);
                 state[te as usize] = St::Placed;
                 placed.push((te, cur));
             }
             continue;
         }
-        let put_back = |state: &mut Vec<St>,
-                        stack: &mut Vec<NodeId>,
-                        remaining: &mut BTreeSet<(u64, NodeId)>| {
+        let put_back = |state: &mut Vec<St>, stack: &mut Vec<NodeId>, remaining: &mut MaskedMax| {
             state[es] = St::Pending;
             stack.push(e);
-            for k in lr.clone() {
-                let l = s.layers[k];
-                remaining.insert((s.size[l as usize], l));
-            }
+            remaining.mask(lr.clone(), -1);
         };
         if !tied_entries.is_empty() && fits(size_e) {
             let splittable = tied_entries
@@ -706,22 +702,19 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
                     state[c as usize] = St::Pending;
                 }
                 put_back(&mut state, &mut stack, &mut remaining);
-                (tracked_size, tracked_left) = recompute(&remaining, &mut stamp, &mut gen);
+                (tracked_size, tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
                 continue;
             }
         }
         let too_big = limit.is_some_and(|l| used[cur] + size_e >= l);
         if too_big && s.has_module_child[es] && !s.no_split[es] {
             state[es] = St::Split;
-            for k in lr.clone() {
-                let l = s.layers[k];
-                remaining.insert((s.size[l as usize], l));
-            }
+            remaining.mask(lr.clone(), -1);
             for &c in nodes[es].children.iter().rev() {
                 state[c as usize] = St::Pending;
                 stack.push(c);
             }
-            (tracked_size, tracked_left) = recompute(&remaining, &mut stamp, &mut gen);
+            (tracked_size, tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
             continue;
         }
         if used[cur] == 0 && budgets[cur].0 != Target::Disk {
@@ -740,8 +733,8 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
                     }
                 }
                 let largest = remaining
-                    .last()
-                    .map(|&(_, l)| display_name(&nodes[l as usize].name).to_string());
+                    .first_max()
+                    .map(|k| display_name(&nodes[s.layers[k] as usize].name).to_string());
                 empty[cur] = Some(Passed {
                     entry: e,
                     need: with_ties,
@@ -768,7 +761,11 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
             }
         }
     }
-    let map = merged_map(layout, &placed);
+    let entries = merged_map(layout, &placed);
+    let map: Vec<(String, usize)> = entries
+        .iter()
+        .map(|&(i, d)| (nodes[i as usize].name.clone(), d))
+        .collect();
     let mut devices: Vec<DevicePlan> = budgets
         .iter()
         .zip(&mm.devices)
@@ -836,11 +833,112 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
     let plan = Plan {
         devices,
         map,
+        entries,
         node_device,
         node_dtype: s.dtype.clone(),
     };
     validate(layout, &s, &plan)?;
     Ok(plan)
+}
+
+/// The largest of a fixed list of sizes, where ranges of the list can be
+/// masked out (and back in) in O(log n): a segment tree whose node holds
+/// the maximum of its unmasked range, with range masks kept as counts on
+/// the covering nodes (no push-down needed).
+#[derive(Debug)]
+struct MaskedMax {
+    /// Leaves from `base`; `max[1]` is the root.
+    base: usize,
+    max: Vec<u64>,
+    mask: Vec<u32>,
+    leaf: Vec<u64>,
+}
+
+impl MaskedMax {
+    fn new(leaf: Vec<u64>) -> Self {
+        let base = leaf.len().next_power_of_two().max(1);
+        let mut max = vec![0u64; 2 * base];
+        max[base..base + leaf.len()].copy_from_slice(&leaf);
+        for i in (1..base).rev() {
+            max[i] = max[2 * i].max(max[2 * i + 1]);
+        }
+        MaskedMax {
+            base,
+            max,
+            mask: vec![0; 2 * base],
+            leaf,
+        }
+    }
+
+    fn pull(&mut self, i: usize) {
+        self.max[i] = if self.mask[i] > 0 {
+            0
+        } else if i >= self.base {
+            self.leaf.get(i - self.base).copied().unwrap_or(0)
+        } else {
+            self.max[2 * i].max(self.max[2 * i + 1])
+        };
+    }
+
+    /// Add `d` (+1 or -1) to the mask of every element of `r`.
+    fn mask(&mut self, r: std::ops::Range<usize>, d: i32) {
+        if r.is_empty() {
+            return;
+        }
+        self.update(1, 0, self.base, &r, d);
+    }
+
+    fn update(&mut self, i: usize, lo: usize, hi: usize, r: &std::ops::Range<usize>, d: i32) {
+        if r.end <= lo || hi <= r.start {
+            return;
+        }
+        if r.start <= lo && hi <= r.end {
+            self.mask[i] = self.mask[i].saturating_add_signed(d);
+        } else {
+            let mid = (lo + hi) / 2;
+            self.update(2 * i, lo, mid, r, d);
+            self.update(2 * i + 1, mid, hi, r, d);
+        }
+        self.pull(i);
+    }
+
+    /// The largest unmasked value (0 when none).
+    fn max(&self) -> u64 {
+        self.max[1]
+    }
+
+    /// Every unmasked element equal to `v` (> 0), in order.
+    fn each_equal(&self, v: u64, f: &mut dyn FnMut(usize)) {
+        fn go(t: &MaskedMax, i: usize, v: u64, f: &mut dyn FnMut(usize)) {
+            if t.max[i] != v {
+                return;
+            }
+            if i >= t.base {
+                f(i - t.base);
+            } else {
+                go(t, 2 * i, v, f);
+                go(t, 2 * i + 1, v, f);
+            }
+        }
+        go(self, 1, v, f);
+    }
+
+    /// The first unmasked element of the largest value.
+    fn first_max(&self) -> Option<usize> {
+        let v = self.max();
+        let mut i = 1;
+        if v == 0 {
+            return None;
+        }
+        while i < self.base {
+            i = if self.max[2 * i] == v {
+                2 * i
+            } else {
+                2 * i + 1
+            };
+        }
+        (self.max[i] == v).then(|| i - self.base)
+    }
 }
 
 /// A device the planner moved past while it was still empty.
@@ -1028,7 +1126,7 @@ fn display_name(n: &str) -> &str {
 
 /// Merge placed entries: a module whose entries all share one device (and
 /// that holds more than one entry, or is an entry itself) is listed once.
-fn merged_map(layout: &Layout, placed: &[(NodeId, usize)]) -> Vec<(String, usize)> {
+fn merged_map(layout: &Layout, placed: &[(NodeId, usize)]) -> Vec<(NodeId, usize)> {
     let nodes = layout.nodes();
     let mut sorted: Vec<(NodeId, usize)> = placed.to_vec();
     sorted.sort_unstable();
@@ -1058,9 +1156,7 @@ fn merged_map(layout: &Layout, placed: &[(NodeId, usize)]) -> Vec<(String, usize
     }
     go(nodes, 0, &sorted, &mut out);
     out.sort_unstable();
-    out.into_iter()
-        .map(|(i, d)| (nodes[i as usize].name.clone(), d))
-        .collect()
+    out
 }
 
 /// Independent check of a plan: every tensor placed exactly once by the
@@ -1076,11 +1172,18 @@ fn validate(layout: &Layout, s: &Sizes, plan: &Plan) -> Result<()> {
         .with_fix("this is an accel-offload bug; please report it with the layout")
     };
     let mut seen = vec![u16::MAX; nodes.len()];
-    for (name, d) in &plan.map {
-        let id = layout
-            .id(name)
-            .ok_or_else(|| bug(format!("map entry `{name}` is not in the layout")))?
-            as usize;
+    if plan.map.len() != plan.entries.len()
+        || plan
+            .map
+            .iter()
+            .zip(&plan.entries)
+            .any(|((n, d), &(i, e))| *d != e || nodes.get(i as usize).is_none_or(|x| x.name != *n))
+    {
+        return Err(bug("the named map and the map by id differ".into()));
+    }
+    for &(id, d) in &plan.entries {
+        let d = &d;
+        let id = id as usize;
         for (i, slot) in seen
             .iter_mut()
             .enumerate()

@@ -100,7 +100,8 @@ pub fn open_regular(path: &Path, what: &str) -> Result<File> {
 pub fn read_regular(path: &Path, what: &str) -> Result<Vec<u8>> {
     use std::io::Read;
     let mut f = open_regular(path, what)?;
-    let mut v = Vec::new();
+    let len = f.metadata().map_or(0, |m| m.len());
+    let mut v = Vec::with_capacity(usize::try_from(len).unwrap_or(0).saturating_add(1));
     f.read_to_end(&mut v)
         .map_err(|e| Error::io(format!("read {what} {}", path.display()), e))?;
     Ok(v)

@@ -348,11 +348,14 @@ fn validation_catches_lost_and_doubled_tensors() {
     let good = plan(&l, &o).unwrap();
     let s = compute_sizes(&l, &o);
     let mut lost = good.clone();
+    let head = l.id("head").unwrap();
     lost.map.retain(|(n, _)| n != "head");
+    lost.entries.retain(|&(i, _)| i != head);
     let e = validate(&l, &s, &lost).unwrap_err().to_string();
     assert!(e.contains("`head.weight` is not placed"), "{e}");
     let mut twice = good.clone();
     twice.map.push(("layers.2.w".into(), 2));
+    twice.entries.push((l.id("layers.2.w").unwrap(), 2));
     assert!(validate(&l, &s, &twice)
         .unwrap_err()
         .to_string()
