@@ -227,17 +227,7 @@ impl<'de> Deserialize<'de> for RawDType {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawDType, E> {
                 // The canonical names without allocating; anything else
                 // (torch spellings) through `DType::from_str`.
-                const ALL: [DType; 8] = [
-                    DType::F16,
-                    DType::BF16,
-                    DType::F32,
-                    DType::F64,
-                    DType::I8,
-                    DType::U8,
-                    DType::I32,
-                    DType::I64,
-                ];
-                if let Some(&d) = ALL.iter().find(|d| d.name() == v) {
+                if let Some(&d) = DType::ALL.iter().find(|d| d.name() == v) {
                     return Ok(RawDType(d));
                 }
                 v.strip_prefix("torch.")
@@ -1140,5 +1130,88 @@ mod tests {
         assert!(l.node(l.id("rope.kept").unwrap()).persistent);
         let j = serde_json::to_string(&l.to_json()).unwrap();
         assert_eq!(j.matches("\"persistent\":false").count(), 1, "{j}");
+    }
+
+    fn same(a: &Layout, b: &Layout) {
+        assert_eq!(a.nodes().len(), b.nodes().len());
+        for (x, y) in a.nodes().iter().zip(b.nodes()) {
+            assert_eq!(
+                (
+                    &x.name,
+                    &x.class,
+                    x.kind,
+                    &x.meta,
+                    x.parent,
+                    &x.children,
+                    x.end,
+                    x.alias_of,
+                    x.persistent
+                ),
+                (
+                    &y.name,
+                    &y.class,
+                    y.kind,
+                    &y.meta,
+                    y.parent,
+                    &y.children,
+                    y.end,
+                    y.alias_of,
+                    y.persistent
+                )
+            );
+        }
+        assert_eq!(a.tied(), b.tied());
+    }
+
+    #[test]
+    fn file_parse_matches_the_tree_path_in_any_key_order() {
+        let l = crate::synth::llama_layout(crate::synth::LlamaShape::tiny(3, 2), DType::BF16);
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("l.json");
+        std::fs::write(&f, serde_json::to_vec(&l.to_json()).unwrap()).unwrap();
+        same(&Layout::from_json_file(&f).unwrap(), &l);
+        assert!(l.id("model.layers.2.mlp.experts.1.w3.weight").is_some());
+        // Keys in another order (name last, children before params,
+        // escaped strings): the same layout through the fallback.
+        let text = r#"{"tied":[["a.weight","b.weight"]],"root":{"children":[
+            {"params":[{"shape":[3],"dtype":"torch.float32","name":"weight"}],"class":"Lin\u0065ar","name":"a"},
+            {"children":[{"name":"act"}],"params":[{"name":"weight","dtype":"f32","shape":[3]}],"name":"b",
+             "buffers":[{"name":"m","dtype":"u8","shape":[2],"persistent":false}]}],"name":""},
+            "format":"accel-layout/1"}"#;
+        std::fs::write(&f, text).unwrap();
+        let a = Layout::from_json_file(&f).unwrap();
+        let b = Layout::from_json(&serde_json::from_str(text).unwrap()).unwrap();
+        same(&a, &b);
+        assert_eq!(a.node(a.id("a").unwrap()).class.as_deref(), Some("Linear"));
+        assert_eq!(a.node(a.id("b.weight").unwrap()).alias_of, a.id("a.weight"));
+        assert!(!a.node(a.id("b.m").unwrap()).persistent);
+    }
+
+    #[test]
+    fn duplicate_and_dotted_names_are_refused_on_both_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("l.json");
+        for (text, want) in [
+            (
+                r#"{"format":"accel-layout/1","root":{"children":[{"name":"a","params":[{"name":"w","dtype":"f32","shape":[1]}]},{"name":"a"}]}}"#,
+                "`a` is both a module and a tensor, or appears twice",
+            ),
+            (
+                r#"{"format":"accel-layout/1","root":{"children":[{"name":"a.b","params":[{"name":"w","dtype":"f32","shape":[1]}]}]}}"#,
+                "hold no `.`",
+            ),
+            (
+                r#"{"format":"accel-layout/1","root":{"params":[{"name":"w","dtype":"f32","shape":[1]},{"name":"w","dtype":"f32","shape":[1]}]}}"#,
+                "`w` is both",
+            ),
+        ] {
+            std::fs::write(&f, text).unwrap();
+            let e = Layout::from_json_file(&f).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            let e = Layout::from_json(&serde_json::from_str(text).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 }

@@ -348,7 +348,18 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
             free[m as usize] = m != first;
         }
     }
+    // Parents and ends copied into compact arrays on the one pass over the
+    // nodes, so the later passes do not stream the whole node array again.
+    let mut parent = vec![0u32; n];
+    let mut end = vec![0u32; n];
+    let patterns: Vec<(&str, bool)> = opts
+        .no_split
+        .iter()
+        .map(|p| (p.as_str(), p.contains('*')))
+        .collect();
     for (i, node) in nodes.iter().enumerate() {
+        parent[i] = node.parent.unwrap_or(0);
+        end[i] = node.end;
         if let Some(meta) = &node.meta {
             let own = meta.dtype;
             let d = if let Some(&s) = opts.special_dtypes.get(&node.name) {
@@ -371,18 +382,23 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
                     .unwrap_or(u64::MAX);
                 owned[i] = 1;
             }
-        } else if !opts.no_split.is_empty() {
-            no_split[i] = opts.no_split.iter().any(|p| {
-                node.class.as_deref() == Some(p.as_str())
-                    || (!node.name.is_empty() && glob_match(p, &node.name))
+        } else if !patterns.is_empty() {
+            no_split[i] = patterns.iter().any(|&(p, star)| {
+                node.class.as_deref() == Some(p)
+                    || (!node.name.is_empty()
+                        && if star {
+                            glob_match(p, &node.name)
+                        } else {
+                            node.name == p
+                        })
             });
         }
     }
     for i in (1..n).rev() {
-        let p = nodes[i].parent.expect("non-root has a parent") as usize;
+        let p = parent[i] as usize;
         size[p] = size[p].saturating_add(size[i]);
         owned[p] += owned[i];
-        if nodes[i].kind == NodeKind::Module {
+        if dtype[i].is_none() {
             has_module_child[p] = true;
             if owned[i] > 0 {
                 has_tensor_module_child[p] = true;
@@ -393,17 +409,16 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
     let mut layers = vec![];
     let mut i = 0usize;
     while i < n {
-        let node = &nodes[i];
         let is_layer = if i == 0 {
             false
-        } else if node.kind == NodeKind::Module {
+        } else if dtype[i].is_none() {
             !has_module_child[i] || no_split[i]
         } else {
-            node.parent == Some(0)
+            parent[i] == 0
         };
         if is_layer {
             layers.push(i as NodeId);
-            i = node.end as usize;
+            i = end[i] as usize;
         } else {
             i += 1;
         }
@@ -756,7 +771,7 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
             .take(nodes[e as usize].end as usize)
             .skip(e as usize)
         {
-            if nodes[i].is_tensor() {
+            if s.dtype[i].is_some() {
                 *nd = d as u16;
             }
         }
@@ -823,7 +838,7 @@ pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
         });
     }
     for (i, &d) in node_device.iter().enumerate() {
-        if d != u16::MAX && nodes[i].is_tensor() {
+        if d != u16::MAX && s.dtype[i].is_some() {
             devices[d as usize].tensors += 1;
         }
     }
@@ -1190,7 +1205,7 @@ fn validate(layout: &Layout, s: &Sizes, plan: &Plan) -> Result<()> {
             .take(nodes[id].end as usize)
             .skip(id)
         {
-            if nodes[i].is_tensor() {
+            if s.dtype[i].is_some() {
                 if *slot != u16::MAX {
                     return Err(bug(format!("tensor `{}` is placed twice", nodes[i].name)));
                 }
@@ -1199,17 +1214,18 @@ fn validate(layout: &Layout, s: &Sizes, plan: &Plan) -> Result<()> {
         }
     }
     let mut used = vec![0u64; plan.devices.len()];
-    for (i, node) in nodes.iter().enumerate() {
-        if !node.is_tensor() {
+    for i in 0..nodes.len() {
+        // `dtype` is set exactly for tensors (read from the nodes once).
+        if s.dtype[i].is_none() {
             continue;
         }
         if seen[i] == u16::MAX {
-            return Err(bug(format!("tensor `{}` is not placed", node.name)));
+            return Err(bug(format!("tensor `{}` is not placed", nodes[i].name)));
         }
         if seen[i] != plan.node_device[i] {
             return Err(bug(format!(
                 "tensor `{}`: merged map and per-tensor placement disagree",
-                node.name
+                nodes[i].name
             )));
         }
         used[seen[i] as usize] += s.size[i];
