@@ -51,14 +51,16 @@ impl<'l> Builder<'l> {
         E::custom("layout error")
     }
 
+    /// Push a module whose name is filled in when its object ends (the
+    /// visitor keeps the name as its children's prefix until then, so it is
+    /// allocated once).
     fn push_module<E: serde::de::Error>(
         &mut self,
-        full: &str,
         class: Option<Arc<str>>,
         parent: Option<NodeId>,
     ) -> Result<NodeId, E> {
         self.l
-            .push_with(full.to_string(), class, NodeKind::Module, None, parent, 0)
+            .push_with(String::new(), class, NodeKind::Module, None, parent, 0)
             .map_err(|e| self.fail(e))
     }
 }
@@ -141,7 +143,7 @@ impl<'de> Visitor<'de> for ModuleSeed<'_, '_> {
                 match id {
                     Some(i) => i,
                     None if self.parent.is_none() => {
-                        let i = b.push_module(&full, class.take(), None)?;
+                        let i = b.push_module(class.take(), None)?;
                         id = Some(i);
                         i
                     }
@@ -158,7 +160,7 @@ impl<'de> Visitor<'de> for ModuleSeed<'_, '_> {
                             return Err(A::Error::custom(OUT_OF_ORDER));
                         }
                         full = join(self.prefix, &n.0);
-                        id = Some(b.push_module(&full, class.take(), self.parent)?);
+                        id = Some(b.push_module(class.take(), self.parent)?);
                     }
                 }
                 "class" => {
@@ -201,7 +203,7 @@ impl<'de> Visitor<'de> for ModuleSeed<'_, '_> {
         }
         let i = match id {
             Some(i) => i,
-            None if self.parent.is_none() => b.push_module(&full, class.take(), None)?,
+            None if self.parent.is_none() => b.push_module(class.take(), None)?,
             None => return Err(A::Error::custom(OUT_OF_ORDER)),
         };
         for t in buffers {
@@ -210,7 +212,10 @@ impl<'de> Visitor<'de> for ModuleSeed<'_, '_> {
                     .map_err(|e| b.fail::<A::Error>(e))?;
             b.l.nodes[i as usize].children.push(c);
         }
-        b.l.nodes[i as usize].end = b.l.nodes.len() as NodeId;
+        let end = b.l.nodes.len() as NodeId;
+        let node = &mut b.l.nodes[i as usize];
+        node.end = end;
+        node.name = full;
         Ok(i)
     }
 }
