@@ -16,6 +16,7 @@ Usage:
     python tools/export_layout.py --factory mypkg.models:build_model -o model.json
 
 Requires torch >= 2.0 (meta device); --config also needs transformers.
+Tests (no torch needed): python3 -m unittest tools/test_export_layout.py
 """
 
 import argparse
