@@ -16,6 +16,7 @@ Usage:
     python tools/export_layout.py --factory mypkg.models:build_model -o model.json
 
 Requires torch >= 2.0 (meta device); --config also needs transformers.
+Tests (no torch needed): python3 -m unittest tools/test_export_layout.py
 """
 
 import argparse
@@ -45,8 +46,11 @@ def dtype_name(t):
     return DTYPES[name]
 
 
-def tensor_entry(name, t):
-    return {"name": name, "dtype": dtype_name(t), "shape": list(t.shape)}
+def tensor_entry(name, t, persistent=True):
+    entry = {"name": name, "dtype": dtype_name(t), "shape": list(t.shape)}
+    if not persistent:
+        entry["persistent"] = False
+    return entry
 
 
 def module_entry(name, module):
@@ -54,7 +58,10 @@ def module_entry(name, module):
 
     Parameters and buffers are the module's own (recurse=False); a
     parameter shared with another module appears under every name, and the
-    sharing is recorded in the top-level "tied" list.
+    sharing is recorded in the top-level "tied" list. Non-persistent
+    buffers (rotary inv_freq, causal masks) are kept with
+    "persistent": false: they are in no checkpoint, but they occupy device
+    memory and Accelerate counts them in module sizes.
     """
     entry = {"name": name, "class": type(module).__name__}
     params = [
@@ -62,10 +69,11 @@ def module_entry(name, module):
         for n, p in module._parameters.items()
         if p is not None
     ]
+    non_persistent = getattr(module, "_non_persistent_buffers_set", set())
     buffers = [
-        tensor_entry(n, b)
+        tensor_entry(n, b, persistent=n not in non_persistent)
         for n, b in module._buffers.items()
-        if b is not None and n not in module._non_persistent_buffers_set
+        if b is not None
     ]
     children = [module_entry(n, c) for n, c in module._modules.items() if c is not None]
     if params:

@@ -54,6 +54,53 @@ fn bench_plan(label: &str, layout: &Layout, spec: &str, no_split: &[&str]) {
     );
 }
 
+/// `accel plan --layout FILE` without the process start: read and parse
+/// the layout file, plan, format the output (as `accel_offload::cli::plan`),
+/// on the 394k-tensor MoE layout (128 layers × 1024 experts × 3).
+fn bench_plan_command(dir: &std::path::Path, spec: &str) {
+    let shape = LlamaShape {
+        layers: 128,
+        experts: 1024,
+        ..LlamaShape::MOE_173K
+    };
+    let file = dir.join("moe-394k.json");
+    let l = llama_layout(shape, DType::BF16);
+    std::fs::write(&file, serde_json::to_vec(&l.to_json()).unwrap()).unwrap();
+    drop(l);
+    for no_split in [Some("LlamaDecoderLayer"), None] {
+        let mut args = vec![
+            "plan".to_string(),
+            "--layout".into(),
+            file.display().to_string(),
+            "--max-memory".into(),
+            spec.into(),
+        ];
+        if let Some(ns) = no_split {
+            args.extend(["--no-split".into(), ns.into()]);
+        }
+        let parsed = <PlanCmd as clap::Parser>::parse_from(&args);
+        let mut times = vec![];
+        let mut out = String::new();
+        for _ in 0..5 {
+            let t = Instant::now();
+            out = accel_offload::cli::plan(&parsed.args).unwrap();
+            times.push(t.elapsed());
+        }
+        let planned = out.lines().find(|l| l.contains("planned in")).unwrap_or("");
+        println!(
+            "plan command moe-394k, no_split {no_split:?}: median {:.0} ms (min {:.0} ms) end to end; last run: {planned}",
+            median(times.clone()).as_secs_f64() * 1e3,
+            times.iter().min().unwrap().as_secs_f64() * 1e3,
+        );
+    }
+}
+
+#[derive(clap::Parser)]
+struct PlanCmd {
+    #[command(flatten)]
+    args: accel_offload::cli::PlanArgs,
+}
+
 fn raw_read(ck: &Checkpoint) -> Duration {
     let t = Instant::now();
     let mut buf = vec![0u8; 16 << 20];
@@ -137,7 +184,6 @@ fn bench_load(dir: &std::path::Path, gib: f64) {
 fn bench_prefetch(dir: &std::path::Path) {
     let n_layers = 12;
     let layer_bytes = 128usize << 20;
-    let compute = Duration::from_millis(60);
     let store = DiskStore::open(&dir.join("disk")).unwrap();
     let mut names = vec![];
     for i in 0..n_layers {
@@ -179,7 +225,25 @@ fn bench_prefetch(dir: &std::path::Path) {
     let layers: Vec<LayerSpec> = (0..n_layers)
         .map(|i| LayerSpec::module(&layout, &format!("layers.{i}")).unwrap())
         .collect();
+    // Two regimes: compute-bound (compute 60 ms, about one fetch) and
+    // fetch-bound (compute 20 ms). The ideal wall time with prefetch is one
+    // fetch plus, per layer, the longer of fetch and compute; the fetch
+    // time per layer is taken from the run without prefetch.
+    for compute_ms in [60u64, 20] {
+        prefetch_regime(&src, &layers, n_layers, layer_bytes, compute_ms);
+    }
+}
+
+fn prefetch_regime(
+    src: &WeightSource<'_>,
+    layers: &[LayerSpec],
+    n_layers: usize,
+    layer_bytes: usize,
+    compute_ms: u64,
+) {
+    let compute = Duration::from_millis(compute_ms);
     let mut results = vec![];
+    let mut fetch_per_layer = Duration::ZERO;
     for lookahead in [0usize, 1, 2] {
         // upload = copy out of the mapping + one checksum pass, standing in
         // for a host-to-device copy; compute = a sleep, standing in for an
@@ -189,24 +253,30 @@ fn bench_prefetch(dir: &std::path::Path) {
             std::hint::black_box(accel_offload::util::checksum(&v));
             Ok(v)
         };
-        let stats = run_layers(&src, &layers, lookahead, upload, |_| {
+        let stats = run_layers(src, layers, lookahead, upload, |_| {
             std::thread::sleep(compute);
             Ok(())
         })
         .unwrap();
+        if lookahead == 0 {
+            fetch_per_layer = stats.fetch / n_layers as u32;
+        }
+        let ideal = fetch_per_layer + fetch_per_layer.max(compute) * n_layers as u32;
         println!(
-            "prefetch lookahead {lookahead}: {} layers × {} from the disk store, {} ms compute each: wall {:.0} ms, fetch {:.0} ms, stalled {:.0} ms",
+            "prefetch lookahead {lookahead}: {} layers × {} from the disk store, {} ms compute each: wall {:.0} ms, fetch {:.0} ms, stalled {:.0} ms; ideal {:.0} ms, wall/ideal {:.2}",
             n_layers,
             format_bytes(layer_bytes as u64),
             compute.as_millis(),
             stats.wall.as_secs_f64() * 1e3,
             stats.fetch.as_secs_f64() * 1e3,
-            stats.stall.as_secs_f64() * 1e3
+            stats.stall.as_secs_f64() * 1e3,
+            ideal.as_secs_f64() * 1e3,
+            stats.wall.as_secs_f64() / ideal.as_secs_f64()
         );
         results.push(stats.wall);
     }
     println!(
-        "prefetch speed-up (lookahead 2 vs off): {:.2}x",
+        "prefetch speed-up at {compute_ms} ms compute (lookahead 2 vs off): {:.2}x",
         results[0].as_secs_f64() / results[2].as_secs_f64()
     );
 }
@@ -251,6 +321,8 @@ fn main() {
     let spec = "cuda:0=80GiB,cuda:1=80GiB,cuda:2=80GiB,cuda:3=80GiB,cpu=100GiB,disk";
     bench_plan("moe-173k", &moe, spec, &["LlamaDecoderLayer"]);
     bench_plan("moe-173k (split to experts)", &moe, spec, &[]);
+    drop(moe);
+    bench_plan_command(dir.path(), spec);
 
     bench_load(dir.path(), gib);
     bench_prefetch(dir.path());

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use accel_api::{DType, Error, ErrorKind, Result};
@@ -42,22 +42,56 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     /// Read the layout.
+    ///
+    /// # Errors
+    /// See [`ModelArgs::load_with_notes`].
     pub fn load(&self) -> Result<Layout> {
-        let tied: Vec<Vec<String>> = self
+        self.load_with_notes().map(|(l, _)| l)
+    }
+
+    /// Read the layout, with notes for the user on what was inferred: the
+    /// module order of a bare checkpoint, and tied weights read from the
+    /// `config.json` next to it (`tie_word_embeddings`, true when absent as
+    /// in transformers, ties `lm_head.weight` to the input embedding for
+    /// models with a language-model head).
+    ///
+    /// # Errors
+    /// Checkpoint and layout errors as they come; [`ErrorKind::InvalidArgument`]
+    /// for an unreadable `config.json` or bad tied names.
+    pub fn load_with_notes(&self) -> Result<(Layout, Vec<String>)> {
+        let mut tied: Vec<Vec<String>> = self
             .tied
             .iter()
             .map(|g| g.split(',').map(|s| s.trim().to_string()).collect())
             .collect();
+        let mut notes = vec![];
         match (&self.checkpoint, &self.layout) {
-            (Some(c), None) => Layout::from_checkpoint(&Checkpoint::open(c)?, &tied),
+            (Some(c), None) => {
+                let ck = Checkpoint::open(c)?;
+                if let Some(g) = config_tie(c, &ck, &tied)? {
+                    notes.push(format!(
+                        "tied from config.json (tie_word_embeddings): {}",
+                        g.join(" = ")
+                    ));
+                    tied.push(g);
+                }
+                let layout = Layout::from_checkpoint(&ck, &tied)?;
+                notes.push(
+                    "module order inferred from tensor names (a checkpoint does not record it): \
+                     embeddings first, output heads last; pass --layout from tools/export_layout.py \
+                     for the model's own order"
+                        .into(),
+                );
+                Ok((layout, notes))
+            }
             (None, Some(l)) => {
                 let layout = Layout::from_json_file(l)?;
                 if tied.is_empty() {
-                    Ok(layout)
+                    Ok((layout, notes))
                 } else {
                     let mut doc = layout.to_json();
                     doc.tied.extend(tied);
-                    Layout::from_json(&doc)
+                    Ok((Layout::from_json(&doc)?, notes))
                 }
             }
             _ => Err(Error::new(
@@ -66,6 +100,76 @@ impl ModelArgs {
             )),
         }
     }
+}
+
+/// Names of input embeddings in Hugging Face models, the partner of a tied
+/// `lm_head.weight`.
+const INPUT_EMBEDDINGS: [&str; 6] = [
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "tok_embeddings.weight",
+    "shared.weight",
+    "embed_in.weight",
+];
+
+/// The tied group `config.json` implies for checkpoint `path`, if any.
+fn config_tie(path: &Path, ck: &Checkpoint, given: &[Vec<String>]) -> Result<Option<Vec<String>>> {
+    let dir = if path.is_dir() {
+        path
+    } else {
+        path.parent().unwrap_or(Path::new("."))
+    };
+    let cfg_path = dir.join("config.json");
+    if !cfg_path.exists() {
+        return Ok(None);
+    }
+    let text = crate::util::read_regular(&cfg_path, "model config")?;
+    let cfg: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("{}: not a JSON model config: {e}", cfg_path.display()),
+        )
+    })?;
+    let tie = cfg
+        .get("tie_word_embeddings")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(true);
+    let lm_head = cfg
+        .get("architectures")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|a| {
+            a.iter().filter_map(serde_json::Value::as_str).any(|n| {
+                n.ends_with("ForCausalLM")
+                    || n.ends_with("LMHeadModel")
+                    || n.ends_with("ForConditionalGeneration")
+            })
+        });
+    const OUT: &str = "lm_head.weight";
+    if !tie || !lm_head || given.iter().flatten().any(|n| n == OUT) {
+        return Ok(None);
+    }
+    let metas: HashMap<&str, &accel_api::TensorMeta> = ck.iter().collect();
+    let input = metas
+        .keys()
+        .filter(|n| {
+            INPUT_EMBEDDINGS
+                .iter()
+                .any(|s| **n == *s || n.ends_with(&format!(".{s}")))
+        })
+        .min_by_key(|n| (n.len(), **n));
+    let Some(&input) = input else {
+        return Ok(None);
+    };
+    if given.iter().flatten().any(|n| n == input) {
+        return Ok(None);
+    }
+    if let Some(out) = metas.get(OUT) {
+        if out.numel() != metas[input].numel() {
+            return Ok(None);
+        }
+    }
+    Ok(Some(vec![input.to_string(), OUT.to_string()]))
 }
 
 /// `accel plan`: a device map for a model under memory budgets.
@@ -90,6 +194,10 @@ pub struct PlanArgs {
     /// Where the largest layer's size is kept free.
     #[arg(long, value_enum, default_value_t = Reserve::MainDevices)]
     pub reserve: Reserve,
+    /// When the reservation would leave a device empty, place the first
+    /// module further on that fits there (Accelerate's fallback_allocation).
+    #[arg(long)]
+    pub fallback_allocation: bool,
     /// Print one JSON document (devices and map) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -114,33 +222,65 @@ pub fn plan_options(args: &PlanArgs) -> Result<PlanOptions> {
         special_dtypes: special,
         strategy: args.strategy,
         reserve: args.reserve,
+        fallback_allocation: args.fallback_allocation,
     })
 }
 
-/// The JSON document `accel plan --json` prints.
-pub fn plan_json(layout: &Layout, p: &Plan, millis: f64) -> serde_json::Value {
-    serde_json::json!({
-        "tensors": layout.tensor_count(),
-        "planning_ms": millis,
-        "devices": p.devices,
-        "device_map": p.map_json(),
-    })
+/// The JSON document `accel plan --json` prints: tensor count, planning
+/// time, per-device lines, whether the module order was inferred, notes,
+/// and the device map with its keys in module order.
+#[derive(Debug, serde::Serialize)]
+pub struct PlanDoc<'a> {
+    /// Tensors of the layout (aliases included).
+    pub tensors: usize,
+    /// Time spent planning, in milliseconds.
+    pub planning_ms: f64,
+    /// `"model"` (given by the model's layout) or `"inferred"` (from
+    /// tensor names).
+    pub module_order: &'static str,
+    /// What was inferred or why a device is empty, in words.
+    pub notes: &'a [String],
+    /// Per device, in fill order.
+    pub devices: &'a [crate::plan::DevicePlan],
+    /// The merged map in module order.
+    pub device_map: crate::plan::DeviceMap<'a>,
+}
+
+/// Build the document `accel plan --json` prints.
+pub fn plan_json<'a>(
+    layout: &Layout,
+    p: &'a Plan,
+    millis: f64,
+    notes: &'a [String],
+) -> PlanDoc<'a> {
+    PlanDoc {
+        tensors: layout.tensor_count(),
+        planning_ms: millis,
+        module_order: if layout.order_inferred() {
+            "inferred"
+        } else {
+            "model"
+        },
+        notes,
+        devices: &p.devices,
+        device_map: p.device_map(),
+    }
 }
 
 /// Run `accel plan`; returns what to print on stdout.
 pub fn plan(args: &PlanArgs) -> Result<String> {
-    let layout = args.model.load()?;
+    let (layout, mut notes) = args.model.load_with_notes()?;
     let opts = plan_options(args)?;
     let t = Instant::now();
     let p = make_plan(&layout, &opts)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    let doc = plan_json(&layout, &p, ms);
     if let Some(out) = &args.output {
         crate::util::atomic_write(out, |w| {
-            serde_json::to_writer_pretty(w, &p.map_json()).map_err(std::io::Error::other)
+            serde_json::to_writer_pretty(w, &p.device_map()).map_err(std::io::Error::other)
         })?;
     }
     if args.json {
+        let doc = plan_json(&layout, &p, ms, &notes);
         return Ok(format!(
             "{}\n",
             serde_json::to_string_pretty(&doc).expect("json")
@@ -176,11 +316,19 @@ pub fn plan(args: &PlanArgs) -> Result<String> {
         layout.tensor_count(),
         format_bytes(total)
     );
-    let _ = writeln!(s, "device map:");
+    for d in &p.devices {
+        if let Some(r) = &d.empty_reason {
+            notes.push(format!("{}: {r}", d.device));
+        }
+    }
+    for n in &notes {
+        let _ = writeln!(s, "note: {n}");
+    }
+    let _ = writeln!(s, "device map (module order):");
     let _ = writeln!(
         s,
         "{}",
-        serde_json::to_string_pretty(&p.map_json()).expect("json")
+        serde_json::to_string_pretty(&p.device_map()).expect("json")
     );
     Ok(s)
 }
@@ -213,6 +361,12 @@ pub struct Estimate {
     pub total: u64,
     /// Adam training estimate in bytes (`None` for integer dtypes).
     pub adam_training: Option<u64>,
+    /// What `accelerate estimate-memory` shows in its "Training using Adam"
+    /// column for this dtype (`None` where it shows N/A), for comparison:
+    /// the largest single part (weights, gradients, optimizer states or
+    /// step) rather than their sum, so 8 bytes per parameter for f16/bf16
+    /// against 16 for f32.
+    pub adam_training_accelerate: Option<u64>,
 }
 
 /// Compute the estimate rows.
@@ -221,7 +375,15 @@ pub struct Estimate {
 /// byte), integer tensors at their own. Adam training = weights + gradients
 /// in the dtype + two f32 moments (8 bytes/param) + an f32 master copy for
 /// half dtypes, i.e. 16 bytes per parameter for f32 and for f16/bf16 mixed
-/// precision; activations are not included.
+/// precision (the ZeRO paper's 16 bytes per parameter); activations are not
+/// included.
+///
+/// This deliberately differs from `accelerate estimate-memory` for f16 and
+/// bf16: Accelerate reports the largest of its four parts (model 4, gradients
+/// 6, optimizer 8, step 8 bytes per parameter), 8 bytes per parameter, half
+/// its f32 figure, although the weights, gradients and moments all live at
+/// once during the optimizer step. Its figure is kept in
+/// [`Estimate::adam_training_accelerate`] for comparison.
 pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Result<Vec<Estimate>> {
     let s = compute_sizes(
         layout,
@@ -249,17 +411,30 @@ pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Resu
         // Per-tensor bytes in this dtype, then prefix sums over preorder.
         let mut prefix = vec![0u64; nodes.len() + 1];
         let mut float_params = 0u64;
+        let mut f32_bytes = 0u64;
         for (i, n) in nodes.iter().enumerate() {
-            let b = match (&n.meta, n.alias_of) {
-                (Some(m), None) if m.dtype.is_float() => {
-                    float_params += m.numel() as u64;
-                    (m.numel() as u64 * num).div_ceil(den)
+            // A tied group counts once, on its first member (as the planner).
+            let counted = n.is_tensor() && s.owned[i] == 1;
+            let b = match &n.meta {
+                Some(m) if counted && m.dtype.is_float() => {
+                    let numel = m.numel() as u64;
+                    float_params += numel;
+                    f32_bytes = f32_bytes.saturating_add(numel.saturating_mul(4));
+                    numel.saturating_mul(num).div_ceil(den)
                 }
-                (Some(m), None) => m.byte_len() as u64,
+                Some(m) if counted => {
+                    f32_bytes = f32_bytes.saturating_add(m.byte_len() as u64);
+                    m.byte_len() as u64
+                }
                 _ => 0,
             };
-            prefix[i + 1] = prefix[i] + b;
+            prefix[i + 1] = prefix[i].saturating_add(b);
         }
+        let accelerate = match label.as_str() {
+            "f32" => Some(4 * f32_bytes),
+            "f16" | "bf16" => Some(2 * f32_bytes),
+            _ => None,
+        };
         let size = |id: u32| prefix[nodes[id as usize].end as usize] - prefix[id as usize];
         let max = s.layers.iter().map(|&l| size(l)).max().unwrap_or(0);
         let names = s
@@ -274,8 +449,12 @@ pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Resu
             largest_layer: max,
             largest_layer_names: names,
             total,
-            adam_training: train
-                .map(|per| float_params * per + (total - (float_params * num).div_ceil(den))),
+            adam_training: train.map(|per| {
+                float_params
+                    .saturating_mul(per)
+                    .saturating_add(total - (float_params * num).div_ceil(den))
+            }),
+            adam_training_accelerate: accelerate,
         });
     }
     Ok(rows)
@@ -310,6 +489,12 @@ pub fn estimate_memory(args: &EstimateArgs) -> Result<String> {
     if let Some(r) = rows.first() {
         let _ = writeln!(s, "largest layer: {}", r.largest_layer_names.join(", "));
     }
+    let _ = writeln!(
+        s,
+        "Adam: weights + gradients + two f32 moments (+ an f32 master copy for f16/bf16), \
+         16 bytes per parameter for f32 and for mixed precision alike; `accelerate \
+         estimate-memory` shows its largest single part instead (8 bytes per parameter for f16)"
+    );
     Ok(s)
 }
 
@@ -349,7 +534,7 @@ mod tests {
         };
         let text = plan(&a).unwrap();
         assert!(
-            text.contains("cuda:0") && text.contains("disk") && text.contains("device map:"),
+            text.contains("cuda:0") && text.contains("disk") && text.contains("device map"),
             "{text}"
         );
         let map: serde_json::Value =
@@ -379,5 +564,158 @@ mod tests {
         assert!(estimate_memory(&EstimateArgs { json: false, ..e })
             .unwrap()
             .contains("training using Adam"));
+    }
+
+    fn parse_plan(args: &[&str]) -> PlanArgs {
+        let mut v = vec!["x", "plan"];
+        v.extend_from_slice(args);
+        match Cmd::parse_from(v) {
+            Cmd::Plan(a) => a,
+            Cmd::EstimateMemory(_) => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn config_json_ties_word_embeddings_and_order_is_reported() {
+        let mut shape = crate::synth::LlamaShape::tiny(3, 0);
+        shape.tied = true;
+        let layout = crate::synth::llama_layout(shape, DType::F32);
+        let d = tempfile::tempdir().unwrap();
+        crate::synth::write_checkpoint(&layout, d.path(), 1 << 20).unwrap();
+        let dir = d.path().to_str().unwrap();
+        let total = layout.tensor_count();
+        // No config: lm_head is simply absent.
+        let a = parse_plan(&["--checkpoint", dir, "--max-memory", "cpu=1GiB", "--json"]);
+        let doc: serde_json::Value = serde_json::from_str(&plan(&a).unwrap()).unwrap();
+        assert_eq!(doc["tensors"], total - 1);
+        assert_eq!(doc["module_order"], "inferred");
+        // tie_word_embeddings absent means true (transformers' default).
+        let cfg = d.path().join("config.json");
+        std::fs::write(&cfg, r#"{"architectures":["LlamaForCausalLM"]}"#).unwrap();
+        let text = plan(&a).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["tensors"], total, "{text}");
+        assert!(
+            text.contains("tied from config.json (tie_word_embeddings): model.embed_tokens.weight = lm_head.weight"),
+            "{text}"
+        );
+        // The map lists modules in order: embeddings first, lm_head last.
+        let mut b = a.clone();
+        b.max_memory = "cuda:0=16KiB,cpu=1GiB".into();
+        b.model.no_split = vec!["LlamaDecoderLayer".into(), "model.layers.*".into()];
+        let text = plan(&b).unwrap();
+        let pos = |k: &str| text.find(&format!("\"{k}\"")).unwrap_or(usize::MAX);
+        let order = [
+            "model.embed_tokens",
+            "model.layers",
+            "model.norm",
+            "lm_head",
+        ]
+        .map(pos);
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]) && order[3] < usize::MAX,
+            "{text}"
+        );
+        std::fs::write(
+            &cfg,
+            r#"{"architectures":["LlamaForCausalLM"],"tie_word_embeddings":false}"#,
+        )
+        .unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&plan(&a).unwrap()).unwrap();
+        assert_eq!(doc["tensors"], total - 1);
+        // A model without a language-model head ties nothing.
+        std::fs::write(&cfg, r#"{"architectures":["BertModel"]}"#).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&plan(&a).unwrap()).unwrap();
+        assert_eq!(doc["tensors"], total - 1);
+    }
+
+    #[test]
+    fn fifo_checkpoint_or_layout_is_refused_not_waited_on() {
+        let d = tempfile::tempdir().unwrap();
+        let fifo = d.path().join("model.safetensors");
+        let ok = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipped: no mkfifo");
+            return;
+        }
+        let dir = d.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let dir = dir.to_str().unwrap().to_string();
+            let fifo = format!("{dir}/model.safetensors");
+            let r1 = plan(&parse_plan(&[
+                "--checkpoint",
+                &dir,
+                "--max-memory",
+                "cpu=1GiB",
+            ]));
+            let r2 = plan(&parse_plan(&[
+                "--layout",
+                &fifo,
+                "--max-memory",
+                "cpu=1GiB",
+            ]));
+            let _ = tx.send((r1.map(|_| ()), r2.map(|_| ())));
+        });
+        let (r1, r2) = rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .expect("accel plan blocked on a FIFO");
+        for r in [r1, r2] {
+            let e = r.unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
+            assert!(
+                e.to_string().contains("FIFO") && e.to_string().contains("not a regular file"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_layout_tensor_is_an_error_not_four_bytes() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("huge.json");
+        std::fs::write(
+            &f,
+            format!(
+                r#"{{"format":"accel-layout/1","root":{{"children":[{{"name":"lin","params":[{{"name":"weight","dtype":"f32","shape":[{}]}}]}}]}}}}"#,
+                (1u64 << 62) + 1
+            ),
+        )
+        .unwrap();
+        let e = plan(&parse_plan(&[
+            "--layout",
+            f.to_str().unwrap(),
+            "--max-memory",
+            "cpu=1GiB",
+        ]))
+        .unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string().contains("`lin.weight`") && e.to_string().contains("2^64"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn adam_estimate_for_half_dtypes_and_accelerates_figure() {
+        let layout = crate::synth::llama_layout(crate::synth::LlamaShape::tiny(2, 0), DType::F32);
+        let rows = estimate(
+            &layout,
+            &[],
+            &["f32".into(), "f16".into(), "bf16".into(), "i8".into()],
+        )
+        .unwrap();
+        let params = rows[0].total / 4;
+        // 16 bytes per parameter for f32 and for mixed precision alike.
+        assert_eq!(rows[0].adam_training, Some(16 * params));
+        assert_eq!(rows[1].adam_training, Some(16 * params));
+        assert_eq!(rows[2].adam_training, Some(16 * params));
+        // Accelerate's column: the largest part, 16 vs 8 bytes per parameter.
+        assert_eq!(rows[0].adam_training_accelerate, Some(16 * params));
+        assert_eq!(rows[1].adam_training_accelerate, Some(8 * params));
+        assert_eq!(rows[3].adam_training_accelerate, None);
     }
 }

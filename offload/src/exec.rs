@@ -104,11 +104,15 @@ pub struct LayerSpec {
 }
 
 impl LayerSpec {
-    /// A layer holding every tensor under module `name` of `layout`.
+    /// A layer holding every stored tensor under module `name` of `layout`
+    /// (non-persistent buffers are left out: the model computes them, no
+    /// store holds them).
     pub fn module(layout: &Layout, name: &str) -> Option<LayerSpec> {
+        let mut tensors = layout.tensors_under(name)?;
+        tensors.retain(|t| layout.id(t).is_some_and(|i| layout.node(i).persistent));
         Some(LayerSpec {
             name: name.to_string(),
-            tensors: layout.tensors_under(name)?,
+            tensors,
         })
     }
 }
@@ -249,9 +253,9 @@ where
         });
         for _ in 0..layers.len() {
             let t = Instant::now();
-            let r = rx.recv().map_err(|_| {
-                Error::new(ErrorKind::Backend, "prefetch thread ended early").with_op("run_layers")
-            })??;
+            let r = rx
+                .recv()
+                .map_err(|_| Error::internal("run_layers", "the prefetch thread ended early"))??;
             stats.stall += t.elapsed();
             stats.fetch += r.fetch_time;
             let t = Instant::now();
@@ -259,9 +263,9 @@ where
             stats.compute += t.elapsed();
         }
         drop(rx);
-        worker.join().map_err(|_| {
-            Error::new(ErrorKind::Backend, "prefetch thread panicked").with_op("run_layers")
-        })
+        worker
+            .join()
+            .map_err(|_| Error::internal("run_layers", "the prefetch thread panicked"))
     })?;
     stats.tied_uploads = tied_uploads;
     stats.wall = start.elapsed();

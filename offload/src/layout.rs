@@ -30,22 +30,34 @@
 //!   from a checkpoint). `params`, `buffers` and `children` are optional and
 //!   keep definition order. `dtype` is one of `f16 bf16 f32 f64 i8 u8 i32
 //!   i64` (torch spellings such as `float16`/`bfloat16` are accepted too).
+//! * A buffer may say `"persistent": false` (rotary `inv_freq`, masks): it
+//!   is in no checkpoint and is never loaded, but it takes memory on its
+//!   device, so the planner counts it as Accelerate does.
 //! * `tied` lists groups of full tensor names sharing one storage. The first
-//!   member in tree order owns the bytes (for a layout built from a
-//!   checkpoint: the first member the checkpoint stores); the others are aliases that cost
-//!   nothing and are never stored twice (Accelerate counts them the same way,
-//!   because `named_parameters()` drops duplicates).
+//!   member in tree order owns the storage (for a layout built from a
+//!   checkpoint: the first member the checkpoint stores); the others are
+//!   aliases, never stored twice. The planner counts the group's bytes once,
+//!   on its first member in tree order (Accelerate counts them the same way,
+//!   because `named_parameters()` drops later duplicates).
+//! * Every tensor's size, and their sum, must fit in 64 bits (checked).
 //!
 //! In tree order, a module's entries come as: its own parameters, its child
 //! modules, its own buffers (Accelerate's order for the root).
 
+use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
+
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use accel_api::{DType, Error, ErrorKind, Result, TensorMeta};
 use serde::{Deserialize, Serialize};
 
 use crate::safetensors::Checkpoint;
+
+mod parse;
 use crate::util::natural_cmp;
 
 /// Index of a node in [`Layout::nodes`] (tree preorder).
@@ -67,8 +79,9 @@ pub enum NodeKind {
 pub struct Node {
     /// Full dotted name (`""` for the root).
     pub name: String,
-    /// Class name of a module, when known.
-    pub class: Option<String>,
+    /// Class name of a module, when known (shared between modules of one
+    /// class).
+    pub class: Option<Arc<str>>,
     /// Module, parameter or buffer.
     pub kind: NodeKind,
     /// Element type and shape (tensors only).
@@ -81,6 +94,9 @@ pub struct Node {
     pub end: NodeId,
     /// For a tied alias, the owner of the storage.
     pub alias_of: Option<NodeId>,
+    /// `false` for a non-persistent buffer: counted in module sizes (as
+    /// Accelerate does) but not in any checkpoint (the model computes it).
+    pub persistent: bool,
 }
 
 impl Node {
@@ -91,11 +107,25 @@ impl Node {
 }
 
 /// An ordered module tree (see the [module docs](self) for the JSON format).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Layout {
     nodes: Vec<Node>,
-    by_name: HashMap<String, NodeId>,
+    /// (hash, node id) by full name, built on the first lookup (planning
+    /// never needs it); the names live only in `nodes`.
+    by_name: OnceLock<HashTable<(u64, NodeId)>>,
+    hasher: DefaultHashBuilder,
     tied: Vec<Vec<NodeId>>,
+    order_inferred: bool,
+}
+
+impl std::fmt::Debug for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Layout")
+            .field("nodes", &self.nodes.len())
+            .field("tied", &self.tied.len())
+            .field("order_inferred", &self.order_inferred)
+            .finish()
+    }
 }
 
 /// JSON form of one tensor.
@@ -108,6 +138,18 @@ pub struct TensorJson {
     pub dtype: DType,
     /// Shape.
     pub shape: Vec<usize>,
+    /// `false` for a non-persistent buffer (absent from checkpoints);
+    /// written only when `false`.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub persistent: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// JSON form of one module.
@@ -145,6 +187,115 @@ pub struct LayoutJson {
 /// The format tag written and accepted.
 pub const LAYOUT_FORMAT: &str = "accel-layout/1";
 
+/// A string borrowed from the JSON text when it has no escapes.
+#[derive(Default)]
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(v.to_string())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Str<'de>, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// A dtype read without allocating.
+struct RawDType(DType);
+
+impl<'de> Deserialize<'de> for RawDType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = RawDType;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a dtype name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawDType, E> {
+                // The canonical names without allocating; anything else
+                // (torch spellings) through `DType::from_str`.
+                if let Some(&d) = DType::ALL.iter().find(|d| d.name() == v) {
+                    return Ok(RawDType(d));
+                }
+                v.strip_prefix("torch.")
+                    .unwrap_or(v)
+                    .parse::<DType>()
+                    .map(RawDType)
+                    .map_err(|e| E::custom(e.to_string()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// The parsing form of [`LayoutJson`]: names borrowed from the text, shapes
+/// moved into the layout (the fast path of [`Layout::from_json_file`]).
+#[derive(Deserialize)]
+struct RawDoc<'a> {
+    #[serde(borrow)]
+    format: Str<'a>,
+    #[serde(borrow)]
+    root: RawModule<'a>,
+    #[serde(default)]
+    tied: Vec<Vec<String>>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawModule<'a> {
+    #[serde(default, borrow)]
+    name: Str<'a>,
+    #[serde(default, borrow)]
+    class: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    params: Vec<RawTensor<'a>>,
+    #[serde(default, borrow)]
+    buffers: Vec<RawTensor<'a>>,
+    #[serde(default, borrow)]
+    children: Vec<RawModule<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawTensor<'a> {
+    #[serde(borrow)]
+    name: Str<'a>,
+    dtype: RawDType,
+    shape: Vec<usize>,
+    #[serde(default = "yes")]
+    persistent: bool,
+}
+
+impl<'a> RawModule<'a> {
+    /// A borrowed view of a [`ModuleJson`] (shapes copied).
+    fn of(m: &'a ModuleJson) -> RawModule<'a> {
+        let t = |t: &'a TensorJson| RawTensor {
+            name: Str(Cow::Borrowed(&t.name)),
+            dtype: RawDType(t.dtype),
+            shape: t.shape.clone(),
+            persistent: t.persistent,
+        };
+        RawModule {
+            name: Str(Cow::Borrowed(&m.name)),
+            class: m.class.as_deref().map(|c| Str(Cow::Borrowed(c))),
+            params: m.params.iter().map(t).collect(),
+            buffers: m.buffers.iter().map(t).collect(),
+            children: m.children.iter().map(RawModule::of).collect(),
+        }
+    }
+}
+
 mod dtype_serde {
     use accel_api::DType;
     use serde::{Deserialize, Deserializer, Serializer};
@@ -165,7 +316,45 @@ fn join(prefix: &str, local: &str) -> String {
     if prefix.is_empty() {
         local.to_string()
     } else {
-        format!("{prefix}.{local}")
+        let mut s = String::with_capacity(prefix.len() + 1 + local.len());
+        s.push_str(prefix);
+        s.push('.');
+        s.push_str(local);
+        s
+    }
+}
+
+/// Bytes of a tensor of `meta`, or `None` when the element count or the
+/// byte count does not fit in 64 bits (a layout must never be planned with a
+/// wrapped-around size).
+pub fn checked_bytes(meta: &TensorMeta) -> Option<u64> {
+    meta.shape
+        .iter()
+        .try_fold(1u64, |a, &d| a.checked_mul(u64::try_from(d).ok()?))?
+        .checked_mul(meta.dtype.size() as u64)
+}
+
+/// Where siblings go when the model's own order is unknown (a layout built
+/// from a checkpoint, whose names say nothing about definition order):
+/// embeddings first, then an encoder, then everything else in natural
+/// order, then final norms, then output heads, the order nearly every
+/// Hugging Face model defines them in.
+fn inferred_rank(local: &str) -> u8 {
+    match local {
+        "embed_tokens" | "wte" | "word_embeddings" | "tok_embeddings" | "embed_in" | "shared"
+        | "embeddings" | "embedding" => 0,
+        "wpe"
+        | "embed_positions"
+        | "position_embeddings"
+        | "token_type_embeddings"
+        | "rotary_emb"
+        | "emb_ln"
+        | "embed_layer_norm" => 1,
+        "encoder" => 2,
+        "norm" | "ln_f" | "final_layer_norm" | "final_layernorm" | "norm_f" | "final_norm"
+        | "ln_out" => 4,
+        "lm_head" | "head" | "classifier" | "cls" | "score" | "qa_outputs" | "embed_out" => 5,
+        _ => 3,
     }
 }
 
@@ -174,93 +363,177 @@ impl Layout {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] for a wrong format tag, duplicate
-    /// names, or tied names that are not tensors of the tree.
+    /// names, a tensor whose size does not fit in 64 bits, or tied names
+    /// that are not tensors of the tree.
     pub fn from_json(doc: &LayoutJson) -> Result<Layout> {
-        if doc.format != LAYOUT_FORMAT {
+        Self::from_raw(RawDoc {
+            format: Str(Cow::Borrowed(&doc.format)),
+            root: RawModule::of(&doc.root),
+            tied: doc.tied.clone(),
+        })
+    }
+
+    fn from_raw(doc: RawDoc<'_>) -> Result<Layout> {
+        if doc.format.0 != LAYOUT_FORMAT {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
-                format!("layout format `{}`, expected `{LAYOUT_FORMAT}`", doc.format),
+                format!(
+                    "layout format `{}`, expected `{LAYOUT_FORMAT}`",
+                    doc.format.0
+                ),
             ));
         }
-        let mut l = Layout {
-            nodes: vec![],
-            by_name: HashMap::new(),
-            tied: vec![],
-        };
+        fn count(m: &RawModule<'_>) -> usize {
+            1 + m.params.len() + m.buffers.len() + m.children.iter().map(count).sum::<usize>()
+        }
+        let mut l = Layout::empty(count(&doc.root), false);
+        let mut classes: HashMap<Box<str>, Arc<str>> = HashMap::new();
         fn walk(
             l: &mut Layout,
-            m: &ModuleJson,
+            classes: &mut HashMap<Box<str>, Arc<str>>,
+            m: RawModule<'_>,
             full: String,
             parent: Option<NodeId>,
         ) -> Result<NodeId> {
-            let id = l.push(
+            let class = m.class.map(|c| match classes.get(&*c.0) {
+                Some(a) => a.clone(),
+                None => {
+                    let a: Arc<str> = Arc::from(&*c.0);
+                    classes.insert(Box::from(&*c.0), a.clone());
+                    a
+                }
+            });
+            let child_count = m.params.len() + m.children.len() + m.buffers.len();
+            let id = l.push_with(
                 full.clone(),
-                m.class.clone(),
+                class,
                 NodeKind::Module,
                 None,
                 parent,
+                child_count,
             )?;
-            for p in &m.params {
-                let meta = TensorMeta {
-                    dtype: p.dtype,
-                    shape: p.shape.clone(),
-                };
-                let c = l.push(
-                    join(&full, &p.name),
-                    None,
-                    NodeKind::Param,
-                    Some(meta),
-                    Some(id),
-                )?;
+            for p in m.params {
+                let c = l.push_tensor(&full, p, NodeKind::Param, id)?;
                 l.nodes[id as usize].children.push(c);
             }
-            for c in &m.children {
-                let cid = walk(l, c, join(&full, &c.name), Some(id))?;
+            for c in m.children {
+                let name = join(&full, &c.name.0);
+                let cid = walk(l, classes, c, name, Some(id))?;
                 l.nodes[id as usize].children.push(cid);
             }
-            for b in &m.buffers {
-                let meta = TensorMeta {
-                    dtype: b.dtype,
-                    shape: b.shape.clone(),
-                };
-                let c = l.push(
-                    join(&full, &b.name),
-                    None,
-                    NodeKind::Buffer,
-                    Some(meta),
-                    Some(id),
-                )?;
+            for b in m.buffers {
+                let c = l.push_tensor(&full, b, NodeKind::Buffer, id)?;
                 l.nodes[id as usize].children.push(c);
             }
             l.nodes[id as usize].end = l.nodes.len() as NodeId;
             Ok(id)
         }
-        walk(&mut l, &doc.root, String::new(), None)?;
-        l.set_tied(&doc.tied, &Default::default())?;
+        walk(&mut l, &mut classes, doc.root, String::new(), None)?;
+        l.finish(&doc.tied, &Default::default())?;
         Ok(l)
     }
 
+    fn push_tensor(
+        &mut self,
+        prefix: &str,
+        t: RawTensor<'_>,
+        kind: NodeKind,
+        parent: NodeId,
+    ) -> Result<NodeId> {
+        let meta = TensorMeta {
+            dtype: t.dtype.0,
+            shape: t.shape,
+        };
+        let id = self.push_with(
+            join(prefix, &t.name.0),
+            None,
+            kind,
+            Some(meta),
+            Some(parent),
+            0,
+        )?;
+        self.nodes[id as usize].persistent = t.persistent;
+        Ok(id)
+    }
+
+    fn empty(capacity: usize, order_inferred: bool) -> Layout {
+        Layout {
+            nodes: Vec::with_capacity(capacity),
+            by_name: OnceLock::new(),
+            hasher: DefaultHashBuilder::default(),
+            tied: vec![],
+            order_inferred,
+        }
+    }
+
     /// Read a layout JSON file.
+    ///
+    /// # Errors
+    /// As [`Layout::from_json`], naming the file; [`ErrorKind::Io`] when it
+    /// cannot be read; [`ErrorKind::InvalidArgument`] when it is not a
+    /// regular file (a FIFO would block forever) or not a layout.
     pub fn from_json_file(path: &Path) -> Result<Layout> {
-        let text =
-            std::fs::read(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
-        let doc: LayoutJson = serde_json::from_slice(&text).map_err(|e| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{}: not a layout file: {e}", path.display()),
-            )
-        })?;
-        Self::from_json(&doc).map_err(|e| {
+        let text = crate::util::read_regular(path, "layout")?;
+        let named = |e: Error| {
             Error::new(
                 e.kind().clone(),
                 format!("{}: {}", path.display(), e.message()),
             )
-        })
+        };
+        let not_layout = |e: serde_json::Error| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("{}: not a layout file: {e}", path.display()),
+            )
+        };
+        // Fast path: straight into nodes.
+        // About 50 bytes of JSON per node in practice.
+        let mut l = Layout::empty(text.len() / 48, false);
+        let mut b = parse::Builder::new(&mut l);
+        // One UTF-8 check of the whole text instead of one per string.
+        let Ok(utf8) = std::str::from_utf8(&text) else {
+            return Err(named(Error::new(
+                ErrorKind::InvalidArgument,
+                "not a layout file: not UTF-8 text",
+            )));
+        };
+        let mut de = serde_json::Deserializer::from_str(utf8);
+        let res = serde::de::DeserializeSeed::deserialize(parse::DocSeed(&mut b), &mut de)
+            .and_then(|()| de.end());
+        match res {
+            Ok(()) => {
+                let (format, tied) = (
+                    b.format.take().unwrap_or_default(),
+                    std::mem::take(&mut b.tied),
+                );
+                if format != LAYOUT_FORMAT {
+                    return Err(named(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("layout format `{format}`, expected `{LAYOUT_FORMAT}`"),
+                    )));
+                }
+                l.finish(&tied, &Default::default()).map_err(named)?;
+                Ok(l)
+            }
+            Err(_) if b.err.is_some() => Err(named(b.err.take().expect("layout error"))),
+            Err(e) if e.to_string().starts_with(parse::OUT_OF_ORDER) => {
+                // Valid JSON in another key order: the tree path.
+                let doc: RawDoc<'_> = serde_json::from_slice(&text).map_err(not_layout)?;
+                Self::from_raw(doc).map_err(named)
+            }
+            Err(e) => Err(not_layout(e)),
+        }
+    }
+
+    /// `true` when the module order was inferred from tensor names (a
+    /// layout built from a checkpoint) rather than given by the model.
+    pub fn order_inferred(&self) -> bool {
+        self.order_inferred
     }
 
     /// Build from a checkpoint's headers: the tree from the dotted names,
-    /// siblings in natural order (`layers.2` before `layers.10`, tensors
-    /// before child modules), class names unknown, every tensor a parameter.
+    /// class names unknown, every tensor a parameter, and the module order
+    /// inferred (see [`Layout::from_tensors`]).
     pub fn from_checkpoint(ck: &Checkpoint, tied: &[Vec<String>]) -> Result<Layout> {
         Self::from_tensors(ck.iter().map(|(n, m)| (n.to_string(), m.clone())), tied)
     }
@@ -268,6 +541,18 @@ impl Layout {
     /// Build from (full name, meta) pairs as [`Layout::from_checkpoint`] does.
     /// A tied-group member absent from `tensors` is added as an alias with
     /// its owner's meta (checkpoints store tied weights once).
+    ///
+    /// Names carry no definition order, so siblings are ordered by a rule
+    /// that matches how models are written: a module's own tensors first,
+    /// then its child modules with embeddings first, an encoder next, the
+    /// rest in natural order (`layers.2` before `layers.10`), final norms
+    /// and then output heads (`lm_head`) last. [`Layout::order_inferred`]
+    /// says so; a layout from `tools/export_layout.py` has the real order.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a name that is both a module and a
+    /// tensor or appears twice, a tensor whose size does not fit in 64 bits,
+    /// or a tied group none of whose members is given.
     pub fn from_tensors(
         tensors: impl IntoIterator<Item = (String, TensorMeta)>,
         tied: &[Vec<String>],
@@ -325,11 +610,7 @@ impl Layout {
                 }
             }
         }
-        let mut l = Layout {
-            nodes: Vec::with_capacity(metas.len() * 3 / 2 + 1),
-            by_name: HashMap::new(),
-            tied: vec![],
-        };
+        let mut l = Layout::empty(metas.len() * 3 / 2 + 1, true);
         fn emit(
             l: &mut Layout,
             arena: &mut Vec<B>,
@@ -341,7 +622,11 @@ impl Layout {
             let mut ts = std::mem::take(&mut arena[b].tensors);
             ts.sort_by(|a, c| natural_cmp(&a.0, &c.0));
             let mut ms = std::mem::take(&mut arena[b].mods);
-            ms.sort_by(|a, c| natural_cmp(&a.0, &c.0));
+            ms.sort_by(|a, c| {
+                inferred_rank(&a.0)
+                    .cmp(&inferred_rank(&c.0))
+                    .then_with(|| natural_cmp(&a.0, &c.0))
+            });
             for (n, m) in ts {
                 let c = l.push(join(&full, &n), None, NodeKind::Param, Some(m), Some(id))?;
                 l.nodes[id as usize].children.push(c);
@@ -354,24 +639,43 @@ impl Layout {
             Ok(id)
         }
         emit(&mut l, &mut arena, 0, String::new(), None)?;
-        l.set_tied(tied, &absent)?;
+        l.finish(tied, &absent)?;
         Ok(l)
     }
 
     fn push(
         &mut self,
         name: String,
-        class: Option<String>,
+        class: Option<Arc<str>>,
         kind: NodeKind,
         meta: Option<TensorMeta>,
         parent: Option<NodeId>,
     ) -> Result<NodeId> {
+        self.push_with(name, class, kind, meta, parent, 0)
+    }
+
+    fn push_with(
+        &mut self,
+        name: String,
+        class: Option<Arc<str>>,
+        kind: NodeKind,
+        meta: Option<TensorMeta>,
+        parent: Option<NodeId>,
+        child_capacity: usize,
+    ) -> Result<NodeId> {
         let id = self.nodes.len() as NodeId;
-        if self.by_name.insert(name.clone(), id).is_some() {
-            return Err(Error::new(
-                ErrorKind::InvalidArgument,
-                format!("`{name}` is both a module and a tensor, or appears twice"),
-            ));
+        if let Some(m) = &meta {
+            if checked_bytes(m).is_none() {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "tensor `{name}`: {} {:?} holds more than 2^64 bytes",
+                        m.dtype.name(),
+                        m.shape
+                    ),
+                )
+                .with_fix("check the shape; no real tensor is that large"));
+            }
         }
         self.nodes.push(Node {
             name,
@@ -379,11 +683,122 @@ impl Layout {
             kind,
             meta,
             parent,
-            children: vec![],
+            children: Vec::with_capacity(child_capacity),
             end: id + 1,
             alias_of: None,
+            persistent: true,
         });
         Ok(id)
+    }
+
+    fn index(&self) -> &HashTable<(u64, NodeId)> {
+        self.by_name.get_or_init(|| {
+            let mut t = HashTable::with_capacity(self.nodes.len());
+            for (i, n) in self.nodes.iter().enumerate() {
+                let h = self.hasher.hash_one(n.name.as_str());
+                // Names are unique (checked by `check_siblings`).
+                t.insert_unique(h, (h, i as NodeId), |&(hh, _)| hh);
+            }
+            t
+        })
+    }
+
+    /// Ids of `names`, without building the name index when it is not
+    /// there yet (one pass over the nodes instead).
+    fn ids_of(&self, names: &[&str]) -> Vec<Option<NodeId>> {
+        if self.by_name.get().is_some() || names.len() > 64 {
+            return names.iter().map(|n| self.id(n)).collect();
+        }
+        let mut out = vec![None; names.len()];
+        for (i, n) in self.nodes.iter().enumerate() {
+            for (k, want) in names.iter().enumerate() {
+                if n.name.len() == want.len() && n.name == *want {
+                    out[k] = Some(i as NodeId);
+                }
+            }
+        }
+        out
+    }
+
+    /// Full names are unique when no local name is empty or holds a dot
+    /// (PyTorch forbids both) and siblings differ.
+    fn check_siblings(&self) -> Result<()> {
+        let dup = |name: &str| {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("`{name}` is both a module and a tensor, or appears twice"),
+            )
+        };
+        let mut locals: Vec<&str> = vec![];
+        for n in &self.nodes {
+            if n.kind != NodeKind::Module || n.children.is_empty() {
+                continue;
+            }
+            let skip = if n.name.is_empty() {
+                0
+            } else {
+                n.name.len() + 1
+            };
+            locals.clear();
+            for &c in &n.children {
+                let full = &self.nodes[c as usize].name;
+                let local = &full[skip..];
+                if local.is_empty() || local.contains('.') {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!("`{full}`: a module, parameter or buffer name must be non-empty and hold no `.`"),
+                    ));
+                }
+                locals.push(local);
+            }
+            if locals.len() <= 8 {
+                for (k, a) in locals.iter().enumerate() {
+                    if locals[..k].contains(a) {
+                        return Err(dup(&self.nodes[n.children[k] as usize].name));
+                    }
+                }
+            } else {
+                locals.sort_unstable();
+                if let Some(w) = locals.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(dup(&join(&n.name, w[0])));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks and tied groups, once the tree is built.
+    fn finish(
+        &mut self,
+        tied: &[Vec<String>],
+        absent: &std::collections::HashSet<String>,
+    ) -> Result<()> {
+        self.check_siblings()?;
+        self.set_tied(tied, absent)?;
+        self.check_total()
+    }
+
+    /// The whole layout's bytes must fit in 64 bits too (every size sum the
+    /// planner takes is then exact).
+    fn check_total(&self) -> Result<()> {
+        let mut total = 0u64;
+        for n in &self.nodes {
+            if let (Some(m), None) = (&n.meta, n.alias_of) {
+                total = checked_bytes(m)
+                    .and_then(|b| total.checked_add(b))
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "the layout's tensors hold more than 2^64 bytes in all (at `{}`)",
+                                n.name
+                            ),
+                        )
+                        .with_fix("check the shapes; no real model is that large")
+                    })?;
+            }
+        }
+        Ok(())
     }
 
     /// Record tied groups; the owner is the first member in tree order that
@@ -395,11 +810,14 @@ impl Layout {
         absent: &std::collections::HashSet<String>,
     ) -> Result<()> {
         let mut seen: HashMap<NodeId, usize> = HashMap::new();
+        let all: Vec<&str> = tied.iter().flatten().map(String::as_str).collect();
+        let mut found = self.ids_of(&all).into_iter();
         for g in tied {
             let mut ids = Vec::with_capacity(g.len());
             for n in g {
-                let id = self
-                    .id(n)
+                let id = found
+                    .next()
+                    .flatten()
                     .filter(|&i| self.nodes[i as usize].is_tensor())
                     .ok_or_else(|| {
                         Error::new(
@@ -465,7 +883,10 @@ impl Layout {
 
     /// The id of the module or tensor named `name`.
     pub fn id(&self, name: &str) -> Option<NodeId> {
-        self.by_name.get(name).copied()
+        let h = self.hasher.hash_one(name);
+        self.index()
+            .find(h, |&(hh, i)| hh == h && self.nodes[i as usize].name == name)
+            .map(|&(_, i)| i)
     }
 
     /// Tied groups: the owner of the storage first, then its aliases in
@@ -508,7 +929,7 @@ impl Layout {
             let local = n.name.rsplit('.').next().unwrap_or("").to_string();
             let mut m = ModuleJson {
                 name: local,
-                class: n.class.clone(),
+                class: n.class.as_deref().map(str::to_string),
                 ..Default::default()
             };
             for &c in &n.children {
@@ -519,6 +940,7 @@ impl Layout {
                         name: cn.name.rsplit('.').next().unwrap_or("").to_string(),
                         dtype: meta.dtype,
                         shape: meta.shape.clone(),
+                        persistent: cn.persistent,
                     }
                 };
                 match cn.kind {
@@ -571,8 +993,6 @@ mod tests {
             order,
             [
                 "",
-                "lm_head",
-                "lm_head.weight",
                 "model",
                 "model.embed",
                 "model.embed.weight",
@@ -581,11 +1001,14 @@ mod tests {
                 "model.layers.2.b",
                 "model.layers.2.w",
                 "model.layers.10",
-                "model.layers.10.w"
+                "model.layers.10.w",
+                "lm_head",
+                "lm_head.weight",
             ]
         );
+        assert!(l.order_inferred());
         let layers = l.id("model.layers").unwrap();
-        assert_eq!(l.node(layers).end as usize, l.nodes().len());
+        assert_eq!(l.node(layers).end, l.id("lm_head").unwrap());
         assert_eq!(l.tensors_under("model.layers").unwrap().len(), 3);
     }
 
@@ -635,5 +1058,160 @@ mod tests {
             &[]
         )
         .is_err());
+    }
+
+    #[test]
+    fn inferred_order_puts_embeddings_first_and_heads_last() {
+        // GPT-2's names: alphabetically `h` < `ln_f` < `wpe` < `wte`.
+        let names = ["h.10.w", "h.2.w", "ln_f.weight", "wpe.weight", "wte.weight"];
+        let l = Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[2]))), &[]).unwrap();
+        let mods: Vec<&str> = l
+            .node(0)
+            .children
+            .iter()
+            .map(|&c| l.node(c).name.as_str())
+            .collect();
+        assert_eq!(mods, ["wte", "wpe", "h", "ln_f"]);
+        let h = l.node(l.id("h").unwrap());
+        let layers: Vec<&str> = h
+            .children
+            .iter()
+            .map(|&c| l.node(c).name.as_str())
+            .collect();
+        assert_eq!(layers, ["h.2", "h.10"]);
+        // A layout from the model keeps the model's order and says so.
+        let back = Layout::from_json(&l.to_json()).unwrap();
+        assert!(!back.order_inferred());
+    }
+
+    #[test]
+    fn sizes_that_overflow_64_bits_are_refused() {
+        // 2^62 + 1 f32 elements: 2^64 + 4 bytes, which wraps to 4.
+        let huge = TensorMeta {
+            dtype: DType::F32,
+            shape: vec![(1usize << 62) + 1],
+        };
+        assert_eq!(checked_bytes(&huge), None);
+        let e = Layout::from_tensors([("w".to_string(), huge.clone())], &[]).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
+        assert!(
+            e.to_string().contains("`w`") && e.to_string().contains("2^64"),
+            "{e}"
+        );
+        let text = format!(
+            r#"{{"format":"accel-layout/1","root":{{"params":[{{"name":"w","dtype":"f32","shape":[{}]}}]}}}}"#,
+            (1u64 << 62) + 1
+        );
+        let doc: LayoutJson = serde_json::from_str(&text).unwrap();
+        assert!(Layout::from_json(&doc)
+            .unwrap_err()
+            .to_string()
+            .contains("2^64"));
+        // Each fits, the sum does not.
+        let half = TensorMeta {
+            dtype: DType::F32,
+            shape: vec![1usize << 61],
+        };
+        let e = Layout::from_tensors(
+            [("a".to_string(), half.clone()), ("b".to_string(), half)],
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("in all"), "{e}");
+    }
+
+    #[test]
+    fn non_persistent_buffers_round_trip() {
+        let text = r#"{"format":"accel-layout/1","root":{"children":[
+            {"name":"rope","buffers":[{"name":"inv_freq","dtype":"f32","shape":[64],"persistent":false},
+                                      {"name":"kept","dtype":"f32","shape":[2]}]}]}}"#;
+        let l = Layout::from_json(&serde_json::from_str(text).unwrap()).unwrap();
+        assert!(!l.node(l.id("rope.inv_freq").unwrap()).persistent);
+        assert!(l.node(l.id("rope.kept").unwrap()).persistent);
+        let j = serde_json::to_string(&l.to_json()).unwrap();
+        assert_eq!(j.matches("\"persistent\":false").count(), 1, "{j}");
+    }
+
+    fn same(a: &Layout, b: &Layout) {
+        assert_eq!(a.nodes().len(), b.nodes().len());
+        for (x, y) in a.nodes().iter().zip(b.nodes()) {
+            assert_eq!(
+                (
+                    &x.name,
+                    &x.class,
+                    x.kind,
+                    &x.meta,
+                    x.parent,
+                    &x.children,
+                    x.end,
+                    x.alias_of,
+                    x.persistent
+                ),
+                (
+                    &y.name,
+                    &y.class,
+                    y.kind,
+                    &y.meta,
+                    y.parent,
+                    &y.children,
+                    y.end,
+                    y.alias_of,
+                    y.persistent
+                )
+            );
+        }
+        assert_eq!(a.tied(), b.tied());
+    }
+
+    #[test]
+    fn file_parse_matches_the_tree_path_in_any_key_order() {
+        let l = crate::synth::llama_layout(crate::synth::LlamaShape::tiny(3, 2), DType::BF16);
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("l.json");
+        std::fs::write(&f, serde_json::to_vec(&l.to_json()).unwrap()).unwrap();
+        same(&Layout::from_json_file(&f).unwrap(), &l);
+        assert!(l.id("model.layers.2.mlp.experts.1.w3.weight").is_some());
+        // Keys in another order (name last, children before params,
+        // escaped strings): the same layout through the fallback.
+        let text = r#"{"tied":[["a.weight","b.weight"]],"root":{"children":[
+            {"params":[{"shape":[3],"dtype":"torch.float32","name":"weight"}],"class":"Lin\u0065ar","name":"a"},
+            {"children":[{"name":"act"}],"params":[{"name":"weight","dtype":"f32","shape":[3]}],"name":"b",
+             "buffers":[{"name":"m","dtype":"u8","shape":[2],"persistent":false}]}],"name":""},
+            "format":"accel-layout/1"}"#;
+        std::fs::write(&f, text).unwrap();
+        let a = Layout::from_json_file(&f).unwrap();
+        let b = Layout::from_json(&serde_json::from_str(text).unwrap()).unwrap();
+        same(&a, &b);
+        assert_eq!(a.node(a.id("a").unwrap()).class.as_deref(), Some("Linear"));
+        assert_eq!(a.node(a.id("b.weight").unwrap()).alias_of, a.id("a.weight"));
+        assert!(!a.node(a.id("b.m").unwrap()).persistent);
+    }
+
+    #[test]
+    fn duplicate_and_dotted_names_are_refused_on_both_paths() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("l.json");
+        for (text, want) in [
+            (
+                r#"{"format":"accel-layout/1","root":{"children":[{"name":"a","params":[{"name":"w","dtype":"f32","shape":[1]}]},{"name":"a"}]}}"#,
+                "`a` is both a module and a tensor, or appears twice",
+            ),
+            (
+                r#"{"format":"accel-layout/1","root":{"children":[{"name":"a.b","params":[{"name":"w","dtype":"f32","shape":[1]}]}]}}"#,
+                "hold no `.`",
+            ),
+            (
+                r#"{"format":"accel-layout/1","root":{"params":[{"name":"w","dtype":"f32","shape":[1]},{"name":"w","dtype":"f32","shape":[1]}]}}"#,
+                "`w` is both",
+            ),
+        ] {
+            std::fs::write(&f, text).unwrap();
+            let e = Layout::from_json_file(&f).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            let e = Layout::from_json(&serde_json::from_str(text).unwrap())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
+        }
     }
 }

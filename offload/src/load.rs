@@ -117,7 +117,8 @@ pub fn load_checkpoint(
     let mut wanted = 0usize;
     for id in layout.tensor_ids() {
         let n = layout.node(id);
-        if n.alias_of.is_none() {
+        // Non-persistent buffers are computed by the model, never stored.
+        if n.alias_of.is_none() && n.persistent {
             wanted += 1;
         }
     }
@@ -152,7 +153,7 @@ pub fn load_checkpoint(
             let node = layout.node(id);
             p.bytes += e.len;
             p.tensors += 1;
-            if node.alias_of.is_some() {
+            if node.alias_of.is_some() || !node.persistent {
                 continue;
             }
             let dev = plan.device_of(id).ok_or_else(|| {
@@ -193,7 +194,11 @@ pub fn load_checkpoint(
         let missing: Vec<&str> = layout
             .tensor_ids()
             .map(|i| layout.node(i))
-            .filter(|n| n.alias_of.is_none() && stores.values().all(|s| !s.contains(&n.name)))
+            .filter(|n| {
+                n.alias_of.is_none()
+                    && n.persistent
+                    && stores.values().all(|s| !s.contains(&n.name))
+            })
             .map(|n| n.name.as_str())
             .take(5)
             .collect();

@@ -7,7 +7,6 @@
 //! then the data; offsets are relative to the start of the data.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -157,7 +156,7 @@ pub fn parse_header(path: &Path, header: &[u8], file_len: u64) -> Result<Vec<Ten
 /// Read just the header of a safetensors file (no mapping).
 pub fn read_header(path: &Path) -> Result<Vec<TensorEntry>> {
     use std::io::Read;
-    let mut f = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+    let mut f = crate::util::open_regular(path, "checkpoint shard")?;
     let file_len = f
         .metadata()
         .map_err(|e| Error::io(format!("stat {}", path.display()), e))?
@@ -204,7 +203,7 @@ impl SafetensorsFile {
     /// [`SafetensorsFile::open`], reading the whole file in at map time
     /// when `populate` is set (for loaders that scan every byte).
     pub fn open_with(path: &Path, populate: bool) -> Result<SafetensorsFile> {
-        let f = File::open(path).map_err(|e| Error::io(format!("open {}", path.display()), e))?;
+        let f = crate::util::open_regular(path, "checkpoint shard")?;
         let map = crate::mmap::map_with(&f, path, populate)?;
         let file_len = map.len() as u64;
         if file_len < 8 {
@@ -395,8 +394,7 @@ impl Checkpoint {
     }
 
     fn from_index(idx: &Path) -> Result<Checkpoint> {
-        let text =
-            std::fs::read(idx).map_err(|e| Error::io(format!("read {}", idx.display()), e))?;
+        let text = crate::util::read_regular(idx, "shard index")?;
         let index: IndexFile = serde_json::from_slice(&text)
             .map_err(|e| corrupt(idx, format!("not a shard index: {e}")))?;
         let dir = idx.parent().unwrap_or(Path::new("."));

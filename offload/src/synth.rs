@@ -15,6 +15,7 @@ fn lin(name: &str, out: usize, inp: usize, dtype: DType) -> ModuleJson {
             name: "weight".into(),
             dtype,
             shape: vec![out, inp],
+            persistent: true,
         }],
         ..Default::default()
     }
@@ -28,6 +29,7 @@ fn norm(name: &str, h: usize, dtype: DType) -> ModuleJson {
             name: "weight".into(),
             dtype,
             shape: vec![h],
+            persistent: true,
         }],
         ..Default::default()
     }
@@ -176,6 +178,7 @@ pub fn llama_layout(s: LlamaShape, dtype: DType) -> Layout {
                     name: "weight".into(),
                     dtype,
                     shape: vec![s.vocab, h],
+                    persistent: true,
                 }],
                 ..Default::default()
             },
@@ -225,7 +228,7 @@ pub fn tensor_bytes(name: &str, len: usize) -> Vec<u8> {
     v
 }
 
-/// Write `layout`'s owned tensors as a sharded checkpoint in `dir` (shards
+/// Write `layout`'s owned, persistent tensors as a sharded checkpoint in `dir` (shards
 /// of about `shard_bytes`), with deterministic contents; returns
 /// (name, checksum) of every tensor written.
 pub fn write_checkpoint(
@@ -238,7 +241,7 @@ pub fn write_checkpoint(
     let mut datas = vec![];
     for id in layout.tensor_ids() {
         let n = layout.node(id);
-        if n.alias_of.is_some() {
+        if n.alias_of.is_some() || !n.persistent {
             continue;
         }
         let m = n.meta.clone().expect("tensor");

@@ -190,6 +190,7 @@ fn load_rejects_a_checkpoint_missing_a_planned_tensor() {
             name: "bias".into(),
             dtype: DType::F32,
             shape: vec![4],
+            persistent: true,
         });
     let bigger = Layout::from_json(&doc).unwrap();
     let p = plan(
@@ -207,4 +208,47 @@ fn load_rejects_a_checkpoint_missing_a_planned_tensor() {
     let e = load_checkpoint(&ck, &bigger, &p, &stores, &mut |_| {}).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
     assert!(e.to_string().contains("lm_head.bias"), "{e}");
+}
+
+#[test]
+fn non_persistent_buffers_are_planned_but_not_loaded() {
+    // A rotary `inv_freq` buffer: in no checkpoint, but it takes memory on
+    // its device, so the plan counts it (as Accelerate does).
+    let layout = llama_layout(LlamaShape::tiny(2, 0), DType::F32);
+    let mut doc = layout.to_json();
+    doc.root.children[0]
+        .children
+        .push(accel_offload::layout::ModuleJson {
+            name: "rotary_emb".into(),
+            buffers: vec![accel_offload::layout::TensorJson {
+                name: "inv_freq".into(),
+                dtype: DType::F32,
+                shape: vec![1000],
+                persistent: false,
+            }],
+            ..Default::default()
+        });
+    let with_buf = Layout::from_json(&doc).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    write_checkpoint(&with_buf, dir.path(), 1 << 20).unwrap();
+    let ck = Checkpoint::open(dir.path()).unwrap();
+    assert_eq!(
+        ck.len(),
+        layout.tensor_count() - 1,
+        "lm_head is tied, inv_freq not stored"
+    );
+    let opts = PlanOptions {
+        max_memory: Some(MaxMemory::parse("cpu=1GiB").unwrap()),
+        ..Default::default()
+    };
+    let p = plan(&with_buf, &opts).unwrap();
+    assert_eq!(p.devices[0].used, ck.total_bytes() + 4000);
+    let cpu = HostStore::new();
+    let stores: HashMap<Target, &dyn OffloadStore> = [(Target::Cpu, &cpu as &dyn OffloadStore)]
+        .into_iter()
+        .collect();
+    load_checkpoint(&ck, &with_buf, &p, &stores, &mut |_| {}).unwrap();
+    assert!(!cpu.contains("model.rotary_emb.inv_freq"));
+    let spec = LayerSpec::module(&with_buf, "model").unwrap();
+    assert!(!spec.tensors.iter().any(|t| t.ends_with("inv_freq")));
 }

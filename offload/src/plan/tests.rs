@@ -36,6 +36,7 @@ fn ordered(tensors: &[(&str, usize)], classes: &[(&str, &str)], tied: &[&[&str]]
             name: parts[parts.len() - 1].to_string(),
             dtype: DType::U8,
             shape: vec![*bytes],
+            persistent: true,
         });
     }
     let doc = LayoutJson {
@@ -347,11 +348,14 @@ fn validation_catches_lost_and_doubled_tensors() {
     let good = plan(&l, &o).unwrap();
     let s = compute_sizes(&l, &o);
     let mut lost = good.clone();
+    let head = l.id("head").unwrap();
     lost.map.retain(|(n, _)| n != "head");
+    lost.entries.retain(|&(i, _)| i != head);
     let e = validate(&l, &s, &lost).unwrap_err().to_string();
     assert!(e.contains("`head.weight` is not placed"), "{e}");
     let mut twice = good.clone();
     twice.map.push(("layers.2.w".into(), 2));
+    twice.entries.push((l.id("layers.2.w").unwrap(), 2));
     assert!(validate(&l, &s, &twice)
         .unwrap_err()
         .to_string()
@@ -376,4 +380,259 @@ fn largest_layer_respects_no_split() {
         ..Default::default()
     };
     assert_eq!(largest_layer(&blocks(), &o).1.len(), 4);
+}
+
+fn no_reserve(spec: &str) -> PlanOptions {
+    PlanOptions {
+        reserve: Reserve::None,
+        ..opts(spec)
+    }
+}
+
+#[test]
+fn tied_partners_are_split_in_sorted_name_order() {
+    // The model defines `z_dec` before `a_dec`; both hold an alias of
+    // `embed.weight`. Accelerate sorts a tied group by name, so when
+    // `embed` does not fit with both partner modules it splits `a_dec`
+    // first (tree order would split `z_dec`).
+    let l = ordered(
+        &[
+            ("embed.weight", 100),
+            ("z_dec.proj.weight", 100),
+            ("z_dec.big.w", 300),
+            ("a_dec.proj.weight", 100),
+            ("a_dec.big.w", 300),
+        ],
+        &[],
+        &[&["embed.weight", "z_dec.proj.weight", "a_dec.proj.weight"]],
+    );
+    let p = plan(&l, &no_reserve("cuda:0=450,cpu=5000")).unwrap();
+    assert_eq!(
+        map_of(&p),
+        pairs(&[
+            ("embed", "cuda:0"),
+            ("z_dec", "cuda:0"),
+            ("a_dec.proj", "cuda:0"),
+            ("a_dec.big", "cpu"),
+        ])
+    );
+}
+
+#[test]
+fn tied_copy_absent_from_the_checkpoint_and_sorting_first_is_counted_once() {
+    // Hugging Face saves `lm_head.weight` (tied to the embedding) once,
+    // under the embedding's name. The copy is added as an alias; its bytes
+    // must be counted exactly once wherever the group lands, for every
+    // budget (this used to undercount and fail validation).
+    let mut names: Vec<(String, accel_api::TensorMeta)> = vec![(
+        "model.embed_tokens.weight".into(),
+        accel_api::TensorMeta {
+            dtype: DType::F32,
+            shape: vec![64, 16],
+        },
+    )];
+    for i in 0..4 {
+        names.push((
+            format!("model.layers.{i}.w"),
+            accel_api::TensorMeta {
+                dtype: DType::F32,
+                shape: vec![16, 32],
+            },
+        ));
+    }
+    // `lm_head` now sorts last in the inferred order; `a_head` still sorts
+    // before its owner.
+    for copy in ["lm_head.weight", "a_head.weight"] {
+        tied_copy_case(names.clone(), copy);
+    }
+}
+
+fn tied_copy_case(names: Vec<(String, accel_api::TensorMeta)>, copy: &str) {
+    let tied = vec![vec![
+        "model.embed_tokens.weight".to_string(),
+        copy.to_string(),
+    ]];
+    let l = Layout::from_tensors(names, &tied).unwrap();
+    let total = total_size(&l, &PlanOptions::default());
+    assert_eq!(total, 64 * 16 * 4 + 4 * 16 * 32 * 4);
+    for kib in [2u64, 4, 6, 8, 10, 12, 16, 20, 40] {
+        for spec in [
+            format!("cuda:0={kib}KiB,cpu={kib}KiB,disk"),
+            format!("cuda:0={kib}KiB,disk"),
+        ] {
+            let p = plan(&l, &opts(&spec)).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let used: u64 = p.devices.iter().map(|d| d.used).sum();
+            assert_eq!(used, total, "{spec}");
+            let e = l.id("model.embed_tokens.weight").unwrap();
+            let h = l.id(copy).unwrap();
+            assert_eq!(p.device_of(e), p.device_of(h), "{spec}");
+        }
+    }
+}
+
+fn fallback_layout() -> Layout {
+    ordered(
+        &[
+            ("embed.weight", 500),
+            ("layers.0.w", 50),
+            ("layers.1.w", 600),
+            ("layers.2.w", 50),
+            ("head.weight", 10),
+        ],
+        &[],
+        &[],
+    )
+}
+
+#[test]
+fn reservation_leaving_a_device_empty_is_explained() {
+    // cuda:0 keeps 600 (layers.1) free: 400 usable, embed needs 500.
+    let p = plan(&fallback_layout(), &opts("cuda:0=1000,cpu=5000")).unwrap();
+    assert_eq!(map_of(&p), pairs(&[("", "cpu")]));
+    let d = &p.devices[0];
+    assert_eq!(d.used, 0);
+    assert_eq!(d.min_needed, Some(1100));
+    let why = d.empty_reason.as_deref().unwrap();
+    assert!(
+        why.contains("kept free for the largest layer")
+            && why.contains("`layers.1`")
+            && why.contains("`embed`")
+            && why.contains("--fallback-allocation"),
+        "{why}"
+    );
+    assert!(p.devices[1].empty_reason.is_none());
+}
+
+#[test]
+fn fallback_allocation_puts_a_later_module_on_the_emptied_device() {
+    let mut o = opts("cuda:0=1000,cpu=5000");
+    o.fallback_allocation = true;
+    let p = plan(&fallback_layout(), &o).unwrap();
+    // As Accelerate: the first module further on that fits in
+    // 1000 - max(600, 500) is layers.0 (found by splitting `layers`).
+    assert_eq!(
+        map_of(&p),
+        pairs(&[
+            ("embed", "cpu"),
+            ("layers.0", "cuda:0"),
+            ("layers.1", "cpu"),
+            ("layers.2", "cpu"),
+            ("head", "cpu"),
+        ])
+    );
+    assert_eq!(p.devices[0].used, 50);
+    assert!(p.devices[0].empty_reason.is_none());
+    // Nothing small enough: the device stays empty, with the reason.
+    let l = ordered(&[("embed.weight", 500), ("layers.0.w", 600)], &[], &[]);
+    let p = plan(&l, &o).unwrap();
+    assert_eq!(p.devices[0].used, 0);
+    assert!(p.devices[0].empty_reason.is_some());
+}
+
+#[test]
+fn balanced_leaves_ignore_tensorless_children() {
+    // transformers 5's MixtralExperts: fused expert weights plus an
+    // `act_fn` child without tensors. Accelerate's get_balanced_memory
+    // counts `experts` as a leaf: mean leaf (100 + 300 + 100) / 3 = 166,
+    // buffer 1.25 x 166 = 207, so 500 / 2 + 207 = 457 per accelerator
+    // (without the rule: leaves embed and head only, 250 + 125 = 375).
+    let doc: LayoutJson = serde_json::from_str(
+        r#"{"format":"accel-layout/1","root":{"children":[
+        {"name":"embed","params":[{"name":"w","dtype":"u8","shape":[100]}]},
+        {"name":"experts","class":"MixtralExperts","params":[{"name":"w1","dtype":"u8","shape":[300]}],
+         "children":[{"name":"act_fn","class":"SiLU"}]},
+        {"name":"head","params":[{"name":"w","dtype":"u8","shape":[100]}]}]}}"#,
+    )
+    .unwrap();
+    let l = Layout::from_json(&doc).unwrap();
+    let mut o = opts("cuda:0=1000,cuda:1=1000");
+    o.strategy = Strategy::Balanced;
+    let p = plan(&l, &o).unwrap();
+    assert_eq!(p.devices[0].budget, Some(457));
+}
+
+#[test]
+fn an_explicit_disk_budget_is_honoured_and_the_hint_says_so() {
+    // Accelerate ignores a disk budget; accel keeps it (a real limit: free
+    // space) and, when it is too small, says to raise it, not to add disk.
+    let e = plan(&tiny(), &opts("cuda:0=350,cpu=250,disk=150"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("disk is limited to 150 B"), "{e}");
+    assert!(!e.contains("add `disk`"), "{e}");
+    let p = plan(&tiny(), &opts("cuda:0=350,cpu=250,disk=200")).unwrap();
+    assert_eq!(p.devices[2].used, 200);
+    let e = plan(&tiny(), &opts("cuda:0=350,cpu=250"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("add `disk`"), "{e}");
+}
+
+#[test]
+fn device_map_serialises_in_module_order() {
+    let names: Vec<String> = (0..12).map(|i| format!("h.{i}.w")).collect();
+    let mut t: Vec<(&str, usize)> = vec![("wte.weight", 100)];
+    t.extend(names.iter().map(|n| (n.as_str(), 100)));
+    let l = ordered(&t, &[], &[]);
+    let p = plan(&l, &no_reserve("cuda:0=650,cpu=5000")).unwrap();
+    let text = serde_json::to_string(&p.device_map()).unwrap();
+    let keys: Vec<&str> = text.split('"').skip(1).step_by(4).collect();
+    assert_eq!(
+        keys,
+        [
+            "wte", "h.0", "h.1", "h.2", "h.3", "h.4", "h.5", "h.6", "h.7", "h.8", "h.9", "h.10",
+            "h.11"
+        ]
+        .iter()
+        .take(keys.len())
+        .copied()
+        .collect::<Vec<_>>(),
+        "{text}"
+    );
+    assert!(text.find("\"h.2\"").unwrap() < text.find("\"h.10\"").unwrap());
+}
+
+#[test]
+fn masked_max_agrees_with_a_plain_scan() {
+    // Deterministic pseudo-random ranges masked and unmasked, checked
+    // against recomputing the maximum over the unmasked values.
+    let vals: Vec<u64> = (0..37u64).map(|i| (i * 7919) % 13).collect();
+    let mut t = MaskedMax::new(vals.clone());
+    let mut mask = vec![0i32; vals.len()];
+    let mut active: Vec<std::ops::Range<usize>> = vec![];
+    let mut x = 12345u64;
+    let mut next = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    for _ in 0..400 {
+        if active.is_empty() || next(3) > 0 {
+            let a = next(vals.len() as u64) as usize;
+            let b = a + next((vals.len() - a) as u64 + 1) as usize;
+            t.mask(a..b, 1);
+            mask[a..b].iter_mut().for_each(|m| *m += 1);
+            active.push(a..b);
+        } else {
+            let r = active.swap_remove(next(active.len() as u64) as usize);
+            t.mask(r.clone(), -1);
+            mask[r].iter_mut().for_each(|m| *m -= 1);
+        }
+        let want = (0..vals.len())
+            .filter(|&i| mask[i] == 0)
+            .map(|i| vals[i])
+            .max()
+            .unwrap_or(0);
+        assert_eq!(t.max(), want);
+        let mut got = vec![];
+        if want > 0 {
+            t.each_equal(want, &mut |k| got.push(k));
+        }
+        let expect: Vec<usize> = (0..vals.len())
+            .filter(|&i| want > 0 && mask[i] == 0 && vals[i] == want)
+            .collect();
+        assert_eq!(got, expect);
+        assert_eq!(t.first_max(), expect.first().copied());
+    }
 }

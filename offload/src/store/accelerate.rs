@@ -115,8 +115,7 @@ impl AccelerateFolder {
         };
         let ip = dir.join("index.json");
         if ip.exists() {
-            let text =
-                std::fs::read(&ip).map_err(|e| Error::io(format!("read {}", ip.display()), e))?;
+            let text = crate::util::read_regular(&ip, "offload index")?;
             let raw: BTreeMap<String, IndexEntry> = serde_json::from_slice(&text).map_err(|e| {
                 Error::new(
                     ErrorKind::Corrupt,
