@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use accel_api::{ConnectContext, Device, Result, Store};
+use accel_api::{ConnectContext, Result, Store};
 use accel_backend_xla::XlaCommunicator;
 use accel_rendezvous::MemoryStore;
 
@@ -33,16 +33,8 @@ pub fn ctx(
     world: usize,
     timeout: Duration,
 ) -> ConnectContext {
-    ConnectContext {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        local_world_size: world,
-        device: Device::CPU,
-        timeout,
-        store: store.clone() as Arc<dyn Store>,
-        run_id: "xla-test".into(),
-    }
+    ConnectContext::local(rank, world, timeout, store.clone() as Arc<dyn Store>)
+        .with_run_id("xla-test")
 }
 
 /// Run `f(rank, communicator)` on `world` rank threads, each connecting its
