@@ -45,7 +45,7 @@ use std::time::Duration;
 
 pub use ctx::{Ctx, Outcome, Scenario, ScenarioResult};
 pub use prop::{agree, Seed};
-pub use threads::{assert_conformance, run_in_process};
+pub use threads::{assert_conformance, run_in_process, run_spec_in_process, run_world_in_process};
 
 /// Every scenario, in the order the matrix lists them: the collectives, the
 /// runtime built on them, failure behaviour, then the training loop.

@@ -9,49 +9,82 @@ use std::time::{Duration, Instant};
 use accel_api::{Backend, ConnectContext, Device, Error, ErrorKind, Result, Store, StoreExt};
 use accel_rendezvous::{MemoryStore, PrefixStore};
 
+use crate::harness::{RunSpec, WorldReport};
 use crate::{run_all, Ctx, Outcome, ScenarioResult, Seed};
-
-/// The world communicator's timeout unless `ACCEL_TIMEOUT` says otherwise
-/// (the multi-process harness's default too).
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The hard bound on one world, whatever the backend does: a rank thread
-/// that outlives it fails the run instead of hanging the test.
-const HARD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Run every scenario (or those whose name contains `filter`) on `world`
 /// ranks, each a thread of this process that connects through `backend`
 /// over one in-memory store, and return the agreed results (every rank
 /// agrees on each verdict through the store, as in the multi-process run).
 ///
+/// The bounds are [`RunSpec::new`]'s (30 s per call, 300 s per world);
 /// `PROPTEST_CASES` sets the property depth (default 16),
 /// `ACCEL_CONFORMANCE_SEED` replays a seed, `ACCEL_TIMEOUT` the world
-/// communicator's timeout (default 30 s). The whole world is bounded by
-/// 300 s.
+/// communicator's timeout. [`run_spec_in_process`] takes them all from a
+/// [`RunSpec`].
 ///
 /// # Errors
-/// A rank that could not connect (the backend's error), a rank thread
-/// that panicked outside a scenario or ranks that disagree on the results
-/// ([`ErrorKind::Internal`]), or a world that outlived the hard bound
-/// ([`ErrorKind::Timeout`]; its threads are left behind).
+/// As [`run_spec_in_process`].
 pub fn run_in_process(
     backend: Arc<dyn Backend>,
     world: usize,
     filter: Option<&str>,
 ) -> Result<Vec<ScenarioResult>> {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
-    let seed = std::env::var("ACCEL_CONFORMANCE_SEED")
+    let mut spec = RunSpec::new(backend.name(), world, Default::default())
+        .with_filter(filter.map(str::to_string));
+    if let Ok(v) = std::env::var("ACCEL_TIMEOUT") {
+        spec.timeout = accel::state::parse_duration("ACCEL_TIMEOUT", &v)?;
+    }
+    spec.cases = std::env::var("PROPTEST_CASES")
         .ok()
-        .and_then(|s| Seed::parse(&s))
-        .unwrap_or_else(Seed::fresh);
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16);
-    let timeout = match std::env::var("ACCEL_TIMEOUT") {
-        Ok(v) => accel::state::parse_duration("ACCEL_TIMEOUT", &v)?,
-        Err(_) => DEFAULT_TIMEOUT,
+        .and_then(|v| v.parse().ok());
+    spec.seed = std::env::var("ACCEL_CONFORMANCE_SEED").ok();
+    run_spec_in_process(backend, &spec).map(|(results, _)| results)
+}
+
+/// One world of the matrix with ranks as threads (`accel test` does this
+/// for backends whose process model is ranks as threads, like xla): the
+/// same report as [`run_world`](crate::harness::run_world) gives for a
+/// world of processes.
+pub fn run_world_in_process(backend: Arc<dyn Backend>, spec: &RunSpec) -> WorldReport {
+    let start = Instant::now();
+    let (results, seed, error) = match run_spec_in_process(backend, spec) {
+        Ok((r, seed)) => (r, Some(seed.hex()), None),
+        Err(e) => (Vec::new(), None, Some(e.to_string())),
     };
+    WorldReport {
+        label: spec.label(),
+        results,
+        error,
+        seed,
+        millis: start.elapsed().as_millis() as u64,
+    }
+}
+
+/// [`run_in_process`] with the size, filter, bounds, depth and seed of
+/// `spec` (its worker, plugin and launcher are not used); also returns the
+/// seed the world used.
+///
+/// # Errors
+/// A rank that could not connect (the backend's error), a rank thread
+/// that panicked outside a scenario or ranks that disagree on the results
+/// ([`ErrorKind::Internal`]), a seed that does not parse
+/// ([`ErrorKind::InvalidConfig`]), or a world that outlived
+/// `spec.hard_timeout` ([`ErrorKind::Timeout`]; its threads are left
+/// behind).
+pub fn run_spec_in_process(
+    backend: Arc<dyn Backend>,
+    spec: &RunSpec,
+) -> Result<(Vec<ScenarioResult>, Seed)> {
+    let world = spec.world_size;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let seed = match &spec.seed {
+        Some(s) => Seed::parse(s)
+            .ok_or_else(|| Error::invalid_config("seed", s, "not a seed (64 hex digits)"))?,
+        None => Seed::fresh(),
+    };
+    let cases = spec.cases.unwrap_or(16);
+    let (timeout, hard_timeout) = (spec.timeout, spec.hard_timeout);
     let (tx, rx) = mpsc::channel();
     for rank in 0..world {
         let device = match backend.device_kind() {
@@ -59,7 +92,7 @@ pub fn run_in_process(
             kind => Device::new(kind, rank as u32),
         };
         let (backend, store, tx) = (backend.clone(), store.clone(), tx.clone());
-        let filter = filter.map(str::to_string);
+        let filter = spec.filter.clone();
         let body = move || -> Result<Vec<ScenarioResult>> {
             let comm = backend.connect(
                 ConnectContext::local(
@@ -101,7 +134,7 @@ pub fn run_in_process(
             .map_err(|e| Error::io("spawning a rank thread", e))?;
     }
     drop(tx);
-    let deadline = Instant::now() + HARD_TIMEOUT;
+    let deadline = Instant::now() + hard_timeout;
     let mut per_rank: Vec<Option<Vec<ScenarioResult>>> = vec![None; world];
     for _ in 0..world {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -114,7 +147,7 @@ pub fn run_in_process(
                     .collect();
                 return Err(Error::timeout(
                     "conformance",
-                    HARD_TIMEOUT,
+                    hard_timeout,
                     format!(
                         "rank thread(s) {} of {} did not finish",
                         missing.join(", "),
@@ -140,7 +173,7 @@ pub fn run_in_process(
             .with_op("conformance"));
         }
     }
-    Ok(first)
+    Ok((first, seed))
 }
 
 /// Run the suite in process at each world size of `worlds` (scenarios

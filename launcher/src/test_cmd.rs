@@ -108,6 +108,7 @@ pub fn run(args: TestArgs) -> Result<ExitCode> {
         names
     };
     let mut specs = Vec::new();
+    let mut threads = Vec::new();
     let mut not_run = Vec::new();
     for name in &wanted {
         let entry = registry.get(name).expect("checked above");
@@ -115,6 +116,12 @@ pub fn run(args: TestArgs) -> Result<ExitCode> {
             Origin::Plugin(p) => Some(p.clone()),
             Origin::Builtin => None,
         };
+        // xla runs ranks as threads of one process (ADR 0012): its worlds
+        // run in this process, and its probe is asked for that model.
+        let as_threads = name == "xla";
+        if as_threads {
+            std::env::set_var("ACCEL_PROCESS_MODEL", "threads");
+        }
         for &n in &args.sizes {
             let mpi = name == "mpi";
             let probe = entry.backend.probe(&ProbeContext {
@@ -136,7 +143,11 @@ pub fn run(args: TestArgs) -> Result<ExitCode> {
             spec.hard_timeout = world_timeout;
             spec.cases = args.cases;
             spec.seed = args.seed.clone();
-            specs.push(spec);
+            if as_threads {
+                threads.push((entry.backend.clone(), spec));
+            } else {
+                specs.push(spec);
+            }
         }
     }
     let mut matrix = Matrix::default();
@@ -151,6 +162,19 @@ pub fn run(args: TestArgs) -> Result<ExitCode> {
                 .as_deref()
                 .map(|e| format!(" (world failed: {e})"))
                 .unwrap_or_default()
+        );
+        matrix.worlds.push(w);
+    }
+    for (backend, spec) in &threads {
+        eprintln!(
+            "accel test: running {} (ranks as threads) ...",
+            spec.label()
+        );
+        let w = accel_conformance::run_world_in_process(backend.clone(), spec);
+        eprintln!(
+            "accel test: {} done in {:.1} s",
+            w.label,
+            w.millis as f64 / 1000.0
         );
         matrix.worlds.push(w);
     }
