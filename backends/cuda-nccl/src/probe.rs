@@ -123,7 +123,9 @@ fn inspect_into(r: &mut ProbeReport) -> ProbeReport {
                     "no CUDA device visible (cuInit: CUDA_ERROR_NO_DEVICE){}",
                     r.visible
                         .as_deref()
-                        .map(|v| format!("; CUDA_VISIBLE_DEVICES={v:?} hides some"))
+                        .map(|v| format!(
+                            "; CUDA_VISIBLE_DEVICES={v:?} limits which devices are seen"
+                        ))
                         .unwrap_or_default()
                 ),
                 other => format!("the CUDA driver failed to start (cuInit: {other})"),
