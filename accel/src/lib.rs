@@ -59,4 +59,6 @@ pub(crate) fn link_backends() {
     black_box(accel_backend_cpu_gloo::connect as fn(_) -> _);
     #[cfg(feature = "mpi")]
     black_box(accel_backend_mpi::connect as fn(_) -> _);
+    #[cfg(feature = "cuda-nccl")]
+    black_box(accel_backend_cuda_nccl::connect as fn(_) -> _);
 }

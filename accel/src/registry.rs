@@ -518,6 +518,9 @@ mod tests {
         if cfg!(feature = "mpi") {
             expected.push("mpi".to_string());
         }
+        if cfg!(feature = "cuda-nccl") {
+            expected.push("cuda-nccl".to_string());
+        }
         expected.sort();
         let mut got = Registry::builtin().names();
         got.sort();
