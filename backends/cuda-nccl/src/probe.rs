@@ -263,9 +263,22 @@ pub fn prepare_link_dir(into: &Path) -> std::io::Result<Option<PathBuf>> {
 }
 
 /// The backend's probe: available when the driver, a device and NCCL are
-/// all there.
-pub(crate) fn probe(_ctx: &ProbeContext) -> Probe {
-    inspect().to_probe()
+/// all there, and there are at least as many visible GPUs as ranks on this
+/// machine (NCCL refuses two ranks on one GPU).
+pub(crate) fn probe(ctx: &ProbeContext) -> Probe {
+    fit(inspect(), ctx).to_probe()
+}
+
+/// `report`, unavailable when the run puts more ranks on this machine than
+/// there are GPUs.
+pub(crate) fn fit(mut report: ProbeReport, ctx: &ProbeContext) -> ProbeReport {
+    if report.unavailable.is_none() && ctx.local_world_size > report.devices {
+        report.unavailable = Some(format!(
+            "{} ranks on this machine but {} visible GPU(s): NCCL refuses two ranks on one GPU",
+            ctx.local_world_size, report.devices
+        ));
+    }
+    report
 }
 
 #[cfg(test)]
@@ -305,6 +318,26 @@ mod tests {
         let p = r.to_probe();
         assert_eq!(p.reason(), Some("no"));
         assert_eq!(p.engine_version.as_deref(), Some("CUDA driver 13.0"));
+    }
+
+    #[test]
+    fn more_local_ranks_than_gpus_is_unavailable() {
+        let one_gpu = ProbeReport {
+            devices: 1,
+            driver: Some("13.0".into()),
+            nccl: Some("2.28.3".into()),
+            visible: None,
+            unavailable: None,
+        };
+        let mut ctx = ProbeContext::single_process();
+        assert!(fit(one_gpu.clone(), &ctx).unavailable.is_none());
+        ctx.world_size = 2;
+        ctx.local_world_size = 2;
+        let why = fit(one_gpu, &ctx).unavailable.unwrap();
+        assert!(
+            why.contains("2 ranks on this machine but 1 visible GPU"),
+            "{why}"
+        );
     }
 
     #[test]
