@@ -73,6 +73,7 @@ pub(crate) const DRIVER_SYMBOLS: &[&str] = &[
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
     "cuCtxSynchronize",
     "cuStreamCreate",
     "cuStreamDestroy_v2",

@@ -121,6 +121,7 @@ fn driver_stub(dir: &Path, init: i32, count: i32, all_symbols: bool) {
             "cuDevicePrimaryCtxRetain",
             "cuDevicePrimaryCtxRelease_v2",
             "cuCtxSetCurrent",
+            "cuCtxGetCurrent",
             "cuCtxSynchronize",
             "cuStreamCreate",
             "cuStreamDestroy_v2",

@@ -1,0 +1,205 @@
+//! The engine's whole path (context, stream, staging, views, grouped
+//! point-to-point, the header protocol, split, abort, timeouts) through
+//! cudarc's real bindings, against a FAKE driver and a FAKE one-rank NCCL
+//! (`tests/fake/*.c`, built here with `cc`): "device memory" is host memory
+//! and every reduction of one contribution is a copy. Glue testing only:
+//! it says the engine calls the libraries as intended and handles their
+//! answers, never that cuda-nccl works on a GPU (`tests/gpu.rs` does that).
+//!
+//! Each case runs in a child process (the loader reads `LD_LIBRARY_PATH`
+//! at start); no child may print a panic message.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use accel_api::{Communicator, CommunicatorExt, ErrorKind, ReduceOp};
+
+const CHILD: &str = "ACCEL_NCCL_FAKE_CHILD";
+
+/// Build the fake libraries into `dir` (as `libcuda.so` and `libnccl.so`).
+fn build_fakes(dir: &Path) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    for (c, so) in [("fake_cuda.c", "libcuda.so"), ("fake_nccl.c", "libnccl.so")] {
+        let st = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .arg(dir.join(so))
+            .arg(src.join(c))
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run the C compiler `{cc}`: {e}"));
+        assert!(st.success(), "{cc} failed on {c}");
+    }
+}
+
+/// Run the child test `case` against the fakes; returns its stdout.
+fn run_child(case: &str, envs: &[(&str, &str)]) -> String {
+    let t = tempfile::tempdir().unwrap();
+    build_fakes(t.path());
+    let mut cmd = Command::new("timeout");
+    cmd.arg("120")
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", case, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .env("LD_LIBRARY_PATH", t.path())
+        .env_remove("CUDA_VISIBLE_DEVICES");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        out.status.success(),
+        "child {case} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "child {case} ran nothing:\n{stdout}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stdout.contains("panicked"),
+        "panic message in child {case}:\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
+fn in_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+#[test]
+fn fake_scenarios_pass_through_the_whole_engine() {
+    run_child("child_scenarios", &[]);
+}
+
+#[test]
+fn child_scenarios() {
+    if !in_child() {
+        return;
+    }
+    let r = accel_backend_cuda_nccl::inspect();
+    assert!(r.unavailable.is_none(), "the fakes should probe: {r:?}");
+    assert_eq!(r.version_line().unwrap(), "NCCL 2.28.3, CUDA driver 13.0");
+    let c = common::connect_one(Duration::from_secs(10));
+    common::every_dtype_and_reduction(&c);
+    common::data_movement(&c);
+    common::host_buffers(&c);
+    common::split_and_abort(&c);
+}
+
+#[test]
+fn a_hung_collective_times_out_aborts_and_poisons() {
+    let t = tempfile::tempdir().unwrap();
+    let log: PathBuf = t.path().join("aborts");
+    run_child(
+        "child_hang",
+        &[
+            ("FAKE_NCCL_HANG", "1"),
+            ("FAKE_NCCL_ABORT_LOG", log.to_str().unwrap()),
+        ],
+    );
+    let aborts = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        aborts.lines().count(),
+        1,
+        "ncclCommAbort exactly once: {aborts:?}"
+    );
+}
+
+#[test]
+fn child_hang() {
+    if !in_child() {
+        return;
+    }
+    let c = common::connect_one(Duration::from_millis(300));
+    let t0 = std::time::Instant::now();
+    let e = c
+        .all_reduce_slice(&mut [1.0f32; 4], ReduceOp::Sum)
+        .unwrap_err();
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "bounded by the timeout"
+    );
+    assert_eq!(
+        e.kind(),
+        &ErrorKind::Timeout {
+            after: Duration::from_millis(300)
+        },
+        "{e}"
+    );
+    let s = e.to_string();
+    assert!(
+        s.starts_with("[cuda-nccl rank 0] all_reduce: timed out after 300ms: the NCCL all_reduce (4 f32) on cuda:0 did not complete; the NCCL communicator was aborted"),
+        "{s}"
+    );
+    let e = c.barrier().unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Poisoned, "{e}");
+    assert!(
+        e.to_string().contains("timed out"),
+        "names the first failure: {e}"
+    );
+}
+
+#[test]
+fn a_remote_error_is_a_lost_peer() {
+    run_child("child_remote", &[("FAKE_NCCL_REMOTE", "1")]);
+}
+
+#[test]
+fn child_remote() {
+    if !in_child() {
+        return;
+    }
+    let c = common::connect_one(Duration::from_secs(10));
+    let e = c.broadcast_slice(&mut [1u8, 2], 0).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::PeerLost { peer: None }, "{e}");
+    assert!(
+        e.to_string().contains("remote process exited"),
+        "NCCL's text: {e}"
+    );
+    assert!(
+        e.to_string().contains("fake last error"),
+        "ncclGetLastError: {e}"
+    );
+    assert_eq!(c.barrier().unwrap_err().kind(), &ErrorKind::Poisoned);
+}
+
+#[test]
+fn connect_refuses_what_it_cannot_drive() {
+    run_child("child_refusals", &[]);
+}
+
+#[test]
+fn child_refusals() {
+    if !in_child() {
+        return;
+    }
+    let store: std::sync::Arc<dyn accel_api::Store> =
+        std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
+    let ctx = |device| accel_api::ConnectContext {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+        local_world_size: 1,
+        device,
+        timeout: Duration::from_secs(5),
+        store: store.clone(),
+        run_id: "r".into(),
+    };
+    let e = accel_backend_cuda_nccl::connect(ctx(accel_api::Device::CPU)).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
+    let e = accel_backend_cuda_nccl::connect(ctx(accel_api::Device::new(
+        accel_api::DeviceKind::Cuda,
+        3,
+    )))
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("cuda:3 is not among the 1 visible"),
+        "{e}"
+    );
+    let c = common::connect_one(Duration::from_secs(5));
+    assert_eq!((c.rank(), c.world_size()), (0, 1));
+}
