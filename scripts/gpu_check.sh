@@ -74,7 +74,13 @@ linkdir=$out/nccl-link
 if ((dry)); then
   echo "would link the pip NCCL's libnccl.so.2 as $linkdir/libnccl.so and put it on LD_LIBRARY_PATH" | tee -a "$out/summary.txt"
 else
-  if ncclso=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null) && [[ -f $ncclso ]]; then
+  ncclso=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null) || ncclso=
+  if [[ ! -f $ncclso ]]; then
+    # Another wheel layout: search the site-packages folders.
+    ncclso=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null |
+      while read -r d; do find "$d" -maxdepth 5 -name libnccl.so.2 2>/dev/null; done | head -1)
+  fi
+  if [[ -n $ncclso && -f $ncclso ]]; then
     mkdir -p "$linkdir"
     ln -sfn "$ncclso" "$linkdir/libnccl.so"
     export ACCEL_NCCL_LIB=$ncclso

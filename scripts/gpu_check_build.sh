@@ -37,6 +37,12 @@ for b in "$out"/accel "$out"/accel-conformance-worker; do
     exit 1
   fi
 done
+# The GPU machine's glibc may be older than this one's: show what is needed.
+for b in "$out"/*; do
+  [[ -x $b && ! -L $b && $b != *.sh ]] || continue
+  need=$(objdump -T "$b" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+  echo "$(basename "$b") needs ${need:-?}"
+done
 total=$(du -cb "$out"/* | awk 'END{print $1}')
 ls -l "$out"
 echo "total: $((total / 1024 / 1024)) MiB (limit 64 MiB)"

@@ -138,15 +138,16 @@ enum Place<'a> {
     },
 }
 
-/// Ordering the poll loop's sleeps: spin first (a small collective
-/// finishes in microseconds), then back off to at most 1 ms.
+/// The poll loop's wait between two looks: spin first (a small collective
+/// finishes in microseconds), then yield, then sleep 1 us more each time up
+/// to 250 us (a long collective is overshot by at most that).
 fn pause(i: u32) {
     if i < 64 {
         std::hint::spin_loop();
     } else if i < 256 {
         std::thread::yield_now();
     } else {
-        std::thread::sleep(Duration::from_micros(u64::from((i - 255).min(1000))));
+        std::thread::sleep(Duration::from_micros(u64::from((i - 255).min(250))));
     }
 }
 
