@@ -203,3 +203,40 @@ fn child_refusals() {
     let c = common::connect_one(Duration::from_secs(5));
     assert_eq!((c.rank(), c.world_size()), (0, 1));
 }
+
+#[test]
+fn a_rank_that_never_connects_is_counted() {
+    run_child("child_missing_rank", &[]);
+}
+
+#[test]
+fn child_missing_rank() {
+    if !in_child() {
+        return;
+    }
+    let store: std::sync::Arc<dyn accel_api::Store> =
+        std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
+    let ctx = accel_api::ConnectContext {
+        rank: 0,
+        world_size: 2,
+        local_rank: 0,
+        local_world_size: 1,
+        device: common::CUDA0,
+        timeout: Duration::from_millis(300),
+        store: store.clone(),
+        run_id: "r".into(),
+    };
+    let e = accel_backend_cuda_nccl::connect(ctx).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
+    let s = e.to_string();
+    // The store's barrier names itself and counts who arrived.
+    assert!(s.starts_with("[cuda-nccl rank 0] store barrier: "), "{s}");
+    assert!(s.contains("cuda-nccl/1/joined`: 1 of 2 participants arrived"), "{s}");
+    assert!(
+        store
+            .try_get("cuda-nccl/1/id")
+            .unwrap()
+            .is_some_and(|id| id.len() == 128),
+        "rank 0 published the NCCL id"
+    );
+}
