@@ -88,6 +88,13 @@ fn child_scenarios() {
     common::data_movement(&c);
     common::host_buffers(&c);
     common::split_and_abort(&c);
+    // The shared suite through the fakes: glue (staging, views, framing),
+    // not NCCL.
+    accel_conformance::assert_conformance(
+        std::sync::Arc::new(accel_backend_cuda_nccl::CudaNcclBackend),
+        &[1],
+        None,
+    );
 }
 
 #[test]
@@ -231,7 +238,10 @@ fn child_missing_rank() {
     let s = e.to_string();
     // The store's barrier names itself and counts who arrived.
     assert!(s.starts_with("[cuda-nccl rank 0] store barrier: "), "{s}");
-    assert!(s.contains("cuda-nccl/1/joined`: 1 of 2 participants arrived"), "{s}");
+    assert!(
+        s.contains("cuda-nccl/1/joined`: 1 of 2 participants arrived"),
+        "{s}"
+    );
     assert!(
         store
             .try_get("cuda-nccl/1/id")

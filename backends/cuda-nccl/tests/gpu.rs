@@ -43,6 +43,19 @@ fn host_buffers_are_staged() {
     }
 }
 
+/// The shared conformance suite, ranks as threads, at world size 1 (one
+/// GPU: NCCL refuses two ranks on one device).
+#[test]
+fn the_conformance_suite_passes_at_world_size_1() {
+    if world().is_some() {
+        accel_conformance::assert_conformance(
+            std::sync::Arc::new(accel_backend_cuda_nccl::CudaNcclBackend),
+            &[1],
+            None,
+        );
+    }
+}
+
 #[test]
 fn split_and_abort() {
     if let Some(c) = world() {
