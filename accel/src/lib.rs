@@ -48,6 +48,12 @@ pub use state::{state, LaunchSource, ProcessState};
 /// The stores, re-exported for programs that host or open one themselves.
 pub use accel_rendezvous as rendezvous;
 
+/// The cuda-nccl backend's own API (device buffers it allocates, the probe
+/// report, the `libnccl.so` link folder), for programs and tools that
+/// need more than the [`Communicator`] (`accel bench` on device memory).
+#[cfg(feature = "cuda-nccl")]
+pub use accel_backend_cuda_nccl as cuda_nccl;
+
 /// Reference every enabled backend crate so the linker keeps their
 /// `inventory` registrations (an unreferenced crate can be dropped).
 pub(crate) fn link_backends() {
