@@ -18,10 +18,24 @@
 //! wheels on PyPI (`nvidia-nccl-cu12`, `nvidia-nccl-cu13`) ship only
 //! `libnccl.so.2`, and the loader reads `LD_LIBRARY_PATH` at process start
 //! only. Start the program with a folder holding a `libnccl.so` link on
-//! `LD_LIBRARY_PATH`: `scripts/nccl_libdir.sh` prints one (making the link
-//! next to the wheel it finds), [`prepare_link_dir`] does the same from
-//! Rust (a launcher calls it before starting workers), and the probe's
-//! reason names the library it found when only the `.2` name exists.
+//! `LD_LIBRARY_PATH`: `scripts/nccl_libdir.sh` prints one (it links the
+//! `libnccl.so.2` it finds, from `ACCEL_NCCL_LIB`, the `nvidia.nccl` Python
+//! package or the loader cache, into `~/.cache/accel/nccl-link`),
+//! [`prepare_link_dir`] does the same from Rust (for a launcher, before it
+//! starts workers), and the probe's reason names the library it found when
+//! only the `.2` name exists.
+//!
+//! ## Testing without a GPU
+//!
+//! `tests/probe_stub.rs` runs the probe in child processes against no
+//! driver and stub libraries; `tests/fake_device.rs` runs the whole engine
+//! (and the shared conformance suite at world size 1) against a fake
+//! host-memory driver and a fake one-rank NCCL built from `tests/fake/*.c`.
+//! Both are glue tests: they show that the backend calls the libraries as
+//! intended and handles their answers, never that it works on a GPU.
+//! `tests/gpu.rs` is the real thing; it skips without a GPU unless
+//! `ACCEL_REQUIRE_GPU=1`, and `scripts/gpu_check.sh` runs it on a lent
+//! machine.
 //!
 //! ## Connect
 //!
