@@ -208,3 +208,16 @@ impl DeviceBuffer {
         Ok(out)
     }
 }
+
+/// A read-only view of a [cudarc](cudarc::driver::CudaSlice) slice for a
+/// collective: its device (the slice's ordinal) and its stream (the
+/// communicator's stream waits for the work queued there). Use the cudarc
+/// this crate re-exports ([`crate::cudarc`]), so that the types agree.
+pub fn cudarc_view<T: Element>(s: &cudarc::driver::CudaSlice<T>) -> DeviceBuf<'_> {
+    ffi::cudarc_view(s)
+}
+
+/// A writable view of a cudarc slice; see [`cudarc_view`].
+pub fn cudarc_view_mut<T: Element>(s: &mut cudarc::driver::CudaSlice<T>) -> DeviceBufMut<'_> {
+    ffi::cudarc_view_mut(s)
+}

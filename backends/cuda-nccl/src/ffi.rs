@@ -734,3 +734,39 @@ pub(crate) fn view_mut(
     // SAFETY: as for `view`; the mutable borrow excludes other views.
     unsafe { accel_api::DeviceBufMut::from_raw(mem, ptr, len, dtype, device, stream) }
 }
+
+/// A read-only view of a cudarc slice, on the slice's stream.
+pub(crate) fn cudarc_view<T: accel_api::Element>(
+    s: &cudarc::driver::CudaSlice<T>,
+) -> accel_api::DeviceBuf<'_> {
+    use cudarc::driver::DevicePtr;
+    let stream = s.stream().cu_stream() as usize as u64;
+    let device = accel_api::Device::new(accel_api::DeviceKind::Cuda, s.ordinal() as u32);
+    // The guard records cudarc's read event now; the collective that uses
+    // the view is ordered after the slice's stream and finishes before the
+    // call returns, so later writes on that stream cannot overtake it.
+    let (addr, _guard) = s.device_ptr(s.stream());
+    // SAFETY: the slice owns `s.len()` elements of `T` on `device`, and the
+    // view borrows it, so the memory outlives the view and is not written
+    // through another path while the view is used.
+    unsafe { accel_api::DeviceBuf::from_raw(s, addr, s.len(), T::DTYPE, device, stream) }
+}
+
+/// A writable view of a cudarc slice, on the slice's stream.
+pub(crate) fn cudarc_view_mut<T: accel_api::Element>(
+    s: &mut cudarc::driver::CudaSlice<T>,
+) -> accel_api::DeviceBufMut<'_> {
+    use cudarc::driver::DevicePtrMut;
+    let stream_arc = s.stream().clone();
+    let stream = stream_arc.cu_stream() as usize as u64;
+    let device = accel_api::Device::new(accel_api::DeviceKind::Cuda, s.ordinal() as u32);
+    let len = s.len();
+    let addr = {
+        // As in `cudarc_view`, for cudarc's write event.
+        let (addr, _guard) = s.device_ptr_mut(&stream_arc);
+        addr
+    };
+    // SAFETY: as in `cudarc_view`; the mutable borrow of the slice excludes
+    // every other view of it while this one lives.
+    unsafe { accel_api::DeviceBufMut::from_raw(s, addr, len, T::DTYPE, device, stream) }
+}

@@ -118,7 +118,10 @@ use accel_api::{
     ProbeContext, Result, StoreExt, PRIORITY_CUDA,
 };
 
-pub use buffer::DeviceBuffer;
+pub use buffer::{cudarc_view, cudarc_view_mut, DeviceBuffer};
+/// The cudarc this backend is built on (`=0.19.10`): name its types
+/// through this path so that [`cudarc_view`] accepts your slices.
+pub use cudarc;
 pub use engine::{capabilities, NcclCommunicator, NcclEngine};
 pub use probe::{candidate_dirs, inspect, prepare_link_dir, ProbeReport};
 

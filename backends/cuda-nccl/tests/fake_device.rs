@@ -250,3 +250,17 @@ fn child_missing_rank() {
         "rank 0 published the NCCL id"
     );
 }
+
+#[test]
+fn cudarc_slices_are_device_views() {
+    run_child("child_cudarc", &[]);
+}
+
+#[test]
+fn child_cudarc() {
+    if !in_child() {
+        return;
+    }
+    let c = common::connect_one(Duration::from_secs(10));
+    common::cudarc_slices(&c);
+}

@@ -57,6 +57,13 @@ fn the_conformance_suite_passes_at_world_size_1() {
 }
 
 #[test]
+fn cudarc_slices_are_device_views() {
+    if let Some(c) = world() {
+        common::cudarc_slices(&c);
+    }
+}
+
+#[test]
 fn split_and_abort() {
     if let Some(c) = world() {
         common::split_and_abort(&c);

@@ -166,3 +166,27 @@ pub fn split_and_abort(c: &NcclCommunicator) {
     assert_eq!(e.kind(), &ErrorKind::Poisoned, "{e}");
     assert!(e.to_string().contains("test said so"), "{e}");
 }
+
+/// cudarc's own slices as device views (all_reduce in place, all_gather).
+pub fn cudarc_slices(c: &NcclCommunicator) {
+    use accel_backend_cuda_nccl::cudarc::driver::CudaContext;
+    let ctx = CudaContext::new(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let host: Vec<f32> = (0..300).map(|i| i as f32 * 0.5).collect();
+    let mut a = stream.clone_htod(&host).unwrap();
+    let mut b = stream.alloc_zeros::<f32>(host.len()).unwrap();
+    c.all_reduce(
+        accel_api::BufMut::Device(accel_backend_cuda_nccl::cudarc_view_mut(&mut a)),
+        ReduceOp::Max,
+    )
+    .unwrap();
+    c.all_gather(
+        accel_api::Buf::Device(accel_backend_cuda_nccl::cudarc_view(&a)),
+        accel_api::BufMut::Device(accel_backend_cuda_nccl::cudarc_view_mut(&mut b)),
+    )
+    .unwrap();
+    assert_eq!(stream.clone_dtoh(&b).unwrap(), host);
+    let view = accel_backend_cuda_nccl::cudarc_view(&a);
+    assert_eq!((view.len(), view.dtype()), (300, accel_api::DType::F32));
+    assert_eq!(view.device(), CUDA0);
+}

@@ -31,3 +31,8 @@ int cuMemFree_v2(dptr p) { free((void *)(size_t)p); return 0; }
 int cuMemcpyHtoDAsync_v2(dptr d, const void *s, size_t n, void *st) { (void)st; memcpy((void *)(size_t)d, s, n); return 0; }
 int cuMemcpyDtoHAsync_v2(void *d, dptr s, size_t n, void *st) { (void)st; memcpy(d, (void *)(size_t)s, n); return 0; }
 int cuMemcpyDtoDAsync_v2(dptr d, dptr s, size_t n, void *st) { (void)st; memmove((void *)(size_t)d, (void *)(size_t)s, n); return 0; }
+/* What cudarc's own slices call (alloc, memset, sync). */
+int cuMemsetD8Async(dptr d, unsigned char v, size_t n, void *st) { (void)st; memset((void *)(size_t)d, v, n); return 0; }
+int cuStreamSynchronize(void *s) { (void)s; return 0; }
+int cuEventQuery(void *e) { (void)e; return 0; }
+int cuEventSynchronize(void *e) { (void)e; return 0; }
