@@ -44,6 +44,7 @@ fmt-check:
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
+	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
 
 unit: setup
 	$(CARGO) test --workspace --no-fail-fast
