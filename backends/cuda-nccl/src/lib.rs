@@ -59,8 +59,10 @@
 //! | barrier | - | a one-element all-reduce and a stream sync (NCCL has no barrier) |
 //! | split | - | `ncclCommSplit` (non-blocking, polled) |
 //!
-//! Device views ([`accel_api::DeviceBuf`]) must be on the communicator's
-//! device; the communicator's stream waits (an event) for the work queued
+//! Device views ([`accel_api::DeviceBuf`]) come from a framework adapter,
+//! from [`cudarc_view`]/[`cudarc_view_mut`] (cudarc slices) or from
+//! [`DeviceBuffer`] (memory this crate allocates), and must be on the
+//! communicator's device; the communicator's stream waits (an event) for the work queued
 //! on the view's stream before the call, and the call returns once the
 //! result is complete. **Host buffers** are supported by staging: they are
 //! copied into device memory the communicator keeps (grown on demand),
