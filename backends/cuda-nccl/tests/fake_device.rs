@@ -264,3 +264,50 @@ fn child_cudarc() {
     let c = common::connect_one(Duration::from_secs(10));
     common::cudarc_slices(&c);
 }
+
+#[test]
+fn abort_interrupts_a_call_in_flight() {
+    let t = tempfile::tempdir().unwrap();
+    let log: PathBuf = t.path().join("aborts");
+    run_child(
+        "child_abort_in_flight",
+        &[
+            ("FAKE_NCCL_HANG", "1"),
+            ("FAKE_NCCL_ABORT_LOG", log.to_str().unwrap()),
+        ],
+    );
+    let aborts = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        aborts.lines().count(),
+        1,
+        "ncclCommAbort exactly once: {aborts:?}"
+    );
+}
+
+#[test]
+fn child_abort_in_flight() {
+    if !in_child() {
+        return;
+    }
+    let c = std::sync::Arc::new(common::connect_one(Duration::from_secs(60)));
+    assert!(c.capabilities().abort_interrupts);
+    let c2 = c.clone();
+    let aborter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        c2.abort("the test stops it");
+    });
+    let t0 = std::time::Instant::now();
+    let e = c
+        .all_reduce_slice(&mut [1i32; 8], ReduceOp::Sum)
+        .unwrap_err();
+    aborter.join().unwrap();
+    assert!(
+        t0.elapsed() < Duration::from_secs(10),
+        "returned on the abort, not the 60 s timeout"
+    );
+    assert_eq!(e.kind(), &ErrorKind::Aborted, "{e}");
+    assert!(e.to_string().contains("all_reduce"), "{e}");
+    let e = c.barrier().unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Poisoned, "{e}");
+    assert!(e.to_string().contains("the test stops it"), "{e}");
+}
