@@ -699,16 +699,26 @@ impl Engine for NcclEngine {
         })?;
         let got = Header::decode(&header);
         let want = Header::new(dtype, count, tag);
+        if DType::from_code(got.dtype).is_none_or(|d| !got.bytes.is_multiple_of(d.size() as u64)) {
+            // Not a header this backend wrote: the peers are out of step.
+            self.comm.abort();
+            return Err(NcclFailure::Nccl {
+                call: crate::error::NcclCall::Recv,
+                code: 0,
+                text: format!("the message header from rank {src} is not one accel sent ({got:?})"),
+                last: String::new(),
+            }
+            .into());
+        }
         if got != want {
             // Drain the payload so that the stream of messages stays in
             // step, then refuse.
             if got.bytes > 0 {
-                let mut sink = vec![0u8; got.bytes as usize];
-                let p = Place::Host {
-                    slot: 1,
-                    src: &[],
-                    out: Some(&mut sink),
-                    upload_out: false,
+                // Into device staging: no host copy of a message nobody wants.
+                let sink = self.staging_addr(1, got.bytes as usize)?;
+                let p = Place::Device {
+                    addr: sink,
+                    stream: self.stream.raw(),
                 };
                 self.launch(Op::Recv, "dropped message", vec![p], |a| {
                     vec![Call::Recv {
