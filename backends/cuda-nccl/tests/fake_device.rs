@@ -19,13 +19,14 @@ use accel_api::{Communicator, CommunicatorExt, ErrorKind, ReduceOp};
 
 const CHILD: &str = "ACCEL_NCCL_FAKE_CHILD";
 
-/// Build the fake libraries into `dir` (as `libcuda.so` and `libnccl.so`).
-fn build_fakes(dir: &Path) {
+/// Build the fake libraries into `dir` (as `libcuda.so` and `libnccl.so`,
+/// the latter from `nccl`).
+fn build_fakes(dir: &Path, nccl: &str) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake");
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    for (c, so) in [("fake_cuda.c", "libcuda.so"), ("fake_nccl.c", "libnccl.so")] {
+    for (c, so) in [("fake_cuda.c", "libcuda.so"), (nccl, "libnccl.so")] {
         let st = Command::new(&cc)
-            .args(["-shared", "-fPIC", "-O1", "-o"])
+            .args(["-shared", "-fPIC", "-O1", "-pthread", "-o"])
             .arg(dir.join(so))
             .arg(src.join(c))
             .status()
@@ -34,10 +35,17 @@ fn build_fakes(dir: &Path) {
     }
 }
 
-/// Run the child test `case` against the fakes; returns its stdout.
+/// Run the child test `case` against the one-rank fakes; returns its
+/// stdout.
 fn run_child(case: &str, envs: &[(&str, &str)]) -> String {
+    run_child_with("fake_nccl.c", case, envs)
+}
+
+/// Run the child test `case` against the fake driver and the fake NCCL
+/// built from `nccl`.
+fn run_child_with(nccl: &str, case: &str, envs: &[(&str, &str)]) -> String {
     let t = tempfile::tempdir().unwrap();
-    build_fakes(t.path());
+    build_fakes(t.path(), nccl);
     let mut cmd = Command::new("timeout");
     cmd.arg("120")
         .arg(std::env::current_exe().unwrap())
@@ -310,4 +318,96 @@ fn child_abort_in_flight() {
     let e = c.barrier().unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Poisoned, "{e}");
     assert!(e.to_string().contains("the test stops it"), "{e}");
+}
+
+#[test]
+fn two_ranks_as_threads_bootstrap_and_talk() {
+    run_child_with(
+        "fake_nccl_threads.c",
+        "child_two_ranks",
+        &[("FAKE_CUDA_DEVICES", "2")],
+    );
+}
+
+/// Two ranks as threads over the threaded fake NCCL: the id goes through
+/// the store, the header protocol keeps messages in step.
+#[test]
+fn child_two_ranks() {
+    if !in_child() {
+        return;
+    }
+    let store: std::sync::Arc<dyn accel_api::Store> =
+        std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
+    let ranks: Vec<_> = (0..2usize)
+        .map(|rank| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                let c = accel_backend_cuda_nccl::connect(accel_api::ConnectContext {
+                    rank,
+                    world_size: 2,
+                    local_rank: rank,
+                    local_world_size: 2,
+                    device: accel_api::Device::new(accel_api::DeviceKind::Cuda, rank as u32),
+                    timeout: Duration::from_secs(20),
+                    store,
+                    run_id: "two".into(),
+                })
+                .unwrap();
+                two_rank_scenario(&c, rank);
+            })
+        })
+        .collect();
+    for r in ranks {
+        r.join().unwrap();
+    }
+}
+
+fn two_rank_scenario(c: &accel_backend_cuda_nccl::NcclCommunicator, rank: usize) {
+    let me = rank as f32 + 1.0;
+    let mut v = vec![me; 5];
+    c.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap();
+    assert_eq!(v, vec![3.0; 5], "sum of 1 and 2");
+    let mut b = vec![me; 3];
+    c.broadcast_slice(&mut b, 1).unwrap();
+    assert_eq!(b, vec![2.0; 3], "rank 1's value");
+    let g = c
+        .all_gather_vec(&[rank as i32 * 10, rank as i32 * 10 + 1])
+        .unwrap();
+    assert_eq!(g, vec![0, 1, 10, 11]);
+    let g = c.gather_vec(&[rank as i32 + 5; 2], 0).unwrap();
+    assert_eq!(g, (rank == 0).then(|| vec![5, 5, 6, 6]), "gather at 0");
+    let all = [1i64, 2, 3, 4];
+    let s = c
+        .scatter_vec((rank == 1).then_some(&all[..]), 2, 1)
+        .unwrap();
+    assert_eq!(
+        s,
+        if rank == 0 { vec![1, 2] } else { vec![3, 4] },
+        "scatter from 1"
+    );
+    let a = c
+        .all_to_all_vec(&[rank as u8 * 2, rank as u8 * 2 + 1])
+        .unwrap();
+    assert_eq!(
+        a,
+        if rank == 0 { vec![0, 2] } else { vec![1, 3] },
+        "all_to_all"
+    );
+    c.barrier().unwrap();
+    if rank == 0 {
+        c.send_slice(&[1.0f32, 2.0, 3.0], 1, 7).unwrap();
+        c.send_slice(&[9.0f32; 4], 1, 8).unwrap();
+        c.send_slice(&[5.0f32], 1, 9).unwrap();
+    } else {
+        let mut r = [0f32; 3];
+        c.recv_slice(&mut r, 0, 7).unwrap();
+        assert_eq!(r, [1.0, 2.0, 3.0]);
+        let e = c.recv_slice(&mut r, 0, 8).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("16 bytes of f32 with tag 8"), "{e}");
+        let mut one = [0f32];
+        c.recv_slice(&mut one, 0, 9).unwrap();
+        assert_eq!(one, [5.0], "in step after the dropped message");
+    }
+    c.barrier().unwrap();
 }

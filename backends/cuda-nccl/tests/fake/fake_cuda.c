@@ -10,8 +10,9 @@ static int ctx_token, stream_token, event_token;
 
 int cuInit(unsigned f) { (void)f; return 0; }
 int cuDriverGetVersion(int *v) { *v = 13000; return 0; }
-int cuDeviceGetCount(int *n) { *n = 1; return 0; }
-int cuDeviceGet(int *d, int ord) { *d = ord; return ord == 0 ? 0 : 101; }
+static int count(void) { const char *v = getenv("FAKE_CUDA_DEVICES"); return v ? atoi(v) : 1; }
+int cuDeviceGetCount(int *n) { *n = count(); return 0; }
+int cuDeviceGet(int *d, int ord) { *d = ord; return ord < count() ? 0 : 101; }
 int cuDeviceGetAttribute(int *v, int attr, int dev) { (void)attr; (void)dev; *v = 0; return 0; }
 int cuDevicePrimaryCtxRetain(void **c, int dev) { (void)dev; *c = &ctx_token; return 0; }
 int cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
