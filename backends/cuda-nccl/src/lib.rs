@@ -30,7 +30,8 @@
 //! `tests/probe_stub.rs` runs the probe in child processes against no
 //! driver and stub libraries; `tests/fake_device.rs` runs the whole engine
 //! (and the shared conformance suite at world size 1) against a fake
-//! host-memory driver and a fake one-rank NCCL built from `tests/fake/*.c`.
+//! host-memory driver and a fake one-rank NCCL built from `tests/fake/*.c`,
+//! and two ranks as threads over a threaded fake NCCL.
 //! Both are glue tests: they show that the backend calls the libraries as
 //! intended and handles their answers, never that it works on a GPU.
 //! `tests/gpu.rs` is the real thing; it skips without a GPU unless
