@@ -62,16 +62,11 @@ fn main() -> ExitCode {
 fn run(max: usize) -> accel_api::Result<()> {
     let dev = Device::new(DeviceKind::Cuda, 0);
     let store: Arc<dyn Store> = Arc::new(accel_rendezvous::MemoryStore::new());
-    let comm = connect(ConnectContext {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: 1,
-        device: dev,
-        timeout: Duration::from_secs(60),
-        store,
-        run_id: "device-bench".into(),
-    })?;
+    let comm = connect(
+        ConnectContext::local(0, 1, Duration::from_secs(60), store)
+            .with_device(dev)
+            .with_run_id("device-bench"),
+    )?;
     let mut bytes = 4096usize;
     while bytes <= max {
         let n = bytes / 4;

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    Buf, BufMut, Capabilities, DType, Device, DeviceKind, Engine, Error, Group, Op, ReduceOp,
-    Result, Store,
+    Buf, BufMut, Capabilities, DType, Device, DeviceKind, Engine, EngineInfo, Error, Group, Op,
+    ReduceOp, Result, Store,
 };
 use cudarc::driver::CudaContext;
 
@@ -94,10 +94,7 @@ pub(crate) struct Shared {
 
 /// The engine of one NCCL communicator.
 pub struct NcclEngine {
-    rank: usize,
-    world: usize,
-    device: Device,
-    timeout: Duration,
+    info: EngineInfo,
     shared: Arc<Shared>,
     /// Store keys of this communicator live under this prefix.
     prefix: String,
@@ -116,9 +113,7 @@ pub struct NcclEngine {
 impl std::fmt::Debug for NcclEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclEngine")
-            .field("rank", &self.rank)
-            .field("world", &self.world)
-            .field("device", &self.device)
+            .field("info", &self.info)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
@@ -208,16 +203,19 @@ impl NcclEngine {
             }
             i += 1;
         }
-        let (world, rank) = comm.count_and_rank()?;
+        let (world_size, rank) = comm.count_and_rank()?;
         let stream =
             OwnedStream::new(&shared.ctx).map_err(|e| NcclFailure::driver("cuStreamCreate", e))?;
         let barrier_buf =
             DeviceMem::alloc(&shared.ctx, 8).map_err(|e| NcclFailure::driver("cuMemAlloc", e))?;
         Ok(NcclEngine {
-            rank,
-            world,
-            device,
-            timeout,
+            info: EngineInfo {
+                backend: NAME.to_string(),
+                rank,
+                world_size,
+                device,
+                timeout,
+            },
             shared,
             prefix,
             stream,
@@ -298,7 +296,7 @@ impl NcclEngine {
         places: Vec<Place<'_>>,
         calls: impl FnOnce(&[u64]) -> Vec<Call>,
     ) -> std::result::Result<(), NcclFailure> {
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.info.timeout;
         self.bind()?;
         let mut addrs = Vec::with_capacity(places.len());
         let mut waited: Vec<Stream> = Vec::new();
@@ -409,8 +407,8 @@ impl NcclEngine {
             if Instant::now() >= deadline {
                 self.comm.abort();
                 return Err(NcclFailure::Timeout {
-                    what: format!("the NCCL {} ({what}) on {}", op.name(), self.device),
-                    after: self.timeout,
+                    what: format!("the NCCL {} ({what}) on {}", op.name(), self.info.device),
+                    after: self.info.timeout,
                     culprit: self.culprit(),
                 });
             }
@@ -422,8 +420,8 @@ impl NcclEngine {
     /// The first other rank that published a failure under this
     /// communicator's prefix (looked up for at most 64 ranks).
     fn culprit(&self) -> Option<(usize, String)> {
-        (0..self.world.min(64))
-            .filter(|&r| r != self.rank)
+        (0..self.info.world_size.min(64))
+            .filter(|&r| r != self.info.rank)
             .find_map(|r| {
                 let v = self
                     .shared
@@ -441,24 +439,8 @@ impl NcclEngine {
 }
 
 impl Engine for NcclEngine {
-    fn backend_name(&self) -> &str {
-        NAME
-    }
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world
-    }
-
-    fn device(&self) -> Device {
-        self.device
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
+    fn info(&self) -> &EngineInfo {
+        &self.info
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -504,7 +486,7 @@ impl Engine for NcclEngine {
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
         let (count, dtype) = (buf.len(), buf.dtype());
-        let p = self.place_out(0, buf, self.rank == root);
+        let p = self.place_out(0, buf, self.info.rank == root);
         self.launch(Op::Broadcast, &Self::describe(count, dtype), vec![p], |a| {
             vec![Call::Broadcast {
                 buf: a[0],
@@ -534,7 +516,7 @@ impl Engine for NcclEngine {
         let (count, dtype) = (send.len(), send.dtype());
         let ty = nccl_type(dtype);
         let bytes = count * dtype.size();
-        let world = self.world;
+        let world = self.info.world_size;
         let mut places = vec![self.place_in(0, send)];
         let is_root = recv.is_some();
         if let Some(r) = recv {
@@ -564,7 +546,7 @@ impl Engine for NcclEngine {
         let (count, dtype) = (recv.len(), recv.dtype());
         let ty = nccl_type(dtype);
         let bytes = count * dtype.size();
-        let world = self.world;
+        let world = self.info.world_size;
         let mut places = vec![self.place_out(0, recv, false)];
         let is_root = send.is_some();
         if let Some(s) = send {
@@ -613,10 +595,10 @@ impl Engine for NcclEngine {
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let dtype = send.dtype();
-        let count = send.len() / self.world;
+        let count = send.len() / self.info.world_size;
         let ty = nccl_type(dtype);
         let bytes = (count * dtype.size()) as u64;
-        let world = self.world;
+        let world = self.info.world_size;
         let places = vec![self.place_in(0, send), self.place_out(1, recv, false)];
         self.launch(Op::AllToAll, &Self::describe(count, dtype), places, |a| {
             (0..world)
@@ -644,7 +626,7 @@ impl Engine for NcclEngine {
 
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
         let (count, dtype) = (buf.len(), buf.dtype());
-        if dst == self.rank {
+        if dst == self.info.rank {
             return self.send_self(buf, tag).map_err(Error::from);
         }
         let header = Header::new(dtype, count, tag).encode();
@@ -679,7 +661,7 @@ impl Engine for NcclEngine {
 
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
         let (count, dtype) = (buf.len(), buf.dtype());
-        if src == self.rank {
+        if src == self.info.rank {
             return self.recv_self(buf, tag).map_err(Error::from);
         }
         let mut header = [0u8; Header::BYTES];
@@ -790,7 +772,7 @@ impl Engine for NcclEngine {
         };
         let k = i32::try_from(key).map_err(|_| too_big("key", key))?;
         let n = self.splits.fetch_add(1, Ordering::SeqCst);
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.info.timeout;
         self.bind()?;
         let sub = match self.comm.split(c, k) {
             Ok(s) => s,
@@ -809,8 +791,8 @@ impl Engine for NcclEngine {
             self.shared.clone(),
             prefix,
             sub,
-            self.device,
-            self.timeout,
+            self.info.device,
+            self.info.timeout,
             deadline,
             "ncclCommSplit",
         )
@@ -822,7 +804,7 @@ impl Engine for NcclEngine {
     /// communicator and returns [`accel_api::ErrorKind::Aborted`]. Never
     /// blocks.
     fn abort(&self, reason: &str) {
-        tracing::warn!(rank = self.rank, reason, "cuda-nccl: abort requested");
+        tracing::warn!(rank = self.info.rank, reason, "cuda-nccl: abort requested");
         self.aborted.store(true, Ordering::SeqCst);
     }
 
@@ -830,7 +812,7 @@ impl Engine for NcclEngine {
     /// then abort the communicator so that NCCL's threads stop.
     fn on_fatal(&self, err: &Error) {
         let _ = self.shared.store.set(
-            &format!("{}/fault/{}", self.prefix, self.rank),
+            &format!("{}/fault/{}", self.prefix, self.info.rank),
             err.to_string().as_bytes(),
         );
         self.comm.abort();
@@ -847,7 +829,7 @@ impl NcclEngine {
         self.bind()?;
         let m = DeviceMem::alloc(&self.shared.ctx, d.size_bytes())
             .map_err(|e| NcclFailure::driver("cuMemAlloc", e))?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.info.timeout;
         let src = Stream::from_view(d.stream());
         self.stream
             .wait_for(src)
@@ -888,7 +870,7 @@ impl NcclEngine {
             )));
         }
         self.bind()?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.info.timeout;
         self.stream
             .wait_for(Stream::from_view(d.stream()))
             .map_err(|e| NcclFailure::driver("cuStreamWaitEvent", e))?;
@@ -905,7 +887,8 @@ impl Drop for NcclEngine {
     /// Finalize and destroy the communicator (bounded), or abort it.
     fn drop(&mut self) {
         if self.bind().is_ok() {
-            self.comm.close(self.timeout.min(Duration::from_secs(10)));
+            self.comm
+                .close(self.info.timeout.min(Duration::from_secs(10)));
         } else {
             self.comm.abort();
         }

@@ -117,8 +117,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use accel_api::{
-    Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Group, Probe,
-    ProbeContext, Result, StoreExt, PRIORITY_CUDA,
+    ConnectContext, DeviceKind, Error, ErrorKind, Group, Result, StaticBackend, StoreExt,
+    PRIORITY_CUDA,
 };
 
 pub use buffer::{cudarc_view, cudarc_view_mut, DeviceBuffer};
@@ -134,39 +134,14 @@ use error::NcclFailure;
 /// The registered name.
 pub const NAME: &str = "cuda-nccl";
 
-/// The `cuda-nccl` backend.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CudaNcclBackend;
+/// The `cuda-nccl` backend: its registration record.
+pub const BACKEND: StaticBackend =
+    StaticBackend::new(NAME, PRIORITY_CUDA, DeviceKind::Cuda, probe::probe, |ctx| {
+        Ok(Box::new(connect(ctx)?))
+    });
 
-/// The backend as a trait object, for explicit registration.
-pub fn backend() -> Box<dyn Backend> {
-    Box::new(CudaNcclBackend)
-}
-
-impl Backend for CudaNcclBackend {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn priority(&self) -> i32 {
-        PRIORITY_CUDA
-    }
-
-    fn device_kind(&self) -> DeviceKind {
-        DeviceKind::Cuda
-    }
-
-    fn probe(&self, ctx: &ProbeContext) -> Probe {
-        probe::probe(ctx)
-    }
-
-    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        connect(ctx).map(|c| Box::new(c) as Box<dyn Communicator>)
-    }
-}
-
-/// Connect the world communicator of this rank (what [`Backend::connect`]
-/// does, with the concrete type).
+/// Connect the world communicator of this rank (what [`BACKEND`]'s
+/// `connect` does, with the concrete type).
 ///
 /// # Errors
 /// [`ErrorKind::InvalidConfig`] for a rank outside the world or a device
@@ -175,30 +150,8 @@ impl Backend for CudaNcclBackend {
 /// how many did) or NCCL's initialisation did not finish;
 /// [`ErrorKind::Backend`] for NCCL's refusals (two ranks on one GPU).
 pub fn connect(ctx: ConnectContext) -> Result<NcclCommunicator> {
+    ctx.check(NAME, DeviceKind::Cuda)?;
     let fail = |e: Error| e.with_op("connect").with_backend(NAME).with_rank(ctx.rank);
-    if ctx.world_size == 0 || ctx.rank >= ctx.world_size {
-        return Err(fail(
-            Error::new(
-                ErrorKind::InvalidConfig,
-                format!(
-                    "rank {} is not in a world of {} ranks",
-                    ctx.rank, ctx.world_size
-                ),
-            )
-            .with_fix("set RANK below WORLD_SIZE"),
-        ));
-    }
-    if ctx.device.kind != DeviceKind::Cuda {
-        return Err(fail(
-            Error::new(
-                ErrorKind::InvalidConfig,
-                format!("cuda-nccl drives CUDA devices, not {}", ctx.device),
-            )
-            .with_fix(
-                "connect with a cuda device (the runtime binds local rank -> cuda:<local rank>)",
-            ),
-        ));
-    }
     let report = probe::inspect();
     if let Some(why) = &report.unavailable {
         return Err(fail(Error::from(NcclFailure::Unavailable(why.clone()))));
@@ -270,4 +223,4 @@ pub fn connect(ctx: ConnectContext) -> Result<NcclCommunicator> {
     Ok(Group::new(engine))
 }
 
-accel_api::submit_backend!(|| Box::new(CudaNcclBackend));
+accel_api::submit_backend!(|| Box::new(BACKEND));

@@ -99,7 +99,7 @@ fn child_scenarios() {
     // The shared suite through the fakes: glue (staging, views, framing),
     // not NCCL.
     accel_conformance::assert_conformance(
-        std::sync::Arc::new(accel_backend_cuda_nccl::CudaNcclBackend),
+        std::sync::Arc::new(accel_backend_cuda_nccl::BACKEND),
         &[1],
         None,
     );
@@ -194,15 +194,10 @@ fn child_refusals() {
     }
     let store: std::sync::Arc<dyn accel_api::Store> =
         std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
-    let ctx = |device| accel_api::ConnectContext {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: 1,
-        device,
-        timeout: Duration::from_secs(5),
-        store: store.clone(),
-        run_id: "r".into(),
+    let ctx = |device| {
+        accel_api::ConnectContext::local(0, 1, Duration::from_secs(5), store.clone())
+            .with_device(device)
+            .with_run_id("r")
     };
     let e = accel_backend_cuda_nccl::connect(ctx(accel_api::Device::CPU)).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
@@ -231,16 +226,9 @@ fn child_missing_rank() {
     }
     let store: std::sync::Arc<dyn accel_api::Store> =
         std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
-    let ctx = accel_api::ConnectContext {
-        rank: 0,
-        world_size: 2,
-        local_rank: 0,
-        local_world_size: 1,
-        device: common::CUDA0,
-        timeout: Duration::from_millis(300),
-        store: store.clone(),
-        run_id: "r".into(),
-    };
+    let ctx = accel_api::ConnectContext::local(0, 2, Duration::from_millis(300), store.clone())
+        .with_device(common::CUDA0)
+        .with_run_id("r");
     let e = accel_backend_cuda_nccl::connect(ctx).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
     let s = e.to_string();

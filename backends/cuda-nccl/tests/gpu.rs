@@ -49,7 +49,7 @@ fn host_buffers_are_staged() {
 fn the_conformance_suite_passes_at_world_size_1() {
     if world().is_some() {
         accel_conformance::assert_conformance(
-            std::sync::Arc::new(accel_backend_cuda_nccl::CudaNcclBackend),
+            std::sync::Arc::new(accel_backend_cuda_nccl::BACKEND),
             &[1],
             None,
         );

@@ -19,16 +19,9 @@ pub const CUDA0: Device = Device::new(DeviceKind::Cuda, 0);
 /// The world communicator of a one-rank run on cuda:0.
 pub fn connect_one(timeout: Duration) -> NcclCommunicator {
     let store: Arc<dyn Store> = Arc::new(accel_rendezvous::MemoryStore::new());
-    let ctx = ConnectContext {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: 1,
-        device: CUDA0,
-        timeout,
-        store,
-        run_id: "one-rank".into(),
-    };
+    let ctx = ConnectContext::local(0, 1, timeout, store)
+        .with_device(CUDA0)
+        .with_run_id("one-rank");
     connect(ctx).expect("connect on cuda:0")
 }
 
