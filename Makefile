@@ -49,6 +49,7 @@ fmt-check:
 lint: setup
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
+	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
 
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
 unit: setup pjrt-setup
@@ -70,7 +71,12 @@ TCH_TARGET_DIR ?= $(CURDIR)/target-tch
 TCH_CARGO = source $(TCH_CACHE)/env.sh && CARGO_TARGET_DIR=$(TCH_TARGET_DIR) $(CARGO)
 TCH_PACKAGES = --manifest-path integrations/Cargo.toml -p accel-tch -p accel-example-tch-digits
 
-.PHONY: tch-setup tch-test tch-demo
+.PHONY: tch-setup tch-test tch-demo gpu-check-build
+
+# Release binaries for scripts/gpu_check.sh on a lent GPU machine (no cargo
+# there), built without cpu-gloo and mpi into target/gpu-check/: carry that.
+gpu-check-build:
+	./scripts/gpu_check_build.sh
 
 tch-setup: setup
 	ACCEL_TCH_CACHE=$(TCH_CACHE) ./scripts/tch_setup.sh

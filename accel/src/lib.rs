@@ -50,6 +50,12 @@ pub use worker_env::WorkerEnv;
 /// The stores, re-exported for programs that host or open one themselves.
 pub use accel_rendezvous as rendezvous;
 
+/// The cuda-nccl backend's own API (device buffers it allocates, the probe
+/// report, the `libnccl.so` link folder), for programs and tools that
+/// need more than the [`Communicator`] (`accel bench` on device memory).
+#[cfg(feature = "cuda-nccl")]
+pub use accel_backend_cuda_nccl as cuda_nccl;
+
 /// Reference every enabled backend crate so the linker keeps their
 /// `inventory` registrations (an unreferenced crate can be dropped).
 pub(crate) fn link_backends() {
@@ -65,4 +71,6 @@ pub(crate) fn link_backends() {
     black_box(accel_backend_npu_hccl::backend as fn() -> _);
     #[cfg(feature = "xla")]
     black_box(accel_backend_xla::connect as fn(_) -> _);
+    #[cfg(feature = "cuda-nccl")]
+    black_box(accel_backend_cuda_nccl::connect as fn(_) -> _);
 }

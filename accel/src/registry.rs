@@ -524,6 +524,9 @@ mod tests {
         if cfg!(feature = "xla") {
             expected.push("xla".to_string());
         }
+        if cfg!(feature = "cuda-nccl") {
+            expected.push("cuda-nccl".to_string());
+        }
         expected.sort();
         let mut got = Registry::builtin().names();
         got.sort();

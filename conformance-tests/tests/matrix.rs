@@ -71,22 +71,23 @@ fn conformance_matrix() {
             eprintln!("mpi columns skipped: mpirun not found (make setup installs Open MPI)");
         }
     }
-    if cfg!(feature = "npu-hccl") {
-        // Probed here as the worker would: a column runs only where CANN
-        // and enough NPUs are, otherwise it is listed as not run.
-        let registry = accel::Registry::builtin();
-        let npu = registry
-            .get("npu-hccl")
-            .expect("the npu-hccl feature registers it");
+    // Device backends compiled in: probed here as the worker would; a
+    // column runs only where the hardware is, otherwise it is listed as not
+    // run with the probe's reason (never counted as a pass).
+    let registry = accel::Registry::builtin();
+    for name in ["cuda-nccl", "npu-hccl"] {
+        let Some(entry) = registry.get(name) else {
+            continue;
+        };
         for n in 1..=4 {
-            let probe = npu.backend.probe(&accel_api::ProbeContext {
+            let probe = entry.backend.probe(&accel_api::ProbeContext {
                 world_size: n,
                 local_world_size: n,
                 mpi_launched: false,
             });
             match probe.reason() {
-                Some(reason) => eprintln!("npu-hccl@{n}: not run: {reason}"),
-                None => specs.push(RunSpec::new("npu-hccl", n, worker())),
+                Some(reason) => eprintln!("{name}@{n}: not run: {reason}"),
+                None => specs.push(RunSpec::new(name, n, worker())),
             }
         }
     }

@@ -1,0 +1,71 @@
+//! cuda-nccl at world size 1 on a real GPU, on device buffers (and host
+//! buffers through staging). Without a usable GPU every test prints why it
+//! is skipped and passes, unless `ACCEL_REQUIRE_GPU=1` (what
+//! `scripts/gpu_check.sh` sets), which turns the skip into a failure.
+
+mod common;
+
+use std::time::Duration;
+
+use accel_backend_cuda_nccl::{inspect, NcclCommunicator};
+
+/// The world communicator on cuda:0, or `None` (skip) without a GPU.
+fn world() -> Option<NcclCommunicator> {
+    if let Some(why) = inspect().unavailable {
+        assert!(
+            std::env::var("ACCEL_REQUIRE_GPU").as_deref() != Ok("1"),
+            "ACCEL_REQUIRE_GPU=1 but cuda-nccl is unavailable: {why}"
+        );
+        eprintln!("skipped (no usable GPU): {why}");
+        return None;
+    }
+    Some(common::connect_one(Duration::from_secs(60)))
+}
+
+#[test]
+fn every_dtype_and_reduction_on_device_memory() {
+    if let Some(c) = world() {
+        common::every_dtype_and_reduction(&c);
+    }
+}
+
+#[test]
+fn data_movement_on_device_memory() {
+    if let Some(c) = world() {
+        common::data_movement(&c);
+    }
+}
+
+#[test]
+fn host_buffers_are_staged() {
+    if let Some(c) = world() {
+        common::host_buffers(&c);
+    }
+}
+
+/// The shared conformance suite, ranks as threads, at world size 1 (one
+/// GPU: NCCL refuses two ranks on one device).
+#[test]
+fn the_conformance_suite_passes_at_world_size_1() {
+    if world().is_some() {
+        accel_conformance::assert_conformance(
+            std::sync::Arc::new(accel_backend_cuda_nccl::BACKEND),
+            &[1],
+            None,
+        );
+    }
+}
+
+#[test]
+fn cudarc_slices_are_device_views() {
+    if let Some(c) = world() {
+        common::cudarc_slices(&c);
+    }
+}
+
+#[test]
+fn split_and_abort() {
+    if let Some(c) = world() {
+        common::split_and_abort(&c);
+    }
+}
