@@ -15,9 +15,7 @@
 use std::time::{Duration, Instant};
 
 use proptest::strategy::Strategy;
-use proptest::test_runner::{
-    Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner,
-};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestError, TestRng, TestRunner};
 
 /// What one harness did.
 #[derive(Debug, Clone, Copy)]

@@ -124,7 +124,9 @@ fn check_canonical_request(r: &Request, payload: &[u8]) -> Result<(), TestCaseEr
             return Ok(());
         }
     }
-    let f = r.encode().map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
+    let f = r
+        .encode()
+        .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
     prop_assert_eq!(&f[4..], payload, "{:?} is not canonical", r);
     Ok(())
 }
@@ -132,12 +134,16 @@ fn check_canonical_request(r: &Request, payload: &[u8]) -> Result<(), TestCaseEr
 fn check_canonical_response(r: &Response, payload: &[u8]) -> Result<(), TestCaseError> {
     if let Response::Error { .. } = r {
         // Unknown error-kind codes read as `Protocol`: compare all but that byte.
-        let f = r.encode().map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
+        let f = r
+            .encode()
+            .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
         prop_assert_eq!(f.len() - 4, payload.len());
         prop_assert_eq!(&f[6..], &payload[2..]);
         return Ok(());
     }
-    let f = r.encode().map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
+    let f = r
+        .encode()
+        .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
     prop_assert_eq!(&f[4..], payload, "{:?} is not canonical", r);
     Ok(())
 }
@@ -277,7 +283,10 @@ fn payload() -> impl Strategy<Value = Vec<u8>> {
         request().prop_map(|r| r.encode().unwrap()[4..].to_vec()),
         response().prop_map(|r| r.encode().unwrap()[4..].to_vec()),
     ];
-    let opcodes: Vec<u8> = (0x01..=0x08).chain(0x80..=0x85).chain(0x90..=0x94).collect();
+    let opcodes: Vec<u8> = (0x01..=0x08)
+        .chain(0x80..=0x85)
+        .chain(0x90..=0x94)
+        .collect();
     prop_oneof![
         vec(any::<u8>(), 0..256),
         (proptest::sample::select(opcodes), vec(any::<u8>(), 0..128)).prop_map(|(op, mut rest)| {
@@ -340,7 +349,10 @@ impl Read for Chunked {
                 Ok(0)
             };
         }
-        let chunk = self.chunks.get(self.next % self.chunks.len().max(1)).copied();
+        let chunk = self
+            .chunks
+            .get(self.next % self.chunks.len().max(1))
+            .copied();
         self.next += 1;
         let n = chunk
             .unwrap_or(usize::MAX)
