@@ -435,3 +435,84 @@ fn reading_any_frame_never_panics_and_honours_the_bound() {
         },
     );
 }
+
+/// The live server's hello path (the event loop's reader, the token check)
+/// on arbitrary and mutated first bytes, sent in arbitrary pieces: it never
+/// dies, and a real client still gets in afterwards.
+#[test]
+fn the_server_survives_any_bytes_before_its_hello() {
+    use accel_rendezvous::{ServerLimits, TcpStore, TcpStoreServer};
+    use std::io::Write;
+    use std::net::{Shutdown, TcpListener, TcpStream};
+
+    const TOKEN: &str = "fuzz-token";
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let limits = ServerLimits {
+        handshake_timeout: Duration::from_millis(200),
+        ..ServerLimits::default()
+    };
+    let server = TcpStoreServer::from_listener_with(listener, Some(TOKEN.into()), limits).unwrap();
+    let addr = server.local_addr();
+    let hello = |token: Option<&str>| Request::hello(token).encode().unwrap();
+    let first_bytes = prop_oneof![
+        4 => vec(any::<u8>(), 0..64),
+        4 => (vec(mutation(), 1..4), any::<bool>()).prop_map(move |(m, good)| {
+            let f = hello(if good { Some(TOKEN) } else { Some("nope") });
+            apply(f, &m)
+        }),
+        1 => Just(hello(Some(TOKEN))),
+    ];
+    let input = (first_bytes, vec(1usize..16, 1..4), any::<bool>());
+    budget::fuzz(
+        "wire/server-hello",
+        150,
+        input,
+        |(bytes, pieces, half_close)| {
+            let mut s = TcpStream::connect(addr).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let mut rest = &bytes[..];
+            let mut i = 0;
+            while !rest.is_empty() {
+                let n = pieces[i % pieces.len()].min(rest.len());
+                if s.write_all(&rest[..n]).is_err() {
+                    break;
+                }
+                rest = &rest[n..];
+                i += 1;
+            }
+            if half_close {
+                let _ = s.shutdown(Shutdown::Write);
+            }
+            // The server either takes the client (its reply is `Ok` and the
+            // connection stays open) or closes the connection within its
+            // handshake deadline, after one short reply at most.
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            let ok = Response::Ok.encode().unwrap();
+            let mut reply = Vec::new();
+            let mut buf = [0u8; 256];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => reply.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break,
+                    Err(e) => {
+                        return Err(TestCaseError::fail(format!(
+                            "neither answered nor closed within 3 s ({e}); got {reply:?}"
+                        )))
+                    }
+                }
+                if reply == ok {
+                    break;
+                }
+                prop_assert!(reply.len() < 1024, "a {}-byte reply", reply.len());
+            }
+            if reply == ok {
+                // Taken: only a complete hello with the right token is.
+                prop_assert!(bytes.starts_with(&hello(Some(TOKEN))), "took {:?}", bytes);
+            }
+            Ok(())
+        },
+    );
+    let c = TcpStore::connect(addr, Some(TOKEN), Duration::from_secs(10)).unwrap();
+    accel_api::Store::set(&c, "still", b"serving").unwrap();
+}
