@@ -9,8 +9,9 @@
 //! seconds, and prints how many cases it executed: the long run recorded in
 //! docs/fuzzing.md.
 //!
-//! A failure panics with proptest's minimal failing input and the seed of
-//! its batch, so that it can be replayed.
+//! A failure panics with proptest's minimal failing input and the number of
+//! its batch, so that it can be replayed; `ACCEL_FUZZ_FIRST_BATCH=N` starts
+//! a run at batch N.
 
 use std::time::{Duration, Instant};
 
@@ -32,6 +33,18 @@ fn long_run() -> Option<Duration> {
     match v.trim().parse::<u64>() {
         Ok(s) => Some(Duration::from_secs(s)),
         Err(_) => panic!("ACCEL_FUZZ_SECONDS={v:?} is not a number of seconds"),
+    }
+}
+
+/// The first batch, from `ACCEL_FUZZ_FIRST_BATCH` (0 by default): resume a
+/// long run past a batch that failed.
+fn first_batch() -> u64 {
+    match std::env::var("ACCEL_FUZZ_FIRST_BATCH") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("ACCEL_FUZZ_FIRST_BATCH={v:?} is not a number")),
+        Err(_) => 0,
     }
 }
 
@@ -64,12 +77,14 @@ where
 {
     let budget = long_run();
     let start = Instant::now();
+    let first = first_batch();
     let mut ran = Ran {
         cases: 0,
         batches: 0,
     };
     loop {
-        let batch_seed = seed(name, ran.batches);
+        let batch = first + ran.batches;
+        let batch_seed = seed(name, batch);
         let config = Config {
             cases,
             failure_persistence: None,
@@ -82,8 +97,8 @@ where
         match runner.run(&strategy, &property) {
             Ok(()) => {}
             Err(TestError::Fail(why, input)) => panic!(
-                "fuzz {name}: batch {} (after {} passing cases) failed: {why}\nminimal input: {input:#?}",
-                ran.batches, ran.cases
+                "fuzz {name}: batch {batch} (after {} passing cases) failed: {why}\nminimal input: {input:#?}",
+                ran.cases
             ),
             Err(TestError::Abort(why)) => panic!("fuzz {name}: aborted: {why}"),
         }
@@ -95,7 +110,7 @@ where
         }
     }
     println!(
-        "fuzz {name}: {} cases in {} batch(es), {:.1?}, no failure",
+        "fuzz {name}: {} cases in {} batch(es) from batch {first}, {:.1?}, no failure",
         ran.cases,
         ran.batches,
         start.elapsed()
