@@ -290,15 +290,15 @@ pub(crate) fn run(mut poll: Poll, mut listener: MioListener, shared: Arc<Shared>
                 WAKER => {}
                 Token(id) => {
                     let id = id as u64;
-                    let Some(p) = pending.get_mut(&id) else {
-                        continue;
+                    let step = match pending.get_mut(&id) {
+                        Some(p) => p.advance(),
+                        None => continue,
                     };
-                    match p.advance() {
-                        Step::Wait => {}
-                        step => {
-                            let p = pending.remove(&id).expect("present");
-                            finish(&poll, &shared, p, step, &mut log);
-                        }
+                    if matches!(step, Step::Wait) {
+                        continue;
+                    }
+                    if let Some(p) = pending.remove(&id) {
+                        finish(&poll, &shared, p, step, &mut log);
                     }
                 }
             }
@@ -306,11 +306,11 @@ pub(crate) fn run(mut poll: Poll, mut listener: MioListener, shared: Arc<Shared>
         // The whole-handshake deadline: ids grow with accept time, so the
         // first entries are the oldest.
         let now = Instant::now();
-        while pending
-            .first_key_value()
-            .is_some_and(|(_, p)| p.deadline <= now)
-        {
-            let (_, mut p) = pending.pop_first().expect("present");
+        while let Some(oldest) = pending.first_entry() {
+            if oldest.get().deadline > now {
+                break;
+            }
+            let mut p = oldest.remove();
             let _ = poll.registry().deregister(&mut p.stream);
             log.warn(
                 Some(p.peer),
@@ -424,7 +424,8 @@ fn finish(poll: &Poll, shared: &Arc<Shared>, mut p: Pending, step: Step, log: &m
         );
     };
     let payload = match step {
-        Step::Wait => unreachable!("handled by the caller"),
+        // Never passed in: the caller keeps connections that still wait.
+        Step::Wait => return,
         Step::Complete(payload) => payload,
         Step::Closed(true) => {
             // A port probe or a health check: nothing to report.
