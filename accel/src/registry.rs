@@ -1,6 +1,7 @@
 //! The backend registry: what is compiled in (via `inventory` and explicit
 //! registration), what plugins added, and the probe that picks one.
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -18,6 +19,42 @@ pub const KNOWN_BACKENDS: &[(&str, &str)] = &[
     ("cpu-gloo", "cpu-gloo"),
     ("single", "(always)"),
 ];
+
+/// The entries of a plugin path list, each relative one joined to `cwd`;
+/// and the relative entries that could not be, with their error.
+fn absolute_entries(
+    list: &OsStr,
+    cwd: std::io::Result<PathBuf>,
+) -> (Vec<PathBuf>, Vec<(PathBuf, Error)>) {
+    let mut entries = Vec::new();
+    let mut unresolved = Vec::new();
+    for entry in std::env::split_paths(list) {
+        if entry.as_os_str().is_empty() || entry.is_absolute() {
+            entries.push(entry);
+            continue;
+        }
+        match &cwd {
+            Ok(dir) => entries.push(dir.join(&entry)),
+            Err(e) => {
+                let err = Error::new(
+                    ErrorKind::Plugin {
+                        path: entry.clone(),
+                        symbol: None,
+                    },
+                    format!(
+                        "the ACCEL_PLUGIN_PATH entry `{}` is relative, and the current \
+                         directory it is relative to cannot be read: {e}",
+                        entry.display()
+                    ),
+                )
+                .with_op("load plugin")
+                .with_fix("give the plugin's absolute path in ACCEL_PLUGIN_PATH");
+                unresolved.push((entry, err));
+            }
+        }
+    }
+    (entries, unresolved)
+}
 
 /// Where a registered backend came from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -121,8 +158,34 @@ impl Registry {
 
     /// Load every plugin named by a `:`-separated list of files and
     /// directories (as `ACCEL_PLUGIN_PATH`).
+    ///
+    /// A relative entry is taken relative to the current directory
+    /// (`libz.so` is `./libz.so`), never looked up on the library path the
+    /// way the dynamic loader treats a bare file name. When the current
+    /// directory cannot be read, relative entries are recorded as failures
+    /// and skipped.
     pub fn load_plugins(&mut self, path_list: &str) {
-        for report in accel_plugin::load_plugin_paths(path_list) {
+        let (entries, unresolved) =
+            absolute_entries(OsStr::new(path_list), std::env::current_dir());
+        for (entry, e) in unresolved {
+            self.fail_plugin(entry, e);
+        }
+        let list = match std::env::join_paths(&entries) {
+            Ok(l) => l,
+            // Cannot happen for entries split from one list; refuse them all.
+            Err(e) => {
+                for entry in entries {
+                    let err = Error::invalid_config(
+                        "ACCEL_PLUGIN_PATH",
+                        path_list,
+                        format!("cannot rebuild the list: {e}"),
+                    );
+                    self.fail_plugin(entry, err);
+                }
+                return;
+            }
+        };
+        for report in accel_plugin::load_plugin_paths(list) {
             match report.outcome {
                 accel_plugin::PluginOutcome::Loaded { name, backend, .. } => {
                     match self.register(backend, Origin::Plugin(report.path.clone())) {
@@ -531,5 +594,38 @@ mod tests {
         let mut got = Registry::builtin().names();
         got.sort();
         assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn relative_plugin_entries_are_joined_to_the_current_directory() {
+        let cwd = PathBuf::from("/work/here");
+        let (entries, unresolved) = absolute_entries(
+            OsStr::new("libz.so:/opt/p.so:sub/dir::./x.so"),
+            Ok(cwd.clone()),
+        );
+        assert!(unresolved.is_empty());
+        assert_eq!(
+            entries,
+            vec![
+                cwd.join("libz.so"),
+                PathBuf::from("/opt/p.so"),
+                cwd.join("sub/dir"),
+                PathBuf::new(),
+                cwd.join("./x.so"),
+            ]
+        );
+    }
+
+    #[test]
+    fn relative_plugin_entries_without_a_current_directory_are_refused_by_name() {
+        let gone = std::io::Error::new(std::io::ErrorKind::NotFound, "deleted");
+        let (entries, unresolved) = absolute_entries(OsStr::new("libz.so:/opt/p.so"), Err(gone));
+        assert_eq!(entries, vec![PathBuf::from("/opt/p.so")]);
+        assert_eq!(unresolved.len(), 1);
+        let (entry, e) = &unresolved[0];
+        assert_eq!(entry, &PathBuf::from("libz.so"));
+        let m = e.to_string();
+        assert!(m.contains("libz.so") && m.contains("relative"), "{m}");
+        assert!(m.contains("absolute path"), "{m}");
     }
 }

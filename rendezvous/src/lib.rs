@@ -81,7 +81,7 @@ use accel_api::{Error, Result, Store};
 pub use file::FileStore;
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
-pub use tcp::{TcpStore, TcpStoreServer};
+pub use tcp::{ServerLimits, TcpStore, TcpStoreServer};
 
 const URL_FORMS: &str = "expected tcp://host:port, file:///absolute/dir or memory:";
 

@@ -265,6 +265,11 @@ impl TcpStore {
                 .with_op("store connect")
                 .with_fix("use the same accel version on every machine of the run"),
             )),
+            // At its connection limit: try again while the timeout lasts.
+            Ok(Response::Busy { message }) => Err(OpenError::Transient(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("the store server is busy: {message}"),
+            ))),
             Ok(other) => Err(OpenError::Final(self.not_a_store(&format!("{other:?}")))),
             Err(CallError::Decode(e)) => Err(OpenError::Final(self.not_a_store(&e.to_string()))),
             Err(CallError::Frame(FrameError::TooLarge { len, .. })) => Err(OpenError::Final(

@@ -2,6 +2,7 @@
 //! [`TcpStore`] in every rank.
 
 mod client;
+mod handshake;
 mod server;
 mod wire;
 
@@ -9,4 +10,5 @@ mod wire;
 mod tests;
 
 pub use client::TcpStore;
+pub use handshake::ServerLimits;
 pub use server::TcpStoreServer;

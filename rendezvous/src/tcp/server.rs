@@ -1,9 +1,11 @@
-//! The TCP store server: a [`MemoryStore`] behind a socket, one thread per
-//! connection.
+//! The TCP store server: a [`MemoryStore`] behind a socket. New
+//! connections wait for their hello in one event loop
+//! ([`handshake`](super::handshake)); each authenticated connection is then
+//! served by its own thread.
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -11,29 +13,34 @@ use std::time::Duration;
 
 use accel_api::{CasOutcome, Error, ErrorKind, Result, Store};
 
+use super::handshake::{self, ServerLimits, LISTENER, WAKER};
 use super::wire::{
-    read_frame, write_frame, FrameError, Request, Response, WireErrorKind, MAGIC, MAX_FRAME,
-    MAX_HELLO_FRAME, PROTOCOL_VERSION,
+    read_frame, write_frame, FrameError, Request, Response, WireErrorKind, MAX_FRAME,
 };
 use crate::memory::{MemoryStore, Waited};
 
-/// How long a new connection may take to send its hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the server waits for a client to take a reply off the socket.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The server side of the TCP store, hosted by the launcher (or rank 0).
 ///
-/// Its state is a [`MemoryStore`] (see [`store`](TcpStoreServer::store));
-/// each accepted connection is served by its own thread, which is plenty
-/// for runs of a few hundred ranks. Blocking `get` / `wait` requests carry
-/// their timeout and are answered with the keys still missing when it
-/// passes, so no connection is held forever. (A client killed in the middle
-/// of a `get` leaves its server thread waiting until that request's timeout;
-/// the thread then finds the connection closed and exits.) Authenticated
-/// connections may stay idle for the whole run: the server puts no read
-/// timeout on them, only a 30 s write timeout on its replies; a new
-/// connection must send its hello within 10 s.
+/// Its state is a [`MemoryStore`] (see [`store`](TcpStoreServer::store)).
+/// New connections are held by one event-loop thread until their hello is
+/// complete, so connections that never authenticate cost a socket and a
+/// few bytes, not a thread. Within [`ServerLimits`]: the hello must be
+/// complete within `handshake_timeout` (10 s) of the accept, at most
+/// `max_handshakes` (512) connections wait for theirs (the oldest is
+/// dropped for a newer one), and at most `max_connections` (4096)
+/// authenticated connections are served, each by its own thread. Refusals
+/// are logged at most five per 10 s, then as one line with their count.
+///
+/// Blocking `get` / `wait` requests carry their timeout and are answered
+/// with the keys still missing when it passes, so no connection is held
+/// forever. (A client killed in the middle of a `get` leaves its server
+/// thread waiting until that request's timeout; the thread then finds the
+/// connection closed and exits.) Authenticated connections may stay idle
+/// for the whole run: the server puts no read timeout on them, only a 30 s
+/// write timeout on its replies.
 ///
 /// # Authentication
 ///
@@ -50,20 +57,23 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// of waiting out its timeout.
 pub struct TcpStoreServer {
     shared: Arc<Shared>,
+    waker: mio::Waker,
     accept: Mutex<Option<JoinHandle<()>>>,
 }
 
-struct Shared {
+pub(crate) struct Shared {
     store: Arc<MemoryStore>,
-    token: Option<String>,
-    local_addr: SocketAddr,
-    stopping: AtomicBool,
+    pub(crate) token: Option<String>,
+    pub(crate) local_addr: SocketAddr,
+    pub(crate) limits: ServerLimits,
+    pub(crate) stopping: AtomicBool,
+    /// Authenticated connections being served (clones, to shut them down).
     conns: Mutex<HashMap<u64, TcpStream>>,
     next_conn: AtomicU64,
 }
 
 impl Shared {
-    fn conns(&self) -> MutexGuard<'_, HashMap<u64, TcpStream>> {
+    pub(crate) fn conns(&self) -> MutexGuard<'_, HashMap<u64, TcpStream>> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -74,6 +84,7 @@ impl std::fmt::Debug for TcpStoreServer {
         f.debug_struct("TcpStoreServer")
             .field("local_addr", &self.shared.local_addr)
             .field("authenticated", &self.shared.token.is_some())
+            .field("limits", &self.shared.limits)
             .field("stopping", &self.shared.stopping.load(Ordering::SeqCst))
             .finish()
     }
@@ -113,24 +124,48 @@ impl TcpStoreServer {
 
     /// Serve on a listener bound by the caller, so that the launcher can bind
     /// first (port 0 included) and hand the socket over without a
-    /// probe-then-bind race.
+    /// probe-then-bind race. Default [`ServerLimits`].
     ///
     /// # Errors
     /// [`ErrorKind::Io`] when the listener's address cannot be read or the
-    /// accept thread cannot be started.
+    /// event loop cannot be started.
     pub fn from_listener(listener: TcpListener, token: Option<String>) -> Result<TcpStoreServer> {
+        TcpStoreServer::from_listener_with(listener, token, ServerLimits::default())
+    }
+
+    /// [`from_listener`](Self::from_listener) with explicit bounds on the
+    /// connections the server holds.
+    ///
+    /// # Errors
+    /// As [`from_listener`](Self::from_listener).
+    pub fn from_listener_with(
+        listener: TcpListener,
+        token: Option<String>,
+        limits: ServerLimits,
+    ) -> Result<TcpStoreServer> {
         let local_addr = listener.local_addr().map_err(|e| {
             Error::io("cannot read the store server's listening address", e)
                 .with_op("store server bind")
         })?;
-        // The accept loop blocks; make sure a listener handed over in
-        // non-blocking mode does not turn it into a spin.
-        listener.set_nonblocking(false).map_err(|e| {
+        let io_err = |what: &str, e| {
             Error::io(
-                format!("cannot configure the store listener {local_addr}"),
+                format!("cannot {what} for the store server on {local_addr}"),
                 e,
             )
-        })?;
+            .with_op("store server start")
+        };
+        // The event loop needs a non-blocking listener, whatever mode the
+        // caller handed over.
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| io_err("configure the listener", e))?;
+        let mut listener = mio::net::TcpListener::from_std(listener);
+        let poll = mio::Poll::new().map_err(|e| io_err("create an event loop", e))?;
+        poll.registry()
+            .register(&mut listener, LISTENER, mio::Interest::READABLE)
+            .map_err(|e| io_err("watch the listener", e))?;
+        let waker = mio::Waker::new(poll.registry(), WAKER)
+            .map_err(|e| io_err("create the event loop's waker", e))?;
         let token = token.filter(|t| !t.is_empty());
         if token.is_none() && !local_addr.ip().is_loopback() {
             tracing::warn!(
@@ -144,6 +179,7 @@ impl TcpStoreServer {
             store: Arc::new(MemoryStore::new()),
             token,
             local_addr,
+            limits,
             stopping: AtomicBool::new(false),
             conns: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(0),
@@ -151,11 +187,12 @@ impl TcpStoreServer {
         let s = shared.clone();
         let accept = std::thread::Builder::new()
             .name("accel-store-accept".into())
-            .spawn(move || accept_loop(listener, s))
-            .map_err(|e| Error::io("cannot start the store server's accept thread", e))?;
-        tracing::debug!(addr = %local_addr, "store server listening");
+            .spawn(move || handshake::run(poll, listener, s))
+            .map_err(|e| io_err("start the accept thread", e))?;
+        tracing::debug!(addr = %local_addr, ?limits, "store server listening");
         Ok(TcpStoreServer {
             shared,
+            waker,
             accept: Mutex::new(Some(accept)),
         })
     }
@@ -183,30 +220,24 @@ impl TcpStoreServer {
             return;
         }
         self.shared.store.wake_waiters();
-        for (_, c) in self.shared.conns().drain() {
-            let _ = c.shutdown(Shutdown::Both);
-        }
-        // Wake the blocking accept() with a connection of our own.
-        let mut wake = self.shared.local_addr;
-        if wake.ip().is_unspecified() {
-            wake.set_ip(match wake.ip() {
-                IpAddr::V4(_) => Ipv4Addr::LOCALHOST.into(),
-                IpAddr::V6(_) => Ipv6Addr::LOCALHOST.into(),
-            });
-        }
-        let woke = TcpStream::connect_timeout(&wake, Duration::from_secs(2)).is_ok();
+        let woke = self.waker.wake();
         let handle = self.accept.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(h) = handle {
-            if woke {
-                let _ = h.join();
-            } else {
-                // Joining could block forever; the thread exits on the next
-                // connection attempt instead.
-                tracing::warn!(
+            match woke {
+                Ok(()) => {
+                    let _ = h.join();
+                }
+                // Joining could block; the loop sees the flag on its next
+                // event or deadline.
+                Err(e) => tracing::warn!(
                     addr = %self.shared.local_addr,
-                    "could not wake the store server's accept thread; leaving it behind"
-                );
+                    "could not wake the store server's event loop ({e}); leaving it behind"
+                ),
             }
+        }
+        // After the loop is gone no connection can be added.
+        for (_, c) in self.shared.conns().drain() {
+            let _ = c.shutdown(Shutdown::Both);
         }
         tracing::debug!(addr = %self.shared.local_addr, "store server stopped");
     }
@@ -218,51 +249,35 @@ impl Drop for TcpStoreServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let accepted = listener.accept();
-        if shared.stopping.load(Ordering::SeqCst) {
-            return;
-        }
-        match accepted {
-            Ok((stream, peer)) => {
-                let s = shared.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("accel-store-conn".into())
-                    .spawn(move || serve(&s, stream, peer));
-                if let Err(e) = spawned {
-                    tracing::warn!(%peer, "store server cannot start a thread for a client: {e}");
+/// Serve an authenticated connection on a thread of its own (it is counted
+/// against [`ServerLimits::max_connections`] from now on).
+pub(crate) fn serve_authenticated(
+    shared: &Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
+    shared.conns().insert(id, stream.try_clone()?);
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("accel-store-conn".into())
+        .spawn(move || {
+            // `shutdown` sets the flag before draining the table: a
+            // connection registered after the drain sees the flag here.
+            if !s.stopping.load(Ordering::SeqCst) {
+                if let Err(e) = serve_conn(&s, &stream, peer) {
+                    tracing::debug!(%peer, "store connection ended: {e}");
                 }
             }
-            Err(e) => {
-                // Out of file descriptors and the like: do not spin.
-                tracing::warn!(addr = %shared.local_addr, "store server accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+            let _ = stream.shutdown(Shutdown::Both);
+            s.conns().remove(&id);
+        });
+    if let Err(e) = spawned {
+        shared.conns().remove(&id);
+        return Err(e);
     }
-}
-
-fn serve(shared: &Shared, stream: TcpStream, peer: SocketAddr) {
-    let id = shared.next_conn.fetch_add(1, Ordering::Relaxed);
-    match stream.try_clone() {
-        Ok(c) => {
-            shared.conns().insert(id, c);
-        }
-        Err(e) => {
-            tracing::warn!(%peer, "store server cannot track a connection: {e}");
-            return;
-        }
-    }
-    // `shutdown` sets the flag before draining the table: a connection
-    // registered after the drain sees the flag here.
-    if !shared.stopping.load(Ordering::SeqCst) {
-        if let Err(e) = serve_conn(shared, &stream, peer) {
-            tracing::debug!(%peer, "store connection ended: {e}");
-        }
-    }
-    let _ = stream.shutdown(Shutdown::Both);
-    shared.conns().remove(&id);
+    Ok(())
 }
 
 /// Constant-time equality: the time depends on `expected`'s length only.
@@ -290,76 +305,11 @@ fn send(mut stream: &TcpStream, resp: &Response) -> io::Result<()> {
 
 fn serve_conn(shared: &Shared, stream: &TcpStream, peer: SocketAddr) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(HELLO_TIMEOUT))?;
     stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
-    let mut reader = stream;
-
-    // --- hello ---
-    let hello = match read_frame(&mut reader, MAX_HELLO_FRAME) {
-        Ok(p) => Request::decode(&p),
-        Err(FrameError::Closed) => return Ok(()),
-        Err(e @ FrameError::TooLarge { .. }) => {
-            tracing::warn!(%peer, "store server dropped a client that sent a bad hello: {e}");
-            return Ok(());
-        }
-        Err(FrameError::Io(e)) => return Err(e),
-    };
-    let token = match hello {
-        Ok(Request::Hello {
-            magic,
-            version,
-            token,
-        }) if magic == MAGIC => {
-            if version != PROTOCOL_VERSION {
-                tracing::warn!(
-                    %peer,
-                    "store server refused a client speaking protocol version {version} \
-                     (this server speaks {PROTOCOL_VERSION})"
-                );
-                let _ = send(
-                    stream,
-                    &Response::VersionMismatch {
-                        server_version: PROTOCOL_VERSION,
-                    },
-                );
-                return Ok(());
-            }
-            token
-        }
-        _ => {
-            tracing::warn!(
-                %peer,
-                "store server dropped a client that is not an accel store client (bad hello)"
-            );
-            return Ok(());
-        }
-    };
-    if let Some(expected) = &shared.token {
-        let refusal = match token.as_deref().filter(|t| !t.is_empty()) {
-            None => Some("the client presented no run token"),
-            Some(t) if !token_eq(expected.as_bytes(), t.as_bytes()) => {
-                Some("the client's run token does not match the server's")
-            }
-            Some(_) => None,
-        };
-        if let Some(why) = refusal {
-            tracing::warn!(
-                %peer,
-                server = %shared.local_addr,
-                "store server refused a connection from {peer}: {why}"
-            );
-            let _ = send(
-                stream,
-                &Response::Refused {
-                    message: why.to_string(),
-                },
-            );
-            return Ok(());
-        }
-    }
-    send(stream, &Response::Ok)?;
     // Authenticated connections may stay idle for the whole run.
     stream.set_read_timeout(None)?;
+    let mut reader = stream;
+    send(stream, &Response::Ok)?;
 
     // --- requests ---
     loop {

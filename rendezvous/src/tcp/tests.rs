@@ -7,7 +7,7 @@ use accel_api::{ErrorKind, Store, StoreExt};
 
 use super::server::token_eq;
 use super::wire::{read_frame, Request, Response, MAX_FRAME, PROTOCOL_VERSION};
-use super::{TcpStore, TcpStoreServer};
+use super::{ServerLimits, TcpStore, TcpStoreServer};
 use crate::scenarios::{store_scenarios, Fixture};
 use crate::test_util::{self, capture_logs, wait_for_log};
 
@@ -428,4 +428,137 @@ fn from_listener_serves_a_socket_bound_by_the_caller() {
     let e = c.try_get("x").unwrap_err();
     assert!(e.to_string().contains(&addr.to_string()), "{e}");
     TcpListener::bind(addr).unwrap();
+}
+
+// ------------------------------------------------ bounded resources (issue 22, item 6)
+
+fn server_with(limits: ServerLimits) -> TcpStoreServer {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    TcpStoreServer::from_listener_with(l, Some(TOKEN.into()), limits).unwrap()
+}
+
+/// Whether the server closed `s`, looking for at most `within`.
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut b = [0u8; 16];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    }
+}
+
+#[test]
+fn a_trickled_hello_is_dropped_at_the_whole_handshake_deadline() {
+    capture_logs();
+    let s = server_with(ServerLimits {
+        handshake_timeout: Duration::from_millis(300),
+        ..ServerLimits::default()
+    });
+    // Announce a 1000-byte hello, then send one byte every 20 ms: each read
+    // makes progress, so only a deadline on the whole hello ends it.
+    let mut raw = TcpStream::connect(s.local_addr()).unwrap();
+    let peer = raw.local_addr().unwrap().to_string();
+    raw.write_all(&1000u32.to_le_bytes()).unwrap();
+    let start = Instant::now();
+    let mut dropped = false;
+    for _ in 0..250 {
+        if raw.write_all(&[1]).is_err() || closed_within(&mut raw, Duration::from_millis(20)) {
+            dropped = true;
+            break;
+        }
+    }
+    assert!(
+        dropped,
+        "a client trickling its hello was still connected after {:?}",
+        start.elapsed()
+    );
+    let logged = wait_for_log(&["WARN", "did not complete its hello", &peer]);
+    assert!(!logged.is_empty(), "no warning about {peer}");
+    // The server goes on serving.
+    client(&s).set("k", b"v").unwrap();
+}
+
+#[test]
+fn a_full_waiting_room_drops_its_oldest_connection_for_a_new_one() {
+    let s = server_with(ServerLimits {
+        max_handshakes: 2,
+        ..ServerLimits::default()
+    });
+    let mut silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(s.local_addr()).unwrap())
+        .collect();
+    // Let the server accept both before the third arrives.
+    std::thread::sleep(Duration::from_millis(100));
+    // A real client still gets in: the oldest silent connection makes room.
+    let c = client(&s);
+    c.set("in", b"1").unwrap();
+    assert!(
+        closed_within(&mut silent[0], T),
+        "the oldest connection in its hello was not dropped"
+    );
+    assert_eq!(c.get("in", T).unwrap(), b"1");
+}
+
+#[test]
+fn past_the_connection_cap_a_client_is_told_busy_until_a_slot_frees() {
+    let s = server_with(ServerLimits {
+        max_connections: 2,
+        ..ServerLimits::default()
+    });
+    let first = client(&s);
+    first.set("a", b"1").unwrap();
+    let (second, resp) = raw_hello(s.local_addr(), Some(TOKEN));
+    assert_eq!(resp, Response::Ok);
+    // The raw answer to a third hello is Busy, naming the limit.
+    let (_raw, resp) = raw_hello(s.local_addr(), Some(TOKEN));
+    match resp {
+        Response::Busy { message } => assert!(message.contains("limit"), "{message}"),
+        other => panic!("expected Busy, got {other:?}"),
+    }
+    // A client retries while its timeout lasts, then says why it gave up.
+    let e = TcpStore::connect(s.local_addr(), Some(TOKEN), Duration::from_millis(500)).unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
+    assert!(e.to_string().contains("busy"), "{e}");
+    // When a connection closes, a waiting client gets its slot.
+    let waiting = std::thread::spawn({
+        let addr = s.local_addr();
+        move || TcpStore::connect(addr, Some(TOKEN), Duration::from_secs(10))
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    drop(second);
+    let third = waiting.join().unwrap().unwrap();
+    assert_eq!(third.try_get("a").unwrap().as_deref(), Some(&b"1"[..]));
+}
+
+#[test]
+fn refusals_are_logged_a_few_at_a_time_then_counted() {
+    capture_logs();
+    let s = server();
+    let addr = s.local_addr().to_string();
+    for _ in 0..40 {
+        let (mut raw, resp) = raw_hello(s.local_addr(), Some("wrong-token"));
+        assert!(matches!(resp, Response::Refused { .. }), "{resp:?}");
+        assert_closed(&mut raw);
+    }
+    let one_by_one = wait_for_log(&["WARN", "refused a connection", &addr]);
+    assert!(
+        (1..=5).contains(&one_by_one.len()),
+        "{} refusal lines for 40 refusals: {one_by_one:#?}",
+        one_by_one.len()
+    );
+    // The rest are counted in one line (at the end of the 10 s window, or
+    // when the server stops).
+    drop(s);
+    let summary = wait_for_log(&["WARN", "more connections were refused or dropped", &addr]);
+    assert_eq!(summary.len(), 1, "{summary:#?}");
+    let counted = 40 - one_by_one.len();
+    assert!(
+        summary[0].contains(&format!("suppressed={counted}")),
+        "{}",
+        summary[0]
+    );
 }

@@ -48,6 +48,7 @@ mod op {
     pub const ERROR: u8 = 0x91;
     pub const REFUSED: u8 = 0x92;
     pub const VERSION_MISMATCH: u8 = 0x93;
+    pub const BUSY: u8 = 0x94;
 }
 
 /// A client's request.
@@ -141,6 +142,9 @@ pub(crate) enum Response {
     Refused { message: String },
     /// The hello's protocol version is not the server's.
     VersionMismatch { server_version: u16 },
+    /// The hello was good but the server is at its connection limit; the
+    /// server closes the connection and the client may try again later.
+    Busy { message: String },
 }
 
 /// A payload that does not decode.
@@ -548,6 +552,11 @@ impl Response {
                 e.u16(*server_version);
                 e
             }
+            Response::Busy { message } => {
+                let mut e = Enc::new(op::BUSY);
+                e.bytes(message.as_bytes());
+                e
+            }
         };
         e.finish()
     }
@@ -579,6 +588,9 @@ impl Response {
             },
             op::VERSION_MISMATCH => Response::VersionMismatch {
                 server_version: d.u16("version")?,
+            },
+            op::BUSY => Response::Busy {
+                message: d.string("busy message")?,
             },
             other => return Err(DecodeError(format!("unknown response opcode {other:#04x}"))),
         };
@@ -655,6 +667,9 @@ mod tests {
                 message: "no".into(),
             },
             Response::VersionMismatch { server_version: 9 },
+            Response::Busy {
+                message: "full".into(),
+            },
         ] {
             roundtrip_resp(r);
         }
