@@ -33,6 +33,7 @@ mod debug;
 mod lifeline;
 mod panic_hook;
 mod registry;
+mod scalar;
 pub mod state;
 pub mod train;
 
@@ -43,6 +44,7 @@ pub use debug::DebugCommunicator;
 pub use lifeline::tie_to_launcher;
 pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
 pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};
+pub use scalar::Scalar;
 pub use state::{state, LaunchSource, ProcessState};
 
 /// The stores, re-exported for programs that host or open one themselves.

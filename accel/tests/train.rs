@@ -298,17 +298,21 @@ fn reduce_rejects_unknown_names_and_metrics_work_on_one_rank() {
 fn set_seed_is_reproducible_and_rng_is_checkpointed() {
     let acc = single();
     acc.set_seed(5, false);
-    let a: Vec<u64> = (0..3).map(|_| acc.rng().next_u64()).collect();
+    let a: Vec<u64> = (0..3).map(|_| acc.rng().unwrap().next_u64()).collect();
     acc.set_seed(5, true); // rank 0: same seed
-    let b: Vec<u64> = (0..3).map(|_| acc.rng().next_u64()).collect();
+    let b: Vec<u64> = (0..3).map(|_| acc.rng().unwrap().next_u64()).collect();
     assert_eq!(a, b);
 
     let dir = tempfile::tempdir().unwrap();
     acc.save_state(dir.path(), &[]).unwrap();
-    let next = acc.rng().next_u64();
-    acc.rng().next_u64();
+    let next = acc.rng().unwrap().next_u64();
+    acc.rng().unwrap().next_u64();
     acc.load_state(dir.path(), &mut []).unwrap();
-    assert_eq!(acc.rng().next_u64(), next, "load_state restores the RNG");
+    assert_eq!(
+        acc.rng().unwrap().next_u64(),
+        next,
+        "load_state restores the RNG"
+    );
 }
 
 #[test]
@@ -548,9 +552,9 @@ fn a_trigger_on_one_rank_stops_every_rank_at_the_same_step() {
 fn synchronize_rng_states_gives_every_rank_rank0s_state() {
     let got = ranks(2, |acc| {
         acc.set_seed(9, true);
-        let differ = acc.rng().next_u64();
+        let differ = acc.rng().unwrap().next_u64();
         acc.synchronize_rng_states().unwrap();
-        (differ, acc.rng().next_u64())
+        (differ, acc.rng().unwrap().next_u64())
     });
     assert_ne!(got[0].0, got[1].0, "device-specific seeds differ");
     assert_eq!(got[0].1, got[1].1);

@@ -420,7 +420,7 @@ fn run(
         while let Some(b) = loader.next_batch() {
             let d = acc.accumulate(&b);
             // Per-rank noise from the checkpointed RNG.
-            let noise = acc.rng().normal() * 0.01;
+            let noise = acc.rng().map_err(|e| e.to_string())?.normal() * 0.01;
             let items: Vec<_> = b
                 .items
                 .iter()

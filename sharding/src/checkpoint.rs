@@ -602,10 +602,7 @@ impl CheckpointDir {
         self.prune_with(|p| fs::remove_dir_all(p))
     }
 
-    fn prune_with(
-        &self,
-        remove: impl Fn(&Path) -> std::io::Result<()>,
-    ) -> Result<Vec<PathBuf>> {
+    fn prune_with(&self, remove: impl Fn(&Path) -> std::io::Result<()>) -> Result<Vec<PathBuf>> {
         let Some(limit) = self.total_limit else {
             return Ok(Vec::new());
         };
@@ -685,7 +682,8 @@ mod tests {
         assert!(killed.is_err());
         let visible: Vec<u64> = dir.list().unwrap().into_iter().map(|(n, _)| n).collect();
         for (n, p) in dir.list().unwrap() {
-            verify_checkpoint(&p).unwrap_or_else(|e| panic!("checkpoint_{n} is visible but broken: {e}"));
+            verify_checkpoint(&p)
+                .unwrap_or_else(|e| panic!("checkpoint_{n} is visible but broken: {e}"));
         }
         assert!(visible.contains(&2), "{visible:?}");
         // The next prune finishes the job and removes the leftovers.

@@ -86,7 +86,12 @@ pub fn split_map<K: Ord + Clone + std::fmt::Debug, T: Clone>(
     }
     Ok(map
         .iter()
-        .map(|(k, v)| (k.clone(), split_share(v, num_processes, rank, apply_padding)))
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                split_share(v, num_processes, rank, apply_padding),
+            )
+        })
         .collect())
 }
 

@@ -72,6 +72,7 @@ mod checkpoint;
 mod control;
 mod grad_sync;
 mod metrics;
+mod model_io;
 mod optim;
 mod prepare;
 mod rng;
@@ -87,6 +88,7 @@ pub use adapters::{
 };
 pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
 pub use control::RngGuard;
+pub use model_io::{DEFAULT_MAX_SHARD_SIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME};
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
@@ -189,6 +191,8 @@ impl Kind {
 pub(crate) struct TrainShared {
     world_size: usize,
     inner: Mutex<TrainState>,
+    /// Kept apart from `inner` so a live `RngGuard` blocks nothing else.
+    rng: Mutex<control::RngSlot>,
 }
 
 pub(crate) struct TrainState {
@@ -200,7 +204,6 @@ pub(crate) struct TrainState {
     /// Number of the next automatically named checkpoint.
     pub(crate) iteration: u64,
     pub(crate) trigger: bool,
-    pub(crate) rng: Rng,
     pub(crate) prepared: [usize; 4],
     pub(crate) registered: Vec<SharedStateful>,
 }
@@ -227,10 +230,10 @@ impl TrainShared {
                 decision: None,
                 iteration: 0,
                 trigger: false,
-                rng: Rng::seed_from_u64(0),
                 prepared: [0; 4],
                 registered: Vec::new(),
             }),
+            rng: Mutex::new(control::RngSlot::new()),
         }
     }
 
