@@ -76,6 +76,7 @@ mod model_io;
 mod optim;
 mod prepare;
 mod rng;
+mod trackers;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -94,6 +95,7 @@ pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
 };
 pub use rng::Rng;
+pub use trackers::{JsonlTracker, TensorBoardTracker, Tracker, TRACKER_NAMES};
 
 /// The per-batch decision of the accumulation cadence (re-exported from
 /// `accel-sharding`).
@@ -193,6 +195,8 @@ pub(crate) struct TrainShared {
     inner: Mutex<TrainState>,
     /// Kept apart from `inner` so a live `RngGuard` blocks nothing else.
     rng: Mutex<control::RngSlot>,
+    /// Experiment trackers (main process only).
+    trackers: Mutex<Vec<Box<dyn trackers::Tracker>>>,
 }
 
 pub(crate) struct TrainState {
@@ -234,12 +238,17 @@ impl TrainShared {
                 registered: Vec::new(),
             }),
             rng: Mutex::new(control::RngSlot::new()),
+            trackers: Mutex::new(Vec::new()),
         }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, TrainState> {
         // A panic while holding the lock leaves plain data behind; keep going.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn trackers(&self) -> MutexGuard<'_, Vec<Box<dyn trackers::Tracker>>> {
+        self.trackers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn set_config(&self, config: TrainConfig) -> Result<()> {
