@@ -227,7 +227,7 @@ fn rank_states_of_one_moment_agree_and_a_tampered_epoch_is_named() {
         let mut ls: Vec<ShardedLoader> = (0..2)
             .map(|r| ShardedLoader::new(config.clone(), r).unwrap())
             .collect();
-        let mut check = |ls: &[ShardedLoader]| {
+        let check = |ls: &[ShardedLoader]| {
             let states: Vec<SamplerState> = ls.iter().map(ShardedLoader::state).collect();
             check_rank_states(&states).unwrap_or_else(|e| panic!("{states:?}: {e}"));
             let mut tampered = states.clone();
