@@ -71,6 +71,7 @@ mod adapters;
 mod checkpoint;
 mod control;
 mod grad_sync;
+mod iterable;
 mod metrics;
 mod model_io;
 mod optim;
@@ -89,6 +90,7 @@ pub use adapters::{
 };
 pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
 pub use control::RngGuard;
+pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
 pub use model_io::{DEFAULT_MAX_SHARD_SIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME};
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
 pub use prepare::{
@@ -126,6 +128,13 @@ pub struct TrainConfig {
     /// Top up the last round so every rank reads the same number of batches
     /// (default `true`).
     pub even_batches: bool,
+    /// The main process reads every step and sends each rank its slice
+    /// (Accelerate's `dispatch_batches`). `None` (the default) means what
+    /// Accelerate does: dispatch for iterable loaders
+    /// ([`IterableLoader`]), not for map-style ones. Map-style loaders
+    /// read by index on every rank; `Some(true)` is refused for them.
+    #[serde(default)]
+    pub dispatch_batches: Option<bool>,
     /// The scheduler steps with the optimizer (`num_processes` times per
     /// optimizer step, once with `split_batches`); otherwise once per batch
     /// (default `true`).
@@ -144,6 +153,7 @@ impl Default for TrainConfig {
             sync_each_batch: false,
             split_batches: false,
             even_batches: true,
+            dispatch_batches: None,
             step_scheduler_with_optimizer: true,
             bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
             total_limit: None,
