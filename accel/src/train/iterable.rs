@@ -35,6 +35,11 @@ pub trait IterableDataset {
     fn len(&self) -> Option<usize> {
         None
     }
+
+    /// `Some(true)` when the length is known to be 0.
+    fn is_empty(&self) -> Option<bool> {
+        self.len().map(|l| l == 0)
+    }
 }
 
 /// An unprepared iterable loader: a stream and how to batch it. Preparing
