@@ -123,6 +123,31 @@ fn one_process_keeps_the_short_last_batch_of_a_stream() {
         (last.items, last.remainder, last.end_of_dataloader),
         (vec![21], 0, true)
     );
+    // A long stream, and an exact resume on one process.
+    let dir = tempfile::tempdir().unwrap();
+    let data = Stream {
+        len: 20_000,
+        known: true,
+        empty: false,
+    };
+    let acc = single();
+    let mut l = acc
+        .prepare_iterable_loader(IterableLoader::new(data.clone(), 1))
+        .unwrap();
+    for _ in 0..3 {
+        l.next_batch().unwrap().unwrap();
+    }
+    acc.save_state(dir.path(), &[&l]).unwrap();
+    let rest: Vec<u64> = std::iter::from_fn(|| l.next_batch().unwrap())
+        .flat_map(|b| b.items)
+        .collect();
+    assert_eq!(rest, (3..20_000).collect::<Vec<u64>>());
+    let fresh = single();
+    let mut m = fresh
+        .prepare_iterable_loader(IterableLoader::new(data, 1))
+        .unwrap();
+    fresh.load_state(dir.path(), &mut [&mut m]).unwrap();
+    assert_eq!(m.next_batch().unwrap().unwrap().items, vec![3]);
 }
 
 #[test]

@@ -80,7 +80,11 @@ type Stream<T> = Box<dyn Iterator<Item = (usize, T)> + Send>;
 enum Live<T> {
     /// One process: plain batches, the last one short (as Accelerate leaves
     /// a one-process loader unsharded).
-    Plain(Stream<T>),
+    Plain {
+        stream: Stream<T>,
+        /// The batch read ahead to know whether the current one is the last.
+        ahead: Option<Vec<(usize, T)>>,
+    },
     Shard(IterableShard<Stream<T>>),
     Dispatch {
         /// The main process's stream (`None` elsewhere).
@@ -257,7 +261,10 @@ where
             let mut stream = self.stream();
             let bs = self.loader.batch_size;
             stream.by_ref().take(self.steps * bs).for_each(drop);
-            return Ok(Live::Plain(stream));
+            return Ok(Live::Plain {
+                stream,
+                ahead: None,
+            });
         }
         if !self.dispatch {
             let mut shard = shard_iterable(
@@ -324,20 +331,18 @@ where
         let index = self.steps;
         let bs = self.loader.batch_size;
         let next = match self.live.as_mut().expect("started") {
-            Live::Plain(stream) => {
-                let b: Vec<_> = stream.by_ref().take(bs).collect();
-                if b.is_empty() || (b.len() < bs && drop_last) {
+            Live::Plain { stream, ahead } => {
+                let cur: Vec<_> = ahead
+                    .take()
+                    .unwrap_or_else(|| stream.by_ref().take(bs).collect());
+                if cur.is_empty() || (cur.len() < bs && drop_last) {
                     None
                 } else {
-                    // Peek: is a batch left? Keep what was read ahead.
-                    let rest: Vec<_> = stream.by_ref().take(bs).collect();
-                    let end = rest.is_empty() || (rest.len() < bs && drop_last);
-                    let tail: Stream<D::Item> = Box::new(
-                        rest.into_iter()
-                            .chain(std::mem::replace(stream, Box::new(std::iter::empty()))),
-                    );
-                    *stream = tail;
-                    let (indices, items) = b.into_iter().unzip();
+                    // Read the next batch ahead to know whether this is the last.
+                    let following: Vec<_> = stream.by_ref().take(bs).collect();
+                    let end = following.is_empty() || (following.len() < bs && drop_last);
+                    *ahead = Some(following);
+                    let (indices, items) = cur.into_iter().unzip();
                     Some((items, indices, end, 0))
                 }
             }
