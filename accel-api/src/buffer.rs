@@ -2,6 +2,8 @@
 //! [`Communicator`](crate::Communicator) stays object-safe and can cross the
 //! plugin boundary.
 
+use std::marker::PhantomData;
+
 use crate::{DType, Device, Element, Error, ErrorKind, Result};
 
 /// A read-only view of host memory holding `len()` elements of `dtype()`.
@@ -229,30 +231,196 @@ impl<'a, T: Element> From<&'a mut [T]> for HostBufMut<'a> {
     }
 }
 
-/// A description of device memory: address, element count, element type,
-/// device and stream.
+/// A read-only view of device memory: address, element count, element
+/// type, device and the stream (or queue) the memory is ordered on.
 ///
-/// Device views are built by backend or framework adapters (a CUDA tensor
-/// adapter, say) that own the allocation; a `DeviceBuf` itself owns nothing
-/// and holds the address as an integer. A backend that accepts device
-/// buffers must only dereference addresses on the device it was connected to
-/// and must treat the view as valid only for the duration of the call; it
-/// declares the device kinds it accepts in
-/// [`Capabilities::device_kinds`](crate::Capabilities::device_kinds).
-/// Backends that take only host memory return
+/// The view borrows whatever owns the memory (a tch tensor, a cudarc slice,
+/// a PJRT buffer) for `'a`, so it cannot outlive it:
+///
+/// ```compile_fail,E0597
+/// use accel_api::{DType, Device, DeviceBuf, DeviceKind};
+/// let view;
+/// {
+///     // Stands for a device allocation: a tensor, a cudarc slice, ...
+///     let owner = vec![0f32; 4];
+///     // SAFETY (of the example): pretend `owner` is 4 f32 on cuda:0.
+///     view = unsafe { DeviceBuf::from_raw(&owner, 0x1000, 4, DType::F32, Device::new(DeviceKind::Cuda, 0), 0) };
+/// } // `owner` is dropped here while `view` still borrows it: does not compile
+/// assert_eq!(view.len(), 4);
+/// ```
+///
+/// Views are built by the adapter that owns the allocation (a framework
+/// integration or the backend itself), through [`DeviceBuf::from_raw`],
+/// which is `unsafe` because nothing here can check that the address is
+/// real. A backend dereferences the address only on the device it was
+/// connected to and only during the call; it declares the device kinds it
+/// accepts in [`Capabilities::device_kinds`](crate::Capabilities::device_kinds),
+/// and a communicator whose engine takes only host memory returns
 /// [`ErrorKind::Unsupported`] for every device view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceBuf {
-    /// Device address of the first element.
-    pub addr: u64,
-    /// Number of elements.
-    pub len: usize,
-    /// Element type.
-    pub dtype: DType,
-    /// The device holding the memory.
-    pub device: Device,
-    /// Engine stream handle the buffer is ordered on (0 = default stream).
-    pub stream: u64,
+pub struct DeviceBuf<'a> {
+    raw: RawDevice,
+    _owner: PhantomData<&'a ()>,
+}
+
+/// A writable view of device memory; like [`DeviceBuf`], but borrowing
+/// its owner mutably, so that no other view of the memory exists while an
+/// engine writes into it.
+///
+/// ```compile_fail,E0499
+/// use accel_api::{DType, Device, DeviceBufMut, DeviceKind};
+/// let mut owner = vec![0f32; 4];
+/// // SAFETY (of the example): pretend `owner` is 4 f32 on cuda:0.
+/// let view = unsafe { DeviceBufMut::from_raw(&mut owner, 0x1000, 4, DType::F32, Device::new(DeviceKind::Cuda, 0), 0) };
+/// owner.push(1.0); // the owner cannot change while the view lives: does not compile
+/// assert_eq!(view.len(), 4);
+/// ```
+#[derive(Debug, PartialEq, Eq)]
+pub struct DeviceBufMut<'a> {
+    raw: RawDevice,
+    _owner: PhantomData<&'a mut ()>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RawDevice {
+    addr: u64,
+    len: usize,
+    dtype: DType,
+    device: Device,
+    stream: u64,
+}
+
+macro_rules! device_accessors {
+    () => {
+        /// Device address of the first element.
+        pub fn addr(&self) -> u64 {
+            self.raw.addr
+        }
+
+        /// Number of elements.
+        pub fn len(&self) -> usize {
+            self.raw.len
+        }
+
+        /// `true` when the view holds no element.
+        pub fn is_empty(&self) -> bool {
+            self.raw.len == 0
+        }
+
+        /// Element type.
+        pub fn dtype(&self) -> DType {
+            self.raw.dtype
+        }
+
+        /// The device holding the memory.
+        pub fn device(&self) -> Device {
+            self.raw.device
+        }
+
+        /// Engine stream (CUDA stream, ACL stream, ...) the memory is
+        /// ordered on; 0 is the engine's default stream.
+        pub fn stream(&self) -> u64 {
+            self.raw.stream
+        }
+
+        /// Size in bytes.
+        pub fn size_bytes(&self) -> usize {
+            self.raw.len * self.raw.dtype.size()
+        }
+    };
+}
+
+impl<'a> DeviceBuf<'a> {
+    /// A view of `len` elements of `dtype` at device address `addr` on
+    /// `device`, ordered on `stream`, borrowing `owner` (the object that
+    /// owns the allocation) for the view's lifetime.
+    ///
+    /// # Safety
+    /// `addr` must point to at least `len * dtype.size()` bytes of memory on
+    /// `device` that `owner` keeps alive and does not write while the view
+    /// exists, and `stream` must be a stream of that device (or 0).
+    ///
+    /// ```
+    /// use accel_api::{Buf, DType, Device, DeviceBuf, DeviceKind};
+    /// let owner = vec![0f32; 4];
+    /// // SAFETY (of the example): the view is only inspected, never dereferenced.
+    /// let view = unsafe {
+    ///     DeviceBuf::from_raw(&owner, 0x1000, 4, DType::F32, Device::new(DeviceKind::Cuda, 0), 0)
+    /// };
+    /// assert_eq!(Buf::from(view).len(), 4);
+    /// ```
+    #[allow(unsafe_code)] // a constructor that only stores its arguments
+    pub unsafe fn from_raw<O: ?Sized>(
+        owner: &'a O,
+        addr: u64,
+        len: usize,
+        dtype: DType,
+        device: Device,
+        stream: u64,
+    ) -> DeviceBuf<'a> {
+        let _ = owner;
+        DeviceBuf {
+            raw: RawDevice {
+                addr,
+                len,
+                dtype,
+                device,
+                stream,
+            },
+            _owner: PhantomData,
+        }
+    }
+
+    device_accessors!();
+}
+
+impl<'a> DeviceBufMut<'a> {
+    /// A writable view of `len` elements of `dtype` at device address
+    /// `addr` on `device`, ordered on `stream`, borrowing `owner` mutably
+    /// for the view's lifetime.
+    ///
+    /// # Safety
+    /// As [`DeviceBuf::from_raw`], and no other view of the memory may be
+    /// used while this one exists.
+    #[allow(unsafe_code)] // a constructor that only stores its arguments
+    pub unsafe fn from_raw<O: ?Sized>(
+        owner: &'a mut O,
+        addr: u64,
+        len: usize,
+        dtype: DType,
+        device: Device,
+        stream: u64,
+    ) -> DeviceBufMut<'a> {
+        let _ = owner;
+        DeviceBufMut {
+            raw: RawDevice {
+                addr,
+                len,
+                dtype,
+                device,
+                stream,
+            },
+            _owner: PhantomData,
+        }
+    }
+
+    device_accessors!();
+
+    /// A shorter-lived writable view of the same memory.
+    pub fn reborrow(&mut self) -> DeviceBufMut<'_> {
+        DeviceBufMut {
+            raw: self.raw,
+            _owner: PhantomData,
+        }
+    }
+
+    /// A read-only view of the same memory.
+    pub fn as_buf(&self) -> DeviceBuf<'_> {
+        DeviceBuf {
+            raw: self.raw,
+            _owner: PhantomData,
+        }
+    }
 }
 
 /// A read-only buffer argument: host or device memory.
@@ -261,7 +429,7 @@ pub enum Buf<'a> {
     /// Host memory.
     Host(HostBuf<'a>),
     /// Device memory.
-    Device(DeviceBuf),
+    Device(DeviceBuf<'a>),
 }
 
 /// A writable buffer argument: host or device memory.
@@ -270,7 +438,7 @@ pub enum BufMut<'a> {
     /// Host memory.
     Host(HostBufMut<'a>),
     /// Device memory.
-    Device(DeviceBuf),
+    Device(DeviceBufMut<'a>),
 }
 
 impl<'a> Buf<'a> {
@@ -278,7 +446,7 @@ impl<'a> Buf<'a> {
     pub fn dtype(&self) -> DType {
         match self {
             Buf::Host(h) => h.dtype(),
-            Buf::Device(d) => d.dtype,
+            Buf::Device(d) => d.dtype(),
         }
     }
 
@@ -286,7 +454,7 @@ impl<'a> Buf<'a> {
     pub fn len(&self) -> usize {
         match self {
             Buf::Host(h) => h.len(),
-            Buf::Device(d) => d.len,
+            Buf::Device(d) => d.len(),
         }
     }
 
@@ -299,7 +467,7 @@ impl<'a> Buf<'a> {
     pub fn device(&self) -> Device {
         match self {
             Buf::Host(_) => Device::CPU,
-            Buf::Device(d) => d.device,
+            Buf::Device(d) => d.device(),
         }
     }
 
@@ -317,7 +485,7 @@ impl<'a> BufMut<'a> {
     pub fn dtype(&self) -> DType {
         match self {
             BufMut::Host(h) => h.dtype(),
-            BufMut::Device(d) => d.dtype,
+            BufMut::Device(d) => d.dtype(),
         }
     }
 
@@ -325,7 +493,7 @@ impl<'a> BufMut<'a> {
     pub fn len(&self) -> usize {
         match self {
             BufMut::Host(h) => h.len(),
-            BufMut::Device(d) => d.len,
+            BufMut::Device(d) => d.len(),
         }
     }
 
@@ -338,7 +506,7 @@ impl<'a> BufMut<'a> {
     pub fn device(&self) -> Device {
         match self {
             BufMut::Host(_) => Device::CPU,
-            BufMut::Device(d) => d.device,
+            BufMut::Device(d) => d.device(),
         }
     }
 
@@ -346,7 +514,7 @@ impl<'a> BufMut<'a> {
     pub fn reborrow(&mut self) -> BufMut<'_> {
         match self {
             BufMut::Host(h) => BufMut::Host(h.reborrow()),
-            BufMut::Device(d) => BufMut::Device(*d),
+            BufMut::Device(d) => BufMut::Device(d.reborrow()),
         }
     }
 
@@ -354,7 +522,7 @@ impl<'a> BufMut<'a> {
     pub fn as_buf(&self) -> Buf<'_> {
         match self {
             BufMut::Host(h) => Buf::Host(h.as_buf()),
-            BufMut::Device(d) => Buf::Device(*d),
+            BufMut::Device(d) => Buf::Device(d.as_buf()),
         }
     }
 
@@ -403,14 +571,14 @@ impl<'a, T: Element> From<&'a mut Vec<T>> for BufMut<'a> {
     }
 }
 
-impl From<DeviceBuf> for Buf<'_> {
-    fn from(d: DeviceBuf) -> Self {
+impl<'a> From<DeviceBuf<'a>> for Buf<'a> {
+    fn from(d: DeviceBuf<'a>) -> Self {
         Buf::Device(d)
     }
 }
 
-impl From<DeviceBuf> for BufMut<'_> {
-    fn from(d: DeviceBuf) -> Self {
+impl<'a> From<DeviceBufMut<'a>> for BufMut<'a> {
+    fn from(d: DeviceBufMut<'a>) -> Self {
         BufMut::Device(d)
     }
 }

@@ -58,6 +58,10 @@ pub enum ErrorKind {
     Io,
     /// The engine itself failed in a way none of the other kinds describes.
     Backend,
+    /// A bug in accel itself (a planner invariant, a helper thread that
+    /// died): not the user's input and not the engine. The message says
+    /// what broke; please report it.
+    Internal,
     /// The communicator failed earlier and refuses further work. The message
     /// names the first failure.
     Poisoned,
@@ -85,6 +89,7 @@ impl ErrorKind {
             ErrorKind::Plugin { .. } => "plugin",
             ErrorKind::Io => "io",
             ErrorKind::Backend => "backend",
+            ErrorKind::Internal => "internal",
             ErrorKind::Poisoned => "poisoned",
             ErrorKind::Unauthorized => "unauthorized",
             ErrorKind::Aborted => "aborted",
@@ -115,6 +120,8 @@ struct Inner {
     op: Option<String>,
     backend: Option<String>,
     fix: Option<String>,
+    /// Overrides the kind's default of [`Error::is_fatal_for_group`].
+    fatal: Option<bool>,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
@@ -128,15 +135,25 @@ impl Error {
             op: None,
             backend: None,
             fix: None,
+            fatal: None,
             source: None,
         }))
     }
 
-    /// Shorthand for an [`ErrorKind::Unsupported`] error about `op` on `backend`.
-    pub fn unsupported(backend: &str, op: impl Into<String>, what: impl Into<String>) -> Error {
-        Error::new(ErrorKind::Unsupported, what)
-            .with_backend(backend)
+    // Shorthands: the operation (or the variable) first, then what is
+    // specific to the kind, then the message.
+
+    /// Shorthand for an [`ErrorKind::Unsupported`] error about `op`.
+    pub fn unsupported(op: impl Into<String>, message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Unsupported, message).with_op(op)
+    }
+
+    /// Shorthand for an [`ErrorKind::Internal`] error (a bug in accel)
+    /// found during `op`.
+    pub fn internal(op: impl Into<String>, message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Internal, message)
             .with_op(op)
+            .with_fix("this is a bug in accel: please report it with this message")
     }
 
     /// Shorthand for an [`ErrorKind::InvalidConfig`] error naming `variable`
@@ -159,8 +176,8 @@ impl Error {
     }
 
     /// Shorthand for an [`ErrorKind::Timeout`] error of `op` after `after`.
-    pub fn timeout(op: impl Into<String>, after: Duration, detail: impl Into<String>) -> Error {
-        Error::new(ErrorKind::Timeout { after }, detail).with_op(op)
+    pub fn timeout(op: impl Into<String>, after: Duration, message: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Timeout { after }, message).with_op(op)
     }
 
     /// Attach the rank that observed the error (kept if already set).
@@ -188,6 +205,17 @@ impl Error {
     /// Attach a suggested fix (replaces an earlier one).
     pub fn with_fix(mut self, fix: impl Into<String>) -> Error {
         self.0.fix = Some(fix.into());
+        self
+    }
+
+    /// Declare whether this error leaves the communicator that saw it
+    /// unusable, overriding the kind's default (see
+    /// [`is_fatal_for_group`](Error::is_fatal_for_group)). An engine that
+    /// knows better than the kind says so here: a `Backend` error that left
+    /// the engine intact is `with_fatal(false)`, an `InvalidArgument` found
+    /// half-way through a protocol is `with_fatal(true)`.
+    pub fn with_fatal(mut self, fatal: bool) -> Error {
+        self.0.fatal = Some(fatal);
         self
     }
 
@@ -233,9 +261,17 @@ impl Error {
         self.0.fix.as_deref()
     }
 
-    /// `true` for kinds after which a communicator must be considered broken
-    /// (timeout, lost peer, mismatch, abort, engine failure).
+    /// `true` when the communicator that returned this error must be
+    /// considered broken, so that every later call fails with
+    /// [`ErrorKind::Poisoned`]. Set explicitly with
+    /// [`with_fatal`](Error::with_fatal); otherwise decided by the kind:
+    /// timeout, lost peer, mismatch, abort, engine failure, internal bug and
+    /// poisoned are fatal, the rest (bad arguments, unsupported calls,
+    /// configuration) are not.
     pub fn is_fatal_for_group(&self) -> bool {
+        if let Some(f) = self.0.fatal {
+            return f;
+        }
         matches!(
             self.0.kind,
             ErrorKind::Timeout { .. }
@@ -243,6 +279,7 @@ impl Error {
                 | ErrorKind::Mismatch { .. }
                 | ErrorKind::Aborted
                 | ErrorKind::Backend
+                | ErrorKind::Internal
                 | ErrorKind::Poisoned
         )
     }
@@ -255,6 +292,7 @@ impl Error {
         e.0.op = self.0.op.clone();
         e.0.backend = self.0.backend.clone();
         e.0.fix = self.0.fix.clone();
+        e.0.fatal = self.0.fatal;
         e
     }
 }
@@ -320,15 +358,13 @@ impl std::error::Error for Error {
     }
 }
 
+/// Every I/O error becomes [`ErrorKind::Io`]: an OS-level `TimedOut` does
+/// not say which bound was exceeded, so it is not turned into a
+/// [`ErrorKind::Timeout`] (whose `after` would be invented). Code that owns
+/// a deadline reports its own `Timeout` with the real bound.
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Error {
-        let kind = match e.kind() {
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => ErrorKind::Timeout {
-                after: Duration::ZERO,
-            },
-            _ => ErrorKind::Io,
-        };
-        Error::new(kind, e.to_string()).with_source(e)
+        Error::new(ErrorKind::Io, e.to_string()).with_source(e)
     }
 }
 
@@ -374,6 +410,27 @@ mod tests {
         let s = e.to_string();
         assert!(s.contains("rank 0: #3 all_reduce f32 [4]"), "{s}");
         assert!(s.contains("rank 1: <no report>"), "{s}");
+    }
+
+    #[test]
+    fn fatality_is_a_property_of_the_error() {
+        assert!(Error::new(ErrorKind::Backend, "x").is_fatal_for_group());
+        assert!(!Error::new(ErrorKind::Backend, "x")
+            .with_fatal(false)
+            .is_fatal_for_group());
+        assert!(!Error::invalid_argument("recv", "x").is_fatal_for_group());
+        let e = Error::invalid_argument("recv", "x").with_fatal(true);
+        assert!(e.is_fatal_for_group());
+        assert!(e.snapshot().is_fatal_for_group());
+        assert!(Error::internal("plan", "x").is_fatal_for_group());
+    }
+
+    #[test]
+    fn io_errors_never_invent_a_timeout() {
+        let e: Error = std::io::Error::from(std::io::ErrorKind::TimedOut).into();
+        assert_eq!(e.kind(), &ErrorKind::Io);
+        let e: Error = std::io::Error::from(std::io::ErrorKind::WouldBlock).into();
+        assert_eq!(e.kind(), &ErrorKind::Io);
     }
 
     #[test]

@@ -13,9 +13,11 @@
 //! | [`DType`], [`Element`] | the eight element types a collective can carry |
 //! | [`ReduceOp`] | sum, prod, min, max, avg |
 //! | [`Device`], [`DeviceKind`] | where a buffer lives |
-//! | [`HostBuf`], [`HostBufMut`], [`DeviceBuf`], [`Buf`], [`BufMut`] | typed, object-safe buffer views |
+//! | [`HostBuf`], [`HostBufMut`], [`DeviceBuf`], [`DeviceBufMut`], [`Buf`], [`BufMut`] | typed, object-safe buffer views; device views borrow their owner |
 //! | [`Capabilities`], [`Op`] | what a communicator declares it can do, up front |
 //! | [`Communicator`], [`CommunicatorExt`] | collectives over one process group |
+//! | [`Engine`], [`Group`], [`SplitPlan`] | the backend kit: engines drive a library, one generic group owns the runtime |
+//! | [`Layer`], [`Layered`], [`CallInfo`] | forwarding layers (debug fingerprinting, vendor wrappers) |
 //! | [`Backend`], [`Probe`], [`ConnectContext`], [`BackendRegistration`] | a registration record: name, priority, device kind, probe, connect |
 //! | [`Store`], [`StoreExt`] | the rendezvous key-value store every engine bootstraps from |
 //! | [`Wrapper`] | what `prepare()` returns |
@@ -42,10 +44,18 @@
 //!    count and root. Breaking it is a user error that debug mode reports as
 //!    [`ErrorKind::Mismatch`].
 //!
+//! A backend implements rules 1-5 by implementing [`Engine`] and handing it
+//! to [`Group::new`]: the group does the checks, the poisoning and the error
+//! context once for every engine.
+//!
 //! Plugins loaded with `dlopen` implement these same traits; the C boundary
 //! that carries them lives in the `accel-plugin` crate so that this crate can
-//! stay free of `unsafe` code.
-#![forbid(unsafe_code)]
+//! stay free of `unsafe` code. The one exception is a declaration, not a use:
+//! the device-view constructors [`DeviceBuf::from_raw`] and
+//! [`DeviceBufMut::from_raw`] are `unsafe fn` (the caller vouches for the
+//! address) and only store their arguments; no `unsafe` block exists in this
+//! crate (docs/adr/0007-device-views-unsafe-constructor.md).
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod backend;
@@ -55,6 +65,8 @@ mod comm;
 mod device;
 mod dtype;
 mod error;
+mod group;
+mod layer;
 mod offload;
 mod op;
 mod store;
@@ -64,12 +76,14 @@ pub use backend::{
     Availability, Backend, BackendRegistration, ConnectContext, Probe, ProbeContext, PRIORITY_CPU,
     PRIORITY_CUDA, PRIORITY_FALLBACK, PRIORITY_MPI, PRIORITY_NPU, PRIORITY_XLA,
 };
-pub use buffer::{Buf, BufMut, DeviceBuf, HostBuf, HostBufMut};
+pub use buffer::{Buf, BufMut, DeviceBuf, DeviceBufMut, HostBuf, HostBufMut};
 pub use caps::{Capabilities, Op};
 pub use comm::{validate, Communicator, CommunicatorExt};
 pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
+pub use group::{host, host_mut, Engine, Group, SplitPlan};
+pub use layer::{CallInfo, Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};
 pub use op::ReduceOp;
 pub use store::{CasOutcome, Store, StoreExt};
@@ -81,4 +95,35 @@ pub use half::{bf16, f16};
 #[doc(hidden)]
 pub mod __private {
     pub use inventory;
+}
+
+#[cfg(test)]
+mod unsafe_policy {
+    /// The crate declares two `unsafe fn` constructors and nothing else
+    /// unsafe: no `unsafe` block, impl or trait (ADR 0007).
+    #[test]
+    fn no_unsafe_block_impl_or_trait() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut declared = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for (i, line) in text.lines().enumerate() {
+                let code = line.split("//").next().unwrap_or("");
+                // Spelled in pieces so that this test does not find itself.
+                for bad in ["{", "impl", "trait", "extern"].map(|w| format!("{} {w}", "unsafe")) {
+                    assert!(
+                        !code.contains(&bad),
+                        "{}:{}: `{bad}` in accel-api",
+                        path.display(),
+                        i + 1
+                    );
+                }
+                if code.contains(&format!("pub {} fn from_raw", "unsafe")) {
+                    declared += 1;
+                }
+            }
+        }
+        assert_eq!(declared, 2, "exactly the two device-view constructors");
+    }
 }

@@ -73,7 +73,7 @@ impl Accelerator {
             .map_err(|e| e.with_backend(backend.name()).with_rank(state.rank))?;
         let comm: Box<dyn Communicator> = if state.debug {
             let dbg: Arc<dyn Store> = Arc::new(PrefixStore::new(store.clone(), "debug"));
-            Box::new(crate::DebugCommunicator::new(comm, dbg))
+            Box::new(crate::debug_communicator(comm, dbg))
         } else {
             comm
         };

@@ -176,7 +176,7 @@ mod tests {
     use std::time::Duration;
 
     fn comm() -> SingleCommunicator {
-        SingleCommunicator::new(accel_api::Device::CPU, Duration::from_secs(1))
+        accel_backend_single::communicator(accel_api::Device::CPU, Duration::from_secs(1))
     }
 
     #[test]

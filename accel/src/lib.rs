@@ -40,7 +40,7 @@ pub mod train;
 pub use accel_api::*;
 pub use accelerator::Accelerator;
 pub use collectives::CollectivesExt;
-pub use debug::DebugCommunicator;
+pub use debug::{debug_communicator, DebugCommunicator, DebugLayer};
 pub use lifeline::tie_to_launcher;
 pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
 pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};

@@ -20,131 +20,50 @@
 //! Vendors run the suite against a plugin with `accel test --plugin PATH` or
 //! stamp it into their own test crate with [`conformance_tests!`].
 
+//!
+//! ## Layout
+//!
+//! `ctx` (what a scenario sees and returns), one module per area
+//! (`collectives`, `runtime`, `failures`, `train_scenarios`), the registry
+//! ([`all_scenarios`]) here, and three ways to run it: [`threads`] (ranks as
+//! threads of one process, over any [`Backend`](accel_api::Backend): what a
+//! backend's own `#[test]` calls), [`harness`] (one process per rank, for
+//! backends that need it, like mpi, and for plugins) and the worker binary.
+
+mod collectives;
+mod ctx;
 pub mod data;
+mod failures;
 pub mod harness;
 pub mod oracle;
 mod prop;
-mod scenarios;
+mod runtime;
+pub mod threads;
 mod train_scenarios;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use accel_api::{Backend, Communicator, ConnectContext, Device, Result, Store};
-
+pub use ctx::{Ctx, Outcome, Scenario, ScenarioResult};
 pub use prop::{agree, Seed};
-pub use scenarios::{all_scenarios, Scenario};
+pub use threads::{assert_conformance, run_in_process};
 
-/// What a scenario concluded on this rank (before agreement).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "outcome", content = "detail", rename_all = "lowercase")]
-pub enum Outcome {
-    /// The scenario ran and every check held.
-    Pass,
-    /// A check failed; the text says which, with the shrunk case and seed
-    /// for property scenarios.
-    Fail(String),
-    /// Not run: the backend does not declare what the scenario needs.
-    Skip(String),
+/// Every scenario, in the order the matrix lists them: the collectives, the
+/// runtime built on them, failure behaviour, then the training loop.
+pub fn all_scenarios() -> Vec<Scenario> {
+    let mut all = collectives::scenarios();
+    all.extend(runtime::scenarios());
+    all.extend(failures::scenarios());
+    all.extend(train_scenarios::train_scenarios());
+    all
 }
 
-impl Outcome {
-    /// Short cell text for the matrix.
-    pub fn cell(&self) -> String {
-        match self {
-            Outcome::Pass => "pass".into(),
-            Outcome::Fail(_) => "FAIL".into(),
-            Outcome::Skip(r) => format!("skip({r})"),
-        }
-    }
-}
-
-/// One scenario's agreed result in one world.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct ScenarioResult {
-    /// Scenario name.
-    pub name: String,
-    /// Agreed outcome.
-    #[serde(flatten)]
-    pub outcome: Outcome,
-    /// Wall time on rank 0, milliseconds.
-    pub millis: u64,
-}
-
-/// Everything a scenario may use on one rank.
-pub struct Ctx {
-    /// The world communicator under test.
-    pub comm: Arc<dyn Communicator>,
-    /// The backend that built it (scenarios that need a fresh communicator,
-    /// e.g. with a short timeout, connect again through it).
-    pub backend: Arc<dyn Backend>,
-    /// A store shared by exactly the ranks of this run, for verdicts and
-    /// coordination; never the communicator under test.
-    pub store: Arc<dyn Store>,
-    /// Local rank and size, for fresh connections.
-    pub local_rank: usize,
-    /// Number of ranks on this machine.
-    pub local_world_size: usize,
-    /// The device the world communicator drives.
-    pub device: Device,
-    /// Property cases per property scenario.
-    pub cases: u32,
-    /// The run's shared seed.
-    pub seed: Seed,
-}
-
-impl std::fmt::Debug for Ctx {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ctx")
-            .field("backend", &self.backend.name())
-            .field("rank", &self.comm.rank())
-            .field("world_size", &self.comm.world_size())
-            .field("cases", &self.cases)
-            .finish()
-    }
-}
-
-impl Ctx {
-    /// This rank.
-    pub fn rank(&self) -> usize {
-        self.comm.rank()
-    }
-
-    /// Number of ranks.
-    pub fn world_size(&self) -> usize {
-        self.comm.world_size()
-    }
-
-    /// Connect a fresh world communicator through the same backend, with its
-    /// own store prefix `fresh/<name>` and the given timeout. Collective.
-    ///
-    /// # Errors
-    /// The backend's connect errors.
-    pub fn fresh_comm(&self, name: &str, timeout: Duration) -> Result<Box<dyn Communicator>> {
-        let store: Arc<dyn Store> = Arc::new(accel_rendezvous::PrefixStore::new(
-            self.store.clone(),
-            format!("fresh/{name}"),
-        ));
-        self.backend.connect(ConnectContext {
-            rank: self.rank(),
-            world_size: self.world_size(),
-            local_rank: self.local_rank,
-            local_world_size: self.local_world_size,
-            device: self.device,
-            timeout,
-            store,
-            run_id: format!("conformance-{name}"),
-        })
-    }
-}
-
-/// Run every scenario (or those whose name contains `filter`) on this rank
-/// and agree on each verdict with the other ranks. Every rank returns the
-/// same list.
+/// Run every scenario (or those whose name contains `filter`; `=name` for
+/// exactly one) on this rank and agree on each verdict with the other
+/// ranks. Every rank returns the same list.
 pub fn run_all(ctx: &Ctx, filter: Option<&str>) -> Vec<ScenarioResult> {
     let mut out = Vec::new();
     for s in all_scenarios() {
-        if filter.is_some_and(|f| !s.name.contains(f)) {
+        if filter.is_some_and(|f| !matches_filter(s.name, f)) {
             continue;
         }
         let start = std::time::Instant::now();
@@ -164,6 +83,15 @@ pub fn run_all(ctx: &Ctx, filter: Option<&str>) -> Vec<ScenarioResult> {
         });
     }
     out
+}
+
+/// `filter` selects the scenarios whose name contains it, or, written
+/// `=name`, exactly the scenario `name`.
+fn matches_filter(name: &str, filter: &str) -> bool {
+    match filter.strip_prefix('=') {
+        Some(exact) => name == exact,
+        None => name.contains(filter),
+    }
 }
 
 fn agree_outcome(ctx: &Ctx, name: &str, local: Outcome) -> Outcome {
@@ -192,10 +120,24 @@ pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "non-string panic".into())
 }
 
-/// Stamp one `#[test]` per scenario for a backend, for a vendor's own test
-/// crate. Each test runs the scenario through the multi-process harness at
-/// the given world sizes; `$worker` is the path of a conformance worker
-/// binary that has the backend compiled in or can load it as a plugin.
+/// Stamp one `#[test]` per scenario for a backend, for a backend's or a
+/// vendor's own test crate.
+///
+/// In-process form: each test runs the scenario with ranks as threads of the
+/// test process ([`run_in_process`]) at the given world sizes, over the
+/// backend built by the expression:
+///
+/// ```ignore
+/// accel_conformance::conformance_tests!(
+///     in_process = std::sync::Arc::new(my_backend::MyBackend::new()),
+///     world_sizes = [1, 2, 3, 4],
+///     scenarios = [all_reduce, broadcast, barrier_ordering],
+/// );
+/// ```
+///
+/// Multi-process form: each test runs the scenario through the harness (one
+/// process per rank); `$worker` is the path of a conformance worker binary
+/// that has the backend compiled in or can load it as a plugin:
 ///
 /// ```ignore
 /// accel_conformance::conformance_tests!(
@@ -208,14 +150,22 @@ pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    (backend = $b:expr, plugin = $p:expr, worker = $w:expr, world_sizes = [$($n:expr),*], scenarios = [$($s:ident),* $(,)?] $(,)?) => {
+    (in_process = $b:expr, world_sizes = $ws:expr, scenarios = [$($s:ident),* $(,)?] $(,)?) => {
         $(
             #[test]
             fn $s() {
-                for n in [$($n),*] {
+                $crate::assert_conformance($b, &$ws, Some(concat!("=", stringify!($s))));
+            }
+        )*
+    };
+    (backend = $b:expr, plugin = $p:expr, worker = $w:expr, world_sizes = $ws:expr, scenarios = [$($s:ident),* $(,)?] $(,)?) => {
+        $(
+            #[test]
+            fn $s() {
+                for n in $ws {
                     let spec = $crate::harness::RunSpec::new($b, n, std::path::PathBuf::from($w))
                         .with_plugin($p.map(std::path::PathBuf::from))
-                        .with_filter(Some(stringify!($s).to_string()));
+                        .with_filter(Some(concat!("=", stringify!($s)).to_string()));
                     let report = $crate::harness::run_world(&spec);
                     for r in &report.results {
                         if let $crate::Outcome::Fail(m) = &r.outcome {

@@ -17,7 +17,7 @@ use accel_sharding::reference;
 use proptest::prelude::*;
 
 use crate::prop::property;
-use crate::scenarios::Scenario;
+use crate::Scenario;
 use crate::{Ctx, Outcome};
 
 /// The training scenarios, appended to the matrix.

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use accel_api::{
-    Buf, BufMut, Capabilities, DType, Device, DeviceBuf, DeviceKind, Error, ErrorKind, HostBuf,
-    HostBufMut, MismatchEntry, Op, ReduceOp, Result,
+    Buf, BufMut, Capabilities, DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Error,
+    ErrorKind, HostBuf, HostBufMut, MismatchEntry, Op, ReduceOp, Result,
 };
 
 use crate::abi::*;
@@ -501,7 +501,7 @@ pub(crate) unsafe fn write_sink(sink: AccelSink, bytes: &[u8]) {
 pub(crate) fn buf_to_abi(buf: &Buf<'_>) -> AccelBuf {
     match buf {
         Buf::Host(h) => host_abi(h.dtype(), h.len(), h.bytes().as_ptr() as *mut u8),
-        Buf::Device(d) => device_abi(d),
+        Buf::Device(d) => device_abi(d.addr(), d.len(), d.dtype(), d.device(), d.stream()),
     }
 }
 
@@ -513,7 +513,7 @@ pub(crate) fn buf_mut_to_abi(buf: &mut BufMut<'_>) -> AccelBuf {
             let (dtype, len) = (h.dtype(), h.len());
             host_abi(dtype, len, h.bytes_mut().as_mut_ptr())
         }
-        BufMut::Device(d) => device_abi(d),
+        BufMut::Device(d) => device_abi(d.addr(), d.len(), d.dtype(), d.device(), d.stream()),
     }
 }
 
@@ -530,17 +530,24 @@ fn host_abi(dtype: DType, len: usize, ptr: *mut u8) -> AccelBuf {
     }
 }
 
-fn device_abi(d: &DeviceBuf) -> AccelBuf {
+fn device_abi(addr: u64, len: usize, dtype: DType, device: Device, stream: u64) -> AccelBuf {
     AccelBuf {
         memory: ACCEL_MEMORY_DEVICE,
-        dtype: d.dtype.code(),
-        len: d.len,
+        dtype: dtype.code(),
+        len,
         host_ptr: std::ptr::null_mut(),
-        device_addr: d.addr,
-        device_kind: d.device.kind.code(),
-        device_index: d.device.index,
-        stream: d.stream,
+        device_addr: addr,
+        device_kind: device.kind.code(),
+        device_index: device.index,
+        stream,
     }
+}
+
+/// The owner a device view built from an ABI descriptor borrows: the memory
+/// belongs to the other side of the boundary, which keeps it alive for the
+/// call. A zero-sized box allocates nothing.
+fn abi_owner<'a>() -> &'a mut () {
+    Box::leak(Box::new(()))
 }
 
 /// A non-null pointer aligned for every element type, for empty views.
@@ -616,12 +623,10 @@ pub(crate) unsafe fn buf_from_abi<'a>(op: &str, what: &str, b: *const AccelBuf) 
                 HostBuf::from_bytes(dtype, slice).map_err(|e| e.with_op(op))?,
             ))
         }
-        ACCEL_MEMORY_DEVICE => Ok(Buf::Device(DeviceBuf {
-            addr: b.device_addr,
-            len: b.len,
-            dtype,
-            device,
-            stream: b.stream,
+        // SAFETY: the descriptor's device memory stays valid and unwritten
+        // for 'a (caller's guarantee); the view borrows nothing on this side.
+        ACCEL_MEMORY_DEVICE => Ok(Buf::Device(unsafe {
+            DeviceBuf::from_raw(abi_owner(), b.device_addr, b.len, dtype, device, b.stream)
         })),
         m => Err(bad_buf(op, what, format!("unknown memory code {m}"))),
     }
@@ -664,12 +669,10 @@ pub(crate) unsafe fn buf_mut_from_abi<'a>(
                 HostBufMut::from_bytes(dtype, slice).map_err(|e| e.with_op(op))?,
             ))
         }
-        ACCEL_MEMORY_DEVICE => Ok(BufMut::Device(DeviceBuf {
-            addr: b.device_addr,
-            len: b.len,
-            dtype,
-            device,
-            stream: b.stream,
+        // SAFETY: the descriptor's device memory is exclusively ours for 'a
+        // (caller's guarantee); the view borrows nothing on this side.
+        ACCEL_MEMORY_DEVICE => Ok(BufMut::Device(unsafe {
+            DeviceBufMut::from_raw(abi_owner(), b.device_addr, b.len, dtype, device, b.stream)
         })),
         m => Err(bad_buf(op, what, format!("unknown memory code {m}"))),
     }

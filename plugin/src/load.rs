@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use accel_api::{
     Backend, Buf, BufMut, Capabilities, CasOutcome, Communicator, ConnectContext, Device,
-    DeviceKind, Error, ErrorKind, Probe, ProbeContext, ReduceOp, Result, Store,
+    DeviceKind, Engine, Error, ErrorKind, Group, Probe, ProbeContext, ReduceOp, Result, Store,
 };
 
 use crate::abi::*;
@@ -426,8 +426,8 @@ impl Backend for PluginBackend {
             ));
         }
         // SAFETY: a fresh handle from the plugin's `connect`, ours to destroy.
-        let comm = unsafe { PluginCommunicator::wrap(self.lib.clone(), handle) }?;
-        Ok(Box::new(comm))
+        let engine = unsafe { PluginEngine::wrap(self.lib.clone(), handle) }?;
+        Ok(Box::new(Group::new(engine)))
     }
 }
 
@@ -484,9 +484,11 @@ fn missing_entry(path: &Path, e: libloading::Error) -> Error {
 // ---------------------------------------------------------------------------
 // Communicator
 
-/// A communicator living in a plugin; every method forwards through the
-/// plugin's communicator table. Constant properties are read once.
-struct PluginCommunicator {
+/// The engine of a communicator living in a plugin: every call forwards
+/// through the plugin's communicator table. Constant properties are read
+/// once. The host wraps it in a [`Group`], so that every argument is
+/// checked on this side of the boundary, before the plugin is called.
+struct PluginEngine {
     lib: Arc<Lib>,
     handle: *mut AccelComm,
     name: String,
@@ -500,13 +502,13 @@ struct PluginCommunicator {
 // SAFETY: the ABI requires communicator handles to be thread-safe (they are
 // a Rust `Box<dyn Communicator>`, `Send + Sync`, on the plugin side); the
 // handle is destroyed only in `Drop`, when no call can be in flight.
-unsafe impl Send for PluginCommunicator {}
+unsafe impl Send for PluginEngine {}
 // SAFETY: as for `Send`.
-unsafe impl Sync for PluginCommunicator {}
+unsafe impl Sync for PluginEngine {}
 
-impl fmt::Debug for PluginCommunicator {
+impl fmt::Debug for PluginEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PluginCommunicator")
+        f.debug_struct("PluginEngine")
             .field("backend", &self.name)
             .field("plugin", &self.lib.path)
             .field("rank", &self.rank)
@@ -515,7 +517,7 @@ impl fmt::Debug for PluginCommunicator {
     }
 }
 
-impl Drop for PluginCommunicator {
+impl Drop for PluginEngine {
     fn drop(&mut self) {
         if let Some(destroy) = self.lib.comm.destroy {
             // SAFETY: we own the handle and destroy it once; `&mut self`
@@ -525,15 +527,15 @@ impl Drop for PluginCommunicator {
     }
 }
 
-impl PluginCommunicator {
+impl PluginEngine {
     /// Take ownership of `handle` and read its constant properties. On
     /// failure the handle is destroyed.
     ///
     /// # Safety
     /// `handle` is a live handle from this plugin that nobody else owns.
-    unsafe fn wrap(lib: Arc<Lib>, handle: *mut AccelComm) -> Result<PluginCommunicator> {
+    unsafe fn wrap(lib: Arc<Lib>, handle: *mut AccelComm) -> Result<PluginEngine> {
         // Built first so that `Drop` destroys the handle on every error path.
-        let mut c = PluginCommunicator {
+        let mut c = PluginEngine {
             lib,
             handle,
             name: String::new(),
@@ -609,7 +611,7 @@ impl PluginCommunicator {
     }
 }
 
-impl Communicator for PluginCommunicator {
+impl Engine for PluginEngine {
     fn backend_name(&self) -> &str {
         &self.name
     }
@@ -630,8 +632,13 @@ impl Communicator for PluginCommunicator {
         self.timeout
     }
 
-    fn capabilities(&self) -> &Capabilities {
-        &self.caps
+    fn capabilities(&self) -> Capabilities {
+        self.caps.clone()
+    }
+
+    /// The plugin's own runtime computes averages (on device memory too).
+    fn native_avg(&self) -> bool {
+        true
     }
 
     fn all_reduce(&self, mut buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
@@ -733,7 +740,7 @@ impl Communicator for PluginCommunicator {
         self.call("barrier", unsafe { f(self.handle) })
     }
 
-    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
+    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<PluginEngine>> {
         let f = self.func(self.lib.comm.split, "split")?;
         let mut out: *mut AccelComm = std::ptr::null_mut();
         // SAFETY: a live handle; `out` outlives the call.
@@ -751,8 +758,8 @@ impl Communicator for PluginCommunicator {
             return Ok(None);
         }
         // SAFETY: a fresh handle from the plugin's `split`, ours to destroy.
-        let sub = unsafe { PluginCommunicator::wrap(self.lib.clone(), out) }?;
-        Ok(Some(Box::new(sub)))
+        let sub = unsafe { PluginEngine::wrap(self.lib.clone(), out) }?;
+        Ok(Some(sub))
     }
 
     fn abort(&self, reason: &str) {

@@ -101,9 +101,12 @@
 //! [`Communicator::timeout`]: accel_api::Communicator::timeout
 //! [`Communicator::abort`]: accel_api::Communicator::abort
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
-mod communicator;
+mod engine;
 mod error;
+// Every FFI call into the Gloo shim lives here, behind handle newtypes.
+#[allow(unsafe_code)]
 mod ffi;
 mod probe;
 mod rendezvous;
@@ -115,10 +118,10 @@ use accel_api::{
     Result, PRIORITY_CPU,
 };
 
-pub use communicator::{capabilities, GlooCommunicator};
+pub use engine::{capabilities, GlooCommunicator, GlooEngine};
 pub use probe::{engine_version, PACKAGE_VERSION};
 
-use communicator::Params;
+use engine::Params;
 
 /// The registered name.
 pub const NAME: &str = "cpu-gloo";
@@ -215,7 +218,7 @@ pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
         .store
         .add(&format!("cpu-gloo/connects/{}", ctx.rank), 1)
         .map_err(|e| e.with_op("connect").with_backend(NAME).with_rank(ctx.rank))?;
-    GlooCommunicator::connect(Params {
+    GlooEngine::connect(Params {
         gloo_device: Arc::new(gloo_device),
         store: ctx.store.clone(),
         prefix: format!("cpu-gloo/{generation}"),
@@ -224,6 +227,7 @@ pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
         device: ctx.device,
         timeout: ctx.timeout,
     })
+    .map(accel_api::Group::new)
 }
 
 accel_api::submit_backend!(|| Box::new(CpuGlooBackend));

@@ -63,7 +63,7 @@ fn peers_have_addresses_on_both_sides_of_each_connection() {
         let c = accel_backend_cpu_gloo::connect(common::context(store.clone(), rank, 3, SHORT * 5))
             .unwrap();
         c.barrier().unwrap();
-        let addrs: Vec<Vec<String>> = (0..3).map(|r| c.peer_addresses(r)).collect();
+        let addrs: Vec<Vec<String>> = (0..3).map(|r| c.engine().peer_addresses(r)).collect();
         addrs
     });
     for (rank, addrs) in out.iter().enumerate() {

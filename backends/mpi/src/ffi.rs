@@ -31,18 +31,7 @@ fn lock() -> MutexGuard<'static, ()> {
     MPI_LOCK.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// An MPI error code with the library's text for it.
-#[derive(Debug, Clone)]
-pub(crate) struct MpiError {
-    pub(crate) code: c_int,
-    pub(crate) text: String,
-}
-
-impl std::fmt::Display for MpiError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} (MPI error code {})", self.text, self.code)
-    }
-}
+pub(crate) use crate::error::MpiError;
 
 fn error_text(code: c_int) -> String {
     let mut buf = [0 as std::ffi::c_char; sys::MPI_MAX_ERROR_STRING as usize + 1];

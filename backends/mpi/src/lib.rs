@@ -95,8 +95,12 @@
 //! [`Communicator::abort`]: accel_api::Communicator::abort
 //! [`ProbeContext::mpi_launched`]: accel_api::ProbeContext::mpi_launched
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
-mod communicator;
+mod engine;
+mod error;
+// Every raw MPI call lives here, behind handle newtypes.
+#[allow(unsafe_code)]
 mod ffi;
 mod launch;
 pub mod probe;
@@ -109,11 +113,11 @@ use accel_api::{
     Result, PRIORITY_MPI,
 };
 
-pub use communicator::{capabilities, MpiCommunicator, DEFAULT_STAGING_BYTES};
+pub use engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
 pub use launch::{detect_flavor, mpirun_command, parse_tagged_line, MpiFlavor, MpirunSpec};
 pub use probe::engine_version;
 
-use communicator::{poll, timed_out, Shared, Waited};
+use engine::{poll, timed_out, Shared, Waited};
 
 /// The registered name.
 pub const NAME: &str = "mpi";
@@ -252,7 +256,12 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
             ))
         }
     };
-    Ok(MpiCommunicator::new(comm, ctx.rank, ctx.world_size, shared))
+    Ok(accel_api::Group::new(MpiEngine::new(
+        comm,
+        ctx.rank,
+        ctx.world_size,
+        shared,
+    )))
 }
 
 accel_api::submit_backend!(|| Box::new(MpiBackend));

@@ -5,14 +5,14 @@
 //! conformance matrix. It is available only when the run has one process.
 #![forbid(unsafe_code)]
 
-mod communicator;
+mod engine;
 
 use accel_api::{
     Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext,
     Result, PRIORITY_FALLBACK,
 };
 
-pub use communicator::SingleCommunicator;
+pub use engine::{communicator, communicator_named, SingleCommunicator, SingleEngine};
 
 /// The registered name.
 pub const NAME: &str = "single";
@@ -46,20 +46,30 @@ impl Backend for SingleBackend {
     }
 
     fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        if ctx.world_size != 1 || ctx.rank != 0 {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "the single backend runs one process only (rank {} of {})",
-                    ctx.rank, ctx.world_size
-                ),
-            )
-            .with_backend(NAME)
-            .with_op("connect")
-            .with_fix("enable a multi-process backend such as cpu-gloo, or run one process"));
-        }
-        Ok(Box::new(SingleCommunicator::new(ctx.device, ctx.timeout)))
+        connect_named(NAME, ctx).map(|c| Box::new(c) as Box<dyn Communicator>)
     }
+}
+
+/// Connect a one-rank group reporting `name` as its backend (what
+/// [`Backend::connect`] does with [`NAME`]); plugins that reuse this engine
+/// call it with their own name.
+///
+/// # Errors
+/// [`ErrorKind::Unavailable`] unless the context is rank 0 of 1.
+pub fn connect_named(name: &'static str, ctx: ConnectContext) -> Result<SingleCommunicator> {
+    if ctx.world_size != 1 || ctx.rank != 0 {
+        return Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "the single backend runs one process only (rank {} of {})",
+                ctx.rank, ctx.world_size
+            ),
+        )
+        .with_backend(name)
+        .with_op("connect")
+        .with_fix("enable a multi-process backend such as cpu-gloo, or run one process"));
+    }
+    Ok(communicator_named(name, ctx.device, ctx.timeout))
 }
 
 accel_api::submit_backend!(|| Box::new(SingleBackend));

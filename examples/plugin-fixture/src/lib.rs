@@ -12,8 +12,9 @@
 //!     host store's timeout error unchanged (it crosses the boundary twice);
 //!   * `connect-panic`: panics;
 //!   * anything else: a one-rank communicator (the `single` engine) that
-//!     keeps the host's store and counts each `barrier` under the key
-//!     `fixture/barriers`, so the store must outlive `connect`.
+//!     keeps the host's store and counts every call that reaches the plugin
+//!     under `fixture/calls` and each `barrier` under `fixture/barriers`, so
+//!     the store must outlive `connect`.
 #![deny(unsafe_code)]
 
 use std::fmt::Write as _;
@@ -21,10 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_api::{
-    Backend, Buf, BufMut, Capabilities, CasOutcome, Communicator, ConnectContext, Device,
-    DeviceKind, Probe, ProbeContext, ReduceOp, Result, Store,
+    Backend, CallInfo, CasOutcome, Communicator, ConnectContext, DeviceKind, Layer, Layered, Op,
+    Probe, ProbeContext, Result, Store,
 };
-use accel_backend_single::SingleCommunicator;
 
 accel_plugin::export_plugin!(Fixture);
 
@@ -62,10 +62,12 @@ impl Backend for Fixture {
             "connect-panic" => panic!("fixture connect panics on request"),
             _ => {}
         }
-        Ok(Box::new(StoreComm {
-            inner: SingleCommunicator::new(ctx.device, ctx.timeout),
-            store: ctx.store,
-        }))
+        let store = ctx.store.clone();
+        let inner = accel_backend_single::connect_named("fixture", ctx)?;
+        Ok(Box::new(Layered::new(
+            Box::new(inner),
+            CountCalls { store },
+        )))
     }
 }
 
@@ -102,87 +104,19 @@ fn round_trip(store: &dyn Store) -> Result<String> {
     Ok(r)
 }
 
-/// The `single` engine plus the host's store, kept past `connect`.
-struct StoreComm {
-    inner: SingleCommunicator,
+/// Counts, in the host's store, every call that reaches this plugin
+/// (`fixture/calls`) and every barrier (`fixture/barriers`), so that host
+/// tests can tell which calls crossed the boundary.
+struct CountCalls {
     store: Arc<dyn Store>,
 }
 
-impl Communicator for StoreComm {
-    fn backend_name(&self) -> &str {
-        "fixture"
-    }
-
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-
-    fn device(&self) -> Device {
-        self.inner.device()
-    }
-
-    fn timeout(&self) -> Duration {
-        self.inner.timeout()
-    }
-
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.inner.all_reduce(buf, op)
-    }
-
-    fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
-        self.inner.reduce(buf, op, root)
-    }
-
-    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        self.inner.broadcast(buf, root)
-    }
-
-    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        self.inner.all_gather(send, recv)
-    }
-
-    fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
-        self.inner.gather(send, recv, root)
-    }
-
-    fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
-        self.inner.scatter(send, recv, root)
-    }
-
-    fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.inner.reduce_scatter(send, recv, op)
-    }
-
-    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        self.inner.all_to_all(send, recv)
-    }
-
-    fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
-        self.inner.send(buf, dst, tag)
-    }
-
-    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
-        self.inner.recv(buf, src, tag)
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.store.add("fixture/barriers", 1)?;
-        self.inner.barrier()
-    }
-
-    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
-        self.inner.split(color, key)
-    }
-
-    fn abort(&self, reason: &str) {
-        self.inner.abort(reason)
+impl Layer for CountCalls {
+    fn before(&self, _inner: &dyn Communicator, call: &CallInfo) -> Result<()> {
+        self.store.add("fixture/calls", 1)?;
+        if call.op == Op::Barrier {
+            self.store.add("fixture/barriers", 1)?;
+        }
+        Ok(())
     }
 }

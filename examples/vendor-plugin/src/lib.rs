@@ -12,22 +12,20 @@
 //! ACCEL_PLUGIN_PATH=target/debug/libaccel_vendor_plugin.so ACCEL_BACKEND=vendor-single <program>
 //! ```
 //!
-//! # Why a wrapper
+//! # Why a name of its own
 //!
 //! The engine is the `single` backend's, but a plugin that registered as
 //! `single` would be indistinguishable from the built-in one (and collide
-//! with it in the registry). So [`VendorSingle`] wraps [`SingleBackend`] and
-//! [`VendorComm`] wraps its communicator, reporting the name
-//! `vendor-single` everywhere, errors included. Its priority is just below
-//! the built-in `single`'s, so it is used only when asked for by name
+//! with it in the registry). So [`VendorSingle`] connects the single engine
+//! under the name `vendor-single`, which the generic group reports
+//! everywhere, errors included. Its priority is just below the built-in
+//! `single`'s, so it is used only when asked for by name
 //! (`ACCEL_BACKEND=vendor-single`).
 #![deny(unsafe_code)]
 
-use std::time::Duration;
-
 use accel_api::{
-    Backend, Buf, BufMut, Capabilities, Communicator, ConnectContext, Device, DeviceKind, Error,
-    Probe, ProbeContext, ReduceOp, Result, PRIORITY_FALLBACK,
+    Backend, Communicator, ConnectContext, DeviceKind, Probe, ProbeContext, Result,
+    PRIORITY_FALLBACK,
 };
 use accel_backend_single::SingleBackend;
 
@@ -60,116 +58,7 @@ impl Backend for VendorSingle {
     }
 
     fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        let inner = self.inner.connect(ctx).map_err(rename)?;
-        Ok(Box::new(VendorComm { inner }))
-    }
-}
-
-/// Rebuild `e` with this backend's name (`with_backend` keeps an existing
-/// name, so the context is copied into a fresh error).
-fn rename(e: Error) -> Error {
-    let mut out = Error::new(e.kind().clone(), e.message()).with_backend(NAME);
-    if let Some(rank) = e.rank() {
-        out = out.with_rank(rank);
-    }
-    if let Some(op) = e.op() {
-        out = out.with_op(op);
-    }
-    if let Some(fix) = e.fix() {
-        out = out.with_fix(fix);
-    }
-    out
-}
-
-/// The `single` communicator under the name `vendor-single`.
-pub struct VendorComm {
-    inner: Box<dyn Communicator>,
-}
-
-impl std::fmt::Debug for VendorComm {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("VendorComm")
-            .field("rank", &self.inner.rank())
-            .field("world_size", &self.inner.world_size())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Communicator for VendorComm {
-    fn backend_name(&self) -> &str {
-        NAME
-    }
-
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-
-    fn device(&self) -> Device {
-        self.inner.device()
-    }
-
-    fn timeout(&self) -> Duration {
-        self.inner.timeout()
-    }
-
-    fn capabilities(&self) -> &Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.inner.all_reduce(buf, op).map_err(rename)
-    }
-
-    fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
-        self.inner.reduce(buf, op, root).map_err(rename)
-    }
-
-    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        self.inner.broadcast(buf, root).map_err(rename)
-    }
-
-    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        self.inner.all_gather(send, recv).map_err(rename)
-    }
-
-    fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
-        self.inner.gather(send, recv, root).map_err(rename)
-    }
-
-    fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
-        self.inner.scatter(send, recv, root).map_err(rename)
-    }
-
-    fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.inner.reduce_scatter(send, recv, op).map_err(rename)
-    }
-
-    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        self.inner.all_to_all(send, recv).map_err(rename)
-    }
-
-    fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
-        self.inner.send(buf, dst, tag).map_err(rename)
-    }
-
-    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
-        self.inner.recv(buf, src, tag).map_err(rename)
-    }
-
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier().map_err(rename)
-    }
-
-    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
-        let sub = self.inner.split(color, key).map_err(rename)?;
-        Ok(sub.map(|inner| Box::new(VendorComm { inner }) as Box<dyn Communicator>))
-    }
-
-    fn abort(&self, reason: &str) {
-        self.inner.abort(reason)
+        let comm = accel_backend_single::connect_named(NAME, ctx)?;
+        Ok(Box::new(comm))
     }
 }

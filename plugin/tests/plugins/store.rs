@@ -2,7 +2,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use accel_api::{Communicator, ConnectContext, Device, ErrorKind, ProbeContext, Store, StoreExt};
+use accel_api::{
+    Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, Device, ErrorKind, ProbeContext,
+    ReduceOp, Store, StoreExt,
+};
 use accel_plugin::load_plugin;
 use accel_rendezvous::MemoryStore;
 
@@ -88,6 +91,44 @@ fn the_plugin_keeps_the_store_for_the_communicator_lifetime() {
         );
         drop(comm);
         assert_eq!(Arc::strong_count(&store), 1);
+    });
+}
+
+/// The host wraps every plugin communicator in the generic group: bad
+/// arguments are refused on this side, and the plugin never sees them.
+#[test]
+fn bad_arguments_are_refused_before_the_plugin_is_called() {
+    with_plugins(|p| {
+        let store = Arc::new(MemoryStore::new());
+        let comm = connect(&p.fixture, &store, "keep").unwrap();
+        let calls = || {
+            store
+                .try_get("fixture/calls")
+                .unwrap()
+                .map(|v| String::from_utf8(v).unwrap())
+        };
+        let e = comm.broadcast_slice(&mut [1.0f32], 3).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument, "{e}");
+        assert!(e.to_string().contains("root 3"), "{e}");
+        let mut out = [0i32; 5];
+        let e = comm
+            .all_gather(Buf::from(&[1i32, 2][..]), BufMut::from(&mut out[..]))
+            .unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument, "{e}");
+        let e = comm.send_slice(&[1u8], 1, 0).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument, "{e}");
+        let e = comm.reduce_scatter_vec(&[1.0f32, 2.0], ReduceOp::Sum);
+        assert!(e.is_ok(), "a valid call still works: {e:?}");
+        assert_eq!(
+            calls(),
+            Some("1".to_string()),
+            "only the valid call crossed"
+        );
+        let e = comm
+            .scatter(None, BufMut::from(&mut out[..]), 0)
+            .unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument, "{e}");
+        assert_eq!(calls(), Some("1".to_string()));
     });
 }
 

@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use accel_api::{
     Backend, Buf, BufMut, Capabilities, Communicator, CommunicatorExt, ConnectContext, DType,
-    Device, DeviceBuf, DeviceKind, Element, ErrorKind, ProbeContext, ReduceOp,
+    Device, DeviceBufMut, DeviceKind, Element, ErrorKind, ProbeContext, ReduceOp,
 };
 use accel_plugin::{load_plugin, PluginBackend};
 use accel_rendezvous::MemoryStore;
@@ -195,12 +195,17 @@ fn errors_cross_with_kind_and_text() {
         assert!(matches!(e.kind(), ErrorKind::InvalidArgument), "{e:?}");
         assert!(e.to_string().contains("recv has 3 elements"), "{e}");
 
-        let dev = DeviceBuf {
-            addr: 0x1000,
-            len: 4,
-            dtype: DType::F32,
-            device: Device::new(DeviceKind::Cuda, 1),
-            stream: 0,
+        let mut owner = [0f32; 4];
+        // SAFETY: the view is never dereferenced: the host refuses it.
+        let dev = unsafe {
+            DeviceBufMut::from_raw(
+                &mut owner,
+                0x1000,
+                4,
+                DType::F32,
+                Device::new(DeviceKind::Cuda, 1),
+                0,
+            )
         };
         let e = c.all_reduce(BufMut::from(dev), ReduceOp::Sum).unwrap_err();
         assert!(matches!(e.kind(), ErrorKind::Unsupported), "{e:?}");

@@ -1,14 +1,14 @@
-//! [`GlooCommunicator`]: accel's [`Communicator`] on a Gloo context.
+//! [`GlooEngine`]: the calls into one Gloo context; [`GlooCommunicator`]
+//! is it inside accel's generic [`Group`].
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    validate, Buf, BufMut, Capabilities, Communicator, DType, Device, Error, ErrorKind, HostBuf,
-    HostBufMut, Op, ReduceOp, Result, Store,
+    host, host_mut, Buf, BufMut, Capabilities, DType, Device, Engine, Error, ErrorKind, Group,
+    HostBuf, HostBufMut, Op, ReduceOp, Result, SplitPlan, Store,
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
@@ -38,38 +38,32 @@ const P2P_MAGIC: u32 = 0x6163_6331;
 const P2P_HEADER: usize = 16;
 
 /// The Gloo context and the tag of the next collective, behind one lock.
-struct Engine {
+struct Context {
     ctx: ffi::Context,
     next_tag: u32,
 }
 
-/// A message sent to self, waiting for its `recv`.
-type Mail = (DType, Vec<u8>);
-
-/// accel's [`Communicator`] over one Gloo context (TCP full mesh).
-///
-/// Every Gloo call runs under one mutex (Gloo contexts take one operation
-/// at a time); sends to self go through an in-process mailbox because Gloo
-/// has no connection to self.
-pub struct GlooCommunicator {
+/// The calls into one Gloo context (TCP full mesh). The [`Group`] around
+/// it serialises calls; the context's own lock is contended only by
+/// [`Engine::abort`], which closes the connections when no call runs.
+pub struct GlooEngine {
     rank: usize,
     world: usize,
     device: Device,
     timeout: Duration,
-    caps: Capabilities,
     gloo_device: Arc<ffi::Device>,
-    engine: Mutex<Engine>,
+    engine: Mutex<Context>,
     store: Arc<dyn Store>,
     prefix: String,
-    poisoned: Mutex<Option<String>>,
-    mailbox: Mutex<HashMap<u32, VecDeque<Mail>>>,
-    mail: Condvar,
     splits: AtomicU64,
 }
 
-impl fmt::Debug for GlooCommunicator {
+/// accel's [`Communicator`](accel_api::Communicator) over one Gloo context.
+pub type GlooCommunicator = Group<GlooEngine>;
+
+impl fmt::Debug for GlooEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GlooCommunicator")
+        f.debug_struct("GlooEngine")
             .field("rank", &self.rank)
             .field("world_size", &self.world)
             .field("timeout", &self.timeout)
@@ -130,9 +124,9 @@ fn dtype_code(d: DType) -> DTypeCode {
     DTypeCode(d.code() as i32)
 }
 
-impl GlooCommunicator {
+impl GlooEngine {
     /// Rendezvous under `p.prefix` and connect to every rank.
-    pub(crate) fn connect(p: Params) -> Result<GlooCommunicator> {
+    pub(crate) fn connect(p: Params) -> Result<GlooEngine> {
         let adapter = StoreAdapter::new(&*p.store, &p.prefix, p.rank, p.timeout);
         let ctx = match ffi::Context::connect(&p.gloo_device, p.rank, p.world, p.timeout, &adapter)
         {
@@ -168,19 +162,15 @@ impl GlooCommunicator {
         p.store
             .set(&addr_key(&p.prefix, p.rank), table.as_bytes())
             .map_err(|e| e.with_op("connect").with_backend(NAME).with_rank(p.rank))?;
-        Ok(GlooCommunicator {
+        Ok(GlooEngine {
             rank: p.rank,
             world: p.world,
             device: p.device,
             timeout: p.timeout,
-            caps: capabilities(),
             gloo_device: p.gloo_device,
-            engine: Mutex::new(Engine { ctx, next_tag: 0 }),
+            engine: Mutex::new(Context { ctx, next_tag: 0 }),
             store: p.store,
             prefix: p.prefix,
-            poisoned: Mutex::new(None),
-            mailbox: Mutex::new(HashMap::new()),
-            mail: Condvar::new(),
             splits: AtomicU64::new(0),
         })
     }
@@ -217,70 +207,24 @@ impl GlooCommunicator {
         (0..self.world).find(|&r| self.peer_addresses(r).iter().any(|a| a == addr))
     }
 
-    fn poison_text(&self) -> Option<String> {
-        self.poisoned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn poisoned_error(&self, op: Op, why: String) -> Error {
-        err_at(ErrorKind::Poisoned, self.rank, op, why).with_fix(
-            "this group is unusable after that failure: shut down and restart the run (the launcher can restart it)",
-        )
-    }
-
-    fn enter(&self, op: Op, dtype: DType, reduce: Option<ReduceOp>, device: Device) -> Result<()> {
-        if let Some(why) = self.poison_text() {
-            return Err(self.poisoned_error(op, why));
-        }
-        validate::call(self, op, dtype, reduce, device)
-    }
-
-    fn host<'a>(&self, op: Op, b: Buf<'a>) -> Result<HostBuf<'a>> {
-        b.host().ok_or_else(|| {
-            Error::unsupported(NAME, op.name(), "device memory is not accepted")
-                .with_rank(self.rank)
-        })
-    }
-
-    fn host_mut<'a>(&self, op: Op, b: BufMut<'a>) -> Result<HostBufMut<'a>> {
-        b.into_host().ok_or_else(|| {
-            Error::unsupported(NAME, op.name(), "device memory is not accepted")
-                .with_rank(self.rank)
-        })
-    }
-
-    fn lock_engine(&self) -> MutexGuard<'_, Engine> {
+    fn lock_engine(&self) -> MutexGuard<'_, Context> {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Run `f` on the Gloo context under the lock; classify its failure and
-    /// poison the communicator when the failure is fatal for the group.
+    /// Run `f` on the Gloo context and classify its failure.
     fn engine_call<T>(
         &self,
         op: Op,
-        f: impl FnOnce(&mut Engine) -> std::result::Result<T, GlooError>,
+        f: impl FnOnce(&mut Context) -> std::result::Result<T, GlooError>,
     ) -> Result<T> {
         let mut engine = self.lock_engine();
-        // Another thread may have failed (or aborted) while we waited.
-        if let Some(why) = self.poison_text() {
-            return Err(self.poisoned_error(op, why));
-        }
-        match f(&mut engine) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                let class = classify(&e, &|a| self.rank_of_address(a));
-                let err = self.attribute(
-                    to_api(e, &class, self.rank, op.name(), self.timeout),
-                    &class,
-                );
-                if err.is_fatal_for_group() {
-                    self.fail(&mut engine, &err);
-                }
-                Err(err)
-            }
-        }
+        f(&mut engine).map_err(|e| {
+            let class = classify(&e, &|a| self.rank_of_address(a));
+            self.attribute(
+                to_api(e, &class, self.rank, op.name(), self.timeout),
+                &class,
+            )
+        })
     }
 
     /// A peer that closed its connections because it had failed itself
@@ -320,34 +264,11 @@ impl GlooCommunicator {
         format!("{}/fault/{rank}", self.prefix)
     }
 
-    /// Poison with `err`, tell the others why (best effort, through the
-    /// store), and close every connection so that they notice at once
-    /// instead of waiting for their timeout. Gloo contexts are unusable
-    /// after an I/O error anyway.
-    fn fail(&self, engine: &mut Engine, err: &Error) {
-        {
-            let mut p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
-            if p.is_some() {
-                return;
-            }
-            *p = Some(err.to_string());
-        }
-        let lost = match err.kind() {
-            ErrorKind::PeerLost { peer: Some(q) } => q.to_string(),
-            _ => "-".to_string(),
-        };
-        let _ = self.store.set(
-            &self.fault_key(self.rank),
-            format!("lost={lost}\n{err}").as_bytes(),
-        );
-        engine.ctx.close();
-    }
-
-    /// Poison after a failure that did not come from Gloo (a timeout on
-    /// the self mailbox, a failed split).
-    fn fail_outside(&self, err: &Error) {
-        let mut engine = self.lock_engine();
-        self.fail(&mut engine, err);
+    /// Take the next collective tag.
+    fn tag(e: &mut Context) -> u32 {
+        let t = e.next_tag;
+        e.next_tag = t.wrapping_add(1);
+        t
     }
 
     fn reduce_common(
@@ -357,20 +278,10 @@ impl GlooCommunicator {
         reduce: ReduceOp,
         root: Option<usize>,
     ) -> Result<()> {
-        self.enter(op, buf.dtype(), Some(reduce), buf.device())?;
-        if let Some(root) = root {
-            validate::rank_in_group(self, op, "root", root)?;
-        }
-        let mut host = self.host_mut(op, buf)?;
-        let count = host.len();
-        if count == 0 {
-            return Ok(());
-        }
-        let dtype = dtype_code(host.dtype());
-        let timeout = self.timeout;
+        let mut host = host_mut(op, buf)?;
+        let (count, dtype, timeout) = (host.len(), dtype_code(host.dtype()), self.timeout);
         self.engine_call(op, |e| {
-            let tag = e.next_tag;
-            e.next_tag = tag.wrapping_add(1);
+            let tag = Self::tag(e);
             match root {
                 None => {
                     e.ctx
@@ -386,72 +297,7 @@ impl GlooCommunicator {
                     timeout,
                 ),
             }
-        })?;
-        if reduce == ReduceOp::Avg && root.is_none_or(|r| r == self.rank) {
-            host.divide_by(self.world);
-        }
-        Ok(())
-    }
-
-    /// Take the next collective tag.
-    fn tag(e: &mut Engine) -> u32 {
-        let t = e.next_tag;
-        e.next_tag = t.wrapping_add(1);
-        t
-    }
-
-    fn send_self(&self, dtype: DType, bytes: &[u8], tag: u32) {
-        let mut mb = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
-        mb.entry(tag)
-            .or_default()
-            .push_back((dtype, bytes.to_vec()));
-        self.mail.notify_all();
-    }
-
-    fn recv_self(&self, dst: &mut HostBufMut<'_>, tag: u32) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
-        let mut mb = self.mailbox.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some((dtype, msg)) = mb.get_mut(&tag).and_then(VecDeque::pop_front) {
-                if dtype != dst.dtype() || msg.len() != dst.bytes().len() {
-                    return Err(err_at(
-                        ErrorKind::InvalidArgument,
-                        self.rank,
-                        Op::Recv,
-                        format!(
-                            "the message to self with tag {tag} holds {} {dtype} elements, the receive buffer {} {} elements",
-                            msg.len() / dtype.size(),
-                            dst.len(),
-                            dst.dtype()
-                        ),
-                    ));
-                }
-                dst.bytes_mut().copy_from_slice(&msg);
-                return Ok(());
-            }
-            if let Some(why) = self.poison_text() {
-                return Err(self.poisoned_error(Op::Recv, why));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                drop(mb);
-                let err = Error::timeout(
-                    "recv",
-                    self.timeout,
-                    format!("no message with tag {tag} was sent to self"),
-                )
-                .with_backend(NAME)
-                .with_rank(self.rank)
-                .with_fix("send to self before receiving from self");
-                self.fail_outside(&err);
-                return Err(err);
-            }
-            mb = self
-                .mail
-                .wait_timeout(mb, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
+        })
     }
 }
 
@@ -493,7 +339,7 @@ fn remaining(start: Instant, timeout: Duration) -> Duration {
         .max(Duration::from_millis(1))
 }
 
-impl Communicator for GlooCommunicator {
+impl Engine for GlooEngine {
     fn backend_name(&self) -> &str {
         NAME
     }
@@ -514,8 +360,8 @@ impl Communicator for GlooCommunicator {
         self.timeout
     }
 
-    fn capabilities(&self) -> &Capabilities {
-        &self.caps
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
@@ -527,14 +373,10 @@ impl Communicator for GlooCommunicator {
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        self.enter(Op::Broadcast, buf.dtype(), None, buf.device())?;
-        validate::rank_in_group(self, Op::Broadcast, "root", root)?;
-        let mut host = self.host_mut(Op::Broadcast, buf)?;
-        if host.is_empty() {
-            return Ok(());
-        }
+        let op = Op::Broadcast;
+        let mut host = host_mut(op, buf)?;
         let timeout = self.timeout;
-        self.engine_call(Op::Broadcast, |e| {
+        self.engine_call(op, |e| {
             let tag = Self::tag(e);
             e.ctx.broadcast(host.bytes_mut(), root, tag, timeout)
         })
@@ -542,19 +384,8 @@ impl Communicator for GlooCommunicator {
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let op = Op::AllGather;
-        self.enter(op, send.dtype(), None, send.device())?;
-        validate::lengths(
-            self,
-            op,
-            ("send", send.dtype(), send.len()),
-            ("recv", recv.dtype(), recv.len()),
-            self.world,
-        )?;
-        let src = self.host(op, send)?;
-        let mut dst = self.host_mut(op, recv)?;
-        if src.is_empty() {
-            return Ok(());
-        }
+        let src = host(op, send)?;
+        let mut dst = host_mut(op, recv)?;
         let (world, timeout) = (self.world, self.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
@@ -565,13 +396,8 @@ impl Communicator for GlooCommunicator {
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
         let op = Op::Gather;
-        self.enter(op, send.dtype(), None, send.device())?;
-        let recv = validate::gather(self, &send, recv, root)?;
-        let src = self.host(op, send)?;
-        let mut dst = recv.map(|r| self.host_mut(op, r)).transpose()?;
-        if src.is_empty() {
-            return Ok(());
-        }
+        let src = host(op, send)?;
+        let mut dst = recv.map(|r| host_mut(op, r)).transpose()?;
         let (world, timeout) = (self.world, self.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
@@ -588,14 +414,8 @@ impl Communicator for GlooCommunicator {
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
         let op = Op::Scatter;
-        self.enter(op, recv.dtype(), None, recv.device())?;
-        let src = validate::scatter(self, send, &recv, root)?
-            .map(|b| self.host(op, b))
-            .transpose()?;
-        let mut dst = self.host_mut(op, recv)?;
-        if dst.is_empty() {
-            return Ok(());
-        }
+        let src = send.map(|b| host(op, b)).transpose()?;
+        let mut dst = host_mut(op, recv)?;
         let (world, timeout) = (self.world, self.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
@@ -619,19 +439,8 @@ impl Communicator for GlooCommunicator {
     /// extra all-gather's worth of traffic.
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, reduce: ReduceOp) -> Result<()> {
         let op = Op::ReduceScatter;
-        self.enter(op, send.dtype(), Some(reduce), send.device())?;
-        validate::lengths(
-            self,
-            op,
-            ("recv", recv.dtype(), recv.len()),
-            ("send", send.dtype(), send.len()),
-            self.world,
-        )?;
-        let src = self.host(op, send)?;
-        let mut dst = self.host_mut(op, recv)?;
-        if dst.is_empty() {
-            return Ok(());
-        }
+        let src = host(op, send)?;
+        let mut dst = host_mut(op, recv)?;
         let total = src.bytes().len();
         let mut tmp = scratch(total);
         let work = scratch_bytes(&mut tmp, total);
@@ -646,21 +455,13 @@ impl Communicator for GlooCommunicator {
         let start = self.rank * chunk;
         let work = scratch_bytes(&mut tmp, total);
         dst.bytes_mut().copy_from_slice(&work[start..start + chunk]);
-        if reduce == ReduceOp::Avg {
-            dst.divide_by(self.world);
-        }
         Ok(())
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let op = Op::AllToAll;
-        self.enter(op, send.dtype(), None, send.device())?;
-        validate::all_to_all(self, &send, &recv)?;
-        let src = self.host(op, send)?;
-        let mut dst = self.host_mut(op, recv)?;
-        if src.is_empty() {
-            return Ok(());
-        }
+        let src = host(op, send)?;
+        let mut dst = host_mut(op, recv)?;
         let timeout = self.timeout;
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
@@ -671,16 +472,10 @@ impl Communicator for GlooCommunicator {
     /// Every message travels as a 16-byte header (length, dtype) followed
     /// by the payload, so that a receive of the wrong size is an error
     /// instead of a Gloo assertion on its event-loop thread (which aborts
-    /// the process). Sends to self are buffered in a mailbox.
+    /// the process).
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
         let op = Op::Send;
-        self.enter(op, buf.dtype(), None, buf.device())?;
-        validate::rank_in_group(self, op, "destination", dst)?;
-        let src = self.host(op, buf)?;
-        if dst == self.rank {
-            self.send_self(src.dtype(), src.bytes(), tag);
-            return Ok(());
-        }
+        let src = host(op, buf)?;
         let hdr = header(src.dtype(), src.bytes().len());
         let (slot_h, slot_p) = p2p_slots(tag);
         let timeout = self.timeout;
@@ -697,12 +492,7 @@ impl Communicator for GlooCommunicator {
 
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
         let op = Op::Recv;
-        self.enter(op, buf.dtype(), None, buf.device())?;
-        validate::rank_in_group(self, op, "source", src)?;
-        let mut dst = self.host_mut(op, buf)?;
-        if src == self.rank {
-            return self.recv_self(&mut dst, tag);
-        }
+        let mut dst = host_mut(op, buf)?;
         let (slot_h, slot_p) = p2p_slots(tag);
         let timeout = self.timeout;
         let want = dst.dtype();
@@ -748,7 +538,6 @@ impl Communicator for GlooCommunicator {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.enter(Op::Barrier, DType::U8, None, Device::CPU)?;
         let timeout = self.timeout;
         self.engine_call(Op::Barrier, |e| {
             let tag = Self::tag(e);
@@ -759,78 +548,45 @@ impl Communicator for GlooCommunicator {
     /// Exchanges `(color, key)` with a Gloo all-gather, then every color
     /// builds its own Gloo context (sharing this one's TCP device) under a
     /// fresh store prefix `<parent>/split<n>/color<c>`.
-    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
-        let op = Op::Split;
-        self.enter(op, DType::U8, None, Device::CPU)?;
-        let mine = [color.map_or(-1, i64::from), i64::from(key)];
-        let mut all = vec![0i64; 2 * self.world];
-        let (world, timeout) = (self.world, self.timeout);
-        {
-            let src = HostBuf::from(&mine[..]);
-            let mut dst = HostBufMut::from(&mut all[..]);
-            self.engine_call(op, |e| {
-                let tag = Self::tag(e);
-                e.ctx
-                    .all_gather(src.bytes(), dst.bytes_mut(), world, tag, timeout)
-            })?;
-        }
+    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<GlooEngine>> {
+        let plan = SplitPlan::exchange(self, color, key)?;
         let seq = self.splits.fetch_add(1, Ordering::Relaxed);
-        let Some(color) = color else {
+        let Some(color) = plan.color else {
             return Ok(None);
         };
-        let mut members: Vec<(u32, usize)> = (0..self.world)
-            .filter(|&r| all[2 * r] == i64::from(color))
-            .map(|r| (all[2 * r + 1] as u32, r))
-            .collect();
-        members.sort_unstable();
-        let new_rank = members
-            .iter()
-            .position(|&(_, r)| r == self.rank)
-            .ok_or_else(|| {
-                err_at(
-                    ErrorKind::Backend,
-                    self.rank,
-                    op,
-                    "this rank is missing from its own color after the exchange",
-                )
-            })?;
-        let sub = GlooCommunicator::connect(Params {
+        GlooEngine::connect(Params {
             gloo_device: self.gloo_device.clone(),
             store: self.store.clone(),
             prefix: format!("{}/split{seq}/color{color}", self.prefix),
-            rank: new_rank,
-            world: members.len(),
+            rank: plan.new_rank,
+            world: plan.members.len(),
             device: self.device,
             timeout: self.timeout,
-        });
-        match sub {
-            Ok(c) => Ok(Some(Box::new(c))),
-            Err(e) => {
-                let e = e.with_op(op.name()).with_rank(self.rank);
-                if e.is_fatal_for_group() {
-                    self.fail_outside(&e);
-                }
-                Err(e)
-            }
-        }
+        })
+        .map(Some)
     }
 
-    /// Poisons the communicator; when no operation is running it also
-    /// closes the connections at once so that peers notice. It cannot
-    /// interrupt an operation in flight (Gloo has no cancellation for
-    /// collectives): that one ends at its timeout.
-    fn abort(&self, reason: &str) {
-        {
-            let mut p = self.poisoned.lock().unwrap_or_else(|p| p.into_inner());
-            if p.is_none() {
-                *p = Some(format!("aborted: {reason}"));
-            }
-        }
+    /// Closes the connections at once when no operation is running, so
+    /// that peers notice. It cannot interrupt an operation in flight (Gloo
+    /// has no cancellation for collectives): that one ends at its timeout.
+    fn abort(&self, _reason: &str) {
         if let Ok(mut engine) = self.engine.try_lock() {
             engine.ctx.close();
         }
-        // Wake a receive from self so that it sees the poison at its
-        // deadline rather than waiting for a message that will not come.
-        self.mail.notify_all();
+    }
+
+    /// Tell the others why (best effort, through the store), and close
+    /// every connection so that they notice at once instead of waiting for
+    /// their timeout. Gloo contexts are unusable after an I/O error anyway.
+    fn on_fatal(&self, err: &Error) {
+        let lost = match err.kind() {
+            ErrorKind::PeerLost { peer: Some(q) } => q.to_string(),
+            _ => "-".to_string(),
+        };
+        let _ = self.store.set(
+            &self.fault_key(self.rank),
+            format!("lost={lost}\n{err}").as_bytes(),
+        );
+        self.lock_engine().ctx.close();
     }
 }

@@ -1,0 +1,214 @@
+//! Forwarding layers over any [`Communicator`] (OpenDAL's layers): a
+//! [`Layer`] sees a description of every call before it is forwarded, and
+//! may refuse it. Debug fingerprinting is one; a vendor's tracing or
+//! metrics wrapper is another. The layer forwards everything else, so it
+//! never repeats the group's runtime.
+
+use std::time::Duration;
+
+use crate::{Buf, BufMut, Capabilities, Communicator, DType, Device, Op, ReduceOp, Result};
+
+/// What one call asks for, as a layer sees it before forwarding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallInfo {
+    /// The operation.
+    pub op: Op,
+    /// Element type of the call's data (`u8` for barrier and split).
+    pub dtype: DType,
+    /// Elements this rank contributes (`send` for gathers, the buffer for
+    /// in-place calls, `recv` for scatter; 0 for barrier and split).
+    pub len: usize,
+    /// The root of a rooted call.
+    pub root: Option<usize>,
+    /// The reduction of a reducing call.
+    pub reduce: Option<ReduceOp>,
+    /// The peer of a point-to-point call.
+    pub peer: Option<usize>,
+    /// The tag of a point-to-point call.
+    pub tag: Option<u32>,
+}
+
+impl CallInfo {
+    fn new(op: Op, dtype: DType, len: usize) -> CallInfo {
+        CallInfo {
+            op,
+            dtype,
+            len,
+            root: None,
+            reduce: None,
+            peer: None,
+            tag: None,
+        }
+    }
+
+    /// `true` for calls every rank of the group makes (everything but send
+    /// and recv).
+    pub fn is_collective(&self) -> bool {
+        !matches!(self.op, Op::Send | Op::Recv)
+    }
+}
+
+/// A decorator over a communicator: [`before`](Layer::before) runs before
+/// each call is forwarded.
+pub trait Layer: Send + Sync + 'static {
+    /// Inspect `call` (about to be forwarded to `inner`); an error stops the
+    /// call and is returned to the caller as it is (attach context).
+    fn before(&self, inner: &dyn Communicator, call: &CallInfo) -> Result<()>;
+
+    /// Wrap the communicator of a sub-group made by `split` with `color`
+    /// (the default leaves it unwrapped).
+    fn wrap_split(&self, sub: Box<dyn Communicator>, color: u32) -> Box<dyn Communicator> {
+        let _ = color;
+        sub
+    }
+}
+
+/// `inner` with `layer` in front: a [`Communicator`] that calls
+/// [`Layer::before`] and then forwards.
+#[derive(Debug)]
+pub struct Layered<L> {
+    inner: Box<dyn Communicator>,
+    layer: L,
+}
+
+impl<L: Layer> Layered<L> {
+    /// Put `layer` in front of `inner`.
+    pub fn new(inner: Box<dyn Communicator>, layer: L) -> Layered<L> {
+        Layered { inner, layer }
+    }
+
+    /// The layer.
+    pub fn layer(&self) -> &L {
+        &self.layer
+    }
+
+    /// The wrapped communicator.
+    pub fn inner(&self) -> &dyn Communicator {
+        &*self.inner
+    }
+
+    fn before(&self, call: CallInfo) -> Result<()> {
+        self.layer.before(&*self.inner, &call)
+    }
+}
+
+impl<L: Layer> Communicator for Layered<L> {
+    fn backend_name(&self) -> &str {
+        self.inner.backend_name()
+    }
+
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+
+    fn device(&self) -> Device {
+        self.inner.device()
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.timeout()
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        self.before(CallInfo {
+            reduce: Some(op),
+            ..CallInfo::new(Op::AllReduce, buf.dtype(), buf.len())
+        })?;
+        self.inner.all_reduce(buf, op)
+    }
+
+    fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
+        self.before(CallInfo {
+            reduce: Some(op),
+            root: Some(root),
+            ..CallInfo::new(Op::Reduce, buf.dtype(), buf.len())
+        })?;
+        self.inner.reduce(buf, op, root)
+    }
+
+    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
+        self.before(CallInfo {
+            root: Some(root),
+            ..CallInfo::new(Op::Broadcast, buf.dtype(), buf.len())
+        })?;
+        self.inner.broadcast(buf, root)
+    }
+
+    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        self.before(CallInfo::new(Op::AllGather, send.dtype(), send.len()))?;
+        self.inner.all_gather(send, recv)
+    }
+
+    fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
+        self.before(CallInfo {
+            root: Some(root),
+            ..CallInfo::new(Op::Gather, send.dtype(), send.len())
+        })?;
+        self.inner.gather(send, recv, root)
+    }
+
+    fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
+        self.before(CallInfo {
+            root: Some(root),
+            ..CallInfo::new(Op::Scatter, recv.dtype(), recv.len())
+        })?;
+        self.inner.scatter(send, recv, root)
+    }
+
+    fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        self.before(CallInfo {
+            reduce: Some(op),
+            ..CallInfo::new(Op::ReduceScatter, send.dtype(), send.len())
+        })?;
+        self.inner.reduce_scatter(send, recv, op)
+    }
+
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        self.before(CallInfo::new(Op::AllToAll, send.dtype(), send.len()))?;
+        self.inner.all_to_all(send, recv)
+    }
+
+    fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
+        self.before(CallInfo {
+            peer: Some(dst),
+            tag: Some(tag),
+            ..CallInfo::new(Op::Send, buf.dtype(), buf.len())
+        })?;
+        self.inner.send(buf, dst, tag)
+    }
+
+    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
+        self.before(CallInfo {
+            peer: Some(src),
+            tag: Some(tag),
+            ..CallInfo::new(Op::Recv, buf.dtype(), buf.len())
+        })?;
+        self.inner.recv(buf, src, tag)
+    }
+
+    fn barrier(&self) -> Result<()> {
+        self.before(CallInfo::new(Op::Barrier, DType::U8, 0))?;
+        self.inner.barrier()
+    }
+
+    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
+        self.before(CallInfo::new(Op::Split, DType::U8, 0))?;
+        let sub = self.inner.split(color, key)?;
+        Ok(match (sub, color) {
+            (Some(c), Some(color)) => Some(self.layer.wrap_split(c, color)),
+            (other, _) => other,
+        })
+    }
+
+    fn abort(&self, reason: &str) {
+        self.inner.abort(reason)
+    }
+}

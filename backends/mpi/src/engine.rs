@@ -1,0 +1,654 @@
+//! [`MpiEngine`]: the calls into one MPI communicator;
+//! [`MpiCommunicator`] is it inside accel's generic [`Group`].
+
+use std::ffi::c_int;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use accel_api::{
+    bf16, f16, host, host_mut, Buf, BufMut, Capabilities, DType, Device, Engine, Error, ErrorKind,
+    Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
+};
+
+use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
+use crate::NAME;
+
+/// What every mpi communicator declares: every operation, element type and
+/// reduction on host memory. f16 and bf16 reductions are computed in f32
+/// (widened, reduced by MPI, rounded back once), because MPI has no 16-bit
+/// float types.
+pub fn capabilities() -> Capabilities {
+    Capabilities::all_host()
+}
+
+/// Default of `ACCEL_MPI_STAGING_BYTES`: operations whose buffers are at
+/// most this large run on memory the communicator owns.
+pub const DEFAULT_STAGING_BYTES: usize = 64 * 1024;
+
+/// Settings shared by a communicator and the groups split from it.
+#[derive(Debug, Clone)]
+pub(crate) struct Shared {
+    pub(crate) library: String,
+    pub(crate) tag_ub: u32,
+    pub(crate) staging: usize,
+    pub(crate) device: Device,
+    pub(crate) timeout: Duration,
+    /// `MPI_THREAD_*` level MPI provides (`serialized` or `multiple` when
+    /// this crate initialized MPI).
+    pub(crate) threading: &'static str,
+    /// `true` when this crate called `MPI_Init_thread`.
+    pub(crate) initialized_here: bool,
+}
+
+/// The calls into one MPI communicator (a duplicate of `MPI_COMM_WORLD`,
+/// or a split of one).
+///
+/// Every operation is started non-blocking (`MPI_I*`) and polled with
+/// `MPI_Test` until it completes or the timeout passes; see the crate
+/// documentation for what a timeout does.
+pub struct MpiEngine {
+    comm: Comm,
+    rank: usize,
+    world: usize,
+    shared: Arc<Shared>,
+}
+
+/// accel's [`Communicator`](accel_api::Communicator) over one MPI
+/// communicator.
+pub type MpiCommunicator = Group<MpiEngine>;
+
+impl fmt::Debug for MpiEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MpiEngine")
+            .field("rank", &self.rank)
+            .field("world_size", &self.world)
+            .field("timeout", &self.shared.timeout)
+            .field("staging_bytes", &self.shared.staging)
+            .field("library", &self.shared.library)
+            .finish_non_exhaustive()
+    }
+}
+
+fn err_at(kind: ErrorKind, rank: usize, op: &str, message: impl Into<String>) -> Error {
+    Error::new(kind, message)
+        .with_op(op)
+        .with_backend(NAME)
+        .with_rank(rank)
+}
+
+/// Pause between two `MPI_Test`s: spin first (latency), then yield, then
+/// sleep briefly (oversubscribed runs, long waits).
+fn pause(elapsed: Duration) {
+    if elapsed < Duration::from_micros(200) {
+        std::hint::spin_loop();
+    } else if elapsed < Duration::from_millis(20) {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Poll `req` until it completes (returned, complete) or `timeout` after
+/// `start` (returned, still pending, in [`Waited::TimedOut`]).
+pub(crate) fn poll<'a>(
+    mut req: Request<'a>,
+    start: Instant,
+    timeout: Duration,
+) -> std::result::Result<Request<'a>, Waited<'a>> {
+    loop {
+        match req.test() {
+            Ok(true) => return Ok(req),
+            Ok(false) => {}
+            Err(e) => return Err(Waited::Failed(e)),
+        }
+        let elapsed = start.elapsed();
+        if elapsed >= timeout {
+            return Err(Waited::TimedOut(req));
+        }
+        pause(elapsed);
+    }
+}
+
+/// Why [`poll`] stopped without a completed request.
+pub(crate) enum Waited<'a> {
+    /// MPI reported an error (the request is complete).
+    Failed(ffi::MpiError),
+    /// The deadline passed; the request is still pending.
+    TimedOut(Request<'a>),
+}
+
+/// The `Timeout` error of `op`, and what happens to a request MPI cannot
+/// cancel: leaked with its owned memory when it borrows none of the
+/// caller's; otherwise the error is printed and the MPI job aborted.
+pub(crate) fn timed_out(
+    req: Request<'_>,
+    rank: usize,
+    op: &str,
+    timeout: Duration,
+    world: usize,
+) -> Error {
+    let err = Error::timeout(
+        op,
+        timeout,
+        format!(
+            "{op} did not complete: at least one of the {world} ranks of this group has not entered it (or is stuck)"
+        ),
+    )
+    .with_backend(NAME)
+    .with_rank(rank)
+    .with_fix("check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT");
+    if req.borrows_user() {
+        let msg = format!(
+            "{err}\n[{NAME} rank {rank}] {op} was running on the caller's memory and MPI cannot cancel it: aborting the MPI job (buffers over ACCEL_MPI_STAGING_BYTES run in place)"
+        );
+        ffi::abort_job(&msg, 124);
+    }
+    if req.abandon().is_err() {
+        ffi::abort_job(
+            &format!("{err}\n[{NAME} rank {rank}] aborting the MPI job"),
+            124,
+        );
+    }
+    err
+}
+
+fn ty(d: DType) -> Ty {
+    match d {
+        DType::F32 => Ty::F32,
+        DType::F64 => Ty::F64,
+        DType::I8 => Ty::I8,
+        DType::U8 => Ty::U8,
+        DType::I32 => Ty::I32,
+        DType::I64 => Ty::I64,
+        // f16 and bf16 move as opaque 16-bit units; any other (future)
+        // element type is rejected by the capability check first.
+        _ => Ty::U16,
+    }
+}
+
+fn red(op: ReduceOp) -> RedOp {
+    match op {
+        ReduceOp::Prod => RedOp::Prod,
+        ReduceOp::Min => RedOp::Min,
+        ReduceOp::Max => RedOp::Max,
+        // Avg = sum, then a division on the host.
+        _ => RedOp::Sum,
+    }
+}
+
+fn is_half(d: DType) -> bool {
+    matches!(d, DType::F16 | DType::BF16)
+}
+
+/// f16/bf16 bytes widened to f32, as scratch memory.
+fn widen(d: DType, src: &[u8]) -> Scratch {
+    let n = src.len() / 2;
+    let mut s = Scratch::new(n * 4);
+    let out = s.bytes_mut();
+    for (i, ch) in src.chunks_exact(2).enumerate() {
+        let bits = u16::from_le_bytes([ch[0], ch[1]]);
+        let v = if d == DType::F16 {
+            f16::from_bits(bits).to_f32()
+        } else {
+            bf16::from_bits(bits).to_f32()
+        };
+        out[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+    }
+    s
+}
+
+/// f32 scratch narrowed back into f16/bf16 bytes (rounding once), divided
+/// by `div` first when it is not 1.
+fn narrow(d: DType, src: &[u8], dst: &mut [u8], div: usize) {
+    for (i, ch) in src.chunks_exact(4).enumerate() {
+        let mut v = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+        if div != 1 {
+            v /= div as f32;
+        }
+        let bits = if d == DType::F16 {
+            f16::from_f32(v).to_bits()
+        } else {
+            bf16::from_f32(v).to_bits()
+        };
+        dst[i * 2..i * 2 + 2].copy_from_slice(&bits.to_le_bytes());
+    }
+}
+
+/// One MPI operation to start: which, on what type, how many elements.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    op: Op,
+    call: Call,
+    t: Ty,
+    count: c_int,
+}
+
+impl MpiEngine {
+    pub(crate) fn new(comm: Comm, rank: usize, world: usize, shared: Arc<Shared>) -> Self {
+        MpiEngine {
+            comm,
+            rank,
+            world,
+            shared,
+        }
+    }
+
+    /// The MPI library this communicator runs on (`MPI_Get_library_version`).
+    pub fn library_version(&self) -> &str {
+        &self.shared.library
+    }
+
+    /// The `MPI_THREAD_*` level MPI runs at (`serialized`, `multiple`, or
+    /// lower when the program initialized MPI itself: then it must call
+    /// this communicator from the thread that initialized MPI).
+    pub fn threading_level(&self) -> &'static str {
+        self.shared.threading
+    }
+
+    /// `true` when this crate initialized MPI (and finalizes it at exit);
+    /// `false` when the program had initialized it already.
+    pub fn initialized_mpi(&self) -> bool {
+        self.shared.initialized_here
+    }
+
+    /// Operations whose largest buffer is at most this many bytes run on
+    /// memory the communicator owns (`ACCEL_MPI_STAGING_BYTES`).
+    pub fn staging_bytes(&self) -> usize {
+        self.shared.staging
+    }
+
+    /// The [`Spec`] of `call` on `n` elements of `dtype` (the type MPI
+    /// moves; f16/bf16 move as 16-bit units).
+    fn spec(&self, op: Op, call: Call, dtype: DType, n: usize) -> Result<Spec> {
+        let count = c_int::try_from(n).map_err(|_| {
+            err_at(
+                ErrorKind::InvalidArgument,
+                self.rank,
+                op.name(),
+                format!("{n} elements per rank exceed MPI's count limit (2^31 - 1)"),
+            )
+            .with_fix("split the buffer into several calls")
+        })?;
+        Ok(Spec {
+            op,
+            call,
+            t: ty(dtype),
+            count,
+        })
+    }
+
+    fn staged(&self, bytes: usize) -> bool {
+        bytes <= self.shared.staging
+    }
+
+    /// Start the operation and wait for it.
+    fn run(&self, s: Spec, send: Src<'_>, recv: Dst<'_>, owned: Owned) -> Result<Owned> {
+        let start = Instant::now();
+        let lib = &self.shared.library;
+        let req = ffi::start(&self.comm, s.call, s.t, s.count, send, recv, owned, lib)?;
+        self.wait(s.op, req, start)
+    }
+
+    fn wait(&self, op: Op, req: Request<'_>, start: Instant) -> Result<Owned> {
+        match poll(req, start, self.shared.timeout) {
+            Ok(done) => Ok(done.finish()),
+            Err(Waited::Failed(e)) => Err(e.into()),
+            Err(Waited::TimedOut(req)) => Err(timed_out(
+                req,
+                self.rank,
+                op.name(),
+                self.shared.timeout,
+                self.world,
+            )),
+        }
+    }
+
+    /// Run `call` on memory the request owns: `send` (if any) is already a
+    /// copy; the received bytes are copied into `dst` afterwards. With
+    /// `dst_init`, the receive scratch starts as a copy of `dst` (for
+    /// broadcast, whose root sends from its receive buffer).
+    fn run_staged(
+        &self,
+        s: Spec,
+        send: Option<Scratch>,
+        dst: Option<&mut [u8]>,
+        dst_init: bool,
+    ) -> Result<()> {
+        let src = if send.is_some() {
+            Src::Scratch
+        } else {
+            Src::None
+        };
+        let recv = dst.as_ref().map(|d| {
+            if dst_init {
+                Scratch::from_bytes(d)
+            } else {
+                Scratch::new(d.len())
+            }
+        });
+        let to = if recv.is_some() {
+            Dst::Scratch
+        } else {
+            Dst::None
+        };
+        let owned = self.run(s, src, to, Owned { send, recv })?;
+        if let (Some(d), Some(r)) = (dst, owned.recv) {
+            d.copy_from_slice(r.bytes());
+        }
+        Ok(())
+    }
+
+    /// A data-movement call (no reduction): staged when its largest buffer
+    /// is at most the staging size, on the caller's memory otherwise.
+    fn movement(
+        &self,
+        s: Spec,
+        src: Option<&[u8]>,
+        dst: Option<&mut [u8]>,
+        largest: usize,
+    ) -> Result<()> {
+        if self.staged(largest) {
+            return self.run_staged(s, src.map(Scratch::from_bytes), dst, false);
+        }
+        let from = src.map_or(Src::None, Src::User);
+        let to = dst.map_or(Dst::None, Dst::User);
+        self.run(s, from, to, Owned::default()).map(drop)
+    }
+
+    /// all_reduce, reduce and reduce_scatter. f16/bf16 are widened to f32,
+    /// reduced by MPI and rounded back once (dividing first for Avg, which
+    /// is why this engine computes Avg itself).
+    fn reduction(
+        &self,
+        s: Spec,
+        dtype: DType,
+        src: Option<&[u8]>,
+        dst: Option<&mut [u8]>,
+        avg: bool,
+    ) -> Result<()> {
+        let div = if avg { self.world } else { 1 };
+        if is_half(dtype) {
+            let s = Spec { t: Ty::F32, ..s };
+            let send = src.or(dst.as_deref()).map(|b| widen(dtype, b));
+            let recv = dst.as_ref().map(|d| Scratch::new(d.len() * 2));
+            let to = if recv.is_some() {
+                Dst::Scratch
+            } else {
+                Dst::None
+            };
+            let owned = self.run(s, Src::Scratch, to, Owned { send, recv })?;
+            if let (Some(d), Some(r)) = (dst, owned.recv) {
+                narrow(dtype, r.bytes(), d, div);
+            }
+            return Ok(());
+        }
+        let mut dst = dst;
+        let bytes = src.or(dst.as_deref()).map_or(0, <[u8]>::len);
+        if self.staged(bytes) {
+            let send = Scratch::from_bytes(src.or(dst.as_deref()).unwrap_or_default());
+            self.run_staged(s, Some(send), dst.as_deref_mut(), false)?;
+        } else {
+            match (src, dst.as_deref_mut()) {
+                (Some(b), d) => {
+                    let to = d.map_or(Dst::None, Dst::User);
+                    self.run(s, Src::User(b), to, Owned::default())?;
+                }
+                (None, Some(d)) if ffi::has_in_place(&self.shared.library) => {
+                    self.run(s, Src::InPlace, Dst::User(d), Owned::default())?;
+                }
+                (None, Some(d)) => {
+                    let owned = Owned {
+                        send: Some(Scratch::from_bytes(d)),
+                        recv: None,
+                    };
+                    self.run(s, Src::Scratch, Dst::User(d), owned)?;
+                }
+                (None, None) => {}
+            }
+        }
+        if let (true, Some(d)) = (avg, dst) {
+            accel_api::HostBufMut::from_bytes(dtype, d)?.divide_by(self.world);
+        }
+        Ok(())
+    }
+
+    fn tag(&self, op: Op, tag: u32) -> Result<c_int> {
+        if tag > self.shared.tag_ub {
+            return Err(err_at(
+                ErrorKind::InvalidArgument,
+                self.rank,
+                op.name(),
+                format!(
+                    "tag {tag} is above this MPI library's limit MPI_TAG_UB = {}",
+                    self.shared.tag_ub
+                ),
+            ));
+        }
+        Ok(tag as c_int)
+    }
+
+    /// Receive the matched message into `dst` (staged when small).
+    fn receive(&self, op: Op, matched: ffi::Matched, dst: &mut [u8], start: Instant) -> Result<()> {
+        if self.staged(dst.len()) {
+            let owned = Owned {
+                send: None,
+                recv: Some(Scratch::new(dst.len())),
+            };
+            let req = matched.receive(Dst::Scratch, owned)?;
+            if let Some(r) = self.wait(op, req, start)?.recv {
+                dst.copy_from_slice(r.bytes());
+            }
+            Ok(())
+        } else {
+            let req = matched.receive(Dst::User(dst), Owned::default())?;
+            self.wait(op, req, start).map(drop)
+        }
+    }
+}
+
+impl Engine for MpiEngine {
+    fn backend_name(&self) -> &str {
+        NAME
+    }
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.world
+    }
+
+    fn device(&self) -> Device {
+        self.shared.device
+    }
+
+    fn timeout(&self) -> Duration {
+        self.shared.timeout
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities()
+    }
+
+    /// MPI has no average, but the f16/bf16 path reduces in f32 and must
+    /// divide before rounding back once; the other types divide on the host
+    /// with [`HostBufMut::divide_by`](accel_api::HostBufMut::divide_by),
+    /// like every engine.
+    fn native_avg(&self) -> bool {
+        true
+    }
+
+    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        let mut h = host_mut(Op::AllReduce, buf)?;
+        let s = self.spec(Op::AllReduce, Call::AllReduce(red(op)), h.dtype(), h.len())?;
+        let avg = op == ReduceOp::Avg;
+        self.reduction(s, h.dtype(), None, Some(h.bytes_mut()), avg)
+    }
+
+    fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
+        let mut h = host_mut(Op::Reduce, buf)?;
+        let call = Call::Reduce(red(op), root as c_int);
+        let s = self.spec(Op::Reduce, call, h.dtype(), h.len())?;
+        let avg = op == ReduceOp::Avg;
+        if root == self.rank {
+            self.reduction(s, h.dtype(), None, Some(h.bytes_mut()), avg)
+        } else {
+            self.reduction(s, h.dtype(), Some(h.bytes()), None, avg)
+        }
+    }
+
+    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
+        let mut h = host_mut(Op::Broadcast, buf)?;
+        let call = Call::Bcast(root as c_int);
+        let s = self.spec(Op::Broadcast, call, h.dtype(), h.len())?;
+        if self.staged(h.bytes().len()) {
+            self.run_staged(s, None, Some(h.bytes_mut()), true)
+        } else {
+            let to = Dst::User(h.bytes_mut());
+            self.run(s, Src::None, to, Owned::default()).map(drop)
+        }
+    }
+
+    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let op = Op::AllGather;
+        let (src, mut dst) = (host(op, send)?, host_mut(op, recv)?);
+        let s = self.spec(op, Call::AllGather, src.dtype(), src.len())?;
+        let largest = dst.bytes().len();
+        self.movement(s, Some(src.bytes()), Some(dst.bytes_mut()), largest)
+    }
+
+    fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
+        let op = Op::Gather;
+        let src = host(op, send)?;
+        let mut dst = recv.map(|r| host_mut(op, r)).transpose()?;
+        let s = self.spec(op, Call::Gather(root as c_int), src.dtype(), src.len())?;
+        let largest = src.bytes().len() * self.world;
+        let to = dst.as_mut().map(|d| d.bytes_mut());
+        self.movement(s, Some(src.bytes()), to, largest)
+    }
+
+    fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
+        let op = Op::Scatter;
+        let src = send.map(|b| host(op, b)).transpose()?;
+        let mut dst = host_mut(op, recv)?;
+        let s = self.spec(op, Call::Scatter(root as c_int), dst.dtype(), dst.len())?;
+        let largest = dst.bytes().len() * self.world;
+        let from = src.as_ref().map(HostBuf::bytes);
+        self.movement(s, from, Some(dst.bytes_mut()), largest)
+    }
+
+    /// `MPI_Ireduce_scatter_block`; f16/bf16 in f32.
+    fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        let o = Op::ReduceScatter;
+        let (src, mut dst) = (host(o, send)?, host_mut(o, recv)?);
+        let call = Call::ReduceScatterBlock(red(op));
+        let s = self.spec(o, call, dst.dtype(), dst.len())?;
+        let avg = op == ReduceOp::Avg;
+        self.reduction(
+            s,
+            dst.dtype(),
+            Some(src.bytes()),
+            Some(dst.bytes_mut()),
+            avg,
+        )
+    }
+
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let op = Op::AllToAll;
+        let (src, mut dst) = (host(op, send)?, host_mut(op, recv)?);
+        let s = self.spec(op, Call::AllToAll, src.dtype(), src.len() / self.world)?;
+        let largest = src.bytes().len();
+        self.movement(s, Some(src.bytes()), Some(dst.bytes_mut()), largest)
+    }
+
+    /// `MPI_Isend` of the raw bytes.
+    fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
+        let op = Op::Send;
+        let src = host(op, buf)?;
+        let call = Call::Send {
+            dst: dst as c_int,
+            tag: self.tag(op, tag)?,
+        };
+        let s = self.spec(op, call, DType::U8, src.bytes().len())?;
+        self.movement(s, Some(src.bytes()), None, src.bytes().len())
+    }
+
+    /// Matches the message first (`MPI_Improbe`, polled until the timeout:
+    /// a message that never comes leaves nothing pending), checks its size,
+    /// then receives it (`MPI_Imrecv`). A message of the wrong size is
+    /// received and dropped, and the call fails with `InvalidArgument`.
+    /// Only sizes are checked: MPI does not carry the element type.
+    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
+        let op = Op::Recv;
+        let mut dst = host_mut(op, buf)?;
+        let t = self.tag(op, tag)?;
+        let start = Instant::now();
+        let matched = loop {
+            if let Some(m) = ffi::improbe(&self.comm, src as c_int, t)? {
+                break m;
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= self.shared.timeout {
+                return Err(Error::timeout(
+                    op.name(),
+                    self.shared.timeout,
+                    format!("no message from rank {src} with tag {tag}"),
+                )
+                .with_fix(format!(
+                    "check that rank {src} sends with tag {tag}, or raise ACCEL_TIMEOUT"
+                )));
+            }
+            pause(elapsed);
+        };
+        let (want, got) = (dst.bytes().len(), matched.bytes);
+        if got == want {
+            return self.receive(op, matched, dst.bytes_mut(), start);
+        }
+        let mut sink = vec![0u8; got];
+        self.receive(op, matched, &mut sink, start)?;
+        let d = dst.dtype();
+        Err(err_at(
+            ErrorKind::InvalidArgument,
+            self.rank,
+            op.name(),
+            format!(
+                "rank {src} sent {got} bytes with tag {tag} ({} {d} elements), the receive buffer holds {} {d} elements (the message was dropped)",
+                got as f64 / d.size() as f64,
+                dst.len(),
+            ),
+        ))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let s = self.spec(Op::Barrier, Call::Barrier, DType::U8, 0)?;
+        self.run(s, Src::None, Dst::None, Owned::default())
+            .map(drop)
+    }
+
+    /// Exchanges `(color, key)` with a timed all-gather on owned memory
+    /// (which also proves that every rank entered), then calls
+    /// `MPI_Comm_split` with a dense color index and this rank's position in
+    /// its `(key, rank)` order, so that every `u32` color and key works.
+    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<MpiEngine>> {
+        let plan = SplitPlan::exchange(self, color, key)?;
+        let mpi_color = plan.color.map(|_| plan.color_index as c_int);
+        let sub = self.comm.split(mpi_color, plan.new_rank as c_int)?;
+        match (sub, plan.color) {
+            (Some(comm), Some(_)) => Ok(Some(MpiEngine::new(
+                comm,
+                plan.new_rank,
+                plan.members.len(),
+                self.shared.clone(),
+            ))),
+            (None, None) => Ok(None),
+            _ => Err(err_at(
+                ErrorKind::Backend,
+                self.rank,
+                Op::Split.name(),
+                "MPI_Comm_split disagreed with the exchanged colors",
+            )),
+        }
+    }
+}
