@@ -282,7 +282,8 @@ impl Accelerator {
     ///
     /// # Errors
     /// As [`Communicator::all_reduce`], and as [`Scalar::all_reduce`]
-    /// (an overflowing integer sum, `mean` of `bool`).
+    /// (an overflowing integer sum is `InvalidArgument`, `mean` of `bool`
+    /// `Unsupported`).
     pub fn all_reduce<T: Scalar>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
         T::all_reduce(&*self.comm, data, op).map_err(|e| e.with_rank(self.rank()))
     }

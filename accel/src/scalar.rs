@@ -1,17 +1,7 @@
 //! [`Scalar`]: the value types the accelerator's gathers and reductions
 //! take, a superset of the engines' [`Element`] types.
 //!
-//! Engines move `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i32` and `i64`.
-//! Training loops also count in `u32`, `u64` and `usize` (steps, samples)
-//! and flag with `bool`; those travel as an element type and are reduced
-//! exactly:
-//!
-//! | type | gather / broadcast | `sum`, `mean` | `max`, `min` | `prod` |
-//! |---|---|---|---|---|
-//! | `u32`, `u64`, `usize` | bit-exact as `i64` | exact (32-bit halves summed as `i64`), overflow is an error | exact (order-preserving map to `i64`) | exact (gathered, multiplied with overflow check) |
-//! | `bool` | as `u8` | `sum` is *any* (logical or, as torch.distributed does for `bool`), `mean` is an error | *any* / *all* | *all* (logical and) |
-//!
-//! `mean` of integers truncates toward zero, as [`ReduceOp::Avg`] does.
+//! See [`Scalar`] for how the extra types travel and reduce.
 
 use std::borrow::Cow;
 
@@ -25,8 +15,19 @@ mod sealed {
 /// [`gather`](crate::Accelerator::gather),
 /// [`broadcast`](crate::Accelerator::broadcast),
 /// [`reduce`](crate::Accelerator::reduce) and the metrics gathers take:
-/// every [`Element`] type, plus `u32`, `u64`, `usize` and `bool` (see the
-/// [module docs](self) for how those are reduced).
+/// every [`Element`] type, plus `u32`, `u64`, `usize` and `bool`.
+///
+/// Engines move `f16`, `bf16`, `f32`, `f64`, `i8`, `u8`, `i32` and `i64`.
+/// Training loops also count in `u32`, `u64` and `usize` (steps, samples)
+/// and flag with `bool`; those travel as an element type and are reduced
+/// exactly:
+///
+/// | type | gather / broadcast | `sum`, `mean` | `max`, `min` | `prod` |
+/// |---|---|---|---|---|
+/// | `u32`, `u64`, `usize` | bit-exact as `i64` | exact (32-bit halves summed as `i64`), overflow is an error | exact (order-preserving map to `i64`) | exact (gathered, multiplied with overflow check) |
+/// | `bool` | as `u8` | `sum` is *any* (logical or, as torch.distributed does for `bool`), `mean` is an error | *any* / *all* | *all* (logical and) |
+///
+/// `mean` of integers truncates toward zero, as [`ReduceOp::Avg`] does.
 ///
 /// Sealed: the set is part of the facade's contract.
 pub trait Scalar: Copy + std::fmt::Debug + Send + Sync + 'static + sealed::Sealed {
@@ -43,8 +44,9 @@ pub trait Scalar: Copy + std::fmt::Debug + Send + Sync + 'static + sealed::Seale
     ///
     /// # Errors
     /// The communicator's; [`ErrorKind::InvalidArgument`] when the exact
-    /// result does not fit the type (a `u32` sum past `u32::MAX`) or the
-    /// operation has no meaning for it (`mean` of `bool`).
+    /// result does not fit the type (a `u32` sum past `u32::MAX`);
+    /// [`ErrorKind::Unsupported`] for an operation with no meaning for it
+    /// (`mean` of `bool`).
     fn all_reduce(comm: &dyn Communicator, data: &mut [Self], op: ReduceOp) -> Result<()>;
 
     /// Broadcast `data` from `root` in place.

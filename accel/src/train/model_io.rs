@@ -69,13 +69,16 @@ fn plan_shards(sizes: &[(String, u64)], max: u64) -> Vec<Vec<String>> {
 }
 
 impl Accelerator {
-    /// Write `model`'s weights into `dir` in the Hugging Face layout (see
-    /// the [module docs](self)): `model.safetensors` when the model has at
-    /// most `max_shard_size` bytes, else numbered shards plus
-    /// `model.safetensors.index.json` (Accelerate's `save_model`; pass
+    /// Write `model`'s weights into `dir` in the Hugging Face layout:
+    /// `model.safetensors` when the model has at most `max_shard_size`
+    /// bytes, else `model-00001-of-0000N.safetensors`, ... cut in parameter
+    /// order (a tensor larger than the limit gets a shard of its own) plus
+    /// `model.safetensors.index.json` with `metadata.total_size` (the
+    /// tensors' bytes) and the `weight_map` (Accelerate's `save_model`; pass
     /// [`DEFAULT_MAX_SHARD_SIZE`] for `transformers`' default). Pass the
-    /// unwrapped model: `&*prepared` or `prepared.inner()`. Returns `dir`.
-    /// Collective.
+    /// unwrapped model: `&*prepared` or `prepared.inner()`. Tensors are
+    /// 1-D `f32` named as the model names its parameters; each header
+    /// carries `{"format": "pt"}`. Returns `dir`. Collective.
     ///
     /// # Behavior
     /// Only the main process writes. The folder is assembled in a hidden
