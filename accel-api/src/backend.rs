@@ -137,6 +137,76 @@ impl fmt::Debug for ConnectContext {
     }
 }
 
+impl ConnectContext {
+    /// The context of rank `rank` of `world_size` processes that all run on
+    /// this machine, on the CPU, with run id `local`: what tests, tools and
+    /// in-process runs (ranks as threads) connect with. Adjust with the
+    /// `with_*` builders.
+    pub fn local(
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+        store: Arc<dyn Store>,
+    ) -> ConnectContext {
+        ConnectContext {
+            rank,
+            world_size,
+            local_rank: rank,
+            local_world_size: world_size,
+            device: Device::CPU,
+            timeout,
+            store,
+            run_id: "local".into(),
+        }
+    }
+
+    /// Builder: the device this rank drives.
+    pub fn with_device(mut self, device: Device) -> ConnectContext {
+        self.device = device;
+        self
+    }
+
+    /// Builder: the run id.
+    pub fn with_run_id(mut self, run_id: impl Into<String>) -> ConnectContext {
+        self.run_id = run_id.into();
+        self
+    }
+
+    /// Check the context before connecting `backend`, whose engine drives
+    /// devices of `kind`: the rank is in the world, and the device is of
+    /// that kind.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig) naming
+    /// what is wrong and how to fix it, tagged with the backend, the rank and
+    /// the `connect` operation.
+    pub fn check(&self, backend: &str, kind: DeviceKind) -> Result<()> {
+        let fail = |msg: String, fix: &str| {
+            Err(crate::Error::new(crate::ErrorKind::InvalidConfig, msg)
+                .with_op("connect")
+                .with_backend(backend)
+                .with_rank(self.rank)
+                .with_fix(fix))
+        };
+        if self.world_size == 0 || self.rank >= self.world_size {
+            return fail(
+                format!(
+                    "rank {} is not in a world of {} ranks",
+                    self.rank, self.world_size
+                ),
+                "set RANK below WORLD_SIZE",
+            );
+        }
+        if self.device.kind != kind {
+            return fail(
+                format!("{backend} drives {kind} devices, not {}", self.device),
+                "pick a backend for that device, or a device of this backend's kind",
+            );
+        }
+        Ok(())
+    }
+}
+
 /// A registration record for one collective engine.
 ///
 /// In-tree backends submit a [`BackendRegistration`] with `inventory` and
@@ -171,6 +241,75 @@ pub trait Backend: Send + Sync + 'static {
     /// possible; [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig)
     /// when the context contradicts the engine's view (MPI sizes).
     fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>>;
+}
+
+/// A backend that is its registration record: a name, a priority, a device
+/// kind and two functions. In-tree backends are `const` values of this type
+/// (`pub const BACKEND: StaticBackend = StaticBackend::new(...)`); the
+/// record is the whole [`Backend`] implementation, so no backend writes the
+/// trait's getters by hand. Plugins and wrappers that need state implement
+/// [`Backend`] themselves.
+#[derive(Clone, Copy)]
+pub struct StaticBackend {
+    name: &'static str,
+    priority: i32,
+    device_kind: DeviceKind,
+    probe: fn(&ProbeContext) -> Probe,
+    connect: fn(ConnectContext) -> Result<Box<dyn Communicator>>,
+}
+
+impl StaticBackend {
+    /// The record of a backend named `name` (what `ACCEL_BACKEND` selects),
+    /// probed in `priority` order, driving `device_kind` devices, whose
+    /// [`Backend::probe`] and [`Backend::connect`] are `probe` and `connect`
+    /// (with the requirements those methods document).
+    pub const fn new(
+        name: &'static str,
+        priority: i32,
+        device_kind: DeviceKind,
+        probe: fn(&ProbeContext) -> Probe,
+        connect: fn(ConnectContext) -> Result<Box<dyn Communicator>>,
+    ) -> StaticBackend {
+        StaticBackend {
+            name,
+            priority,
+            device_kind,
+            probe,
+            connect,
+        }
+    }
+}
+
+impl fmt::Debug for StaticBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticBackend")
+            .field("name", &self.name)
+            .field("priority", &self.priority)
+            .field("device_kind", &self.device_kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Backend for StaticBackend {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    fn device_kind(&self) -> DeviceKind {
+        self.device_kind
+    }
+
+    fn probe(&self, ctx: &ProbeContext) -> Probe {
+        (self.probe)(ctx)
+    }
+
+    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
+        (self.connect)(ctx)
+    }
 }
 
 /// The `inventory` record in-tree backends submit.

@@ -31,8 +31,8 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crate::{
-    validate, Buf, BufMut, Capabilities, Communicator, DType, Device, DeviceBufMut, Error,
-    ErrorKind, HostBuf, HostBufMut, Op, ReduceOp, Result,
+    validate, Buf, BufMut, Capabilities, Communicator, ConnectContext, DType, Device, DeviceBufMut,
+    Error, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp, Result,
 };
 
 /// The calls into one collective engine (Gloo, MPI, NCCL, PJRT, HCCL, a
@@ -58,20 +58,9 @@ use crate::{
 /// knows better than the error's kind marks it with
 /// [`Error::with_fatal`].
 pub trait Engine: Send + Sync + Sized + 'static {
-    /// The backend's registered name.
-    fn backend_name(&self) -> &str;
-
-    /// This process's rank in the group.
-    fn rank(&self) -> usize;
-
-    /// Number of ranks in the group.
-    fn world_size(&self) -> usize;
-
-    /// The device the group was connected for.
-    fn device(&self) -> Device;
-
-    /// The bound every blocking engine call honours.
-    fn timeout(&self) -> Duration;
+    /// Who this engine's group is (backend, rank, size, device, timeout);
+    /// read once by [`Group::new`], constant for the engine's lifetime.
+    fn info(&self) -> &EngineInfo;
 
     /// What the engine accepts; read once by [`Group::new`].
     fn capabilities(&self) -> Capabilities;
@@ -154,6 +143,48 @@ pub trait Engine: Send + Sync + Sized + 'static {
                 buf.device()
             ),
         ))
+    }
+}
+
+/// The identity of one engine's group: what
+/// [`Communicator::backend_name`], [`rank`](Communicator::rank),
+/// [`world_size`](Communicator::world_size),
+/// [`device`](Communicator::device) and [`timeout`](Communicator::timeout)
+/// return.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineInfo {
+    /// The backend's registered name.
+    pub backend: String,
+    /// This process's rank in the group.
+    pub rank: usize,
+    /// Number of ranks in the group.
+    pub world_size: usize,
+    /// The device the group was connected for.
+    pub device: Device,
+    /// The bound every blocking engine call honours (sub-groups inherit it).
+    pub timeout: Duration,
+}
+
+impl EngineInfo {
+    /// The identity of the world group `ctx` describes, for `backend`.
+    pub fn world(backend: &str, ctx: &ConnectContext) -> EngineInfo {
+        EngineInfo {
+            backend: backend.to_string(),
+            rank: ctx.rank,
+            world_size: ctx.world_size,
+            device: ctx.device,
+            timeout: ctx.timeout,
+        }
+    }
+
+    /// The identity of a sub-group made by `split`: same backend, device
+    /// and timeout, this rank's new rank and size.
+    pub fn sub(&self, plan: &SplitPlan) -> EngineInfo {
+        EngineInfo {
+            rank: plan.new_rank,
+            world_size: plan.members.len(),
+            ..self.clone()
+        }
     }
 }
 
@@ -255,12 +286,12 @@ impl SplitPlan {
     /// The all-gather's errors.
     pub fn exchange<E: Engine>(engine: &E, color: Option<u32>, key: u32) -> Result<SplitPlan> {
         let mine = [color.map_or(-1, i64::from), i64::from(key)];
-        let mut all = vec![0i64; 2 * engine.world_size()];
+        let mut all = vec![0i64; 2 * engine.info().world_size];
         engine.all_gather(
             Buf::Host(HostBuf::from(&mine[..])),
             BufMut::Host(HostBufMut::from(&mut all[..])),
         )?;
-        SplitPlan::from_exchanged(engine.rank(), color, &all)
+        SplitPlan::from_exchanged(engine.info().rank, color, &all)
     }
 }
 
@@ -276,10 +307,7 @@ type Mail = (DType, Vec<u8>);
 pub struct Group<E: Engine> {
     engine: E,
     caps: Capabilities,
-    rank: usize,
-    world: usize,
-    device: Device,
-    timeout: Duration,
+    info: EngineInfo,
     /// One engine call at a time, in program order.
     serial: Mutex<()>,
     /// The first group-fatal failure, rendered.
@@ -306,10 +334,7 @@ impl<E: Engine> Group<E> {
     pub fn new(engine: E) -> Group<E> {
         Group {
             caps: engine.capabilities(),
-            rank: engine.rank(),
-            world: engine.world_size(),
-            device: engine.device(),
-            timeout: engine.timeout(),
+            info: engine.info().clone(),
             engine,
             serial: Mutex::new(()),
             poisoned: Mutex::new(None),
@@ -329,8 +354,8 @@ impl<E: Engine> Group<E> {
     }
 
     fn context(&self, op: Op, e: Error) -> Error {
-        e.with_backend(self.engine.backend_name())
-            .with_rank(self.rank)
+        e.with_backend(self.info.backend.as_str())
+            .with_rank(self.info.rank)
             .with_op(op.name())
     }
 
@@ -372,14 +397,14 @@ impl<E: Engine> Group<E> {
     fn enter(&self, op: Op, dtype: DType, reduce: Option<ReduceOp>, device: Device) -> Result<()> {
         self.check_poison(op)?;
         validate::call(self, op, dtype, reduce, device)?;
-        if !device.is_cpu() && device != self.device {
+        if !device.is_cpu() && device != self.info.device {
             return Err(self.context(
                 op,
                 Error::new(
                     ErrorKind::InvalidArgument,
                     format!(
                         "the buffer is on {device}, this communicator on {}",
-                        self.device
+                        self.info.device
                     ),
                 )
                 .with_fix("move the buffer to the communicator's device"),
@@ -423,10 +448,10 @@ impl<E: Engine> Group<E> {
     fn divide(&self, op: Op, buf: BufMut<'_>) -> Result<()> {
         match buf {
             BufMut::Host(mut h) => {
-                h.divide_by(self.world);
+                h.divide_by(self.info.world_size);
                 Ok(())
             }
-            BufMut::Device(d) => self.run(op, |e| e.divide_device(d, self.world)),
+            BufMut::Device(d) => self.run(op, |e| e.divide_device(d, self.info.world_size)),
         }
     }
 
@@ -449,7 +474,7 @@ impl<E: Engine> Group<E> {
             None => e.all_reduce(buf.reborrow(), native),
             Some(r) => e.reduce(buf.reborrow(), native, r),
         })?;
-        if divide && root.is_none_or(|r| r == self.rank) {
+        if divide && root.is_none_or(|r| r == self.info.rank) {
             self.divide(op, buf)?;
         }
         Ok(())
@@ -457,7 +482,7 @@ impl<E: Engine> Group<E> {
 
     fn recv_self(&self, mut dst: HostBufMut<'_>, tag: u32) -> Result<()> {
         let op = Op::Recv;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = Instant::now() + self.info.timeout;
         let mut mb = lock(&self.mailbox);
         loop {
             if let Some((dtype, msg)) = mb.get_mut(&tag).and_then(VecDeque::pop_front) {
@@ -487,7 +512,7 @@ impl<E: Engine> Group<E> {
                 // Nothing crossed the wire: the group is still in step.
                 let err = Error::timeout(
                     op.name(),
-                    self.timeout,
+                    self.info.timeout,
                     format!("no message with tag {tag} was sent to self"),
                 )
                 .with_fix("send to self before receiving from self")
@@ -505,23 +530,23 @@ impl<E: Engine> Group<E> {
 
 impl<E: Engine> Communicator for Group<E> {
     fn backend_name(&self) -> &str {
-        self.engine.backend_name()
+        &self.info.backend
     }
 
     fn rank(&self) -> usize {
-        self.rank
+        self.info.rank
     }
 
     fn world_size(&self) -> usize {
-        self.world
+        self.info.world_size
     }
 
     fn device(&self) -> Device {
-        self.device
+        self.info.device
     }
 
     fn timeout(&self) -> Duration {
-        self.timeout
+        self.info.timeout
     }
 
     fn capabilities(&self) -> &Capabilities {
@@ -555,7 +580,7 @@ impl<E: Engine> Communicator for Group<E> {
             op,
             ("send", send.dtype(), send.len()),
             ("recv", recv.dtype(), recv.len()),
-            self.world,
+            self.info.world_size,
         )?;
         if send.is_empty() {
             return Ok(());
@@ -598,7 +623,7 @@ impl<E: Engine> Communicator for Group<E> {
             op,
             ("recv", recv.dtype(), recv.len()),
             ("send", send.dtype(), send.len()),
-            self.world,
+            self.info.world_size,
         )?;
         if recv.is_empty() {
             return Ok(());
@@ -626,7 +651,7 @@ impl<E: Engine> Communicator for Group<E> {
         let op = Op::Send;
         self.enter(op, buf.dtype(), None, buf.device())?;
         validate::rank_in_group(self, op, "destination", dst)?;
-        if let (true, Buf::Host(h)) = (dst == self.rank, &buf) {
+        if let (true, Buf::Host(h)) = (dst == self.info.rank, &buf) {
             lock(&self.mailbox)
                 .entry(tag)
                 .or_default()
@@ -642,7 +667,7 @@ impl<E: Engine> Communicator for Group<E> {
         self.enter(op, buf.dtype(), None, buf.device())?;
         validate::rank_in_group(self, op, "source", src)?;
         let buf = match buf {
-            BufMut::Host(h) if src == self.rank => return self.recv_self(h, tag),
+            BufMut::Host(h) if src == self.info.rank => return self.recv_self(h, tag),
             other => other,
         };
         self.run(op, |e| e.recv(buf, src, tag))
@@ -683,12 +708,31 @@ mod tests {
 
     /// A one-rank engine that counts the calls reaching it and fails on
     /// demand: enough to pin the group's own behaviour.
-    #[derive(Debug, Default)]
+    #[derive(Debug)]
     struct Probe {
+        info: EngineInfo,
         calls: AtomicUsize,
         fail_with: Mutex<Option<ErrorKind>>,
         seen_avg: Mutex<bool>,
         fatal_seen: AtomicUsize,
+    }
+
+    impl Default for Probe {
+        fn default() -> Probe {
+            Probe {
+                info: EngineInfo {
+                    backend: "probe".into(),
+                    rank: 0,
+                    world_size: 2,
+                    device: Device::CPU,
+                    timeout: Duration::from_millis(50),
+                },
+                calls: AtomicUsize::new(0),
+                fail_with: Mutex::new(None),
+                seen_avg: Mutex::new(false),
+                fatal_seen: AtomicUsize::new(0),
+            }
+        }
     }
 
     impl Probe {
@@ -702,20 +746,8 @@ mod tests {
     }
 
     impl Engine for Probe {
-        fn backend_name(&self) -> &str {
-            "probe"
-        }
-        fn rank(&self) -> usize {
-            0
-        }
-        fn world_size(&self) -> usize {
-            2
-        }
-        fn device(&self) -> Device {
-            Device::CPU
-        }
-        fn timeout(&self) -> Duration {
-            Duration::from_millis(50)
+        fn info(&self) -> &EngineInfo {
+            &self.info
         }
         fn capabilities(&self) -> Capabilities {
             Capabilities::all_host().with_reduce_dtypes([DType::F32, DType::I32])

@@ -18,7 +18,7 @@
 //! | [`Communicator`], [`CommunicatorExt`] | collectives over one process group |
 //! | [`Engine`], [`Group`], [`SplitPlan`] | the backend kit: engines drive a library, one generic group owns the runtime |
 //! | [`Layer`], [`Layered`], [`CallInfo`] | forwarding layers (debug fingerprinting, vendor wrappers) |
-//! | [`Backend`], [`Probe`], [`ConnectContext`], [`BackendRegistration`] | a registration record: name, priority, device kind, probe, connect |
+//! | [`Backend`], [`StaticBackend`], [`Probe`], [`ConnectContext`], [`BackendRegistration`] | a registration record: name, priority, device kind, probe, connect |
 //! | [`Store`], [`StoreExt`] | the rendezvous key-value store every engine bootstraps from |
 //! | [`Wrapper`] | what `prepare()` returns |
 //! | [`OffloadStore`] | named tensors for big-model offload |
@@ -73,8 +73,8 @@ mod store;
 mod wrapper;
 
 pub use backend::{
-    Availability, Backend, BackendRegistration, ConnectContext, Probe, ProbeContext, PRIORITY_CPU,
-    PRIORITY_CUDA, PRIORITY_FALLBACK, PRIORITY_MPI, PRIORITY_NPU, PRIORITY_XLA,
+    Availability, Backend, BackendRegistration, ConnectContext, Probe, ProbeContext, StaticBackend,
+    PRIORITY_CPU, PRIORITY_CUDA, PRIORITY_FALLBACK, PRIORITY_MPI, PRIORITY_NPU, PRIORITY_XLA,
 };
 pub use buffer::{Buf, BufMut, DeviceBuf, DeviceBufMut, HostBuf, HostBufMut};
 pub use caps::{Capabilities, Op};
@@ -82,7 +82,7 @@ pub use comm::{validate, Communicator, CommunicatorExt};
 pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
-pub use group::{host, host_mut, Engine, Group, SplitPlan};
+pub use group::{host, host_mut, Engine, EngineInfo, Group, SplitPlan};
 pub use layer::{CallInfo, Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};
 pub use op::ReduceOp;

@@ -60,9 +60,9 @@ pub(crate) fn link_backends() {
     use std::hint::black_box;
     // Function pointers, not constants: a constant can be inlined without
     // keeping the crate's object code (and its registration) in the link.
-    black_box(accel_backend_single::SingleBackend::default as fn() -> _);
+    black_box(accel_backend_single::connect_named as fn(_, _) -> _);
     #[cfg(feature = "cpu-gloo")]
-    black_box(accel_backend_cpu_gloo::backend as fn() -> _);
+    black_box(accel_backend_cpu_gloo::connect as fn(_) -> _);
     #[cfg(feature = "mpi")]
-    black_box(accel_backend_mpi::backend as fn() -> _);
+    black_box(accel_backend_mpi::connect as fn(_) -> _);
 }

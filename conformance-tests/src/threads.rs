@@ -61,16 +61,16 @@ pub fn run_in_process(
         let (backend, store, tx) = (backend.clone(), store.clone(), tx.clone());
         let filter = filter.map(str::to_string);
         let body = move || -> Result<Vec<ScenarioResult>> {
-            let comm = backend.connect(ConnectContext {
-                rank,
-                world_size: world,
-                local_rank: rank,
-                local_world_size: world,
-                device,
-                timeout,
-                store: Arc::new(PrefixStore::new(store.clone(), "world")),
-                run_id: "conformance-threads".into(),
-            })?;
+            let comm = backend.connect(
+                ConnectContext::local(
+                    rank,
+                    world,
+                    timeout,
+                    Arc::new(PrefixStore::new(store.clone(), "world")),
+                )
+                .with_device(device)
+                .with_run_id("conformance-threads"),
+            )?;
             let ctx = Ctx {
                 comm: Arc::from(comm),
                 backend,

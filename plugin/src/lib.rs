@@ -144,7 +144,7 @@ pub mod __private {
 /// [`accel_api::Backend`]):
 ///
 /// ```ignore
-/// accel_plugin::export_plugin!(accel_backend_single::SingleBackend);
+/// accel_plugin::export_plugin!(accel_backend_single::BACKEND);
 /// ```
 ///
 /// The expression is evaluated once, the first time the host calls into the
@@ -161,10 +161,11 @@ macro_rules! export_plugin {
                 const PLUGIN_VERSION: &'static str = ::core::env!("CARGO_PKG_VERSION");
 
                 fn backend() -> &'static dyn $crate::__private::Backend {
-                    static BACKEND: ::std::sync::OnceLock<
+                    // A name no user item has: `$make` may name a `BACKEND`.
+                    static __ACCEL_BACKEND: ::std::sync::OnceLock<
                         ::std::boxed::Box<dyn $crate::__private::Backend>,
                     > = ::std::sync::OnceLock::new();
-                    &**BACKEND.get_or_init(|| ::std::boxed::Box::new($make))
+                    &**__ACCEL_BACKEND.get_or_init(|| ::std::boxed::Box::new($make))
                 }
             }
 

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use accel_api::{
     Backend, Buf, BufMut, Capabilities, CasOutcome, Communicator, ConnectContext, Device,
-    DeviceKind, Engine, Error, ErrorKind, Group, Probe, ProbeContext, ReduceOp, Result, Store,
+    DeviceKind, Engine, EngineInfo, Error, ErrorKind, Group, Probe, ProbeContext, ReduceOp, Result,
+    Store,
 };
 
 use crate::abi::*;
@@ -491,11 +492,7 @@ fn missing_entry(path: &Path, e: libloading::Error) -> Error {
 struct PluginEngine {
     lib: Arc<Lib>,
     handle: *mut AccelComm,
-    name: String,
-    rank: usize,
-    world_size: usize,
-    device: Device,
-    timeout: Duration,
+    info: EngineInfo,
     caps: Capabilities,
 }
 
@@ -509,10 +506,8 @@ unsafe impl Sync for PluginEngine {}
 impl fmt::Debug for PluginEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PluginEngine")
-            .field("backend", &self.name)
+            .field("info", &self.info)
             .field("plugin", &self.lib.path)
-            .field("rank", &self.rank)
-            .field("world_size", &self.world_size)
             .finish_non_exhaustive()
     }
 }
@@ -538,11 +533,13 @@ impl PluginEngine {
         let mut c = PluginEngine {
             lib,
             handle,
-            name: String::new(),
-            rank: 0,
-            world_size: 0,
-            device: Device::CPU,
-            timeout: Duration::ZERO,
+            info: EngineInfo {
+                backend: String::new(),
+                rank: 0,
+                world_size: 0,
+                device: Device::CPU,
+                timeout: Duration::ZERO,
+            },
             caps: Capabilities::none(),
         };
         let t = c.lib.comm;
@@ -550,7 +547,7 @@ impl PluginEngine {
         let mut name = VecSink::default();
         // SAFETY: a live handle; the sink outlives the call.
         c.call("backend_name", unsafe { f(handle, name.sink()) })?;
-        c.name = name.into_string();
+        c.info.backend = name.into_string();
         let f = c.lib.func(t.rank, "rank")?;
         let mut rank = 0usize;
         // SAFETY: a live handle; `rank` outlives the call.
@@ -579,22 +576,22 @@ impl PluginEngine {
         };
         // SAFETY: a live handle; `caps` outlives the call.
         c.call("capabilities", unsafe { f(handle, &mut caps) })?;
-        c.rank = rank;
-        c.world_size = world;
-        c.device = convert::device("device", kind, index).map_err(|e| c.context(e))?;
-        c.timeout = convert::ns_to_duration(ns);
+        c.info.rank = rank;
+        c.info.world_size = world;
+        c.info.device = convert::device("device", kind, index).map_err(|e| c.context(e))?;
+        c.info.timeout = convert::ns_to_duration(ns);
         c.caps = convert::caps_from_abi(&caps);
         Ok(c)
     }
 
     fn context(&self, e: Error) -> Error {
-        let e = if self.name.is_empty() {
+        let e = if self.info.backend.is_empty() {
             e.with_backend(self.lib.name.clone())
         } else {
-            e.with_backend(self.name.clone())
+            e.with_backend(self.info.backend.clone())
         };
-        if self.world_size > 0 {
-            e.with_rank(self.rank)
+        if self.info.world_size > 0 {
+            e.with_rank(self.info.rank)
         } else {
             e
         }
@@ -612,24 +609,8 @@ impl PluginEngine {
 }
 
 impl Engine for PluginEngine {
-    fn backend_name(&self) -> &str {
-        &self.name
-    }
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world_size
-    }
-
-    fn device(&self) -> Device {
-        self.device
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
+    fn info(&self) -> &EngineInfo {
+        &self.info
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -1016,7 +997,7 @@ mod tests {
         const PLUGIN_VERSION: &'static str = "9.9.9";
 
         fn backend() -> &'static dyn Backend {
-            static B: accel_backend_single::SingleBackend = accel_backend_single::SingleBackend;
+            static B: accel_api::StaticBackend = accel_backend_single::BACKEND;
             &B
         }
     }

@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use accel::train::*;
-use accel::{Accelerator, ConnectContext, Device, ProcessState, Registry, Store};
+use accel::{Accelerator, ConnectContext, ProcessState, Registry, Store};
 
 // ------------------------------------------------------------------ fixtures
 
@@ -121,16 +121,10 @@ pub fn ranks<T: Send + 'static>(
         let (backend, store, f, tx) = (backend.clone(), store.clone(), f.clone(), tx.clone());
         std::thread::spawn(move || {
             let comm = backend
-                .connect(ConnectContext {
-                    rank,
-                    world_size: world,
-                    local_rank: rank,
-                    local_world_size: world,
-                    device: Device::CPU,
-                    timeout: Duration::from_secs(20),
-                    store: store.clone(),
-                    run_id: "train-test".into(),
-                })
+                .connect(
+                    ConnectContext::local(rank, world, Duration::from_secs(20), store.clone())
+                        .with_run_id("train-test"),
+                )
                 .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
             let acc = Accelerator::from_communicator(Arc::from(comm), store).unwrap();
             let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(acc)));

@@ -18,8 +18,8 @@ mod dir_store;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use accel_api::{Backend, CommunicatorExt, ConnectContext, Device, ReduceOp, Result, Store};
-use accel_backend_cpu_gloo::CpuGlooBackend;
+use accel_api::{Backend, CommunicatorExt, ConnectContext, ReduceOp, Result, Store};
+use accel_backend_cpu_gloo::BACKEND;
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -39,16 +39,8 @@ fn main() -> Result<()> {
     );
     let store: Arc<dyn Store> = Arc::new(dir_store::DirStore::new(var("ACCEL_GLOO_STORE_DIR"))?);
     let start = Instant::now();
-    let c = CpuGlooBackend.connect(ConnectContext {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        local_world_size: world,
-        device: Device::CPU,
-        timeout,
-        store,
-        run_id: "gloo-worker".into(),
-    })?;
+    let c = BACKEND
+        .connect(ConnectContext::local(rank, world, timeout, store).with_run_id("gloo-worker"))?;
     let connected = start.elapsed();
     let sum = c.all_reduce_vec(&[rank as f64 + 1.0], ReduceOp::Sum)?;
     let want = (world * (world + 1) / 2) as f64;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, DType, Device, Engine, Error, ErrorKind, Group,
+    host, host_mut, Buf, BufMut, Capabilities, DType, Engine, EngineInfo, Error, ErrorKind, Group,
     HostBuf, HostBufMut, Op, ReduceOp, Result, SplitPlan, Store,
 };
 
@@ -47,10 +47,7 @@ struct Context {
 /// it serialises calls; the context's own lock is contended only by
 /// [`Engine::abort`], which closes the connections when no call runs.
 pub struct GlooEngine {
-    rank: usize,
-    world: usize,
-    device: Device,
-    timeout: Duration,
+    info: EngineInfo,
     gloo_device: Arc<ffi::Device>,
     engine: Mutex<Context>,
     store: Arc<dyn Store>,
@@ -64,9 +61,7 @@ pub type GlooCommunicator = Group<GlooEngine>;
 impl fmt::Debug for GlooEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GlooEngine")
-            .field("rank", &self.rank)
-            .field("world_size", &self.world)
-            .field("timeout", &self.timeout)
+            .field("info", &self.info)
             .field("prefix", &self.prefix)
             .field("store", &self.store.describe())
             .field("device", &self.gloo_device.describe())
@@ -80,10 +75,8 @@ pub(crate) struct Params {
     pub(crate) store: Arc<dyn Store>,
     /// Store key prefix, unique to this communicator.
     pub(crate) prefix: String,
-    pub(crate) rank: usize,
-    pub(crate) world: usize,
-    pub(crate) device: Device,
-    pub(crate) timeout: Duration,
+    /// Who this communicator is.
+    pub(crate) info: EngineInfo,
 }
 
 fn addr_key(prefix: &str, rank: usize) -> String {
@@ -127,9 +120,14 @@ fn dtype_code(d: DType) -> DTypeCode {
 impl GlooEngine {
     /// Rendezvous under `p.prefix` and connect to every rank.
     pub(crate) fn connect(p: Params) -> Result<GlooEngine> {
-        let adapter = StoreAdapter::new(&*p.store, &p.prefix, p.rank, p.timeout);
-        let ctx = match ffi::Context::connect(&p.gloo_device, p.rank, p.world, p.timeout, &adapter)
-        {
+        let adapter = StoreAdapter::new(&*p.store, &p.prefix, p.info.rank, p.info.timeout);
+        let ctx = match ffi::Context::connect(
+            &p.gloo_device,
+            p.info.rank,
+            p.info.world_size,
+            p.info.timeout,
+            &adapter,
+        ) {
             Ok(ctx) => ctx,
             Err(e) => {
                 let stored = adapter.take_error();
@@ -141,7 +139,7 @@ impl GlooEngine {
                             Class::InvalidArgument => Class::Backend,
                             c => c,
                         };
-                        to_api(e, &class, p.rank, "connect", p.timeout).with_fix(format!(
+                        to_api(e, &class, p.info.rank, "connect", p.info.timeout).with_fix(format!(
                             "check that every rank can reach this one's address ({}); set ACCEL_GLOO_HOSTNAME or GLOO_SOCKET_IFNAME to choose it",
                             p.gloo_device.describe()
                         ))
@@ -152,21 +150,22 @@ impl GlooEngine {
         // Publish the names each peer's Gloo may print for its connection
         // to this rank: a peer whose Gloo reports "connection closed by peer
         // <address>" finds the rank here.
-        let table: String = (0..p.world)
-            .filter(|&r| r != p.rank)
+        let table: String = (0..p.info.world_size)
+            .filter(|&r| r != p.info.rank)
             .map(|r| {
                 let [local, advertised] = ctx.self_names(r);
                 format!("{r} {local} {advertised}\n")
             })
             .collect();
         p.store
-            .set(&addr_key(&p.prefix, p.rank), table.as_bytes())
-            .map_err(|e| e.with_op("connect").with_backend(NAME).with_rank(p.rank))?;
+            .set(&addr_key(&p.prefix, p.info.rank), table.as_bytes())
+            .map_err(|e| {
+                e.with_op("connect")
+                    .with_backend(NAME)
+                    .with_rank(p.info.rank)
+            })?;
         Ok(GlooEngine {
-            rank: p.rank,
-            world: p.world,
-            device: p.device,
-            timeout: p.timeout,
+            info: p.info,
             gloo_device: p.gloo_device,
             engine: Mutex::new(Context { ctx, next_tag: 0 }),
             store: p.store,
@@ -185,7 +184,7 @@ impl GlooEngine {
     /// at connect time: what lost-peer errors are matched against. Empty
     /// for this rank itself or when the store does not have them.
     pub fn peer_addresses(&self, rank: usize) -> Vec<String> {
-        if rank == self.rank || rank >= self.world {
+        if rank == self.info.rank || rank >= self.info.world_size {
             return Vec::new();
         }
         let Ok(Some(table)) = self.store.try_get(&addr_key(&self.prefix, rank)) else {
@@ -197,14 +196,14 @@ impl GlooEngine {
             .find_map(|line| {
                 let mut words = line.split_whitespace();
                 let r: usize = words.next()?.parse().ok()?;
-                (r == self.rank).then(|| words.map(str::to_string).collect())
+                (r == self.info.rank).then(|| words.map(str::to_string).collect())
             })
             .unwrap_or_default()
     }
 
     /// The rank at the other end of the connection Gloo printed as `addr`.
     fn rank_of_address(&self, addr: &str) -> Option<usize> {
-        (0..self.world).find(|&r| self.peer_addresses(r).iter().any(|a| a == addr))
+        (0..self.info.world_size).find(|&r| self.peer_addresses(r).iter().any(|a| a == addr))
     }
 
     fn lock_engine(&self) -> MutexGuard<'_, Context> {
@@ -221,7 +220,7 @@ impl GlooEngine {
         f(&mut engine).map_err(|e| {
             let class = classify(&e, &|a| self.rank_of_address(a));
             self.attribute(
-                to_api(e, &class, self.rank, op.name(), self.timeout),
+                to_api(e, &class, self.info.rank, op.name(), self.info.timeout),
                 &class,
             )
         })
@@ -236,7 +235,7 @@ impl GlooEngine {
         // Gloo may close the pair on its own timeout a moment before the
         // peer publishes why: give the note a short grace period. A peer
         // that died publishes nothing and costs this wait once.
-        let grace = self.timeout.min(FAULT_NOTE_GRACE);
+        let grace = self.info.timeout.min(FAULT_NOTE_GRACE);
         let Ok(note) = self.store.get(&self.fault_key(*p), grace) else {
             return err;
         };
@@ -246,7 +245,7 @@ impl GlooEngine {
         let message = format!("rank {p} gave up first: {why}");
         let op = err.op().unwrap_or("collective").to_string();
         match lost {
-            Some(q) if q != self.rank && q != *p => Error::new(
+            Some(q) if q != self.info.rank && q != *p => Error::new(
                 ErrorKind::PeerLost { peer: Some(q) },
                 format!("{message} (it lost rank {q})"),
             )
@@ -256,7 +255,7 @@ impl GlooEngine {
         }
         .with_op(op)
         .with_backend(NAME)
-        .with_rank(self.rank)
+        .with_rank(self.info.rank)
         .with_boxed_source(Box::new(err))
     }
 
@@ -279,7 +278,7 @@ impl GlooEngine {
         root: Option<usize>,
     ) -> Result<()> {
         let mut host = host_mut(op, buf)?;
-        let (count, dtype, timeout) = (host.len(), dtype_code(host.dtype()), self.timeout);
+        let (count, dtype, timeout) = (host.len(), dtype_code(host.dtype()), self.info.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
             match root {
@@ -340,24 +339,8 @@ fn remaining(start: Instant, timeout: Duration) -> Duration {
 }
 
 impl Engine for GlooEngine {
-    fn backend_name(&self) -> &str {
-        NAME
-    }
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world
-    }
-
-    fn device(&self) -> Device {
-        self.device
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
+    fn info(&self) -> &EngineInfo {
+        &self.info
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -375,7 +358,7 @@ impl Engine for GlooEngine {
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
         let op = Op::Broadcast;
         let mut host = host_mut(op, buf)?;
-        let timeout = self.timeout;
+        let timeout = self.info.timeout;
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
             e.ctx.broadcast(host.bytes_mut(), root, tag, timeout)
@@ -386,7 +369,7 @@ impl Engine for GlooEngine {
         let op = Op::AllGather;
         let src = host(op, send)?;
         let mut dst = host_mut(op, recv)?;
-        let (world, timeout) = (self.world, self.timeout);
+        let (world, timeout) = (self.info.world_size, self.info.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
             e.ctx
@@ -398,7 +381,7 @@ impl Engine for GlooEngine {
         let op = Op::Gather;
         let src = host(op, send)?;
         let mut dst = recv.map(|r| host_mut(op, r)).transpose()?;
-        let (world, timeout) = (self.world, self.timeout);
+        let (world, timeout) = (self.info.world_size, self.info.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
             e.ctx.gather(
@@ -416,7 +399,7 @@ impl Engine for GlooEngine {
         let op = Op::Scatter;
         let src = send.map(|b| host(op, b)).transpose()?;
         let mut dst = host_mut(op, recv)?;
-        let (world, timeout) = (self.world, self.timeout);
+        let (world, timeout) = (self.info.world_size, self.info.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
             e.ctx.scatter(
@@ -445,14 +428,14 @@ impl Engine for GlooEngine {
         let mut tmp = scratch(total);
         let work = scratch_bytes(&mut tmp, total);
         work.copy_from_slice(src.bytes());
-        let (count, dtype, timeout) = (src.len(), dtype_code(src.dtype()), self.timeout);
+        let (count, dtype, timeout) = (src.len(), dtype_code(src.dtype()), self.info.timeout);
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
             e.ctx
                 .all_reduce(work, count, dtype, native(reduce), tag, timeout)
         })?;
         let chunk = dst.bytes().len();
-        let start = self.rank * chunk;
+        let start = self.info.rank * chunk;
         let work = scratch_bytes(&mut tmp, total);
         dst.bytes_mut().copy_from_slice(&work[start..start + chunk]);
         Ok(())
@@ -462,7 +445,7 @@ impl Engine for GlooEngine {
         let op = Op::AllToAll;
         let src = host(op, send)?;
         let mut dst = host_mut(op, recv)?;
-        let timeout = self.timeout;
+        let timeout = self.info.timeout;
         self.engine_call(op, |e| {
             let tag = Self::tag(e);
             e.ctx.all_to_all(src.bytes(), dst.bytes_mut(), tag, timeout)
@@ -478,7 +461,7 @@ impl Engine for GlooEngine {
         let src = host(op, buf)?;
         let hdr = header(src.dtype(), src.bytes().len());
         let (slot_h, slot_p) = p2p_slots(tag);
-        let timeout = self.timeout;
+        let timeout = self.info.timeout;
         self.engine_call(op, |e| {
             let start = Instant::now();
             e.ctx.send(&hdr, dst, slot_h, timeout)?;
@@ -494,7 +477,7 @@ impl Engine for GlooEngine {
         let op = Op::Recv;
         let mut dst = host_mut(op, buf)?;
         let (slot_h, slot_p) = p2p_slots(tag);
-        let timeout = self.timeout;
+        let timeout = self.info.timeout;
         let want = dst.dtype();
         let mismatch = self.engine_call(op, |e| {
             let start = Instant::now();
@@ -525,7 +508,7 @@ impl Engine for GlooEngine {
                 };
                 Err(err_at(
                     ErrorKind::InvalidArgument,
-                    self.rank,
+                    self.info.rank,
                     op,
                     format!(
                         "rank {src} sent {what} with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
@@ -538,7 +521,7 @@ impl Engine for GlooEngine {
     }
 
     fn barrier(&self) -> Result<()> {
-        let timeout = self.timeout;
+        let timeout = self.info.timeout;
         self.engine_call(Op::Barrier, |e| {
             let tag = Self::tag(e);
             e.ctx.barrier(tag, timeout)
@@ -558,10 +541,7 @@ impl Engine for GlooEngine {
             gloo_device: self.gloo_device.clone(),
             store: self.store.clone(),
             prefix: format!("{}/split{seq}/color{color}", self.prefix),
-            rank: plan.new_rank,
-            world: plan.members.len(),
-            device: self.device,
-            timeout: self.timeout,
+            info: self.info.sub(&plan),
         })
         .map(Some)
     }
@@ -584,7 +564,7 @@ impl Engine for GlooEngine {
             _ => "-".to_string(),
         };
         let _ = self.store.set(
-            &self.fault_key(self.rank),
+            &self.fault_key(self.info.rank),
             format!("lost={lost}\n{err}").as_bytes(),
         );
         self.lock_engine().ctx.close();

@@ -114,12 +114,11 @@ mod rendezvous;
 use std::sync::Arc;
 
 use accel_api::{
-    Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext,
-    Result, PRIORITY_CPU,
+    ConnectContext, DeviceKind, Error, ErrorKind, Result, StaticBackend, PRIORITY_CPU,
 };
 
 pub use engine::{capabilities, GlooCommunicator, GlooEngine};
-pub use probe::{engine_version, PACKAGE_VERSION};
+pub use probe::{engine_version, probe, PACKAGE_VERSION};
 
 use engine::Params;
 
@@ -127,75 +126,26 @@ use engine::Params;
 pub const NAME: &str = "cpu-gloo";
 
 /// The `cpu-gloo` backend.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuGlooBackend;
-
-impl CpuGlooBackend {
-    /// The backend (it holds no state; connecting does the work).
-    pub const fn new() -> CpuGlooBackend {
-        CpuGlooBackend
-    }
-}
-
-/// The backend as a trait object, for explicit registration
-/// (`registry.register(Arc::from(accel_backend_cpu_gloo::backend()), ..)`).
-pub fn backend() -> Box<dyn Backend> {
-    Box::new(CpuGlooBackend)
-}
-
-impl Backend for CpuGlooBackend {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn priority(&self) -> i32 {
-        PRIORITY_CPU
-    }
-
-    fn device_kind(&self) -> DeviceKind {
-        DeviceKind::Cpu
-    }
-
-    fn probe(&self, ctx: &ProbeContext) -> Probe {
-        probe::probe(ctx)
-    }
-
-    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        connect(ctx).map(|c| Box::new(c) as Box<dyn Communicator>)
-    }
-}
+pub const BACKEND: StaticBackend =
+    StaticBackend::new(NAME, PRIORITY_CPU, DeviceKind::Cpu, probe::probe, |ctx| {
+        Ok(Box::new(connect(ctx)?))
+    });
 
 /// Connect the world communicator of this rank (what
-/// [`Backend::connect`] does, with the concrete type).
+/// [`BACKEND`] does, with the concrete type).
 ///
 /// # Errors
 /// [`ErrorKind::InvalidConfig`] for a rank outside the world or a non-CPU
 /// device; [`ErrorKind::Unavailable`] when Gloo cannot listen on the chosen
 /// address; [`ErrorKind::Timeout`] naming the ranks that did not join.
 pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
+    ctx.check(NAME, DeviceKind::Cpu)?;
     let fail = |kind: ErrorKind, msg: String| {
         Error::new(kind, msg)
             .with_op("connect")
             .with_backend(NAME)
             .with_rank(ctx.rank)
     };
-    if ctx.world_size == 0 || ctx.rank >= ctx.world_size {
-        return Err(fail(
-            ErrorKind::InvalidConfig,
-            format!(
-                "rank {} is not in a world of {} ranks",
-                ctx.rank, ctx.world_size
-            ),
-        )
-        .with_fix("set RANK below WORLD_SIZE"));
-    }
-    if !ctx.device.is_cpu() {
-        return Err(fail(
-            ErrorKind::InvalidConfig,
-            format!("cpu-gloo drives host memory only, not {}", ctx.device),
-        )
-        .with_fix("pick a backend for that device, or the cpu device"));
-    }
     let bind = rendezvous::choose_bind(&ctx.store.describe(), &|k| std::env::var(k).ok());
     let gloo_device = ffi::Device::new(&bind.hostname, &bind.iface).map_err(|e| {
         let target = if bind.iface.is_empty() {
@@ -222,12 +172,9 @@ pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
         gloo_device: Arc::new(gloo_device),
         store: ctx.store.clone(),
         prefix: format!("cpu-gloo/{generation}"),
-        rank: ctx.rank,
-        world: ctx.world_size,
-        device: ctx.device,
-        timeout: ctx.timeout,
+        info: accel_api::EngineInfo::world(NAME, &ctx),
     })
     .map(accel_api::Group::new)
 }
 
-accel_api::submit_backend!(|| Box::new(CpuGlooBackend));
+accel_api::submit_backend!(|| Box::new(BACKEND));

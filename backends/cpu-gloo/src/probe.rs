@@ -21,6 +21,7 @@ pub fn engine_version() -> String {
 }
 
 /// Available for any run shape: one CPU "device", any number of ranks.
-pub(crate) fn probe(_ctx: &ProbeContext) -> Probe {
+/// Is Gloo usable here? (It is whenever the crate built: the library is linked.)
+pub fn probe(_ctx: &ProbeContext) -> Probe {
     Probe::available(1, Some(engine_version()))
 }

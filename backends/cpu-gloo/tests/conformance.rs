@@ -4,7 +4,7 @@
 //! particular to Gloo (its framing, rounding, failures and splits).
 
 accel_conformance::conformance_tests!(
-    in_process = std::sync::Arc::new(accel_backend_cpu_gloo::CpuGlooBackend::new()),
+    in_process = std::sync::Arc::new(accel_backend_cpu_gloo::BACKEND),
     world_sizes = [1, 2, 3, 4],
     scenarios = [
         all_reduce,

@@ -10,7 +10,7 @@ use accel_api::{
     Backend, BackendRegistration, Communicator, CommunicatorExt, DeviceKind, ErrorKind,
     ProbeContext, ReduceOp, Store, PRIORITY_CPU,
 };
-use accel_backend_cpu_gloo::CpuGlooBackend;
+use accel_backend_cpu_gloo::BACKEND;
 use accel_rendezvous::MemoryStore;
 
 const SHORT: Duration = Duration::from_secs(2);
@@ -25,7 +25,7 @@ fn is_poisoned_by(e: &accel_api::Error, first: &str) {
 
 #[test]
 fn probe_and_registration() {
-    let b = CpuGlooBackend;
+    let b = BACKEND;
     assert_eq!(b.name(), "cpu-gloo");
     assert_eq!(b.priority(), PRIORITY_CPU);
     assert_eq!(b.device_kind(), DeviceKind::Cpu);
@@ -201,6 +201,7 @@ fn a_receive_that_never_matches_times_out_and_tells_the_peer() {
     });
 }
 
+/// Nothing crossed the wire, so the group stays usable (ADR 0006).
 #[test]
 fn a_receive_from_self_without_a_send_times_out() {
     common::run_ranks(1, Duration::from_millis(300), DEADLINE, |_rank, c| {
@@ -208,6 +209,6 @@ fn a_receive_from_self_without_a_send_times_out() {
         let e = c.recv_slice(&mut b, 0, 1).unwrap_err();
         assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
         assert!(e.to_string().contains("tag 1"), "{e}");
-        is_poisoned_by(&c.barrier().unwrap_err(), "tag 1");
+        c.barrier().unwrap();
     });
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    bf16, f16, host, host_mut, Buf, BufMut, Capabilities, DType, Device, Engine, Error, ErrorKind,
-    Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
+    bf16, f16, host, host_mut, Buf, BufMut, Capabilities, DType, Engine, EngineInfo, Error,
+    ErrorKind, Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
 };
 
 use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
@@ -32,8 +32,6 @@ pub(crate) struct Shared {
     pub(crate) library: String,
     pub(crate) tag_ub: u32,
     pub(crate) staging: usize,
-    pub(crate) device: Device,
-    pub(crate) timeout: Duration,
     /// `MPI_THREAD_*` level MPI provides (`serialized` or `multiple` when
     /// this crate initialized MPI).
     pub(crate) threading: &'static str,
@@ -49,8 +47,7 @@ pub(crate) struct Shared {
 /// documentation for what a timeout does.
 pub struct MpiEngine {
     comm: Comm,
-    rank: usize,
-    world: usize,
+    info: EngineInfo,
     shared: Arc<Shared>,
 }
 
@@ -61,9 +58,7 @@ pub type MpiCommunicator = Group<MpiEngine>;
 impl fmt::Debug for MpiEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MpiEngine")
-            .field("rank", &self.rank)
-            .field("world_size", &self.world)
-            .field("timeout", &self.shared.timeout)
+            .field("info", &self.info)
             .field("staging_bytes", &self.shared.staging)
             .field("library", &self.shared.library)
             .finish_non_exhaustive()
@@ -225,13 +220,8 @@ struct Spec {
 }
 
 impl MpiEngine {
-    pub(crate) fn new(comm: Comm, rank: usize, world: usize, shared: Arc<Shared>) -> Self {
-        MpiEngine {
-            comm,
-            rank,
-            world,
-            shared,
-        }
+    pub(crate) fn new(comm: Comm, info: EngineInfo, shared: Arc<Shared>) -> Self {
+        MpiEngine { comm, info, shared }
     }
 
     /// The MPI library this communicator runs on (`MPI_Get_library_version`).
@@ -264,7 +254,7 @@ impl MpiEngine {
         let count = c_int::try_from(n).map_err(|_| {
             err_at(
                 ErrorKind::InvalidArgument,
-                self.rank,
+                self.info.rank,
                 op.name(),
                 format!("{n} elements per rank exceed MPI's count limit (2^31 - 1)"),
             )
@@ -291,15 +281,15 @@ impl MpiEngine {
     }
 
     fn wait(&self, op: Op, req: Request<'_>, start: Instant) -> Result<Owned> {
-        match poll(req, start, self.shared.timeout) {
+        match poll(req, start, self.info.timeout) {
             Ok(done) => Ok(done.finish()),
             Err(Waited::Failed(e)) => Err(e.into()),
             Err(Waited::TimedOut(req)) => Err(timed_out(
                 req,
-                self.rank,
+                self.info.rank,
                 op.name(),
-                self.shared.timeout,
-                self.world,
+                self.info.timeout,
+                self.info.world_size,
             )),
         }
     }
@@ -367,7 +357,7 @@ impl MpiEngine {
         dst: Option<&mut [u8]>,
         avg: bool,
     ) -> Result<()> {
-        let div = if avg { self.world } else { 1 };
+        let div = if avg { self.info.world_size } else { 1 };
         if is_half(dtype) {
             let s = Spec { t: Ty::F32, ..s };
             let send = src.or(dst.as_deref()).map(|b| widen(dtype, b));
@@ -408,7 +398,7 @@ impl MpiEngine {
             }
         }
         if let (true, Some(d)) = (avg, dst) {
-            accel_api::HostBufMut::from_bytes(dtype, d)?.divide_by(self.world);
+            accel_api::HostBufMut::from_bytes(dtype, d)?.divide_by(self.info.world_size);
         }
         Ok(())
     }
@@ -417,7 +407,7 @@ impl MpiEngine {
         if tag > self.shared.tag_ub {
             return Err(err_at(
                 ErrorKind::InvalidArgument,
-                self.rank,
+                self.info.rank,
                 op.name(),
                 format!(
                     "tag {tag} is above this MPI library's limit MPI_TAG_UB = {}",
@@ -448,24 +438,8 @@ impl MpiEngine {
 }
 
 impl Engine for MpiEngine {
-    fn backend_name(&self) -> &str {
-        NAME
-    }
-
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn world_size(&self) -> usize {
-        self.world
-    }
-
-    fn device(&self) -> Device {
-        self.shared.device
-    }
-
-    fn timeout(&self) -> Duration {
-        self.shared.timeout
+    fn info(&self) -> &EngineInfo {
+        &self.info
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -492,7 +466,7 @@ impl Engine for MpiEngine {
         let call = Call::Reduce(red(op), root as c_int);
         let s = self.spec(Op::Reduce, call, h.dtype(), h.len())?;
         let avg = op == ReduceOp::Avg;
-        if root == self.rank {
+        if root == self.info.rank {
             self.reduction(s, h.dtype(), None, Some(h.bytes_mut()), avg)
         } else {
             self.reduction(s, h.dtype(), Some(h.bytes()), None, avg)
@@ -524,7 +498,7 @@ impl Engine for MpiEngine {
         let src = host(op, send)?;
         let mut dst = recv.map(|r| host_mut(op, r)).transpose()?;
         let s = self.spec(op, Call::Gather(root as c_int), src.dtype(), src.len())?;
-        let largest = src.bytes().len() * self.world;
+        let largest = src.bytes().len() * self.info.world_size;
         let to = dst.as_mut().map(|d| d.bytes_mut());
         self.movement(s, Some(src.bytes()), to, largest)
     }
@@ -534,7 +508,7 @@ impl Engine for MpiEngine {
         let src = send.map(|b| host(op, b)).transpose()?;
         let mut dst = host_mut(op, recv)?;
         let s = self.spec(op, Call::Scatter(root as c_int), dst.dtype(), dst.len())?;
-        let largest = dst.bytes().len() * self.world;
+        let largest = dst.bytes().len() * self.info.world_size;
         let from = src.as_ref().map(HostBuf::bytes);
         self.movement(s, from, Some(dst.bytes_mut()), largest)
     }
@@ -558,7 +532,12 @@ impl Engine for MpiEngine {
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let op = Op::AllToAll;
         let (src, mut dst) = (host(op, send)?, host_mut(op, recv)?);
-        let s = self.spec(op, Call::AllToAll, src.dtype(), src.len() / self.world)?;
+        let s = self.spec(
+            op,
+            Call::AllToAll,
+            src.dtype(),
+            src.len() / self.info.world_size,
+        )?;
         let largest = src.bytes().len();
         self.movement(s, Some(src.bytes()), Some(dst.bytes_mut()), largest)
     }
@@ -590,10 +569,10 @@ impl Engine for MpiEngine {
                 break m;
             }
             let elapsed = start.elapsed();
-            if elapsed >= self.shared.timeout {
+            if elapsed >= self.info.timeout {
                 return Err(Error::timeout(
                     op.name(),
-                    self.shared.timeout,
+                    self.info.timeout,
                     format!("no message from rank {src} with tag {tag}"),
                 )
                 .with_fix(format!(
@@ -611,7 +590,7 @@ impl Engine for MpiEngine {
         let d = dst.dtype();
         Err(err_at(
             ErrorKind::InvalidArgument,
-            self.rank,
+            self.info.rank,
             op.name(),
             format!(
                 "rank {src} sent {got} bytes with tag {tag} ({} {d} elements), the receive buffer holds {} {d} elements (the message was dropped)",
@@ -638,14 +617,13 @@ impl Engine for MpiEngine {
         match (sub, plan.color) {
             (Some(comm), Some(_)) => Ok(Some(MpiEngine::new(
                 comm,
-                plan.new_rank,
-                plan.members.len(),
+                self.info.sub(&plan),
                 self.shared.clone(),
             ))),
             (None, None) => Ok(None),
             _ => Err(err_at(
                 ErrorKind::Backend,
-                self.rank,
+                self.info.rank,
                 Op::Split.name(),
                 "MPI_Comm_split disagreed with the exchanged colors",
             )),

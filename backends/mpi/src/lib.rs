@@ -109,8 +109,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use accel_api::{
-    Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext,
-    Result, PRIORITY_MPI,
+    ConnectContext, DeviceKind, Error, ErrorKind, Result, StaticBackend, PRIORITY_MPI,
 };
 
 pub use engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
@@ -123,42 +122,10 @@ use engine::{poll, timed_out, Shared, Waited};
 pub const NAME: &str = "mpi";
 
 /// The `mpi` backend.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MpiBackend;
-
-impl MpiBackend {
-    /// The backend (it holds no state; connecting does the work).
-    pub const fn new() -> MpiBackend {
-        MpiBackend
-    }
-}
-
-/// The backend as a trait object, for explicit registration.
-pub fn backend() -> Box<dyn Backend> {
-    Box::new(MpiBackend)
-}
-
-impl Backend for MpiBackend {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn priority(&self) -> i32 {
-        PRIORITY_MPI
-    }
-
-    fn device_kind(&self) -> DeviceKind {
-        DeviceKind::Cpu
-    }
-
-    fn probe(&self, ctx: &ProbeContext) -> Probe {
-        probe::probe(ctx)
-    }
-
-    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        connect(ctx).map(|c| Box::new(c) as Box<dyn Communicator>)
-    }
-}
+pub const BACKEND: StaticBackend =
+    StaticBackend::new(NAME, PRIORITY_MPI, DeviceKind::Cpu, probe::probe, |ctx| {
+        Ok(Box::new(connect(ctx)?))
+    });
 
 fn staging_from_env() -> Result<usize> {
     match std::env::var("ACCEL_MPI_STAGING_BYTES") {
@@ -170,8 +137,8 @@ fn staging_from_env() -> Result<usize> {
     }
 }
 
-/// Connect the world communicator of this rank (what [`Backend::connect`]
-/// does, with the concrete type).
+/// Connect the world communicator of this rank (what [`BACKEND`] does,
+/// with the concrete type).
 ///
 /// # Errors
 /// [`ErrorKind::InvalidConfig`] for a rank outside the world, a non-CPU
@@ -186,22 +153,7 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
             .with_backend(NAME)
             .with_rank(ctx.rank)
     };
-    if ctx.world_size == 0 || ctx.rank >= ctx.world_size {
-        return Err(fail(
-            ErrorKind::InvalidConfig,
-            format!(
-                "rank {} is not in a world of {} ranks",
-                ctx.rank, ctx.world_size
-            ),
-        ));
-    }
-    if !ctx.device.is_cpu() {
-        return Err(fail(
-            ErrorKind::InvalidConfig,
-            format!("mpi drives host memory only, not {}", ctx.device),
-        )
-        .with_fix("pick a backend for that device, or the cpu device"));
-    }
+    ctx.check(NAME, DeviceKind::Cpu)?;
     let staging = staging_from_env()?;
     let init = ffi::init().map_err(|e| {
         fail(ErrorKind::Backend, format!("MPI_Init_thread failed: {e}"))
@@ -224,8 +176,6 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
         library: init.library.clone(),
         tag_ub: init.tag_ub,
         staging,
-        device: ctx.device,
-        timeout: ctx.timeout,
         threading: ffi::threading_name(init.threading),
         initialized_here: init.initialized_here,
     });
@@ -256,12 +206,8 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
             ))
         }
     };
-    Ok(accel_api::Group::new(MpiEngine::new(
-        comm,
-        ctx.rank,
-        ctx.world_size,
-        shared,
-    )))
+    let info = accel_api::EngineInfo::world(NAME, &ctx);
+    Ok(accel_api::Group::new(MpiEngine::new(comm, info, shared)))
 }
 
-accel_api::submit_backend!(|| Box::new(MpiBackend));
+accel_api::submit_backend!(|| Box::new(BACKEND));

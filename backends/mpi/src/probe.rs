@@ -27,7 +27,8 @@ pub fn engine_version() -> String {
     ffi::library_version()
 }
 
-pub(crate) fn probe(ctx: &ProbeContext) -> Probe {
+/// Available when an MPI launcher started this process.
+pub fn probe(ctx: &ProbeContext) -> Probe {
     let env = |k: &str| std::env::var(k).ok();
     if !(ctx.mpi_launched || launched_by_mpi(&env)) {
         return Probe::unavailable(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    bf16, f16, Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, Device, ErrorKind,
+    bf16, f16, Backend, Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, ErrorKind,
     HostBuf, HostBufMut, ReduceOp,
 };
 use accel_backend_mpi::{mpirun_command, MpiFlavor, MpirunSpec};
@@ -83,17 +83,16 @@ fn connect(timeout: Duration) -> Box<dyn Communicator> {
         .unwrap()
         .parse()
         .unwrap();
-    accel_backend_mpi::backend()
-        .connect(ConnectContext {
-            rank,
-            world_size: world,
-            local_rank: rank,
-            local_world_size: world,
-            device: Device::CPU,
-            timeout,
-            store: Arc::new(accel_rendezvous::MemoryStore::new()),
-            run_id: "test".into(),
-        })
+    accel_backend_mpi::BACKEND
+        .connect(
+            ConnectContext::local(
+                rank,
+                world,
+                timeout,
+                Arc::new(accel_rendezvous::MemoryStore::new()),
+            )
+            .with_run_id("test"),
+        )
         .expect("connect")
 }
 
@@ -369,16 +368,15 @@ fn mismatch_child() {
     if std::env::var_os("ACCEL_MPI_MISMATCH_CHILD").is_none() {
         return;
     }
-    let e = accel_backend_mpi::connect(ConnectContext {
-        rank: 1,
-        world_size: 2,
-        local_rank: 1,
-        local_world_size: 2,
-        device: Device::CPU,
-        timeout: Duration::from_secs(5),
-        store: Arc::new(accel_rendezvous::MemoryStore::new()),
-        run_id: "x".into(),
-    })
+    let e = accel_backend_mpi::connect(
+        ConnectContext::local(
+            1,
+            2,
+            Duration::from_secs(5),
+            Arc::new(accel_rendezvous::MemoryStore::new()),
+        )
+        .with_run_id("x"),
+    )
     .unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::InvalidConfig), "{e}");
     let s = e.to_string();

@@ -5,18 +5,16 @@
 use std::time::Duration;
 
 use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, Device, DeviceKind, Engine, Group, Op, ReduceOp,
-    Result,
+    host, host_mut, Buf, BufMut, Capabilities, Device, DeviceKind, Engine, EngineInfo, Group, Op,
+    ReduceOp, Result,
 };
 
 use crate::NAME;
 
 /// The engine of a one-rank group.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct SingleEngine {
-    name: &'static str,
-    device: Device,
-    timeout: Duration,
+    info: EngineInfo,
 }
 
 /// The communicator of a one-rank group.
@@ -38,9 +36,13 @@ pub fn communicator_named(
     timeout: Duration,
 ) -> SingleCommunicator {
     Group::new(SingleEngine {
-        name,
-        device,
-        timeout,
+        info: EngineInfo {
+            backend: name.to_string(),
+            rank: 0,
+            world_size: 1,
+            device,
+            timeout,
+        },
     })
 }
 
@@ -53,24 +55,8 @@ fn copy(op: Op, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
 }
 
 impl Engine for SingleEngine {
-    fn backend_name(&self) -> &str {
-        self.name
-    }
-
-    fn rank(&self) -> usize {
-        0
-    }
-
-    fn world_size(&self) -> usize {
-        1
-    }
-
-    fn device(&self) -> Device {
-        self.device
-    }
-
-    fn timeout(&self) -> Duration {
-        self.timeout
+    fn info(&self) -> &EngineInfo {
+        &self.info
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -137,7 +123,7 @@ impl Engine for SingleEngine {
     }
 
     fn split(&self, color: Option<u32>, _key: u32) -> Result<Option<Self>> {
-        Ok(color.map(|_| *self))
+        Ok(color.map(|_| self.clone()))
     }
 }
 

@@ -8,8 +8,8 @@
 mod engine;
 
 use accel_api::{
-    Backend, Communicator, ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext,
-    Result, PRIORITY_FALLBACK,
+    ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext, Result, StaticBackend,
+    PRIORITY_FALLBACK,
 };
 
 pub use engine::{communicator, communicator_named, SingleCommunicator, SingleEngine};
@@ -18,40 +18,25 @@ pub use engine::{communicator, communicator_named, SingleCommunicator, SingleEng
 pub const NAME: &str = "single";
 
 /// The `single` backend.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SingleBackend;
+pub const BACKEND: StaticBackend =
+    StaticBackend::new(NAME, PRIORITY_FALLBACK, DeviceKind::Cpu, probe, |ctx| {
+        Ok(Box::new(connect_named(NAME, ctx)?))
+    });
 
-impl Backend for SingleBackend {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn priority(&self) -> i32 {
-        PRIORITY_FALLBACK
-    }
-
-    fn device_kind(&self) -> DeviceKind {
-        DeviceKind::Cpu
-    }
-
-    fn probe(&self, ctx: &ProbeContext) -> Probe {
-        if ctx.world_size == 1 {
-            Probe::available(1, Some(env!("CARGO_PKG_VERSION").to_string()))
-        } else {
-            Probe::unavailable(format!(
-                "the single backend runs one process only, this run has {}",
-                ctx.world_size
-            ))
-        }
-    }
-
-    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        connect_named(NAME, ctx).map(|c| Box::new(c) as Box<dyn Communicator>)
+/// Available exactly when the run has one process.
+pub fn probe(ctx: &ProbeContext) -> Probe {
+    if ctx.world_size == 1 {
+        Probe::available(1, Some(env!("CARGO_PKG_VERSION").to_string()))
+    } else {
+        Probe::unavailable(format!(
+            "the single backend runs one process only, this run has {}",
+            ctx.world_size
+        ))
     }
 }
 
 /// Connect a one-rank group reporting `name` as its backend (what
-/// [`Backend::connect`] does with [`NAME`]); plugins that reuse this engine
+/// [`BACKEND`] does with [`NAME`]); plugins that reuse this engine
 /// call it with their own name.
 ///
 /// # Errors
@@ -72,4 +57,4 @@ pub fn connect_named(name: &'static str, ctx: ConnectContext) -> Result<SingleCo
     Ok(communicator_named(name, ctx.device, ctx.timeout))
 }
 
-accel_api::submit_backend!(|| Box::new(SingleBackend));
+accel_api::submit_backend!(|| Box::new(BACKEND));

@@ -4,9 +4,5 @@ use std::sync::Arc;
 
 #[test]
 fn the_suite_passes_on_one_rank() {
-    accel_conformance::assert_conformance(
-        Arc::new(accel_backend_single::SingleBackend),
-        &[1],
-        None,
-    );
+    accel_conformance::assert_conformance(Arc::new(accel_backend_single::BACKEND), &[1], None);
 }

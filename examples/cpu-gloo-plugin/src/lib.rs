@@ -5,36 +5,18 @@
 //! `cpu-gloo` in errors, since that is the engine that ran.
 #![deny(unsafe_code)]
 
-use accel_api::{Backend, Communicator, ConnectContext, DeviceKind, Probe, ProbeContext, Result};
-use accel_backend_cpu_gloo::CpuGlooBackend;
+use accel_api::{DeviceKind, StaticBackend, PRIORITY_CPU};
 
 /// The registered name.
 pub const NAME: &str = "cpu-gloo-plugin";
 
-/// cpu-gloo under another name.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuGlooPlugin;
+/// cpu-gloo under another name, one below its priority.
+pub const BACKEND: StaticBackend = StaticBackend::new(
+    NAME,
+    PRIORITY_CPU - 1,
+    DeviceKind::Cpu,
+    accel_backend_cpu_gloo::probe,
+    |ctx| Ok(Box::new(accel_backend_cpu_gloo::connect(ctx)?)),
+);
 
-accel_plugin::export_plugin!(CpuGlooPlugin);
-
-impl Backend for CpuGlooPlugin {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn priority(&self) -> i32 {
-        CpuGlooBackend::new().priority() - 1
-    }
-
-    fn device_kind(&self) -> DeviceKind {
-        CpuGlooBackend::new().device_kind()
-    }
-
-    fn probe(&self, ctx: &ProbeContext) -> Probe {
-        CpuGlooBackend::new().probe(ctx)
-    }
-
-    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        CpuGlooBackend::new().connect(ctx)
-    }
-}
+accel_plugin::export_plugin!(BACKEND);

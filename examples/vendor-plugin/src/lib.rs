@@ -23,42 +23,18 @@
 //! (`ACCEL_BACKEND=vendor-single`).
 #![deny(unsafe_code)]
 
-use accel_api::{
-    Backend, Communicator, ConnectContext, DeviceKind, Probe, ProbeContext, Result,
-    PRIORITY_FALLBACK,
-};
-use accel_backend_single::SingleBackend;
+use accel_api::{DeviceKind, StaticBackend, PRIORITY_FALLBACK};
 
 /// The registered name of this plugin's backend.
 pub const NAME: &str = "vendor-single";
 
 /// The `single` engine under the name `vendor-single`.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct VendorSingle {
-    inner: SingleBackend,
-}
+pub const BACKEND: StaticBackend = StaticBackend::new(
+    NAME,
+    PRIORITY_FALLBACK - 1,
+    DeviceKind::Cpu,
+    accel_backend_single::probe,
+    |ctx| Ok(Box::new(accel_backend_single::connect_named(NAME, ctx)?)),
+);
 
-accel_plugin::export_plugin!(VendorSingle::default());
-
-impl Backend for VendorSingle {
-    fn name(&self) -> &str {
-        NAME
-    }
-
-    fn priority(&self) -> i32 {
-        PRIORITY_FALLBACK - 1
-    }
-
-    fn device_kind(&self) -> DeviceKind {
-        DeviceKind::Cpu
-    }
-
-    fn probe(&self, ctx: &ProbeContext) -> Probe {
-        self.inner.probe(ctx)
-    }
-
-    fn connect(&self, ctx: ConnectContext) -> Result<Box<dyn Communicator>> {
-        let comm = accel_backend_single::connect_named(NAME, ctx)?;
-        Ok(Box::new(comm))
-    }
-}
+accel_plugin::export_plugin!(BACKEND);

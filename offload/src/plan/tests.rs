@@ -377,3 +377,48 @@ fn largest_layer_respects_no_split() {
     };
     assert_eq!(largest_layer(&blocks(), &o).1.len(), 4);
 }
+
+#[test]
+fn masked_max_agrees_with_a_plain_scan() {
+    // Deterministic pseudo-random ranges masked and unmasked, checked
+    // against recomputing the maximum over the unmasked values.
+    let vals: Vec<u64> = (0..37u64).map(|i| (i * 7919) % 13).collect();
+    let mut t = MaskedMax::new(vals.clone());
+    let mut mask = vec![0i32; vals.len()];
+    let mut active: Vec<std::ops::Range<usize>> = vec![];
+    let mut x = 12345u64;
+    let mut next = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    for _ in 0..400 {
+        if active.is_empty() || next(3) > 0 {
+            let a = next(vals.len() as u64) as usize;
+            let b = a + next((vals.len() - a) as u64 + 1) as usize;
+            t.mask(a..b, 1);
+            mask[a..b].iter_mut().for_each(|m| *m += 1);
+            active.push(a..b);
+        } else {
+            let r = active.swap_remove(next(active.len() as u64) as usize);
+            t.mask(r.clone(), -1);
+            mask[r].iter_mut().for_each(|m| *m -= 1);
+        }
+        let want = (0..vals.len())
+            .filter(|&i| mask[i] == 0)
+            .map(|i| vals[i])
+            .max()
+            .unwrap_or(0);
+        assert_eq!(t.max(), want);
+        let mut got = vec![];
+        if want > 0 {
+            t.each_equal(want, &mut |k| got.push(k));
+        }
+        let expect: Vec<usize> = (0..vals.len())
+            .filter(|&i| want > 0 && mask[i] == 0 && vals[i] == want)
+            .collect();
+        assert_eq!(got, expect);
+        assert_eq!(t.first_max(), expect.first().copied());
+    }
+}

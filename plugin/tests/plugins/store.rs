@@ -3,8 +3,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_api::{
-    Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, Device, ErrorKind, ProbeContext,
-    ReduceOp, Store, StoreExt,
+    Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, ErrorKind, ProbeContext, ReduceOp,
+    Store, StoreExt,
 };
 use accel_plugin::load_plugin;
 use accel_rendezvous::MemoryStore;
@@ -16,16 +16,9 @@ fn connect(
     store: &Arc<MemoryStore>,
     run_id: &str,
 ) -> accel_api::Result<Box<dyn Communicator>> {
-    load_plugin(plugin).unwrap().connect(ConnectContext {
-        rank: 0,
-        world_size: 1,
-        local_rank: 0,
-        local_world_size: 1,
-        device: Device::CPU,
-        timeout: Duration::from_secs(5),
-        store: store.clone(),
-        run_id: run_id.into(),
-    })
+    load_plugin(plugin).unwrap().connect(
+        ConnectContext::local(0, 1, Duration::from_secs(5), store.clone()).with_run_id(run_id),
+    )
 }
 
 #[test]

@@ -11,16 +11,8 @@ use accel_rendezvous::MemoryStore;
 use crate::common::{err, with_plugins};
 
 fn ctx(rank: usize, world_size: usize, timeout: Duration) -> ConnectContext {
-    ConnectContext {
-        rank,
-        world_size,
-        local_rank: rank,
-        local_world_size: world_size,
-        device: Device::CPU,
-        timeout,
-        store: Arc::new(MemoryStore::new()),
-        run_id: "vendor-test".into(),
-    }
+    ConnectContext::local(rank, world_size, timeout, Arc::new(MemoryStore::new()))
+        .with_run_id("vendor-test")
 }
 
 fn connect(path: &std::path::Path, timeout: Duration) -> Box<dyn Communicator> {

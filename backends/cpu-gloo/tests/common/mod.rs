@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use accel_api::{Backend, Communicator, ConnectContext, Device, Result, Store};
-use accel_backend_cpu_gloo::CpuGlooBackend;
+use accel_api::{Backend, Communicator, ConnectContext, Result, Store};
+use accel_backend_cpu_gloo::BACKEND;
 use accel_rendezvous::MemoryStore;
 
 pub fn context(
@@ -19,16 +19,7 @@ pub fn context(
     world: usize,
     timeout: Duration,
 ) -> ConnectContext {
-    ConnectContext {
-        rank,
-        world_size: world,
-        local_rank: rank,
-        local_world_size: world,
-        device: Device::CPU,
-        timeout,
-        store,
-        run_id: "test".to_string(),
-    }
+    ConnectContext::local(rank, world, timeout, store).with_run_id("test")
 }
 
 pub fn connect(
@@ -37,7 +28,7 @@ pub fn connect(
     world: usize,
     timeout: Duration,
 ) -> Result<Box<dyn Communicator>> {
-    CpuGlooBackend.connect(context(store, rank, world, timeout))
+    BACKEND.connect(context(store, rank, world, timeout))
 }
 
 /// Run `f(rank, communicator)` on `world` threads connected through a fresh
