@@ -51,8 +51,27 @@ lint: setup
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
 
+# Python packages the tests read accel's files back with: TensorBoard's
+# event reader (the tensorboard tracker) and safetensors (save_model), in a
+# venv kept out of git. The tests find it at .venv-tb (or ACCEL_PYTHON);
+# outside CI they skip with the reason when it is missing.
+VENV_TB := $(CURDIR)/.venv-tb
+VENV_TB_PACKAGES := tensorboard==2.21.0 safetensors==0.8.0 numpy==2.4.6
+
+.PHONY: venv-tb
+venv-tb:
+	@if $(VENV_TB)/bin/python -c "import tensorboard, safetensors, numpy" 2>/dev/null; then \
+	  echo "venv-tb: present"; \
+	else \
+	  python3 -m venv $(VENV_TB) 2>/dev/null || { \
+	    SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	    $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q python3-venv && \
+	    rm -rf $(VENV_TB) && python3 -m venv $(VENV_TB); }; \
+	  $(VENV_TB)/bin/pip install -q $(VENV_TB_PACKAGES); \
+	fi
+
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
-unit: setup pjrt-setup
+unit: setup pjrt-setup venv-tb
 	$(CARGO) test --workspace --no-fail-fast
 	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
 

@@ -1,10 +1,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use accel_api::{Communicator, CommunicatorExt, ConnectContext, Element, ReduceOp, Result, Store};
+use accel_api::{Communicator, CommunicatorExt, ConnectContext, ReduceOp, Result, Store};
 use accel_rendezvous::PrefixStore;
 
 use crate::registry::Registry;
+use crate::scalar::Scalar;
 use crate::state::{self, ProcessState};
 
 /// The connected runtime of one process: its [`ProcessState`], the chosen
@@ -231,54 +232,78 @@ impl Accelerator {
     }
 
     /// This rank's contiguous share of `items`: `len / world_size` each, the
-    /// first `len % world_size` ranks one more.
+    /// first `len % world_size` ranks one more (Accelerate's
+    /// `split_between_processes`). Not collective.
     pub fn split_between_processes<'a, T>(&self, items: &'a [T]) -> &'a [T] {
         &items[self.state.split_range(items.len())]
     }
 
     /// Like [`split_between_processes`](Self::split_between_processes), but
-    /// every rank gets the same count: short shares are padded by repeating
-    /// their last element (or, for an empty share, the last element of
-    /// `items`). Empty `items` give empty shares.
+    /// every rank gets the same count, `ceil(len / world_size)`: short
+    /// shares are padded with the **last element of `items`**, as
+    /// Accelerate's `apply_padding` does (7 items on 3 ranks: `[0, 1, 2]`,
+    /// `[3, 4, 6]`, `[5, 6, 6]`). Empty `items` give empty shares (where
+    /// Accelerate raises). Not collective.
     pub fn split_between_processes_padded<T: Clone>(&self, items: &[T]) -> Vec<T> {
-        let n = self.world_size();
-        let want = items.len().div_ceil(n);
-        let mut share = self.split_between_processes(items).to_vec();
-        if let Some(fill) = share.last().or(items.last()).cloned() {
-            share.resize(want, fill);
-        }
-        share
+        accel_sharding::split_share(items, self.world_size(), self.rank(), true)
     }
 
-    /// Print on the local main process only (one line per machine).
-    pub fn print(&self, args: fmt::Arguments<'_>) {
-        if self.is_local_main_process() {
-            println!("{args}");
-        }
-    }
-
-    /// All-reduce a slice in place.
+    /// [`split_between_processes`](Self::split_between_processes) for a map
+    /// of lists (Accelerate's dict form): every value is split alike, so the
+    /// `i`-th items of all keys land on the same rank; `apply_padding` pads
+    /// each as [`split_between_processes_padded`](Self::split_between_processes_padded).
+    /// Not collective.
     ///
     /// # Errors
-    /// As [`Communicator::all_reduce`].
-    pub fn all_reduce<T: Element>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
-        self.comm.all_reduce_slice(data, op)
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// naming two keys whose lists differ in length.
+    pub fn split_between_processes_map<K: Ord + Clone + fmt::Debug, T: Clone>(
+        &self,
+        map: &std::collections::BTreeMap<K, Vec<T>>,
+        apply_padding: bool,
+    ) -> Result<std::collections::BTreeMap<K, Vec<T>>> {
+        accel_sharding::split_map(map, self.world_size(), self.rank(), apply_padding)
+            .map_err(|e| e.with_rank(self.rank()))
     }
 
-    /// Gather equal-size slices from every rank, in rank order, on every rank.
+    /// Print a line on the local main process only (one line per machine;
+    /// Accelerate's `print`). Takes anything printable:
+    /// `acc.print("done")`, `acc.print(format!("loss {loss:.4}"))` or, without
+    /// allocating, `acc.print(format_args!("loss {loss:.4}"))`.
+    pub fn print(&self, message: impl fmt::Display) {
+        if self.is_local_main_process() {
+            println!("{message}");
+        }
+    }
+
+    /// All-reduce a slice in place. Takes every [`Scalar`]: the engines'
+    /// element types, and `u32`, `u64`, `usize`, `bool` reduced exactly
+    /// (see [`Scalar`]). Collective.
+    ///
+    /// # Errors
+    /// As [`Communicator::all_reduce`], and as [`Scalar::all_reduce`]
+    /// (an overflowing integer sum is `InvalidArgument`, `mean` of `bool`
+    /// `Unsupported`).
+    pub fn all_reduce<T: Scalar>(&self, data: &mut [T], op: ReduceOp) -> Result<()> {
+        T::all_reduce(&*self.comm, data, op).map_err(|e| e.with_rank(self.rank()))
+    }
+
+    /// Gather equal-size slices from every rank, in rank order, on every
+    /// rank. Takes every [`Scalar`]. Collective.
     ///
     /// # Errors
     /// As [`Communicator::all_gather`].
-    pub fn gather<T: Element>(&self, data: &[T]) -> Result<Vec<T>> {
-        self.comm.all_gather_vec(data)
+    pub fn gather<T: Scalar>(&self, data: &[T]) -> Result<Vec<T>> {
+        Ok(T::from_wire(self.comm.all_gather_vec(&T::to_wire(data))?))
     }
 
-    /// Broadcast a slice from `root` in place.
+    /// Broadcast a slice from `root` in place. Takes every [`Scalar`].
+    /// Collective.
     ///
     /// # Errors
     /// As [`Communicator::broadcast`].
-    pub fn broadcast<T: Element>(&self, data: &mut [T], root: usize) -> Result<()> {
-        self.comm.broadcast_slice(data, root)
+    pub fn broadcast<T: Scalar>(&self, data: &mut [T], root: usize) -> Result<()> {
+        T::broadcast(&*self.comm, data, root)
     }
 
     /// Abort the group with `reason`: every later collective fails.

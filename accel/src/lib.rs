@@ -20,9 +20,13 @@
 //! * [`Registry`]: compiled-in backends (one cargo feature each), plugins
 //!   from `ACCEL_PLUGIN_PATH`, the probe table and `ACCEL_BACKEND`.
 //! * [`Accelerator`]: the connected runtime and execution control.
-//! * [`train`]: the training loop: `prepare`, gradient accumulation and
-//!   bucketed gradient averaging, `gather_for_metrics`, RNG, triggers, and
-//!   exact-resume checkpoints (`save_state` / `load_state`).
+//! * [`train`]: the training loop: `prepare` (map-style and streaming
+//!   loaders, sharded or dispatched), gradient accumulation and bucketed
+//!   gradient averaging, `gather_for_metrics`, RNG, triggers, exact-resume
+//!   checkpoints (`save_state` / `load_state`), `save_model` in the Hugging
+//!   Face layout, and trackers (JSON Lines, TensorBoard).
+//! * [`Scalar`]: what gathers and reductions take: the engines' element
+//!   types plus `u32`, `u64`, `usize` and `bool`, reduced exactly.
 //! * [`install_panic_hook`]: root-cause reports for the launcher.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -33,6 +37,7 @@ mod debug;
 mod lifeline;
 mod panic_hook;
 mod registry;
+mod scalar;
 pub mod state;
 pub mod train;
 pub mod worker_env;
@@ -44,6 +49,7 @@ pub use debug::{debug_communicator, DebugCommunicator, DebugLayer};
 pub use lifeline::tie_to_launcher;
 pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
 pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};
+pub use scalar::Scalar;
 pub use state::{state, LaunchSource, ProcessState};
 pub use worker_env::WorkerEnv;
 

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use accel::train::{DataLoader, Dataset, Parameters, Sgd, TrainConfig};
+use accel::train::{
+    DataLoader, Dataset, IterableDataset, IterableLoader, Parameters, Sgd, TrainConfig,
+};
 use accel::{Accelerator, CollectivesExt};
 use accel_api::Op;
 use accel_example_train::{Mlp, Synthetic};
@@ -46,7 +48,99 @@ pub(crate) fn train_scenarios() -> Vec<Scenario> {
             gate: gate_train,
             run: train_resume,
         },
+        Scenario {
+            name: "train_streams",
+            gate: gate_train,
+            run: train_streams,
+        },
     ]
+}
+
+/// `0..len` as a stream; only the main process has data when `main_only`
+/// (so a loader that did not dispatch would see nothing elsewhere).
+#[derive(Clone, Copy)]
+struct Stream {
+    len: usize,
+    main_only: bool,
+    main: bool,
+}
+
+impl IterableDataset for Stream {
+    type Item = u64;
+    fn iter(&self, _epoch: u64) -> Box<dyn Iterator<Item = u64> + Send> {
+        let n = if self.main_only && !self.main {
+            0
+        } else {
+            self.len as u64
+        };
+        Box::new(0..n)
+    }
+    fn len(&self) -> Option<usize> {
+        Some(self.len)
+    }
+}
+
+/// Iterable loaders, sharded and dispatched from the main process: one
+/// epoch's gather_for_metrics is the stream (without what drop_last drops),
+/// and every rank yields the length it reports.
+fn train_streams(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    for dispatch in [false, true] {
+        for (len, bs, split, drop_last) in [
+            (11, 2, false, false),
+            (10, 2, false, true),
+            (7, n, true, false),
+            (1, 2, false, false),
+            (0, 2, false, false),
+        ] {
+            let case = format!(
+                "dispatch {dispatch} len {len} bs {bs} split {split} drop_last {drop_last}"
+            );
+            let run = || -> Result<(), String> {
+                let acc = acc(
+                    ctx,
+                    TrainConfig {
+                        dispatch_batches: Some(dispatch),
+                        split_batches: split,
+                        ..TrainConfig::default()
+                    },
+                )?;
+                let data = Stream {
+                    len,
+                    main_only: dispatch,
+                    main: acc.is_main_process(),
+                };
+                let mut l = acc
+                    .prepare_iterable_loader(IterableLoader::new(data, bs).drop_last(drop_last))
+                    .map_err(err)?;
+                let (mut seen, mut count) = (Vec::new(), 0);
+                while let Some(b) = l.next_batch().map_err(err)? {
+                    seen.extend(acc.gather_for_metrics(&b.items, &b).map_err(err)?);
+                    count += 1;
+                }
+                let global = if split { bs } else { bs * n };
+                let kept = if drop_last {
+                    len / global * global
+                } else {
+                    len
+                };
+                if seen != (0..kept as u64).collect::<Vec<_>>() {
+                    return Err(format!("gather_for_metrics gave {seen:?}, want 0..{kept}"));
+                }
+                if l.len() != Some(count) {
+                    return Err(format!(
+                        "len() says {:?}, the epoch had {count} batches",
+                        l.len()
+                    ));
+                }
+                Ok(())
+            };
+            if let Err(m) = run() {
+                return Outcome::Fail(format!("{case}: {m}"));
+            }
+        }
+    }
+    Outcome::Pass
 }
 
 fn gate_train(ctx: &Ctx) -> Option<String> {
@@ -153,14 +247,7 @@ fn check_epoch(
     let n = ctx.world_size();
     let case = format!("len {len} bs {bs} drop_last {drop_last} split {split} even {even}");
     let (got, metrics) = one_epoch(ctx, len, bs, drop_last, split, even, metrics)?;
-    let want = reference::shard_all(
-        &reference::global_batches(len, bs, drop_last),
-        Some(bs),
-        drop_last,
-        n,
-        split,
-        even,
-    );
+    let want = reference::loader_all(len, bs, drop_last, n, split, even);
     if got != want {
         return Err(format!("{case}: shards {got:?}, reference {want:?}"));
     }
@@ -420,7 +507,7 @@ fn run(
         while let Some(b) = loader.next_batch() {
             let d = acc.accumulate(&b);
             // Per-rank noise from the checkpointed RNG.
-            let noise = acc.rng().normal() * 0.01;
+            let noise = acc.rng().map_err(|e| e.to_string())?.normal() * 0.01;
             let items: Vec<_> = b
                 .items
                 .iter()

@@ -35,13 +35,27 @@ pub struct FileEntry {
 }
 
 /// The manifest: every file of the checkpoint (relative path with `/`
-/// separators) with its size and checksum.
+/// separators) with its size and checksum, and a checksum of its own list.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
     /// Format version, currently 1.
     pub version: u32,
     /// Files by relative path.
     pub files: BTreeMap<String, FileEntry>,
+    /// Lower-case hex SHA-256 of the compact JSON of `files`, so an altered
+    /// manifest is reported as itself rather than as the file whose entry
+    /// changed. Absent in manifests written before it existed (then not
+    /// checked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+impl Manifest {
+    /// The checksum [`digest`](Self::digest) should hold for `files`.
+    pub fn compute_digest(&self) -> String {
+        let bytes = serde_json::to_vec(&self.files).expect("manifest entries serialise");
+        hex(&Sha256::digest(&bytes))
+    }
 }
 
 fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -162,6 +176,7 @@ pub struct CheckpointWriter {
     final_dir: PathBuf,
     temp_dir: PathBuf,
     done: bool,
+    with_manifest: bool,
 }
 
 impl CheckpointWriter {
@@ -182,7 +197,17 @@ impl CheckpointWriter {
             final_dir,
             temp_dir,
             done: false,
+            with_manifest: true,
         })
+    }
+
+    /// The same writer, but [`commit`](Self::commit) writes no
+    /// `manifest.json`: for directories in another program's layout (a
+    /// Hugging Face model folder) that still need the atomic, fsynced
+    /// rename. The returned [`Manifest`] still lists every file.
+    pub fn without_manifest(mut self) -> CheckpointWriter {
+        self.with_manifest = false;
+        self
     }
 
     /// The temporary directory files are written to.
@@ -225,11 +250,16 @@ impl CheckpointWriter {
         let mut manifest = Manifest {
             version: 1,
             files: BTreeMap::new(),
+            digest: None,
         };
         for name in names.into_iter().filter(|n| n != MANIFEST_FILE) {
             let entry = hash_file(&self.temp_dir.join(&name))?;
             manifest.files.insert(name, entry);
         }
+        if !self.with_manifest {
+            return Ok(manifest);
+        }
+        manifest.digest = Some(manifest.compute_digest());
         let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
         write_file_synced(&self.temp_dir.join(MANIFEST_FILE), &bytes)?;
         // Sub-directories first, then the temporary root.
@@ -378,6 +408,15 @@ pub fn read_manifest(dir: impl AsRef<Path>) -> Result<Manifest> {
             path.display(),
             m.version
         )));
+    }
+    if let Some(want) = &m.digest {
+        let got = m.compute_digest();
+        if &got != want {
+            return Err(corrupt(format!(
+                "{} is corrupted: its entries hash to {got}, the manifest says {want}",
+                path.display()
+            )));
+        }
     }
     Ok(m)
 }
@@ -550,19 +589,127 @@ impl CheckpointDir {
     /// removed paths. Call it after a new checkpoint is
     /// committed, so the newest durable one is never the one removed.
     ///
+    /// # Behavior
+    /// Each checkpoint is first renamed to the hidden `.checkpoint_N.pruning`
+    /// (and the folder fsynced), then deleted, so a process killed while
+    /// deleting never leaves a half-deleted `checkpoint_N` that
+    /// [`list`](Self::list) would show; leftovers of such a kill are deleted
+    /// by the next prune.
+    ///
     /// # Errors
     /// [`ErrorKind::Io`] naming the directory that could not be removed.
     pub fn prune(&self) -> Result<Vec<PathBuf>> {
+        self.prune_with(|p| fs::remove_dir_all(p))
+    }
+
+    fn prune_with(&self, remove: impl Fn(&Path) -> std::io::Result<()>) -> Result<Vec<PathBuf>> {
         let Some(limit) = self.total_limit else {
             return Ok(Vec::new());
         };
         let all = self.list()?;
         let excess = all.len().saturating_sub(limit.max(1));
+        let mut doomed = Vec::new();
+        for (n, p) in all.into_iter().take(excess) {
+            let hidden = self.root.join(format!(".checkpoint_{n}.pruning"));
+            if hidden.exists() {
+                remove(&hidden).map_err(|e| io_err("cannot remove", &hidden, e))?;
+            }
+            fs::rename(&p, &hidden).map_err(|e| io_err("cannot move aside", &p, e))?;
+            doomed.push((p, hidden));
+        }
+        if !doomed.is_empty() {
+            sync_dir(&self.root)?;
+        }
+        for leftover in self.pruning_leftovers()? {
+            if !doomed.iter().any(|(_, h)| *h == leftover) {
+                remove(&leftover).map_err(|e| io_err("cannot remove", &leftover, e))?;
+            }
+        }
         let mut removed = Vec::new();
-        for (_, p) in all.into_iter().take(excess) {
-            fs::remove_dir_all(&p).map_err(|e| io_err("cannot remove", &p, e))?;
+        for (p, hidden) in doomed {
+            remove(&hidden).map_err(|e| io_err("cannot remove", &hidden, e))?;
             removed.push(p);
         }
         Ok(removed)
+    }
+
+    /// Hidden `.checkpoint_N.pruning` directories left by a killed prune.
+    fn pruning_leftovers(&self) -> Result<Vec<PathBuf>> {
+        let rd = match fs::read_dir(&self.root) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("cannot list", &self.root, e)),
+        };
+        let mut out = Vec::new();
+        for e in rd {
+            let e = e.map_err(|err| io_err("cannot list", &self.root, err))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let inner = name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(".pruning"));
+            if inner.and_then(parse_checkpoint_name).is_some() {
+                out.push(e.path());
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn make(root: &Path, n: u64) {
+        let mut w = CheckpointWriter::create(root.join(format!("checkpoint_{n}"))).unwrap();
+        w.write("a.bin", &[1, 2, 3]).unwrap();
+        w.write("sub/b.bin", &[4, 5]).unwrap();
+        w.commit().unwrap();
+    }
+
+    #[test]
+    fn a_prune_killed_while_deleting_leaves_no_half_deleted_checkpoint_visible() {
+        let tmp = tempfile::tempdir().unwrap();
+        for n in 0..3 {
+            make(tmp.path(), n);
+        }
+        let dir = CheckpointDir::new(tmp.path(), Some(1));
+        // A "kill" after the first file of the directory is gone: remove one
+        // file, then stop with an error as a dead process would.
+        let killed = dir.prune_with(|p| {
+            fs::remove_file(p.join("a.bin"))?;
+            Err(std::io::Error::other("killed"))
+        });
+        assert!(killed.is_err());
+        let visible: Vec<u64> = dir.list().unwrap().into_iter().map(|(n, _)| n).collect();
+        for (n, p) in dir.list().unwrap() {
+            verify_checkpoint(&p)
+                .unwrap_or_else(|e| panic!("checkpoint_{n} is visible but broken: {e}"));
+        }
+        assert!(visible.contains(&2), "{visible:?}");
+        // The next prune finishes the job and removes the leftovers.
+        dir.prune().unwrap();
+        let names: Vec<String> = fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, vec!["checkpoint_2".to_string()]);
+    }
+
+    #[test]
+    fn an_altered_manifest_is_reported_as_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        make(tmp.path(), 0);
+        let path = tmp.path().join("checkpoint_0").join(MANIFEST_FILE);
+        let text = fs::read_to_string(&path).unwrap();
+        let m: Manifest = serde_json::from_str(&text).unwrap();
+        let sum = &m.files["a.bin"].sha256;
+        let flipped = if sum.starts_with('0') { "1" } else { "0" };
+        let altered = text.replacen(sum.as_str(), &format!("{flipped}{}", &sum[1..]), 1);
+        assert_ne!(altered, text);
+        fs::write(&path, altered).unwrap();
+        let e = verify_checkpoint(tmp.path().join("checkpoint_0")).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(MANIFEST_FILE), "{msg}");
+        assert!(!msg.contains("a.bin"), "{msg}");
     }
 }

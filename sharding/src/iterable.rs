@@ -73,6 +73,33 @@ where
     })
 }
 
+/// How many chunks [`shard_iterable`] yields to every rank for a stream of
+/// `dataset_len` items (when the stream's length is known): one per global
+/// step of `batch_size * num_processes` items (`batch_size` with
+/// `split_batches`), the partial last step counted unless `drop_last`.
+///
+/// # Behavior
+/// Agrees with iterating [`shard_iterable`] over exactly `dataset_len`
+/// items, for every rank (each rank gets one chunk per step). A zero batch
+/// size or world size counts as no chunk.
+pub fn iterable_len(
+    dataset_len: usize,
+    batch_size: usize,
+    drop_last: bool,
+    num_processes: usize,
+    split_batches: bool,
+) -> usize {
+    let global = if split_batches {
+        batch_size
+    } else {
+        batch_size.saturating_mul(num_processes)
+    };
+    if global == 0 {
+        return 0;
+    }
+    dataset_len / global + usize::from(!drop_last && !dataset_len.is_multiple_of(global))
+}
+
 /// Iterator returned by [`shard_iterable`].
 pub struct IterableShard<I: Iterator> {
     inner: I,
@@ -167,5 +194,34 @@ where
             remainder: 0,
             end_of_dataloader: end,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_length_agrees_with_what_every_rank_yields() {
+        for n in 1..=4 {
+            for bs in 1..=4 {
+                for split in [false, true] {
+                    if split && bs % n != 0 {
+                        continue;
+                    }
+                    for drop_last in [false, true] {
+                        for len in 0..=25 {
+                            let want = iterable_len(len, bs, drop_last, n, split);
+                            for r in 0..n {
+                                let got = shard_iterable(0..len, bs, drop_last, n, r, split)
+                                    .unwrap()
+                                    .count();
+                                assert_eq!(got, want, "len {len} bs {bs} n {n} rank {r} split {split} drop_last {drop_last}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }

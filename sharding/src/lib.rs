@@ -13,6 +13,7 @@
 //! | [`dispatch_slice`], [`dispatch_steps`], [`check_concat_shapes`] | dispatcher mode: what each rank keeps of the batch the main process read |
 //! | [`SeedableSampler`], [`permutation`] | data order from `(seed, epoch)`, identical on every rank and stable across platforms and releases |
 //! | [`ShardedLoader`], [`SamplerState`] | one rank's loader with an exact, serialisable position: `skip_first_batches`, mid-epoch resume, `end_of_dataloader`, `remainder` |
+//! | [`split_share`], [`split_map`] | `split_between_processes`: each rank's contiguous share of a list or of a map of lists, with Accelerate's padding |
 //! | [`gather_for_metrics`], [`remainder_for_batches`] | drop the duplicated tail of the last gathered step |
 //! | [`GradientAccumulator`], [`accumulate()`] | accumulation cadence: all-reduce, optimizer, zero-grad and scheduler decisions per batch |
 //! | [`CheckpointWriter`], [`CheckpointDir`], [`verify_checkpoint`] | atomic checkpoint directories with a checksummed manifest, `checkpoint_N` naming, pruning by number |
@@ -28,11 +29,22 @@
 //!   with `split_batches` without `even_batches` when the short last batch
 //!   does not reach every rank.
 //! - **Remainder.** [`LoaderConfig::remainder`] is 0 whenever no sample is
-//!   duplicated (without `even_batches` or with `drop_last`); Accelerate
-//!   reports `len % total_batch_size` without `even_batches`, which truncates
-//!   a full last step on ranks that finish early. For variable-size batches
+//!   duplicated: without `even_batches`, with `drop_last`, or on one process
+//!   (the loader is then not sharded at all, as in Accelerate). Accelerate
+//!   reports -1 ("nothing to trim") with `drop_last`, and `len %
+//!   total_batch_size` without `even_batches`, which truncates a full last
+//!   step on ranks that finish early. After `skip_first_batches` Accelerate
+//!   reports -1 and its `gather_for_metrics` keeps the duplicated tail;
+//!   accel's remainder stays exact. For variable-size batches
 //!   [`remainder_for_batches`] gives the exact count where Accelerate has
 //!   none and keeps the duplicates.
+//! - **Iterable `split_batches` with batch size 1 on several processes.**
+//!   Accelerate yields nothing; accel refuses it ([`shard_iterable`] checks
+//!   that the world size divides the batch size).
+//! - **`split_between_processes`** ([`split_share`]) pads with the last
+//!   element of the whole input, as Accelerate does; on an empty input it
+//!   gives empty shares, and a slice of tuples splits like any slice
+//!   (Accelerate raises in both cases).
 //! - **Resume.** [`SamplerState`] carries the epoch and seed, so a run that
 //!   stopped in epoch 3 resumes in epoch 3's order (Accelerate issue 2016),
 //!   and a state saved after the last batch of an epoch resumes at the start
@@ -60,6 +72,7 @@ pub mod reference;
 pub mod rng;
 pub mod sampler;
 pub mod shard;
+pub mod split;
 
 pub use accumulate::{
     accumulate, AccumulationConfig, AccumulatorState, GradientAccumulator, StepDecision,
@@ -69,11 +82,14 @@ pub use checkpoint::{
     write_file_synced, CheckpointDir, CheckpointWriter, FileEntry, Manifest, MANIFEST_FILE,
 };
 pub use dispatch::{check_concat_shapes, dispatch_slice, dispatch_steps};
-pub use iterable::{shard_iterable, IterableChunk, IterableShard};
-pub use loader::{EpochIter, LoaderBatch, LoaderConfig, SamplerState, ShardedLoader};
+pub use iterable::{iterable_len, shard_iterable, IterableChunk, IterableShard};
+pub use loader::{
+    check_rank_states, EpochIter, LoaderBatch, LoaderConfig, SamplerState, ShardedLoader,
+};
 pub use metrics::{gather_for_metrics, remainder_for_batches};
 pub use rng::{permutation, ChaCha8};
 pub use sampler::{batch_indices, SeedableSampler};
 pub use shard::{
     shard_batches, shard_len, shard_len_variable, BatchLayout, BatchShard, ShardOptions,
 };
+pub use split::{split_map, split_range, split_share};

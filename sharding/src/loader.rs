@@ -83,16 +83,26 @@ impl LoaderConfig {
     ///
     /// # Behavior
     /// Equals Accelerate's `remainder` (`dataset_len % total_batch_size`)
-    /// with `even_batches` and without `drop_last`. Without `even_batches`
+    /// with `even_batches`, without `drop_last` and on more than one process.
+    /// With one process nothing is topped up (see
+    /// [`is_sharded`](Self::is_sharded)), so it is 0 there. Without `even_batches`
     /// or with `drop_last` no sample is ever duplicated, so it is 0 there
     /// (Accelerate still reports the modulo without `even_batches`, which
     /// truncates a full last step on the ranks that finish early).
     pub fn remainder(&self) -> usize {
-        if self.drop_last || !self.even_batches {
+        if self.drop_last || !self.even_batches || !self.is_sharded() {
             0
         } else {
             self.dataset_len % self.total_batch_size()
         }
+    }
+
+    /// `false` with one process: the loader is not sharded at all, as in
+    /// Accelerate's `prepare_data_loader`, so the last batch of an epoch
+    /// stays short and no sample is read twice (the batch-sampler shard
+    /// itself would top it up under `even_batches`).
+    pub fn is_sharded(&self) -> bool {
+        self.num_processes > 1
     }
 
     /// Check the configuration for `rank`.
@@ -301,6 +311,9 @@ impl ShardedLoader {
         };
         let order = sampler.indices();
         let global = batch_indices(&order, self.config.batch_size, self.config.drop_last);
+        if !self.config.is_sharded() {
+            return global;
+        }
         shard_batches(
             global,
             self.config.layout(),
@@ -476,4 +489,122 @@ impl Iterator for EpochIter<'_> {
         };
         (n, Some(n))
     }
+}
+
+/// Check that the loader positions of all ranks, as saved in one
+/// checkpoint, describe one moment of one run (element `r` is rank `r`'s
+/// state).
+///
+/// # Behavior
+/// Every rank must have the same data layout and seed, the world size must
+/// be the number of states, and the positions must agree: ranks read their
+/// batches in lock-step, so after normalising "batch 0 of epoch `e`" to "the
+/// end of epoch `e - 1`", every rank is in the same epoch, and the ranks
+/// that have not read all their batches of it have read the same number
+/// (without `even_batches` a rank with fewer batches may already be done).
+/// Ranks without any batch are not compared on position.
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] naming the two ranks and what differs (a state
+/// file edited or copied from another checkpoint would otherwise
+/// desynchronise the ranks until the timeout).
+pub fn check_rank_states(states: &[SamplerState]) -> Result<()> {
+    let bad = |m: String| {
+        Err(Error::new(ErrorKind::Corrupt, m)
+            .with_op("load_state")
+            .with_fix("restore every rank's loader file from the same checkpoint, or load an older intact checkpoint"))
+    };
+    let Some(first) = states.first() else {
+        return Ok(());
+    };
+    for (r, s) in states.iter().enumerate() {
+        let same_layout = SamplerState {
+            epoch: first.epoch,
+            batches_consumed: first.batches_consumed,
+            ..s.clone()
+        } == *first;
+        if !same_layout {
+            return bad(format!(
+                "the loader state of rank {r} was saved with another data layout or seed than rank 0's: {s:?} vs {first:?}"
+            ));
+        }
+    }
+    if first.num_processes != states.len() {
+        return bad(format!(
+            "the loader states say {} processes but {} ranks saved one",
+            first.num_processes,
+            states.len()
+        ));
+    }
+    let config = LoaderConfig {
+        dataset_len: first.dataset_len,
+        batch_size: first.batch_size,
+        drop_last: first.drop_last,
+        shuffle: first.shuffle,
+        seed: first.seed,
+        num_processes: first.num_processes,
+        split_batches: first.split_batches,
+        even_batches: first.even_batches,
+    };
+    // (rank, epoch, consumed, len) after normalisation.
+    let mut pos = Vec::new();
+    for (r, s) in states.iter().enumerate() {
+        let len = shard_len(config.dataset_len, config.layout(), config.shard_options(r))?;
+        if len == 0 {
+            continue;
+        }
+        if s.batches_consumed > len {
+            return bad(format!(
+                "rank {r}'s loader state says {} batches consumed but an epoch has {len} for it",
+                s.batches_consumed
+            ));
+        }
+        let (e, c) = if s.batches_consumed == 0 && s.epoch > 0 {
+            (s.epoch - 1, len)
+        } else {
+            (s.epoch, s.batches_consumed)
+        };
+        pos.push((r, e, c, len));
+    }
+    let Some(&(r0, e0, _, _)) = pos.first() else {
+        return Ok(());
+    };
+    let describe = |r: usize| {
+        let s = &states[r];
+        format!(
+            "rank {r} is at epoch {} after {} batches",
+            s.epoch, s.batches_consumed
+        )
+    };
+    for &(r, e, _, _) in &pos {
+        if e != e0 {
+            return bad(format!(
+                "the ranks' loader states disagree on the epoch: {}, {}",
+                describe(r0),
+                describe(r)
+            ));
+        }
+    }
+    let mid: Vec<_> = pos.iter().filter(|p| p.2 < p.3).collect();
+    if let Some(&&(rm, _, s, _)) = mid.first() {
+        for &&(r, _, c, _) in &mid {
+            if c != s {
+                return bad(format!(
+                    "the ranks' loader states disagree on the position: {}, {}",
+                    describe(rm),
+                    describe(r)
+                ));
+            }
+        }
+        for &(r, _, c, len) in &pos {
+            if c == len && len > s {
+                return bad(format!(
+                    "the ranks' loader states disagree on the position: {}, {}",
+                    describe(rm),
+                    describe(r)
+                ));
+            }
+        }
+    }
+    Ok(())
 }

@@ -105,6 +105,32 @@ pub fn shard_all(
     ranks
 }
 
+/// What every rank's *loader* reads: [`shard_all`] on more than one
+/// process; on one process the plain global batches, since a one-process
+/// loader is not sharded (Accelerate's `prepare_data_loader`), so nothing
+/// is topped up.
+pub fn loader_all(
+    len: usize,
+    batch_size: usize,
+    drop_last: bool,
+    num_processes: usize,
+    split_batches: bool,
+    even_batches: bool,
+) -> Vec<Vec<Vec<usize>>> {
+    let global = global_batches(len, batch_size, drop_last);
+    if num_processes == 1 {
+        return vec![global];
+    }
+    shard_all(
+        &global,
+        Some(batch_size),
+        drop_last,
+        num_processes,
+        split_batches,
+        even_batches,
+    )
+}
+
 /// The samples `gather_for_metrics` must return over a whole epoch, in order:
 /// the dataset order `0..len` without the samples that `drop_last` discards.
 pub fn metrics_order(

@@ -212,3 +212,45 @@ fn dispatcher_rejects_unequal_shapes() {
     );
     assert!(check_concat_shapes(&[&[3, 8], &[3]]).is_err());
 }
+
+#[test]
+fn rank_states_of_one_moment_agree_and_a_tampered_epoch_is_named() {
+    use accel_sharding::check_rank_states;
+    for even in [true, false] {
+        // 7 batches of 2 on 2 ranks: 4 and 3 batches without even_batches.
+        let config = LoaderConfig {
+            even_batches: even,
+            shuffle: true,
+            seed: 3,
+            ..LoaderConfig::new(14, 2, 2)
+        };
+        let mut ls: Vec<ShardedLoader> = (0..2)
+            .map(|r| ShardedLoader::new(config.clone(), r).unwrap())
+            .collect();
+        let check = |ls: &[ShardedLoader]| {
+            let states: Vec<SamplerState> = ls.iter().map(ShardedLoader::state).collect();
+            check_rank_states(&states).unwrap_or_else(|e| panic!("{states:?}: {e}"));
+            let mut tampered = states.clone();
+            tampered[1].epoch += 1;
+            let e = check_rank_states(&tampered).unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Corrupt);
+            assert!(e.to_string().contains("rank 1"), "{e}");
+            let mut moved = states.clone();
+            moved[0].batches_consumed = (moved[0].batches_consumed + 1) % 3;
+            assert!(check_rank_states(&moved).is_err(), "{moved:?}");
+        };
+        check(&ls);
+        // The run: in lock-step, every rank that still has a batch reads one.
+        for _epoch in 0..2 {
+            let steps = ls.iter().map(ShardedLoader::len).max().unwrap();
+            for s in 0..steps {
+                for l in &mut ls {
+                    if s < l.len() {
+                        assert!(l.epoch_iter().next().is_some());
+                    }
+                }
+                check(&ls);
+            }
+        }
+    }
+}

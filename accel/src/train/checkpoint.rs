@@ -74,6 +74,18 @@ pub trait Checkpointed {
     /// [`ErrorKind::Corrupt`] or [`ErrorKind::InvalidConfig`] when the state
     /// does not fit the object.
     fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()>;
+
+    /// For a [`per_rank`](Self::per_rank) object: check the states every
+    /// rank is about to load (element `r` from rank `r`) against each other,
+    /// on every rank, before any is applied. The default accepts anything.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`] naming the ranks whose states cannot belong
+    /// to one moment of one run.
+    fn check_rank_states(&self, states: &[StateDict]) -> Result<()> {
+        let _ = states;
+        Ok(())
+    }
 }
 
 impl<M: Parameters> Checkpointed for PreparedModel<M> {
@@ -176,6 +188,13 @@ impl<D: Dataset> Checkpointed for PreparedLoader<D> {
         let st: SamplerState = state.get("sampler")?;
         self.load_sampler_state(&st)
     }
+    fn check_rank_states(&self, states: &[StateDict]) -> Result<()> {
+        let all = states
+            .iter()
+            .map(|s| s.get::<SamplerState>("sampler"))
+            .collect::<Result<Vec<_>>>()?;
+        accel_sharding::check_rank_states(&all)
+    }
 }
 
 /// `accelerator.json`.
@@ -189,7 +208,11 @@ struct Meta {
     custom_objects: usize,
 }
 
-fn encode_tensors(tensors: &std::collections::BTreeMap<String, Tensor>) -> Result<Vec<u8>> {
+/// `tensors` as a safetensors file of `f32` (with `metadata` in its header).
+pub(crate) fn encode_tensors_with(
+    tensors: &std::collections::BTreeMap<String, Tensor>,
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<Vec<u8>> {
     let bytes: Vec<(&str, Vec<u8>, &[usize])> = tensors
         .iter()
         .map(|(n, t)| {
@@ -210,29 +233,53 @@ fn encode_tensors(tensors: &std::collections::BTreeMap<String, Tensor>) -> Resul
         })?;
         views.push((*name, v));
     }
-    safetensors::serialize(views, None).map_err(|e| {
+    safetensors::serialize(views, metadata).map_err(|e| {
         Error::invalid_argument("save_state", format!("cannot encode safetensors: {e}"))
     })
 }
 
-fn decode_tensors(bytes: &[u8], path: &Path) -> Result<std::collections::BTreeMap<String, Tensor>> {
+fn encode_tensors(tensors: &std::collections::BTreeMap<String, Tensor>) -> Result<Vec<u8>> {
+    encode_tensors_with(tensors, None)
+}
+
+/// Decode a safetensors file into `f32` tensors (`f16`, `bf16` and `f64`
+/// are converted).
+pub(crate) fn decode_tensors(
+    bytes: &[u8],
+    path: &Path,
+) -> Result<std::collections::BTreeMap<String, Tensor>> {
     let bad = |m: String| {
         Error::new(ErrorKind::Corrupt, format!("{}: {m}", path.display())).with_op("load_state")
     };
     let st = SafeTensors::deserialize(bytes).map_err(|e| bad(format!("not safetensors: {e}")))?;
     let mut out = std::collections::BTreeMap::new();
     for (name, view) in st.tensors() {
-        if view.dtype() != Dtype::F32 {
-            return Err(bad(format!(
-                "tensor {name:?} is {:?}, expected F32",
-                view.dtype()
-            )));
-        }
-        let data = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let raw = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::F64 => raw
+                .chunks_exact(8)
+                .map(|c| {
+                    f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
+                })
+                .collect(),
+            Dtype::F16 => raw
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => raw
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(bad(format!(
+                    "tensor {name:?} is {other:?}; accel loads F32, F64, F16 and BF16"
+                )))
+            }
+        };
         out.insert(
             name,
             Tensor {
@@ -300,7 +347,7 @@ fn kind_from_name(name: &str) -> ErrorKind {
 impl Accelerator {
     /// Every rank learns whether any rank failed; the failing rank keeps its
     /// own error, the others get one naming it. Collective.
-    fn agree<T>(&self, op: &str, local: Result<T>) -> Result<T> {
+    pub(crate) fn agree<T>(&self, op: &str, local: Result<T>) -> Result<T> {
         let local = local.map_err(|e| e.with_op(op).with_rank(self.rank()));
         if self.world_size() == 1 {
             return local;
@@ -448,7 +495,7 @@ impl Accelerator {
         let writer = self.agree(OP, writer)?;
         let temp = temp_path_for(path)?;
 
-        let (meta, registered, rng) = {
+        let (meta, registered) = {
             let st = super::shared(self).lock();
             let meta = Meta {
                 version: 1,
@@ -458,9 +505,11 @@ impl Accelerator {
                 objects: objects.iter().map(|o| o.checkpoint_key()).collect(),
                 custom_objects: st.registered.len(),
             };
-            (meta, st.registered.clone(), st.rng.clone())
+            (meta, st.registered.clone())
         };
+        let rng = super::shared(self).rng_state(OP);
         let written = (|| -> Result<()> {
+            let rng = rng?;
             let mut files: Vec<(String, Vec<u8>)> = Vec::new();
             for o in objects {
                 let key = o.checkpoint_key();
@@ -514,59 +563,167 @@ impl Accelerator {
     /// directory loaded. Collective.
     ///
     /// # Behavior
-    /// Every file is checked against the manifest first. After loading
+    /// Every file is checked against the manifest first, and the loader
+    /// positions of all ranks are checked against each other (one
+    /// checkpoint holds one moment of one run). After loading
     /// `checkpoint_N`, the next [`save_state`](Self::save_state) writes
     /// `checkpoint_{N+1}`. Loaders continue with exactly the batches that
-    /// had not been read, in the same order and epoch.
+    /// had not been read, in the same order and epoch. The newest
+    /// checkpoint is taken as is: when it is damaged the call fails
+    /// (use [`load_latest_intact`](Self::load_latest_intact) to fall back to
+    /// an older one).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] when there is no checkpoint at `path`;
     /// [`ErrorKind::Corrupt`] naming the file when one is missing, truncated
-    /// or altered, or has no state for one of `objects`;
+    /// or altered (the manifest included), has no state for one of
+    /// `objects`, or when the ranks' loader positions disagree;
     /// [`ErrorKind::InvalidConfig`] when it was saved with another world
-    /// size or data layout. A failure on any rank fails every rank.
+    /// size (loader positions and RNG states are per world size: use
+    /// [`load_weights`](Self::load_weights)) or data layout. A failure on
+    /// any rank fails every rank.
     pub fn load_state(
         &self,
         path: impl AsRef<Path>,
         objects: &mut [&mut dyn Checkpointed],
     ) -> Result<PathBuf> {
+        self.load_impl(path.as_ref(), objects, false, true)
+    }
+
+    /// [`load_state`](Self::load_state) from a folder of checkpoints,
+    /// falling back from a damaged newest checkpoint to the newest intact
+    /// one. Collective.
+    ///
+    /// # Behavior
+    /// The main process verifies `checkpoint_N` from the highest number
+    /// down and loads the first whose manifest and files all check out;
+    /// each one skipped is logged as a warning with the reason (nothing is
+    /// deleted: the damaged ones stay for inspection, and `total_limit`
+    /// prunes them in time). The numbering continues after the highest
+    /// number present, so the next save never collides with a damaged
+    /// checkpoint. With a checkpoint directory as `path` this is
+    /// `load_state`.
+    ///
+    /// # Errors
+    /// As [`load_state`](Self::load_state); [`ErrorKind::Corrupt`] listing
+    /// every checkpoint and why when none is intact.
+    pub fn load_latest_intact(
+        &self,
+        root: impl AsRef<Path>,
+        objects: &mut [&mut dyn Checkpointed],
+    ) -> Result<PathBuf> {
+        self.load_impl(root.as_ref(), objects, true, true)
+    }
+
+    /// Load only the replicated weights of a checkpoint written by
+    /// [`save_state`](Self::save_state), at **any** world size: the model,
+    /// optimizer (momentum and other tensors, step counts) and scheduler
+    /// states in `objects`, and the registered objects. Loader positions,
+    /// RNG states and the accumulation counter are not loaded (they are
+    /// per world size); start the loaders fresh. The checkpoint numbering
+    /// continues after the one loaded. Collective.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming a per-rank object (a loader)
+    /// passed in `objects`; otherwise as [`load_state`](Self::load_state).
+    pub fn load_weights(
+        &self,
+        path: impl AsRef<Path>,
+        objects: &mut [&mut dyn Checkpointed],
+    ) -> Result<PathBuf> {
+        self.load_impl(path.as_ref(), objects, false, false)
+    }
+
+    /// Pick the checkpoint to load on the main process: `(dir, already
+    /// verified, highest number under the folder)`.
+    fn pick_checkpoint(&self, path: &Path, fallback: bool) -> Result<(PathBuf, bool, Option<u64>)> {
         const OP: &str = "load_state";
-        let path = path.as_ref();
-        let resolved = if self.is_main_process() {
-            if path.join(MANIFEST_FILE).exists() {
-                Ok(Some(path.to_path_buf()))
-            } else {
-                self.latest_checkpoint(path).and_then(|p| {
-                    p.ok_or_else(|| {
-                        Error::invalid_argument(
-                            OP,
-                            format!(
-                                "no checkpoint in {} (no manifest.json, no checkpoint_N)",
-                                path.display()
-                            ),
-                        )
-                    })
-                    .map(Some)
-                })
+        if path.join(MANIFEST_FILE).exists() {
+            return Ok((path.to_path_buf(), false, None));
+        }
+        let all = CheckpointDir::new(path, None).list()?;
+        let highest = all.last().map(|(n, _)| *n);
+        if all.is_empty() {
+            return Err(Error::invalid_argument(
+                OP,
+                format!(
+                    "no checkpoint in {} (no manifest.json, no checkpoint_N)",
+                    path.display()
+                ),
+            ));
+        }
+        if !fallback {
+            let (_, p) = all.last().expect("not empty").clone();
+            return Ok((p, false, highest));
+        }
+        let mut skipped: Vec<(PathBuf, Error)> = Vec::new();
+        for (_, p) in all.iter().rev() {
+            match verify_checkpoint(p) {
+                Ok(_) => {
+                    for (q, e) in &skipped {
+                        tracing::warn!(skipped = %q.display(), error = %e, loading = %p.display(), "load_latest_intact: skipping a damaged checkpoint");
+                    }
+                    return Ok((p.clone(), true, highest));
+                }
+                Err(e) => skipped.push((p.clone(), e)),
             }
+        }
+        let why: Vec<String> = skipped
+            .iter()
+            .map(|(p, e)| format!("{}: {}", p.display(), e.message()))
+            .collect();
+        Err(Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "no intact checkpoint in {}: {}",
+                path.display(),
+                why.join("; ")
+            ),
+        ))
+    }
+
+    fn load_impl(
+        &self,
+        path: &Path,
+        objects: &mut [&mut dyn Checkpointed],
+        fallback: bool,
+        full: bool,
+    ) -> Result<PathBuf> {
+        let op = if full { "load_state" } else { "load_weights" };
+        let picked = if self.is_main_process() {
+            self.pick_checkpoint(path, fallback).map(Some)
         } else {
             Ok(None)
         };
-        let resolved = self.agree(OP, resolved)?;
-        let dir: PathBuf = PathBuf::from(self.comm().broadcast_object(
-            resolved.map(|p| p.to_string_lossy().into_owned()).as_ref(),
+        let picked = self.agree(op, picked)?;
+        let (dir, verified, highest): (String, bool, Option<u64>) = self.comm().broadcast_object(
+            picked
+                .map(|(p, v, h)| (p.to_string_lossy().into_owned(), v, h))
+                .as_ref(),
             0,
-        )?);
+        )?;
+        let dir = PathBuf::from(dir);
         // The main process checks every file; the others check what they read.
-        let manifest = if self.is_main_process() {
+        let manifest = if self.is_main_process() && !verified {
             verify_checkpoint(&dir)
         } else {
             read_manifest(&dir)
         };
-        let manifest = self.agree(OP, manifest)?;
+        let manifest = manifest.map_err(|e| {
+            if e.kind() == &ErrorKind::Corrupt && !fallback {
+                e.with_fix("restore the file, or resume from the newest intact checkpoint with load_latest_intact")
+            } else {
+                e
+            }
+        });
+        let manifest = self.agree(op, manifest)?;
         let rank = self.rank();
+        let world = self.world_size();
         let registered = super::shared(self).lock().registered.clone();
-        let loaded = (|| -> Result<(Meta, Rng)> {
+
+        // 1. Read and decode everything, changing nothing yet.
+        type Loaded = (Meta, Vec<StateDict>, Vec<StateDict>, Option<Rng>);
+        let loaded = (|| -> Result<Loaded> {
             let bytes = read_verified(&dir, &manifest, CHECKPOINT_STATE_FILE)?;
             let meta: Meta = serde_json::from_slice(&bytes).map_err(|e| {
                 Error::new(
@@ -577,29 +734,36 @@ impl Accelerator {
                     ),
                 )
             })?;
-            if meta.world_size != self.world_size() {
+            if full && meta.world_size != world {
                 return Err(Error::invalid_config(
                     "WORLD_SIZE",
-                    &self.world_size().to_string(),
+                    &world.to_string(),
                     format!(
-                        "{} was saved by {} processes; an exact resume needs the same number",
+                        "{} was saved by {} processes: loader positions and RNG states are per world size, so an exact resume needs the same number",
                         dir.display(),
                         meta.world_size
                     ),
-                ));
+                )
+                .with_fix("run with the saved world size, or load only the model, optimizer and scheduler with load_weights and start the loaders fresh"));
             }
-            for o in objects.iter_mut() {
+            let mut states = Vec::with_capacity(objects.len());
+            for o in objects.iter() {
                 let key = o.checkpoint_key();
-                let stem = if o.per_rank() {
+                let stem = if !o.per_rank() {
+                    key
+                } else if full {
                     format!("{key}/rank_{rank}")
                 } else {
-                    key
+                    return Err(Error::invalid_argument(
+                        "load_weights",
+                        format!(
+                            "{key} is saved per rank (a loader position): it belongs to the world size it was saved with ({} processes; this run has {world})",
+                            meta.world_size
+                        ),
+                    )
+                    .with_fix("pass only the model, optimizer and scheduler to load_weights, or use load_state at the saved world size"));
                 };
-                let state = decode_state(&dir, &manifest, &stem)?;
-                o.restore_checkpoint_state(state).map_err(|e| {
-                    let m = format!("{}: {}", dir.join(&stem).display(), e.message());
-                    Error::new(e.kind().clone(), m)
-                })?;
+                states.push(decode_state(&dir, &manifest, &stem)?);
             }
             if registered.len() > meta.custom_objects {
                 return Err(Error::new(
@@ -612,31 +776,87 @@ impl Accelerator {
                     ),
                 ));
             }
-            for (i, r) in registered.iter().enumerate() {
-                let s = decode_state(&dir, &manifest, &format!("custom_{i}"))?;
+            let custom = (0..registered.len())
+                .map(|i| decode_state(&dir, &manifest, &format!("custom_{i}")))
+                .collect::<Result<Vec<_>>>()?;
+            let rng = if full {
+                let name = format!("random_states/rank_{rank}.json");
+                let bytes = read_verified(&dir, &manifest, &name)?;
+                Some(serde_json::from_slice(&bytes).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Corrupt,
+                        format!("{} is not valid: {e}", dir.join(&name).display()),
+                    )
+                })?)
+            } else {
+                None
+            };
+            Ok((meta, states, custom, rng))
+        })();
+        let (meta, states, custom, rng) = self.agree(op, loaded)?;
+
+        // 2. Per-rank states must describe one moment of one run.
+        if full && world > 1 && objects.iter().any(|o| o.per_rank()) {
+            let mine: Vec<std::collections::BTreeMap<String, serde_json::Value>> = objects
+                .iter()
+                .zip(&states)
+                .filter(|(o, _)| o.per_rank())
+                .map(|(_, s)| s.values.clone())
+                .collect();
+            let all: Vec<Vec<std::collections::BTreeMap<String, serde_json::Value>>> =
+                self.comm().gather_object(&mine)?;
+            let checked = (|| -> Result<()> {
+                for (i, o) in objects.iter().filter(|o| o.per_rank()).enumerate() {
+                    let per_rank: Vec<StateDict> = all
+                        .iter()
+                        .map(|r| StateDict {
+                            tensors: Default::default(),
+                            values: r[i].clone(),
+                        })
+                        .collect();
+                    o.check_rank_states(&per_rank).map_err(|e| {
+                        let m = format!(
+                            "{}: {}",
+                            dir.join(o.checkpoint_key()).display(),
+                            e.message()
+                        );
+                        Error::new(e.kind().clone(), m)
+                    })?;
+                }
+                Ok(())
+            })();
+            self.agree(op, checked)?;
+        }
+
+        // 3. Apply.
+        let applied = (|| -> Result<()> {
+            for (o, state) in objects.iter_mut().zip(states) {
+                let key = o.checkpoint_key();
+                o.restore_checkpoint_state(state).map_err(|e| {
+                    let m = format!("{}: {}", dir.join(&key).display(), e.message());
+                    Error::new(e.kind().clone(), m)
+                })?;
+            }
+            for (r, s) in registered.iter().zip(custom) {
                 r.lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .load_state_dict(s)?;
             }
-            let name = format!("random_states/rank_{rank}.json");
-            let bytes = read_verified(&dir, &manifest, &name)?;
-            let rng: Rng = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::new(
-                    ErrorKind::Corrupt,
-                    format!("{} is not valid: {e}", dir.join(&name).display()),
-                )
-            })?;
-            Ok((meta, rng))
+            Ok(())
         })();
-        let (meta, rng) = self.agree(OP, loaded)?;
+        self.agree(op, applied)?;
+        if let Some(rng) = rng {
+            super::shared(self).replace_rng(rng);
+        }
         let mut st = super::shared(self).lock();
-        st.accumulator.load_state(meta.accumulator);
-        st.decision = None;
-        st.rng = rng;
+        if full {
+            st.accumulator.load_state(meta.accumulator);
+            st.decision = None;
+        }
         let numbered = dir
             .file_name()
             .and_then(|n| parse_checkpoint_name(&n.to_string_lossy()));
-        if let Some(n) = numbered.or(meta.iteration) {
+        if let Some(n) = numbered.or(meta.iteration).max(highest) {
             st.iteration = n + 1;
         }
         Ok(dir)

@@ -1,33 +1,105 @@
 //! Training configuration, seeding and RNG, coordinated early stopping.
 
-use std::sync::MutexGuard;
-
-use accel_api::{CommunicatorExt, ReduceOp, Result};
+use accel_api::{CommunicatorExt, Error, ReduceOp, Result};
 
 use super::rng::Rng;
-use super::TrainConfig;
+use super::{TrainConfig, TrainShared};
 use crate::{Accelerator, CollectivesExt};
 
-/// Exclusive access to the accelerator's [`Rng`]; see
-/// [`Accelerator::rng`].
-pub struct RngGuard<'a>(pub(crate) MutexGuard<'a, super::TrainState>);
+/// Where the accelerator keeps its [`Rng`]: out of the slot while an
+/// [`RngGuard`] has it, so no lock is held while the guard lives.
+#[derive(Debug)]
+pub(crate) struct RngSlot {
+    rng: Option<Rng>,
+    /// Bumped whenever the generator is replaced (set_seed, load_state,
+    /// synchronize_rng_states), so a guard taken before does not put a
+    /// stale generator back.
+    generation: u64,
+}
+
+impl RngSlot {
+    pub(crate) fn new() -> RngSlot {
+        RngSlot {
+            rng: Some(Rng::seed_from_u64(0)),
+            generation: 0,
+        }
+    }
+}
+
+fn held(op: &str) -> Error {
+    Error::invalid_argument(
+        op,
+        "the accelerator's RNG is held by a guard from acc.rng() that is still alive",
+    )
+    .with_fix(
+        "drop the guard (let it go out of scope) before calling this; take it again afterwards",
+    )
+}
+
+impl TrainShared {
+    fn rng_slot(&self) -> std::sync::MutexGuard<'_, RngSlot> {
+        self.rng.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A copy of the generator, or an immediate error while a guard has it.
+    pub(crate) fn rng_state(&self, op: &str) -> Result<Rng> {
+        self.rng_slot().rng.clone().ok_or_else(|| held(op))
+    }
+
+    /// Replace the generator (even while a guard has it: the guard's copy is
+    /// then dropped, the new one wins).
+    pub(crate) fn replace_rng(&self, rng: Rng) {
+        let mut slot = self.rng_slot();
+        slot.rng = Some(rng);
+        slot.generation += 1;
+    }
+}
+
+/// Exclusive use of the accelerator's [`Rng`]; see [`Accelerator::rng`].
+///
+/// The guard holds the generator itself, not a lock: while it lives, every
+/// other training method works as usual; the few that need the generator
+/// ([`save_state`](Accelerator::save_state),
+/// [`load_state`](Accelerator::load_state),
+/// [`synchronize_rng_states`](Accelerator::synchronize_rng_states), a
+/// second [`rng`](Accelerator::rng)) fail at once with an error saying to
+/// drop it, and [`set_seed`](Accelerator::set_seed) replaces it. Dropping the
+/// guard gives the generator back.
+pub struct RngGuard<'a> {
+    shared: &'a TrainShared,
+    rng: Option<Rng>,
+    generation: u64,
+}
 
 impl std::fmt::Debug for RngGuard<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.rng.fmt(f)
+        self.rng.fmt(f)
     }
 }
 
 impl std::ops::Deref for RngGuard<'_> {
     type Target = Rng;
     fn deref(&self) -> &Rng {
-        &self.0.rng
+        self.rng
+            .as_ref()
+            .expect("the guard holds the generator until dropped")
     }
 }
 
 impl std::ops::DerefMut for RngGuard<'_> {
     fn deref_mut(&mut self) -> &mut Rng {
-        &mut self.0.rng
+        self.rng
+            .as_mut()
+            .expect("the guard holds the generator until dropped")
+    }
+}
+
+impl Drop for RngGuard<'_> {
+    fn drop(&mut self) {
+        let mut slot = self.shared.rng_slot();
+        if slot.generation == self.generation && slot.rng.is_none() {
+            slot.rng = self.rng.take();
+        }
     }
 }
 
@@ -67,26 +139,47 @@ impl Accelerator {
         } else {
             seed
         };
-        super::shared(self).lock().rng = Rng::seed_from_u64(s);
+        super::shared(self).replace_rng(Rng::seed_from_u64(s));
     }
 
     /// This process's random generator (seeded by
     /// [`set_seed`](Self::set_seed), saved per rank by
-    /// [`save_state`](Self::save_state)). Hold the guard briefly: the
-    /// training state is locked while it lives.
-    pub fn rng(&self) -> RngGuard<'_> {
-        RngGuard(super::shared(self).lock())
+    /// [`save_state`](Self::save_state)), handed out until the guard is
+    /// dropped. See [`RngGuard`] for what works while it lives.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// at once when another guard is still alive (it would otherwise wait
+    /// for itself forever).
+    pub fn rng(&self) -> Result<RngGuard<'_>> {
+        let shared = super::shared(self);
+        let mut slot = shared.rng_slot();
+        let rng = slot.rng.take().ok_or_else(|| held("rng"))?;
+        Ok(RngGuard {
+            shared,
+            rng: Some(rng),
+            generation: slot.generation,
+        })
     }
 
     /// Give every rank the RNG state of rank 0 (Accelerate's
     /// `synchronize_rng_states`). Collective.
     ///
     /// # Errors
-    /// The communicator's.
+    /// The communicator's; on every rank, when rank 0's generator is held
+    /// by a live [`RngGuard`].
     pub fn synchronize_rng_states(&self) -> Result<()> {
-        let mine = self.rng().state();
+        let shared = super::shared(self);
+        let mine = if self.is_main_process() {
+            shared
+                .rng_state("synchronize_rng_states")
+                .map(|r| r.state())
+        } else {
+            Ok([0; 4])
+        };
+        let mine = self.agree("synchronize_rng_states", mine)?;
         let root = self.comm().broadcast_object(Some(&mine), 0)?;
-        super::shared(self).lock().rng = Rng::from_state(root);
+        shared.replace_rng(Rng::from_state(root));
         Ok(())
     }
 

@@ -1,10 +1,10 @@
 //! Metrics across ranks: gather, gather-for-metrics, reduce, padding.
 
-use accel_api::{Element, Result};
+use accel_api::{Element, Error, ReduceOp, Result};
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::prepare::Batch;
-use crate::{Accelerator, CollectivesExt};
+use crate::{Accelerator, CollectivesExt, Scalar};
 
 impl Accelerator {
     /// Gather every rank's `data` (lengths may differ), concatenated in rank
@@ -12,8 +12,10 @@ impl Accelerator {
     ///
     /// # Errors
     /// The communicator's.
-    pub fn gather_varsize<T: Element>(&self, data: &[T]) -> Result<Vec<T>> {
-        Ok(self.comm().all_gather_varsize(data)?.concat())
+    pub fn gather_varsize<T: Scalar>(&self, data: &[T]) -> Result<Vec<T>> {
+        Ok(T::from_wire(
+            self.comm().all_gather_varsize(&T::to_wire(data))?.concat(),
+        ))
     }
 
     /// Gather per-sample values for a metric and drop the samples that
@@ -29,11 +31,7 @@ impl Accelerator {
     ///
     /// # Errors
     /// The communicator's.
-    pub fn gather_for_metrics<T: Element, I>(
-        &self,
-        data: &[T],
-        batch: &Batch<I>,
-    ) -> Result<Vec<T>> {
+    pub fn gather_for_metrics<T: Scalar, I>(&self, data: &[T], batch: &Batch<I>) -> Result<Vec<T>> {
         self.gather_for_metrics_rows(data, 1, batch)
     }
 
@@ -42,7 +40,7 @@ impl Accelerator {
     ///
     /// # Errors
     /// The communicator's.
-    pub fn gather_for_metrics_rows<T: Element, I>(
+    pub fn gather_for_metrics_rows<T: Scalar, I>(
         &self,
         data: &[T],
         row_len: usize,
@@ -80,16 +78,20 @@ impl Accelerator {
     }
 
     /// Reduce `data` across ranks by name and return the result on every
-    /// rank: `sum`, `mean` (or `avg`), `max`, `min` (and `prod`).
+    /// rank: `sum`, `mean` (or `avg`), `max`, `min` (and `prod`). Takes
+    /// every [`Scalar`], so `u64` step counters and `bool` flags reduce too.
     /// Collective.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
     /// for any other name: an unknown reduction is an error, never a silent
     /// sum; the communicator's.
-    pub fn reduce<T: Element>(&self, data: &[T], reduction: &str) -> Result<Vec<T>> {
+    pub fn reduce<T: Scalar>(&self, data: &[T], reduction: &str) -> Result<Vec<T>> {
+        let op: ReduceOp = reduction
+            .parse()
+            .map_err(|e: Error| e.with_op("reduce").with_rank(self.rank()))?;
         let mut out = data.to_vec();
-        self.comm().reduce_named(&mut out, reduction)?;
+        self.all_reduce(&mut out, op)?;
         Ok(out)
     }
 

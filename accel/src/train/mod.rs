@@ -71,10 +71,13 @@ mod adapters;
 mod checkpoint;
 mod control;
 mod grad_sync;
+mod iterable;
 mod metrics;
+mod model_io;
 mod optim;
 mod prepare;
 mod rng;
+mod trackers;
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -87,11 +90,14 @@ pub use adapters::{
 };
 pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
 pub use control::RngGuard;
+pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
+pub use model_io::{DEFAULT_MAX_SHARD_SIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME};
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
 };
 pub use rng::Rng;
+pub use trackers::{JsonlTracker, TensorBoardTracker, Tracker, TRACKER_NAMES};
 
 /// The per-batch decision of the accumulation cadence (re-exported from
 /// `accel-sharding`).
@@ -122,6 +128,13 @@ pub struct TrainConfig {
     /// Top up the last round so every rank reads the same number of batches
     /// (default `true`).
     pub even_batches: bool,
+    /// The main process reads every step and sends each rank its slice
+    /// (Accelerate's `dispatch_batches`). `None` (the default) means what
+    /// Accelerate does: dispatch for iterable loaders
+    /// ([`IterableLoader`]), not for map-style ones. Map-style loaders
+    /// read by index on every rank; `Some(true)` is refused for them.
+    #[serde(default)]
+    pub dispatch_batches: Option<bool>,
     /// The scheduler steps with the optimizer (`num_processes` times per
     /// optimizer step, once with `split_batches`); otherwise once per batch
     /// (default `true`).
@@ -140,6 +153,7 @@ impl Default for TrainConfig {
             sync_each_batch: false,
             split_batches: false,
             even_batches: true,
+            dispatch_batches: None,
             step_scheduler_with_optimizer: true,
             bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
             total_limit: None,
@@ -189,6 +203,10 @@ impl Kind {
 pub(crate) struct TrainShared {
     world_size: usize,
     inner: Mutex<TrainState>,
+    /// Kept apart from `inner` so a live `RngGuard` blocks nothing else.
+    rng: Mutex<control::RngSlot>,
+    /// Experiment trackers (main process only).
+    trackers: Mutex<Vec<Box<dyn trackers::Tracker>>>,
 }
 
 pub(crate) struct TrainState {
@@ -200,7 +218,6 @@ pub(crate) struct TrainState {
     /// Number of the next automatically named checkpoint.
     pub(crate) iteration: u64,
     pub(crate) trigger: bool,
-    pub(crate) rng: Rng,
     pub(crate) prepared: [usize; 4],
     pub(crate) registered: Vec<SharedStateful>,
 }
@@ -227,16 +244,21 @@ impl TrainShared {
                 decision: None,
                 iteration: 0,
                 trigger: false,
-                rng: Rng::seed_from_u64(0),
                 prepared: [0; 4],
                 registered: Vec::new(),
             }),
+            rng: Mutex::new(control::RngSlot::new()),
+            trackers: Mutex::new(Vec::new()),
         }
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, TrainState> {
         // A panic while holding the lock leaves plain data behind; keep going.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn trackers(&self) -> MutexGuard<'_, Vec<Box<dyn trackers::Tracker>>> {
+        self.trackers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn set_config(&self, config: TrainConfig) -> Result<()> {

@@ -390,10 +390,22 @@ impl<D: Dataset> Prepare<PreparedLoader<D>> for PreparedLoader<D> {
 impl<D: Dataset> Prepare<PreparedLoader<D>> for DataLoader<D> {
     fn prepare_with(self, acc: &Accelerator) -> Result<PreparedLoader<D>> {
         let shared = super::shared(acc).clone();
-        let (split_batches, even_batches) = {
+        let (split_batches, even_batches, dispatch) = {
             let st = shared.lock();
-            (st.config.split_batches, st.config.even_batches)
+            (
+                st.config.split_batches,
+                st.config.even_batches,
+                st.config.dispatch_batches,
+            )
         };
+        if dispatch == Some(true) {
+            return Err(accel_api::Error::invalid_config(
+                "dispatch_batches",
+                "true",
+                "a map-style DataLoader is read by index on every rank; dispatching applies to iterable loaders",
+            )
+            .with_fix("wrap the data in an IterableDataset and prepare an IterableLoader, or leave dispatch_batches at None"));
+        }
         let config = LoaderConfig {
             dataset_len: self.dataset.len(),
             batch_size: self.batch_size,

@@ -237,6 +237,9 @@ pub struct Options {
     pub stop_after: Option<u64>,
     /// Skip the evaluation passes (for benchmarks and tests).
     pub no_eval: bool,
+    /// Where the trackers write (`<dir>/tch-digits/metrics.jsonl` and a
+    /// TensorBoard event file); `None`: no trackers.
+    pub log_dir: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -258,6 +261,7 @@ impl Default for Options {
             resume: false,
             stop_after: None,
             no_eval: false,
+            log_dir: Some(PathBuf::from("target/tch-digits/runs")),
         }
     }
 }
@@ -271,9 +275,11 @@ pub struct Report {
     pub params: Vec<f32>,
     /// [`checksum`] of `params`.
     pub checksum: String,
-    /// Accuracy on the held-out images after the last epoch.
+    /// Accuracy on the held-out images after the last epoch (NaN when no
+    /// evaluation ran: check `eval_samples`).
     pub accuracy: f64,
-    /// Held-out images the last evaluation gathered (all 360).
+    /// Held-out images the last evaluation gathered (all 360; 0 with
+    /// `no_eval`).
     pub eval_samples: usize,
     /// Mean training loss of the last optimizer step, across ranks.
     pub last_loss: f64,
@@ -360,6 +366,24 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             log(&m)
         }
     };
+    if let Some(dir) = &opts.log_dir {
+        let config: std::collections::BTreeMap<&str, f64> = [
+            ("world_size", acc.world_size() as f64),
+            ("epochs", opts.epochs as f64),
+            ("batch_size", opts.batch_size as f64),
+            ("accumulation", opts.accumulation as f64),
+            ("lr", opts.lr),
+            ("hidden", opts.hidden as f64),
+            ("seed", opts.seed as f64),
+        ]
+        .into();
+        acc.init_trackers("tch-digits", dir, &["jsonl", "tensorboard"], &config)?;
+        say(format!(
+            "logging loss and accuracy to {} (tensorboard --logdir {})",
+            dir.join("tch-digits").display(),
+            dir.display()
+        ));
+    }
     let data = Arc::new(Digits::load(&opts.data)?);
     let (train_split, eval_split) = data.split();
     let train_split = match opts.train_len {
@@ -463,6 +487,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
                 p.steps += 1;
                 p.steps
             };
+            acc.log(&[("loss", mean), ("lr", opt.lr())], steps)?;
             if steps % 10 == 0 || steps == 1 {
                 say(format!(
                     "step {steps:>4}  epoch {epoch}  loss {mean:.4}  lr {:.5}",
@@ -480,6 +505,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
                 say(format!(
                     "stopping after step {steps} without saving (as if killed); rerun with --resume"
                 ));
+                acc.end_training()?;
                 let params = flat_params(&*model);
                 return Ok(Report {
                     steps,
@@ -513,11 +539,14 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
         }
         accuracy = correct as f64 / count.max(1) as f64;
         eval_samples = count;
+        let steps = progress.lock().expect("progress").steps;
+        acc.log(&[("accuracy", accuracy)], steps)?;
         say(format!(
             "epoch {epoch} done: accuracy {:.2}% ({correct}/{count} held-out images, gather_for_metrics)",
             100.0 * accuracy
         ));
     }
+    acc.end_training()?;
     let steps = progress.lock().expect("progress").steps;
     let params = flat_params(&*model);
     Ok(Report {

@@ -10,7 +10,10 @@
 //! The main process prints the loss every 10 optimizer steps, the held-out
 //! accuracy after every epoch (gathered with `gather_for_metrics`) and a
 //! checksum of the final parameters, so a stopped-and-resumed run can be
-//! compared bit for bit with an uninterrupted one.
+//! compared bit for bit with an uninterrupted one. Loss, learning rate and
+//! accuracy also go to two trackers under `--log-dir` (default
+//! `target/tch-digits/runs`): `tch-digits/metrics.jsonl` and a TensorBoard
+//! event file (`tensorboard --logdir target/tch-digits/runs`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,7 +25,7 @@ const USAGE: &str = "usage: tch-digits [--data FILE] [--epochs N] [--train-len N
                   [--optimizer adamw|torch-sgd] [--no-shuffle] [--no-eval]
                   [--save-every N] [--keep N] [--checkpoint-dir DIR]
                   [--resume] [--stop-after STEP] [--threads N]
-                  [--dump-params FILE]";
+                  [--log-dir DIR | --no-log] [--dump-params FILE]";
 
 struct Extra {
     threads: Option<i32>,
@@ -65,6 +68,8 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
             }
             "--no-shuffle" => o.shuffle = false,
             "--no-eval" => o.no_eval = true,
+            "--log-dir" => o.log_dir = Some(PathBuf::from(value()?)),
+            "--no-log" => o.log_dir = None,
             "--save-every" => o.save_every = num(flag, value()?)?,
             "--keep" => o.keep = num(flag, value()?)?,
             "--checkpoint-dir" => o.checkpoint_dir = PathBuf::from(value()?),
@@ -133,12 +138,19 @@ fn main() -> ExitCode {
                     report.steps, report.checksum
                 );
             } else {
+                let accuracy = if report.eval_samples == 0 {
+                    "no held-out evaluation (--no-eval)".to_string()
+                } else {
+                    format!(
+                        "accuracy {:.2}% over {} held-out images",
+                        100.0 * report.accuracy,
+                        report.eval_samples
+                    )
+                };
                 println!(
-                    "final: {} steps, loss {:.4}, accuracy {:.2}% over {} held-out images, {:.2} ms/step ({:.2} ms gradient sync), params checksum {}",
+                    "final: {} steps, loss {:.4}, {accuracy}, {:.2} ms/step ({:.2} ms gradient sync), params checksum {}",
                     report.steps,
                     report.last_loss,
-                    100.0 * report.accuracy,
-                    report.eval_samples,
                     1e3 * report.step_time,
                     1e3 * report.sync_time,
                     report.checksum

@@ -136,16 +136,18 @@ fn equivalence(optimizer: &str, lr: &str) {
     };
     let one = dir.path().join("one.bin");
     let two = dir.path().join("two.bin");
-    run(
-        1,
-        &dir.path().join("store1"),
-        &common("32", "1", &one, "ck1"),
-    );
-    run(
-        2,
-        &dir.path().join("store2"),
-        &common("8", "2", &two, "ck2"),
-    );
+    let mut args1 = common("32", "1", &one, "ck1");
+    args1.push("--no-log".into());
+    let out = run(1, &dir.path().join("store1"), &args1);
+    let mut args2 = common("8", "2", &two, "ck2");
+    args2.push("--log-dir".into());
+    args2.push(dir.path().join("runs").display().to_string());
+    let out2 = run(2, &dir.path().join("store2"), &args2);
+    for o in [&out, &out2] {
+        assert!(!o.contains("NaN"), "--no-eval prints no NaN accuracy:\n{o}");
+        assert!(o.contains("no held-out evaluation (--no-eval)"), "{o}");
+    }
+    assert!(dir.path().join("runs/tch-digits/metrics.jsonl").exists());
     let (a, b) = (read_params(&one), read_params(&two));
     assert_eq!(a.len(), b.len());
     let init_scale = a.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
@@ -198,6 +200,8 @@ fn stopped_and_resumed_run_ends_bit_identical() {
         a.push(data.display().to_string());
         a.push("--checkpoint-dir".into());
         a.push(dir.path().join(ck).display().to_string());
+        a.push("--log-dir".into());
+        a.push(dir.path().join(format!("{ck}-runs")).display().to_string());
         a
     };
     let full = run(2, &dir.path().join("s1"), &base("full"));
@@ -223,7 +227,24 @@ fn two_ranks_learn_the_digits() {
     a.push(data().display().to_string());
     a.push("--checkpoint-dir".into());
     a.push(dir.path().join("ck").display().to_string());
+    a.push("--log-dir".into());
+    a.push(dir.path().join("runs").display().to_string());
     let out = run(2, &dir.path().join("store"), &a);
+    // Both trackers: JSON Lines with a loss per step and an accuracy per
+    // epoch, and a TensorBoard event file.
+    let run_dir = dir.path().join("runs/tch-digits");
+    let lines = std::fs::read_to_string(run_dir.join("metrics.jsonl")).expect("metrics.jsonl");
+    let accuracies = lines.lines().filter(|l| l.contains("\"accuracy\"")).count();
+    let losses = lines.lines().filter(|l| l.contains("\"loss\"")).count();
+    assert_eq!(accuracies, 4, "one accuracy per epoch:\n{lines}");
+    assert!(losses > 4, "a loss per optimizer step:\n{lines}");
+    let events: Vec<_> = std::fs::read_dir(&run_dir)
+        .expect("run dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.to_string_lossy().contains("tfevents"))
+        .collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(std::fs::metadata(&events[0]).expect("events").len() > 100);
     let last = out
         .lines()
         .find(|l| l.starts_with("final:"))

@@ -377,7 +377,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             let step = acc.accumulate(&batch);
             let mut items = batch.items.clone();
             if opts.noise > 0.0 {
-                let mut rng = acc.rng();
+                let mut rng = acc.rng()?;
                 for s in &mut items {
                     for v in &mut s.x {
                         *v += opts.noise * rng.normal();

@@ -10,7 +10,9 @@
 //! The crate's own uses hold views only for the duration of one collective
 //! or one visitor call, on the thread that owns the model.
 
-use accel_api::{DType, Device, DeviceBuf, DeviceKind, Element, Error, ErrorKind, Result};
+use accel_api::{
+    DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Element, Error, ErrorKind, Result,
+};
 use accel_api::{HostBuf, HostBufMut};
 use tch::{Kind, Tensor};
 
@@ -157,16 +159,39 @@ pub fn host_slice_mut<T: Element>(t: &mut Tensor) -> Result<&mut [T]> {
 /// [`ErrorKind::InvalidArgument`] for an undefined, non-CUDA or
 /// non-contiguous tensor; [`ErrorKind::Unsupported`] for a kind accel has no
 /// element type for.
-pub fn device_view(t: &Tensor) -> Result<DeviceBuf> {
-    const OP: &str = "device_view";
+pub fn device_view(t: &Tensor) -> Result<DeviceBuf<'_>> {
+    let (addr, len, dtype, device) = device_parts(t, "device_view")?;
+    // SAFETY: `t` is a defined, contiguous CUDA tensor (checked by
+    // `device_parts`), so `data_ptr()` addresses `numel()` elements of
+    // `dtype` on `device`; the view borrows the handle for its lifetime, so
+    // the storage stays alive, and the caller holds it shared, so nothing
+    // writes it through this handle meanwhile. Stream 0: see above.
+    Ok(unsafe { DeviceBuf::from_raw(t, addr, len, dtype, device, 0) })
+}
+
+/// A writable device view of a CUDA tensor's memory, for collectives that
+/// write in place (all-reduce, broadcast); as [`device_view`] otherwise.
+///
+/// # Errors
+/// As [`device_view`].
+pub fn device_view_mut(t: &mut Tensor) -> Result<DeviceBufMut<'_>> {
+    let (addr, len, dtype, device) = device_parts(t, "device_view_mut")?;
+    // SAFETY: as in `device_view`; the handle is borrowed mutably for the
+    // view's lifetime, so no other view of the memory is made through it
+    // while an engine writes.
+    Ok(unsafe { DeviceBufMut::from_raw(t, addr, len, dtype, device, 0) })
+}
+
+/// Address, element count, dtype and device of a CUDA tensor, checked.
+fn device_parts(t: &Tensor, op: &str) -> Result<(u64, usize, DType, Device)> {
     if !t.defined() {
-        return Err(Error::invalid_argument(OP, "the tensor is undefined"));
+        return Err(Error::invalid_argument(op, "the tensor is undefined"));
     }
     let index = match t.device() {
         tch::Device::Cuda(i) => i,
         other => {
             return Err(Error::invalid_argument(
-                OP,
+                op,
                 format!("the tensor is on {other:?}, a device view needs a CUDA tensor"),
             )
             .with_fix("use host_view for CPU tensors"))
@@ -174,20 +199,16 @@ pub fn device_view(t: &Tensor) -> Result<DeviceBuf> {
     };
     if !t.is_contiguous() {
         return Err(Error::invalid_argument(
-            OP,
+            op,
             format!("the tensor (shape {:?}) is not contiguous", t.size()),
         )
         .with_fix("call .contiguous() first (it copies)"));
     }
-    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(OP, t.kind()))?;
-    Ok(DeviceBuf {
-        addr: t.data_ptr() as u64,
-        len: t.numel(),
+    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))?;
+    Ok((
+        t.data_ptr() as u64,
+        t.numel(),
         dtype,
-        device: Device {
-            kind: DeviceKind::Cuda,
-            index: index as u32,
-        },
-        stream: 0,
-    })
+        Device::new(DeviceKind::Cuda, index as u32),
+    ))
 }

@@ -207,7 +207,7 @@ fn gather_rows(acc: &Accelerator, t: &Tensor, keep: Option<(bool, usize)>) -> Re
 impl TensorCollectives for Accelerator {
     fn all_reduce_tensor(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
         if let Device::Cuda(_) = t.device() {
-            let view = ffi::device_view(t)?;
+            let view = ffi::device_view_mut(t)?;
             return self.comm().all_reduce(BufMut::Device(view), op);
         }
         let view = ffi::host_view_mut(t)?;
@@ -216,7 +216,7 @@ impl TensorCollectives for Accelerator {
 
     fn broadcast_tensor(&self, t: &mut Tensor, root: usize) -> Result<()> {
         if let Device::Cuda(_) = t.device() {
-            let view = ffi::device_view(t)?;
+            let view = ffi::device_view_mut(t)?;
             return self.comm().broadcast(BufMut::Device(view), root);
         }
         let view = ffi::host_view_mut(t)?;

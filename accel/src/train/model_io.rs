@@ -1,0 +1,359 @@
+//! `save_model` / `load_model`: a model's weights in the Hugging Face
+//! layout, readable by `safetensors`, `transformers` and accel at any world
+//! size.
+//!
+//! # Layout
+//! A model of at most `max_shard_size` bytes is one file,
+//! `model.safetensors`. A larger one is cut, in parameter order, into
+//! `model-00001-of-0000N.safetensors`, ... (a new shard starts when the next
+//! tensor would pass the limit; a tensor larger than the limit gets a shard
+//! of its own) plus `model.safetensors.index.json`:
+//!
+//! ```json
+//! {"metadata": {"total_size": 1234}, "weight_map": {"w": "model-00001-of-00002.safetensors", ...}}
+//! ```
+//!
+//! `total_size` is the sum of the tensors' bytes. Each file's header carries
+//! `{"format": "pt"}` as `transformers` writes it. Tensors are `f32`, 1-D
+//! (the [`Parameters`] view is flat), named as the model names them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use accel_api::{Error, ErrorKind, Result};
+use accel_sharding::CheckpointWriter;
+use serde::{Deserialize, Serialize};
+
+use super::adapters::{Parameters, Tensor};
+use super::checkpoint::{decode_tensors, encode_tensors_with};
+use crate::Accelerator;
+
+/// The single-file name.
+pub const SAFE_WEIGHTS_NAME: &str = "model.safetensors";
+/// The index of a sharded model.
+pub const SAFE_WEIGHTS_INDEX_NAME: &str = "model.safetensors.index.json";
+/// `transformers`' default `max_shard_size` for `save_pretrained`: 5 GB
+/// (decimal, as it counts).
+pub const DEFAULT_MAX_SHARD_SIZE: u64 = 5_000_000_000;
+
+/// `model.safetensors.index.json`.
+#[derive(Debug, Serialize, Deserialize)]
+struct Index {
+    metadata: IndexMeta,
+    weight_map: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct IndexMeta {
+    total_size: u64,
+}
+
+fn shard_name(i: usize, n: usize) -> String {
+    format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
+}
+
+/// Cut `(name, bytes)` in order into shards of at most `max` bytes.
+fn plan_shards(sizes: &[(String, u64)], max: u64) -> Vec<Vec<String>> {
+    let mut shards: Vec<Vec<String>> = Vec::new();
+    let mut current = u64::MAX; // forces a first shard
+    for (name, size) in sizes {
+        if shards.is_empty() || (current > 0 && current.saturating_add(*size) > max) {
+            shards.push(Vec::new());
+            current = 0;
+        }
+        shards.last_mut().expect("a shard").push(name.clone());
+        current += size;
+    }
+    shards
+}
+
+impl Accelerator {
+    /// Write `model`'s weights into `dir` in the Hugging Face layout:
+    /// `model.safetensors` when the model has at most `max_shard_size`
+    /// bytes, else `model-00001-of-0000N.safetensors`, ... cut in parameter
+    /// order (a tensor larger than the limit gets a shard of its own) plus
+    /// `model.safetensors.index.json` with `metadata.total_size` (the
+    /// tensors' bytes) and the `weight_map` (Accelerate's `save_model`; pass
+    /// [`DEFAULT_MAX_SHARD_SIZE`] for `transformers`' default). Pass the
+    /// unwrapped model: `&*prepared` or `prepared.inner()`. Tensors are
+    /// 1-D `f32` named as the model names its parameters; each header
+    /// carries `{"format": "pt"}`. Returns `dir`. Collective.
+    ///
+    /// # Behavior
+    /// Only the main process writes. The folder is assembled in a hidden
+    /// temporary directory next to `dir`, every file fsynced, then renamed
+    /// into place (an existing `dir` is replaced only once the new one is
+    /// complete), so a reader sees the old weights or the new ones, never a
+    /// mix. Weights saved by any number of processes load at any other with
+    /// [`load_model`](Self::load_model).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a `max_shard_size` of 0 or a
+    /// duplicate parameter name; [`ErrorKind::Io`] naming the path. A
+    /// failure on the main process fails every rank.
+    pub fn save_model<P: Parameters + ?Sized>(
+        &self,
+        model: &P,
+        dir: impl AsRef<Path>,
+        max_shard_size: u64,
+    ) -> Result<PathBuf> {
+        const OP: &str = "save_model";
+        let dir = dir.as_ref();
+        let written = if self.is_main_process() {
+            write_model(model, dir, max_shard_size)
+        } else {
+            Ok(())
+        };
+        self.agree(OP, written)?;
+        Ok(dir.to_path_buf())
+    }
+
+    /// Fill `model`'s parameters from a folder written by
+    /// [`save_model`](Self::save_model) (or by `transformers`'
+    /// `save_pretrained` with safetensors), at any world size: the index and
+    /// every shard it names, or the single `model.safetensors`. Every rank
+    /// reads the files itself. `f16`, `bf16` and `f64` tensors are
+    /// converted to `f32`. Collective.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`] naming the file or tensor when a file is not
+    /// valid safetensors, the index does not match the shards (a missing
+    /// tensor, a wrong `total_size`), or a parameter is missing, has another
+    /// length, or the files hold a tensor the model does not have (strict,
+    /// as PyTorch's `load_state_dict`); [`ErrorKind::Io`] when the folder has
+    /// neither file. A failure on any rank fails every rank.
+    pub fn load_model<P: Parameters + ?Sized>(
+        &self,
+        model: &mut P,
+        dir: impl AsRef<Path>,
+    ) -> Result<()> {
+        let dir = dir.as_ref();
+        let tensors = read_model(dir);
+        let loaded = tensors.and_then(|t| fill_model(model, t, dir));
+        self.agree("load_model", loaded)
+    }
+}
+
+fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Result<()> {
+    const OP: &str = "save_model";
+    if max == 0 {
+        return Err(Error::invalid_argument(OP, "max_shard_size is 0").with_fix(
+            "pass the largest shard in bytes, e.g. accel::train::DEFAULT_MAX_SHARD_SIZE",
+        ));
+    }
+    let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
+    let mut order: Vec<(String, u64)> = Vec::new();
+    let mut dup = None;
+    model.visit_params(&mut |p| {
+        let t = Tensor::from_vec(p.value.to_vec());
+        if tensors.insert(p.name.to_string(), t).is_some() {
+            dup.get_or_insert_with(|| p.name.to_string());
+        }
+        order.push((p.name.to_string(), 4 * p.value.len() as u64));
+    });
+    if let Some(name) = dup {
+        return Err(Error::invalid_argument(
+            OP,
+            format!("the model has two parameters named {name:?}"),
+        )
+        .with_fix("give every parameter a unique name: names are the tensor names in the files"));
+    }
+    let total: u64 = order.iter().map(|(_, s)| s).sum();
+    let meta = || Some(HashMap::from([("format".to_string(), "pt".to_string())]));
+    let mut w = CheckpointWriter::create(dir)?.without_manifest();
+    if total <= max {
+        w.write(SAFE_WEIGHTS_NAME, &encode_tensors_with(&tensors, meta())?)?;
+    } else {
+        let shards = plan_shards(&order, max);
+        let mut weight_map = BTreeMap::new();
+        for (i, names) in shards.iter().enumerate() {
+            let file = shard_name(i, shards.len());
+            let part: BTreeMap<String, Tensor> = names
+                .iter()
+                .map(|n| {
+                    (
+                        n.clone(),
+                        tensors.remove(n).expect("planned from the same names"),
+                    )
+                })
+                .collect();
+            w.write(&file, &encode_tensors_with(&part, meta())?)?;
+            for n in names {
+                weight_map.insert(n.clone(), file.clone());
+            }
+        }
+        let index = Index {
+            metadata: IndexMeta { total_size: total },
+            weight_map,
+        };
+        w.write_json(SAFE_WEIGHTS_INDEX_NAME, &index)?;
+    }
+    w.commit_replacing()?;
+    Ok(())
+}
+
+fn corrupt(msg: String) -> Error {
+    Error::new(ErrorKind::Corrupt, msg).with_op("load_model")
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    fs::read(path).map_err(|e| Error::io(format!("cannot read {}", path.display()), e))
+}
+
+fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
+    let index_path = dir.join(SAFE_WEIGHTS_INDEX_NAME);
+    if !index_path.exists() {
+        let path = dir.join(SAFE_WEIGHTS_NAME);
+        if !path.exists() {
+            return Err(Error::io(
+                format!(
+                    "{} holds neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME}",
+                    dir.display()
+                ),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            )
+            .with_op("load_model")
+            .with_fix("pass the folder save_model wrote"));
+        }
+        return decode_tensors(&read_file(&path)?, &path);
+    }
+    let index: Index = serde_json::from_slice(&read_file(&index_path)?).map_err(|e| {
+        corrupt(format!(
+            "{} is not a valid index: {e}",
+            index_path.display()
+        ))
+    })?;
+    let mut files: Vec<&String> = index.weight_map.values().collect();
+    files.sort();
+    files.dedup();
+    let mut out = BTreeMap::new();
+    let mut total = 0u64;
+    for file in files {
+        if Path::new(file).components().count() != 1 || file.contains("..") {
+            return Err(corrupt(format!(
+                "{} names {file:?}, which is not a file of the folder",
+                index_path.display()
+            )));
+        }
+        let path = dir.join(file);
+        let bytes = read_file(&path)?;
+        let tensors = decode_tensors(&bytes, &path)?;
+        // Stored bytes, whatever the dtype (decode_tensors checked the file).
+        if let Ok(st) = safetensors::SafeTensors::deserialize(&bytes) {
+            total += st
+                .tensors()
+                .iter()
+                .map(|(_, v)| v.data().len() as u64)
+                .sum::<u64>();
+        }
+        for (name, t) in tensors {
+            match index.weight_map.get(&name) {
+                Some(f) if f == file => {}
+                _ => {
+                    return Err(corrupt(format!(
+                        "{} holds tensor {name:?}, which the index does not map to it",
+                        path.display()
+                    )))
+                }
+            }
+            out.insert(name, t);
+        }
+    }
+    for name in index.weight_map.keys() {
+        if !out.contains_key(name) {
+            return Err(corrupt(format!(
+                "{} maps {name:?} to {}, which does not hold it",
+                index_path.display(),
+                index.weight_map[name]
+            )));
+        }
+    }
+    if total != index.metadata.total_size {
+        return Err(corrupt(format!(
+            "{} says total_size {} but its shards hold {total} bytes",
+            index_path.display(),
+            index.metadata.total_size
+        )));
+    }
+    Ok(out)
+}
+
+fn fill_model<P: Parameters + ?Sized>(
+    model: &mut P,
+    mut tensors: BTreeMap<String, Tensor>,
+    dir: &Path,
+) -> Result<()> {
+    let mut err = None;
+    model.visit_params_mut(&mut |p| {
+        if err.is_some() {
+            return;
+        }
+        match tensors.remove(p.name) {
+            None => {
+                err = Some(corrupt(format!(
+                    "{} has no tensor {:?}",
+                    dir.display(),
+                    p.name
+                )))
+            }
+            Some(t) if t.data.len() != p.value.len() => {
+                err = Some(corrupt(format!(
+                    "{}: tensor {:?} has {} values, the model's parameter {}",
+                    dir.display(),
+                    p.name,
+                    t.data.len(),
+                    p.value.len()
+                )))
+            }
+            Some(t) => p.value.copy_from_slice(&t.data),
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    if let Some(extra) = tensors.keys().next() {
+        return Err(corrupt(format!(
+            "{} holds tensor {extra:?}, which the model does not have ({} unexpected in all)",
+            dir.display(),
+            tensors.len()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_cut_in_order_and_a_big_tensor_gets_its_own() {
+        let sizes: Vec<(String, u64)> = [("a", 4), ("b", 4), ("c", 12), ("d", 4)]
+            .iter()
+            .map(|(n, s)| (n.to_string(), *s))
+            .collect();
+        let names = |v: Vec<Vec<String>>| -> Vec<Vec<&'static str>> {
+            v.iter()
+                .map(|s| {
+                    s.iter()
+                        .map(|n| match n.as_str() {
+                            "a" => "a",
+                            "b" => "b",
+                            "c" => "c",
+                            _ => "d",
+                        })
+                        .collect()
+                })
+                .collect()
+        };
+        assert_eq!(
+            names(plan_shards(&sizes, 8)),
+            vec![vec!["a", "b"], vec!["c"], vec!["d"]]
+        );
+        assert_eq!(
+            names(plan_shards(&sizes, 100)),
+            vec![vec!["a", "b", "c", "d"]]
+        );
+        assert_eq!(shard_name(0, 3), "model-00001-of-00003.safetensors");
+    }
+}
