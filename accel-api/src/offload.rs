@@ -12,14 +12,35 @@ pub struct TensorMeta {
 }
 
 impl TensorMeta {
+    /// Number of elements (1 for a scalar), or `None` when it does not fit
+    /// in `usize`.
+    pub fn checked_numel(&self) -> Option<usize> {
+        self.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+    }
+
+    /// Size of the data in bytes, or `None` when it does not fit in `usize`.
+    pub fn checked_byte_len(&self) -> Option<usize> {
+        self.checked_numel()?.checked_mul(self.dtype.size())
+    }
+
     /// Number of elements (1 for a scalar).
+    ///
+    /// # Panics
+    /// When the count does not fit in `usize` (a shape from untrusted input:
+    /// use [`checked_numel`](TensorMeta::checked_numel) there).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.checked_numel()
+            .unwrap_or_else(|| panic!("tensor shape {:?} overflows usize", self.shape))
     }
 
     /// Size of the data in bytes.
+    ///
+    /// # Panics
+    /// As [`numel`](TensorMeta::numel); use
+    /// [`checked_byte_len`](TensorMeta::checked_byte_len) on untrusted shapes.
     pub fn byte_len(&self) -> usize {
-        self.numel() * self.dtype.size()
+        self.checked_byte_len()
+            .unwrap_or_else(|| panic!("tensor shape {:?} overflows usize", self.shape))
     }
 }
 

@@ -105,19 +105,19 @@ impl Accelerator {
         comm: Arc<dyn Communicator>,
         store: Arc<dyn Store>,
     ) -> Result<Accelerator> {
-        let vars = [
-            ("RANK", comm.rank().to_string()),
-            ("WORLD_SIZE", comm.world_size().to_string()),
-            ("LOCAL_RANK", comm.rank().to_string()),
-            ("LOCAL_WORLD_SIZE", comm.world_size().to_string()),
-            (
-                "ACCEL_TIMEOUT",
-                format!("{}ms", comm.timeout().as_millis().max(1)),
-            ),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
+        let env = crate::WorkerEnv {
+            rank: Some(comm.rank()),
+            world_size: Some(comm.world_size()),
+            local_rank: Some(comm.rank()),
+            local_world_size: Some(comm.world_size()),
+            timeout: Some(comm.timeout()),
+            ..Default::default()
+        };
+        let vars = env
+            .to_vars()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
         let state = Arc::new(ProcessState::from_vars(vars)?);
         Ok(Accelerator {
             train: Arc::new(crate::train::TrainShared::new(state.world_size)),

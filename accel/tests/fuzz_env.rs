@@ -272,7 +272,6 @@ fn durations_never_panic_and_are_positive() {
 /// 22 item 5) and `SLURM_TASKS_PER_NODE=1(x18446744073709551615)` (a
 /// repeat count that is allocated). Enable when those fixes land.
 #[test]
-#[ignore = "issue 22 items 5 and 11: huge timeouts and Slurm repeat counts crash the parser today"]
 fn the_environment_never_panics_even_on_huge_values() {
     let reach = Reach {
         known_crashes: true,

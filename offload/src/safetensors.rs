@@ -142,13 +142,19 @@ pub fn parse_header(path: &Path, header: &[u8], file_len: u64) -> Result<Vec<Ten
         });
     }
     out.sort_by_key(|e| e.start);
-    for w in out.windows(2) {
-        if w[1].len > 0 && w[0].start + w[0].len > w[1].start {
-            return Err(corrupt(
-                path,
-                format!("tensors `{}` and `{}` overlap", w[0].name, w[1].name),
-            ));
+    // Empty tensors occupy no bytes: compare each non-empty tensor with the
+    // previous non-empty one, wherever empty ones sort between them.
+    let mut prev: Option<&TensorEntry> = None;
+    for e in out.iter().filter(|e| e.len > 0) {
+        if let Some(p) = prev {
+            if p.start + p.len > e.start {
+                return Err(corrupt(
+                    path,
+                    format!("tensors `{}` and `{}` overlap", p.name, e.name),
+                ));
+            }
         }
+        prev = Some(e);
     }
     Ok(out)
 }

@@ -338,7 +338,6 @@ fn safetensors_headers_never_panic_and_what_parses_fits_the_file() {
 /// tensors sort between them, because `parse_header` only compares
 /// neighbours (offload/src/safetensors.rs, the `windows(2)` check).
 #[test]
-#[ignore = "overlapping tensors separated by empty ones are accepted; enable with the offload fix"]
 fn overlapping_tensors_around_empty_ones_are_refused() {
     let h = br#"{"__metadata__":{"format":"pt"},"a.00":{"data_offsets":[0,0],"dtype":"F32","shape":[0,0]},"aaa.00.00":{"data_offsets":[0,0],"dtype":"I8","shape":[0]},"[b.00":{"data_offsets":[0,2],"dtype":"BF16","shape":[1]},"ab.00_again":{"data_offsets":[0,2],"dtype":"BF16","shape":[1]}}"#;
     let file_len = 8 + h.len() as u64 + 2;
@@ -500,7 +499,6 @@ fn layout_json_never_panics_and_what_loads_round_trips() {
 /// then `plan::total_size` panics in `TensorMeta::byte_len` (debug; it
 /// wraps in release): issue 22 item 8, owned by the offload work.
 #[test]
-#[ignore = "issue 22 item 8: layout byte sizes overflow; enable when the offload fix lands"]
 fn planning_any_layout_that_loads_never_panics() {
     let budgets = prop_oneof![
         Just(None),

@@ -255,7 +255,11 @@ impl OffloadStore for AccelerateFolder {
                     })?;
                     let m = crate::mmap::map_readonly(&f, path)?;
                     // A 0-d tensor is stored as one element.
-                    let want = slot.meta.numel().max(1) * slot.meta.dtype.size();
+                    let want = slot
+                        .meta
+                        .checked_numel()
+                        .and_then(|n| n.max(1).checked_mul(slot.meta.dtype.size()))
+                        .unwrap_or(usize::MAX);
                     if m.len() != want {
                         return Err(Error::new(
                             ErrorKind::Corrupt,
@@ -272,7 +276,9 @@ impl OffloadStore for AccelerateFolder {
                     let _ = map.set(m);
                 }
                 let m = map.get().expect("mapped above");
-                Ok(Cow::Borrowed(&m[..slot.meta.byte_len()]))
+                // The length was checked against the shape when mapped.
+                let len = slot.meta.checked_byte_len().unwrap_or(m.len()).min(m.len());
+                Ok(Cow::Borrowed(&m[..len]))
             }
         }
     }

@@ -33,15 +33,16 @@ pub(crate) fn check_len(
     meta: &TensorMeta,
     data: &[u8],
 ) -> accel_api::Result<()> {
-    if data.len() != meta.byte_len() {
+    let need = meta.checked_byte_len();
+    if need != Some(data.len()) {
+        let need = need.map_or_else(|| "more than usize::MAX".to_string(), |n| n.to_string());
         return Err(Error::invalid_argument(
             format!("{store} put"),
             format!(
-                "tensor `{name}`: {} bytes given but {} {:?} needs {}",
+                "tensor `{name}`: {} bytes given but {} {:?} needs {need}",
                 data.len(),
                 meta.dtype,
                 meta.shape,
-                meta.byte_len()
             ),
         ));
     }
