@@ -34,6 +34,7 @@ mod collectives;
 mod ctx;
 pub mod data;
 mod failures;
+pub mod fixtures;
 pub mod harness;
 pub mod oracle;
 mod prop;

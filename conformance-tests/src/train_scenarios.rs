@@ -7,12 +7,12 @@
 
 use std::sync::Arc;
 
+use crate::fixtures::{Mlp, Synthetic};
 use accel::train::{
     DataLoader, Dataset, IterableDataset, IterableLoader, Parameters, Sgd, TrainConfig,
 };
 use accel::{Accelerator, CollectivesExt};
 use accel_api::Op;
-use accel_example_train::{Mlp, Synthetic};
 use accel_sharding::reference;
 use proptest::prelude::*;
 

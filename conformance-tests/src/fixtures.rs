@@ -1,0 +1,180 @@
+//! The training fixtures the scenarios use, shipped here so that a vendor
+//! depending on this crate gets them too: a deterministic synthetic
+//! regression dataset and a small MLP with hand-derived gradients (the
+//! pure-Rust demo, `examples/train`, trains the same model).
+
+use accel::train::{Dataset, ParamMut, ParamRef, Parameters};
+
+/// Input features per sample.
+pub const FEATURES: usize = 8;
+
+/// One sample: features and target.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    /// Inputs in `[-1, 1)`.
+    pub x: [f32; FEATURES],
+    /// Target.
+    pub y: f32,
+}
+
+/// SplitMix64 finaliser: a fixed hash, so the dataset is the same on every
+/// rank, platform and run.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn unit(seed: u64, a: u64, b: u64) -> f32 {
+    let h = mix(seed ^ mix(a.wrapping_mul(0x1000_0000_01b3) ^ mix(b)));
+    ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+/// A deterministic regression dataset: sample `i` is a pure function of
+/// `(seed, i)`. The target is a smooth non-linear function of the inputs
+/// plus a little noise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Synthetic {
+    /// Number of samples.
+    pub len: usize,
+    /// Which draw of the data (training and evaluation sets use different
+    /// seeds).
+    pub seed: u64,
+}
+
+impl Dataset for Synthetic {
+    type Item = Sample;
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn get(&self, i: usize) -> Sample {
+        let mut x = [0.0f32; FEATURES];
+        for (j, v) in x.iter_mut().enumerate() {
+            *v = unit(self.seed, i as u64, j as u64);
+        }
+        let lin: f32 = x
+            .iter()
+            .enumerate()
+            .map(|(j, v)| v * (j as f32 - 3.5) / 4.0)
+            .sum();
+        let y = lin.sin() + 0.5 * x[0] * x[1] + 0.05 * unit(self.seed, i as u64, 99);
+        Sample { x, y }
+    }
+}
+
+/// `FEATURES → hidden (tanh) → 1` with gradient buffers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mlp {
+    /// Hidden width.
+    pub hidden: usize,
+    /// Values: `fc1.weight` (hidden × FEATURES), `fc1.bias`, `fc2.weight`,
+    /// `fc2.bias`.
+    pub values: [Vec<f32>; 4],
+    /// Gradients, same shapes.
+    pub grads: [Vec<f32>; 4],
+}
+
+const NAMES: [&str; 4] = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
+
+impl Mlp {
+    /// A model with deterministic small initial weights from `seed`.
+    pub fn new(hidden: usize, seed: u64) -> Mlp {
+        let scale1 = 1.0 / (FEATURES as f32).sqrt();
+        let scale2 = 1.0 / (hidden as f32).sqrt();
+        let w1 = (0..hidden * FEATURES)
+            .map(|i| unit(seed, 1, i as u64) * scale1)
+            .collect();
+        let w2 = (0..hidden)
+            .map(|i| unit(seed, 2, i as u64) * scale2)
+            .collect();
+        let values = [w1, vec![0.0; hidden], w2, vec![0.0; 1]];
+        let grads = values.clone().map(|v| vec![0.0; v.len()]);
+        Mlp {
+            hidden,
+            values,
+            grads,
+        }
+    }
+
+    fn hidden_act(&self, x: &[f32; FEATURES]) -> Vec<f32> {
+        let [w1, b1, _, _] = &self.values;
+        (0..self.hidden)
+            .map(|k| {
+                let z: f32 = b1[k]
+                    + w1[k * FEATURES..(k + 1) * FEATURES]
+                        .iter()
+                        .zip(x)
+                        .map(|(w, v)| w * v)
+                        .sum::<f32>();
+                z.tanh()
+            })
+            .collect()
+    }
+
+    /// The prediction for one input.
+    pub fn forward(&self, x: &[f32; FEATURES]) -> f32 {
+        let h = self.hidden_act(x);
+        self.values[3][0]
+            + h.iter()
+                .zip(&self.values[2])
+                .map(|(a, w)| a * w)
+                .sum::<f32>()
+    }
+
+    /// Mean squared error over `batch`; adds `scale ×` its gradient to the
+    /// gradient buffers (hand-derived backpropagation). Returns the
+    /// unscaled mean loss.
+    pub fn loss_and_grad(&mut self, batch: &[Sample], scale: f32) -> f32 {
+        if batch.is_empty() {
+            return 0.0;
+        }
+        let n = batch.len() as f32;
+        let mut loss = 0.0;
+        for s in batch {
+            let h = self.hidden_act(&s.x);
+            let pred = self.values[3][0]
+                + h.iter()
+                    .zip(&self.values[2])
+                    .map(|(a, w)| a * w)
+                    .sum::<f32>();
+            let e = pred - s.y;
+            loss += e * e / n;
+            let dy = scale * 2.0 * e / n;
+            let [g1, gb1, g2, gb2] = &mut self.grads;
+            gb2[0] += dy;
+            for k in 0..self.hidden {
+                g2[k] += dy * h[k];
+                let dz = dy * self.values[2][k] * (1.0 - h[k] * h[k]);
+                gb1[k] += dz;
+                for (g, v) in g1[k * FEATURES..(k + 1) * FEATURES].iter_mut().zip(&s.x) {
+                    *g += dz * v;
+                }
+            }
+        }
+        loss
+    }
+
+    /// All parameter values, flattened in visiting order.
+    pub fn flat_values(&self) -> Vec<f32> {
+        self.values.concat()
+    }
+}
+
+impl Parameters for Mlp {
+    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        for (i, name) in NAMES.iter().enumerate() {
+            f(ParamRef {
+                name,
+                value: &self.values[i],
+                grad: &self.grads[i],
+            });
+        }
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        let (values, grads) = (&mut self.values, &mut self.grads);
+        for ((name, value), grad) in NAMES.iter().zip(values.iter_mut()).zip(grads.iter_mut()) {
+            f(ParamMut { name, value, grad });
+        }
+    }
+}
