@@ -1,5 +1,7 @@
 //! `accel env`: the Foundation issue's done-when checks.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -35,23 +37,15 @@ fn plain_shell_shows_single_available_and_selected() {
     let o = accel(&[], &[]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
-    let row = t
-        .lines()
-        .find(|l| l.trim_start().starts_with("single "))
-        .expect("single row");
+    let row = common::env_row(&t, "single");
     assert!(row.contains("yes"), "{row}");
     assert!(t.contains("Selected backend: single"), "{t}");
 
     let o = accel(&[], &["--json"]);
     assert!(o.status.success(), "{}", text(&o));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-    let single = v["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["name"] == "single")
-        .unwrap();
+    let single = common::env_json_backend(&o.stdout, "single");
     assert_eq!(single["probe"]["availability"]["status"], "available");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["process"]["world_size"], 1);
 }
 

@@ -3,6 +3,8 @@
 //! text and in `--json`.
 #![cfg(feature = "npu-hccl")]
 
+mod common;
+
 use std::process::{Command, Output};
 
 fn accel_env(lib_dir: &std::path::Path, args: &[&str]) -> Output {
@@ -26,23 +28,14 @@ fn env_shows_npu_hccl_unavailable_with_the_reason() {
         "{t}{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let row = t
-        .lines()
-        .find(|l| l.trim_start().starts_with("npu-hccl "))
-        .unwrap_or_else(|| panic!("no npu-hccl row:\n{t}"));
+    let row = common::env_row(&t, "npu-hccl");
     assert!(row.contains("libascendcl.so not found"), "{row}");
     assert!(row.contains(&dir.path().display().to_string()), "{row}");
     assert!(t.contains("Selected backend: single"), "{t}");
 
     let o = accel_env(dir.path(), &["--json"]);
     assert!(o.status.success());
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
-    let npu = v["backends"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|b| b["name"] == "npu-hccl")
-        .expect("npu-hccl in --json");
+    let npu = common::env_json_backend(&o.stdout, "npu-hccl");
     assert_eq!(npu["compiled_in"], true);
     assert_eq!(npu["probe"]["availability"]["status"], "unavailable");
     let reason = npu["probe"]["availability"]["reason"].as_str().unwrap();

@@ -281,3 +281,26 @@ pub fn attempt_statuses(stdout: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// The row of `backend` in `accel env`'s table.
+#[track_caller]
+pub fn env_row<'a>(table: &'a str, backend: &str) -> &'a str {
+    let prefix = format!("{backend} ");
+    table
+        .lines()
+        .find(|l| l.trim_start().starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no {backend} row:\n{table}"))
+}
+
+/// The entry of `backend` in `accel env --json`'s `backends`.
+#[track_caller]
+pub fn env_json_backend(stdout: &[u8], backend: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_slice(stdout).expect("accel env --json");
+    v["backends"]
+        .as_array()
+        .expect("a backends array")
+        .iter()
+        .find(|b| b["name"] == backend)
+        .unwrap_or_else(|| panic!("no {backend} in --json"))
+        .clone()
+}
