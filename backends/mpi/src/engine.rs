@@ -610,6 +610,13 @@ impl Engine for MpiEngine {
     /// (which also proves that every rank entered), then calls
     /// `MPI_Comm_split` with a dense color index and this rank's position in
     /// its `(key, rank)` order, so that every `u32` color and key works.
+    /// A peer may be stuck after this: the at-exit `MPI_Finalize` of this
+    /// process is bounded from now on (a failed rank exits instead of
+    /// waiting for a hung one).
+    fn on_fatal(&self, _err: &Error) {
+        ffi::mark_failed();
+    }
+
     fn split(&self, color: Option<u32>, key: u32) -> Result<Option<MpiEngine>> {
         let plan = SplitPlan::exchange(self, color, key)?;
         let mpi_color = plan.color.map(|_| plan.color_index as c_int);

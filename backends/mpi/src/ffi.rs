@@ -87,7 +87,22 @@ pub(crate) struct Init {
 
 static INIT: OnceLock<Result<Init, MpiError>> = OnceLock::new();
 
-extern "C" fn finalize_at_exit() {
+/// Set when a communicator of this process failed for its group (a
+/// timeout, a lost peer): a peer may be stuck, so the at-exit
+/// `MPI_Finalize` (which waits for every rank) gets only
+/// [`FINALIZE_GRACE`].
+static FAILED: AtomicBool = AtomicBool::new(false);
+
+/// How long a process whose group failed waits in `MPI_Finalize` at exit
+/// before it leaves without it (mpirun then ends the job).
+const FINALIZE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Record that a group of this process failed (see [`FAILED`]).
+pub(crate) fn mark_failed() {
+    FAILED.store(true, Ordering::SeqCst);
+}
+
+fn finalize() {
     let _g = lock();
     if FINALIZED.swap(true, Ordering::SeqCst) {
         return;
@@ -101,6 +116,32 @@ extern "C" fn finalize_at_exit() {
         // registered then) and not finalized yet; the lock keeps every
         // other thread out of MPI, and FINALIZED stops later calls.
         unsafe { sys::MPI_Finalize() };
+    }
+}
+
+extern "C" fn finalize_at_exit() {
+    if !FAILED.load(Ordering::SeqCst) {
+        finalize();
+        return;
+    }
+    // A peer may never reach MPI_Finalize: finalize on a helper thread and
+    // leave without it after the grace period, so that a failed rank exits
+    // instead of waiting for a hung one (mpirun ends the job).
+    let (tx, rx) = std::sync::mpsc::channel();
+    let helper = std::thread::Builder::new().spawn(move || {
+        finalize();
+        let _ = tx.send(());
+    });
+    if helper.is_err() || rx.recv_timeout(FINALIZE_GRACE).is_err() {
+        use std::io::Write as _;
+        let _ = writeln!(
+            std::io::stderr(),
+            "[mpi] a group of this process failed and MPI_Finalize did not return within {FINALIZE_GRACE:?} (a peer is stuck): exiting without it"
+        );
+        // SAFETY: ends the process at once without running the rest of the
+        // exit handlers, which is the point: MPI_Finalize is still blocked
+        // on another thread.
+        unsafe { libc::_exit(1) };
     }
 }
 

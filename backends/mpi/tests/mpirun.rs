@@ -107,6 +107,7 @@ fn worker_process() {
         "timeout_small" => timeout_small(),
         "timeout_large" => timeout_large(),
         "kill" => kill(),
+        "hung_peer" => hung_peer(),
         other => panic!("unknown mode {other}"),
     }
 }
@@ -280,6 +281,20 @@ fn timeout_large() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
+/// Rank 1 hangs outside any collective; rank 0 times out and returns from
+/// main with the error (a small buffer: the call returns).
+fn hung_peer() {
+    let c = connect(Duration::from_secs(2));
+    if c.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let e = c
+        .all_reduce_slice(&mut [1.0f32; 8], ReduceOp::Sum)
+        .unwrap_err();
+    println!("rank 0: {e}");
+}
+
 /// Rank 1 dies in the middle of a collective.
 fn kill() {
     let c = connect(Duration::from_secs(60));
@@ -313,6 +328,24 @@ fn small_timeout_returns_and_the_job_goes_on() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("timed out after"), "{out}");
     assert_eq!(out.matches("timeout_small ok").count(), 2, "{out}");
+}
+
+/// Issue 22 item 1: a rank whose collective timed out exits instead of
+/// waiting in MPI_Finalize for the hung rank, and the job ends.
+#[test]
+fn a_timed_out_rank_exits_and_the_job_ends() {
+    if !have_mpirun() {
+        return;
+    }
+    let start = Instant::now();
+    let (code, out) = job("hung_peer", 2, &[]);
+    assert!(out.contains("timed out after"), "{out}");
+    assert_ne!(code, Some(0), "{out}");
+    assert!(
+        start.elapsed() < Duration::from_secs(40),
+        "the job ran {:?} (rank 1 sleeps 60 s):\n{out}",
+        start.elapsed()
+    );
 }
 
 #[test]
