@@ -33,24 +33,12 @@ pub type NcclCommunicator = Group<NcclEngine>;
 /// host memory (staged through device memory).
 pub fn capabilities() -> Capabilities {
     let mut c = Capabilities::all_host()
-        .with_dtypes(DTYPES)
-        .with_reduce_dtypes(DTYPES)
+        .with_dtypes(DType::ALL)
+        .with_reduce_dtypes(DType::ALL)
         .with_device_kinds([DeviceKind::Cpu, DeviceKind::Cuda]);
     c.abort_interrupts = true;
     c
 }
-
-/// The element types NCCL carries, all eight of accel's.
-const DTYPES: [DType; 8] = [
-    DType::F16,
-    DType::BF16,
-    DType::F32,
-    DType::F64,
-    DType::I8,
-    DType::U8,
-    DType::I32,
-    DType::I64,
-];
 
 fn nccl_type(d: DType) -> NcclType {
     match d {
@@ -62,8 +50,8 @@ fn nccl_type(d: DType) -> NcclType {
         DType::U8 => NcclType::ncclUint8,
         DType::I32 => NcclType::ncclInt32,
         DType::I64 => NcclType::ncclInt64,
-        // `DType` is non-exhaustive; a new type is not in `DTYPES`, so the
-        // group refuses it before it gets here.
+        // `DType` is non-exhaustive: a type added later is not declared
+        // by `capabilities`, so the group refuses it before it gets here.
         #[allow(unreachable_patterns)]
         _ => NcclType::ncclUint8,
     }
