@@ -128,6 +128,12 @@ pub use cudarc;
 pub use engine::{capabilities, NcclCommunicator, NcclEngine};
 pub use probe::{candidate_dirs, inspect, prepare_link_dir, ProbeReport};
 
+/// The NCCL symbols the backend calls; the probe finds every one before
+/// using the library.
+pub fn required_nccl_symbols() -> &'static [&'static str] {
+    ffi::NCCL_SYMBOLS
+}
+
 use engine::Shared;
 use error::NcclFailure;
 
