@@ -134,6 +134,12 @@ pub fn required_nccl_symbols() -> &'static [&'static str] {
     ffi::NCCL_SYMBOLS
 }
 
+/// The CUDA driver symbols a communicator calls; the probe finds every one
+/// before using the driver.
+pub fn required_driver_symbols() -> &'static [&'static str] {
+    ffi::DRIVER_SYMBOLS
+}
+
 use engine::Shared;
 use error::NcclFailure;
 

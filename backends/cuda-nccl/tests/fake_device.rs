@@ -105,12 +105,13 @@ fn child_scenarios() {
     );
 }
 
-#[test]
-fn a_hung_collective_times_out_aborts_and_poisons() {
+/// Run `child` with the fake NCCL hanging every collective and check that
+/// the engine called `ncclCommAbort` exactly once.
+fn assert_one_abort_after_hang(child: &str) {
     let t = tempfile::tempdir().unwrap();
     let log: PathBuf = t.path().join("aborts");
     run_child(
-        "child_hang",
+        child,
         &[
             ("FAKE_NCCL_HANG", "1"),
             ("FAKE_NCCL_ABORT_LOG", log.to_str().unwrap()),
@@ -122,6 +123,11 @@ fn a_hung_collective_times_out_aborts_and_poisons() {
         1,
         "ncclCommAbort exactly once: {aborts:?}"
     );
+}
+
+#[test]
+fn a_hung_collective_times_out_aborts_and_poisons() {
+    assert_one_abort_after_hang("child_hang");
 }
 
 #[test]
@@ -263,21 +269,7 @@ fn child_cudarc() {
 
 #[test]
 fn abort_interrupts_a_call_in_flight() {
-    let t = tempfile::tempdir().unwrap();
-    let log: PathBuf = t.path().join("aborts");
-    run_child(
-        "child_abort_in_flight",
-        &[
-            ("FAKE_NCCL_HANG", "1"),
-            ("FAKE_NCCL_ABORT_LOG", log.to_str().unwrap()),
-        ],
-    );
-    let aborts = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(
-        aborts.lines().count(),
-        1,
-        "ncclCommAbort exactly once: {aborts:?}"
-    );
+    assert_one_abort_after_hang("child_abort_in_flight");
 }
 
 #[test]

@@ -115,27 +115,12 @@ fn driver_stub(dir: &Path, init: i32, count: i32, all_symbols: bool) {
          int cuDriverGetVersion(int *v) {{ *v = 13000; return 0; }}\n"
     );
     if all_symbols {
-        for s in [
-            "cuDeviceGet",
-            "cuDeviceGetAttribute",
-            "cuDevicePrimaryCtxRetain",
-            "cuDevicePrimaryCtxRelease_v2",
-            "cuCtxSetCurrent",
-            "cuCtxGetCurrent",
-            "cuCtxSynchronize",
-            "cuStreamCreate",
-            "cuStreamDestroy_v2",
-            "cuStreamQuery",
-            "cuStreamWaitEvent",
-            "cuEventCreate",
-            "cuEventRecord",
-            "cuEventDestroy_v2",
-            "cuMemAlloc_v2",
-            "cuMemFree_v2",
-            "cuMemcpyHtoDAsync_v2",
-            "cuMemcpyDtoHAsync_v2",
-            "cuMemcpyDtoDAsync_v2",
-        ] {
+        // The probe's own three are defined above.
+        for s in accel_backend_cuda_nccl::required_driver_symbols()
+            .iter()
+            .filter(|s| !src.contains(&format!("int {s}(")))
+            .collect::<Vec<_>>()
+        {
             src.push_str(&format!("int {s}(void) {{ return 999; }}\n"));
         }
     } else {
