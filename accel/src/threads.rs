@@ -475,7 +475,7 @@ where
                 .spawn_scoped(s, body);
             if let Err(e) = spawned {
                 let why = format!("could not start the thread of rank {}: {e}", st.rank);
-                fail_all(&shared, None, &why);
+                fail_all(shared, None, &why);
                 return Err(Error::io("starting a rank thread", e).with_rank(st.rank));
             }
         }

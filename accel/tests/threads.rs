@@ -9,9 +9,12 @@ use accel::{ProcessModel, ReduceOp, Threads};
 
 const WORLD: usize = 4;
 
+/// What a rank saw: its rank, the all_reduce, all_gather and broadcast results.
+type Seen = (usize, Vec<f32>, Vec<u64>, Vec<i64>);
+
 /// What every rank checks: its own state, all_reduce, all_gather,
 /// broadcast and a barrier; returns (rank, sum, gathered, broadcast).
-fn collectives(acc: &accel::Accelerator) -> accel::Result<(usize, Vec<f32>, Vec<u64>, Vec<i64>)> {
+fn collectives(acc: &accel::Accelerator) -> accel::Result<Seen> {
     let s = accel::state()?;
     assert_eq!((s.rank, s.world_size), (acc.rank(), WORLD));
     assert_eq!(s.local_rank, acc.local_rank());
@@ -27,7 +30,7 @@ fn collectives(acc: &accel::Accelerator) -> accel::Result<(usize, Vec<f32>, Vec<
     Ok((r, x, gathered, b))
 }
 
-fn check(backend: &str, out: Vec<(usize, Vec<f32>, Vec<u64>, Vec<i64>)>) {
+fn check(backend: &str, out: Vec<Seen>) {
     assert_eq!(out.len(), WORLD, "{backend}: one result per rank");
     let sum: Vec<f32> = vec![
         (1..=WORLD).map(|v| v as f32).sum(),
