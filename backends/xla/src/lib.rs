@@ -24,6 +24,11 @@
 //! operation; ranks in different processes fail `connect` with
 //! [`ErrorKind::InvalidConfig`] naming both processes.
 //!
+//! Programs get their rank threads from accel's facade: `accel launch
+//! --backend xla -n N -- prog` starts one process whose `accel::run`
+//! starts N rank threads, and `accel::Threads::new(N)` runs a closure on N
+//! rank threads of the caller (docs/adr/0015).
+//!
 //! ## What is supported
 //!
 //! | operation | how |
@@ -65,8 +70,10 @@
 //!
 //! ## Measuring
 //!
-//! `examples/bench_all_reduce.rs` times all_reduce on N rank threads with
-//! `accel bench`'s method; docs/benchmarks.md has the numbers.
+//! `accel bench --backend xla -n N` (one process of N rank threads under
+//! `accel launch`, ADR 0015) times any collective like every other
+//! backend; `examples/bench_all_reduce.rs` times all_reduce on N rank
+//! threads without the launcher. docs/benchmarks.md has the numbers.
 //!
 //! [PJRT]: https://openxla.org/xla/pjrt
 //! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
