@@ -28,7 +28,7 @@
 //! blocked, as the launcher would stop process workers.
 //!
 //! # Output
-//! Under `accel launch`, lines written with [`rank_println!`] /
+//! Under `accel launch`, lines written with [`rank_println!`](crate::rank_println) /
 //! [`rank_eprintln!`](crate::rank_eprintln) carry their rank in a tag
 //! ([`tag_line`]) that the launcher turns into the usual `[rank N]` prefix
 //! (and routes to that rank's `--tee` file and rank filter). Plain
@@ -80,7 +80,7 @@ pub fn untag_line(line: &[u8]) -> Option<(usize, &[u8])> {
 /// Write `args` and a newline to stdout (`stderr`: to stderr) as the
 /// calling rank thread's output: tagged under `accel launch`, prefixed
 /// `[rank N] ` under [`Threads`], as is elsewhere. One write per call, so
-/// lines of different ranks do not interleave. What [`rank_println!`]
+/// lines of different ranks do not interleave. What [`rank_println!`](crate::rank_println)
 /// expands to.
 pub fn print_rank_line(stderr: bool, args: fmt::Arguments<'_>) {
     let text = args.to_string();
@@ -146,7 +146,7 @@ macro_rules! rank_println {
     };
 }
 
-/// `eprintln!` for code on rank threads (see [`rank_println!`]).
+/// `eprintln!` for code on rank threads (see [`rank_println!`](crate::rank_println)).
 #[macro_export]
 macro_rules! rank_eprintln {
     ($($arg:tt)*) => {
