@@ -683,7 +683,7 @@ pub(crate) struct RankThread {
     /// rank opens the run's store itself, as a process would).
     pub(crate) store: Option<Arc<dyn accel_api::Store>>,
     /// `true` when `accel launch` reads this process's output and routes
-    /// tagged lines to each rank ([`crate::threads::rank_line`]).
+    /// tagged lines to each rank ([`crate::threads::tag_line`]).
     pub(crate) tagged: bool,
 }
 
@@ -700,7 +700,7 @@ pub(crate) struct RankThreadGuard {
 impl Drop for RankThreadGuard {
     fn drop(&mut self) {
         let previous = self.previous.take();
-        RANK_THREAD.with(|r| *r.borrow_mut() = previous);
+        let _ = RANK_THREAD.try_with(|r| *r.borrow_mut() = previous);
     }
 }
 
