@@ -203,7 +203,9 @@ impl Threads {
 
     /// Connect every rank through `backend` itself (a backend object the
     /// caller holds, e.g. a loaded plugin's), instead of choosing from the
-    /// registry.
+    /// registry. Its probe still decides; for xla several ranks need the
+    /// facade's `xla` feature, which marks the rank threads for xla's
+    /// probe (or `ACCEL_PROCESS_MODEL=threads` in the environment).
     pub fn with_backend(mut self, backend: Arc<dyn accel_api::Backend>) -> Threads {
         self.backend = Some(vec![backend.name().to_string()]);
         let mut r = Registry::empty();
