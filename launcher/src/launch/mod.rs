@@ -127,6 +127,7 @@ use options::{Options, Settings};
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  accel launch -n 4 -- ./train --epochs 3\n  \
+                  accel launch -n 4 --backend xla -- ./train   # one process, 4 rank threads (accel::run)\n  \
                   accel launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --token-file ~/.accel-token -n 8 -- ./train\n\n\
                   Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, \
                   MASTER_PORT and the ACCEL_* variables (store URL and token, run id, timeout, backend, debug, \
