@@ -28,6 +28,10 @@
 //! * [`Scalar`]: what gathers and reductions take: the engines' element
 //!   types plus `u32`, `u64`, `usize` and `bool`, reduced exactly.
 //! * [`install_panic_hook`]: root-cause reports for the launcher.
+//! * [`run`] / [`Threads`]: ranks as threads of one process (the threads
+//!   process model of `accel launch --backend xla`, and Accelerate's
+//!   `notebook_launcher` / `debug_launcher`); on a rank thread, [`state()`]
+//!   is that rank's.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -39,6 +43,7 @@ mod panic_hook;
 mod registry;
 mod scalar;
 pub mod state;
+pub mod threads;
 pub mod train;
 pub mod worker_env;
 
@@ -50,8 +55,9 @@ pub use lifeline::tie_to_launcher;
 pub use panic_hook::{install_panic_hook, write_error_file, ErrorRecord};
 pub use registry::{Entry, Origin, PluginFailure, ProbeRow, Registry, KNOWN_BACKENDS};
 pub use scalar::Scalar;
-pub use state::{state, LaunchSource, ProcessState};
-pub use worker_env::WorkerEnv;
+pub use state::{state, thread_rank, LaunchSource, ProcessState};
+pub use threads::{run, Threads};
+pub use worker_env::{ProcessModel, WorkerEnv};
 
 /// The stores, re-exported for programs that host or open one themselves.
 pub use accel_rendezvous as rendezvous;

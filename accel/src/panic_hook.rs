@@ -67,7 +67,9 @@ pub fn write_error_file(path: &Path, record: &ErrorRecord) -> std::io::Result<()
 static INSTALL: Once = Once::new();
 
 /// Install the hook (idempotent). The previous hook still runs, so the usual
-/// message still reaches stderr. Without `ACCEL_ERROR_FILE` (or
+/// message still reaches stderr (on a rank thread under `accel launch`, the
+/// message is written with the rank's tag instead, unless `RUST_BACKTRACE`
+/// asks for the previous hook's backtrace). Without `ACCEL_ERROR_FILE` (or
 /// `TORCHELASTIC_ERROR_FILE`) the hook only forwards.
 pub fn install_panic_hook() {
     INSTALL.call_once(|| {
@@ -84,7 +86,10 @@ pub fn install_panic_hook() {
                     .or_else(|| info.payload().downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "panic with a non-string payload".into());
                 let record = ErrorRecord {
-                    rank: std::env::var("RANK").ok().and_then(|r| r.parse().ok()),
+                    // A rank thread's own rank (the threads process
+                    // model); otherwise the process's.
+                    rank: crate::state::thread_rank()
+                        .or_else(|| std::env::var("RANK").ok().and_then(|r| r.parse().ok())),
                     pid: std::process::id(),
                     message,
                     location: info
@@ -101,7 +106,9 @@ pub fn install_panic_hook() {
                     let _ = write_error_file(Path::new(&path), &record);
                 }
             }
-            previous(info);
+            if !crate::threads::report_rank_thread_panic(info) {
+                previous(info);
+            }
         }));
     });
 }

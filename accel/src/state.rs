@@ -89,6 +89,10 @@ pub struct ProcessState {
     pub error_file: Option<PathBuf>,
     /// ACCEL_SHARE_DEVICES: allow more local ranks than visible devices.
     pub share_devices: bool,
+    /// ACCEL_PROCESS_MODEL: one rank per process, or this process hosting
+    /// its machine's ranks as threads ([`crate::run`] starts them; in a
+    /// rank thread, [`state`] is that rank's).
+    pub process_model: ProcessModel,
 }
 
 mod duration_secs {
@@ -103,6 +107,7 @@ mod duration_secs {
 type Vars = HashMap<String, String>;
 
 pub use crate::worker_env::parse_duration;
+pub use crate::worker_env::ProcessModel;
 use crate::worker_env::{keys, parse_number, tcp_url, WorkerEnv};
 
 fn fix_for(source: &str) -> String {
@@ -426,7 +431,47 @@ impl ProcessState {
             restart_count: env.restart_count.unwrap_or(0),
             error_file: env.error_file.filter(|p| !p.as_os_str().is_empty()),
             share_devices: env.share_devices.unwrap_or(false),
+            process_model: env.process_model.unwrap_or_default(),
         })
+    }
+
+    /// The state of rank thread `i` of a process whose state this is
+    /// (the threads process model): global rank `rank + i`, local rank
+    /// `local_rank + i`, everything else shared.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] when the process's ranks would run past
+    /// WORLD_SIZE or LOCAL_WORLD_SIZE (RANK and LOCAL_RANK name the
+    /// process's first rank thread).
+    pub fn rank_thread(&self, i: usize) -> Result<ProcessState> {
+        let threads = self.local_world_size.saturating_sub(self.local_rank);
+        if self.rank + threads > self.world_size || i >= threads {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "ACCEL_PROCESS_MODEL=threads: a process whose first rank is RANK={} (LOCAL_RANK={}) \
+                     hosts {threads} rank thread(s) of LOCAL_WORLD_SIZE={}, past WORLD_SIZE={}",
+                    self.rank, self.local_rank, self.local_world_size, self.world_size
+                ),
+            )
+            .with_fix(
+                "under the threads process model RANK and LOCAL_RANK name the process's first \
+                 rank thread: start the run with `accel launch --backend xla -n N`",
+            ));
+        }
+        let mut s = self.clone();
+        s.rank += i;
+        s.local_rank += i;
+        Ok(s)
+    }
+
+    /// The number of rank threads this process hosts: LOCAL_WORLD_SIZE −
+    /// LOCAL_RANK under the threads model, else 1.
+    pub fn ranks_in_process(&self) -> usize {
+        match self.process_model {
+            ProcessModel::Processes => 1,
+            ProcessModel::Threads => self.local_world_size.saturating_sub(self.local_rank).max(1),
+        }
     }
 
     /// `true` on global rank 0.
@@ -496,6 +541,9 @@ impl ProcessState {
     /// above), plus the store's connect errors (unreachable, wrong token),
     /// tagged with this rank.
     pub fn open_store(&self) -> Result<Arc<dyn accel_api::Store>> {
+        if let Some(store) = rank_thread_store(self) {
+            return Ok(store);
+        }
         match self.store_location() {
             Ok(None) => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
             Ok(Some(url)) => {
@@ -625,13 +673,113 @@ pub fn split_range(rank: usize, world_size: usize, len: usize) -> Range<usize> {
 
 static STATE: RwLock<Option<Arc<ProcessState>>> = RwLock::new(None);
 
-/// The process state, read from the environment on first use and kept for
-/// the life of the process.
+/// What a rank thread of this process is (the threads process model, or
+/// [`crate::Threads`]): its state, the run's store when the ranks share one
+/// in memory, and how its tagged lines are written.
+#[derive(Clone)]
+pub(crate) struct RankThread {
+    pub(crate) state: Arc<ProcessState>,
+    /// The store every rank thread of an in-memory run shares (`None`: the
+    /// rank opens the run's store itself, as a process would).
+    pub(crate) store: Option<Arc<dyn accel_api::Store>>,
+    /// `true` when `accel launch` reads this process's output and routes
+    /// tagged lines to each rank ([`crate::threads::tag_line`]).
+    pub(crate) tagged: bool,
+}
+
+thread_local! {
+    static RANK_THREAD: std::cell::RefCell<Option<RankThread>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Marks the calling thread as a rank thread until dropped.
+pub(crate) struct RankThreadGuard {
+    previous: Option<RankThread>,
+}
+
+impl Drop for RankThreadGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        let _ = RANK_THREAD.try_with(|r| *r.borrow_mut() = previous);
+    }
+}
+
+/// Make the calling thread rank thread `rt` (for [`state`], the panic
+/// hook, the store and tagged output) until the guard drops.
+pub(crate) fn enter_rank_thread(rt: RankThread) -> RankThreadGuard {
+    let previous = RANK_THREAD.with(|r| r.borrow_mut().replace(rt));
+    RankThreadGuard { previous }
+}
+
+/// The calling thread's rank context, when it is a rank thread.
+pub(crate) fn current_rank_thread() -> Option<RankThread> {
+    // `try_with`: the panic hook asks too, possibly while the thread's
+    // locals are being destroyed.
+    RANK_THREAD
+        .try_with(|r| r.try_borrow().ok().and_then(|r| r.clone()))
+        .ok()
+        .flatten()
+}
+
+/// The shared store of the calling rank thread, when `state` is its state.
+fn rank_thread_store(state: &ProcessState) -> Option<Arc<dyn accel_api::Store>> {
+    let rt = current_rank_thread()?;
+    (std::ptr::eq(&*rt.state, state) || *rt.state == *state)
+        .then_some(rt.store)
+        .flatten()
+}
+
+/// The calling thread's rank when it is a rank thread of this process
+/// (the threads process model or [`crate::Threads`]); `None` on other
+/// threads.
+pub fn thread_rank() -> Option<usize> {
+    current_rank_thread().map(|rt| rt.state.rank)
+}
+
+/// The state of the calling thread's rank: on a rank thread (the threads
+/// process model, [`crate::run`], [`crate::Threads`]) that rank's own;
+/// elsewhere the process state, read from the environment on first use and
+/// kept for the life of the process.
 ///
 /// # Errors
 /// As [`ProcessState::from_env`]; an error is not cached, so a corrected
-/// environment is read on the next call.
+/// environment is read on the next call. Under the threads process model,
+/// [`ErrorKind::InvalidConfig`] off the rank threads of a process that
+/// hosts several ranks (there is no one rank to be:
+/// [`process_state`] is the process's view).
 pub fn state() -> Result<Arc<ProcessState>> {
+    if let Some(rt) = current_rank_thread() {
+        return Ok(rt.state);
+    }
+    let s = process_state()?;
+    if s.ranks_in_process() > 1 {
+        // Off the rank threads of a threads process there is no one rank:
+        // an `Accelerator::new()` here would wait for peers that never come.
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "ACCEL_PROCESS_MODEL=threads: this process hosts ranks {}-{} as threads, and \
+                 this thread is none of them",
+                s.rank,
+                s.rank + s.ranks_in_process() - 1
+            ),
+        )
+        .with_fix(
+            "enter the program's per-rank code through `accel::run(|acc| ...)`, which starts \
+             the rank threads (or launch with one process per rank, e.g. --backend cpu-gloo)",
+        ));
+    }
+    Ok(s)
+}
+
+/// The process state, never a rank thread's: under the threads process
+/// model, RANK and LOCAL_RANK are those of the process's first rank thread
+/// and [`ProcessState::ranks_in_process`] says how many it hosts. Read from
+/// the environment on first use and kept for the life of the process.
+///
+/// # Errors
+/// As [`ProcessState::from_env`].
+pub fn process_state() -> Result<Arc<ProcessState>> {
     if let Some(s) = STATE.read().unwrap_or_else(|p| p.into_inner()).as_ref() {
         return Ok(s.clone());
     }
@@ -860,6 +1008,39 @@ mod tests {
         assert_eq!(
             s.bind_device(DeviceKind::Cuda, 2).unwrap(),
             Device::new(DeviceKind::Cuda, 1)
+        );
+    }
+
+    #[test]
+    fn a_threads_process_numbers_its_rank_threads_from_its_first_rank() {
+        let s = ProcessState::from_vars(vars(&[
+            ("RANK", "4"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("ACCEL_PROCESS_MODEL", "threads"),
+        ]))
+        .unwrap();
+        assert_eq!(s.ranks_in_process(), 4);
+        let t = s.rank_thread(3).unwrap();
+        assert_eq!((t.rank, t.local_rank, t.world_size), (7, 3, 8));
+        assert!(s.rank_thread(4).is_err());
+        // A process whose rank threads would run past WORLD_SIZE.
+        let s = ProcessState::from_vars(vars(&[
+            ("RANK", "6"),
+            ("WORLD_SIZE", "8"),
+            ("LOCAL_RANK", "0"),
+            ("LOCAL_WORLD_SIZE", "4"),
+            ("ACCEL_PROCESS_MODEL", "threads"),
+        ]))
+        .unwrap();
+        let e = s.rank_thread(0).unwrap_err();
+        assert!(e.to_string().contains("WORLD_SIZE=8"), "{e}");
+        // The processes model: one rank per process.
+        let s = ProcessState::from_vars(vars(&[("RANK", "1"), ("WORLD_SIZE", "2")])).unwrap();
+        assert_eq!(
+            (s.process_model, s.ranks_in_process()),
+            (ProcessModel::Processes, 1)
         );
     }
 

@@ -63,6 +63,9 @@ pub mod keys {
     pub const ACCEL_ERROR_FILE: &str = "ACCEL_ERROR_FILE";
     /// Allow more local ranks than devices.
     pub const ACCEL_SHARE_DEVICES: &str = "ACCEL_SHARE_DEVICES";
+    /// `processes` (one rank per process) or `threads` (this process hosts
+    /// LOCAL_WORLD_SIZE rank threads; docs/adr/0015-process-model.md).
+    pub const ACCEL_PROCESS_MODEL: &str = "ACCEL_PROCESS_MODEL";
     /// torchrun's run id.
     pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
     /// torchrun's restart count.
@@ -214,6 +217,47 @@ pub fn tcp_url(host: &str, port: u16) -> String {
     }
 }
 
+/// How the ranks of a machine are laid out in processes
+/// (`ACCEL_PROCESS_MODEL`; docs/adr/0015-process-model.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessModel {
+    /// One rank per process (torchrun's model; the default).
+    #[default]
+    Processes,
+    /// One process per machine hosting its LOCAL_WORLD_SIZE ranks as
+    /// threads; RANK and LOCAL_RANK are those of the process's first rank
+    /// thread ([`crate::run`] starts the threads).
+    Threads,
+}
+
+impl ProcessModel {
+    /// The variable's spelling: `processes` or `threads`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProcessModel::Processes => "processes",
+            ProcessModel::Threads => "threads",
+        }
+    }
+
+    /// Read `ACCEL_PROCESS_MODEL`'s value (`processes` or `threads`, any
+    /// case; surrounding spaces ignored).
+    ///
+    /// # Errors
+    /// [`accel_api::ErrorKind::InvalidConfig`] naming the variable for any
+    /// other value.
+    pub fn parse(v: &str) -> Result<ProcessModel> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "processes" | "process" => Ok(ProcessModel::Processes),
+            "threads" | "thread" => Ok(ProcessModel::Threads),
+            _ => Err(
+                Error::invalid_config(keys::ACCEL_PROCESS_MODEL, v, "not a process model")
+                    .with_fix("set ACCEL_PROCESS_MODEL to `processes` or `threads`, or unset it"),
+            ),
+        }
+    }
+}
+
 /// The variables one worker gets. `None` fields are not written (and read
 /// back as `None` when absent).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -258,6 +302,8 @@ pub struct WorkerEnv {
     pub launcher_pid: Option<u32>,
     /// ACCEL_SHARE_DEVICES.
     pub share_devices: Option<bool>,
+    /// ACCEL_PROCESS_MODEL.
+    pub process_model: Option<ProcessModel>,
 }
 
 fn bool_str(b: bool) -> String {
@@ -304,6 +350,10 @@ impl WorkerEnv {
             .map(|p| p.to_string_lossy().into_owned());
         put(ACCEL_ERROR_FILE, err.clone());
         put(ACCEL_SHARE_DEVICES, self.share_devices.map(bool_str));
+        put(
+            ACCEL_PROCESS_MODEL,
+            self.process_model.map(|m| m.as_str().to_string()),
+        );
         put(TORCHELASTIC_RUN_ID, self.run_id.clone());
         put(
             TORCHELASTIC_RESTART_COUNT,
@@ -381,6 +431,9 @@ impl WorkerEnv {
             share_devices: get(ACCEL_SHARE_DEVICES)
                 .map(|v| parse_flag(ACCEL_SHARE_DEVICES, v))
                 .transpose()?,
+            process_model: get(ACCEL_PROCESS_MODEL)
+                .map(ProcessModel::parse)
+                .transpose()?,
         })
     }
 
@@ -415,6 +468,7 @@ mod tests {
             flags in (opt(any::<bool>()), opt(any::<bool>())),
             counts in (opt(any::<u32>()), opt(any::<u32>()), opt(any::<u32>())),
             error_file in opt("/[a-z0-9/._-]{1,20}"), launcher in opt("[a-z]{1,6}"),
+            threads in opt(any::<bool>()),
         ) -> WorkerEnv {
             WorkerEnv {
                 rank: ranks.0, world_size: ranks.1, local_rank: ranks.2,
@@ -424,6 +478,8 @@ mod tests {
                 backend, debug: flags.0, share_devices: flags.1,
                 restart_count: counts.0, max_restarts: counts.1, launcher_pid: counts.2,
                 error_file: error_file.map(PathBuf::from), launcher,
+                process_model: threads
+                    .map(|t| if t { ProcessModel::Threads } else { ProcessModel::Processes }),
             }
         }
     }
@@ -435,6 +491,22 @@ mod tests {
                 env.to_vars().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
             prop_assert_eq!(WorkerEnv::from_vars(&vars).unwrap(), env);
         }
+    }
+
+    #[test]
+    fn process_models_parse_and_bad_ones_name_the_variable() {
+        assert_eq!(
+            ProcessModel::parse(" Threads ").unwrap(),
+            ProcessModel::Threads
+        );
+        assert_eq!(
+            ProcessModel::parse("processes").unwrap(),
+            ProcessModel::Processes
+        );
+        let e = ProcessModel::parse("fibers").unwrap_err();
+        assert!(e.to_string().contains("ACCEL_PROCESS_MODEL"), "{e}");
+        let vars = HashMap::from([("ACCEL_PROCESS_MODEL".to_string(), "x".to_string())]);
+        assert!(WorkerEnv::from_vars(&vars).is_err());
     }
 
     #[test]

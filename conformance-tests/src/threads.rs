@@ -2,12 +2,14 @@
 //! [`Backend`](accel_api::Backend) that can connect several ranks in one
 //! process (single, cpu-gloo over loopback, xla): what a backend's own
 //! `#[test]` calls, in one line (object_store's `integration` pattern).
+//! The rank threads are accel's in-process entry, [`accel::Threads`]: each
+//! rank has its own state and `Accelerator`, and every rank's communicator
+//! lives until all ranks are done.
 
-use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
 
-use accel_api::{Backend, ConnectContext, Device, Error, ErrorKind, Result, Store, StoreExt};
-use accel_rendezvous::{MemoryStore, PrefixStore};
+use accel_api::{Backend, Device, Error, ErrorKind, Result};
 
 use crate::harness::{RunSpec, WorldReport};
 use crate::{run_all, Ctx, Outcome, ScenarioResult, Seed};
@@ -77,92 +79,74 @@ pub fn run_spec_in_process(
     spec: &RunSpec,
 ) -> Result<(Vec<ScenarioResult>, Seed)> {
     let world = spec.world_size;
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let seed = match &spec.seed {
         Some(s) => Seed::parse(s)
             .ok_or_else(|| Error::invalid_config("seed", s, "not a seed (64 hex digits)"))?,
         None => Seed::fresh(),
     };
     let cases = spec.cases.unwrap_or(16);
-    let (timeout, hard_timeout) = (spec.timeout, spec.hard_timeout);
+    let hard_timeout = spec.hard_timeout;
+    // The rank threads are accel's in-process entry's; the world runs on a
+    // thread of its own so that a world past its hard limit can be left
+    // behind (a scenario that never returns) instead of hanging the caller.
+    let threads = accel::Threads::new(world)
+        .with_backend(backend.clone())
+        .timeout(spec.timeout)
+        .debug(false);
+    let finished: Arc<Mutex<Vec<bool>>> = Arc::new(Mutex::new(vec![false; world]));
     let (tx, rx) = mpsc::channel();
-    for rank in 0..world {
-        let device = match backend.device_kind() {
-            accel_api::DeviceKind::Cpu => Device::CPU,
-            kind => Device::new(kind, rank as u32),
-        };
-        let (backend, store, tx) = (backend.clone(), store.clone(), tx.clone());
-        let filter = spec.filter.clone();
-        let body = move || -> Result<Vec<ScenarioResult>> {
-            let comm = backend.connect(
-                ConnectContext::local(
-                    rank,
-                    world,
-                    timeout,
-                    Arc::new(PrefixStore::new(store.clone(), "world")),
-                )
-                .with_device(device)
-                .with_run_id("conformance-threads"),
-            )?;
-            let ctx = Ctx {
-                comm: Arc::from(comm),
-                backend,
-                store: store.clone(),
-                local_rank: rank,
-                local_world_size: world,
-                device,
-                cases,
-                seed,
-            };
-            let results = run_all(&ctx, filter.as_deref());
-            // Nobody drops its communicator before everyone is done.
-            store.barrier("finished", world, timeout + Duration::from_secs(30))?;
-            Ok(results)
-        };
-        std::thread::Builder::new()
-            .name(format!("rank {rank}"))
-            .spawn(move || {
-                let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body))
-                    .unwrap_or_else(|p| {
-                        Err(Error::internal(
-                            "conformance",
-                            format!("rank thread {rank} panicked: {}", crate::panic_text(&p)),
-                        ))
-                    });
-                let _ = tx.send((rank, out));
-            })
-            .map_err(|e| Error::io("spawning a rank thread", e))?;
-    }
-    drop(tx);
-    let deadline = Instant::now() + hard_timeout;
-    let mut per_rank: Vec<Option<Vec<ScenarioResult>>> = vec![None; world];
-    for _ in 0..world {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((rank, out)) => per_rank[rank] = Some(out?),
-            Err(_) => {
-                let missing: Vec<String> = (0..world)
-                    .filter(|&r| per_rank[r].is_none())
-                    .map(|r| r.to_string())
-                    .collect();
-                return Err(Error::timeout(
-                    "conformance",
-                    hard_timeout,
-                    format!(
-                        "rank thread(s) {} of {} did not finish",
-                        missing.join(", "),
-                        backend.name()
-                    ),
-                ));
-            }
+    let (b, fin, filter) = (backend.clone(), finished.clone(), spec.filter.clone());
+    std::thread::Builder::new()
+        .name(format!("conformance {}@{world}", backend.name()))
+        .spawn(move || {
+            let out = threads.run(|acc| {
+                let rank = acc.rank();
+                let device = match b.device_kind() {
+                    accel_api::DeviceKind::Cpu => Device::CPU,
+                    kind => Device::new(kind, rank as u32),
+                };
+                let ctx = Ctx {
+                    comm: acc.comm().clone(),
+                    backend: b.clone(),
+                    store: acc.store().clone(),
+                    local_rank: acc.local_rank(),
+                    local_world_size: world,
+                    device,
+                    cases,
+                    seed,
+                };
+                let results = run_all(&ctx, filter.as_deref());
+                fin.lock().unwrap_or_else(|p| p.into_inner())[rank] = true;
+                Ok(results)
+            });
+            let _ = tx.send(out);
+        })
+        .map_err(|e| Error::io("spawning the rank threads' world", e))?;
+    let per_rank = match rx.recv_timeout(hard_timeout) {
+        Ok(out) => out?,
+        Err(_) => {
+            let done = finished.lock().unwrap_or_else(|p| p.into_inner());
+            let missing: Vec<String> = (0..world)
+                .filter(|&r| !done[r])
+                .map(|r| r.to_string())
+                .collect();
+            return Err(Error::timeout(
+                "conformance",
+                hard_timeout,
+                format!(
+                    "rank thread(s) {} of {} did not finish",
+                    missing.join(", "),
+                    backend.name()
+                ),
+            ));
         }
-    }
+    };
     let verdicts = |rs: &[ScenarioResult]| -> Vec<(String, Outcome)> {
         rs.iter()
             .map(|r| (r.name.clone(), r.outcome.clone()))
             .collect()
     };
-    let mut ranks = per_rank.into_iter().flatten();
+    let mut ranks = per_rank.into_iter();
     let first = ranks.next().unwrap_or_default();
     for (i, other) in ranks.enumerate() {
         if verdicts(&other) != verdicts(&first) {

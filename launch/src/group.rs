@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | [`LocalGroup`] | one per local rank, each in its own process group | one pipe pair per rank |
 //! | [`MpirunGroup`] | one `mpirun` / `mpiexec` | mpirun's tagged lines, split per rank |
+//! | [`ThreadsGroup`](crate::threads::ThreadsGroup) | one process hosting every local rank as a thread | the rank threads' tagged lines, split per rank |
 //!
 //! Both write the worker environment with [`WorkerEnv::to_vars`]; under
 //! mpirun the rank fields are left to MPI and
@@ -131,7 +132,7 @@ pub trait ProcessGroup {
     fn finish(&self) {}
 }
 
-fn signal_group(pid: u32, sig: Signal, leader_alive: bool) {
+pub(crate) fn signal_group(pid: u32, sig: Signal, leader_alive: bool) {
     let p = Pid::from_raw(pid as i32);
     // The whole group: the process and whatever it started.
     let _ = killpg(p, sig);
@@ -143,7 +144,7 @@ fn signal_group(pid: u32, sig: Signal, leader_alive: bool) {
 
 /// Spawn `cmd` (pipes set here, own process group), pump its output, and
 /// report its end as process `index` of `attempt`.
-fn spawn_member(
+pub(crate) fn spawn_member(
     mut cmd: Command,
     label: &str,
     attempt: u32,
@@ -200,13 +201,13 @@ fn spawn_member(
     Ok(Started { pid, pumps })
 }
 
-fn record(path: &Path) -> Option<accel::ErrorRecord> {
+pub(crate) fn record(path: &Path) -> Option<accel::ErrorRecord> {
     accel::ErrorRecord::read(path).ok()
 }
 
 /// The root cause at `(rank, local rank, machine)`: the error file's
 /// message and pid when the rank wrote one, the rank's stderr tail.
-fn failure_at(
+pub(crate) fn failure_at(
     (rank, local_rank, machine): (usize, usize, usize),
     host: &str,
     rec: Option<accel::ErrorRecord>,

@@ -43,7 +43,7 @@ const DEVICE_MASKS: &[&str] = &[
 
 pub fn run(args: EnvArgs) -> Result<ExitCode> {
     // A malformed environment is an error here, naming the variable.
-    let state = accel::state()?;
+    let state = accel::state::process_state()?;
     let registry = Registry::from_env();
     let ctx = state.probe_context();
     let backends = registry.probe_all(&ctx);

@@ -2,7 +2,9 @@
 //! process state the way every accel program does, opens the rendezvous
 //! store with the run token, runs a store barrier with every rank, and
 //! prints one JSON line. The launcher's tests and the launch-latency
-//! benchmark run it as their worker.
+//! benchmark run it as their worker. Under the threads process model
+//! (`accel launch --backend xla`) it enters through `accel::run`, and each
+//! rank thread prints its line with its rank tag.
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -49,6 +51,18 @@ struct Seen {
 
 pub fn run(args: ProbeArgs) -> Result<ExitCode> {
     accel::install_panic_hook();
+    if accel::state::process_state()?.process_model == accel::ProcessModel::Threads {
+        // One process of rank threads (`accel launch --backend xla`): each
+        // rank thread connects and does what a worker process would.
+        accel::run(|acc| rank(&args, Some(acc)))?;
+    } else {
+        rank(&args, None)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One rank's part; `acc`: already connected (a rank thread).
+fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
     let state = accel::state()?;
     let store_url = state.store_location()?;
     let mut barrier_ms = None;
@@ -66,7 +80,14 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
     }
     let (mut backend, mut all_reduce_sum) = (None, None);
     if args.accelerator {
-        let acc = accel::Accelerator::new()?;
+        let own;
+        let acc = match acc {
+            Some(a) => a,
+            None => {
+                own = accel::Accelerator::new()?;
+                &own
+            }
+        };
         let mut v = [state.rank as f64 + 1.0];
         acc.all_reduce(&mut v, accel_api::ReduceOp::Sum)?;
         backend = Some(acc.backend_name().to_string());
@@ -86,7 +107,13 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
         backend,
         all_reduce_sum,
     };
-    outln!("{}", serde_json::to_string(&seen).unwrap_or_default());
+    let line = serde_json::to_string(&seen).unwrap_or_default();
+    if acc.is_some() {
+        // A rank thread: the line carries its rank for the launcher.
+        accel::rank_println!("{line}");
+    } else {
+        outln!("{line}");
+    }
     if args.panic_on_rank == Some(state.rank) {
         panic!("probe-worker: deliberate panic on rank {}", state.rank);
     }
@@ -95,5 +122,5 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
         let _ = std::io::stdout().flush();
         std::thread::sleep(std::time::Duration::from_secs(secs));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

@@ -24,6 +24,11 @@
 //! operation; ranks in different processes fail `connect` with
 //! [`ErrorKind::InvalidConfig`] naming both processes.
 //!
+//! Programs get their rank threads from accel's facade: `accel launch
+//! --backend xla -n N -- prog` starts one process whose `accel::run`
+//! starts N rank threads, and `accel::Threads::new(N)` runs a closure on N
+//! rank threads of the caller (docs/adr/0015).
+//!
 //! ## What is supported
 //!
 //! | operation | how |
@@ -60,13 +65,15 @@
 //! |---|---|
 //! | `ACCEL_PJRT_PLUGIN` | the plugin file (otherwise the search order of the `runtime` module: `ACCEL_PJRT_CACHE`, then `.accel-cache/pjrt/` above the current directory or the executable) |
 //! | `ACCEL_PJRT_CPU_DEVICES` | devices of the CPU client (default 8): the most ranks of one run |
-//! | `ACCEL_PROCESS_MODEL=threads` | set by the launcher when a run's ranks are threads; without it the probe is unavailable for runs of more than one rank |
+//! | `ACCEL_PROCESS_MODEL=threads` | set by the launcher when a run's ranks are threads (docs/adr/0015); without it (or a rank thread marked by [`enter_rank_thread`], as `accel::Threads` does) the probe is unavailable for runs of more than one rank |
 //! | `TF_CPP_MIN_LOG_LEVEL=1` | silences the CPU plugin's start-up line on stderr (`cpu_device_count set via create_options`) |
 //!
 //! ## Measuring
 //!
-//! `examples/bench_all_reduce.rs` times all_reduce on N rank threads with
-//! `accel bench`'s method; docs/benchmarks.md has the numbers.
+//! `accel bench --backend xla -n N` (one process of N rank threads under
+//! `accel launch`, ADR 0015) times any collective like every other
+//! backend; `examples/bench_all_reduce.rs` times all_reduce on N rank
+//! threads without the launcher. docs/benchmarks.md has the numbers.
 //!
 //! [PJRT]: https://openxla.org/xla/pjrt
 //! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
@@ -89,7 +96,7 @@ use accel_api::{
 };
 
 pub use engine::{capabilities, XlaCommunicator, XlaEngine};
-pub use probe::PROCESS_MODEL_VAR;
+pub use probe::{enter_rank_thread, RankThread, PROCESS_MODEL_VAR};
 pub use runtime::{DEFAULT_CPU_DEVICES, PLUGIN_FILE};
 
 use error::XlaError;

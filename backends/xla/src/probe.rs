@@ -11,9 +11,41 @@ use crate::runtime::Runtime;
 /// (set by the launcher for the threads process model, ADR 0012).
 pub const PROCESS_MODEL_VAR: &str = "ACCEL_PROCESS_MODEL";
 
-/// `true` when the run's ranks are threads of this process.
+thread_local! {
+    static RANK_THREADS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Says, while alive, that the calling thread is a rank thread of a run
+/// whose ranks are all threads of this process (what accel's in-process
+/// entry, `accel::Threads`, holds on each rank thread): the probe is then
+/// available for several ranks without `ACCEL_PROCESS_MODEL=threads` in
+/// the environment. Not `Send`: it marks the thread that made it.
+#[derive(Debug)]
+pub struct RankThread {
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Mark the calling thread as a rank thread (see [`RankThread`]) until the
+/// returned guard drops.
+pub fn enter_rank_thread() -> RankThread {
+    RANK_THREADS.with(|c| c.set(c.get() + 1));
+    RankThread {
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Drop for RankThread {
+    fn drop(&mut self) {
+        let _ = RANK_THREADS.try_with(|c| c.set(c.get().saturating_sub(1)));
+    }
+}
+
+/// `true` when the run's ranks are threads of this process: the
+/// environment says so (the launcher's threads process model), or the
+/// calling thread is marked as a rank thread.
 fn ranks_are_threads(env: &dyn Fn(&str) -> Option<String>) -> bool {
-    env(PROCESS_MODEL_VAR).is_some_and(|v| v.trim() == "threads")
+    env(PROCESS_MODEL_VAR).is_some_and(|v| v.trim().eq_ignore_ascii_case("threads"))
+        || RANK_THREADS.try_with(|c| c.get() > 0).unwrap_or(false)
 }
 
 /// Available for a run whose ranks are all threads of this process (or a

@@ -4,6 +4,7 @@
 //! accel launch -n 2 --backend cpu-gloo -- target/release/train
 //! accel launch -n 2 --backend cpu-gloo -- target/release/train --stop-after 12   # "crash"
 //! accel launch -n 2 --backend cpu-gloo -- target/release/train --resume          # exact resume
+//! accel launch -n 2 --backend xla -- target/release/train                        # ranks as threads
 //! ```
 //!
 //! The main process prints the loss of every optimizer step, the evaluation
@@ -66,8 +67,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let run = || -> accel::Result<()> {
-        let acc = accel::Accelerator::new()?;
+    // `accel::run`: one rank per process, or (`accel launch --backend xla`)
+    // this process's rank threads, each calling the closure.
+    let run = |acc: &accel::Accelerator| -> accel::Result<()> {
         if acc.is_main_process() {
             println!(
                 "train: {} ranks on {}, {} samples, batch {} x {} ranks x {} accumulation steps",
@@ -79,7 +81,7 @@ fn main() -> ExitCode {
                 opts.accumulation
             );
         }
-        let report = train(&acc, &opts, |line| println!("{line}"))?;
+        let report = train(acc, &opts, |line| println!("{line}"))?;
         if acc.is_main_process() {
             if report.stopped {
                 println!(
@@ -95,8 +97,8 @@ fn main() -> ExitCode {
         }
         acc.wait_for_everyone()
     };
-    match run() {
-        Ok(()) => ExitCode::SUCCESS,
+    match accel::run(run) {
+        Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("train: {e}");
             ExitCode::FAILURE

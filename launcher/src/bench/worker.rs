@@ -1,5 +1,6 @@
-//! `accel bench-worker` (hidden): one rank of `accel bench`. It connects
-//! like any accel program ([`accel::Accelerator::new`]), times the
+//! `accel bench-worker` (hidden): one rank of `accel bench` (or, under the
+//! threads process model of `--backend xla`, one process of rank threads).
+//! It connects like any accel program ([`accel::run`]), times the
 //! collective at every size, and rank 0 appends one JSON line per size to
 //! the result file the parent named.
 //!
@@ -137,7 +138,14 @@ fn slowest(all: &[f64], iters: usize) -> Vec<f64> {
 }
 
 pub fn run(args: WorkerArgs) -> Result<ExitCode> {
-    let acc = accel::Accelerator::new()?;
+    // Either process model: one rank here, or (`accel bench --backend xla`)
+    // this process's rank threads.
+    accel::run(|acc| rank(acc, &args))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One rank's part of the benchmark.
+fn rank(acc: &accel::Accelerator, args: &WorkerArgs) -> Result<()> {
     let comm: &dyn Communicator = &**acc.comm();
     let (rank, world) = (comm.rank(), comm.world_size());
     let w = &args.workload;
@@ -173,7 +181,7 @@ pub fn run(args: WorkerArgs) -> Result<ExitCode> {
             w.op, world, w.dtype, size, count, &worst,
         )))?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 #[cfg(test)]

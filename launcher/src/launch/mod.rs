@@ -8,6 +8,7 @@
 //! | [`config`] | the TOML config file (read, check, render) |
 //! | [`machines`] | how several machines' launchers agree on a run |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
+//! | [`threads`] | `--backend xla`: one process, its ranks as threads |
 //!
 //! Starting, supervising and restarting the processes is the launch
 //! library's ([`accel_launch`]): a [`LocalGroup`] of workers here, an
@@ -77,6 +78,16 @@
 //!   period); restarts rerun mpirun. On several machines only machine 0
 //!   launches, with `--mpi-hosts` or `--hostfile`; other machine ranks are
 //!   refused with a message saying so. Details in [`mpi`].
+//! * `--backend xla` (or `ACCEL_PROCESS_MODEL=threads`) starts **one
+//!   process per machine** whose `-n` ranks are threads
+//!   ([`accel_launch::ThreadsGroup`]; docs/adr/0015-process-model.md): it
+//!   gets its first rank's contract plus `ACCEL_PROCESS_MODEL=threads`, and
+//!   the program's `accel::run` starts the rank threads. Output keeps the
+//!   `[rank N]` prefixes for lines the ranks print with
+//!   `accel::rank_println!` (plain prints show under the first rank), the
+//!   root-cause block names the rank thread that failed first (its error
+//!   file), restarts restart the process. Process workers get
+//!   `ACCEL_PROCESS_MODEL=processes`.
 //! * Only a run of a single process inherits the terminal's stdin; with
 //!   several, stdin is /dev/null.
 //! * Workers run in their own process groups, so stopping one also stops
@@ -88,6 +99,7 @@ pub mod config;
 pub mod machines;
 pub mod mpi;
 pub mod options;
+pub mod threads;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -102,7 +114,10 @@ use accel_api::{Error, ErrorKind, Result, Store};
 use accel_launch::output::{print_stdout, say};
 use accel_launch::report::{self, Exit, Failure, Status};
 use accel_launch::supervise::{Event, LocalOutcome, Settled, LAST_SIGNAL};
-use accel_launch::{program, store, Attempt, Coordinator, HostedStore, LocalGroup, Supervision};
+use accel_launch::{
+    program, store, Attempt, Coordinator, HostedStore, LocalGroup, ProcessGroup, Supervision,
+    ThreadsGroup,
+};
 use accel_rendezvous::{TcpStore, TcpStoreServer};
 
 use machines::{Global, Registration, Watcher};
@@ -112,6 +127,7 @@ use options::{Options, Settings};
 #[derive(Debug, clap::Args)]
 #[command(
     after_help = "Examples:\n  accel launch -n 4 -- ./train --epochs 3\n  \
+                  accel launch -n 4 --backend xla -- ./train   # one process, 4 rank threads (accel::run)\n  \
                   accel launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --token-file ~/.accel-token -n 8 -- ./train\n\n\
                   Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, \
                   MASTER_PORT and the ACCEL_* variables (store URL and token, run id, timeout, backend, debug, \
@@ -255,6 +271,9 @@ fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
         launcher: Some("accel".into()),
         // Lets the runtime tie the worker's life to this process.
         launcher_pid: Some(std::process::id()),
+        // Process workers say so, against an inherited ACCEL_PROCESS_MODEL;
+        // the threads group writes its own.
+        process_model: Some(accel::ProcessModel::Processes),
         ..WorkerEnv::default()
     }
 }
@@ -369,18 +388,21 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         Some(t) => t.clone(),
         None => store::random_hex(16)?,
     };
-    let mut group = LocalGroup {
-        program,
-        local_world_size: s.nproc,
-        extra_env: Vec::new(),
-        remove_env: Vec::new(),
-        die_with_parent: true,
+    let mut group: Box<dyn ProcessGroup> = match threads::model(&s, &|k| std::env::var(k).ok())? {
+        accel::ProcessModel::Threads => Box::new(ThreadsGroup::new(program, s.nproc)),
+        accel::ProcessModel::Processes => Box::new(LocalGroup {
+            program,
+            local_world_size: s.nproc,
+            extra_env: Vec::new(),
+            remove_env: Vec::new(),
+            die_with_parent: true,
+        }),
     };
     let sup = supervision(&s, args);
     let scratch = scratch_dir()?;
     let out = if s.multi_machine() {
         let mut coord = Machines::join(&s, &token, scratch.clone())?;
-        accel_launch::run(&mut group, &mut coord, &sup, "run")
+        accel_launch::run(&mut *group, &mut coord, &sup, "run")
     } else {
         let run_id = match &s.run_id {
             Some(id) => id.clone(),
@@ -395,7 +417,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         );
         coord.max_restarts = s.max_restarts;
         coord.scratch = scratch.clone();
-        accel_launch::run(&mut group, &mut coord, &sup, &format!("run {run_id}"))
+        accel_launch::run(&mut *group, &mut coord, &sup, &format!("run {run_id}"))
     };
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(finish(args, &out?))

@@ -1,0 +1,313 @@
+//! [`ThreadsGroup`]: one process hosting every local rank as a thread (the
+//! threads process model, docs/adr/0015-process-model.md), under the same
+//! supervisor as process workers.
+//!
+//! The process gets the worker contract of its first rank (`RANK`,
+//! `LOCAL_RANK` = the first rank thread's, `LOCAL_WORLD_SIZE` = the number
+//! of rank threads) plus `ACCEL_PROCESS_MODEL=threads`; the program's
+//! [`accel::run`] starts the rank threads. One error file per attempt: the
+//! rank that failed first writes it, with its rank, and the root-cause
+//! block names that rank.
+//!
+//! Output: lines a rank thread tags ([`accel::threads::tag_line`]) go to
+//! that rank's sink (its `[rank N]` prefix, `--tee` file, rank filter,
+//! stderr tail); untagged lines go to the first rank's sink (what the main
+//! process prints). Every line counts as a sign of life for every rank of
+//! the process (`--hang-timeout` watches the process).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use accel::worker_env::WorkerEnv;
+use accel::ProcessModel;
+use accel_api::Result;
+use nix::sys::signal::Signal;
+
+use crate::group::ProcessGroup;
+use crate::group::{failure_at, record, signal_group, spawn_member, Attempt, Program, Started};
+use crate::output::{RankSink, Stream, TAIL_LINES};
+use crate::report::{Exit, Failure};
+use crate::supervise::Event;
+
+/// Routes the lines of a threads process to its ranks' sinks.
+#[derive(Debug)]
+pub struct ThreadsOutput {
+    sinks: Vec<Arc<RankSink>>,
+    first: usize,
+    /// The process's untagged stderr lines (a panic's message, logs).
+    untagged: Mutex<VecDeque<String>>,
+}
+
+impl ThreadsOutput {
+    /// Output of a process whose first rank is `first`, one sink per rank.
+    pub fn new(sinks: Vec<Arc<RankSink>>, first: usize) -> Arc<ThreadsOutput> {
+        Arc::new(ThreadsOutput {
+            sinks,
+            first,
+            untagged: Mutex::new(VecDeque::with_capacity(TAIL_LINES)),
+        })
+    }
+
+    /// One line of the process on `stream`.
+    pub fn line(&self, stream: Stream, raw: &[u8]) {
+        for s in &self.sinks {
+            s.touch();
+        }
+        let routed = accel::threads::untag_line(raw).and_then(|(rank, text)| {
+            let i = rank.checked_sub(self.first)?;
+            self.sinks.get(i).map(|s| (s, text))
+        });
+        match routed {
+            Some((sink, text)) => sink.line(stream, text),
+            None => {
+                if stream == Stream::Stderr {
+                    let mut t = self.untagged.lock().unwrap_or_else(|p| p.into_inner());
+                    if t.len() == TAIL_LINES {
+                        t.pop_front();
+                    }
+                    t.push_back(String::from_utf8_lossy(raw).into_owned());
+                }
+                if let Some(s) = self.sinks.first() {
+                    s.line(stream, raw);
+                }
+            }
+        }
+    }
+
+    /// The last untagged stderr lines of the process.
+    pub fn untagged_tail(&self) -> Vec<String> {
+        self.untagged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}
+
+/// One process whose `local_world_size` rank threads are this machine's
+/// ranks.
+#[derive(Debug)]
+pub struct ThreadsGroup {
+    /// What the process runs (a program entered through [`accel::run`]).
+    pub program: Program,
+    /// Rank threads on this machine.
+    pub local_world_size: usize,
+    /// Variables added to the process's environment (after the contract).
+    pub extra_env: Vec<(String, String)>,
+    /// Variables of the launcher's environment the process does not get.
+    pub remove_env: Vec<String>,
+    /// Signal the process if the launcher dies.
+    pub die_with_parent: bool,
+    out: Option<Arc<ThreadsOutput>>,
+}
+
+impl ThreadsGroup {
+    /// A process of `local_world_size` rank threads running `program`.
+    pub fn new(program: Program, local_world_size: usize) -> ThreadsGroup {
+        ThreadsGroup {
+            program,
+            local_world_size,
+            extra_env: Vec::new(),
+            remove_env: Vec::new(),
+            die_with_parent: true,
+            out: None,
+        }
+    }
+
+    /// The process's environment in `attempt`: its first rank's contract,
+    /// the threads process model, one error file per attempt.
+    pub fn process_env(&self, attempt: &Attempt) -> WorkerEnv {
+        let mut env = attempt.env.clone();
+        env.rank = Some(attempt.rank_offset);
+        env.local_rank = Some(0);
+        env.local_world_size = Some(self.local_world_size);
+        env.error_file = Some(attempt.error_dir.join("error.json"));
+        env.process_model = Some(ProcessModel::Threads);
+        env
+    }
+}
+
+impl ProcessGroup for ThreadsGroup {
+    fn kind(&self) -> &'static str {
+        "rank threads"
+    }
+
+    fn ranks(&self, attempt: &Attempt) -> Range<usize> {
+        attempt.rank_offset..attempt.rank_offset + self.local_world_size
+    }
+
+    fn start(
+        &mut self,
+        attempt: &Attempt,
+        sinks: &[Arc<RankSink>],
+        tx: &Sender<Event>,
+    ) -> Result<Vec<Started>> {
+        let mut cmd = Command::new(&self.program.path);
+        cmd.arg0(&self.program.argv0);
+        for k in &self.remove_env {
+            cmd.env_remove(k);
+        }
+        let one = attempt.env.world_size == Some(1);
+        cmd.args(&self.program.args)
+            .envs(self.process_env(attempt).to_vars())
+            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
+            .stdin(if one { Stdio::inherit() } else { Stdio::null() });
+        if self.die_with_parent {
+            crate::ffi::die_with_parent(&mut cmd, Signal::SIGKILL, false);
+        }
+        let out = ThreadsOutput::new(sinks.to_vec(), attempt.rank_offset);
+        self.out = Some(out.clone());
+        let (o, e) = (out.clone(), out);
+        let label = format!(
+            "the rank threads' process ({})",
+            self.program.argv0.to_string_lossy()
+        );
+        let s = spawn_member(
+            cmd,
+            &label,
+            attempt.number,
+            0,
+            tx,
+            move |l| o.line(Stream::Stdout, l),
+            move |l| e.line(Stream::Stderr, l),
+        )?;
+        for sink in sinks {
+            sink.touch();
+        }
+        Ok(vec![s])
+    }
+
+    fn signal(&self, pid: u32, sig: Signal, alive: bool) {
+        signal_group(pid, sig, alive);
+    }
+
+    fn failure(
+        &self,
+        attempt: &Attempt,
+        _index: usize,
+        pid: u32,
+        exit: Exit,
+        sinks: &[Arc<RankSink>],
+    ) -> Option<Failure> {
+        // The error file names the rank thread that failed first; without
+        // one (killed, exited early) the process's first rank is blamed.
+        let rec = record(&attempt.error_dir.join("error.json"));
+        let index = rec
+            .as_ref()
+            .and_then(|r| r.rank)
+            .and_then(|r| r.checked_sub(attempt.rank_offset))
+            .filter(|&i| i < self.local_world_size)
+            .unwrap_or(0);
+        let mut f = self.rank_failure(attempt, index, exit, sinks);
+        f.pid = Some(pid);
+        Some(f)
+    }
+
+    fn rank_failure(
+        &self,
+        attempt: &Attempt,
+        index: usize,
+        exit: Exit,
+        sinks: &[Arc<RankSink>],
+    ) -> Failure {
+        let rank = attempt.rank_offset + index;
+        let rec = record(&attempt.error_dir.join("error.json"))
+            .filter(|r| r.rank.is_none_or(|x| x == rank));
+        let mut f = failure_at(
+            (rank, index, attempt.machine()),
+            &attempt.host,
+            rec,
+            exit,
+            sinks.get(index),
+        );
+        if f.stderr_tail.is_empty() {
+            // A panic's message is the process's, untagged.
+            f.stderr_tail = self
+                .out
+                .as_ref()
+                .map(|o| o.untagged_tail())
+                .unwrap_or_default();
+        }
+        f
+    }
+
+    fn forwarding(&self, signal: &str) -> String {
+        format!("received {signal}, forwarding it to the rank threads' process")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::time::Instant;
+
+    fn attempt() -> Attempt {
+        Attempt {
+            number: 0,
+            env: WorkerEnv {
+                world_size: Some(6),
+                group_rank: Some(1),
+                store_url: Some("tcp://127.0.0.1:1".into()),
+                launcher: Some("accel".into()),
+                ..WorkerEnv::default()
+            },
+            rank_offset: 3,
+            error_dir: PathBuf::from("/tmp/e"),
+            host: "h".into(),
+        }
+    }
+
+    #[test]
+    fn the_runtime_reads_one_state_per_rank_thread() {
+        let g = ThreadsGroup::new(
+            Program {
+                path: "/bin/true".into(),
+                argv0: "true".into(),
+                args: Vec::new(),
+            },
+            3,
+        );
+        let vars = g
+            .process_env(&attempt())
+            .to_vars()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let s = accel::ProcessState::from_vars(vars).unwrap();
+        assert_eq!(s.process_model, ProcessModel::Threads);
+        assert_eq!(s.ranks_in_process(), 3);
+        let ranks: Vec<(usize, usize)> = (0..3)
+            .map(|i| s.rank_thread(i).map(|t| (t.rank, t.local_rank)).unwrap())
+            .collect();
+        assert_eq!(ranks, vec![(3, 0), (4, 1), (5, 2)]);
+        assert!(s.rank_thread(3).is_err());
+        assert_eq!(s.error_file, Some(PathBuf::from("/tmp/e/error.json")));
+    }
+
+    #[test]
+    fn tagged_lines_reach_their_rank_and_the_rest_the_first() {
+        let start = Instant::now();
+        let sinks: Vec<_> = (3..6)
+            .map(|r| RankSink::new(r, false, None, start))
+            .collect();
+        let out = ThreadsOutput::new(sinks.clone(), 3);
+        out.line(
+            Stream::Stderr,
+            accel::threads::tag_line(5, "five").as_bytes(),
+        );
+        out.line(Stream::Stderr, b"plain");
+        // A rank outside the process is not trusted: the line stays whole.
+        let foreign = accel::threads::tag_line(9, "nine");
+        out.line(Stream::Stderr, foreign.as_bytes());
+        assert_eq!(sinks[2].tail(), vec!["five".to_string()]);
+        assert_eq!(sinks[0].tail(), vec!["plain".to_string(), foreign.clone()]);
+        assert!(sinks[1].tail().is_empty());
+        assert_eq!(out.untagged_tail(), vec!["plain".to_string(), foreign]);
+    }
+}
