@@ -41,6 +41,7 @@ mod scalar;
 pub mod state;
 pub mod train;
 pub mod worker_env;
+pub mod zero;
 
 pub use accel_api::*;
 pub use accelerator::Accelerator;
