@@ -719,6 +719,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         });
     }
 
+    fn unit_layout(&self) -> Vec<(String, usize)> {
+        let units = self.plan.units.iter();
+        units.map(|u| (u.name.clone(), u.numel)).collect()
+    }
+
     /// This rank's shard of the optimizer state, with the layout it was
     /// made for (world size, rank, units), for a sharded checkpoint.
     pub fn state_dict(&self) -> StateDict {
@@ -726,13 +731,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         s.put("zero.stage", &self.stage.as_str());
         s.put("zero.world_size", &self.comm.world_size());
         s.put("zero.rank", &self.comm.rank());
-        let units: Vec<(String, usize)> = self
-            .plan
-            .units
-            .iter()
-            .map(|u| (u.name.clone(), u.numel))
-            .collect();
-        s.put("zero.units", &units);
+        s.put("zero.units", &self.unit_layout());
         s
     }
 
@@ -746,12 +745,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         let world: usize = state.get("zero.world_size")?;
         let rank: usize = state.get("zero.rank")?;
         let units: Vec<(String, usize)> = state.get("zero.units")?;
-        let mine: Vec<(String, usize)> = self
-            .plan
-            .units
-            .iter()
-            .map(|u| (u.name.clone(), u.numel))
-            .collect();
+        let mine = self.unit_layout();
         if world != self.comm.world_size() || rank != self.comm.rank() || units != mine {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
@@ -846,26 +840,68 @@ mod tests {
         assert!(e.to_string().contains("zero9"), "{e}");
     }
 
+    use crate::train::{ParamMut, ParamRef};
+
+    struct One(Vec<f32>, Vec<f32>);
+
+    impl Parameters for One {
+        fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+            f(ParamRef {
+                name: "w",
+                value: &self.0,
+                grad: &self.1,
+            })
+        }
+        fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+            f(ParamMut {
+                name: "w",
+                value: &mut self.0,
+                grad: &mut self.1,
+            })
+        }
+    }
+
+    #[test]
+    fn a_sharded_state_loads_only_into_its_own_layout() {
+        let comm: Arc<dyn Communicator> = Arc::new(accel_backend_single::communicator(
+            accel_api::Device::CPU,
+            std::time::Duration::from_secs(1),
+        ));
+        let mut m = One(vec![1.0; 5], vec![0.5; 5]);
+        let sgd = || ShardedSgd::new(0.1).with_momentum(0.9);
+        let mut z = ZeroOptimizer::new(
+            comm.clone(),
+            &m,
+            Stage::Gradients,
+            &WrapPolicy::Whole,
+            sgd(),
+        )
+        .unwrap();
+        z.step(&mut m).unwrap();
+        assert_eq!(m.0, vec![0.95; 5]);
+        let state = z.state_dict();
+        let mut back = ZeroOptimizer::new(
+            comm.clone(),
+            &m,
+            Stage::Gradients,
+            &WrapPolicy::Whole,
+            sgd(),
+        )
+        .unwrap();
+        back.load_state_dict(&state).unwrap();
+        assert_eq!(back.optimizer(), z.optimizer());
+        let mut other = state.clone();
+        other.put("zero.world_size", &4usize);
+        let e = back.load_state_dict(&other).unwrap_err();
+        assert!(e.to_string().contains("rank 0 of 4"), "{e}");
+        let mut wrong = One(vec![1.0; 6], vec![0.5; 6]);
+        let e = z.step(&mut wrong).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument, "{e}");
+    }
+
     #[test]
     fn sharded_sgd_equals_the_replicated_sgd_elementwise() {
-        use crate::train::{Optimizer, ParamMut, ParamRef, Sgd};
-        struct One(Vec<f32>, Vec<f32>);
-        impl Parameters for One {
-            fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-                f(ParamRef {
-                    name: "w",
-                    value: &self.0,
-                    grad: &self.1,
-                })
-            }
-            fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-                f(ParamMut {
-                    name: "w",
-                    value: &mut self.0,
-                    grad: &mut self.1,
-                })
-            }
-        }
+        use crate::train::{Optimizer, Sgd};
         let w: Vec<f32> = (0..9).map(|i| i as f32 * 0.3 - 1.0).collect();
         let mut whole = One(w.clone(), vec![0.0; 9]);
         let mut full = Sgd::new(0.1).with_momentum(0.9).with_weight_decay(0.01);
