@@ -46,6 +46,7 @@ pub mod state;
 pub mod threads;
 pub mod train;
 pub mod worker_env;
+pub mod zero;
 
 pub use accel_api::*;
 pub use accelerator::Accelerator;

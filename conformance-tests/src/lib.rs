@@ -41,6 +41,7 @@ mod prop;
 mod runtime;
 pub mod threads;
 mod train_scenarios;
+mod zero_scenarios;
 
 use std::time::Duration;
 
@@ -55,6 +56,7 @@ pub fn all_scenarios() -> Vec<Scenario> {
     all.extend(runtime::scenarios());
     all.extend(failures::scenarios());
     all.extend(train_scenarios::train_scenarios());
+    all.extend(zero_scenarios::zero_scenarios());
     all
 }
 

@@ -32,5 +32,7 @@ accel_conformance::conformance_tests!(
         train_accumulation_cadence,
         train_equivalence,
         train_resume,
+        zero_equivalence,
+        zero_clipping,
     ],
 );

@@ -1,0 +1,195 @@
+//! Sharded data parallelism (issue 21): ZeRO stages 1 and 2 give the
+//! parameters of a one-process run on the global batch, with gradient
+//! accumulation and with clipping, and the clipped norm is the same on
+//! every rank. Named `zero_*` so that `--filter zero` runs them.
+
+use accel::train::{Dataset, Optimizer, Sgd};
+use accel::zero::{ShardedSgd, Stage, WrapPolicy, ZeroOptimizer};
+use accel_api::{CommunicatorExt, Op};
+
+use crate::fixtures::{Mlp, Synthetic};
+use crate::{Ctx, Outcome, Scenario};
+
+/// The sharding scenarios, appended to the matrix.
+pub(crate) fn zero_scenarios() -> Vec<Scenario> {
+    vec![
+        Scenario {
+            name: "zero_equivalence",
+            gate: gate_zero,
+            run: zero_equivalence,
+        },
+        Scenario {
+            name: "zero_clipping",
+            gate: gate_zero,
+            run: zero_clipping,
+        },
+    ]
+}
+
+fn gate_zero(ctx: &Ctx) -> Option<String> {
+    let caps = ctx.comm.capabilities();
+    [Op::AllReduce, Op::AllGather, Op::ReduceScatter]
+        .iter()
+        .find(|op| !caps.supports(**op))
+        .map(|op| format!("{op} not declared"))
+}
+
+const STAGES: [Stage; 3] = [Stage::None, Stage::Optimizer, Stage::Gradients];
+const HIDDEN: usize = 6;
+const BS: usize = 3;
+const STEPS: usize = 3;
+
+/// `steps` sharded steps of `k` local micro-batches each; returns the
+/// parameters and the norms `step_clipped` reported.
+fn sharded_run(
+    ctx: &Ctx,
+    stage: Stage,
+    policy: &WrapPolicy,
+    k: usize,
+    clip: Option<f32>,
+) -> Result<(Vec<f32>, Vec<f32>, usize), String> {
+    let (n, rank) = (ctx.world_size(), ctx.comm.rank());
+    let data = Synthetic {
+        len: n * k * BS * STEPS,
+        seed: 7,
+    };
+    let mut model = Mlp::new(HIDDEN, 3);
+    let opt = ShardedSgd::new(0.2).with_momentum(0.5);
+    let mut zero = ZeroOptimizer::new(ctx.comm.clone(), &model, stage, policy, opt)
+        .map_err(|e| e.to_string())?;
+    let global = n * k * BS;
+    let mut norms = Vec::new();
+    for s in 0..STEPS {
+        for j in 0..k {
+            let start = s * global + (j * n + rank) * BS;
+            let batch: Vec<_> = (start..start + BS).map(|i| data.get(i)).collect();
+            model.loss_and_grad(&batch, 1.0 / k as f32);
+        }
+        match clip {
+            Some(max) => norms.push(
+                zero.step_clipped(&mut model, max)
+                    .map_err(|e| e.to_string())?,
+            ),
+            None => zero.step(&mut model).map_err(|e| e.to_string())?,
+        }
+        model.grads.iter_mut().for_each(|g| g.fill(0.0));
+    }
+    Ok((model.flat_values(), norms, zero.state_numel()))
+}
+
+/// One process on the global batches, clipping as torch's
+/// `clip_grad_norm_` when `clip` is given.
+fn reference(n: usize, k: usize, clip: Option<f32>) -> Result<(Vec<f32>, Vec<f32>), String> {
+    let data = Synthetic {
+        len: n * k * BS * STEPS,
+        seed: 7,
+    };
+    let mut m = Mlp::new(HIDDEN, 3);
+    let mut opt = Sgd::new(0.2).with_momentum(0.5);
+    let global = n * k * BS;
+    let mut norms = Vec::new();
+    for s in 0..STEPS {
+        let batch: Vec<_> = (s * global..(s + 1) * global)
+            .map(|i| data.get(i))
+            .collect();
+        m.loss_and_grad(&batch, 1.0);
+        if let Some(max) = clip {
+            let sq: f64 = m
+                .grads
+                .iter()
+                .flatten()
+                .map(|g| f64::from(*g) * f64::from(*g))
+                .sum();
+            let norm = sq.sqrt() as f32;
+            let coef = max / (norm + 1e-6);
+            if coef < 1.0 {
+                m.grads.iter_mut().flatten().for_each(|g| *g *= coef);
+            }
+            norms.push(norm);
+        }
+        opt.step(&mut m).map_err(|e| e.to_string())?;
+        opt.zero_grad(&mut m);
+    }
+    Ok((m.flat_values(), norms))
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!("{what}: {} values, want {}", got.len(), want.len()));
+    }
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        if (a - b).abs() > 1e-4 * (1.0 + b.abs()) {
+            return Err(format!("{what}: value {i} is {a}, one process gives {b}"));
+        }
+    }
+    Ok(())
+}
+
+fn zero_equivalence(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    for stage in STAGES {
+        for policy in [WrapPolicy::Depth(1), WrapPolicy::Whole] {
+            for k in [1, 2] {
+                let what = format!("stage {stage}, {policy:?}, {k} micro-steps");
+                let r = sharded_run(ctx, stage, &policy, k, None).and_then(|(got, _, state)| {
+                    let (want, _) = reference(n, k, None)?;
+                    close(&what, &got, &want)?;
+                    // Momentum for this rank's slices only (padding included);
+                    // all of it without sharding.
+                    let plan = accel::zero::ShardPlan::new(
+                        &[
+                            ("fc1.weight".into(), want.len() - 2 * HIDDEN - 1),
+                            ("fc1.bias".into(), HIDDEN),
+                            ("fc2.weight".into(), HIDDEN),
+                            ("fc2.bias".into(), 1),
+                        ],
+                        &policy,
+                        if stage == Stage::None { 1 } else { n },
+                    )
+                    .map_err(|e| e.to_string())?;
+                    if state != plan.shard_numel() {
+                        return Err(format!(
+                            "{what}: {state} elements of optimizer state on this rank, \
+                             want the shard's {}",
+                            plan.shard_numel()
+                        ));
+                    }
+                    Ok(())
+                });
+                if let Err(m) = r {
+                    return Outcome::Fail(m);
+                }
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+fn zero_clipping(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    // Small enough that every step clips.
+    let max = 0.05;
+    for stage in STAGES {
+        let r = sharded_run(ctx, stage, &WrapPolicy::Depth(1), 2, Some(max)).and_then(
+            |(got, norms, _)| {
+                let (want, want_norms) = reference(n, 2, Some(max))?;
+                close(&format!("stage {stage}: norms"), &norms, &want_norms)?;
+                if want_norms.iter().any(|&x| x <= max) {
+                    return Err(format!("the test did not clip: norms {want_norms:?}"));
+                }
+                close(&format!("stage {stage}: parameters"), &got, &want)?;
+                let all = ctx.comm.all_gather_vec(&norms).map_err(|e| e.to_string())?;
+                if all.chunks(norms.len()).any(|c| c != norms.as_slice()) {
+                    return Err(format!(
+                        "stage {stage}: the ranks report different norms {all:?}"
+                    ));
+                }
+                Ok(())
+            },
+        );
+        if let Err(m) = r {
+            return Outcome::Fail(m);
+        }
+    }
+    Outcome::Pass
+}
