@@ -587,6 +587,24 @@ fn mut_ptr_of(d: &mut Dst<'_>, owned: &mut Owned) -> *mut c_void {
     }
 }
 
+/// The send and receive pointers of an operation (`MPI_IN_PLACE` for
+/// [`Src::InPlace`]; an error when this library's value of it is unknown).
+fn pointers(
+    send: &Src<'_>,
+    recv: &mut Dst<'_>,
+    owned: &mut Owned,
+    library: &str,
+) -> Result<(*const c_void, *mut c_void), MpiError> {
+    let in_place = in_place_for(library).unwrap_or(std::ptr::null_mut());
+    if matches!(send, Src::InPlace) && in_place.is_null() {
+        return Err(MpiError {
+            code: -1,
+            text: "MPI_IN_PLACE is not known for this MPI library".into(),
+        });
+    }
+    Ok((ptr_of(send, owned, in_place), mut_ptr_of(recv, owned)))
+}
+
 /// Start `call` on `comm` with `count` elements of `ty` (per rank for the
 /// gathers and scatters, per destination for all-to-all).
 ///
@@ -607,15 +625,7 @@ pub(crate) fn start<'a>(
     library: &str,
 ) -> Result<Request<'a>, MpiError> {
     let borrows_user = matches!(send, Src::User(_)) || matches!(recv, Dst::User(_));
-    let in_place = in_place_for(library).unwrap_or(std::ptr::null_mut());
-    if matches!(send, Src::InPlace) && in_place.is_null() {
-        return Err(MpiError {
-            code: -1,
-            text: "MPI_IN_PLACE is not known for this MPI library".into(),
-        });
-    }
-    let sp = ptr_of(&send, &owned, in_place);
-    let rp = mut_ptr_of(&mut recv, &mut owned);
+    let (sp, rp) = pointers(&send, &mut recv, &mut owned, library)?;
     let dt = ty.raw();
     let c = comm.raw;
     let _g = lock();

@@ -77,25 +77,21 @@ fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String
     (code, out)
 }
 
+/// The context of this rank of the mpirun job.
+fn context(timeout: Duration) -> ConnectContext {
+    let var = |k: &str| -> usize { std::env::var(k).unwrap().parse().unwrap() };
+    ConnectContext::local(
+        var("OMPI_COMM_WORLD_RANK"),
+        var("OMPI_COMM_WORLD_SIZE"),
+        timeout,
+        Arc::new(accel_rendezvous::MemoryStore::new()),
+    )
+    .with_run_id("test")
+}
+
 fn connect(timeout: Duration) -> Box<dyn Communicator> {
-    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let world: usize = std::env::var("OMPI_COMM_WORLD_SIZE")
-        .unwrap()
-        .parse()
-        .unwrap();
     accel_backend_mpi::BACKEND
-        .connect(
-            ConnectContext::local(
-                rank,
-                world,
-                timeout,
-                Arc::new(accel_rendezvous::MemoryStore::new()),
-            )
-            .with_run_id("test"),
-        )
+        .connect(context(timeout))
         .expect("connect")
 }
 
@@ -303,24 +299,8 @@ fn absent_rank() {
 /// Which paths this process's communicators take, from the environment
 /// (the concrete engine says).
 fn paths() {
-    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let world: usize = std::env::var("OMPI_COMM_WORLD_SIZE")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let c = accel_backend_mpi::connect(
-        ConnectContext::local(
-            rank,
-            world,
-            Duration::from_secs(20),
-            Arc::new(accel_rendezvous::MemoryStore::new()),
-        )
-        .with_run_id("paths"),
-    )
-    .expect("connect");
+    let c = accel_backend_mpi::connect(context(Duration::from_secs(20))).expect("connect");
+    let (rank, world) = (c.rank(), c.world_size());
     let e = c.engine();
     println!(
         "rank {rank}: threading {} blocking {} staging {}",

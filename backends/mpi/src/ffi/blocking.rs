@@ -57,15 +57,7 @@ pub(crate) fn call_blocking(
     owned: &mut Owned,
     library: &str,
 ) -> Result<(), MpiError> {
-    let in_place = in_place_for(library).unwrap_or(std::ptr::null_mut());
-    if matches!(send, Src::InPlace) && in_place.is_null() {
-        return Err(MpiError {
-            code: -1,
-            text: "MPI_IN_PLACE is not known for this MPI library".into(),
-        });
-    }
-    let sp = ptr_of(&send, owned, in_place);
-    let rp = mut_ptr_of(&mut recv, owned);
+    let (sp, rp) = pointers(&send, &mut recv, owned, library)?;
     let dt = ty.raw();
     let c = comm.raw;
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
