@@ -305,7 +305,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn this_test_binary_needs_libc_and_no_mpi() {
+    fn this_test_binary_needs_libc_and_mpi_only_with_the_feature() {
         let me = std::env::current_exe().unwrap();
         let needed = needed_libraries(&me).unwrap();
         assert!(
@@ -318,7 +318,15 @@ mod tests {
             assert_eq!(c.backend, "cpu-gloo");
             assert!(c.reason.contains("does not link an MPI library"), "{c:?}");
         }
-        let _ = c;
+        // With the mpi feature this binary links Open MPI (or MPICH).
+        #[cfg(feature = "mpi")]
+        {
+            assert!(
+                needed.iter().any(|n| mpi_library(n).is_some()),
+                "{needed:?}"
+            );
+            assert!(c.reason.contains("links libmpi"), "{c:?}");
+        }
     }
 
     #[test]
