@@ -14,7 +14,7 @@
 # all-reduce; t1 }; an iteration's time is the slowest rank's, a run's time
 # per size is the median over iterations. The programs run interleaved,
 # ROUNDS times each (accel-gloo, raw-gloo, torch, accel-mpi, raw-mpi,
-# raw-mpi-nb, accel-gloo, ...), so that background load hits all of them
+# raw-mpi-mt, raw-mpi-nb, accel-gloo, ...), so that background load hits all of them
 # alike; the tables show the median over rounds of each run's median, and
 # the ratios per size.
 #
@@ -29,11 +29,15 @@
 #   raw MPI:     benches/raw_mpi/raw_mpi_bench.c, mpicc -O2, under the same
 #                mpirun with the flags accel launch gives it: blocking
 #                MPI_Allreduce(MPI_IN_PLACE) and MPI_Barrier; no accel
+#   raw MPI mt:  the same program at MPI_THREAD_MULTIPLE (RAW_MPI_THREAD=
+#                multiple), the level accel's mpi backend initializes MPI
+#                at: accel mpi / raw MPI mt is accel's own cost above the
+#                staging size, raw MPI mt / raw MPI the thread level's
 #   raw MPI nb:  the same program with --mode test: MPI_Iallreduce and
 #                MPI_Ibarrier, each polled with MPI_Test until done, which
-#                is how accel's mpi backend calls MPI (so accel mpi / raw
-#                MPI nb is the cost of accel's own code, and raw MPI nb /
-#                raw MPI the cost of MPI's non-blocking collectives)
+#                is how accel's mpi backend calls MPI up to
+#                ACCEL_MPI_STAGING_BYTES (8 KiB; ADR 0017), and how it
+#                called MPI at every size before
 #
 # The mpirun flags are those `accel launch --backend mpi` uses, so both
 # sides run alike: --allow-run-as-root only as root, --oversubscribe and
@@ -150,6 +154,7 @@ for ((r = 0; r < ROUNDS; r++)); do
   if [ "$MPI" = 1 ]; then
     run_accel mpi accelmpi "$r"
     run_raw_mpi blocking rawmpi "$r"
+    RAW_MPI_THREAD=multiple run_raw_mpi blocking rawmpimt "$r"
     run_raw_mpi test rawmpinb "$r"
   fi
 done
@@ -178,7 +183,7 @@ human() {
                          else if (b >= 1024) printf "%d KiB", b / 1024; else printf "%d B", b }'
 }
 
-for n in accel raw torch accelmpi rawmpi rawmpinb; do
+for n in accel raw torch accelmpi rawmpi rawmpimt rawmpinb; do
   if ls "$WORK/$n".[0-9]* >/dev/null 2>&1; then agg "$n" >"$WORK/$n.agg"; else : >"$WORK/$n.agg"; fi
 done
 
@@ -196,14 +201,15 @@ if [ "$GLOO" = 1 ]; then
 fi
 
 if [ "$MPI" = 1 ]; then
-  echo "| size | accel mpi (µs) | raw MPI (µs) | raw MPI nb (µs) | accel cpu-gloo (µs) | accel mpi / raw MPI | accel mpi − raw MPI (µs) | accel mpi / raw MPI nb | best accel mpi / best raw MPI | raw MPI (GB/s) |"
-  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+  echo "| size | accel mpi (µs) | raw MPI (µs) | raw MPI mt (µs) | raw MPI nb (µs) | accel cpu-gloo (µs) | accel mpi / raw MPI | accel mpi − raw MPI (µs) | accel mpi / raw MPI mt | best accel mpi / best raw MPI | accel cpu-gloo / accel mpi |"
+  echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   while read -r size amed amin; do
     rmed=$(col rawmpi "$size" 2)
     rmin=$(col rawmpi "$size" 3)
+    tmed=$(col rawmpimt "$size" 2)
     nmed=$(col rawmpinb "$size" 2)
     gmed=$(col accel "$size" 2)
-    echo "| $(human "$size") | $amed | $rmed | $nmed | ${gmed:-not run} | $(ratio "$amed" "$rmed") | $(diff_us "$amed" "$rmed") | $(ratio "$amed" "$nmed") | $(ratio "$amin" "$rmin") | $(gbs "$size" "$rmed") |"
+    echo "| $(human "$size") | $amed | $rmed | $tmed | $nmed | ${gmed:-not run} | $(ratio "$amed" "$rmed") | $(diff_us "$amed" "$rmed") | $(ratio "$amed" "$tmed") | $(ratio "$amin" "$rmin") | $(ratio "$gmed" "$amed") |"
   done <"$WORK/accelmpi.agg"
   echo
   echo "MPI: $("$MPIRUN" --version 2>/dev/null | head -n1); mpirun flags: ${MPI_FLAGS[*]:-none}"

@@ -24,6 +24,9 @@
  *             how accel's mpi backend calls MPI, without accel
  *   wait      MPI_Iallreduce(MPI_IN_PLACE, ...), then MPI_Wait (blocking
  *             MPI_Barrier)
+ *
+ * RAW_MPI_THREAD=multiple initializes MPI at MPI_THREAD_MULTIPLE (what
+ * accel's mpi backend asks for) instead of plain MPI_Init.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -91,7 +94,20 @@ static void barrier(enum mode m) {
 }
 
 int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
+  /* RAW_MPI_THREAD=multiple: MPI_Init_thread(MPI_THREAD_MULTIPLE), the
+   * level accel's mpi backend asks for (so that its cost can be told apart
+   * from accel's own). */
+  const char *thread = getenv("RAW_MPI_THREAD");
+  if (thread && !strcmp(thread, "multiple")) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    if (provided != MPI_THREAD_MULTIPLE) {
+      fprintf(stderr, "raw_mpi_bench: MPI_THREAD_MULTIPLE not granted (%d)\n", provided);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  } else {
+    MPI_Init(&argc, &argv);
+  }
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

@@ -11,6 +11,57 @@ pub struct EnvArgs {
     /// Print one JSON object instead of tables.
     #[arg(long)]
     json: bool,
+
+    /// Also say which engine `accel launch -n 2 -- PROGRAM` would use when
+    /// no backend is named, and why.
+    #[arg(long, value_name = "PROGRAM")]
+    program: Option<std::ffi::OsString>,
+}
+
+/// What `accel launch` runs programs over when no backend is named
+/// (`crate::launch::engine`).
+#[derive(Debug, serde::Serialize)]
+struct LaunchDefault {
+    /// The rule, in one sentence.
+    rule: &'static str,
+    /// The MPI launcher and its family, or why there is none.
+    mpirun: std::result::Result<String, String>,
+    /// The choice for `--program`, at 2 processes on this machine.
+    program: Option<crate::launch::engine::Choice>,
+}
+
+const DEFAULT_RULE: &str =
+    "on one machine with 2 or more processes, mpi (through mpirun) for an ELF \
+     program that links libmpi.so, when an MPI launcher of the same family exists and no \
+     accelerator backend is available; cpu-gloo (local workers) otherwise; --backend forces one";
+
+fn launch_default(program: Option<&std::ffi::OsStr>) -> LaunchDefault {
+    use crate::launch::engine;
+    let mpirun = engine::find_mpirun()
+        .map(|p| {
+            let family = match accel_launch::mpirun::detect_flavor(&p) {
+                accel_launch::mpirun::MpiFlavor::OpenMpi => "Open MPI",
+                accel_launch::mpirun::MpiFlavor::Mpich => "MPICH",
+            };
+            format!("{} ({family})", p.display())
+        })
+        .map_err(|e| e.to_string());
+    let program = program.map(|p| {
+        match accel_launch::program::resolve(p, std::env::var_os("PATH").as_deref()) {
+            Ok(path) => engine::choose(&path, 2, 1),
+            Err(e) => engine::Choice {
+                backend: "cpu-gloo",
+                reason: e.to_string(),
+                mpirun: None,
+                flavor: None,
+            },
+        }
+    });
+    LaunchDefault {
+        rule: DEFAULT_RULE,
+        mpirun,
+        program,
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -23,6 +74,7 @@ struct Report {
     selected: std::result::Result<String, String>,
     plugins: Vec<PluginRow>,
     visible_devices: Vec<(String, String)>,
+    launch_default: LaunchDefault,
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -88,6 +140,7 @@ pub fn run(args: EnvArgs) -> Result<ExitCode> {
             .iter()
             .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
             .collect(),
+        launch_default: launch_default(args.program.as_deref()),
     };
     if args.json {
         outln!(
@@ -206,6 +259,16 @@ fn print_human(r: &Report) {
                 pl.reason.as_deref().unwrap_or("")
             );
         }
+    }
+    outln!();
+    outln!("Default engine of `accel launch` (no --backend)");
+    outln!("  rule: {}", r.launch_default.rule);
+    match &r.launch_default.mpirun {
+        Ok(m) => outln!("  MPI launcher: {m}"),
+        Err(e) => outln!("  MPI launcher: none ({e})"),
+    }
+    if let Some(c) = &r.launch_default.program {
+        outln!("  this program: {} ({})", c.backend, c.reason);
     }
     outln!();
     outln!("Visible devices");

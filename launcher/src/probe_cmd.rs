@@ -23,6 +23,15 @@ pub struct ProbeArgs {
     #[arg(long)]
     accelerator: bool,
 
+    /// With --accelerator: this rank never enters the all-reduce (it sleeps
+    /// for two minutes instead, as a hung rank would; tests timeouts).
+    #[arg(long, value_name = "RANK")]
+    absent_rank: Option<usize>,
+
+    /// With --accelerator: the number of f64 elements all-reduced.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    elements: usize,
+
     /// Panic on this rank after the barrier (tests the error-file path).
     #[arg(long, value_name = "RANK")]
     panic_on_rank: Option<usize>,
@@ -88,7 +97,11 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
                 &own
             }
         };
-        let mut v = [state.rank as f64 + 1.0];
+        if args.absent_rank == Some(state.rank) {
+            std::thread::sleep(std::time::Duration::from_secs(120));
+            std::process::exit(1);
+        }
+        let mut v = vec![state.rank as f64 + 1.0; args.elements.max(1)];
         acc.all_reduce(&mut v, accel_api::ReduceOp::Sum)?;
         backend = Some(acc.backend_name().to_string());
         all_reduce_sum = Some(v[0]);

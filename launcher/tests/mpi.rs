@@ -97,6 +97,120 @@ fn the_runtime_connects_the_mpi_backend_and_reaches_the_store() {
     }
 }
 
+// ---- the default engine (issue 14) ----
+
+fn owned(words: &[&str]) -> Vec<String> {
+    words.iter().map(|s| s.to_string()).collect()
+}
+
+/// With no --backend, a program that links libmpi (this `accel`, built
+/// with the mpi feature) runs over mpi through mpirun, and the banner says
+/// why; `--backend cpu-gloo` still forces Gloo.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_program_that_links_mpi_runs_over_mpi_by_default() {
+    need_mpirun!();
+    let r = run(
+        &owned(&argv(
+            "launch -n 2 --",
+            &[ACCEL, "probe-worker", "--accelerator"],
+        )),
+        LIMIT,
+    );
+    r.code_is(0);
+    r.has_stderr("accel: backend mpi (default): ");
+    r.has_stderr("links libmpi.so");
+    for rank in 0..2 {
+        let lines = rank_lines(&r.stdout, rank);
+        assert_eq!(lines.len(), 1, "{}", r.all());
+        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(v["backend"], "mpi", "{}", r.all());
+        assert_eq!(v["all_reduce_sum"], 3.0, "{}", r.all());
+    }
+    let r = run(
+        &owned(&argv(
+            "launch -n 2 --backend cpu-gloo --",
+            &[ACCEL, "probe-worker", "--accelerator"],
+        )),
+        LIMIT,
+    );
+    r.code_is(0);
+    assert!(!r.stderr.contains("backend mpi"), "{}", r.all());
+    for rank in 0..2 {
+        let lines = rank_lines(&r.stdout, rank);
+        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        assert_eq!(v["backend"], "cpu-gloo", "{}", r.all());
+    }
+    // `accel env` says the same for this program.
+    let r = run(&owned(&["env", "--json", "--program", ACCEL]), LIMIT);
+    r.code_is(0);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        v["launch_default"]["program"]["backend"],
+        "mpi",
+        "{}",
+        r.all()
+    );
+    assert!(
+        v["launch_default"]["mpirun"]["Ok"].is_string(),
+        "{}",
+        r.all()
+    );
+}
+
+/// A program that does not link MPI keeps the local launch (the workers get
+/// RANK from accel), quietly.
+#[test]
+fn a_program_without_mpi_keeps_the_local_launch() {
+    need_mpirun!();
+    let r = run(
+        &owned(&argv("launch -n 2 -- sh -c", &["echo r=$RANK"])),
+        LIMIT,
+    );
+    r.code_is(0);
+    let mut lines: Vec<&str> = r.stdout.lines().collect();
+    lines.sort();
+    assert_eq!(lines, vec!["[rank 0] r=0", "[rank 1] r=1"], "{}", r.all());
+    assert_eq!(r.stderr, "", "{}", r.all());
+    let r = run(&owned(&["env", "--program", "sh"]), LIMIT);
+    r.code_is(0);
+    assert!(
+        r.stdout.contains("this program: cpu-gloo (")
+            && r.stdout.contains("does not link an MPI library"),
+        "{}",
+        r.all()
+    );
+}
+
+/// Issue 14: a rank that never enters a (blocking) collective. The
+/// watchdog of the waiting rank reports the op and the rank, the launcher's
+/// root-cause block shows that record, and the job ends.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_rank_that_never_enters_the_all_reduce_is_in_the_root_cause_block() {
+    need_mpirun!();
+    let r = run(
+        &owned(&argv(
+            "launch -n 2 --timeout 2s --",
+            &[
+                ACCEL,
+                "probe-worker",
+                "--accelerator",
+                "--elements",
+                "1048576",
+                "--absent-rank",
+                "1",
+            ],
+        )),
+        LIMIT,
+    );
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    r.has_stderr("backend mpi (default)");
+    r.has_stderr("rank:      0");
+    r.has_stderr("[mpi rank 0] all_reduce: timed out after 2s");
+    r.has_stderr("MPI cannot cancel a collective");
+}
+
 #[test]
 fn a_failing_mpi_rank_gives_its_exit_code_and_a_root_cause_naming_it() {
     need_mpirun!();

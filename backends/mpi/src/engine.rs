@@ -3,6 +3,7 @@
 
 use std::ffi::c_int;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,7 @@ use accel_api::{
 };
 
 use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
+use crate::watchdog::Watch;
 use crate::NAME;
 
 /// What every mpi communicator declares: every operation, element type and
@@ -23,8 +25,10 @@ pub fn capabilities() -> Capabilities {
 }
 
 /// Default of `ACCEL_MPI_STAGING_BYTES`: operations whose buffers are at
-/// most this large run on memory the communicator owns.
-pub const DEFAULT_STAGING_BYTES: usize = 64 * 1024;
+/// most this large run non-blocking on memory the communicator owns, so
+/// that their timeout returns an error; larger ones run blocking, in place
+/// (see the crate documentation and ADR 0017).
+pub const DEFAULT_STAGING_BYTES: usize = 8 * 1024;
 
 /// Settings shared by a communicator and the groups split from it.
 #[derive(Debug, Clone)]
@@ -37,18 +41,32 @@ pub(crate) struct Shared {
     pub(crate) threading: &'static str,
     /// `true` when this crate called `MPI_Init_thread`.
     pub(crate) initialized_here: bool,
+    /// Operations above the staging size run as blocking MPI calls under
+    /// the watchdog: `ACCEL_MPI_BLOCKING` is not `0` and MPI granted
+    /// `MPI_THREAD_MULTIPLE`.
+    pub(crate) blocking: bool,
+    /// This process's rank in `MPI_COMM_WORLD`.
+    pub(crate) world_rank: usize,
 }
 
 /// The calls into one MPI communicator (a duplicate of `MPI_COMM_WORLD`,
 /// or a split of one).
 ///
-/// Every operation is started non-blocking (`MPI_I*`) and polled with
-/// `MPI_Test` until it completes or the timeout passes; see the crate
-/// documentation for what a timeout does.
+/// Operations on buffers up to the staging size (and barriers, receives,
+/// the exchange of `split`) are started non-blocking (`MPI_I*`) on owned
+/// memory and polled with `MPI_Test` until they complete or the timeout
+/// passes, so that a timeout returns. Larger ones call the blocking MPI
+/// function in place under the communicator's watchdog, which ends the job
+/// when the call outlives the timeout. See the crate documentation.
 pub struct MpiEngine {
     comm: Comm,
     info: EngineInfo,
     shared: Arc<Shared>,
+    /// Present when large operations run blocking (see [`Shared::blocking`]).
+    watch: Option<Arc<Watch>>,
+    /// Set while `split` exchanges colors: every operation returns on
+    /// timeout.
+    returning: AtomicBool,
 }
 
 /// accel's [`Communicator`](accel_api::Communicator) over one MPI
@@ -60,6 +78,7 @@ impl fmt::Debug for MpiEngine {
         f.debug_struct("MpiEngine")
             .field("info", &self.info)
             .field("staging_bytes", &self.shared.staging)
+            .field("blocking", &self.watch.is_some())
             .field("library", &self.shared.library)
             .finish_non_exhaustive()
     }
@@ -113,6 +132,21 @@ pub(crate) enum Waited<'a> {
     TimedOut(Request<'a>),
 }
 
+/// The `Timeout` error of `op` on rank `rank` of a group of `world`: the
+/// text both paths report (returned, or printed by the watchdog).
+pub(crate) fn timeout_error(op: &str, timeout: Duration, world: usize, rank: usize) -> Error {
+    Error::timeout(
+        op,
+        timeout,
+        format!(
+            "{op} did not complete: at least one of the {world} ranks of this group has not entered it (or is stuck)"
+        ),
+    )
+    .with_backend(NAME)
+    .with_rank(rank)
+    .with_fix("check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT")
+}
+
 /// The `Timeout` error of `op`, and what happens to a request MPI cannot
 /// cancel: leaked with its owned memory when it borrows none of the
 /// caller's; otherwise the error is printed and the MPI job aborted.
@@ -123,16 +157,7 @@ pub(crate) fn timed_out(
     timeout: Duration,
     world: usize,
 ) -> Error {
-    let err = Error::timeout(
-        op,
-        timeout,
-        format!(
-            "{op} did not complete: at least one of the {world} ranks of this group has not entered it (or is stuck)"
-        ),
-    )
-    .with_backend(NAME)
-    .with_rank(rank)
-    .with_fix("check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT");
+    let err = timeout_error(op, timeout, world, rank);
     if req.borrows_user() {
         let msg = format!(
             "{err}\n[{NAME} rank {rank}] {op} was running on the caller's memory and MPI cannot cancel it: aborting the MPI job (buffers over ACCEL_MPI_STAGING_BYTES run in place)"
@@ -221,7 +246,33 @@ struct Spec {
 
 impl MpiEngine {
     pub(crate) fn new(comm: Comm, info: EngineInfo, shared: Arc<Shared>) -> Self {
-        MpiEngine { comm, info, shared }
+        let watch = if shared.blocking {
+            Watch::start(
+                info.timeout,
+                info.rank,
+                info.world_size,
+                shared.world_rank,
+                shared.staging,
+            )
+        } else {
+            None
+        };
+        MpiEngine {
+            comm,
+            info,
+            shared,
+            watch,
+            returning: AtomicBool::new(false),
+        }
+    }
+
+    /// `true` when operations above [`staging_bytes`](Self::staging_bytes)
+    /// run as blocking MPI calls under the watchdog (the default; needs
+    /// `MPI_THREAD_MULTIPLE`); `false` when every operation runs
+    /// non-blocking, polled (`ACCEL_MPI_BLOCKING=0`, or MPI granted a lower
+    /// thread level).
+    pub fn blocking_collectives(&self) -> bool {
+        self.watch.is_some()
     }
 
     /// The MPI library this communicator runs on (`MPI_Get_library_version`).
@@ -242,8 +293,9 @@ impl MpiEngine {
         self.shared.initialized_here
     }
 
-    /// Operations whose largest buffer is at most this many bytes run on
-    /// memory the communicator owns (`ACCEL_MPI_STAGING_BYTES`).
+    /// Operations whose largest buffer is at most this many bytes run
+    /// non-blocking on memory the communicator owns, and their timeout
+    /// returns (`ACCEL_MPI_STAGING_BYTES`).
     pub fn staging_bytes(&self) -> usize {
         self.shared.staging
     }
@@ -269,10 +321,27 @@ impl MpiEngine {
     }
 
     fn staged(&self, bytes: usize) -> bool {
-        bytes <= self.shared.staging
+        bytes <= self.shared.staging || self.returning.load(Ordering::Relaxed)
     }
 
-    /// Start the operation and wait for it.
+    /// Run an operation that is not staged: the blocking MPI call under the
+    /// watchdog when this communicator has one, otherwise non-blocking and
+    /// polled like [`run`](Self::run).
+    fn run_large(&self, s: Spec, send: Src<'_>, recv: Dst<'_>, owned: Owned) -> Result<Owned> {
+        let Some(watch) = &self.watch else {
+            return self.run(s, send, recv, owned);
+        };
+        let mut owned = owned;
+        let lib = &self.shared.library;
+        let _armed = watch.arm(s.op);
+        ffi::call_blocking(
+            &self.comm, s.call, s.t, s.count, send, recv, &mut owned, lib,
+        )?;
+        Ok(owned)
+    }
+
+    /// Start the operation non-blocking and poll it to the end or the
+    /// timeout.
     fn run(&self, s: Spec, send: Src<'_>, recv: Dst<'_>, owned: Owned) -> Result<Owned> {
         let start = Instant::now();
         let lib = &self.shared.library;
@@ -343,7 +412,7 @@ impl MpiEngine {
         }
         let from = src.map_or(Src::None, Src::User);
         let to = dst.map_or(Dst::None, Dst::User);
-        self.run(s, from, to, Owned::default()).map(drop)
+        self.run_large(s, from, to, Owned::default()).map(drop)
     }
 
     /// all_reduce, reduce and reduce_scatter. f16/bf16 are widened to f32,
@@ -367,7 +436,13 @@ impl MpiEngine {
             } else {
                 Dst::None
             };
-            let owned = self.run(s, Src::Scratch, to, Owned { send, recv })?;
+            let bytes = src.or(dst.as_deref()).map_or(0, <[u8]>::len);
+            let owned = Owned { send, recv };
+            let owned = if self.staged(bytes) {
+                self.run(s, Src::Scratch, to, owned)?
+            } else {
+                self.run_large(s, Src::Scratch, to, owned)?
+            };
             if let (Some(d), Some(r)) = (dst, owned.recv) {
                 narrow(dtype, r.bytes(), d, div);
             }
@@ -382,17 +457,17 @@ impl MpiEngine {
             match (src, dst.as_deref_mut()) {
                 (Some(b), d) => {
                     let to = d.map_or(Dst::None, Dst::User);
-                    self.run(s, Src::User(b), to, Owned::default())?;
+                    self.run_large(s, Src::User(b), to, Owned::default())?;
                 }
                 (None, Some(d)) if ffi::has_in_place(&self.shared.library) => {
-                    self.run(s, Src::InPlace, Dst::User(d), Owned::default())?;
+                    self.run_large(s, Src::InPlace, Dst::User(d), Owned::default())?;
                 }
                 (None, Some(d)) => {
                     let owned = Owned {
                         send: Some(Scratch::from_bytes(d)),
                         recv: None,
                     };
-                    self.run(s, Src::Scratch, Dst::User(d), owned)?;
+                    self.run_large(s, Src::Scratch, Dst::User(d), owned)?;
                 }
                 (None, None) => {}
             }
@@ -481,7 +556,7 @@ impl Engine for MpiEngine {
             self.run_staged(s, None, Some(h.bytes_mut()), true)
         } else {
             let to = Dst::User(h.bytes_mut());
-            self.run(s, Src::None, to, Owned::default()).map(drop)
+            self.run_large(s, Src::None, to, Owned::default()).map(drop)
         }
     }
 
@@ -606,10 +681,6 @@ impl Engine for MpiEngine {
             .map(drop)
     }
 
-    /// Exchanges `(color, key)` with a timed all-gather on owned memory
-    /// (which also proves that every rank entered), then calls
-    /// `MPI_Comm_split` with a dense color index and this rank's position in
-    /// its `(key, rank)` order, so that every `u32` color and key works.
     /// A peer may be stuck after this: the at-exit `MPI_Finalize` of this
     /// process is bounded from now on (a failed rank exits instead of
     /// waiting for a hung one).
@@ -617,8 +688,17 @@ impl Engine for MpiEngine {
         ffi::mark_failed();
     }
 
+    /// Exchanges `(color, key)` with a timed all-gather on owned memory
+    /// (which also proves that every rank entered), then calls
+    /// `MPI_Comm_split` with a dense color index and this rank's position in
+    /// its `(key, rank)` order, so that every `u32` color and key works.
     fn split(&self, color: Option<u32>, key: u32) -> Result<Option<MpiEngine>> {
-        let plan = SplitPlan::exchange(self, color, key)?;
+        // The exchange runs on owned memory, non-blocking: its timeout
+        // returns whatever the staging size.
+        self.returning.store(true, Ordering::Relaxed);
+        let plan = SplitPlan::exchange(self, color, key);
+        self.returning.store(false, Ordering::Relaxed);
+        let plan = plan?;
         let mpi_color = plan.color.map(|_| plan.color_index as c_int);
         let sub = self.comm.split(mpi_color, plan.new_rank as c_int)?;
         match (sub, plan.color) {

@@ -1,10 +1,14 @@
 //! Every `unsafe` line of the crate: raw MPI calls through `mpi::ffi`
 //! (rsmpi's `mpi-sys` bindings).
 //!
-//! * [`init`] starts MPI once per process (`MPI_Init_thread`, serialized
-//!   threading) and registers `MPI_Finalize` to run at process exit.
-//! * Every MPI call takes [`MPI_LOCK`], so that calls from several threads
-//!   never overlap (what `MPI_THREAD_SERIALIZED` requires).
+//! * [`init`] starts MPI once per process (`MPI_Init_thread`, asking for
+//!   `MPI_THREAD_MULTIPLE`) and registers `MPI_Finalize` to run at process
+//!   exit.
+//! * Every non-blocking MPI call takes [`MPI_LOCK`], so that calls from
+//!   several threads never overlap (enough for `MPI_THREAD_SERIALIZED`).
+//!   Blocking collectives ([`call_blocking`], in `ffi/blocking.rs`) take no
+//!   lock when MPI granted `MPI_THREAD_MULTIPLE`, so that a long call never
+//!   stops another thread's MPI calls.
 //! * [`Comm`] owns a communicator handle; its `Drop` frees it.
 //! * [`start`] begins one non-blocking operation (`MPI_I*`) and returns a
 //!   [`Request`] that borrows the caller's memory for `'a` or owns
@@ -20,6 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use mpi::ffi as sys;
+
+mod blocking;
+pub(crate) use blocking::call_blocking;
 
 /// Serialises every MPI call of the process.
 static MPI_LOCK: Mutex<()> = Mutex::new(());
@@ -107,6 +114,11 @@ fn finalize() {
     if FINALIZED.swap(true, Ordering::SeqCst) {
         return;
     }
+    if blocking::in_flight() {
+        // Another thread is inside a blocking collective (FINALIZED, set
+        // above, stops new ones): finalizing now would race with it.
+        return;
+    }
     let mut flag: c_int = 0;
     // SAFETY: MPI_Finalized may be called at any time; `flag` is a valid
     // out-pointer.
@@ -164,7 +176,7 @@ pub(crate) fn init() -> Result<Init, MpiError> {
                 sys::MPI_Init_thread(
                     std::ptr::null_mut(),
                     std::ptr::null_mut(),
-                    sys::RSMPI_THREAD_SERIALIZED,
+                    sys::RSMPI_THREAD_MULTIPLE,
                     &mut provided,
                 )
             })?;
@@ -175,6 +187,7 @@ pub(crate) fn init() -> Result<Init, MpiError> {
             // SAFETY: MPI is initialized; `provided` is a valid out-pointer.
             check(unsafe { sys::MPI_Query_thread(&mut provided) })?;
         }
+        blocking::set_multiple(is_multiple(provided));
         // SAFETY: reading an immutable handle exported by rsmpi's C shim.
         let world = unsafe { sys::RSMPI_COMM_WORLD };
         let (mut rank, mut size): (c_int, c_int) = (0, 0);
@@ -243,6 +256,13 @@ fn library_version_locked() -> String {
 pub(crate) fn library_version() -> String {
     let _g = lock();
     library_version_locked()
+}
+
+/// `true` when `level` is `MPI_THREAD_MULTIPLE` (any thread may call MPI
+/// at any time).
+pub(crate) fn is_multiple(level: c_int) -> bool {
+    // SAFETY: reading an immutable constant exported by rsmpi's C shim.
+    level == unsafe { sys::RSMPI_THREAD_MULTIPLE }
 }
 
 /// The name of an `MPI_THREAD_*` level.
@@ -567,6 +587,24 @@ fn mut_ptr_of(d: &mut Dst<'_>, owned: &mut Owned) -> *mut c_void {
     }
 }
 
+/// The send and receive pointers of an operation (`MPI_IN_PLACE` for
+/// [`Src::InPlace`]; an error when this library's value of it is unknown).
+fn pointers(
+    send: &Src<'_>,
+    recv: &mut Dst<'_>,
+    owned: &mut Owned,
+    library: &str,
+) -> Result<(*const c_void, *mut c_void), MpiError> {
+    let in_place = in_place_for(library).unwrap_or(std::ptr::null_mut());
+    if matches!(send, Src::InPlace) && in_place.is_null() {
+        return Err(MpiError {
+            code: -1,
+            text: "MPI_IN_PLACE is not known for this MPI library".into(),
+        });
+    }
+    Ok((ptr_of(send, owned, in_place), mut_ptr_of(recv, owned)))
+}
+
 /// Start `call` on `comm` with `count` elements of `ty` (per rank for the
 /// gathers and scatters, per destination for all-to-all).
 ///
@@ -587,15 +625,7 @@ pub(crate) fn start<'a>(
     library: &str,
 ) -> Result<Request<'a>, MpiError> {
     let borrows_user = matches!(send, Src::User(_)) || matches!(recv, Dst::User(_));
-    let in_place = in_place_for(library).unwrap_or(std::ptr::null_mut());
-    if matches!(send, Src::InPlace) && in_place.is_null() {
-        return Err(MpiError {
-            code: -1,
-            text: "MPI_IN_PLACE is not known for this MPI library".into(),
-        });
-    }
-    let sp = ptr_of(&send, &owned, in_place);
-    let rp = mut_ptr_of(&mut recv, &mut owned);
+    let (sp, rp) = pointers(&send, &mut recv, &mut owned, library)?;
     let dt = ty.raw();
     let c = comm.raw;
     let _g = lock();

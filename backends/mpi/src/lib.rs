@@ -21,9 +21,11 @@
 //!   [`ProbeContext::mpi_launched`]); priority [`PRIORITY_MPI`], above
 //!   cpu-gloo. Otherwise unavailable, saying so. The engine version is
 //!   `MPI_Get_library_version`.
-//! * **Connect** initializes MPI once per process (`MPI_Init_thread`,
-//!   serialized threading; a program that initialized MPI itself keeps its
-//!   initialization), registers `MPI_Finalize` to run at process exit,
+//! * **Connect** initializes MPI once per process (`MPI_Init_thread`
+//!   asking for `MPI_THREAD_MULTIPLE`, which the blocking path needs; a
+//!   program that initialized MPI itself keeps its initialization, and its
+//!   thread level is read with `MPI_Query_thread`), registers
+//!   `MPI_Finalize` to run at process exit,
 //!   and checks MPI's view of the world against the [`ConnectContext`]: a
 //!   binary started by the *other* implementation's launcher (Open MPI
 //!   binary under MPICH's mpiexec, say) sees N one-rank jobs, which is an
@@ -35,16 +37,17 @@
 //!
 //! Every operation, element type and reduction on host memory:
 //!
-//! | operation | MPI call |
-//! |---|---|
-//! | all_reduce, reduce | `MPI_Iallreduce`, `MPI_Ireduce` (in place at the root) |
-//! | broadcast | `MPI_Ibcast` |
-//! | all_gather, gather, scatter | `MPI_Iallgather`, `MPI_Igather`, `MPI_Iscatter` |
-//! | reduce_scatter | `MPI_Ireduce_scatter_block` |
-//! | all_to_all | `MPI_Ialltoall` |
-//! | send, recv | `MPI_Isend`; `MPI_Improbe` + `MPI_Imrecv` (the size is checked before receiving; a message of the wrong size is dropped and the call fails with `InvalidArgument`; MPI does not carry the element type, so only sizes are checked); sends to self go through an in-process mailbox (buffered) |
-//! | barrier | `MPI_Ibarrier` |
-//! | split | `(color, key)` exchanged with a timed all-gather, then `MPI_Comm_split` |
+//! | operation | MPI call, above the staging size (blocking) | up to it (non-blocking, polled) |
+//! |---|---|---|
+//! | all_reduce, reduce | `MPI_Allreduce`, `MPI_Reduce` (in place at the root) | `MPI_Iallreduce`, `MPI_Ireduce` |
+//! | broadcast | `MPI_Bcast` | `MPI_Ibcast` |
+//! | all_gather, gather, scatter | `MPI_Allgather`, `MPI_Gather`, `MPI_Scatter` | `MPI_Iallgather`, `MPI_Igather`, `MPI_Iscatter` |
+//! | reduce_scatter | `MPI_Reduce_scatter_block` | `MPI_Ireduce_scatter_block` |
+//! | all_to_all | `MPI_Alltoall` | `MPI_Ialltoall` |
+//! | send | `MPI_Send` | `MPI_Isend`; sends to self go through an in-process mailbox (buffered) |
+//! | recv | `MPI_Improbe` + `MPI_Imrecv` at every size (the size is checked before receiving; a message of the wrong size is dropped and the call fails with `InvalidArgument`; MPI does not carry the element type, so only sizes are checked) | |
+//! | barrier | | `MPI_Ibarrier` (no buffer) |
+//! | split | | `(color, key)` exchanged with a timed all-gather whatever its size, then `MPI_Comm_split` |
 //!
 //! `avg` is a sum followed by a division on the host (integers truncate
 //! toward zero). MPI has no 16-bit float types: f16 and bf16 move as
@@ -56,29 +59,47 @@
 //!
 //! ## Timeouts MPI does not have
 //!
-//! Every operation is started non-blocking (`MPI_I*`) and polled with
-//! `MPI_Test` (spinning briefly, then yielding, then sleeping 200 µs
-//! between polls) until it completes or [`Communicator::timeout`] passes.
-//! Then the call fails with [`ErrorKind::Timeout`] naming the operation and
-//! the communicator is poisoned. MPI cannot cancel a collective, so what
-//! happens to the pending operation depends on whose memory it uses:
+//! MPI cannot cancel a collective, so what a timeout does depends on which
+//! of two paths an operation takes (ADR 0017; the staging size is
+//! `ACCEL_MPI_STAGING_BYTES`, default 8 KiB, compared with the operation's
+//! largest buffer):
 //!
-//! * Operations whose buffers are at most `ACCEL_MPI_STAGING_BYTES`
-//!   (default 64 KiB), and every f16/bf16 reduction, run on memory the
-//!   communicator owns (copied in and out). On timeout that memory and the
-//!   request are leaked, the error is returned, and the process (and the
-//!   rest of the MPI job) carries on: the program decides.
-//! * Larger operations run on the caller's memory (zero-copy). Returning
-//!   would let MPI write into memory the caller may free, so the timeout
-//!   error is printed to stderr and the job ends with `MPI_Abort` (exit
-//!   code 124); mpirun then reports the rank that called it.
+//! * **Up to the staging size, and every barrier, receive and `split`
+//!   exchange: non-blocking, and a timeout returns.** The operation runs
+//!   on memory the communicator owns (copied in and out), started
+//!   non-blocking (`MPI_I*`) and polled with `MPI_Test` (spinning briefly,
+//!   then yielding, then sleeping 200 µs between polls) until it completes
+//!   or [`Communicator::timeout`] passes. Then the call fails with
+//!   [`ErrorKind::Timeout`] naming the operation, the communicator is
+//!   poisoned, the pending request and its memory are leaked, and the
+//!   process (and the rest of the MPI job) carries on: the program decides.
+//!   A receive that times out before a message arrived leaves nothing
+//!   pending.
+//! * **Above it: the blocking MPI call, in place, under a watchdog.** The
+//!   blocking collectives (`coll/tuned` in Open MPI) are 1.5–7× faster
+//!   than the non-blocking ones (`coll/libnbc`), and zero-copy. Each
+//!   communicator has a watchdog; when a call outlives the timeout, it
+//!   prints the same `Timeout` text with how long the call has been
+//!   blocked, writes it to `ACCEL_ERROR_FILE` (which `accel launch` shows
+//!   in its root-cause block), and ends the job with `MPI_Abort` (exit
+//!   code 124; mpirun then names the rank). It cannot return: the calling
+//!   thread is inside MPI, and MPI cannot cancel the call.
 //!
-//! A receive that times out before a message arrived leaves nothing
-//! pending and always returns. A rank that dies takes the job down: Open
-//! MPI's mpirun kills the others and prints which rank exited and how.
+//! The blocking path needs `MPI_THREAD_MULTIPLE` (a blocking call holds no
+//! lock, so a call waiting for a late rank never stops other threads' MPI
+//! calls). When MPI grants less (a program that initialized MPI itself at
+//! a lower level, or a library built without thread support), or with
+//! `ACCEL_MPI_BLOCKING=0`, every operation is non-blocking and polled, as
+//! before ADR 0017: large operations then run on the caller's memory and
+//! their timeout aborts the job too (printed, `MPI_Abort` with 124).
+//! [`MpiEngine::blocking_collectives`] and [`MpiEngine::threading_level`]
+//! say which applies.
 //!
-//! Calls on one communicator take turns (a mutex); every MPI call of the
-//! process is serialised by a second lock (`MPI_THREAD_SERIALIZED`).
+//! A rank that dies takes the job down: Open MPI's mpirun kills the others
+//! and prints which rank exited and how.
+//!
+//! Calls on one communicator take turns (a mutex); the non-blocking calls
+//! of the process are serialised by a second lock.
 //! [`Communicator::abort`] poisons the communicator but cannot interrupt a
 //! call in flight (`abort_interrupts` is `false`).
 //!
@@ -86,7 +107,8 @@
 //!
 //! | variable | effect |
 //! |---|---|
-//! | `ACCEL_MPI_STAGING_BYTES` | buffer size up to which operations run on owned memory (default 65536; `0`: always in place) |
+//! | `ACCEL_MPI_STAGING_BYTES` | largest buffer whose operation runs non-blocking on owned memory, so that its timeout returns (default 8192; `0`: every collective with a buffer runs blocking) |
+//! | `ACCEL_MPI_BLOCKING` | `1` (default): operations above the staging size call the blocking MPI function under the watchdog; `0`: every operation non-blocking and polled (slower; large ones still abort the job on timeout) |
 //!
 //! [`ErrorKind::InvalidConfig`]: accel_api::ErrorKind::InvalidConfig
 //! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
@@ -102,6 +124,7 @@ mod error;
 #[allow(unsafe_code)]
 mod ffi;
 pub mod probe;
+mod watchdog;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -123,6 +146,23 @@ pub const BACKEND: StaticBackend =
     StaticBackend::new(NAME, PRIORITY_MPI, DeviceKind::Cpu, probe::probe, |ctx| {
         Ok(Box::new(connect(ctx)?))
     });
+
+/// `ACCEL_MPI_BLOCKING`: `1` (the default) or `0`.
+fn blocking_from_env() -> Result<bool> {
+    match std::env::var("ACCEL_MPI_BLOCKING") {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim() {
+            "" | "1" => Ok(true),
+            "0" => Ok(false),
+            _ => Err(Error::invalid_config(
+                "ACCEL_MPI_BLOCKING",
+                &v,
+                "must be 1 (blocking collectives above ACCEL_MPI_STAGING_BYTES, the default) or 0 (every operation non-blocking, polled)",
+            )
+            .with_backend(NAME)),
+        },
+    }
+}
 
 fn staging_from_env() -> Result<usize> {
     match std::env::var("ACCEL_MPI_STAGING_BYTES") {
@@ -152,6 +192,7 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
     };
     ctx.check(NAME, DeviceKind::Cpu)?;
     let staging = staging_from_env()?;
+    let blocking = blocking_from_env()?;
     let init = ffi::init().map_err(|e| {
         fail(ErrorKind::Backend, format!("MPI_Init_thread failed: {e}"))
             .with_fix("start the program with the mpirun of the MPI it was built against")
@@ -175,6 +216,11 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
         staging,
         threading: ffi::threading_name(init.threading),
         initialized_here: init.initialized_here,
+        // Blocking calls hold no lock only under MPI_THREAD_MULTIPLE;
+        // below it a blocking call on one communicator could stop every
+        // other thread's MPI calls, so everything stays non-blocking.
+        blocking: blocking && ffi::is_multiple(init.threading),
+        world_rank: init.world_rank,
     });
     let start = Instant::now();
     let req = ffi::Comm::world()

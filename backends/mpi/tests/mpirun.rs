@@ -46,10 +46,13 @@ fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String
         spec = spec.env(*k, *v);
     }
     let mut cmd = mpirun_command(&spec);
+    // Tests run in parallel, some with the same mode and size.
+    static JOBS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let out_path = std::env::temp_dir().join(format!(
-        "accel-mpi-test-{mode}-{}-{}.log",
+        "accel-mpi-test-{mode}-{}-{}-{}.log",
         std::process::id(),
-        n
+        n,
+        JOBS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
     ));
     let f = std::fs::File::create(&out_path).expect("log file");
     cmd.stdin(Stdio::null())
@@ -74,25 +77,21 @@ fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String
     (code, out)
 }
 
+/// The context of this rank of the mpirun job.
+fn context(timeout: Duration) -> ConnectContext {
+    let var = |k: &str| -> usize { std::env::var(k).unwrap().parse().unwrap() };
+    ConnectContext::local(
+        var("OMPI_COMM_WORLD_RANK"),
+        var("OMPI_COMM_WORLD_SIZE"),
+        timeout,
+        Arc::new(accel_rendezvous::MemoryStore::new()),
+    )
+    .with_run_id("test")
+}
+
 fn connect(timeout: Duration) -> Box<dyn Communicator> {
-    let rank: usize = std::env::var("OMPI_COMM_WORLD_RANK")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let world: usize = std::env::var("OMPI_COMM_WORLD_SIZE")
-        .unwrap()
-        .parse()
-        .unwrap();
     accel_backend_mpi::BACKEND
-        .connect(
-            ConnectContext::local(
-                rank,
-                world,
-                timeout,
-                Arc::new(accel_rendezvous::MemoryStore::new()),
-            )
-            .with_run_id("test"),
-        )
+        .connect(context(timeout))
         .expect("connect")
 }
 
@@ -108,6 +107,8 @@ fn worker_process() {
         "timeout_large" => timeout_large(),
         "kill" => kill(),
         "hung_peer" => hung_peer(),
+        "absent_rank" => absent_rank(),
+        "paths" => paths(),
         other => panic!("unknown mode {other}"),
     }
 }
@@ -281,6 +282,38 @@ fn timeout_large() {
     std::thread::sleep(Duration::from_secs(60));
 }
 
+/// The last rank never enters a large all_reduce (the blocking path): the
+/// watchdog of every other rank reports it and ends the job.
+fn absent_rank() {
+    let c = connect(Duration::from_millis(1500));
+    let (r, n) = (c.rank(), c.world_size());
+    if r == n - 1 {
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    let mut v = vec![1.0f32; 1 << 20];
+    let _ = c.all_reduce_slice(&mut v, ReduceOp::Sum);
+    unreachable!("the watchdog should have ended the job");
+}
+
+/// Which paths this process's communicators take, from the environment
+/// (the concrete engine says).
+fn paths() {
+    let c = accel_backend_mpi::connect(context(Duration::from_secs(20))).expect("connect");
+    let (rank, world) = (c.rank(), c.world_size());
+    let e = c.engine();
+    println!(
+        "rank {rank}: threading {} blocking {} staging {}",
+        e.threading_level(),
+        e.blocking_collectives(),
+        e.staging_bytes()
+    );
+    let sub = c.split(Some(0), 0).unwrap().unwrap();
+    let mut v = vec![1i64; 4096];
+    sub.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap();
+    assert!(v.iter().all(|x| *x == world as i64));
+}
+
 /// Rank 1 hangs outside any collective; rank 0 times out and returns from
 /// main with the error (a small buffer: the call returns).
 fn hung_peer() {
@@ -319,6 +352,113 @@ fn collectives_on_1_to_3_ranks() {
     }
 }
 
+/// The blocking path (`ACCEL_MPI_STAGING_BYTES=0`: every collective with
+/// a buffer) and the all-non-blocking one (`ACCEL_MPI_BLOCKING=0`) give
+/// the same answers as the default mix.
+#[test]
+fn collectives_on_every_path() {
+    if !have_mpirun() {
+        return;
+    }
+    for env in [
+        ("ACCEL_MPI_STAGING_BYTES", "0"),
+        ("ACCEL_MPI_BLOCKING", "0"),
+    ] {
+        let (code, out) = job("collectives", 3, &[env]);
+        assert_eq!(code, Some(0), "{env:?}:\n{out}");
+        assert_eq!(out.matches("collectives ok").count(), 3, "{env:?}: {out}");
+    }
+}
+
+/// MPI runs at MPI_THREAD_MULTIPLE, which the blocking path needs; it is
+/// the default and `ACCEL_MPI_BLOCKING=0` turns it off.
+#[test]
+fn the_thread_level_is_multiple_and_blocking_is_the_default() {
+    if !have_mpirun() {
+        return;
+    }
+    let (code, out) = job("paths", 2, &[]);
+    assert_eq!(code, Some(0), "{out}");
+    for r in 0..2 {
+        assert!(
+            out.contains(&format!(
+                "rank {r}: threading multiple blocking true staging {}",
+                accel_backend_mpi::DEFAULT_STAGING_BYTES
+            )),
+            "{out}"
+        );
+    }
+    let (code, out) = job("paths", 2, &[("ACCEL_MPI_BLOCKING", "0")]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("rank 0: threading multiple blocking false"),
+        "{out}"
+    );
+    let (code, out) = job("paths", 1, &[("ACCEL_MPI_BLOCKING", "2")]);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("ACCEL_MPI_BLOCKING"), "{out}");
+}
+
+/// Issue 14: a rank that never enters a blocking collective. Every other
+/// rank's watchdog reports the op, the rank and how long the call has been
+/// blocked, within the timeout plus 2 s (as the message itself says), the
+/// error file gets the record, and the job ends.
+#[test]
+fn a_rank_that_never_enters_a_blocking_collective_ends_the_job_naming_it() {
+    if !have_mpirun() {
+        return;
+    }
+    for n in [2usize, 3] {
+        let dir = std::env::temp_dir().join(format!("accel-mpi-absent-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("error.json");
+        let (code, out) = job(
+            "absent_rank",
+            n,
+            &[("ACCEL_ERROR_FILE", file.to_str().unwrap())],
+        );
+        assert_ne!(code, Some(0), "{out}");
+        assert!(out.contains("MPI cannot cancel a collective"), "{out}");
+        // Each waiting rank reports when its watchdog fires; mpirun may
+        // stop the others once the first has aborted, so at least one does.
+        let reports: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("all_reduce: timed out after 1.5s"))
+            .collect();
+        assert!(!reports.is_empty(), "{out}");
+        for l in &reports {
+            assert!(
+                (0..n - 1).any(|r| l.contains(&format!("[mpi rank {r}]"))),
+                "{l}"
+            );
+        }
+        let blocked: Vec<f64> = out
+            .split("has been blocked in MPI for ")
+            .skip(1)
+            .map(|rest| {
+                let secs = rest.split("s on this rank").next().unwrap();
+                secs.parse::<f64>()
+                    .unwrap_or_else(|_| panic!("no duration in {rest}"))
+            })
+            .collect();
+        assert!(!blocked.is_empty(), "{out}");
+        for b in blocked {
+            assert!((1.5..3.5).contains(&b), "reported {b} s blocked:\n{out}");
+        }
+        let record = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("no error file {}: {e}\n{out}", file.display()));
+        let v: serde_json::Value = serde_json::from_str(&record).unwrap();
+        let msg = v["message"].as_str().unwrap();
+        assert!(msg.contains("all_reduce: timed out after 1.5s"), "{record}");
+        assert!(msg.contains("aborting the MPI job"), "{record}");
+        let rank = v["rank"].as_u64().unwrap() as usize;
+        assert!(rank < n - 1, "{record}");
+        assert!(msg.contains(&format!("[mpi rank {rank}]")), "{record}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 #[test]
 fn small_timeout_returns_and_the_job_goes_on() {
     if !have_mpirun() {
@@ -348,17 +488,21 @@ fn a_timed_out_rank_exits_and_the_job_ends() {
     );
 }
 
+/// On the blocking path (the default) and on the all-non-blocking one.
 #[test]
 fn large_timeout_aborts_the_job_with_the_error() {
     if !have_mpirun() {
         return;
     }
-    let start = Instant::now();
-    let (code, out) = job("timeout_large", 2, &[]);
-    assert_ne!(code, Some(0), "{out}");
-    assert!(out.contains("all_reduce: timed out after 1.5s"), "{out}");
-    assert!(out.contains("aborting the MPI job"), "{out}");
-    assert!(start.elapsed() < Duration::from_secs(30), "{out}");
+    for blocking in ["1", "0"] {
+        let start = Instant::now();
+        let (code, out) = job("timeout_large", 2, &[("ACCEL_MPI_BLOCKING", blocking)]);
+        assert_ne!(code, Some(0), "{out}");
+        assert!(out.contains("all_reduce: timed out after 1.5s"), "{out}");
+        assert!(out.contains("aborting the MPI job"), "{out}");
+        assert_eq!(out.contains("the watchdog"), blocking == "1", "{out}");
+        assert!(start.elapsed() < Duration::from_secs(30), "{out}");
+    }
 }
 
 #[test]

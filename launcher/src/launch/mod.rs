@@ -9,6 +9,7 @@
 //! | [`machines`] | how several machines' launchers agree on a run |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
 //! | [`threads`] | `--backend xla`: one process, its ranks as threads |
+//! | [`engine`] | the default engine when no backend is named (mpi for programs that link MPI, where an MPI launcher exists) |
 //!
 //! Starting, supervising and restarting the processes is the launch
 //! library's ([`accel_launch`]): a [`LocalGroup`] of workers here, an
@@ -88,6 +89,12 @@
 //!   root-cause block names the rank thread that failed first (its error
 //!   file), restarts restart the process. Process workers get
 //!   `ACCEL_PROCESS_MODEL=processes`.
+//! * With no backend named, a program that can use MPI (an ELF that links
+//!   `libmpi.so`), on one machine with at least 2 processes, where an MPI
+//!   launcher of the same family exists, takes the `--backend mpi` path by
+//!   default, saying so in the banner (`accel: backend mpi (default):
+//!   ...`); otherwise the local launch, quietly (the reason at `--log
+//!   info`). Rules in [`engine`] (ADR 0017).
 //! * Only a run of a single process inherits the terminal's stdin; with
 //!   several, stdin is /dev/null.
 //! * Workers run in their own process groups, so stopping one also stops
@@ -96,6 +103,7 @@
 //!   `PR_SET_PDEATHSIG`, set by the launch library's `ffi` module.
 
 pub mod config;
+pub mod engine;
 pub mod machines;
 pub mod mpi;
 pub mod options;
@@ -378,12 +386,23 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
     }
     let s = layered(args)?;
     if mpi::requested(&s) {
-        return mpi::launch(&s, args);
+        return mpi::launch(&s, args, None);
     }
     let program = match resolve_program(args) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
+    if s.backend.is_none() {
+        let choice = engine::choose(&program.path, s.world_size_claim(), s.num_machines);
+        if choice.is_mpi() {
+            say(&format!("backend mpi (default): {}", choice.reason));
+            return mpi::launch(&s, args, Some(&choice));
+        }
+        tracing::info!(
+            "backend: the workers' probe chooses (cpu-gloo on CPUs): {}",
+            choice.reason
+        );
+    }
     let token = match &s.token {
         Some(t) => t.clone(),
         None => store::random_hex(16)?,

@@ -1,6 +1,7 @@
 //! The MPI launch path: with `--backend mpi`, `accel launch` delegates to the
 //! system's `mpirun` / `mpiexec` instead of spawning workers itself, because
-//! MPI ranks must be started by MPI's own launcher.
+//! MPI ranks must be started by MPI's own launcher. With no backend named,
+//! programs that link MPI take this path too ([`super::engine`]).
 //!
 //! # What it does
 //!
@@ -59,9 +60,10 @@
 use std::path::{Path, PathBuf};
 
 use accel_api::{Error, ErrorKind, Result};
-use accel_launch::mpirun::{detect_flavor, Hosts, MpirunSpec};
-use accel_launch::{program, store, HostedStore, MpirunGroup};
+use accel_launch::mpirun::{detect_flavor, Hosts};
+use accel_launch::{store, HostedStore, MpirunGroup};
 
+use super::engine::Choice;
 use super::options::Settings;
 use super::{base_env, finish, resolve_program, scratch_dir, supervision, LaunchArgs};
 
@@ -154,13 +156,8 @@ pub fn hosts(s: &Settings, list: Option<&str>, file: Option<&Path>) -> Result<Ho
 /// The launcher program: `ACCEL_MPIRUN`, else `mpirun`, checked before
 /// anything starts; `Err(code)` after saying why.
 fn find_launcher() -> std::result::Result<PathBuf, u8> {
-    let spec = MpirunSpec::new(1, "x");
     let from_env = std::env::var_os("ACCEL_MPIRUN").is_some_and(|v| !v.is_empty());
-    program::resolve(
-        spec.launcher.as_os_str(),
-        std::env::var_os("PATH").as_deref(),
-    )
-    .map_err(|e| {
+    super::engine::find_mpirun().map_err(|e| {
         let hint = if from_env {
             "ACCEL_MPIRUN names it; point it at your mpirun / mpiexec"
         } else {
@@ -175,23 +172,31 @@ fn find_launcher() -> std::result::Result<PathBuf, u8> {
 }
 
 /// Launch the command of `args` through mpirun / mpiexec (see the module
-/// docs), supervised like a group of local workers.
+/// docs), supervised like a group of local workers. `default` is the
+/// default-engine choice that picked mpi (it found the launcher already),
+/// `None` under `--backend mpi`.
 ///
 /// # Errors
 /// Configuration errors (exit code 2: a machine rank above 0, several
 /// machines without a host list) and failures to host the store or start
 /// mpirun; a failed run is an exit code, not an error.
-pub fn launch(s: &Settings, args: &LaunchArgs) -> Result<u8> {
+pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Result<u8> {
     let hosts = hosts(s, args.mpi_hosts.as_deref(), args.hostfile.as_deref())?;
     let program = match resolve_program(args) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let launcher = match find_launcher() {
-        Ok(p) => p,
-        Err(code) => return Ok(code),
+    let found = default.and_then(|c| Some((c.mpirun.clone()?, c.flavor?)));
+    let (launcher, flavor) = match found {
+        Some(f) => f,
+        None => match find_launcher() {
+            Ok(p) => {
+                let f = detect_flavor(&p);
+                (p, f)
+            }
+            Err(code) => return Ok(code),
+        },
     };
-    let flavor = detect_flavor(&launcher);
     let total = match &hosts {
         Hosts::List(v) => v.iter().map(|(_, n)| *n).sum::<usize>(),
         _ => s.nproc * s.num_machines,

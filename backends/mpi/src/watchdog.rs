@@ -1,0 +1,339 @@
+//! The watchdog of blocking collectives.
+//!
+//! A blocking MPI collective cannot be cancelled or bounded from the thread
+//! that calls it. Each communicator that uses them has a [`Watch`]: the
+//! caller [`arm`](Watch::arm)s it around the call (a clock read and three
+//! atomic stores, no lock, no system call), and one thread per process
+//! looks at every live watch a few times per timeout. A call that has been
+//! running for longer than its communicator's timeout is reported (the same
+//! `Timeout` text the non-blocking path returns, plus how long the call has
+//! been blocked) on stderr and in the error file (`ACCEL_ERROR_FILE`, read
+//! by `accel launch`'s root-cause block), and the MPI job is ended with
+//! `MPI_Abort` (exit code 124): MPI cannot cancel a collective, and the
+//! calling thread is inside it.
+//!
+//! The thread sleeps between looks for a tenth of the shortest timeout
+//! (at least 10 ms, at most 250 ms), so a hung call is reported within
+//! the timeout plus that, and parks when no call was armed for a few
+//! looks in a row (the next [`Watch::arm`] wakes it).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+use accel_api::Op;
+
+use crate::{ffi, NAME};
+
+/// The watch of one communicator.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    /// Odd while a call is armed; every arm and disarm adds one.
+    seq: AtomicU64,
+    /// When the armed call started, in nanoseconds since [`epoch`].
+    started_ns: AtomicU64,
+    /// Index in [`Op::ALL`] of the armed call.
+    op: AtomicUsize,
+    timeout: Duration,
+    /// This rank in the communicator, and the communicator's size.
+    rank: usize,
+    size: usize,
+    /// This rank in `MPI_COMM_WORLD` (for the error file).
+    world_rank: usize,
+    /// `ACCEL_MPI_STAGING_BYTES`, for the message.
+    staging: usize,
+}
+
+/// The armed state of a [`Watch`]; dropping it disarms.
+#[must_use = "the call is watched only while this guard lives"]
+pub(crate) struct Armed<'a>(&'a Watch);
+
+impl Drop for Armed<'_> {
+    fn drop(&mut self) {
+        self.0.seq.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ns() -> u64 {
+    u64::try_from(epoch().elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Watch {
+    /// A watch for a communicator of `size` ranks in which this process is
+    /// `rank`, registered with the process's watchdog thread (started on
+    /// first use). `None` when that thread cannot be started (the engine
+    /// then stays on the non-blocking path).
+    pub(crate) fn start(
+        timeout: Duration,
+        rank: usize,
+        size: usize,
+        world_rank: usize,
+        staging: usize,
+    ) -> Option<Arc<Watch>> {
+        let w = Arc::new(Watch {
+            seq: AtomicU64::new(0),
+            started_ns: AtomicU64::new(0),
+            op: AtomicUsize::new(0),
+            timeout,
+            rank,
+            size,
+            world_rank,
+            staging,
+        });
+        registry().add(&w).then_some(w)
+    }
+
+    /// Watch the blocking call `op` until the guard is dropped.
+    pub(crate) fn arm(&self, op: Op) -> Armed<'_> {
+        let i = Op::ALL.iter().position(|o| *o == op).unwrap_or(0);
+        self.op.store(i, Ordering::Relaxed);
+        self.started_ns.store(now_ns(), Ordering::Relaxed);
+        self.seq.fetch_add(1, Ordering::SeqCst);
+        let reg = registry();
+        if reg.idle.load(Ordering::SeqCst) && reg.idle.swap(false, Ordering::SeqCst) {
+            if let Some(t) = reg.thread.get() {
+                t.unpark();
+            }
+        }
+        Armed(self)
+    }
+
+    fn armed(&self) -> bool {
+        !self.seq.load(Ordering::SeqCst).is_multiple_of(2)
+    }
+
+    /// How often the watchdog looks at this watch.
+    fn tick(&self) -> Duration {
+        (self.timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
+    }
+
+    /// The armed call and how long it has run, when that is past the
+    /// timeout and the call is still the same one.
+    fn overdue(&self) -> Option<(Op, Duration, u64)> {
+        let s1 = self.seq.load(Ordering::Acquire);
+        if s1.is_multiple_of(2) {
+            return None;
+        }
+        let started = self.started_ns.load(Ordering::Relaxed);
+        let op = self.op.load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        if self.seq.load(Ordering::Relaxed) != s1 {
+            return None;
+        }
+        let elapsed = Duration::from_nanos(now_ns().saturating_sub(started));
+        (elapsed >= self.timeout)
+            .then(|| (Op::ALL.get(op).copied().unwrap_or(Op::Barrier), elapsed, s1))
+    }
+
+    /// Report the overdue call and end the MPI job.
+    fn fire(&self, op: Op, elapsed: Duration, seq: u64) {
+        // The call may have returned since `overdue` looked.
+        if self.seq.load(Ordering::SeqCst) != seq {
+            return;
+        }
+        let err = crate::engine::timeout_error(op.name(), self.timeout, self.size, self.rank);
+        let message = format!(
+            "{err}\n[{NAME} rank {r}] {op} has been blocked in MPI for {elapsed:.2?} on this rank; \
+             MPI cannot cancel a collective, so the watchdog is aborting the MPI job \
+             (MPI_Abort, exit code 124). Operations on buffers up to ACCEL_MPI_STAGING_BYTES \
+             (now {staging}) run non-blocking and return the Timeout instead: raise it to make \
+             larger ones return too, at the cost of speed",
+            r = self.rank,
+            op = op.name(),
+            staging = self.staging,
+        );
+        write_error_file(&message, self.world_rank);
+        ffi::abort_job(&message, 124);
+    }
+}
+
+/// Write `message` as accel's error record (`{rank, pid, message,
+/// location, timestamp}`, what the facade's panic hook writes) to
+/// `ACCEL_ERROR_FILE` (or `TORCHELASTIC_ERROR_FILE`), unless a record is
+/// there already (the first failure is the root cause). Best effort: the
+/// job is ending.
+fn write_error_file(message: &str, world_rank: usize) {
+    let Some(path) = std::env::var_os("ACCEL_ERROR_FILE")
+        .or_else(|| std::env::var_os("TORCHELASTIC_ERROR_FILE"))
+        .filter(|p| !p.is_empty())
+        .map(std::path::PathBuf::from)
+    else {
+        return;
+    };
+    if path.exists() {
+        return;
+    }
+    let record = serde_json::json!({
+        "rank": world_rank,
+        "pid": std::process::id(),
+        "message": message,
+        "location": null,
+        "timestamp": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+    });
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    if std::fs::write(&tmp, record.to_string()).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
+}
+
+/// Every live watch of the process, and the thread that looks at them.
+struct Registry {
+    watches: Mutex<Vec<Weak<Watch>>>,
+    thread: OnceLock<Thread>,
+    /// Set by the thread before it parks; [`Watch::arm`] clears it and
+    /// wakes the thread.
+    idle: AtomicBool,
+    started: AtomicBool,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: Registry = Registry {
+        watches: Mutex::new(Vec::new()),
+        thread: OnceLock::new(),
+        idle: AtomicBool::new(false),
+        started: AtomicBool::new(false),
+    };
+    &REGISTRY
+}
+
+/// Looks without an armed call before the thread parks.
+const QUIET_LOOKS: u32 = 4;
+
+impl Registry {
+    fn live(&self) -> Vec<Arc<Watch>> {
+        let mut list = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        list.retain(|w| w.strong_count() > 0);
+        list.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Register `w`, starting the thread on first use; `false` when it
+    /// cannot be started.
+    fn add(&'static self, w: &Arc<Watch>) -> bool {
+        self.watches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Arc::downgrade(w));
+        if !self.started.swap(true, Ordering::SeqCst) {
+            let spawned = std::thread::Builder::new()
+                .name("accel-mpi-watchdog".into())
+                .spawn(move || self.run());
+            match spawned {
+                Ok(h) => {
+                    let _ = self.thread.set(h.thread().clone());
+                }
+                Err(_) => {
+                    self.started.store(false, Ordering::SeqCst);
+                    return false;
+                }
+            }
+        }
+        // Wake it: the new watch may have a shorter tick.
+        if let Some(t) = self.thread.get() {
+            t.unpark();
+        }
+        true
+    }
+
+    fn run(&self) {
+        let mut quiet = 0u32;
+        loop {
+            let live = self.live();
+            let mut armed = false;
+            for w in &live {
+                if let Some((op, elapsed, seq)) = w.overdue() {
+                    w.fire(op, elapsed, seq);
+                }
+                armed |= w.armed();
+            }
+            let tick = live
+                .iter()
+                .map(|w| w.tick())
+                .min()
+                .unwrap_or(Duration::from_millis(250));
+            drop(live);
+            quiet = if armed { 0 } else { quiet + 1 };
+            if quiet >= QUIET_LOOKS {
+                self.idle.store(true, Ordering::SeqCst);
+                // An arm between the look above and `idle` is seen here.
+                if !self.live().iter().any(|w| w.armed()) {
+                    std::thread::park();
+                }
+                self.idle.store(false, Ordering::SeqCst);
+                quiet = 0;
+                continue;
+            }
+            std::thread::park_timeout(tick);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arming_is_visible_and_disarming_ends_it() {
+        let w = Watch::start(Duration::from_secs(3600), 0, 2, 0, 0).expect("watchdog thread");
+        assert!(!w.armed());
+        {
+            let _a = w.arm(Op::AllReduce);
+            assert!(w.armed());
+            // Far from the timeout: not overdue.
+            assert!(w.overdue().is_none());
+        }
+        assert!(!w.armed());
+        assert!(w.overdue().is_none());
+    }
+
+    #[test]
+    fn an_armed_call_past_the_timeout_is_overdue_with_its_op() {
+        let w = Watch {
+            seq: AtomicU64::new(0),
+            started_ns: AtomicU64::new(0),
+            op: AtomicUsize::new(0),
+            timeout: Duration::from_millis(1),
+            rank: 1,
+            size: 2,
+            world_rank: 1,
+            staging: 0,
+        };
+        // Not registered: the thread never sees it (it would abort).
+        let _a = w.arm(Op::Broadcast);
+        std::thread::sleep(Duration::from_millis(5));
+        let (op, elapsed, _) = w.overdue().expect("overdue");
+        assert_eq!(op, Op::Broadcast);
+        assert!(elapsed >= Duration::from_millis(1));
+    }
+
+    #[test]
+    fn the_tick_stays_within_bounds() {
+        let w = |t| Watch {
+            seq: AtomicU64::new(0),
+            started_ns: AtomicU64::new(0),
+            op: AtomicUsize::new(0),
+            timeout: t,
+            rank: 0,
+            size: 1,
+            world_rank: 0,
+            staging: 0,
+        };
+        assert_eq!(
+            w(Duration::from_millis(1)).tick(),
+            Duration::from_millis(10)
+        );
+        assert_eq!(w(Duration::from_secs(1)).tick(), Duration::from_millis(100));
+        assert_eq!(
+            w(Duration::from_secs(600)).tick(),
+            Duration::from_millis(250)
+        );
+    }
+}
