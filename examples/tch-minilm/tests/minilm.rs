@@ -67,6 +67,8 @@ fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
     };
     let (resident, disk0, res0) = run(None);
     let (offloaded, disk1, res1) = run(Some("cpu=20MiB,disk"));
+    // A split: the embeddings and layer 0 on cpu, layers 1-5 on disk.
+    let (split, disk2, res2) = run(Some("cpu=60MiB,disk"));
 
     // The budgets did what they say: nothing on disk without offload, most
     // of the 87 MiB model there with 20 MiB of cpu.
@@ -74,6 +76,11 @@ fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
     assert!(res0 > 80 << 20, "resident bytes without offload: {res0}");
     assert!(disk1 > 60 << 20, "bytes on disk with cpu=20MiB: {disk1}");
     assert!(res1 <= 20 << 20, "resident bytes with cpu=20MiB: {res1}");
+    assert!(
+        res2 > 45 << 20 && res2 <= 60 << 20,
+        "resident bytes with cpu=60MiB: {res2}"
+    );
+    assert!(disk2 > 25 << 20, "bytes on disk with cpu=60MiB: {disk2}");
 
     // Same weights, same kernels, same order: the same bits.
     assert_eq!(resident.size(), [6, 384]);

@@ -81,8 +81,10 @@ pub struct ModuleDecl {
 ///   the planner.
 /// * `blocks`: the modules [`Dispatched::run`] steps through, in forward
 ///   order. Offloaded weights are materialised a block at a time.
-/// * `tied`: groups of variable names sharing one storage (the first one
-///   the checkpoint has owns it).
+/// * `tied`: groups of variable names sharing one storage. The member
+///   first in module order owns it and must be in the checkpoint; the others
+///   may be absent (checkpoints store tied weights once) and are loaded as
+///   views of the owner.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelSpec {
     /// Modules in definition order.
