@@ -89,6 +89,11 @@ fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
         diff, 0.0,
         "offloaded embeddings differ from resident ones by {diff}"
     );
+    let diff = (&resident - &split).abs().max().double_value(&[]);
+    assert_eq!(
+        diff, 0.0,
+        "split embeddings differ from resident ones by {diff}"
+    );
 
     let sims = similarities(&offloaded);
     for &(i, j, want) in &REFERENCE {
