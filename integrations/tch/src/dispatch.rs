@@ -26,6 +26,32 @@
 //! meanwhile (accel-offload's [`exec::run_layers`], `lookahead` blocks
 //! ahead). Tied weights are materialised once per run and shared.
 //!
+//! ```no_run
+//! use accel_offload::plan::MaxMemory;
+//! use accel_tch::dispatch::{load_checkpoint_and_dispatch, DispatchOptions, ModelSpec};
+//! use tch::nn::{self, Module};
+//!
+//! let vs = nn::VarStore::new(tch::Device::Cpu);
+//! let layers: Vec<nn::Linear> = (0..4)
+//!     .map(|i| nn::linear(vs.root() / "layers" / i, 512, 512, Default::default()))
+//!     .collect();
+//! let mut spec = ModelSpec::new();
+//! for i in 0..4 {
+//!     spec = spec.block(&format!("layers.{i}"), Some("Linear"));
+//! }
+//! let opts = DispatchOptions {
+//!     max_memory: Some(MaxMemory::parse("cpu=2MiB,disk")?),
+//!     ..DispatchOptions::default()
+//! };
+//! let d = load_checkpoint_and_dispatch(&vs, &spec, "model.safetensors".as_ref(), &opts)?;
+//! let mut h = Some(tch::Tensor::zeros([1, 512], tch::kind::FLOAT_CPU));
+//! d.run(|i, _block| {
+//!     h = Some(layers[i].forward(&h.take().expect("set")).relu());
+//!     Ok(())
+//! })?;
+//! # Ok::<(), accel_api::Error>(())
+//! ```
+//!
 //! # How weights reach the model
 //! tch layers hold shallow handles of the `VarStore`'s variables, so
 //! `set_data` on a variable changes what every handle sees: materialising
