@@ -240,8 +240,19 @@ pub struct Dispatched {
     blocks: Vec<LayerSpec>,
     lookahead: usize,
     report: DispatchReport,
-    /// A temporary offload folder to remove on drop.
-    temp_dir: Option<PathBuf>,
+    /// A temporary offload folder, removed on drop (after `disk`, declared
+    /// before it, has unmapped its files).
+    _temp_dir: Option<RemoveOnDrop>,
+}
+
+/// A folder removed when dropped (also when loading fails half-way).
+#[derive(Debug)]
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl std::fmt::Debug for Dispatched {
@@ -252,16 +263,6 @@ impl std::fmt::Debug for Dispatched {
             .field("variables", &self.vars.len())
             .field("report", &self.report)
             .finish()
-    }
-}
-
-impl Drop for Dispatched {
-    fn drop(&mut self) {
-        // The disk store's mappings go first, then its (temporary) folder.
-        self.disk = None;
-        if let Some(d) = self.temp_dir.take() {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 }
 
@@ -575,7 +576,7 @@ pub fn load_checkpoint_and_dispatch(
                     std::process::id(),
                     N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                 ));
-                temp_dir = Some(d.clone());
+                temp_dir = Some(RemoveOnDrop(d.clone()));
                 d
             }
         };
@@ -724,7 +725,7 @@ pub fn load_checkpoint_and_dispatch(
         blocks,
         lookahead: opts.lookahead,
         report,
-        temp_dir,
+        _temp_dir: temp_dir,
     })
 }
 
@@ -751,6 +752,13 @@ impl Dispatched {
     /// Where blocks run: the first accelerator of the plan, else the CPU.
     pub fn execution_device(&self) -> Device {
         self.exec_device
+    }
+
+    /// The disk store's folder (converted copies; a temporary folder,
+    /// removed on drop, unless [`DispatchOptions::offload_dir`] named one),
+    /// when anything is on disk.
+    pub fn offload_dir(&self) -> Option<&Path> {
+        self.disk.as_ref().map(DiskStore::dir)
     }
 
     /// What loading did.

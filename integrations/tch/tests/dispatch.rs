@@ -221,6 +221,11 @@ fn resident_and_offloaded_runs_give_the_reference_output() {
                         // Between passes the offloaded variables hold nothing.
                         assert_eq!(net.aw.numel(), 0, "{what}");
                         assert_eq!(net.hw.numel(), 0, "{what}");
+                        // A temporary offload folder lives as long as the model.
+                        let dir = d.offload_dir().unwrap().to_path_buf();
+                        assert!(dir.is_dir(), "{what}");
+                        drop(d);
+                        assert!(!dir.exists(), "{what}: {} left behind", dir.display());
                     }
                     Some(_) => {
                         // zeta (576 bytes) comes first in the model and fits
