@@ -108,9 +108,9 @@ pub struct ModuleDecl {
 /// * `blocks`: the modules [`Dispatched::run`] steps through, in forward
 ///   order. Offloaded weights are materialised a block at a time.
 /// * `tied`: groups of variable names sharing one storage. The member
-///   first in module order owns it and must be in the checkpoint; the others
-///   may be absent (checkpoints store tied weights once) and are loaded as
-///   views of the owner.
+///   first in module order owns it (the planner counts it there); the
+///   checkpoint needs only one member, whichever it kept (checkpoints store
+///   tied weights once), and every member is loaded as a view of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ModelSpec {
     /// Modules in definition order.
@@ -479,13 +479,27 @@ pub fn load_checkpoint_and_dispatch(
             in_ck.insert(e.name.as_str(), e);
         }
     }
+    // A tied group's storage comes from its owner's entry, or else from the
+    // first member the checkpoint has (a checkpoint that kept the later copy
+    // of a tie): that entry is read as the owner.
+    let mut source: HashMap<NodeId, &str> = HashMap::new();
+    for group in layout.tied() {
+        if let Some(&m) = group
+            .iter()
+            .find(|&&m| in_ck.contains_key(layout.node(m).name.as_str()))
+        {
+            source.insert(group[0], layout.node(m).name.as_str());
+        }
+    }
+    let owner_of_entry: HashMap<&str, NodeId> = source.iter().map(|(&o, &n)| (n, o)).collect();
     let mut missing = vec![];
     for id in layout.tensor_ids() {
         let n = layout.node(id);
         if n.alias_of.is_some() {
             continue;
         }
-        match in_ck.get(n.name.as_str()) {
+        let stored = source.get(&id).copied().unwrap_or(n.name.as_str());
+        match in_ck.get(stored) {
             None => missing.push(n.name.clone()),
             Some(e) => {
                 let meta = n.meta.as_ref().expect("tensor nodes have a meta");
@@ -589,17 +603,31 @@ pub fn load_checkpoint_and_dispatch(
 
     for path in &ck.shards {
         let f = SafetensorsFile::open(path)?;
+        // The storage owner an entry is read as, and its planned dtype.
         let plan_dtype = |e: &TensorEntry| -> Option<(NodeId, DType)> {
-            let id = layout.id(&e.name)?;
-            let n = layout.node(id);
-            (n.is_tensor() && n.alias_of.is_none())
-                .then(|| (id, plan.dtype_of(id).unwrap_or(e.meta.dtype)))
+            let id = match owner_of_entry.get(e.name.as_str()) {
+                Some(&owner) => owner,
+                None => {
+                    let id = layout.id(&e.name)?;
+                    let n = layout.node(id);
+                    if !n.is_tensor() || n.alias_of.is_some() {
+                        return None;
+                    }
+                    id
+                }
+            };
+            Some((id, plan.dtype_of(id).unwrap_or(e.meta.dtype)))
+        };
+        // In place only under the owner's own name (stores look owners up).
+        let servable = |e: &TensorEntry, id: NodeId, to: DType| {
+            places[&id] == Place::Disk && to == e.meta.dtype && layout.node(id).name == e.name
         };
         // Disk tensors keeping their dtype are served from the shard itself;
         // add it before any converted copy so that those win.
-        let in_place = f.entries().iter().any(|e| {
-            plan_dtype(e).is_some_and(|(id, to)| places[&id] == Place::Disk && to == e.meta.dtype)
-        });
+        let in_place = f
+            .entries()
+            .iter()
+            .any(|e| plan_dtype(e).is_some_and(|(id, to)| servable(e, id, to)));
         if in_place {
             disk.as_ref()
                 .expect("a disk store when disk tensors exist")
@@ -613,12 +641,14 @@ pub fn load_checkpoint_and_dispatch(
                 continue;
             };
             report.tensors += 1;
-            let kind = kind_for(OP, &e.name, to)?;
+            // The owner's name (the entry's own unless it is a tie's later copy).
+            let name = layout.node(id).name.as_str();
+            let kind = kind_for(OP, name, to)?;
             let place = places[&id];
-            if place == Place::Disk && to == e.meta.dtype {
+            if servable(e, id, to) {
                 report.disk_bytes += e.len;
                 report.disk_in_place_bytes += e.len;
-                kinds.insert(e.name.clone(), kind);
+                kinds.insert(name.to_string(), kind);
                 continue;
             }
             let mut t = read_tensor(&f, e)?;
@@ -635,20 +665,20 @@ pub fn load_checkpoint_and_dispatch(
                     if dev != Device::Cpu {
                         t = t.f_to_device(dev).map_err(|err| tch_err(OP, err))?;
                     }
-                    set_var(&vars, &e.name, &t)?;
+                    set_var(&vars, name, &t)?;
                     report.resident_bytes += bytes;
                 }
                 Place::Host => {
-                    host.put(&e.name, meta, ffi::host_view(&t)?.bytes())?;
+                    host.put(name, meta, ffi::host_view(&t)?.bytes())?;
                     report.host_bytes += bytes;
-                    kinds.insert(e.name.clone(), kind);
+                    kinds.insert(name.to_string(), kind);
                 }
                 Place::Disk => {
                     disk.as_ref()
                         .expect("a disk store when disk tensors exist")
-                        .put(&e.name, meta, ffi::host_view(&t)?.bytes())?;
+                        .put(name, meta, ffi::host_view(&t)?.bytes())?;
                     report.disk_bytes += bytes;
-                    kinds.insert(e.name.clone(), kind);
+                    kinds.insert(name.to_string(), kind);
                 }
             }
         }

@@ -389,3 +389,43 @@ fn models_built_from_tch_layers_dispatch_too() {
     let diff = (h.unwrap() - want).abs().max().double_value(&[]);
     assert_eq!(diff, 0.0);
 }
+
+#[test]
+fn a_tie_stored_under_its_later_name_is_read_as_the_owner() {
+    // The checkpoint kept head.weight (the copy later in the model) and
+    // dropped zeta.weight, the owner.
+    let tmp = tempfile::tempdir().unwrap();
+    let data: Vec<(String, TensorMeta, Vec<u8>)> = weights()
+        .iter()
+        .map(|(n, t)| {
+            let name = if *n == "zeta.weight" {
+                "head.weight"
+            } else {
+                n
+            };
+            let meta = TensorMeta {
+                dtype: DType::F32,
+                shape: t.size().iter().map(|&d| d as usize).collect(),
+            };
+            (name.to_string(), meta, bytes_of(t))
+        })
+        .collect();
+    let ck = tmp.path().join("model.safetensors");
+    write_file(
+        &ck,
+        data.iter().map(|(n, m, b)| (n.as_str(), m, b.as_slice())),
+    )
+    .unwrap();
+    let x = input();
+    let want = reference(&x);
+    for budget in [None, Some("disk")] {
+        let vs = VarStore::new(Device::Cpu);
+        let net = Net::new(&vs);
+        let d = load_checkpoint_and_dispatch(&vs, &Net::spec(), &ck, &opts(budget)).unwrap();
+        assert_eq!(d.report().tensors, 6, "{budget:?}");
+        assert!(d.report().unexpected.is_empty(), "{budget:?}");
+        let (got, _) = net.forward(&d, &x);
+        let diff = (&got - &want).abs().max().double_value(&[]);
+        assert_eq!(diff, 0.0, "{budget:?}: output differs by {diff}");
+    }
+}
