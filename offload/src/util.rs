@@ -175,7 +175,7 @@ pub(crate) fn atomic_write(
 
 /// Compare path components naturally: numeric components numerically
 /// (`2` < `10`), numbers before names, names bytewise.
-pub(crate) fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+pub fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     let na =
         (!a.is_empty() && a.bytes().all(|c| c.is_ascii_digit())).then(|| a.trim_start_matches('0'));
     let nb =

@@ -12,6 +12,7 @@
 //! | [`AdamW`] | an AdamW whose moments go into checkpoints (exact resume) |
 //! | [`TensorCollectives`] | `gather`, `gather_for_metrics`, `reduce`, `pad_across_processes`, all-reduce and broadcast on tensors |
 //! | [`set_seed`], [`set_threads_per_rank`] | seed accel and libtorch together; share the cores between local ranks |
+//! | [`dispatch`] | big-model inference: [`load_checkpoint_and_dispatch`] plans a device map for a `VarStore` model, loads a safetensors checkpoint into it (device, host store, disk store) and runs offloaded blocks with prefetch |
 //! | [`ffi`] | zero-copy host views of CPU tensors, device views of CUDA tensors |
 //!
 //! Checkpoints go through the Accelerator's `save_state` / `load_state`: a
@@ -51,12 +52,14 @@
 //! `LD_LIBRARY_PATH`. This crate lives outside the default workspace so that
 //! the rest of accel never needs libtorch (docs/adr/0004).
 
+pub mod dispatch;
 pub mod ffi;
 mod model;
 mod optim;
 mod seed;
 mod tensor_ops;
 
+pub use dispatch::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched, ModelSpec};
 pub use model::TchModel;
 pub use optim::{AdamW, TchOptimizer};
 pub use seed::{set_seed, set_threads_per_rank};

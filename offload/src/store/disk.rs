@@ -75,6 +75,20 @@ impl DiskStore {
         Ok(())
     }
 
+    /// Copy the bytes of `name` into `out` with positioned reads instead of
+    /// borrowing them from the mapping ([`SafetensorsFile::read_into`]):
+    /// for a caller that materialises a tensor in its own buffer and must
+    /// not leave the file's pages resident in the process.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for an unknown name or a buffer of the wrong length;
+    /// [`ErrorKind::Io`](accel_api::ErrorKind::Io).
+    pub fn read_into(&self, name: &str, out: &mut [u8]) -> Result<()> {
+        let (f, e) = self.slot(name)?;
+        f.read_into(e, out)
+    }
+
     /// The directory written to.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -162,6 +176,13 @@ mod tests {
             &(100..116).collect::<Vec<u8>>()[..]
         );
         assert!(matches!(s.get("layers.0.w").unwrap(), Cow::Borrowed(_)));
+        // Positioned reads give the same bytes; a wrong-sized buffer is refused.
+        let mut out = vec![0u8; 16];
+        s.read_into("layers.0.w", &mut out).unwrap();
+        assert_eq!(out, (100..116).collect::<Vec<u8>>());
+        let e = s.read_into("layers.0.w", &mut [0u8; 3]).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
+        assert!(s.read_into("nope", &mut out).is_err());
         // No temporary files are left behind.
         assert!(std::fs::read_dir(d.path()).unwrap().all(|e| !e
             .unwrap()
