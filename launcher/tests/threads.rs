@@ -9,10 +9,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Duration;
-
 use common::*;
 
 /// `true` when the xla backend can run here.
@@ -119,76 +115,86 @@ fn bench_runs_on_xla_rank_threads() {
     assert_eq!(v["world_size"], 2, "{}", r.all());
 }
 
-/// `target/<profile>/train` beside the `accel` under test, (re)built with
-/// cargo first (a `cargo test -p accel-launcher` alone does not build it,
-/// and a stale one would test old code).
-fn train_bin() -> PathBuf {
-    let profile = Path::new(ACCEL).parent().expect("target/<profile>");
-    let bin = profile.join("train");
-    {
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .parent()
-            .expect("root");
-        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        cmd.arg("build")
-            .arg("--manifest-path")
-            .arg(workspace.join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(profile.parent().expect("target"))
-            .args(["-p", "accel-example-train"]);
-        if profile.file_name().is_some_and(|f| f == "release") {
-            cmd.arg("--release");
-        }
-        cmd.stdin(Stdio::null());
-        let built = start(cmd).finish(Duration::from_secs(900));
-        built.code_is(0);
-    }
-    bin
-}
-
-/// The demo on 2 ranks of `backend`: its final parameter checksum.
-fn train_checksum(backend: &str, dir: &Path) -> String {
-    let ckpt = dir.join(backend);
-    let r = start(command(&argv(
-        &format!("launch -n 2 --backend {backend} --"),
-        &[
-            train_bin().to_str().expect("utf-8 path"),
-            "--epochs",
-            "2",
-            "--train-len",
-            "256",
-            "--checkpoint-dir",
-            ckpt.to_str().expect("utf-8 path"),
-        ],
-    )))
-    .finish(Duration::from_secs(120));
-    r.code_is(0);
-    let on = format!("train: 2 ranks on {backend},");
-    assert!(
-        rank_lines(&r.stdout, 0).iter().any(|l| l.starts_with(&on)),
-        "{on:?}\n{}",
-        r.all()
-    );
-    let line = rank_lines(&r.stdout, 0)
-        .into_iter()
-        .find(|l| l.starts_with("final:"))
-        .unwrap_or_else(|| panic!("no final line\n{}", r.all()));
-    let sum = line
-        .rsplit_once("params checksum ")
-        .map(|(_, c)| c.trim().to_string())
-        .unwrap_or_else(|| panic!("no checksum in {line:?}"));
-    assert_eq!(sum.len(), 16, "{line}");
-    sum
-}
-
+/// The demo's checksum on xla threads and on cpu-gloo processes (needs
+/// cpu-gloo in the launcher).
 #[cfg(feature = "cpu-gloo")]
-#[test]
-fn the_demo_ends_with_the_same_checksum_on_xla_threads_as_on_cpu_gloo() {
-    if !xla_or_skip("the_demo_ends_with_the_same_checksum_on_xla_threads_as_on_cpu_gloo") {
-        return;
+mod demo {
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// `target/<profile>/train` beside the `accel` under test, (re)built with
+    /// cargo first (a `cargo test -p accel-launcher` alone does not build it,
+    /// and a stale one would test old code).
+    fn train_bin() -> PathBuf {
+        let profile = Path::new(ACCEL).parent().expect("target/<profile>");
+        let bin = profile.join("train");
+        {
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("root");
+            let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            cmd.arg("build")
+                .arg("--manifest-path")
+                .arg(workspace.join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(profile.parent().expect("target"))
+                .args(["-p", "accel-example-train"]);
+            if profile.file_name().is_some_and(|f| f == "release") {
+                cmd.arg("--release");
+            }
+            cmd.stdin(Stdio::null());
+            let built = start(cmd).finish(Duration::from_secs(900));
+            built.code_is(0);
+        }
+        bin
     }
-    let dir = tempfile::tempdir().unwrap();
-    let gloo = train_checksum("cpu-gloo", dir.path());
-    let xla = train_checksum("xla", dir.path());
-    assert_eq!(xla, gloo, "xla rank threads vs cpu-gloo processes");
+
+    /// The demo on 2 ranks of `backend`: its final parameter checksum.
+    fn train_checksum(backend: &str, dir: &Path) -> String {
+        let ckpt = dir.join(backend);
+        let r = start(command(&argv(
+            &format!("launch -n 2 --backend {backend} --"),
+            &[
+                train_bin().to_str().expect("utf-8 path"),
+                "--epochs",
+                "2",
+                "--train-len",
+                "256",
+                "--checkpoint-dir",
+                ckpt.to_str().expect("utf-8 path"),
+            ],
+        )))
+        .finish(Duration::from_secs(120));
+        r.code_is(0);
+        let on = format!("train: 2 ranks on {backend},");
+        assert!(
+            rank_lines(&r.stdout, 0).iter().any(|l| l.starts_with(&on)),
+            "{on:?}\n{}",
+            r.all()
+        );
+        let line = rank_lines(&r.stdout, 0)
+            .into_iter()
+            .find(|l| l.starts_with("final:"))
+            .unwrap_or_else(|| panic!("no final line\n{}", r.all()));
+        let sum = line
+            .rsplit_once("params checksum ")
+            .map(|(_, c)| c.trim().to_string())
+            .unwrap_or_else(|| panic!("no checksum in {line:?}"));
+        assert_eq!(sum.len(), 16, "{line}");
+        sum
+    }
+
+    #[test]
+    fn the_demo_ends_with_the_same_checksum_on_xla_threads_as_on_cpu_gloo() {
+        if !xla_or_skip("the_demo_ends_with_the_same_checksum_on_xla_threads_as_on_cpu_gloo") {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let gloo = train_checksum("cpu-gloo", dir.path());
+        let xla = train_checksum("xla", dir.path());
+        assert_eq!(xla, gloo, "xla rank threads vs cpu-gloo processes");
+    }
 }
