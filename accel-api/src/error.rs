@@ -202,6 +202,13 @@ impl Error {
         self
     }
 
+    /// Append `detail` to the message (`message; detail`), keeping the kind
+    /// and the context: what a layer that knows more adds on the way out.
+    pub fn with_detail(mut self, detail: impl fmt::Display) -> Error {
+        self.0.message = format!("{}; {detail}", self.0.message);
+        self
+    }
+
     /// Attach a suggested fix (replaces an earlier one).
     pub fn with_fix(mut self, fix: impl Into<String>) -> Error {
         self.0.fix = Some(fix.into());
