@@ -28,6 +28,8 @@
 //! * [`Scalar`]: what gathers and reductions take: the engines' element
 //!   types plus `u32`, `u64`, `usize` and `bool`, reduced exactly.
 //! * [`install_panic_hook`]: root-cause reports for the launcher.
+//! * [`stall`]: the stall inspector: a timed-out collective names the ranks
+//!   that never arrived and what they last entered.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -38,6 +40,7 @@ mod lifeline;
 mod panic_hook;
 mod registry;
 mod scalar;
+pub mod stall;
 pub mod state;
 pub mod train;
 pub mod worker_env;
