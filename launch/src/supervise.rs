@@ -535,6 +535,7 @@ fn blame_stall(
     attempt: &Attempt,
     settled: &mut Settled,
     stall: &report::Stall,
+    workers: &[WorkerEnd],
 ) {
     if !matches!(settled.status, Status::Failed) {
         return;
@@ -558,7 +559,14 @@ fn blame_stall(
             },
         ),
     };
-    settled.root = victim.map(|v| Failure::blame_stall(v, stall, place));
+    settled.root = victim.map(|v| {
+        let mut f = Failure::blame_stall(v, stall, place);
+        // One process per rank: the blamed rank's own pid.
+        if group.kind() == "workers" {
+            f.pid = workers.iter().find(|w| w.rank == f.rank).map(|w| w.pid);
+        }
+        f
+    });
 }
 
 /// The coordination of a run on one machine (or of an mpirun started from
@@ -772,7 +780,7 @@ pub fn run(
             };
             let mut settled = coord.settle(n, &attempt, result.outcome);
             if let Some(stall) = coord.stall(&attempt) {
-                blame_stall(&*group, &attempt, &mut settled, &stall);
+                blame_stall(&*group, &attempt, &mut settled, &stall, &result.workers);
             }
             reports.push(AttemptReport {
                 attempt: n,
