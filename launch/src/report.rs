@@ -236,10 +236,13 @@ impl Failure {
             Exit::Code { code } => code,
             other => i32::from(other.launcher_code()),
         };
+        // Its panic message, else its last line that reports an error.
+        let tail = &victim.stderr_tail;
         let said = victim
             .error
             .clone()
-            .or_else(|| victim.stderr_tail.last().cloned())
+            .or_else(|| tail.iter().rev().find(|l| l.contains("error")).cloned())
+            .or_else(|| tail.last().cloned())
             .unwrap_or_else(|| victim.exit.describe());
         let (local_rank, machine, host) =
             place.unwrap_or((victim.local_rank, victim.machine, victim.host.clone()));
@@ -415,7 +418,10 @@ mod tests {
             exit: Exit::Code { code: 1 },
             error: None,
             location: None,
-            stderr_tail: vec!["Error: [cpu-gloo rank 0] all_reduce: timed out".into()],
+            stderr_tail: vec![
+                "accel: error: [cpu-gloo rank 0] all_reduce: timed out".into(),
+                "[mpi] exiting without MPI_Finalize".into(),
+            ],
             also_hung: vec![],
             interrupted: false,
         }
