@@ -223,7 +223,10 @@ fn lost_rank_is_named(ctx: &Ctx) -> Outcome {
 }
 
 fn gate_mismatch(ctx: &Ctx) -> Option<String> {
-    if matches!(accel_api::CallCheck::from_env(), Ok(accel_api::CallCheck::Off)) {
+    if matches!(
+        accel_api::CallCheck::from_env(),
+        Ok(accel_api::CallCheck::Off)
+    ) {
         return Some("ACCEL_CHECK_CALLS=0 turns the call check off".into());
     }
     needs_peers(ctx, &[Op::AllReduce]).or_else(|| {

@@ -560,7 +560,30 @@ fn blame_stall(
         ),
     };
     settled.root = victim.map(|v| {
-        let mut f = Failure::blame_stall(v, stall, place);
+        let Some(place) = place else {
+            // The missing rank runs on another machine: keep the victim,
+            // and say who it waited for.
+            let mut v = v;
+            let said = v.error.take().or_else(|| v.stderr_tail.last().cloned());
+            let mut e = format!(
+                "rank {} timed out in {} waiting for rank(s) {} (on another machine)",
+                stall.seen_by,
+                stall.waiting_in,
+                stall
+                    .missing
+                    .iter()
+                    .map(|(r, _)| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if let Some(s) = said {
+                e.push('\n');
+                e.push_str(&s);
+            }
+            v.error = Some(e);
+            return v;
+        };
+        let mut f = Failure::blame_stall(v, stall, Some(place));
         // One process per rank: the blamed rank's own pid.
         if group.kind() == "workers" {
             f.pid = workers.iter().find(|w| w.rank == f.rank).map(|w| w.pid);
@@ -673,22 +696,27 @@ impl Coordinator for HostedStore {
         self.url.clone()
     }
 
-    /// Reads the verdict from the hosted store, under the key the workers'
-    /// `Accelerator` uses for this run and attempt.
+    /// Reads the verdict from the hosted store.
     fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
-        let server = self.server.as_ref()?;
-        let run_id = attempt.env.run_id.as_deref().unwrap_or("default");
-        let store = accel_rendezvous::PrefixStore::new(
-            server.store().clone(),
-            accel::stall::store_prefix(run_id, attempt.number),
-        );
-        let v = accel::stall::StallVerdict::read(&store)?;
-        Some(report::Stall {
-            seen_by: v.seen_by,
-            waiting_in: v.waiting_in,
-            missing: v.missing.into_iter().map(|m| (m.rank, m.last)).collect(),
-        })
+        read_stall(self.server.as_ref()?.store().clone(), attempt)
     }
+}
+
+/// The stall inspector's verdict for `attempt` in the run's `store` (the
+/// store root, as the launcher sees it), under the key the workers'
+/// `Accelerator` uses for this run and attempt.
+pub fn read_stall(store: Arc<dyn accel_api::Store>, attempt: &Attempt) -> Option<report::Stall> {
+    let run_id = attempt.env.run_id.as_deref().unwrap_or("default");
+    let store = accel_rendezvous::PrefixStore::new(
+        store,
+        accel::stall::store_prefix(run_id, attempt.number),
+    );
+    let v = accel::stall::StallVerdict::read(&store)?;
+    Some(report::Stall {
+        seen_by: v.seen_by,
+        waiting_in: v.waiting_in,
+        missing: v.missing.into_iter().map(|m| (m.rank, m.last)).collect(),
+    })
 }
 
 /// A whole run: its summary and exit code.
