@@ -80,6 +80,40 @@ impl CallCheck {
     }
 }
 
+std::thread_local! {
+    /// The setting groups created on this thread take, when set (see
+    /// [`CallCheck::scoped`]).
+    static SCOPED: std::cell::Cell<Option<CallCheck>> = const { std::cell::Cell::new(None) };
+}
+
+impl CallCheck {
+    /// Run `f` with `check` as the setting of every [`Group`](crate::Group)
+    /// created on this thread during `f` (instead of the environment's).
+    /// The plugin boundary uses it: the host's group in front of a plugin
+    /// already checks every call, so the group inside the plugin checks
+    /// only its first collective.
+    pub fn scoped<T>(check: CallCheck, f: impl FnOnce() -> T) -> T {
+        let before = SCOPED.with(|s| s.replace(Some(check)));
+        struct Restore(Option<CallCheck>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                SCOPED.with(|s| s.set(self.0));
+            }
+        }
+        let _restore = Restore(before);
+        f()
+    }
+
+    /// The setting a new group takes: [`CallCheck::scoped`]'s, else the
+    /// environment's, else on (a malformed value keeps the check on;
+    /// `accel::state()` reports it).
+    pub(crate) fn for_new_group() -> CallCheck {
+        SCOPED
+            .with(|s| s.get())
+            .unwrap_or_else(|| CallCheck::from_env().unwrap_or_default())
+    }
+}
+
 /// The shape of one collective as the check compares it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Shape {
@@ -480,6 +514,14 @@ mod tests {
         let c = Capabilities::all_host().with_reduce_dtypes([DType::F16]);
         assert_eq!(plan(&c), Some(Plan::Gather(DType::I32)));
         assert_eq!(plan(&Capabilities::none()), None);
+    }
+
+    #[test]
+    fn a_scoped_setting_applies_inside_only() {
+        let outside = CallCheck::for_new_group();
+        let inside = CallCheck::scoped(CallCheck::Off, CallCheck::for_new_group);
+        assert_eq!(inside, CallCheck::Off);
+        assert_eq!(CallCheck::for_new_group(), outside);
     }
 
     #[test]

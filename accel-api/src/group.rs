@@ -350,8 +350,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<E: Engine> Group<E> {
     /// Wrap `engine`, reading its identity and capabilities once. The call
-    /// check follows [`CallCheck::from_env`] (`ACCEL_CHECK_CALLS`; a
-    /// malformed value keeps the check on: `accel::state()` reports it).
+    /// check follows [`CallCheck::scoped`] when set, else
+    /// [`CallCheck::from_env`] (`ACCEL_CHECK_CALLS`; a malformed value
+    /// keeps the check on: `accel::state()` reports it).
     pub fn new(engine: E) -> Group<E> {
         let caps = engine.capabilities();
         Group {
@@ -363,7 +364,7 @@ impl<E: Engine> Group<E> {
             poisoned: Mutex::new(None),
             mailbox: Mutex::new(HashMap::new()),
             mail: Condvar::new(),
-            check: CallCheck::from_env().unwrap_or_default(),
+            check: CallCheck::for_new_group(),
             seq: AtomicU64::new(0),
         }
     }
