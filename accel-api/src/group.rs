@@ -26,7 +26,7 @@
 //!   operation attached;
 //! * the call check ([`crate::check`], ADR 0016): before every collective
 //!   the ranks compare its operation, element type, length, root and
-//!   reduction with one tiny exchange through the engine, so that a
+//!   reduction with one tiny all-gather through the engine, so that a
 //!   mismatched call is an [`ErrorKind::Mismatch`] error on every rank and
 //!   never reaches the engine (where mismatched lengths read or write past
 //!   buffers, abort the process or return wrong answers).
@@ -59,9 +59,10 @@ use crate::{
 /// * every rank of the group passes the same operation, element type,
 ///   length, root and reduction, in the same order (the call check, unless
 ///   `ACCEL_CHECK_CALLS=0`): besides the caller's collectives, the engine
-///   receives the check's own `all_reduce` (`Max`, 18 elements of `i32`,
-///   `i64`, `f32` or `f64`, the first of those its capabilities reduce) and,
-///   after a disagreement, an `all_gather` of 9 elements per rank;
+///   receives the check's own `all_gather` before each of them (9 elements
+///   per rank of `i32`, `i64`, `f32` or `f64`, the first of those its
+///   capabilities take; without an all-gather, an `all_reduce` with `Max`
+///   of 18 elements, and an all-gather after a disagreement);
 /// * reductions never get [`ReduceOp::Avg`] unless
 ///   [`native_avg`](Engine::native_avg) says the engine computes it;
 /// * `send`/`recv` never get `self.rank()` as the peer for host memory
@@ -511,17 +512,15 @@ impl<E: Engine> Group<E> {
                 if check::agreed(&d.values()) {
                     return Ok(());
                 }
-                // Rare path: every rank saw the disagreement; name the ranks.
-                match self.gather_digits(t, &mine) {
-                    Ok(all) => Err(check::mismatch(seq, &all)),
-                    Err(e) => Err(check::mismatch_unnamed(
-                        seq,
-                        self.info.rank,
-                        self.info.world_size,
-                        &mine,
-                        &e,
-                    )),
-                }
+                // Every rank saw the disagreement (no all-gather here to
+                // name the ranks: this plan is for engines without one).
+                Err(check::mismatch_fields(
+                    seq,
+                    self.info.rank,
+                    self.info.world_size,
+                    &mine,
+                    &d.values(),
+                ))
             }
             Plan::Gather(t) => {
                 let all = self.gather_digits(t, &mine)?;
@@ -1052,6 +1051,8 @@ mod tests {
         info: EngineInfo,
         hub: Arc<Hub>,
         user_calls: AtomicUsize,
+        /// Declares an all-gather (otherwise the check all-reduces).
+        gathers: bool,
     }
 
     struct Hub {
@@ -1061,7 +1062,7 @@ mod tests {
     }
 
     impl Pair {
-        fn two() -> (Pair, Pair) {
+        fn two(gathers: bool) -> (Pair, Pair) {
             let hub = Arc::new(Hub {
                 slots: Mutex::new(vec![Vec::new(); 2]),
                 enter: Barrier::new(2),
@@ -1077,6 +1078,7 @@ mod tests {
                 },
                 hub: hub.clone(),
                 user_calls: AtomicUsize::new(0),
+                gathers,
             };
             (one(0), one(1))
         }
@@ -1105,7 +1107,11 @@ mod tests {
             &self.info
         }
         fn capabilities(&self) -> Capabilities {
-            Capabilities::all_host()
+            let mut c = Capabilities::all_host();
+            if !self.gathers {
+                c.ops.remove(&Op::AllGather);
+            }
+            c
         }
         fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
             let mut h = host_mut(Op::AllReduce, buf)?;
@@ -1189,7 +1195,15 @@ mod tests {
         check: [CallCheck; 2],
         f: impl Fn(usize, &Group<Pair>) -> T + Sync,
     ) -> (Vec<T>, Vec<usize>) {
-        let (a, b) = Pair::two();
+        on_pair_with(true, check, f)
+    }
+
+    fn on_pair_with<T: Send>(
+        gathers: bool,
+        check: [CallCheck; 2],
+        f: impl Fn(usize, &Group<Pair>) -> T + Sync,
+    ) -> (Vec<T>, Vec<usize>) {
+        let (a, b) = Pair::two(gathers);
         let groups = [
             Group::new(a).with_call_check(check[0]),
             Group::new(b).with_call_check(check[1]),
@@ -1259,6 +1273,28 @@ mod tests {
             );
         }
         assert_eq!(calls, vec![0, 0], "the engine never saw the call");
+    }
+
+    #[test]
+    fn without_an_all_gather_the_check_all_reduces_and_still_fails_everywhere() {
+        let (out, calls) = on_pair_with(false, ON, |r, g| {
+            let mut v = vec![1.0f32; 10 + r];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum)
+        });
+        for res in &out {
+            let s = mismatch_text(res);
+            assert!(
+                s.contains("#0: length differs (this engine has no all-gather"),
+                "{s}"
+            );
+        }
+        assert_eq!(calls, vec![0, 0], "only the check's all-reduce ran");
+        let (out, calls) = on_pair_with(false, ON, |r, g| {
+            let mut v = vec![r as f32; 2];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum).map(|()| v)
+        });
+        assert_eq!(out[1].as_ref().unwrap(), &vec![1.0, 1.0]);
+        assert_eq!(calls, vec![1, 1]);
     }
 
     #[test]
