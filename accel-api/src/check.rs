@@ -353,16 +353,21 @@ pub(crate) fn mismatch(seq: u64, all: &[i64]) -> Error {
     field("ACCEL_CHECK_CALLS", &|c| {
         if c.off { "0" } else { "1" }.to_string()
     });
+    disagreement(seq, table, &differs, "")
+}
+
+/// The [`ErrorKind::Mismatch`] error of collective `seq`: `fields` differ.
+fn disagreement(seq: u64, table: Vec<MismatchEntry>, fields: &[String], note: &str) -> Error {
     Error::new(
         ErrorKind::Mismatch { table },
         format!(
-            "ranks disagree on collective #{seq}: {} differ{}",
-            differs.join(", "),
-            if differs.len() == 1 { "s" } else { "" }
+            "ranks disagree on collective #{seq}: {} differ{}{note}",
+            fields.join(", "),
+            if fields.len() == 1 { "s" } else { "" }
         ),
     )
     .with_fix(
-        "make every rank call the same collectives in the same order with the same element type, length, root and reduction (ACCEL_DEBUG=1 checks through the store instead)",
+        "make every rank call the same collectives in the same order with the same element type, length, root and reduction (ACCEL_DEBUG=1 also checks through the store, with a per-rank table)",
     )
 }
 
@@ -389,14 +394,14 @@ pub(crate) fn mismatch_fields(
         ("ACCEL_CHECK_CALLS", 0x1000),
     ] {
         if head & mask != 0 {
-            fields.push(name);
+            fields.push(name.to_string());
         }
     }
     if differs(1..5) {
-        fields.push("length");
+        fields.push("length".into());
     }
-    if differs(5..9) && !fields.contains(&"root") {
-        fields.push("root");
+    if differs(5..9) && !fields.iter().any(|f| f == "root") {
+        fields.push("root".into());
     }
     let table = (0..world)
         .map(|r| MismatchEntry {
@@ -404,15 +409,12 @@ pub(crate) fn mismatch_fields(
             call: (r == rank).then(|| decode(mine).describe(seq)),
         })
         .collect();
-    Error::new(
-        ErrorKind::Mismatch { table },
-        format!(
-            "ranks disagree on collective #{seq}: {} differ{} (this engine has no all-gather to name the ranks)",
-            fields.join(", "),
-            if fields.len() == 1 { "s" } else { "" }
-        ),
+    disagreement(
+        seq,
+        table,
+        &fields,
+        " (this engine has no all-gather to name the ranks)",
     )
-    .with_fix("make every rank call the same collectives in the same order with the same element type, length, root and reduction (ACCEL_DEBUG=1 names the ranks)")
 }
 
 /// `1000 on rank 0; 100000 on ranks 1, 2`.
