@@ -194,6 +194,13 @@ impl Error {
         self
     }
 
+    /// Replace the operation: an error of an engine call the group made on
+    /// behalf of another (the call check's all-gather) names the caller's.
+    pub(crate) fn replace_op(mut self, op: impl Into<String>) -> Error {
+        self.0.op = Some(op.into());
+        self
+    }
+
     /// Attach the backend name (kept if already set).
     pub fn with_backend(mut self, backend: impl Into<String>) -> Error {
         if self.0.backend.is_none() {

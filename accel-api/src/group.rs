@@ -493,8 +493,16 @@ impl<E: Engine> Group<E> {
         let seq = self.seq.fetch_add(1, Ordering::SeqCst);
         let checked = match self.plan {
             Some(plan) if self.info.world_size > 1 && (self.check == CallCheck::On || seq == 0) => {
-                self.exchange(plan, seq, &shape)
-                    .map_err(|e| self.fail(op, e))?;
+                self.exchange(plan, seq, &shape).map_err(|e| {
+                    // The engine named its own call; the caller's is `op`.
+                    let e = match e.kind() {
+                        ErrorKind::Mismatch { .. } => e,
+                        _ => e.replace_op(op.name()).with_detail(format!(
+                            "in the call check before {op} #{seq} (an exchange of every rank's call shape)"
+                        )),
+                    };
+                    self.fail(op, e)
+                })?;
                 true
             }
             _ => false,
@@ -863,6 +871,10 @@ mod tests {
         fn hit(&self) -> Result<()> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             match lock(&self.fail_with).take() {
+                // A timeout names the engine's own call, as engines do.
+                Some(k @ ErrorKind::Timeout { .. }) => {
+                    Err(Error::new(k, "engine said no").with_op("all_gather"))
+                }
                 Some(k) => Err(Error::new(k, "engine said no")),
                 None => Ok(()),
             }
@@ -989,6 +1001,19 @@ mod tests {
             g.poison_text().is_none(),
             "a local timeout leaves the group usable"
         );
+    }
+
+    #[test]
+    fn an_engine_error_in_the_check_names_the_callers_op() {
+        let g = Group::new(Probe::default());
+        *lock(&g.engine().fail_with) = Some(ErrorKind::Timeout {
+            after: Duration::from_secs(1),
+        });
+        let e = g.all_reduce_slice(&mut [1f32], ReduceOp::Sum).unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("[probe rank 0] all_reduce: timed out"), "{s}");
+        assert!(s.contains("in the call check before all_reduce #0"), "{s}");
+        assert_eq!(e.op(), Some("all_reduce"));
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! | [`Capabilities`], [`Op`] | what a communicator declares it can do, up front |
 //! | [`Communicator`], [`CommunicatorExt`] | collectives over one process group |
 //! | [`Engine`], [`Group`], [`SplitPlan`] | the backend kit: engines drive a library, one generic group owns the runtime |
+//! | [`CallCheck`], [`check`] | the call check: every collective's shape compared across ranks before the engine runs it |
 //! | [`Layer`], [`Layered`], [`CallInfo`] | forwarding layers (debug fingerprinting, vendor wrappers) |
 //! | [`Backend`], [`StaticBackend`], [`Probe`], [`ConnectContext`], [`BackendRegistration`] | a registration record: name, priority, device kind, probe, connect |
 //! | [`Store`], [`StoreExt`] | the rendezvous key-value store every engine bootstraps from |
