@@ -378,6 +378,15 @@ impl<E: Engine> Group<E> {
         self
     }
 
+    /// Builder: no call check at all, not even on the first collective.
+    /// For glue tests against engine stubs that cannot run a collective
+    /// across ranks; a program that does this gives up the guarantee that
+    /// mismatched calls never reach the engine (ADR 0016).
+    pub fn without_call_check(mut self) -> Group<E> {
+        self.plan = None;
+        self
+    }
+
     /// This group's call-check setting.
     pub fn call_check(&self) -> CallCheck {
         self.check
@@ -1320,6 +1329,32 @@ mod tests {
         });
         assert_eq!(out[1].as_ref().unwrap(), &vec![1.0, 1.0]);
         assert_eq!(calls, vec![1, 1]);
+    }
+
+    #[test]
+    fn without_the_check_a_mismatch_reaches_the_engine() {
+        let (a, b) = Pair::two(true);
+        let groups = [
+            Group::new(a).without_call_check(),
+            Group::new(b).without_call_check(),
+        ];
+        let out: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = groups
+                .iter()
+                .enumerate()
+                .map(|(r, g)| {
+                    s.spawn(move || g.all_reduce_slice(&mut vec![1.0f32; 10 + r], ReduceOp::Sum))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in out {
+            let e = r.unwrap_err();
+            assert!(
+                e.to_string().contains("engine saw mismatched lengths"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
