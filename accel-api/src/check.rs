@@ -9,7 +9,7 @@
 //!
 //! # The exchange
 //!
-//! Each rank encodes its call as [`DIGITS`] integers below 2^16 (exact in
+//! Each rank encodes its call as 9 integers below 2^16 (exact in
 //! every integer and floating type: no hash, no false agreement) and the
 //! ranks all-gather them (36 bytes per rank in `i32`), so every rank sees
 //! every call and names the ranks and values that differ. An all-gather is
