@@ -53,7 +53,7 @@ use crate::{
 ///   [`capabilities`](Engine::capabilities);
 /// * roots and peers are ranks of the group; buffer lengths and dtypes
 ///   satisfy the [`Communicator`] method's requirements; every buffer is on
-///   the communicator's [`device`](Engine::device);
+///   the communicator's [`device`](EngineInfo::device);
 /// * collectives get at least one element (zero-length calls never reach the
 ///   engine; point-to-point calls may carry zero elements);
 /// * every rank of the group passes the same operation, element type,
