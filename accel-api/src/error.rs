@@ -194,11 +194,25 @@ impl Error {
         self
     }
 
+    /// Replace the operation: an error of an engine call the group made on
+    /// behalf of another (the call check's all-gather) names the caller's.
+    pub(crate) fn replace_op(mut self, op: impl Into<String>) -> Error {
+        self.0.op = Some(op.into());
+        self
+    }
+
     /// Attach the backend name (kept if already set).
     pub fn with_backend(mut self, backend: impl Into<String>) -> Error {
         if self.0.backend.is_none() {
             self.0.backend = Some(backend.into());
         }
+        self
+    }
+
+    /// Append `detail` to the message (`message; detail`), keeping the kind
+    /// and the context: what a layer that knows more adds on the way out.
+    pub fn with_detail(mut self, detail: impl fmt::Display) -> Error {
+        self.0.message = format!("{}; {detail}", self.0.message);
         self
     }
 

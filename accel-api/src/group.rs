@@ -11,8 +11,8 @@
 //! * the capability check and every argument check, before any
 //!   communication: roots and peers in range, buffer lengths and dtypes, all
 //!   buffers of a call on the communicator's device;
-//! * zero-length collectives (no engine call: every rank passes the same
-//!   length, so every rank skips);
+//! * zero-length collectives (no engine call but the call check: every rank
+//!   passes the same length, which the check confirms, so every rank skips);
 //! * [`ReduceOp::Avg`] for engines without a native average: the engine sums,
 //!   the group divides ([`HostBufMut::divide_by`]), so averages agree
 //!   everywhere;
@@ -23,13 +23,21 @@
 //!   ([`Engine::on_fatal`]), and every later call returns
 //!   [`ErrorKind::Poisoned`] naming that first failure;
 //! * error context: every error leaves with the backend, the rank and the
-//!   operation attached.
+//!   operation attached;
+//! * the call check ([`crate::check`], ADR 0016): before every collective
+//!   the ranks compare its operation, element type, length, root and
+//!   reduction with one tiny all-gather through the engine, so that a
+//!   mismatched call is an [`ErrorKind::Mismatch`] error on every rank and
+//!   never reaches the engine (where mismatched lengths read or write past
+//!   buffers, abort the process or return wrong answers).
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use crate::check::{self, CallCheck, Digits, Plan, Shape, DIGITS};
 use crate::{
     validate, Buf, BufMut, Capabilities, Communicator, ConnectContext, DType, Device, DeviceBufMut,
     Error, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp, Result,
@@ -45,9 +53,16 @@ use crate::{
 ///   [`capabilities`](Engine::capabilities);
 /// * roots and peers are ranks of the group; buffer lengths and dtypes
 ///   satisfy the [`Communicator`] method's requirements; every buffer is on
-///   the communicator's [`device`](Engine::device);
+///   the communicator's [`device`](EngineInfo::device);
 /// * collectives get at least one element (zero-length calls never reach the
 ///   engine; point-to-point calls may carry zero elements);
+/// * every rank of the group passes the same operation, element type,
+///   length, root and reduction, in the same order (the call check, unless
+///   `ACCEL_CHECK_CALLS=0`): besides the caller's collectives, the engine
+///   receives the check's own `all_gather` before each of them (9 elements
+///   per rank of `i32`, `i64`, `f32` or `f64`, the first of those its
+///   capabilities take; without an all-gather, an `all_reduce` with `Max`
+///   of 18 elements, and an all-gather after a disagreement);
 /// * reductions never get [`ReduceOp::Avg`] unless
 ///   [`native_avg`](Engine::native_avg) says the engine computes it;
 /// * `send`/`recv` never get `self.rank()` as the peer for host memory
@@ -314,6 +329,11 @@ pub struct Group<E: Engine> {
     poisoned: Mutex<Option<String>>,
     mailbox: Mutex<HashMap<u32, VecDeque<Mail>>>,
     mail: Condvar,
+    /// This group's call-check setting and how its engine runs the check.
+    check: CallCheck,
+    plan: Option<Plan>,
+    /// Collectives entered so far (under `serial`: the same on every rank).
+    seq: AtomicU64,
 }
 
 impl<E: Engine + fmt::Debug> fmt::Debug for Group<E> {
@@ -330,17 +350,51 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<E: Engine> Group<E> {
-    /// Wrap `engine`, reading its identity and capabilities once.
+    /// Wrap `engine`, reading its identity and capabilities once. The call
+    /// check follows [`CallCheck::scoped`] when set, else
+    /// [`CallCheck::from_env`] (`ACCEL_CHECK_CALLS`; a malformed value
+    /// keeps the check on: `accel::state()` reports it).
     pub fn new(engine: E) -> Group<E> {
+        let caps = engine.capabilities();
         Group {
-            caps: engine.capabilities(),
+            plan: check::plan(&caps),
+            caps,
             info: engine.info().clone(),
             engine,
             serial: Mutex::new(()),
             poisoned: Mutex::new(None),
             mailbox: Mutex::new(HashMap::new()),
             mail: Condvar::new(),
+            check: CallCheck::for_new_group(),
+            seq: AtomicU64::new(0),
         }
+    }
+
+    /// Builder: this group's call-check setting (sub-groups made by
+    /// `split` inherit it). Every rank of the group must use the same
+    /// setting; the first collective compares it.
+    pub fn with_call_check(mut self, check: CallCheck) -> Group<E> {
+        self.check = check;
+        self
+    }
+
+    /// Builder: no call check at all, not even on the first collective.
+    /// For glue tests against engine stubs that cannot run a collective
+    /// across ranks; a program that does this gives up the guarantee that
+    /// mismatched calls never reach the engine (ADR 0016).
+    pub fn without_call_check(mut self) -> Group<E> {
+        self.plan = None;
+        self
+    }
+
+    /// This group's call-check setting.
+    pub fn call_check(&self) -> CallCheck {
+        self.check
+    }
+
+    /// Collectives this group has entered (checked or not).
+    pub fn collectives_entered(&self) -> u64 {
+        self.seq.load(Ordering::SeqCst)
     }
 
     /// The engine, for backend-specific accessors.
@@ -436,6 +490,74 @@ impl<E: Engine> Group<E> {
         f(&self.engine).map_err(|e| self.fail(op, e))
     }
 
+    /// Run one collective under the call lock: the call check first (every
+    /// collective with the check on, the first one always), then `f`,
+    /// told whether the check ran (the check synchronises every rank, so a
+    /// barrier needs nothing more). Check and call share one lock hold, so
+    /// another thread's collective cannot come between them.
+    fn run_collective<T>(&self, shape: Shape, f: impl FnOnce(&E, bool) -> Result<T>) -> Result<T> {
+        let op = shape.op;
+        let _g = lock(&self.serial);
+        self.check_poison(op)?;
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let checked = match self.plan {
+            Some(plan) if self.info.world_size > 1 && (self.check == CallCheck::On || seq == 0) => {
+                self.exchange(plan, seq, &shape).map_err(|e| {
+                    // The engine named its own call; the caller's is `op`.
+                    let e = match e.kind() {
+                        ErrorKind::Mismatch { .. } => e,
+                        _ => e.replace_op(op.name()).with_detail(format!(
+                            "in the call check before {op} #{seq} (an exchange of every rank's call shape)"
+                        )),
+                    };
+                    self.fail(op, e)
+                })?;
+                true
+            }
+            _ => false,
+        };
+        f(&self.engine, checked).map_err(|e| self.fail(op, e))
+    }
+
+    /// The call check of collective `seq` (see [`crate::check`]).
+    fn exchange(&self, plan: Plan, seq: u64, shape: &Shape) -> Result<()> {
+        let mine = check::encode(shape, self.check);
+        match plan {
+            Plan::Max(t) => {
+                let mut d = Digits::new(t, &check::with_negation(&mine), 0);
+                self.engine.all_reduce(d.buf_mut(), ReduceOp::Max)?;
+                if check::agreed(&d.values()) {
+                    return Ok(());
+                }
+                // Every rank saw the disagreement (no all-gather here to
+                // name the ranks: this plan is for engines without one).
+                Err(check::mismatch_fields(
+                    seq,
+                    self.info.rank,
+                    self.info.world_size,
+                    &mine,
+                    &d.values(),
+                ))
+            }
+            Plan::Gather(t) => {
+                let all = self.gather_digits(t, &mine)?;
+                if check::all_equal(&all) {
+                    Ok(())
+                } else {
+                    Err(check::mismatch(seq, &all))
+                }
+            }
+        }
+    }
+
+    /// Every rank's digits, rank-major.
+    fn gather_digits(&self, t: DType, mine: &[i64; DIGITS]) -> Result<Vec<i64>> {
+        let send = Digits::new(t, mine, 0);
+        let mut all = Digits::new(t, &[], DIGITS * self.info.world_size);
+        self.engine.all_gather(send.buf(), all.buf_mut())?;
+        Ok(all.values())
+    }
+
     /// The reduction the engine is asked for, and whether the group divides.
     fn native(&self, op: ReduceOp) -> (ReduceOp, bool) {
         if op == ReduceOp::Avg && !self.engine.native_avg() {
@@ -463,14 +585,16 @@ impl<E: Engine> Group<E> {
         root: Option<usize>,
     ) -> Result<()> {
         self.enter(op, buf.dtype(), Some(reduce), buf.device())?;
+        let mut shape = Shape::new(op, buf.dtype(), buf.len()).reduce(reduce);
         if let Some(root) = root {
             validate::rank_in_group(self, op, "root", root)?;
+            shape = shape.root(root);
         }
         if buf.is_empty() {
-            return Ok(());
+            return self.run_collective(shape, |_, _| Ok(()));
         }
         let (native, divide) = self.native(reduce);
-        self.run(op, |e| match root {
+        self.run_collective(shape, |e, _| match root {
             None => e.all_reduce(buf.reborrow(), native),
             Some(r) => e.reduce(buf.reborrow(), native, r),
         })?;
@@ -565,10 +689,11 @@ impl<E: Engine> Communicator for Group<E> {
         let op = Op::Broadcast;
         self.enter(op, buf.dtype(), None, buf.device())?;
         validate::rank_in_group(self, op, "root", root)?;
+        let shape = Shape::new(op, buf.dtype(), buf.len()).root(root);
         if buf.is_empty() {
-            return Ok(());
+            return self.run_collective(shape, |_, _| Ok(()));
         }
-        self.run(op, |e| e.broadcast(buf, root))
+        self.run_collective(shape, |e, _| e.broadcast(buf, root))
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
@@ -582,10 +707,11 @@ impl<E: Engine> Communicator for Group<E> {
             ("recv", recv.dtype(), recv.len()),
             self.info.world_size,
         )?;
+        let shape = Shape::new(op, send.dtype(), send.len());
         if send.is_empty() {
-            return Ok(());
+            return self.run_collective(shape, |_, _| Ok(()));
         }
-        self.run(op, |e| e.all_gather(send, recv))
+        self.run_collective(shape, |e, _| e.all_gather(send, recv))
     }
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
@@ -595,10 +721,11 @@ impl<E: Engine> Communicator for Group<E> {
         if let Some(r) = &recv {
             self.same_place(op, send.device(), r.device())?;
         }
+        let shape = Shape::new(op, send.dtype(), send.len()).root(root);
         if send.is_empty() {
-            return Ok(());
+            return self.run_collective(shape, |_, _| Ok(()));
         }
-        self.run(op, |e| e.gather(send, recv, root))
+        self.run_collective(shape, |e, _| e.gather(send, recv, root))
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
@@ -608,10 +735,11 @@ impl<E: Engine> Communicator for Group<E> {
         if let Some(s) = &send {
             self.same_place(op, s.device(), recv.device())?;
         }
+        let shape = Shape::new(op, recv.dtype(), recv.len()).root(root);
         if recv.is_empty() {
-            return Ok(());
+            return self.run_collective(shape, |_, _| Ok(()));
         }
-        self.run(op, |e| e.scatter(send, recv, root))
+        self.run_collective(shape, |e, _| e.scatter(send, recv, root))
     }
 
     fn reduce_scatter(&self, send: Buf<'_>, mut recv: BufMut<'_>, reduce: ReduceOp) -> Result<()> {
@@ -625,11 +753,14 @@ impl<E: Engine> Communicator for Group<E> {
             ("send", send.dtype(), send.len()),
             self.info.world_size,
         )?;
+        let shape = Shape::new(op, recv.dtype(), recv.len()).reduce(reduce);
         if recv.is_empty() {
-            return Ok(());
+            return self.run_collective(shape, |_, _| Ok(()));
         }
         let (native, divide) = self.native(reduce);
-        self.run(op, |e| e.reduce_scatter(send, recv.reborrow(), native))?;
+        self.run_collective(shape, |e, _| {
+            e.reduce_scatter(send, recv.reborrow(), native)
+        })?;
         if divide {
             self.divide(op, recv)?;
         }
@@ -641,10 +772,11 @@ impl<E: Engine> Communicator for Group<E> {
         self.enter(op, send.dtype(), None, send.device())?;
         self.same_place(op, send.device(), recv.device())?;
         validate::all_to_all(self, &send, &recv)?;
+        let shape = Shape::new(op, send.dtype(), send.len());
         if send.is_empty() {
-            return Ok(());
+            return self.run_collective(shape, |_, _| Ok(()));
         }
-        self.run(op, |e| e.all_to_all(send, recv))
+        self.run_collective(shape, |e, _| e.all_to_all(send, recv))
     }
 
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
@@ -676,14 +808,22 @@ impl<E: Engine> Communicator for Group<E> {
     fn barrier(&self) -> Result<()> {
         let op = Op::Barrier;
         self.enter(op, DType::U8, None, Device::CPU)?;
-        self.run(op, |e| e.barrier())
+        // The check's exchange waits for every rank: it is the barrier.
+        self.run_collective(Shape::new(op, DType::U8, 0), |e, checked| {
+            if checked {
+                Ok(())
+            } else {
+                e.barrier()
+            }
+        })
     }
 
     fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
         let op = Op::Split;
         self.enter(op, DType::U8, None, Device::CPU)?;
-        let sub = self.run(op, |e| e.split(color, key))?;
-        Ok(sub.map(|e| Box::new(Group::new(e)) as Box<dyn Communicator>))
+        let sub = self.run_collective(Shape::new(op, DType::U8, 0), |e, _| e.split(color, key))?;
+        Ok(sub
+            .map(|e| Box::new(Group::new(e).with_call_check(self.check)) as Box<dyn Communicator>))
     }
 
     fn abort(&self, reason: &str) {
@@ -704,7 +844,8 @@ impl<E: Engine> Communicator for Group<E> {
 mod tests {
     use super::*;
     use crate::CommunicatorExt;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
 
     /// A one-rank engine that counts the calls reaching it and fails on
     /// demand: enough to pin the group's own behaviour.
@@ -739,6 +880,10 @@ mod tests {
         fn hit(&self) -> Result<()> {
             self.calls.fetch_add(1, Ordering::SeqCst);
             match lock(&self.fail_with).take() {
+                // A timeout names the engine's own call, as engines do.
+                Some(k @ ErrorKind::Timeout { .. }) => {
+                    Err(Error::new(k, "engine said no").with_op("all_gather"))
+                }
                 Some(k) => Err(Error::new(k, "engine said no")),
                 None => Ok(()),
             }
@@ -799,9 +944,19 @@ mod tests {
         g.engine().calls.load(Ordering::SeqCst)
     }
 
+    /// A probe group with the call check off, past its first collective
+    /// (always checked), with the call counter reset: the engine sees only
+    /// the test's own calls.
+    fn group() -> Group<Probe> {
+        let g = Group::new(Probe::default()).with_call_check(CallCheck::Off);
+        g.barrier().unwrap();
+        g.engine().calls.store(0, Ordering::SeqCst);
+        g
+    }
+
     #[test]
     fn bad_arguments_never_reach_the_engine() {
-        let g = Group::new(Probe::default());
+        let g = group();
         let e = g.broadcast_slice(&mut [1i32], 2).unwrap_err();
         assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
         assert!(e.to_string().contains("root 2"), "{e}");
@@ -821,7 +976,7 @@ mod tests {
 
     #[test]
     fn empty_collectives_skip_the_engine_and_avg_divides() {
-        let g = Group::new(Probe::default());
+        let g = group();
         g.all_reduce_slice::<f32>(&mut [], ReduceOp::Sum).unwrap();
         g.all_gather_vec::<i32>(&[]).unwrap();
         assert_eq!(calls(&g), 0);
@@ -838,7 +993,7 @@ mod tests {
 
     #[test]
     fn self_sends_are_buffered_and_checked() {
-        let g = Group::new(Probe::default());
+        let g = group();
         g.send_slice(&[1u8, 2, 3], 0, 7).unwrap();
         let mut out = [0u8; 3];
         g.recv_slice(&mut out, 0, 7).unwrap();
@@ -858,8 +1013,21 @@ mod tests {
     }
 
     #[test]
-    fn the_first_fatal_error_poisons_once() {
+    fn an_engine_error_in_the_check_names_the_callers_op() {
         let g = Group::new(Probe::default());
+        *lock(&g.engine().fail_with) = Some(ErrorKind::Timeout {
+            after: Duration::from_secs(1),
+        });
+        let e = g.all_reduce_slice(&mut [1f32], ReduceOp::Sum).unwrap_err();
+        let s = e.to_string();
+        assert!(s.starts_with("[probe rank 0] all_reduce: timed out"), "{s}");
+        assert!(s.contains("in the call check before all_reduce #0"), "{s}");
+        assert_eq!(e.op(), Some("all_reduce"));
+    }
+
+    #[test]
+    fn the_first_fatal_error_poisons_once() {
+        let g = group();
         *lock(&g.engine().fail_with) = Some(ErrorKind::PeerLost { peer: Some(1) });
         let e = g.barrier().unwrap_err();
         assert!(
@@ -876,7 +1044,7 @@ mod tests {
 
     #[test]
     fn non_fatal_engine_errors_leave_the_group_usable() {
-        let g = Group::new(Probe::default());
+        let g = group();
         *lock(&g.engine().fail_with) = Some(ErrorKind::InvalidArgument);
         assert!(g.barrier().is_err());
         g.barrier().unwrap();
@@ -908,5 +1076,369 @@ mod tests {
         let p = SplitPlan::from_exchanged(1, None, &all).unwrap();
         assert!(p.members.is_empty());
         assert!(SplitPlan::from_exchanged(1, Some(7), &all).is_err());
+    }
+    /// Two ranks as threads over a shared slot table: enough of an engine
+    /// for the call check (i32 `Max` all-reduce, all-gather) and for f32
+    /// sums. It counts the calls that are not the check's, and refuses
+    /// mismatched lengths itself, so a test sees if one got through.
+    struct Pair {
+        info: EngineInfo,
+        hub: Arc<Hub>,
+        user_calls: AtomicUsize,
+        /// Declares an all-gather (otherwise the check all-reduces).
+        gathers: bool,
+    }
+
+    struct Hub {
+        slots: Mutex<Vec<Vec<u8>>>,
+        enter: Barrier,
+        leave: Barrier,
+    }
+
+    impl Pair {
+        fn two(gathers: bool) -> (Pair, Pair) {
+            let hub = Arc::new(Hub {
+                slots: Mutex::new(vec![Vec::new(); 2]),
+                enter: Barrier::new(2),
+                leave: Barrier::new(2),
+            });
+            let one = |rank| Pair {
+                info: EngineInfo {
+                    backend: "pair".into(),
+                    rank,
+                    world_size: 2,
+                    device: Device::CPU,
+                    timeout: Duration::from_secs(5),
+                },
+                hub: hub.clone(),
+                user_calls: AtomicUsize::new(0),
+                gathers,
+            };
+            (one(0), one(1))
+        }
+
+        fn swap(&self, mine: &[u8]) -> Vec<Vec<u8>> {
+            lock(&self.hub.slots)[self.info.rank] = mine.to_vec();
+            self.hub.enter.wait();
+            let all = lock(&self.hub.slots).clone();
+            self.hub.leave.wait();
+            all
+        }
+
+        fn same_lengths(all: &[Vec<u8>]) -> Result<()> {
+            if all.iter().any(|v| v.len() != all[0].len()) {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    "engine saw mismatched lengths",
+                ));
+            }
+            Ok(())
+        }
+    }
+
+    impl Engine for Pair {
+        fn info(&self) -> &EngineInfo {
+            &self.info
+        }
+        fn capabilities(&self) -> Capabilities {
+            let mut c = Capabilities::all_host();
+            if !self.gathers {
+                c.ops.remove(&Op::AllGather);
+            }
+            c
+        }
+        fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
+            let mut h = host_mut(Op::AllReduce, buf)?;
+            let check = h.dtype() == DType::I32 && op == ReduceOp::Max && h.len() == 18;
+            if !check {
+                self.user_calls.fetch_add(1, Ordering::SeqCst);
+            }
+            let all = self.swap(h.bytes());
+            Pair::same_lengths(&all)?;
+            let n = h.dtype().size();
+            for (i, out) in h.bytes_mut().chunks_mut(n).enumerate() {
+                let at = |r: usize| &all[r][i * n..(i + 1) * n];
+                match (n, op) {
+                    (4, ReduceOp::Max) => {
+                        let v = (0..2)
+                            .map(|r| i32::from_ne_bytes(at(r).try_into().unwrap()))
+                            .max()
+                            .unwrap();
+                        out.copy_from_slice(&v.to_ne_bytes());
+                    }
+                    (4, ReduceOp::Sum) => {
+                        let v: f32 = (0..2)
+                            .map(|r| f32::from_ne_bytes(at(r).try_into().unwrap()))
+                            .sum();
+                        out.copy_from_slice(&v.to_ne_bytes());
+                    }
+                    _ => return Err(Error::unsupported("all_reduce", "pair engine")),
+                }
+            }
+            Ok(())
+        }
+        fn reduce(&self, _: BufMut<'_>, _: ReduceOp, _: usize) -> Result<()> {
+            Err(Error::unsupported("reduce", "pair engine"))
+        }
+        fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
+            self.user_calls.fetch_add(1, Ordering::SeqCst);
+            let mut h = host_mut(Op::Broadcast, buf)?;
+            let all = self.swap(h.bytes());
+            Pair::same_lengths(&all)?;
+            h.bytes_mut().copy_from_slice(&all[root]);
+            Ok(())
+        }
+        fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+            let send = host(Op::AllGather, send)?;
+            let mut recv = host_mut(Op::AllGather, recv)?;
+            let all = self.swap(send.bytes());
+            Pair::same_lengths(&all)?;
+            recv.bytes_mut().copy_from_slice(&all.concat());
+            Ok(())
+        }
+        fn gather(&self, _: Buf<'_>, _: Option<BufMut<'_>>, _: usize) -> Result<()> {
+            Err(Error::unsupported("gather", "pair engine"))
+        }
+        fn scatter(&self, _: Option<Buf<'_>>, _: BufMut<'_>, _: usize) -> Result<()> {
+            Err(Error::unsupported("scatter", "pair engine"))
+        }
+        fn reduce_scatter(&self, _: Buf<'_>, _: BufMut<'_>, _: ReduceOp) -> Result<()> {
+            Err(Error::unsupported("reduce_scatter", "pair engine"))
+        }
+        fn all_to_all(&self, _: Buf<'_>, _: BufMut<'_>) -> Result<()> {
+            Err(Error::unsupported("all_to_all", "pair engine"))
+        }
+        fn send(&self, _: Buf<'_>, _: usize, _: u32) -> Result<()> {
+            Err(Error::unsupported("send", "pair engine"))
+        }
+        fn recv(&self, _: BufMut<'_>, _: usize, _: u32) -> Result<()> {
+            Err(Error::unsupported("recv", "pair engine"))
+        }
+        fn barrier(&self) -> Result<()> {
+            self.user_calls.fetch_add(1, Ordering::SeqCst);
+            self.swap(&[]);
+            Ok(())
+        }
+        fn split(&self, _: Option<u32>, _: u32) -> Result<Option<Self>> {
+            Err(Error::unsupported("split", "pair engine"))
+        }
+    }
+
+    /// Run `f(rank, group)` on both ranks of a fresh pair, in threads.
+    fn on_pair<T: Send>(
+        check: [CallCheck; 2],
+        f: impl Fn(usize, &Group<Pair>) -> T + Sync,
+    ) -> (Vec<T>, Vec<usize>) {
+        on_pair_with(true, check, f)
+    }
+
+    fn on_pair_with<T: Send>(
+        gathers: bool,
+        check: [CallCheck; 2],
+        f: impl Fn(usize, &Group<Pair>) -> T + Sync,
+    ) -> (Vec<T>, Vec<usize>) {
+        let (a, b) = Pair::two(gathers);
+        let groups = [
+            Group::new(a).with_call_check(check[0]),
+            Group::new(b).with_call_check(check[1]),
+        ];
+        let out = std::thread::scope(|s| {
+            let hs: Vec<_> = groups
+                .iter()
+                .enumerate()
+                .map(|(r, g)| {
+                    let f = &f;
+                    s.spawn(move || f(r, g))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let calls = groups
+            .iter()
+            .map(|g| g.engine().user_calls.load(Ordering::SeqCst))
+            .collect();
+        (out, calls)
+    }
+
+    fn mismatch_text(r: &Result<()>) -> String {
+        let e = r.as_ref().expect_err("a mismatch must fail");
+        assert!(
+            matches!(e.kind(), ErrorKind::Mismatch { .. }),
+            "expected a mismatch, got {e}"
+        );
+        e.to_string()
+    }
+
+    const ON: [CallCheck; 2] = [CallCheck::On, CallCheck::On];
+
+    /// One rank's side of a two-rank call.
+    type PairCall = fn(usize, &Group<Pair>) -> Result<()>;
+
+    #[test]
+    fn agreeing_calls_pass_the_check_and_compute() {
+        let (out, calls) = on_pair(ON, |r, g| {
+            let mut v = vec![r as f32 + 1.0; 3];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap();
+            g.barrier().unwrap();
+            g.all_reduce_slice::<f32>(&mut [], ReduceOp::Sum).unwrap();
+            v
+        });
+        assert_eq!(out, vec![vec![3.0; 3], vec![3.0; 3]]);
+        assert_eq!(
+            calls,
+            vec![1, 1],
+            "only the all_reduce reached the engine: the check was the barrier"
+        );
+    }
+
+    #[test]
+    fn mismatched_lengths_fail_on_every_rank_before_the_engine() {
+        let (out, calls) = on_pair(ON, |r, g| {
+            let mut v = vec![1.0f32; 10 + r];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum)
+        });
+        for (r, res) in out.iter().enumerate() {
+            let s = mismatch_text(res);
+            assert!(s.contains("length (10 on rank 0; 11 on rank 1)"), "{s}");
+            assert!(s.contains(&format!("[pair rank {r}] all_reduce")), "{s}");
+            assert!(
+                s.contains("rank 1: #0 all_reduce f32 [11] reduce=sum"),
+                "{s}"
+            );
+        }
+        assert_eq!(calls, vec![0, 0], "the engine never saw the call");
+    }
+
+    #[test]
+    fn without_an_all_gather_the_check_all_reduces_and_still_fails_everywhere() {
+        let (out, calls) = on_pair_with(false, ON, |r, g| {
+            let mut v = vec![1.0f32; 10 + r];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum)
+        });
+        for res in &out {
+            let s = mismatch_text(res);
+            assert!(
+                s.contains("#0: length differs (this engine has no all-gather"),
+                "{s}"
+            );
+        }
+        assert_eq!(calls, vec![0, 0], "only the check's all-reduce ran");
+        let (out, calls) = on_pair_with(false, ON, |r, g| {
+            let mut v = vec![r as f32; 2];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum).map(|()| v)
+        });
+        assert_eq!(out[1].as_ref().unwrap(), &vec![1.0, 1.0]);
+        assert_eq!(calls, vec![1, 1]);
+    }
+
+    #[test]
+    fn without_the_check_a_mismatch_reaches_the_engine() {
+        let (a, b) = Pair::two(true);
+        let groups = [
+            Group::new(a).without_call_check(),
+            Group::new(b).without_call_check(),
+        ];
+        let out: Vec<Result<()>> = std::thread::scope(|s| {
+            let hs: Vec<_> = groups
+                .iter()
+                .enumerate()
+                .map(|(r, g)| {
+                    s.spawn(move || g.all_reduce_slice(&mut vec![1.0f32; 10 + r], ReduceOp::Sum))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in out {
+            let e = r.unwrap_err();
+            assert!(
+                e.to_string().contains("engine saw mismatched lengths"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_against_nonzero_lengths_fail_too() {
+        let (out, calls) = on_pair(ON, |r, g| {
+            let mut v = vec![1.0f32; 4 * r];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum)
+        });
+        for res in &out {
+            assert!(mismatch_text(res).contains("length (0 on rank 0; 4 on rank 1)"));
+        }
+        assert_eq!(calls, vec![0, 0]);
+    }
+
+    #[test]
+    fn mismatched_ops_dtypes_kinds_and_roots_fail_on_every_rank() {
+        let cases: [(&str, PairCall); 4] = [
+            ("reduction (sum on rank 0; max on rank 1)", |r, g| {
+                let op = [ReduceOp::Sum, ReduceOp::Max][r];
+                g.all_reduce_slice(&mut [1.0f32; 4], op)
+            }),
+            ("element type (f32 on rank 0; i32 on rank 1)", |r, g| {
+                if r == 0 {
+                    g.all_reduce_slice(&mut [1.0f32; 4], ReduceOp::Sum)
+                } else {
+                    g.all_reduce_slice(&mut [1i32; 4], ReduceOp::Sum)
+                }
+            }),
+            (
+                "operation (broadcast on rank 0; all_reduce on rank 1)",
+                |r, g| {
+                    if r == 0 {
+                        g.broadcast_slice(&mut [7.0f32; 4], 0)
+                    } else {
+                        g.all_reduce_slice(&mut [1.0f32; 4], ReduceOp::Sum)
+                    }
+                },
+            ),
+            ("root (0 on rank 0; 1 on rank 1)", |r, g| {
+                g.broadcast_slice(&mut [7u8; 4], r)
+            }),
+        ];
+        for (want, call) in cases {
+            let (out, calls) = on_pair(ON, call);
+            for res in &out {
+                let s = mismatch_text(res);
+                assert!(s.contains(want), "want `{want}` in {s}");
+            }
+            assert_eq!(calls, vec![0, 0], "{want}");
+        }
+    }
+
+    #[test]
+    fn a_mismatch_poisons_the_group() {
+        let (out, _) = on_pair(ON, |r, g| {
+            let _ = g.all_reduce_slice(&mut vec![1.0f32; 1 + r], ReduceOp::Sum);
+            g.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
+        });
+        for res in out {
+            let e = res.unwrap_err();
+            assert_eq!(e.kind(), &ErrorKind::Poisoned, "{e}");
+            assert!(
+                e.to_string().contains("ranks disagree on collective #0"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_check_off_skips_later_exchanges_but_compares_the_setting_first() {
+        let (out, calls) = on_pair([CallCheck::Off; 2], |r, g| {
+            let mut v = vec![r as f32; 2];
+            g.all_reduce_slice(&mut v, ReduceOp::Sum)?;
+            g.barrier()?;
+            Ok::<_, Error>(v)
+        });
+        assert_eq!(out[0].as_ref().unwrap(), &vec![1.0, 1.0]);
+        assert_eq!(calls, vec![2, 2], "the barrier reached the engine");
+        let (out, calls) = on_pair([CallCheck::On, CallCheck::Off], |_, g| {
+            g.all_reduce_slice(&mut [1.0f32; 2], ReduceOp::Sum)
+        });
+        for res in &out {
+            assert!(mismatch_text(res).contains("ACCEL_CHECK_CALLS (1 on rank 0; 0 on rank 1)"));
+        }
+        assert_eq!(calls, vec![0, 0]);
     }
 }

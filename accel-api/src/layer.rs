@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::{Buf, BufMut, Capabilities, Communicator, DType, Device, Op, ReduceOp, Result};
+use crate::{Buf, BufMut, Capabilities, Communicator, DType, Device, Error, Op, ReduceOp, Result};
 
 /// What one call asks for, as a layer sees it before forwarding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +55,15 @@ pub trait Layer: Send + Sync + 'static {
     /// call and is returned to the caller as it is (attach context).
     fn before(&self, inner: &dyn Communicator, call: &CallInfo) -> Result<()>;
 
+    /// Called with the error of a forwarded call (not with errors of
+    /// [`before`](Layer::before)); what it returns goes to the caller. A
+    /// layer adds what it knows here (the stall inspector names the ranks
+    /// that never arrived). The default returns `err` as it is.
+    fn on_error(&self, inner: &dyn Communicator, call: &CallInfo, err: Error) -> Error {
+        let _ = (inner, call);
+        err
+    }
+
     /// Wrap the communicator of a sub-group made by `split` with `color`
     /// (the default leaves it unwrapped).
     fn wrap_split(&self, sub: Box<dyn Communicator>, color: u32) -> Box<dyn Communicator> {
@@ -87,8 +96,15 @@ impl<L: Layer> Layered<L> {
         &*self.inner
     }
 
-    fn before(&self, call: CallInfo) -> Result<()> {
-        self.layer.before(&*self.inner, &call)
+    /// `before`, then `f` on the inner communicator, its error through
+    /// `on_error`.
+    fn forward<T>(
+        &self,
+        call: CallInfo,
+        f: impl FnOnce(&dyn Communicator) -> Result<T>,
+    ) -> Result<T> {
+        self.layer.before(&*self.inner, &call)?;
+        f(&*self.inner).map_err(|e| self.layer.on_error(&*self.inner, &call, e))
     }
 }
 
@@ -118,90 +134,109 @@ impl<L: Layer> Communicator for Layered<L> {
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.before(CallInfo {
-            reduce: Some(op),
-            ..CallInfo::new(Op::AllReduce, buf.dtype(), buf.len())
-        })?;
-        self.inner.all_reduce(buf, op)
+        self.forward(
+            CallInfo {
+                reduce: Some(op),
+                ..CallInfo::new(Op::AllReduce, buf.dtype(), buf.len())
+            },
+            |c| c.all_reduce(buf, op),
+        )
     }
 
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
-        self.before(CallInfo {
-            reduce: Some(op),
-            root: Some(root),
-            ..CallInfo::new(Op::Reduce, buf.dtype(), buf.len())
-        })?;
-        self.inner.reduce(buf, op, root)
+        self.forward(
+            CallInfo {
+                reduce: Some(op),
+                root: Some(root),
+                ..CallInfo::new(Op::Reduce, buf.dtype(), buf.len())
+            },
+            |c| c.reduce(buf, op, root),
+        )
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        self.before(CallInfo {
-            root: Some(root),
-            ..CallInfo::new(Op::Broadcast, buf.dtype(), buf.len())
-        })?;
-        self.inner.broadcast(buf, root)
+        self.forward(
+            CallInfo {
+                root: Some(root),
+                ..CallInfo::new(Op::Broadcast, buf.dtype(), buf.len())
+            },
+            |c| c.broadcast(buf, root),
+        )
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        self.before(CallInfo::new(Op::AllGather, send.dtype(), send.len()))?;
-        self.inner.all_gather(send, recv)
+        self.forward(
+            CallInfo::new(Op::AllGather, send.dtype(), send.len()),
+            |c| c.all_gather(send, recv),
+        )
     }
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
-        self.before(CallInfo {
-            root: Some(root),
-            ..CallInfo::new(Op::Gather, send.dtype(), send.len())
-        })?;
-        self.inner.gather(send, recv, root)
+        self.forward(
+            CallInfo {
+                root: Some(root),
+                ..CallInfo::new(Op::Gather, send.dtype(), send.len())
+            },
+            |c| c.gather(send, recv, root),
+        )
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
-        self.before(CallInfo {
-            root: Some(root),
-            ..CallInfo::new(Op::Scatter, recv.dtype(), recv.len())
-        })?;
-        self.inner.scatter(send, recv, root)
+        self.forward(
+            CallInfo {
+                root: Some(root),
+                ..CallInfo::new(Op::Scatter, recv.dtype(), recv.len())
+            },
+            |c| c.scatter(send, recv, root),
+        )
     }
 
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.before(CallInfo {
-            reduce: Some(op),
-            ..CallInfo::new(Op::ReduceScatter, send.dtype(), send.len())
-        })?;
-        self.inner.reduce_scatter(send, recv, op)
+        self.forward(
+            CallInfo {
+                reduce: Some(op),
+                ..CallInfo::new(Op::ReduceScatter, send.dtype(), send.len())
+            },
+            |c| c.reduce_scatter(send, recv, op),
+        )
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        self.before(CallInfo::new(Op::AllToAll, send.dtype(), send.len()))?;
-        self.inner.all_to_all(send, recv)
+        self.forward(CallInfo::new(Op::AllToAll, send.dtype(), send.len()), |c| {
+            c.all_to_all(send, recv)
+        })
     }
 
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
-        self.before(CallInfo {
-            peer: Some(dst),
-            tag: Some(tag),
-            ..CallInfo::new(Op::Send, buf.dtype(), buf.len())
-        })?;
-        self.inner.send(buf, dst, tag)
+        self.forward(
+            CallInfo {
+                peer: Some(dst),
+                tag: Some(tag),
+                ..CallInfo::new(Op::Send, buf.dtype(), buf.len())
+            },
+            |c| c.send(buf, dst, tag),
+        )
     }
 
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
-        self.before(CallInfo {
-            peer: Some(src),
-            tag: Some(tag),
-            ..CallInfo::new(Op::Recv, buf.dtype(), buf.len())
-        })?;
-        self.inner.recv(buf, src, tag)
+        self.forward(
+            CallInfo {
+                peer: Some(src),
+                tag: Some(tag),
+                ..CallInfo::new(Op::Recv, buf.dtype(), buf.len())
+            },
+            |c| c.recv(buf, src, tag),
+        )
     }
 
     fn barrier(&self) -> Result<()> {
-        self.before(CallInfo::new(Op::Barrier, DType::U8, 0))?;
-        self.inner.barrier()
+        self.forward(CallInfo::new(Op::Barrier, DType::U8, 0), |c| c.barrier())
     }
 
     fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
-        self.before(CallInfo::new(Op::Split, DType::U8, 0))?;
-        let sub = self.inner.split(color, key)?;
+        let sub = self.forward(CallInfo::new(Op::Split, DType::U8, 0), |c| {
+            c.split(color, key)
+        })?;
         Ok(match (sub, color) {
             (Some(c), Some(color)) => Some(self.layer.wrap_split(c, color)),
             (other, _) => other,

@@ -17,6 +17,7 @@
 //! | [`Capabilities`], [`Op`] | what a communicator declares it can do, up front |
 //! | [`Communicator`], [`CommunicatorExt`] | collectives over one process group |
 //! | [`Engine`], [`Group`], [`SplitPlan`] | the backend kit: engines drive a library, one generic group owns the runtime |
+//! | [`CallCheck`], [`check`] | the call check: every collective's shape compared across ranks before the engine runs it |
 //! | [`Layer`], [`Layered`], [`CallInfo`] | forwarding layers (debug fingerprinting, vendor wrappers) |
 //! | [`Backend`], [`StaticBackend`], [`Probe`], [`ConnectContext`], [`BackendRegistration`] | a registration record: name, priority, device kind, probe, connect |
 //! | [`Store`], [`StoreExt`] | the rendezvous key-value store every engine bootstraps from |
@@ -41,8 +42,10 @@
 //!    [`Error::new`] and add the rank, the operation and the backend name.
 //! 5. **Collective calling convention.** Every rank of the group calls the
 //!    same operations in the same order with the same element type, element
-//!    count and root. Breaking it is a user error that debug mode reports as
-//!    [`ErrorKind::Mismatch`].
+//!    count and root. Breaking it is a user error that [`Group`]'s call check
+//!    ([`check`], on by default) reports as [`ErrorKind::Mismatch`] on every
+//!    rank before the engine runs the call; debug mode adds a per-rank table
+//!    through the store.
 //!
 //! A backend implements rules 1-5 by implementing [`Engine`] and handing it
 //! to [`Group::new`]: the group does the checks, the poisoning and the error
@@ -61,6 +64,7 @@
 mod backend;
 mod buffer;
 mod caps;
+pub mod check;
 mod comm;
 mod device;
 mod dtype;
@@ -78,6 +82,7 @@ pub use backend::{
 };
 pub use buffer::{Buf, BufMut, DeviceBuf, DeviceBufMut, HostBuf, HostBufMut};
 pub use caps::{Capabilities, Op};
+pub use check::CallCheck;
 pub use comm::{validate, Communicator, CommunicatorExt};
 pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};

@@ -77,6 +77,15 @@ impl Accelerator {
         } else {
             comm
         };
+        // The stall inspector names the ranks a timed-out collective waited
+        // for (accel::stall); `accel launch` reads its verdict.
+        let comm: Box<dyn Communicator> =
+            if state.world_size > 1 && matches!(state.store_location(), Ok(Some(_))) {
+                let st: Arc<dyn Store> = Arc::new(PrefixStore::new(store.clone(), "stall"));
+                Box::new(crate::stall::stall_inspector(comm, st)?)
+            } else {
+                comm
+            };
         tracing::info!(
             rank = state.rank,
             world_size = state.world_size,

@@ -32,6 +32,8 @@
 //!   process model of `accel launch --backend xla`, and Accelerate's
 //!   `notebook_launcher` / `debug_launcher`); on a rank thread, [`state()`]
 //!   is that rank's.
+//! * [`stall`]: the stall inspector: a timed-out collective names the ranks
+//!   that never arrived and what they last entered.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -42,6 +44,7 @@ mod lifeline;
 mod panic_hook;
 mod registry;
 mod scalar;
+pub mod stall;
 pub mod state;
 pub mod threads;
 pub mod train;

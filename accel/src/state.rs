@@ -357,6 +357,14 @@ impl ProcessState {
     /// As [`from_env`](Self::from_env).
     pub fn from_vars(vars: HashMap<String, String>) -> Result<ProcessState> {
         let env = WorkerEnv::from_vars(&vars)?;
+        // Read by every communicator (accel_api::Group); refused here so
+        // that a malformed value is an error naming it, not a silent default.
+        if let Some(v) = vars
+            .get(accel_api::CallCheck::VARIABLE)
+            .filter(|v| !v.trim().is_empty())
+        {
+            accel_api::CallCheck::parse(v)?;
+        }
         let torch = torch_family(&vars)?;
         let mpi = mpi_family(&vars)?;
         let slurm = slurm_family(&vars)?;
@@ -878,6 +886,7 @@ mod tests {
         );
         assert!(err(&[("ACCEL_TIMEOUT", "soon")]).contains("ACCEL_TIMEOUT"));
         assert!(err(&[("ACCEL_DEBUG", "maybe")]).contains("ACCEL_DEBUG"));
+        assert!(err(&[("ACCEL_CHECK_CALLS", "sometimes")]).contains("ACCEL_CHECK_CALLS"));
     }
 
     #[test]

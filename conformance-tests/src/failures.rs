@@ -1,5 +1,6 @@
 //! Failure behaviour: undeclared calls, bad arguments, a missing rank, a
-//! lost rank, and debug mode's mismatch table.
+//! lost rank, mismatched calls (the group's call check, without debug
+//! mode), and debug mode's mismatch table.
 
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,30 @@ pub(crate) fn scenarios() -> Vec<Scenario> {
             name: "lost_rank_is_named",
             gate: |c| needs_peers(c, &[Op::AllReduce]),
             run: lost_rank_is_named,
+        },
+        Scenario {
+            name: "mismatched_lengths_fail",
+            gate: gate_mismatch,
+            run: mismatched_lengths_fail,
+        },
+        Scenario {
+            name: "mismatched_reductions_fail",
+            gate: gate_mismatch,
+            run: mismatched_reductions_fail,
+        },
+        Scenario {
+            name: "mismatched_dtypes_fail",
+            gate: |c| {
+                gate_mismatch(c).or_else(|| {
+                    (reduce_dtypes(c).len() < 2).then(|| "needs two reduce dtypes".into())
+                })
+            },
+            run: mismatched_dtypes_fail,
+        },
+        Scenario {
+            name: "mismatched_kinds_fail",
+            gate: |c| gate_mismatch(c).or_else(|| needs(c, &[Op::Broadcast])),
+            run: mismatched_kinds_fail,
         },
         Scenario {
             name: "debug_mismatch_table",
@@ -195,6 +220,119 @@ fn lost_rank_is_named(ctx: &Ctx) -> Outcome {
             "call after the failure: expected Poisoned, got {other:?}"
         )),
     }
+}
+
+fn gate_mismatch(ctx: &Ctx) -> Option<String> {
+    if matches!(
+        accel_api::CallCheck::from_env(),
+        Ok(accel_api::CallCheck::Off)
+    ) {
+        return Some("ACCEL_CHECK_CALLS=0 turns the call check off".into());
+    }
+    needs_peers(ctx, &[Op::AllReduce]).or_else(|| {
+        (!reduce_dtypes(ctx).contains(&DType::F32)).then(|| "needs f32 reductions".into())
+    })
+}
+
+/// Without debug mode, the ranks of a fresh communicator make a mismatched
+/// call (`call(rank, comm)`): every rank gets `Mismatch` naming `what`
+/// (`length`, ...) within the bound, never a crash, a hang or `Ok`.
+fn expect_mismatch(
+    ctx: &Ctx,
+    name: &str,
+    what: &str,
+    call: impl Fn(usize, &dyn accel_api::Communicator) -> accel_api::Result<()>,
+) -> Outcome {
+    let comm = match ctx.fresh_comm(name, SHORT) {
+        Ok(c) => c,
+        Err(e) => return Outcome::Fail(format!("fresh connect: {e}")),
+    };
+    let start = Instant::now();
+    let r = call(ctx.rank(), &*comm);
+    let took = start.elapsed();
+    match r {
+        Ok(()) => Outcome::Fail(format!("a call with mismatched {what} returned Ok")),
+        Err(e) if took > SHORT + SLACK => {
+            Outcome::Fail(format!("took {took:?} (bound {SHORT:?}): {e}"))
+        }
+        Err(e) => match e.kind() {
+            ErrorKind::Mismatch { table }
+                if table.len() == ctx.world_size() && e.to_string().contains(what) =>
+            {
+                match comm.barrier() {
+                    Err(p) if matches!(p.kind(), ErrorKind::Poisoned) => Outcome::Pass,
+                    other => Outcome::Fail(format!(
+                        "call after the mismatch: expected Poisoned, got {other:?}"
+                    )),
+                }
+            }
+            _ => Outcome::Fail(format!(
+                "expected Mismatch naming `{what}` with {} rows, got {e}",
+                ctx.world_size()
+            )),
+        },
+    }
+}
+
+/// Rank r passes 10 + r elements (10 against 11 on two ranks: Gloo's
+/// transport aborts the process, MPI reads past a buffer, without the check).
+fn mismatched_lengths_fail(ctx: &Ctx) -> Outcome {
+    expect_mismatch(
+        ctx,
+        "mismatch-len",
+        "length (10 on rank 0; 11 on rank 1",
+        |r, c| c.all_reduce_slice(&mut vec![1.0f32; 10 + r], ReduceOp::Sum),
+    )
+}
+
+/// Rank 0 sums, the others take the maximum.
+fn mismatched_reductions_fail(ctx: &Ctx) -> Outcome {
+    let other = if ctx.comm.capabilities().reduce_ops.contains(&ReduceOp::Max) {
+        ReduceOp::Max
+    } else {
+        ReduceOp::Prod
+    };
+    let want = format!("reduction (sum on rank 0; {} on rank", other.name());
+    expect_mismatch(ctx, "mismatch-op", &want, |r, c| {
+        let op = if r == 0 { ReduceOp::Sum } else { other };
+        c.all_reduce_slice(&mut [3.0f32; 4], op)
+    })
+}
+
+/// Rank 0 reduces f32, the others another declared reduce dtype.
+fn mismatched_dtypes_fail(ctx: &Ctx) -> Outcome {
+    let Some(&other) = reduce_dtypes(ctx).iter().find(|&&d| d != DType::F32) else {
+        return Outcome::Fail("no second reduce dtype (the gate should have skipped)".into());
+    };
+    let want = format!("element type (f32 on rank 0; {other} on rank");
+    expect_mismatch(ctx, "mismatch-dtype", &want, |r, c| {
+        if r == 0 {
+            c.all_reduce_slice(&mut [1.0f32; 4], ReduceOp::Sum)
+        } else {
+            with_dtype!(other, T => {
+                let mut v = vec![<T as bytemuck::Zeroable>::zeroed(); 4];
+                c.all_reduce_slice(&mut v, ReduceOp::Sum)
+            })
+        }
+    })
+}
+
+/// Rank 0 broadcasts while the others all-reduce (mpi returned the root's
+/// data as the sum without the check).
+fn mismatched_kinds_fail(ctx: &Ctx) -> Outcome {
+    expect_mismatch(
+        ctx,
+        "mismatch-kind",
+        "operation (broadcast on rank 0; all_reduce on rank",
+        |r, c| {
+            let mut v = [7.0f32; 4];
+            if r == 0 {
+                c.broadcast_slice(&mut v, 0)
+            } else {
+                c.all_reduce_slice(&mut v, ReduceOp::Sum)
+            }
+        },
+    )
 }
 
 /// Debug mode: rank 0 broadcasts while the others all-reduce. Every rank

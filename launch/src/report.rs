@@ -26,6 +26,15 @@ pub enum Exit {
         /// Seconds of silence.
         silent_s: u64,
     },
+    /// It did not arrive at a collective that rank `seen_by` timed out
+    /// waiting in (the stall inspector's verdict, `accel::stall`); `code`
+    /// is how `seen_by` exited. This rank was stopped by the launcher.
+    Stalled {
+        /// The rank that timed out waiting for it.
+        seen_by: usize,
+        /// That rank's exit code.
+        code: i32,
+    },
 }
 
 /// `SIGSEGV` for 11.
@@ -58,6 +67,7 @@ impl Exit {
             Exit::Code { code } => u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1),
             Exit::Signal { signal } => u8::try_from(128 + signal).unwrap_or(255),
             Exit::Hung { .. } => 124,
+            Exit::Stalled { code, .. } => Exit::Code { code }.launcher_code(),
         }
     }
 
@@ -71,6 +81,9 @@ impl Exit {
             Exit::Hung { silent_s } => {
                 format!("is hung: no output for {silent_s}s")
             }
+            Exit::Stalled { seen_by, code } => format!(
+                "did not arrive at a collective: rank {seen_by} timed out waiting for it (and exited with code {code})"
+            ),
         }
     }
 }
@@ -143,6 +156,9 @@ impl Failure {
             Exit::Code { code } => format!("exit code {code}"),
             Exit::Signal { signal } => format!("signal {} ({signal})", signal_name(signal)),
             Exit::Hung { silent_s } => format!("hung: no output for {silent_s}s"),
+            Exit::Stalled { seen_by, code } => format!(
+                "did not arrive: rank {seen_by} timed out waiting for it (rank {seen_by} exited with code {code}; this rank was stopped)"
+            ),
         };
         lines.push(format!("exit:      {exit}"));
         if !self.also_hung.is_empty() {
@@ -166,16 +182,91 @@ impl Failure {
                     .to_string(),
             ),
         }
+        let whose = match self.exit {
+            Exit::Stalled { seen_by, .. } => format!(" of rank {seen_by}"),
+            _ => String::new(),
+        };
         if self.stderr_tail.is_empty() {
-            lines.push("stderr:    <empty>".to_string());
+            lines.push(format!("stderr{whose}: <empty>"));
         } else {
-            lines.push(format!("stderr (last {} line(s)):", self.stderr_tail.len()));
+            lines.push(format!(
+                "stderr{whose} (last {} line(s)):",
+                self.stderr_tail.len()
+            ));
             for l in &self.stderr_tail {
                 lines.push(format!("  | {l}"));
             }
         }
         lines.push("====================================================".to_string());
         say_block(&lines);
+    }
+}
+
+/// What the stall inspector found (`accel::stall::StallVerdict`, read from
+/// the store): rank `seen_by` timed out in `waiting_in` while `missing`
+/// (rank, last collective entered) had not entered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stall {
+    /// The rank that timed out and wrote the verdict.
+    pub seen_by: usize,
+    /// The collective it waited in (`all_reduce#42`).
+    pub waiting_in: String,
+    /// The ranks that did not arrive and the last collective each entered.
+    pub missing: Vec<(usize, Option<String>)>,
+}
+
+impl Failure {
+    /// The root cause a stall verdict points to: `victim` (a rank that
+    /// timed out waiting) becomes the witness, and the first missing rank
+    /// is blamed, at `place` (its rank, local rank, machine and host when
+    /// this launcher knows them). Returns `victim` unchanged when the
+    /// verdict names no missing rank or names the victim itself.
+    pub fn blame_stall(
+        victim: Failure,
+        stall: &Stall,
+        place: Option<(usize, usize, String)>,
+    ) -> Failure {
+        let Some((rank, last)) = stall.missing.first().cloned() else {
+            return victim;
+        };
+        if stall.missing.iter().any(|(r, _)| *r == victim.rank) {
+            return victim;
+        }
+        let code = match victim.exit {
+            Exit::Code { code } => code,
+            other => i32::from(other.launcher_code()),
+        };
+        // Its panic message, else its last line that reports an error.
+        let tail = &victim.stderr_tail;
+        let said = victim
+            .error
+            .clone()
+            .or_else(|| tail.iter().rev().find(|l| l.contains("error")).cloned())
+            .or_else(|| tail.last().cloned())
+            .unwrap_or_else(|| victim.exit.describe());
+        let (local_rank, machine, host) =
+            place.unwrap_or((victim.local_rank, victim.machine, victim.host.clone()));
+        Failure {
+            rank,
+            local_rank,
+            machine,
+            host,
+            pid: None,
+            exit: Exit::Stalled {
+                seen_by: stall.seen_by,
+                code,
+            },
+            error: Some(format!(
+                "rank {rank} did not arrive at {} (last entered: {}); rank {} timed out waiting for it:\n{said}",
+                stall.waiting_in,
+                last.as_deref().unwrap_or("no collective"),
+                stall.seen_by
+            )),
+            location: None,
+            stderr_tail: victim.stderr_tail,
+            also_hung: stall.missing.iter().skip(1).map(|(r, _)| *r).collect(),
+            interrupted: false,
+        }
     }
 }
 
@@ -315,5 +406,72 @@ mod tests {
         let back: Failure = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
         assert_eq!(back, f);
         assert!(f.headline().contains("rank 3") && f.headline().contains("SIGABRT"));
+    }
+
+    fn victim() -> Failure {
+        Failure {
+            rank: 0,
+            local_rank: 0,
+            machine: 0,
+            host: "h".into(),
+            pid: Some(7),
+            exit: Exit::Code { code: 1 },
+            error: None,
+            location: None,
+            stderr_tail: vec![
+                "accel: error: [cpu-gloo rank 0] all_reduce: timed out".into(),
+                "[mpi] exiting without MPI_Finalize".into(),
+            ],
+            also_hung: vec![],
+            interrupted: false,
+        }
+    }
+
+    #[test]
+    fn a_stall_blames_the_missing_rank_not_the_victim() {
+        let stall = Stall {
+            seen_by: 0,
+            waiting_in: "all_reduce#42".into(),
+            missing: vec![(1, Some("all_reduce#41".into())), (3, None)],
+        };
+        let f = Failure::blame_stall(victim(), &stall, Some((1, 0, "h".into())));
+        assert_eq!(f.rank, 1);
+        assert_eq!(f.also_hung, vec![3]);
+        assert_eq!(
+            f.exit,
+            Exit::Stalled {
+                seen_by: 0,
+                code: 1
+            }
+        );
+        assert_eq!(
+            f.exit.launcher_code(),
+            1,
+            "the run's code stays the victim's"
+        );
+        let e = f.error.as_deref().unwrap();
+        assert!(
+            e.starts_with("rank 1 did not arrive at all_reduce#42 (last entered: all_reduce#41); rank 0 timed out"),
+            "{e}"
+        );
+        assert!(e.contains("all_reduce: timed out"), "{e}");
+        assert!(f.headline().starts_with("rank 1 "), "{}", f.headline());
+        let back: Failure = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
+        assert_eq!(back, f);
+    }
+
+    #[test]
+    fn a_stall_naming_the_victim_or_nobody_changes_nothing() {
+        let own = Stall {
+            seen_by: 2,
+            waiting_in: "barrier#3".into(),
+            missing: vec![(0, None)],
+        };
+        assert_eq!(Failure::blame_stall(victim(), &own, None), victim());
+        let none = Stall {
+            missing: vec![],
+            ..own
+        };
+        assert_eq!(Failure::blame_stall(victim(), &none, None), victim());
     }
 }

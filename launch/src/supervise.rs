@@ -517,6 +517,79 @@ pub trait Coordinator {
 
     /// Where the store of the last attempt listened (for `--json`).
     fn store_url(&self) -> String;
+
+    /// The stall inspector's verdict for `attempt` (`accel::stall`), when
+    /// this coordinator can read the store and a rank that timed out wrote
+    /// one. The default reads nothing.
+    fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
+        let _ = attempt;
+        None
+    }
+}
+
+/// Point the root cause of a failed attempt at the rank the stall
+/// inspector found missing, instead of the first rank that timed out
+/// waiting for it (or instead of no rank at all, when mpirun named none).
+fn blame_stall(
+    group: &dyn ProcessGroup,
+    attempt: &Attempt,
+    settled: &mut Settled,
+    stall: &report::Stall,
+    workers: &[WorkerEnd],
+) {
+    if !matches!(settled.status, Status::Failed) {
+        return;
+    }
+    let Some(&(missing, _)) = stall.missing.first() else {
+        return;
+    };
+    let ranks = group.ranks(attempt);
+    let here = |rank: usize, exit: Exit| {
+        ranks
+            .contains(&rank)
+            .then(|| group.rank_failure(attempt, rank - ranks.start, exit, &[]))
+    };
+    let place = here(missing, Exit::Code { code: 1 }).map(|f| (f.local_rank, f.machine, f.host));
+    let victim = match settled.root.take() {
+        Some(v) => Some(v),
+        None => here(
+            stall.seen_by,
+            Exit::Code {
+                code: i32::from(settled.code),
+            },
+        ),
+    };
+    settled.root = victim.map(|v| {
+        let Some(place) = place else {
+            // The missing rank runs on another machine: keep the victim,
+            // and say who it waited for.
+            let mut v = v;
+            let said = v.error.take().or_else(|| v.stderr_tail.last().cloned());
+            let mut e = format!(
+                "rank {} timed out in {} waiting for rank(s) {} (on another machine)",
+                stall.seen_by,
+                stall.waiting_in,
+                stall
+                    .missing
+                    .iter()
+                    .map(|(r, _)| r.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            if let Some(s) = said {
+                e.push('\n');
+                e.push_str(&s);
+            }
+            v.error = Some(e);
+            return v;
+        };
+        let mut f = Failure::blame_stall(v, stall, Some(place));
+        // One process per rank: the blamed rank's own pid.
+        if group.kind() == "workers" {
+            f.pid = workers.iter().find(|w| w.rank == f.rank).map(|w| w.pid);
+        }
+        f
+    });
 }
 
 /// The coordination of a run on one machine (or of an mpirun started from
@@ -622,6 +695,28 @@ impl Coordinator for HostedStore {
     fn store_url(&self) -> String {
         self.url.clone()
     }
+
+    /// Reads the verdict from the hosted store.
+    fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
+        read_stall(self.server.as_ref()?.store().clone(), attempt)
+    }
+}
+
+/// The stall inspector's verdict for `attempt` in the run's `store` (the
+/// store root, as the launcher sees it), under the key the workers'
+/// `Accelerator` uses for this run and attempt.
+pub fn read_stall(store: Arc<dyn accel_api::Store>, attempt: &Attempt) -> Option<report::Stall> {
+    let run_id = attempt.env.run_id.as_deref().unwrap_or("default");
+    let store = accel_rendezvous::PrefixStore::new(
+        store,
+        accel::stall::store_prefix(run_id, attempt.number),
+    );
+    let v = accel::stall::StallVerdict::read(&store)?;
+    Some(report::Stall {
+        seen_by: v.seen_by,
+        waiting_in: v.waiting_in,
+        missing: v.missing.into_iter().map(|m| (m.rank, m.last)).collect(),
+    })
 }
 
 /// A whole run: its summary and exit code.
@@ -711,7 +806,10 @@ pub fn run(
                 let mut publish = |f: &Failure| c.publish(n, f);
                 run_attempt(group, &attempt, sup, (&tx, &rx), t0, &mut publish)?
             };
-            let settled = coord.settle(n, &attempt, result.outcome);
+            let mut settled = coord.settle(n, &attempt, result.outcome);
+            if let Some(stall) = coord.stall(&attempt) {
+                blame_stall(&*group, &attempt, &mut settled, &stall, &result.workers);
+            }
             reports.push(AttemptReport {
                 attempt: n,
                 status: settled.status.clone(),

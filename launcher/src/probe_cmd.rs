@@ -40,6 +40,48 @@ pub struct ProbeArgs {
     /// workers when the launcher dies).
     #[arg(long, value_name = "SECS")]
     hold: Option<u64>,
+
+    /// With --accelerator, after printing: make a mismatched all_reduce
+    /// (`length`: rank r passes 10 + r elements; `reduction`: sum on rank
+    /// 0, max elsewhere; `dtype`: f32 on rank 0, i32 elsewhere; `kind`:
+    /// broadcast on rank 0). Tests the call check.
+    #[arg(long, value_name = "WHAT")]
+    mismatch: Option<Mismatch>,
+
+    /// With --accelerator, after printing: this rank sleeps --stall-secs
+    /// while the others enter another all_reduce (tests the stall inspector).
+    #[arg(long, value_name = "RANK")]
+    stall_rank: Option<usize>,
+
+    /// How long --stall-rank sleeps.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    stall_secs: u64,
+}
+
+/// What `--mismatch` makes the ranks disagree on.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Mismatch {
+    Length,
+    Reduction,
+    Dtype,
+    Kind,
+}
+
+/// The mismatched call of `--mismatch` on `rank`.
+fn mismatched(comm: &dyn accel_api::Communicator, what: Mismatch, rank: usize) -> Result<()> {
+    use accel_api::{CommunicatorExt, ReduceOp};
+    let first = rank == 0;
+    match what {
+        Mismatch::Length => comm.all_reduce_slice(&mut vec![1.0f32; 10 + rank], ReduceOp::Sum),
+        Mismatch::Reduction => {
+            let op = if first { ReduceOp::Sum } else { ReduceOp::Max };
+            comm.all_reduce_slice(&mut [1.0f32; 4], op)
+        }
+        Mismatch::Dtype if first => comm.all_reduce_slice(&mut [1.0f32; 4], ReduceOp::Sum),
+        Mismatch::Dtype => comm.all_reduce_slice(&mut [1i32; 4], ReduceOp::Sum),
+        Mismatch::Kind if first => comm.broadcast_slice(&mut [7.0f32; 4], 0),
+        Mismatch::Kind => comm.all_reduce_slice(&mut [1.0f32; 4], ReduceOp::Sum),
+    }
 }
 
 #[derive(Debug, serde::Serialize)]
@@ -88,9 +130,10 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
         }
     }
     let (mut backend, mut all_reduce_sum) = (None, None);
+    let own;
+    let mut connected: Option<&accel::Accelerator> = None;
     if args.accelerator {
-        let own;
-        let acc = match acc {
+        let a = match acc {
             Some(a) => a,
             None => {
                 own = accel::Accelerator::new()?;
@@ -102,9 +145,10 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
             std::process::exit(1);
         }
         let mut v = vec![state.rank as f64 + 1.0; args.elements.max(1)];
-        acc.all_reduce(&mut v, accel_api::ReduceOp::Sum)?;
-        backend = Some(acc.backend_name().to_string());
+        a.all_reduce(&mut v, accel_api::ReduceOp::Sum)?;
+        backend = Some(a.backend_name().to_string());
         all_reduce_sum = Some(v[0]);
+        connected = Some(a);
     }
     let seen = Seen {
         pid: std::process::id(),
@@ -126,6 +170,20 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
         accel::rank_println!("{line}");
     } else {
         outln!("{line}");
+    }
+    if let Some(a) = connected {
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        if let Some(what) = args.mismatch {
+            mismatched(&**a.comm(), what, state.rank)?;
+        }
+        match args.stall_rank {
+            Some(r) if r == state.rank => {
+                std::thread::sleep(std::time::Duration::from_secs(args.stall_secs))
+            }
+            Some(_) => a.all_reduce(&mut [1.0f32], accel_api::ReduceOp::Sum)?,
+            None => {}
+        }
     }
     if args.panic_on_rank == Some(state.rank) {
         panic!("probe-worker: deliberate panic on rank {}", state.rank);

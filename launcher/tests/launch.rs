@@ -152,6 +152,35 @@ fn an_accelerator_connects_and_all_reduces_under_the_launcher() {
     }
 }
 
+/// Without debug mode, ranks passing different lengths, reductions, dtypes
+/// or operations to all_reduce end with the call check's error (Gloo's
+/// transport aborted the process on mismatched lengths, and 10 against 11
+/// elements gave one rank `Ok` with a wrong last element).
+#[cfg(feature = "cpu-gloo")]
+#[test]
+fn mismatched_calls_are_errors_not_crashes_on_cpu_gloo() {
+    for (what, says) in MISMATCHES {
+        let r = accel(&argv(
+            "launch -n 2 --backend cpu-gloo --timeout 20s --",
+            &[ACCEL, "probe-worker", "--accelerator", "--mismatch", what],
+        ));
+        ended_with_mismatch(&r, "cpu-gloo", says);
+    }
+}
+
+/// Rank 1 sleeps past the timeout instead of entering an all_reduce: the
+/// survivor's error and the root-cause block name rank 1, not rank 0 (the
+/// first rank that timed out).
+#[cfg(feature = "cpu-gloo")]
+#[test]
+fn a_rank_that_never_arrives_is_named_by_the_survivor_and_the_launcher() {
+    let r = accel(&argv(
+        "launch -n 2 --backend cpu-gloo --timeout 3s --",
+        &[ACCEL, "probe-worker", "--accelerator", "--stall-rank", "1"],
+    ));
+    ended_naming_the_stalled_rank(&r, "cpu-gloo");
+}
+
 #[test]
 fn a_panic_shows_the_error_file_in_the_root_cause() {
     let r = accel(&argv(

@@ -211,6 +211,58 @@ fn a_rank_that_never_enters_the_all_reduce_is_in_the_root_cause_block() {
     r.has_stderr("MPI cannot cancel a collective");
 }
 
+/// Without debug mode, mismatched all_reduce calls end with the call
+/// check's error on mpi (mismatched counts are undefined inside MPI: a
+/// segfault on one rank and data read past a buffer on the other).
+#[cfg(feature = "mpi")]
+#[test]
+fn mismatched_calls_are_errors_not_crashes_on_mpi() {
+    need_mpirun!();
+    for (what, says) in MISMATCHES {
+        let r = run(
+            &mpi(&[
+                "-n",
+                "2",
+                "--timeout",
+                "20s",
+                "--",
+                ACCEL,
+                "probe-worker",
+                "--accelerator",
+                "--mismatch",
+                what,
+            ]),
+            LIMIT,
+        );
+        ended_with_mismatch(&r, "mpi", says);
+    }
+}
+
+/// Rank 1 sleeps 60 s instead of entering an all_reduce: with a 5 s
+/// timeout the job ends, and both rank 0's error and the root-cause block
+/// name rank 1.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_rank_that_never_arrives_is_named_on_mpi() {
+    need_mpirun!();
+    let r = run(
+        &mpi(&[
+            "-n",
+            "2",
+            "--timeout",
+            "5s",
+            "--",
+            ACCEL,
+            "probe-worker",
+            "--accelerator",
+            "--stall-rank",
+            "1",
+        ]),
+        LIMIT,
+    );
+    ended_naming_the_stalled_rank(&r, "mpi");
+}
+
 #[test]
 fn a_failing_mpi_rank_gives_its_exit_code_and_a_root_cause_naming_it() {
     need_mpirun!();

@@ -224,15 +224,20 @@ unsafe extern "C" fn connect<P: Exported>(
         let run_id = unsafe { c.run_id.read() }
             .map(|s| s.into_owned())
             .unwrap_or_default();
-        let comm = P::backend().connect(ConnectContext {
-            rank: c.rank,
-            world_size: c.world_size,
-            local_rank: c.local_rank,
-            local_world_size: c.local_world_size,
-            device: convert::device("connect", c.device_kind, c.device_index)?,
-            timeout: convert::ns_to_duration(c.timeout_ns),
-            store: Arc::new(store),
-            run_id,
+        // The host wraps this communicator in its own group, which checks
+        // every collective across ranks (ADR 0016): a group in here checks
+        // only its first one (which compares the setting).
+        let comm = accel_api::CallCheck::scoped(accel_api::CallCheck::Off, || {
+            P::backend().connect(ConnectContext {
+                rank: c.rank,
+                world_size: c.world_size,
+                local_rank: c.local_rank,
+                local_world_size: c.local_world_size,
+                device: convert::device("connect", c.device_kind, c.device_index)?,
+                timeout: convert::ns_to_duration(c.timeout_ns),
+                store: Arc::new(store),
+                run_id,
+            })
         })?;
         // SAFETY: `out` is non-null and writable (checked above).
         unsafe { out.write(ExportedComm::into_handle(comm)) };

@@ -688,4 +688,8 @@ impl Coordinator for Machines<'_> {
     fn store_url(&self) -> String {
         accel::worker_env::tcp_url(&self.s.main_addr, self.s.main_port)
     }
+
+    fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
+        accel_launch::supervise::read_stall(self.store.clone(), attempt)
+    }
 }

@@ -84,6 +84,7 @@ pub fn command(args: &[&str]) -> Command {
         .env_remove("ACCEL_TIMEOUT")
         .env_remove("ACCEL_BACKEND")
         .env_remove("ACCEL_DEBUG")
+        .env_remove("ACCEL_CHECK_CALLS")
         .env_remove("ACCEL_CONFIG_FILE")
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null())
@@ -303,4 +304,52 @@ pub fn env_json_backend(stdout: &[u8], backend: &str) -> serde_json::Value {
         .find(|b| b["name"] == backend)
         .unwrap_or_else(|| panic!("no {backend} in --json"))
         .clone()
+}
+
+/// The mismatches `accel probe-worker --mismatch` makes on two ranks, and
+/// what the call check's error says about each.
+pub const MISMATCHES: [(&str, &str); 4] = [
+    ("length", "length (10 on rank 0; 11 on rank 1)"),
+    ("reduction", "reduction (sum on rank 0; max on rank 1)"),
+    ("dtype", "element type (f32 on rank 0; i32 on rank 1)"),
+    (
+        "kind",
+        "operation (broadcast on rank 0; all_reduce on rank 1)",
+    ),
+];
+
+/// A run whose ranks made a mismatched call (`says`: what differs) ended
+/// with the call check's error, and without a crash: no signal, no wrong
+/// answer printed as success.
+pub fn ended_with_mismatch(r: &Run, backend: &str, says: &str) {
+    let code = r.code.unwrap_or(-1);
+    assert!(
+        (1..128).contains(&code),
+        "expected an error exit (no signal), got {:?}:\n{}",
+        r.code,
+        r.all()
+    );
+    r.has_stderr(says);
+    r.has_stderr(&format!("[{backend} rank "));
+    r.has_stderr("ranks disagree on collective #");
+    for bad in [
+        "SIGABRT",
+        "SIGSEGV",
+        "EnforceNotMet",
+        "signal 6",
+        "signal 11",
+    ] {
+        assert!(!r.all().contains(bad), "`{bad}` in:\n{}", r.all());
+    }
+}
+
+/// A 2-rank run whose rank 1 slept past the timeout: rank 0's error names
+/// rank 1 as missing, and so does the launcher's root-cause block.
+pub fn ended_naming_the_stalled_rank(r: &Run, backend: &str) {
+    assert!(r.code.is_some_and(|c| c != 0), "{}", r.all());
+    r.has_stderr(&format!("[{backend} rank 0] all_reduce: timed out"));
+    r.has_stderr("missing ranks: 1 (last: all_reduce#");
+    r.has_stderr("rank:      1 (local rank 1)");
+    r.has_stderr("rank 1 did not arrive at all_reduce#");
+    r.has_stderr("exit:      did not arrive: rank 0 timed out waiting for it");
 }

@@ -1,0 +1,445 @@
+//! The stall inspector (Horovod's idea): every rank records in the store
+//! which collective it entered last; when a collective times out, the rank
+//! that timed out reads those records and names the ranks that never
+//! arrived and what they were last doing:
+//!
+//! ```text
+//! [cpu-gloo rank 0] all_reduce: timed out after 5s: ...; missing ranks: 1 (last: all_reduce#41); this rank waited in all_reduce#42
+//! ```
+//!
+//! It also leaves a [`StallVerdict`] in the store, which `accel launch`
+//! reads to blame the missing rank in its root-cause block instead of the
+//! first rank that timed out (a victim).
+//!
+//! # Cost
+//! The hot path is two relaxed atomic stores per collective. A background
+//! thread publishes the latest record when it changed, at most once per
+//! [`interval`](StallLayer::interval) (a quarter of the timeout, at most one
+//! second), so a rank that stops calling collectives is recorded at its
+//! last one long before anyone times out waiting for it. The store is read
+//! only after a timeout.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use accel_api::{CallInfo, Communicator, Error, ErrorKind, Layer, Layered, Op, Store};
+
+/// Key of rank `r`'s record under the inspector's store prefix.
+fn rank_key(rank: usize) -> String {
+    format!("rank/{rank}")
+}
+
+/// Key of the verdict under the inspector's store prefix.
+pub const VERDICT_KEY: &str = "verdict";
+
+/// Where [`Accelerator`](crate::Accelerator) puts the inspector's keys in
+/// the run's store: `accel/<run id>/<restart>/stall`.
+pub fn store_prefix(run_id: &str, restart: u32) -> String {
+    format!("accel/{run_id}/{restart}/stall")
+}
+
+/// One rank that did not arrive at a collective, and what it last entered.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MissingRank {
+    /// Its rank.
+    pub rank: usize,
+    /// The last collective it entered (`all_reduce#41`), `None` when it
+    /// never entered one.
+    pub last: Option<String>,
+}
+
+/// What the first rank that timed out found: who it waited for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StallVerdict {
+    /// The rank that timed out and wrote this.
+    pub seen_by: usize,
+    /// The collective it waited in (`all_reduce#42`).
+    pub waiting_in: String,
+    /// The ranks whose last collective is older than `waiting_in`.
+    pub missing: Vec<MissingRank>,
+}
+
+impl StallVerdict {
+    /// `1 (last: all_reduce#41), 3 (last: none)`.
+    pub fn missing_text(&self) -> String {
+        self.missing
+            .iter()
+            .map(|m| format!("{} (last: {})", m.rank, m.last.as_deref().unwrap_or("none")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The verdict in `store` (already scoped to the inspector's prefix),
+    /// if a rank wrote one.
+    pub fn read(store: &dyn Store) -> Option<StallVerdict> {
+        let v = store.try_get(VERDICT_KEY).ok()??;
+        serde_json::from_slice(&v).ok()
+    }
+}
+
+/// A rank's record: `<seq> <op>`.
+fn record(seq: u64, op: Op) -> String {
+    format!("{seq} {}", op.name())
+}
+
+fn parse_record(v: &[u8]) -> Option<(u64, String)> {
+    let s = std::str::from_utf8(v).ok()?;
+    let (seq, op) = s.split_once(' ')?;
+    Some((seq.parse().ok()?, op.to_string()))
+}
+
+fn label(seq: u64, op: &str) -> String {
+    format!("{op}#{seq}")
+}
+
+/// No collective entered yet.
+const NONE: u64 = u64::MAX;
+
+struct Shared {
+    store: Arc<dyn Store>,
+    rank: usize,
+    world: usize,
+    /// The collective entered last (`NONE` before the first) and its op.
+    seq: AtomicU64,
+    op: AtomicUsize,
+    /// The record last written to the store.
+    published: Mutex<u64>,
+    stop: Mutex<bool>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn current(&self) -> Option<(u64, Op)> {
+        let seq = self.seq.load(Ordering::Acquire);
+        (seq != NONE).then(|| {
+            (
+                seq,
+                Op::ALL[self.op.load(Ordering::Relaxed) % Op::ALL.len()],
+            )
+        })
+    }
+
+    /// Write the current record if it changed since the last write.
+    fn publish(&self) {
+        let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seq, op)) = self.current().filter(|(s, _)| *s != *published) {
+            match self
+                .store
+                .set(&rank_key(self.rank), record(seq, op).as_bytes())
+            {
+                Ok(()) => *published = seq,
+                Err(e) => tracing::debug!(error = %e, "stall inspector: cannot publish"),
+            }
+        }
+    }
+}
+
+/// The stall inspector: a [`Layer`] in front of a world communicator (see
+/// the [module docs](self)).
+pub struct StallLayer {
+    shared: Arc<Shared>,
+    interval: Duration,
+}
+
+impl std::fmt::Debug for StallLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StallLayer")
+            .field("store", &self.shared.store.describe())
+            .field("rank", &self.shared.rank)
+            .field("interval", &self.interval)
+            .finish()
+    }
+}
+
+/// `inner` with the stall inspector in front.
+pub type StallCommunicator = Layered<StallLayer>;
+
+/// Put the stall inspector in front of `inner`; `store` is shared by the
+/// ranks of `inner`'s group and used by nothing else. Starts the publishing
+/// thread (it ends when the communicator is dropped).
+///
+/// # Errors
+/// [`ErrorKind::Internal`] when the thread cannot be started.
+pub fn stall_inspector(
+    inner: Box<dyn Communicator>,
+    store: Arc<dyn Store>,
+) -> accel_api::Result<StallCommunicator> {
+    let interval = (inner.timeout() / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let shared = Arc::new(Shared {
+        store,
+        rank: inner.rank(),
+        world: inner.world_size(),
+        seq: AtomicU64::new(NONE),
+        op: AtomicUsize::new(0),
+        published: Mutex::new(NONE),
+        stop: Mutex::new(false),
+        wake: Condvar::new(),
+    });
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name("accel-stall".into())
+        .spawn(move || loop {
+            let stop = s.stop.lock().unwrap_or_else(|p| p.into_inner());
+            let (stop, _) = s
+                .wake
+                .wait_timeout(stop, interval)
+                .unwrap_or_else(|p| p.into_inner());
+            if *stop {
+                return;
+            }
+            drop(stop);
+            s.publish();
+        })
+        .map_err(|e| {
+            Error::internal(
+                "connect",
+                format!("cannot start the stall inspector's thread: {e}"),
+            )
+        })?;
+    Ok(Layered::new(inner, StallLayer { shared, interval }))
+}
+
+impl StallLayer {
+    /// How often the publishing thread writes a changed record.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Publish this rank's record now, read every other rank's, and say who
+    /// is missing from collective `seq`.
+    fn inspect(&self, seq: u64, op: Op) -> accel_api::Result<StallVerdict> {
+        let s = &self.shared;
+        s.publish();
+        let mut missing = Vec::new();
+        for r in (0..s.world).filter(|&r| r != s.rank) {
+            let rec = s.store.try_get(&rank_key(r))?;
+            let rec = rec.as_deref().and_then(parse_record);
+            match rec {
+                Some((theirs, _)) if theirs >= seq => {}
+                Some((theirs, their_op)) => missing.push(MissingRank {
+                    rank: r,
+                    last: Some(label(theirs, &their_op)),
+                }),
+                None => missing.push(MissingRank {
+                    rank: r,
+                    last: None,
+                }),
+            }
+        }
+        let verdict = StallVerdict {
+            seen_by: s.rank,
+            waiting_in: label(seq, op.name()),
+            missing,
+        };
+        if !verdict.missing.is_empty() {
+            // The first rank to time out writes it; later ones leave it.
+            let text = serde_json::to_vec(&verdict).unwrap_or_default();
+            let _ = s.store.compare_set(VERDICT_KEY, None, &text);
+        }
+        Ok(verdict)
+    }
+}
+
+impl Drop for StallLayer {
+    fn drop(&mut self) {
+        *self.shared.stop.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.shared.wake.notify_all();
+    }
+}
+
+impl Layer for StallLayer {
+    /// Records the collective as entered (two atomic stores).
+    fn before(&self, _inner: &dyn Communicator, call: &CallInfo) -> accel_api::Result<()> {
+        if call.is_collective() {
+            let s = &self.shared;
+            let next = s.seq.load(Ordering::Relaxed).wrapping_add(1);
+            let op = Op::ALL.iter().position(|&o| o == call.op).unwrap_or(0);
+            s.op.store(op, Ordering::Relaxed);
+            s.seq.store(next, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// After a collective's timeout, names the ranks that never entered it.
+    fn on_error(&self, _inner: &dyn Communicator, call: &CallInfo, err: Error) -> Error {
+        if !call.is_collective() || !matches!(err.kind(), ErrorKind::Timeout { .. }) {
+            return err;
+        }
+        let Some((seq, op)) = self.shared.current() else {
+            return err;
+        };
+        match self.inspect(seq, op) {
+            Ok(v) if v.missing.is_empty() => err.with_detail(format!(
+                "every rank entered {} (none is missing: one may be stuck inside it)",
+                v.waiting_in
+            )),
+            Ok(v) => err
+                .with_detail(format!(
+                    "missing ranks: {}; this rank waited in {}",
+                    v.missing_text(),
+                    v.waiting_in
+                ))
+                .with_fix(format!(
+                    "look at what rank(s) {} did instead of entering {} (a hang, a longer step, a different code path), or raise ACCEL_TIMEOUT",
+                    v.missing
+                        .iter()
+                        .map(|m| m.rank.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    v.waiting_in
+                )),
+            Err(e) => err.with_detail(format!(
+                "the store could not say which rank is missing: {}",
+                e.message()
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use accel_api::{
+        Buf, BufMut, Capabilities, CommunicatorExt, Device, Engine, EngineInfo, Group, ReduceOp,
+        Result,
+    };
+    use accel_rendezvous::MemoryStore;
+    use std::sync::atomic::AtomicBool;
+
+    /// Rank 0 of 3 whose all-reduces succeed (leaving the buffer as it is)
+    /// until `late` is set, then time out.
+    struct Late {
+        info: EngineInfo,
+        late: Arc<AtomicBool>,
+    }
+
+    impl Engine for Late {
+        fn info(&self) -> &EngineInfo {
+            &self.info
+        }
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::all_host()
+        }
+        fn all_reduce(&self, _: BufMut<'_>, _: ReduceOp) -> Result<()> {
+            if self.late.load(Ordering::SeqCst) {
+                return Err(Error::timeout("all_reduce", self.info.timeout, "gave up"));
+            }
+            Ok(())
+        }
+        fn reduce(&self, _: BufMut<'_>, _: ReduceOp, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn broadcast(&self, _: BufMut<'_>, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn all_gather(&self, _: Buf<'_>, _: BufMut<'_>) -> Result<()> {
+            Ok(())
+        }
+        fn gather(&self, _: Buf<'_>, _: Option<BufMut<'_>>, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn scatter(&self, _: Option<Buf<'_>>, _: BufMut<'_>, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn reduce_scatter(&self, _: Buf<'_>, _: BufMut<'_>, _: ReduceOp) -> Result<()> {
+            Ok(())
+        }
+        fn all_to_all(&self, _: Buf<'_>, _: BufMut<'_>) -> Result<()> {
+            Ok(())
+        }
+        fn send(&self, _: Buf<'_>, _: usize, _: u32) -> Result<()> {
+            Ok(())
+        }
+        fn recv(&self, _: BufMut<'_>, _: usize, _: u32) -> Result<()> {
+            Ok(())
+        }
+        fn barrier(&self) -> Result<()> {
+            Ok(())
+        }
+        fn split(&self, _: Option<u32>, _: u32) -> Result<Option<Self>> {
+            Ok(None)
+        }
+    }
+
+    fn inspected(store: &Arc<dyn Store>) -> (StallCommunicator, Arc<AtomicBool>) {
+        let late = Arc::new(AtomicBool::new(false));
+        let g = Group::new(Late {
+            info: EngineInfo {
+                backend: "late".into(),
+                rank: 0,
+                world_size: 3,
+                device: Device::CPU,
+                timeout: Duration::from_millis(40),
+            },
+            late: late.clone(),
+        });
+        (stall_inspector(Box::new(g), store.clone()).unwrap(), late)
+    }
+
+    #[test]
+    fn a_timeout_names_the_ranks_behind_and_leaves_a_verdict() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        // Rank 1 entered collective #1 (an all_gather) and rank 2 none when
+        // rank 0 times out in #2.
+        store.set("rank/1", b"1 all_gather").unwrap();
+        let (c, late) = inspected(&store);
+        c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum).unwrap();
+        c.all_gather_vec(&[1u8]).unwrap();
+        late.store(true, Ordering::SeqCst);
+        let e = c
+            .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
+            .unwrap_err();
+        let s = e.to_string();
+        assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{s}");
+        assert!(
+            s.contains("missing ranks: 1 (last: all_gather#1), 2 (last: none); this rank waited in all_reduce#2"),
+            "{s}"
+        );
+        let v = StallVerdict::read(&*store).expect("a verdict");
+        assert_eq!(v.seen_by, 0);
+        assert_eq!(v.waiting_in, "all_reduce#2");
+        assert_eq!(
+            v.missing.iter().map(|m| m.rank).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert_eq!(
+            parse_record(&store.try_get("rank/0").unwrap().unwrap()),
+            Some((2, "all_reduce".into())),
+            "the survivor published its own record before reading"
+        );
+    }
+
+    #[test]
+    fn no_verdict_when_every_rank_arrived() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        store.set("rank/1", b"0 all_reduce").unwrap();
+        store.set("rank/2", b"3 barrier").unwrap();
+        let (c, late) = inspected(&store);
+        late.store(true, Ordering::SeqCst);
+        let e = c
+            .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("every rank entered all_reduce#0"),
+            "{e}"
+        );
+        assert!(StallVerdict::read(&*store).is_none());
+    }
+
+    #[test]
+    fn the_thread_publishes_a_rank_that_stopped_calling() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let (c, _) = inspected(&store);
+        c.barrier().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.try_get("rank/0").unwrap().is_none() {
+            assert!(std::time::Instant::now() < deadline, "never published");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(
+            parse_record(&store.try_get("rank/0").unwrap().unwrap()),
+            Some((0, "barrier".into()))
+        );
+    }
+}
