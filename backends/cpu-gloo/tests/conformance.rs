@@ -32,5 +32,8 @@ accel_conformance::conformance_tests!(
         train_accumulation_cadence,
         train_equivalence,
         train_resume,
+        train_fp16_skip_agreed,
+        train_bf16_equivalence,
+        train_clip_norm_agreed,
     ],
 );
