@@ -89,24 +89,7 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
     Ok((o, x))
 }
 
-/// Load the system Gloo before libtorch (see build.rs): a reference from
-/// this crate's own object code to a symbol only the linker's first `-lgloo`
-/// can satisfy at that point of the command line.
-mod gloo_before_libtorch {
-    extern "C" {
-        // gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr const&);
-        // never called, only its address is taken.
-        #[link_name = "_ZN4gloo9transport3tcp12CreateDeviceERKNS1_4attrE"]
-        fn gloo_tcp_create_device();
-    }
-
-    pub fn keep() {
-        std::hint::black_box(gloo_tcp_create_device as unsafe extern "C" fn());
-    }
-}
-
 fn main() -> ExitCode {
-    gloo_before_libtorch::keep();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (opts, extra) = match parse(&args) {
         Ok(o) => o,
