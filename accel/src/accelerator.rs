@@ -46,6 +46,9 @@ impl Accelerator {
         crate::install_panic_hook();
         crate::tie_to_launcher();
         let state = state::state()?;
+        // A malformed `accel launch --mixed-precision` value fails here, not
+        // silently at the first prepare.
+        crate::train::MixedPrecision::from_env()?;
         Accelerator::connect(state, &Registry::from_env())
     }
 

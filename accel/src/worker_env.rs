@@ -57,6 +57,8 @@ pub mod keys {
     pub const ACCEL_BACKEND: &str = "ACCEL_BACKEND";
     /// Debug mode (0/1).
     pub const ACCEL_DEBUG: &str = "ACCEL_DEBUG";
+    /// Mixed precision of the training loop (`no`, `bf16`, `fp16`).
+    pub const ACCEL_MIXED_PRECISION: &str = crate::train::MIXED_PRECISION_ENV;
     /// The attempt number, 0 first.
     pub const ACCEL_RESTART_COUNT: &str = "ACCEL_RESTART_COUNT";
     /// Where a crashing worker writes its root cause.
@@ -290,6 +292,8 @@ pub struct WorkerEnv {
     pub backend: Option<Vec<String>>,
     /// ACCEL_DEBUG.
     pub debug: Option<bool>,
+    /// ACCEL_MIXED_PRECISION (`accel launch --mixed-precision`).
+    pub mixed_precision: Option<crate::train::MixedPrecision>,
     /// ACCEL_RESTART_COUNT (also TORCHELASTIC_RESTART_COUNT).
     pub restart_count: Option<u32>,
     /// TORCHELASTIC_MAX_RESTARTS.
@@ -340,6 +344,10 @@ impl WorkerEnv {
         put(ACCEL_TIMEOUT, self.timeout.map(format_duration));
         put(ACCEL_BACKEND, self.backend.as_ref().map(|b| b.join(",")));
         put(ACCEL_DEBUG, self.debug.map(bool_str));
+        put(
+            ACCEL_MIXED_PRECISION,
+            self.mixed_precision.map(|m| m.name().to_string()),
+        );
         put(
             ACCEL_RESTART_COUNT,
             self.restart_count.map(|n| n.to_string()),
@@ -420,6 +428,15 @@ impl WorkerEnv {
             debug: get(ACCEL_DEBUG)
                 .map(|v| parse_flag(ACCEL_DEBUG, v))
                 .transpose()?,
+            mixed_precision: get(ACCEL_MIXED_PRECISION)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| {
+                    v.parse().map_err(|e: Error| {
+                        Error::invalid_config(ACCEL_MIXED_PRECISION, v, e.to_string())
+                            .with_fix("set it to no, bf16 or fp16")
+                    })
+                })
+                .transpose()?,
             restart_count,
             max_restarts: u32_of(TORCHELASTIC_MAX_RESTARTS)?,
             error_file: either(ACCEL_ERROR_FILE, TORCHELASTIC_ERROR_FILE)
@@ -469,6 +486,11 @@ mod tests {
             counts in (opt(any::<u32>()), opt(any::<u32>()), opt(any::<u32>())),
             error_file in opt("/[a-z0-9/._-]{1,20}"), launcher in opt("[a-z]{1,6}"),
             threads in opt(any::<bool>()),
+            mixed_precision in opt(prop::sample::select(vec![
+                crate::train::MixedPrecision::No,
+                crate::train::MixedPrecision::Bf16,
+                crate::train::MixedPrecision::Fp16,
+            ])),
         ) -> WorkerEnv {
             WorkerEnv {
                 rank: ranks.0, world_size: ranks.1, local_rank: ranks.2,
@@ -477,7 +499,7 @@ mod tests {
                 timeout: timeout.map(|(s, n)| Duration::new(s, n)).filter(|d| !d.is_zero()),
                 backend, debug: flags.0, share_devices: flags.1,
                 restart_count: counts.0, max_restarts: counts.1, launcher_pid: counts.2,
-                error_file: error_file.map(PathBuf::from), launcher,
+                error_file: error_file.map(PathBuf::from), launcher, mixed_precision,
                 process_model: threads
                     .map(|t| if t { ProcessModel::Threads } else { ProcessModel::Processes }),
             }

@@ -84,7 +84,7 @@ fn reseal(dir: &Path) {
 
 fn params(m: &impl Parameters) -> Vec<f32> {
     let mut v = Vec::new();
-    m.visit_params(&mut |p| v.extend_from_slice(p.value));
+    m.visit_params(&mut |p| v.extend_from_slice(p.value_f32().unwrap()));
     v
 }
 

@@ -164,17 +164,13 @@ impl Mlp {
 impl Parameters for Mlp {
     fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
         for (i, name) in NAMES.iter().enumerate() {
-            f(ParamRef {
-                name,
-                value: &self.values[i],
-                grad: &self.grads[i],
-            });
+            f(ParamRef::host(name, &self.values[i], &self.grads[i]));
         }
     }
     fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
         let (values, grads) = (&mut self.values, &mut self.grads);
         for ((name, value), grad) in NAMES.iter().zip(values.iter_mut()).zip(grads.iter_mut()) {
-            f(ParamMut { name, value, grad });
+            f(ParamMut::host(name, value, grad));
         }
     }
 }

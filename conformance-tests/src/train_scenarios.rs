@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use crate::fixtures::{Mlp, Synthetic};
 use accel::train::{
-    DataLoader, Dataset, IterableDataset, IterableLoader, Parameters, Sgd, TrainConfig,
+    DataLoader, Dataset, IterableDataset, IterableLoader, MixedPrecision, Parameters, Sgd,
+    TrainConfig,
 };
 use accel::{Accelerator, CollectivesExt};
 use accel_api::Op;
@@ -52,6 +53,21 @@ pub(crate) fn train_scenarios() -> Vec<Scenario> {
             name: "train_streams",
             gate: gate_train,
             run: train_streams,
+        },
+        Scenario {
+            name: "train_fp16_skip_agreed",
+            gate: gate_train,
+            run: train_fp16_skip_agreed,
+        },
+        Scenario {
+            name: "train_bf16_equivalence",
+            gate: gate_train,
+            run: train_bf16_equivalence,
+        },
+        Scenario {
+            name: "train_clip_norm_agreed",
+            gate: gate_train,
+            run: train_clip_norm_agreed,
         },
     ]
 }
@@ -594,4 +610,191 @@ fn resume_in(
         }
     }
     Ok(None)
+}
+
+/// fp16: the last rank's gradients overflow at one step *after* the
+/// gradient all-reduce, so only its own check sees it; every rank must skip
+/// that step, back off the same scale and keep identical parameters.
+fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
+    let run = || -> Result<Option<String>, String> {
+        let n = ctx.world_size();
+        let acc = acc(
+            ctx,
+            TrainConfig {
+                mixed_precision: Some(MixedPrecision::Fp16),
+                ..TrainConfig::default()
+            },
+        )?;
+        let data = Synthetic {
+            len: n * 2 * 5,
+            seed: 13,
+        };
+        let mut model = acc.prepare_model(Mlp::new(4, 3)).map_err(err)?;
+        let mut opt = acc.prepare_optimizer(Sgd::new(0.1)).map_err(err)?;
+        let mut loader = acc.prepare_loader(DataLoader::new(data, 2)).map_err(err)?;
+        let (bad_rank, bad_step) = (n - 1, 2);
+        let mut step = 0;
+        let mut skips = Vec::new();
+        while let Some(b) = loader.next_batch() {
+            acc.accumulate(&b);
+            acc.backward(&mut model, |m, s| m.loss_and_grad(&b.items, s))
+                .map_err(err)?;
+            if acc.rank() == bad_rank && step == bad_step {
+                model.grads[0][0] = f32::INFINITY;
+            }
+            let before = model.flat_values();
+            let stepped = opt.step(&mut model).map_err(err)?;
+            opt.zero_grad(&mut model);
+            let skipped = acc.optimizer_step_was_skipped();
+            if stepped == skipped {
+                return Err(format!(
+                    "step {step}: stepped {stepped} and skipped {skipped}"
+                ));
+            }
+            if skipped && model.flat_values() != before {
+                return Err(format!("step {step} was skipped but the parameters moved"));
+            }
+            skips.push(skipped);
+            step += 1;
+        }
+        let want: Vec<bool> = (0..step).map(|s| s == bad_step).collect();
+        if skips != want {
+            return Err(format!(
+                "skipped steps {skips:?}, expected only step {bad_step}"
+            ));
+        }
+        let scale = acc.grad_scaler().map(|s| s.scale).unwrap_or(f64::NAN);
+        let scales = acc.gather(&[scale]).map_err(err)?;
+        if scales.iter().any(|s| *s != 32768.0) {
+            return Err(format!("loss scales after one overflow: {scales:?}"));
+        }
+        let p = model.flat_values();
+        let all = acc.gather(&p).map_err(err)?;
+        if all.chunks(p.len()).any(|c| c != p.as_slice()) {
+            return Err("the ranks' parameters differ after the skipped step".into());
+        }
+        Ok(None)
+    };
+    match run() {
+        Ok(_) => Outcome::Pass,
+        Err(m) => Outcome::Fail(m),
+    }
+}
+
+/// bf16: W ranks x k micro-steps with bf16 mixed precision and bf16
+/// gradient communication (averaged in f32) give the parameters of one f32
+/// process on the global batch within the stated tolerance
+/// `|a - b| <= 1e-2 * (1 + |b|)` (bf16 keeps 8 significant bits).
+fn train_bf16_equivalence(ctx: &Ctx) -> Outcome {
+    let n = ctx.world_size();
+    let (bs, steps, hidden) = (3, 3, 6);
+    for k in [1, 2] {
+        let data = Synthetic {
+            len: n * k * bs * steps,
+            seed: 17,
+        };
+        let run = || -> Result<Vec<f32>, String> {
+            let acc = acc(
+                ctx,
+                TrainConfig {
+                    gradient_accumulation_steps: k,
+                    mixed_precision: Some(MixedPrecision::Bf16),
+                    gradient_compression: Some(accel_api::DType::BF16),
+                    bucket_cap_bytes: 64,
+                    ..TrainConfig::default()
+                },
+            )?;
+            let mut model = acc.prepare_model(Mlp::new(hidden, 3)).map_err(err)?;
+            let mut opt = acc.prepare_optimizer(Sgd::new(0.2)).map_err(err)?;
+            let mut loader = acc.prepare_loader(DataLoader::new(data, bs)).map_err(err)?;
+            while let Some(b) = loader.next_batch() {
+                acc.accumulate(&b);
+                acc.backward(&mut model, |m, s| m.loss_and_grad(&b.items, s))
+                    .map_err(err)?;
+                opt.step(&mut model).map_err(err)?;
+                opt.zero_grad(&mut model);
+            }
+            Ok(model.flat_values())
+        };
+        let got = match run() {
+            Ok(v) => v,
+            Err(m) => return Outcome::Fail(format!("k {k}: {m}")),
+        };
+        let mut m = Mlp::new(hidden, 3);
+        let mut opt = Sgd::new(0.2);
+        let global = n * k * bs;
+        for s in 0..steps {
+            let batch: Vec<_> = (s * global..(s + 1) * global)
+                .map(|i| data.get(i))
+                .collect();
+            m.loss_and_grad(&batch, 1.0);
+            if let Err(e) = accel::train::Optimizer::step(&mut opt, &mut m) {
+                return Outcome::Fail(e.to_string());
+            }
+            accel::train::Optimizer::zero_grad(&mut opt, &mut m);
+        }
+        for (i, (a, b)) in got.iter().zip(m.flat_values().iter()).enumerate() {
+            if (a - b).abs() > 1e-2 * (1.0 + b.abs()) {
+                return Outcome::Fail(format!(
+                    "k {k}: parameter {i} is {a} in bf16, one f32 process gives {b}"
+                ));
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+/// Clipping on synchronised gradients: every rank gets the same total norm
+/// (bit for bit), equal to the norm of the averaged gradients, and after
+/// clipping the norm is the limit.
+fn train_clip_norm_agreed(ctx: &Ctx) -> Outcome {
+    let run = || -> Result<(), String> {
+        let n = ctx.world_size();
+        let acc = acc(ctx, TrainConfig::default())?;
+        let mut model = acc.prepare_model(Mlp::new(3, 5)).map_err(err)?;
+        let grad_of = |rank: usize, t: usize, i: usize| -> f32 {
+            ((rank * 31 + t * 7 + i * 3) % 11) as f32 - 5.0 + 0.25 * rank as f32
+        };
+        let rank = acc.rank();
+        for (t, g) in model.grads.iter_mut().enumerate() {
+            for (i, x) in g.iter_mut().enumerate() {
+                *x = grad_of(rank, t, i);
+            }
+        }
+        acc.accumulate_step(false);
+        acc.backward(&mut model, |_, _| ()).map_err(err)?;
+        let mut want = 0.0f64;
+        for (t, g) in model.grads.iter().enumerate() {
+            for i in 0..g.len() {
+                let avg = (0..n).map(|r| f64::from(grad_of(r, t, i))).sum::<f64>() / n as f64;
+                want += avg * avg;
+            }
+        }
+        let want = want.sqrt();
+        let norm = acc.clip_grad_norm(&mut model, 1.0, 2.0).map_err(err)?;
+        let norms = acc.gather(&[norm]).map_err(err)?;
+        if norms.iter().any(|x| x.to_bits() != norm.to_bits()) {
+            return Err(format!("the ranks' norms differ: {norms:?}"));
+        }
+        if (norm - want).abs() > 1e-5 * (1.0 + want) {
+            return Err(format!(
+                "norm {norm}, the averaged gradients' norm is {want}"
+            ));
+        }
+        let after = model
+            .grads
+            .iter()
+            .flatten()
+            .map(|g| f64::from(*g).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        if (after - 1.0).abs() > 1e-4 {
+            return Err(format!("after clipping to 1 the norm is {after}"));
+        }
+        Ok(())
+    };
+    match run() {
+        Ok(()) => Outcome::Pass,
+        Err(m) => Outcome::Fail(m),
+    }
 }

@@ -1,9 +1,28 @@
-//! Embed libtorch's lib directory as an rpath of this crate's tests, and pass
-//! it on (`DEP_ACCEL_TCH_LIBTORCH_LIB`) to dependents that build binaries.
+//! Embed libtorch's lib directory as an rpath of this crate's tests, pass it
+//! on (`DEP_ACCEL_TCH_LIBTORCH_LIB`) to dependents that build binaries, and
+//! compile `csrc/autocast.cpp` (libtorch's per-device autocast switches,
+//! which tch's C API lacks) against the headers of that libtorch.
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
-    if let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") {
-        println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
-        println!("cargo:libtorch_lib={dir}");
-    }
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    println!("cargo:rerun-if-changed=csrc/autocast.cpp");
+    let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
+        panic!("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB); build with `source .accel-cache/tch/env.sh` (make tch-setup)");
+    };
+    println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");
+    println!("cargo:libtorch_lib={dir}");
+    let root = std::path::Path::new(&dir)
+        .parent()
+        .expect("libtorch's lib directory has a parent")
+        .to_path_buf();
+    let abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
+    cc::Build::new()
+        .cpp(true)
+        .file("csrc/autocast.cpp")
+        .include(root.join("include"))
+        .include(root.join("include/torch/csrc/api/include"))
+        .flag("-std=c++20")
+        .flag_if_supported("-Wno-unused-parameter")
+        .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
+        .compile("accel_tch_autocast");
 }

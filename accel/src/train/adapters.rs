@@ -1,44 +1,176 @@
 //! The adapter traits a framework implements to plug into the training loop.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{Buf, BufMut, DType, Device, Element, Error, ErrorKind, HostBuf, Result};
 use serde::{de::DeserializeOwned, Serialize};
 
-/// One parameter seen read-only: its name, values and gradient.
+use super::grads::GradKernels;
+
+/// One parameter seen read-only: its name, values and gradient, as views of
+/// the framework's own memory (host or device, any element type).
 #[derive(Debug, Clone, Copy)]
 pub struct ParamRef<'a> {
     /// Unique, stable name (the checkpoint key of the tensor).
     pub name: &'a str,
     /// The values, flattened row-major.
-    pub value: &'a [f32],
-    /// The gradient buffer, same length as `value`.
-    pub grad: &'a [f32],
+    pub value: Buf<'a>,
+    /// The gradient, flattened row-major, same length as `value` (its
+    /// element type may differ: f32 master weights with f16 gradients).
+    pub grad: Buf<'a>,
 }
 
-/// One parameter seen mutably: its name, values and gradient.
+/// One parameter seen mutably: its name, values and gradient views.
 #[derive(Debug)]
 pub struct ParamMut<'a> {
     /// Unique, stable name (the checkpoint key of the tensor).
     pub name: &'a str,
     /// The values, flattened row-major.
-    pub value: &'a mut [f32],
-    /// The gradient buffer, same length as `value`.
-    pub grad: &'a mut [f32],
+    pub value: BufMut<'a>,
+    /// The gradient, same length as `value`.
+    pub grad: BufMut<'a>,
 }
 
-/// A model as the training loop sees it: named `f32` parameters, each with a
-/// gradient buffer of the same length, on the host.
+fn not_host_f32(op: &str, name: &str, what: &str, dtype: DType, device: Device) -> Error {
+    Error::invalid_argument(
+        op,
+        format!(
+            "the {what} of parameter {name:?} is {dtype} on {device}; this needs f32 host memory"
+        ),
+    )
+    .with_fix(
+        "use an optimizer of the framework that owns the tensors (or keep f32 host master weights)",
+    )
+}
+
+impl<'a> ParamRef<'a> {
+    /// A parameter whose values and gradient are host slices.
+    pub fn host<T: Element, G: Element>(name: &'a str, value: &'a [T], grad: &'a [G]) -> Self {
+        ParamRef {
+            name,
+            value: Buf::from(value),
+            grad: Buf::from(grad),
+        }
+    }
+
+    /// The values as an `f32` host slice.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming the parameter when the values
+    /// are not `f32` host memory.
+    pub fn value_f32(&self) -> Result<&'a [f32]> {
+        match self.value {
+            Buf::Host(h) if h.dtype() == DType::F32 => h.as_slice::<f32>(),
+            v => Err(not_host_f32(
+                "ParamRef::value_f32",
+                self.name,
+                "value",
+                v.dtype(),
+                v.device(),
+            )),
+        }
+    }
+
+    /// The gradient as an `f32` host slice.
+    ///
+    /// # Errors
+    /// As [`value_f32`](Self::value_f32), for the gradient.
+    pub fn grad_f32(&self) -> Result<&'a [f32]> {
+        match self.grad {
+            Buf::Host(h) if h.dtype() == DType::F32 => h.as_slice::<f32>(),
+            g => Err(not_host_f32(
+                "ParamRef::grad_f32",
+                self.name,
+                "gradient",
+                g.dtype(),
+                g.device(),
+            )),
+        }
+    }
+}
+
+impl<'a> ParamMut<'a> {
+    /// A parameter whose values and gradient are host slices.
+    pub fn host<T: Element, G: Element>(
+        name: &'a str,
+        value: &'a mut [T],
+        grad: &'a mut [G],
+    ) -> Self {
+        ParamMut {
+            name,
+            value: BufMut::from(value),
+            grad: BufMut::from(grad),
+        }
+    }
+
+    /// The values as an `f32` host slice, with the gradient as it is
+    /// (a host view of any float type: read it with
+    /// [`host_to_f32`](super::host_to_f32)).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming the parameter when the values
+    /// are not `f32` host memory or the gradient is on a device.
+    pub fn host_f32_value(&mut self) -> Result<(&mut [f32], HostBuf<'_>)> {
+        let name = self.name;
+        let grad = match &self.grad {
+            BufMut::Host(h) => h.as_buf(),
+            BufMut::Device(d) => {
+                return Err(not_host_f32(
+                    "optimizer step",
+                    name,
+                    "gradient",
+                    d.dtype(),
+                    d.device(),
+                ))
+            }
+        };
+        let (dt, dev) = (self.value.dtype(), self.value.device());
+        match &mut self.value {
+            BufMut::Host(h) if dt == DType::F32 => Ok((h.as_mut_slice::<f32>()?, grad)),
+            _ => Err(not_host_f32("optimizer step", name, "value", dt, dev)),
+        }
+    }
+
+    /// Values and gradient as `f32` host slices.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming the parameter when either is
+    /// not `f32` host memory.
+    pub fn f32_mut(&mut self) -> Result<(&mut [f32], &mut [f32])> {
+        let name = self.name;
+        let op = "ParamMut::f32_mut";
+        let (vt, vd) = (self.value.dtype(), self.value.device());
+        let (gt, gd) = (self.grad.dtype(), self.grad.device());
+        let v = match &mut self.value {
+            BufMut::Host(h) if vt == DType::F32 => h.as_mut_slice::<f32>()?,
+            _ => return Err(not_host_f32(op, name, "value", vt, vd)),
+        };
+        let g = match &mut self.grad {
+            BufMut::Host(h) if gt == DType::F32 => h.as_mut_slice::<f32>()?,
+            _ => return Err(not_host_f32(op, name, "gradient", gt, gd)),
+        };
+        Ok((v, g))
+    }
+}
+
+/// A model as the training loop sees it: named parameters, each with a
+/// gradient, as views of the framework's memory (host or device, any float
+/// element type).
 ///
 /// # Requires
 /// * Both visitors visit the same parameters in the same order, and that
 ///   order is identical on every rank (it decides the gradient buckets).
 /// * Names are unique; they are the tensor names in checkpoints.
 /// * `grad.len() == value.len()` for every parameter.
+/// * Gradients are floating point (f16, bf16, f32, f64).
+/// * Device views come with [`grad_kernels`](Self::grad_kernels): the
+///   training loop cannot touch device memory itself.
 ///
 /// The framework computes gradients itself (autograd or by hand) into the
 /// gradient buffers; accel averages them across ranks
-/// ([`PreparedModel`](super::PreparedModel)), and the [`Optimizer`] reads
+/// ([`PreparedModel`](super::PreparedModel)) in buckets grouped by
+/// (device, dtype), unscales and clips them, and the [`Optimizer`] reads
 /// them.
 pub trait Parameters {
     /// Call `f` once per parameter, in order.
@@ -52,6 +184,13 @@ pub trait Parameters {
         let mut n = 0;
         self.visit_params(&mut |p| n += p.value.len());
         n
+    }
+
+    /// The device kernels for this model's device memory (copying into
+    /// and out of bucket buffers, scaling, norms, clamping); `None` (the
+    /// default) for a model whose views are all host memory.
+    fn grad_kernels(&self) -> Option<Arc<dyn GradKernels>> {
+        None
     }
 }
 
@@ -74,7 +213,7 @@ pub trait Optimizer {
 
     /// Clear the gradients.
     fn zero_grad(&mut self, params: &mut dyn Parameters) {
-        params.visit_params_mut(&mut |p| p.grad.fill(0.0));
+        super::grads::zero_grads(params);
     }
 
     /// The learning rate in use.

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{BufMut, Error, ErrorKind, Result};
 use accel_sharding::{
     parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
     write_file_synced, AccumulatorState, CheckpointDir, CheckpointWriter, Manifest, SamplerState,
@@ -17,6 +17,7 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
 use super::adapters::{Dataset, Optimizer, Parameters, Scheduler, StateDict, Stateful, Tensor};
+use super::grads;
 use super::prepare::{PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler};
 use super::rng::Rng;
 use crate::{Accelerator, CollectivesExt};
@@ -95,44 +96,61 @@ impl<M: Parameters> Checkpointed for PreparedModel<M> {
     fn checkpoint_state(&self) -> Result<StateDict> {
         let mid_group = self.shared.lock().accumulator.state().step != 0;
         let mut s = StateDict::default();
+        let k = self.model.grad_kernels();
+        let k = k.as_deref();
+        let mut err = None;
         self.model.visit_params(&mut |p| {
-            s.put_tensor(p.name, p.value.to_vec());
-            if mid_group {
-                s.put_tensor(format!("{GRAD_PREFIX}{}", p.name), p.grad.to_vec());
+            if err.is_some() {
+                return;
+            }
+            let r = (|| {
+                s.put_tensor(p.name, grads::read_f32(k, p.name, p.value)?);
+                if mid_group {
+                    s.put_tensor(
+                        format!("{GRAD_PREFIX}{}", p.name),
+                        grads::read_f32(k, p.name, p.grad)?,
+                    );
+                }
+                Ok(())
+            })();
+            if let Err(e) = r {
+                err = Some(e);
             }
         });
-        Ok(s)
+        err.map_or(Ok(s), Err)
     }
     fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
+        let k = self.model.grad_kernels();
+        let k = k.as_deref();
         let mut err = None;
         self.model.visit_params_mut(&mut |p| {
             if err.is_some() {
                 return;
             }
-            let fill = |dst: &mut [f32], t: &Tensor, what: &str| {
+            let name = p.name;
+            let fill = |dst: BufMut<'_>, t: &Tensor, what: &str| {
                 if t.data.len() != dst.len() {
                     return Err(Error::new(
                         ErrorKind::Corrupt,
                         format!(
-                            "{what} {:?} has {} values in the checkpoint, the model has {}",
-                            p.name,
+                            "{what} {name:?} has {} values in the checkpoint, the model has {}",
                             t.data.len(),
                             dst.len()
                         ),
                     ));
                 }
-                dst.copy_from_slice(&t.data);
-                Ok(())
+                grads::write_f32(k, name, dst, &t.data)
             };
             let r = state
-                .tensor(p.name)
+                .tensor(name)
                 .and_then(|t| fill(p.value, t, "parameter"));
+            let mut grad = p.grad;
             let r = r.and_then(
-                |()| match state.tensors.get(&format!("{GRAD_PREFIX}{}", p.name)) {
-                    Some(t) => fill(p.grad, t, "gradient"),
+                |()| match state.tensors.get(&format!("{GRAD_PREFIX}{name}")) {
+                    Some(t) => fill(grad, t, "gradient"),
                     None => {
-                        p.grad.fill(0.0);
-                        Ok(())
+                        let zeros = vec![0.0; grad.len()];
+                        grads::write_f32(k, name, grad.reborrow(), &zeros)
                     }
                 },
             );
@@ -206,6 +224,9 @@ struct Meta {
     accumulator: AccumulatorState,
     objects: Vec<String>,
     custom_objects: usize,
+    /// The fp16 loss scaler (absent outside fp16 and in older checkpoints).
+    #[serde(default)]
+    scaler: Option<super::amp::GradScaler>,
 }
 
 /// `tensors` as a safetensors file of `f32` (with `metadata` in its header).
@@ -504,6 +525,7 @@ impl Accelerator {
                 accumulator: st.accumulator.state(),
                 objects: objects.iter().map(|o| o.checkpoint_key()).collect(),
                 custom_objects: st.registered.len(),
+                scaler: st.amp.scaler,
             };
             (meta, st.registered.clone())
         };
@@ -853,6 +875,12 @@ impl Accelerator {
             st.accumulator.load_state(meta.accumulator);
             st.decision = None;
         }
+        if let (Some(saved), Some(scaler)) = (meta.scaler, st.amp.scaler.as_mut()) {
+            // The saved scale and tracker; the settings stay this run's.
+            scaler.scale = saved.scale;
+            scaler.growth_tracker = saved.growth_tracker;
+        }
+        st.amp.unscaled = None;
         let numbered = dir
             .file_name()
             .and_then(|n| parse_checkpoint_name(&n.to_string_lossy()));

@@ -1,10 +1,13 @@
 //! Gradient accumulation and bucketed gradient averaging.
 
-use accel_api::{CommunicatorExt, ReduceOp, Result};
+use accel_api::{Communicator, CommunicatorExt, Error, ReduceOp, Result};
 use accel_sharding::StepDecision;
 
 use super::adapters::Parameters;
+use super::amp::MixedPrecision;
+use super::grads::{self, BucketPlan, Reduce};
 use super::prepare::{Batch, PreparedModel};
+use super::TrainShared;
 use crate::Accelerator;
 
 impl<M: Parameters> PreparedModel<M> {
@@ -13,15 +16,28 @@ impl<M: Parameters> PreparedModel<M> {
     /// Collective.
     ///
     /// # Behavior
-    /// Gradients are copied into one flat buffer in visiting order and
-    /// all-reduced in buckets of at most `bucket_cap_bytes`
-    /// ([`TrainConfig`](super::TrainConfig)); as in DDP a parameter is never
-    /// split across buckets, so one larger than the cap gets a bucket of its
-    /// own. The average is the engine's `Avg` where declared, else a sum
-    /// divided by the world size. On one rank nothing is communicated.
+    /// The gradient views are grouped by (device, dtype), in visiting order
+    /// within a group, into buckets of at most `bucket_cap_bytes`
+    /// ([`TrainConfig`](super::TrainConfig)); as in DDP a gradient is never
+    /// split across buckets, so one larger than the cap gets a bucket of
+    /// its own. A bucket of one gradient is all-reduced in the gradient's
+    /// own memory (no copy); a bucket of several goes through one bucket
+    /// buffer on their device (host staging for host views, memory from the
+    /// model's [`GradKernels`](super::GradKernels) for device views), never
+    /// through the host for device memory. Gradients travel in their own
+    /// dtype, or as bf16/f16 with
+    /// [`TrainConfig::gradient_compression`](super::TrainConfig::gradient_compression)
+    /// (f32 host gradients only). The average is the engine's `Avg` where
+    /// declared, else a sum divided by the world size. On one rank nothing
+    /// is communicated.
     ///
     /// # Errors
-    /// The communicator's (timeout, lost peer, ...).
+    /// The communicator's (timeout, lost peer, ...);
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for an integer gradient;
+    /// [`ErrorKind::Unsupported`](accel_api::ErrorKind::Unsupported) for
+    /// device gradients of a model without kernels when they need a bucket
+    /// buffer or a division.
     pub fn all_reduce_gradients(&mut self) -> Result<()> {
         let world = self.comm.world_size();
         self.syncs += 1;
@@ -29,51 +45,63 @@ impl<M: Parameters> PreparedModel<M> {
             self.last_buckets = 0;
             return Ok(());
         }
-        let cap = (self.shared.lock().config.bucket_cap_bytes / 4).max(1);
-        let mut sizes = Vec::new();
-        let flat = &mut self.flat;
-        flat.clear();
-        self.model.visit_params(&mut |p| {
-            flat.extend_from_slice(p.grad);
-            sizes.push(p.grad.len());
-        });
-        let native_avg = self.comm.capabilities().reduce_ops.contains(&ReduceOp::Avg);
-        let op = if native_avg {
-            ReduceOp::Avg
-        } else {
-            ReduceOp::Sum
+        let (cap, compress) = {
+            let st = self.shared.lock();
+            (st.config.bucket_cap_bytes, st.config.gradient_compression)
         };
-        let mut buckets = 0;
-        let (mut start, mut len) = (0usize, 0usize);
-        let mut flush = |start: usize, len: usize, flat: &mut [f32]| -> Result<()> {
-            buckets += 1;
-            self.comm
-                .all_reduce_slice(&mut flat[start..start + len], op)
+        let plan = BucketPlan::new(&self.model, cap)?;
+        let how = Reduce {
+            world,
+            native_avg: self.comm.capabilities().reduce_ops.contains(&ReduceOp::Avg),
+            compress,
         };
-        for s in sizes {
-            if len > 0 && len + s > cap {
-                flush(start, len, flat)?;
-                start += len;
-                len = 0;
-            }
-            len += s;
-        }
-        if len > 0 {
-            flush(start, len, flat)?;
-        }
-        if !native_avg {
-            let inv = 1.0 / world as f32;
-            flat.iter_mut().for_each(|g| *g *= inv);
-        }
-        self.last_buckets = buckets;
-        let mut off = 0;
-        self.model.visit_params_mut(&mut |p| {
-            let n = p.grad.len();
-            p.grad.copy_from_slice(&flat[off..off + n]);
-            off += n;
-        });
+        let report = grads::all_reduce_gradients(
+            &*self.comm,
+            &mut self.model,
+            &plan,
+            &mut self.staging,
+            how,
+        )?;
+        self.last_buckets = report.buckets;
+        self.last_in_place = report.in_place;
         Ok(())
     }
+}
+
+/// Unscale the gradients once per optimizer step in fp16 and agree on the
+/// overflow flag across ranks; `false` without a loss scaler.
+pub(crate) fn unscale_once(
+    shared: &TrainShared,
+    comm: &dyn Communicator,
+    model: &mut dyn Parameters,
+) -> Result<bool> {
+    let (scale, done) = {
+        let st = shared.lock();
+        (st.amp.scaler.map(|s| s.scale), st.amp.unscaled)
+    };
+    let Some(scale) = scale else {
+        return Ok(false);
+    };
+    if let Some(found) = done {
+        return Ok(found);
+    }
+    let local = grads::scale_and_check(model, 1.0 / scale)?;
+    // Agreed across ranks, whatever the gradients' synchronisation did.
+    // f32 Sum: the one reduction every backend declares (as check_trigger).
+    let mut flag = [if local { 1.0f32 } else { 0.0 }];
+    if comm.world_size() > 1 {
+        comm.all_reduce_slice(&mut flag, ReduceOp::Sum)?;
+    }
+    let found = flag[0] > 0.0;
+    if found {
+        tracing::debug!(
+            scale,
+            local_overflow = local,
+            "fp16: gradients overflowed; the step will be skipped"
+        );
+    }
+    shared.lock().amp.unscaled = Some(found);
+    Ok(found)
 }
 
 impl Accelerator {
@@ -120,8 +148,9 @@ impl Accelerator {
     ///
     /// # Behavior
     /// `f` gets the model and the loss scale, `1 / k` (Accelerate divides
-    /// the loss by the accumulation steps, also in a short final group); it
-    /// must *add* its scaled gradients to the gradient buffers. Afterwards,
+    /// the loss by the accumulation steps, also in a short final group),
+    /// times the fp16 loss scaler's scale in fp16; it must *add* the
+    /// gradients of `loss * scale` to the gradient buffers. Afterwards,
     /// when the decision's `all_reduce` is set, the gradients are averaged
     /// across ranks ([`PreparedModel::all_reduce_gradients`]); inside an
     /// accumulation group they are left local (DDP's `no_sync`). Returns
@@ -134,8 +163,13 @@ impl Accelerator {
         model: &mut PreparedModel<M>,
         f: impl FnOnce(&mut M, f32) -> R,
     ) -> Result<R> {
-        let d = super::shared(self).decision();
-        let out = f(&mut model.model, 1.0 / d.loss_divisor.max(1) as f32);
+        let shared = super::shared(self);
+        let d = shared.decision();
+        let loss_scale = shared.lock().amp.loss_scale();
+        let out = f(
+            &mut model.model,
+            (loss_scale / d.loss_divisor.max(1) as f64) as f32,
+        );
         if d.all_reduce {
             model.all_reduce_gradients()?;
         }
@@ -150,5 +184,103 @@ impl Accelerator {
         f: impl FnOnce(&mut M) -> R,
     ) -> R {
         f(&mut model.model)
+    }
+}
+
+impl Accelerator {
+    /// The mixed-precision mode in force ([`TrainConfig::mixed_precision`](super::TrainConfig::mixed_precision)
+    /// resolved against `accel launch --mixed-precision`).
+    pub fn mixed_precision(&self) -> MixedPrecision {
+        super::shared(self).lock().amp.mode
+    }
+
+    /// The fp16 loss scaler's state (`None` outside fp16).
+    pub fn grad_scaler(&self) -> Option<super::GradScaler> {
+        super::shared(self).lock().amp.scaler
+    }
+
+    /// Whether the last optimizer step was skipped because some rank's
+    /// gradients were infinite or NaN (Accelerate's
+    /// `optimizer_step_was_skipped`). The same on every rank.
+    pub fn optimizer_step_was_skipped(&self) -> bool {
+        super::shared(self).lock().amp.skipped
+    }
+
+    /// Divide the gradients by the fp16 loss scale now (Accelerate's
+    /// `unscale_gradients`), once per optimizer step: later calls, and the
+    /// optimizer step, do not divide again. Returns whether any rank found
+    /// an infinite or NaN gradient (then the step will be skipped on every
+    /// rank). Does nothing outside fp16. Collective in fp16 on more than
+    /// one rank.
+    ///
+    /// # Errors
+    /// The communicator's; device gradients without kernels.
+    pub fn unscale_gradients<M: Parameters>(&self, model: &mut PreparedModel<M>) -> Result<bool> {
+        unscale_once(super::shared(self), &**self.comm(), &mut model.model)
+    }
+
+    /// Clip the gradients to a total `norm_type`-norm of at most
+    /// `max_norm` and return the total norm before clipping (torch's
+    /// `clip_grad_norm_`, Accelerate's `clip_grad_norm_`). `norm_type` is
+    /// 1, 2, any positive number, or `f64::INFINITY` (the largest
+    /// magnitude).
+    ///
+    /// # Behavior
+    /// In fp16 the gradients are unscaled first (once per step). The norm
+    /// is computed over this rank's gradients: call it on synchronising
+    /// batches ([`sync_gradients`](Self::sync_gradients)), where the
+    /// gradients were averaged and are identical on every rank, so every
+    /// rank gets the same norm and clips alike. The gradients are scaled by
+    /// `max_norm / (norm + 1e-6)` when that is below 1. An infinite or NaN
+    /// norm leaves the gradients as they are (in fp16 the step is then
+    /// skipped); the norm is returned either way.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for a `max_norm` or `norm_type` that is not a positive number; the
+    /// communicator's (fp16 agreement); device gradients without kernels.
+    pub fn clip_grad_norm<M: Parameters>(
+        &self,
+        model: &mut PreparedModel<M>,
+        max_norm: f64,
+        norm_type: f64,
+    ) -> Result<f64> {
+        let valid = max_norm > 0.0 && max_norm.is_finite() && norm_type > 0.0;
+        if !valid {
+            return Err(Error::invalid_argument(
+                "clip_grad_norm",
+                format!("max_norm {max_norm} and norm_type {norm_type}: both must be positive (norm_type may be infinite)"),
+            )
+            .with_fix("e.g. clip_grad_norm(&mut model, 1.0, 2.0)"));
+        }
+        unscale_once(super::shared(self), &**self.comm(), &mut model.model)?;
+        let total = grads::total_norm(&model.model, norm_type)?;
+        let coef = max_norm / (total + 1e-6);
+        if total.is_finite() && coef < 1.0 {
+            grads::scale_all(&mut model.model, coef, "clip_grad_norm")?;
+        }
+        Ok(total)
+    }
+
+    /// Clamp every gradient element into `[-clip_value, clip_value]`
+    /// (torch's `clip_grad_value_`), after unscaling in fp16.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for a negative or NaN `clip_value`; as
+    /// [`clip_grad_norm`](Self::clip_grad_norm) otherwise.
+    pub fn clip_grad_value<M: Parameters>(
+        &self,
+        model: &mut PreparedModel<M>,
+        clip_value: f64,
+    ) -> Result<()> {
+        if clip_value.is_nan() || clip_value < 0.0 {
+            return Err(Error::invalid_argument(
+                "clip_grad_value",
+                format!("clip_value {clip_value} must be a number at least 0"),
+            ));
+        }
+        unscale_once(super::shared(self), &**self.comm(), &mut model.model)?;
+        grads::clamp_all(&mut model.model, clip_value)
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! | trait | what the framework provides |
 //! |---|---|
-//! | [`Parameters`] | the model: every parameter with its gradient buffer, in a fixed order |
+//! | [`Parameters`] | the model: every parameter with its gradient, as views (host or device, any float type), in a fixed order; [`GradKernels`] for device memory |
 //! | [`Optimizer`] | one update step over [`Parameters`], a learning rate, optional state |
 //! | [`Scheduler`] | one schedule step and the learning rate it gives |
 //! | [`Dataset`] | `len` and `get(index)` for a map-style dataset |
@@ -25,8 +25,8 @@
 //! use accel::train::*;
 //! # struct Lin { w: Vec<f32>, g: Vec<f32> }
 //! # impl Parameters for Lin {
-//! #   fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) { f(ParamRef { name: "w", value: &self.w, grad: &self.g }) }
-//! #   fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) { f(ParamMut { name: "w", value: &mut self.w, grad: &mut self.g }) }
+//! #   fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) { f(ParamRef::host("w", &self.w, &self.g)) }
+//! #   fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) { f(ParamMut::host("w", &mut self.w, &mut self.g)) }
 //! # }
 //! # struct Data;
 //! # impl Dataset for Data { type Item = (f32, f32); fn len(&self) -> usize { 64 } fn get(&self, i: usize) -> (f32, f32) { (i as f32, 2.0 * i as f32) } }
@@ -51,7 +51,10 @@
 //!         }
 //!         loss
 //!     })?;
-//!     opt.step(&mut model)?;      // only when step.optimizer_step
+//!     if step.sync_gradients {
+//!         acc.clip_grad_norm(&mut model, 1.0, 2.0)?; // the total norm before clipping
+//!     }
+//!     opt.step(&mut model)?;      // only when step.optimizer_step (skipped in fp16 on overflow)
 //!     sched.step(&mut opt);       // num_processes times per optimizer step
 //!     opt.zero_grad(&mut model);  // only when step.zero_grad
 //!     let mean = acc.reduce(&[loss], "mean")?;
@@ -68,9 +71,11 @@
 //! `accel-sharding` crate docs.
 
 mod adapters;
+mod amp;
 mod checkpoint;
 mod control;
 mod grad_sync;
+mod grads;
 mod iterable;
 mod metrics;
 mod model_io;
@@ -88,8 +93,10 @@ pub use adapters::{
     DataLoader, Dataset, Optimizer, ParamMut, ParamRef, Parameters, Scheduler, StateDict, Stateful,
     Tensor,
 };
+pub use amp::{GradScaler, GradScalerConfig, MixedPrecision, MIXED_PRECISION_ENV};
 pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
 pub use control::RngGuard;
+pub use grads::{host_from_f32, host_to_f32, zero_grads, DeviceScratch, GradKernels, GradStats};
 pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
 pub use model_io::{DEFAULT_MAX_SHARD_SIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME};
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
@@ -111,7 +118,7 @@ pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
 /// with [`Accelerator::with_training`](crate::Accelerator::with_training).
 ///
 /// Every field has Accelerate's default.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainConfig {
     /// `k`: batches per optimizer step (Accelerate's
     /// `gradient_accumulation_steps`); at least 1.
@@ -143,6 +150,23 @@ pub struct TrainConfig {
     pub bucket_cap_bytes: usize,
     /// Keep at most this many automatically named checkpoints (default: all).
     pub total_limit: Option<usize>,
+    /// Mixed precision (Accelerate's `mixed_precision`). `None` (the
+    /// default) takes what `accel launch --mixed-precision` set
+    /// ([`MIXED_PRECISION_ENV`]), else [`MixedPrecision::No`]. In fp16 the
+    /// loss scale handed to [`Accelerator::backward`](crate::Accelerator::backward)
+    /// includes the [`GradScaler`]'s scale, gradients are unscaled before
+    /// clipping and stepping, and a step with an infinite or NaN gradient
+    /// on any rank is skipped on every rank.
+    #[serde(default)]
+    pub mixed_precision: Option<MixedPrecision>,
+    /// The fp16 loss scaler's settings (torch's `GradScaler` defaults).
+    #[serde(default)]
+    pub grad_scaler: GradScalerConfig,
+    /// Communicate f32 host gradients as `bf16` (or `f16`) and average in
+    /// f32 (DDP's bf16 compression hook): half the traffic, gradients
+    /// rounded to 8 significant bits. `None` (default): in their own dtype.
+    #[serde(default)]
+    pub gradient_compression: Option<accel_api::DType>,
 }
 
 impl Default for TrainConfig {
@@ -157,6 +181,9 @@ impl Default for TrainConfig {
             step_scheduler_with_optimizer: true,
             bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
             total_limit: None,
+            mixed_precision: None,
+            grad_scaler: GradScalerConfig::default(),
+            gradient_compression: None,
         }
     }
 }
@@ -220,6 +247,8 @@ pub(crate) struct TrainState {
     pub(crate) trigger: bool,
     pub(crate) prepared: [usize; 4],
     pub(crate) registered: Vec<SharedStateful>,
+    /// Mixed precision and the fp16 loss scaler.
+    pub(crate) amp: amp::AmpState,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -236,6 +265,10 @@ impl TrainShared {
         let config = TrainConfig::default();
         let accumulator = GradientAccumulator::new(config.accumulation(world_size.max(1)))
             .expect("the default accumulation config is valid");
+        let mode = MixedPrecision::from_env().unwrap_or_else(|e| {
+            tracing::warn!("{e}; training without mixed precision");
+            MixedPrecision::No
+        });
         TrainShared {
             world_size: world_size.max(1),
             inner: Mutex::new(TrainState {
@@ -246,6 +279,7 @@ impl TrainShared {
                 trigger: false,
                 prepared: [0; 4],
                 registered: Vec::new(),
+                amp: amp::AmpState::new(mode, GradScalerConfig::default()),
             }),
             rng: Mutex::new(control::RngSlot::new()),
             trackers: Mutex::new(Vec::new()),
@@ -269,7 +303,25 @@ impl TrainShared {
                 "bucket_cap_bytes is 0; use at least 4 (one f32)",
             ));
         }
+        config.grad_scaler.check()?;
+        if let Some(c) = config.gradient_compression {
+            if !matches!(c, accel_api::DType::BF16 | accel_api::DType::F16) {
+                return Err(Error::invalid_config(
+                    "gradient_compression",
+                    c.name(),
+                    "gradients are communicated compressed as bf16 or f16 only",
+                )
+                .with_fix("use Some(DType::BF16), Some(DType::F16) or None"));
+            }
+        }
+        let mode = match config.mixed_precision {
+            Some(m) => m,
+            None => MixedPrecision::from_env()?,
+        };
         let mut st = self.lock();
+        if st.amp.mode != mode || st.amp.scaler.map(|s| s.config) != Some(config.grad_scaler) {
+            st.amp = amp::AmpState::new(mode, config.grad_scaler);
+        }
         st.config = config;
         st.accumulator = accumulator;
         st.decision = None;

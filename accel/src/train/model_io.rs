@@ -145,13 +145,26 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
     let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
     let mut order: Vec<(String, u64)> = Vec::new();
     let mut dup = None;
+    let mut failed = None;
+    let k = model.grad_kernels();
+    let k = k.as_deref();
     model.visit_params(&mut |p| {
-        let t = Tensor::from_vec(p.value.to_vec());
+        let data = match super::grads::read_f32(k, p.name, p.value) {
+            Ok(d) => d,
+            Err(e) => {
+                failed.get_or_insert(e);
+                return;
+            }
+        };
+        let t = Tensor::from_vec(data);
         if tensors.insert(p.name.to_string(), t).is_some() {
             dup.get_or_insert_with(|| p.name.to_string());
         }
         order.push((p.name.to_string(), 4 * p.value.len() as u64));
     });
+    if let Some(e) = failed {
+        return Err(e);
+    }
     if let Some(name) = dup {
         return Err(Error::invalid_argument(
             OP,
@@ -285,6 +298,8 @@ fn fill_model<P: Parameters + ?Sized>(
     dir: &Path,
 ) -> Result<()> {
     let mut err = None;
+    let k = model.grad_kernels();
+    let k = k.as_deref();
     model.visit_params_mut(&mut |p| {
         if err.is_some() {
             return;
@@ -306,7 +321,11 @@ fn fill_model<P: Parameters + ?Sized>(
                     p.value.len()
                 )))
             }
-            Some(t) => p.value.copy_from_slice(&t.data),
+            Some(t) => {
+                if let Err(e) = super::grads::write_f32(k, p.name, p.value, &t.data) {
+                    err = Some(e);
+                }
+            }
         }
     });
     if let Some(e) = err {

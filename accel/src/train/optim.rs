@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use accel_api::{Error, ErrorKind, Result};
 
 use super::adapters::{Optimizer, Parameters, Scheduler, StateDict};
+use super::grads::host_to_f32;
 
 /// Stochastic gradient descent with optional momentum and weight decay
 /// (PyTorch's `SGD`: `b = momentum * b + (g + wd * w)`, `w -= lr * b`).
@@ -49,37 +50,59 @@ impl Sgd {
 }
 
 impl Optimizer for Sgd {
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming the parameter when its values
+    /// are not `f32` host memory, its gradient is on a device, or the
+    /// lengths differ. Gradients of any float type are read in f32.
     fn step(&mut self, params: &mut dyn Parameters) -> Result<()> {
         let lr = self.lr as f32;
         let (mom, wd) = (self.momentum, self.weight_decay);
         let mut bad = None;
         let buffers = &mut self.buffers;
-        params.visit_params_mut(&mut |p| {
-            if p.grad.len() != p.value.len() {
-                bad.get_or_insert(p.name.to_string());
+        params.visit_params_mut(&mut |mut p| {
+            if bad.is_some() {
+                return;
+            }
+            let name = p.name;
+            let (value, grad) = match p.host_f32_value() {
+                Ok(v) => v,
+                Err(e) => {
+                    bad = Some(e);
+                    return;
+                }
+            };
+            let grad = match host_to_f32(grad) {
+                Ok(g) => g,
+                Err(e) => {
+                    bad = Some(e);
+                    return;
+                }
+            };
+            if grad.len() != value.len() {
+                bad = Some(Error::invalid_argument(
+                    "optimizer step",
+                    format!("parameter {name:?} has a gradient of another length"),
+                ));
                 return;
             }
             if mom == 0.0 {
-                for (w, g) in p.value.iter_mut().zip(p.grad.iter()) {
+                for (w, g) in value.iter_mut().zip(grad.iter()) {
                     *w -= lr * (*g + wd * *w);
                 }
                 return;
             }
-            let first = !buffers.contains_key(p.name);
+            let first = !buffers.contains_key(name);
             let b = buffers
-                .entry(p.name.to_string())
-                .or_insert_with(|| vec![0.0; p.value.len()]);
-            for ((w, g), b) in p.value.iter_mut().zip(p.grad.iter()).zip(b.iter_mut()) {
+                .entry(name.to_string())
+                .or_insert_with(|| vec![0.0; value.len()]);
+            for ((w, g), b) in value.iter_mut().zip(grad.iter()).zip(b.iter_mut()) {
                 let d = *g + wd * *w;
                 *b = if first { d } else { mom * *b + d };
                 *w -= lr * *b;
             }
         });
-        if let Some(name) = bad {
-            return Err(Error::invalid_argument(
-                "optimizer step",
-                format!("parameter {name:?} has a gradient of another length"),
-            ));
+        if let Some(e) = bad {
+            return Err(e);
         }
         self.steps += 1;
         Ok(())
@@ -220,18 +243,10 @@ mod tests {
     }
     impl Parameters for P {
         fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-            f(ParamRef {
-                name: "w",
-                value: &self.w,
-                grad: &self.g,
-            })
+            f(ParamRef::host("w", &self.w, &self.g))
         }
         fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-            f(ParamMut {
-                name: "w",
-                value: &mut self.w,
-                grad: &mut self.g,
-            })
+            f(ParamMut::host("w", &mut self.w, &mut self.g))
         }
     }
 

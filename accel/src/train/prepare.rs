@@ -3,10 +3,11 @@
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use accel_api::{Communicator, CommunicatorExt, Result, Wrapper};
+use accel_api::{Communicator, Result, Wrapper};
 use accel_sharding::{LoaderConfig, SamplerState, ShardedLoader};
 
 use super::adapters::{DataLoader, Dataset, Optimizer, Parameters, Scheduler};
+use super::grads::Staging;
 use super::{Kind, TrainShared};
 use crate::Accelerator;
 
@@ -127,9 +128,10 @@ pub struct PreparedModel<M: Parameters> {
     pub(crate) key: String,
     pub(crate) comm: Arc<dyn Communicator>,
     pub(crate) shared: Arc<TrainShared>,
-    pub(crate) flat: Vec<f32>,
+    pub(crate) staging: Staging,
     pub(crate) syncs: u64,
     pub(crate) last_buckets: usize,
+    pub(crate) last_in_place: usize,
 }
 
 impl<M: Parameters> std::fmt::Debug for PreparedModel<M> {
@@ -146,19 +148,23 @@ wrapper_impls!(PreparedModel, Parameters, model);
 
 impl<M: Parameters> Prepare<PreparedModel<M>> for M {
     /// Wraps the model and, like DDP, copies the main process's parameter
-    /// values to every rank (one broadcast), so all ranks start equal.
-    /// Collective on more than one rank.
+    /// values to every rank (one broadcast per parameter, in the values'
+    /// own memory), so all ranks start equal. Collective on more than one
+    /// rank.
     fn prepare_with(mut self, acc: &Accelerator) -> Result<PreparedModel<M>> {
         if acc.world_size() > 1 {
-            let mut flat = Vec::with_capacity(self.num_params());
-            self.visit_params(&mut |p| flat.extend_from_slice(p.value));
-            acc.comm().broadcast_slice(&mut flat, 0)?;
-            let mut off = 0;
+            let comm = acc.comm();
+            let mut err = None;
             self.visit_params_mut(&mut |p| {
-                let n = p.value.len();
-                p.value.copy_from_slice(&flat[off..off + n]);
-                off += n;
+                if err.is_none() && !p.value.is_empty() {
+                    if let Err(e) = comm.broadcast(p.value, 0) {
+                        err = Some(e.with_op(format!("prepare_model: broadcast of {:?}", p.name)));
+                    }
+                }
             });
+            if let Some(e) = err {
+                return Err(e);
+            }
         }
         let shared = super::shared(acc).clone();
         Ok(PreparedModel {
@@ -166,9 +172,10 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
             key: shared.next_key(Kind::Model),
             comm: acc.comm().clone(),
             shared,
-            flat: Vec::new(),
+            staging: Staging::default(),
             syncs: 0,
             last_buckets: 0,
+            last_in_place: 0,
         })
     }
 }
@@ -189,6 +196,12 @@ impl<M: Parameters> PreparedModel<M> {
     pub fn last_sync_buckets(&self) -> usize {
         self.last_buckets
     }
+
+    /// Of those, the buckets of one gradient, all-reduced in the
+    /// gradient's own memory without a copy.
+    pub fn last_sync_in_place(&self) -> usize {
+        self.last_in_place
+    }
 }
 
 // ---------------------------------------------------------------- optimizer
@@ -199,7 +212,10 @@ pub struct PreparedOptimizer<O: Optimizer> {
     pub(crate) optimizer: O,
     pub(crate) key: String,
     pub(crate) shared: Arc<TrainShared>,
+    pub(crate) comm: Arc<dyn Communicator>,
     pub(crate) steps: u64,
+    /// The last synchronising step was skipped (fp16 overflow).
+    pub(crate) skipped: bool,
 }
 
 impl<O: Optimizer> std::fmt::Debug for PreparedOptimizer<O> {
@@ -221,7 +237,9 @@ impl<O: Optimizer> Prepare<PreparedOptimizer<O>> for O {
             optimizer: self,
             key: shared.next_key(Kind::Optimizer),
             shared,
+            comm: acc.comm().clone(),
             steps: 0,
+            skipped: false,
         })
     }
 }
@@ -230,15 +248,50 @@ impl<O: Optimizer> PreparedOptimizer<O> {
     /// Step the optimizer over `model`'s averaged gradients, if the current
     /// batch synchronises; returns whether it stepped.
     ///
+    /// # Behavior
+    /// In fp16 the gradients are unscaled first (unless
+    /// [`clip_grad_norm`](Accelerator::clip_grad_norm) or
+    /// [`unscale_gradients`](Accelerator::unscale_gradients) did it this
+    /// step) and the ranks agree whether any gradient is infinite or NaN;
+    /// if so the step is skipped on every rank, the loss scale backs off
+    /// and [`step_was_skipped`](Self::step_was_skipped) is `true`
+    /// (torch's `GradScaler.step` + `update`). Collective in fp16 on more
+    /// than one rank.
+    ///
     /// # Errors
-    /// The optimizer's.
+    /// The optimizer's; the communicator's (fp16 agreement).
     pub fn step<M: Parameters>(&mut self, model: &mut PreparedModel<M>) -> Result<bool> {
         if !self.shared.decision().optimizer_step {
+            return Ok(false);
+        }
+        let found_inf =
+            super::grad_sync::unscale_once(&self.shared, &*self.comm, &mut model.model)?;
+        {
+            let mut st = self.shared.lock();
+            let amp = &mut st.amp;
+            if let Some(scaler) = amp.scaler.as_mut() {
+                scaler.update(found_inf);
+            }
+            amp.unscaled = None;
+            amp.skipped = found_inf;
+            if found_inf {
+                amp.skipped_steps += 1;
+            }
+        }
+        self.skipped = found_inf;
+        if found_inf {
             return Ok(false);
         }
         self.optimizer.step(&mut model.model)?;
         self.steps += 1;
         Ok(true)
+    }
+
+    /// Whether the last synchronising [`step`](Self::step) was skipped
+    /// because some rank's fp16 gradients overflowed (torch's
+    /// `step_was_skipped`).
+    pub fn step_was_skipped(&self) -> bool {
+        self.skipped
     }
 
     /// Zero `model`'s gradients, if the current batch synchronises (inside an
@@ -248,6 +301,7 @@ impl<O: Optimizer> PreparedOptimizer<O> {
             return false;
         }
         self.optimizer.zero_grad(&mut model.model);
+        self.shared.lock().amp.unscaled = None;
         true
     }
 
@@ -301,9 +355,15 @@ impl<S: Scheduler> PreparedScheduler<S> {
     /// returns the number of steps. Inside an accumulation group (no step)
     /// the optimizer's rate is left alone, so the first optimizer step uses
     /// the same rate whatever the accumulation setting (as PyTorch: the rate
-    /// changes only when `scheduler.step()` runs).
+    /// changes only when `scheduler.step()` runs). After an optimizer step
+    /// skipped for an fp16 overflow the schedule does not move (as
+    /// Accelerate's `AcceleratedScheduler`).
     pub fn step<O: Optimizer>(&mut self, optimizer: &mut PreparedOptimizer<O>) -> usize {
-        let n = self.shared.decision().scheduler_steps;
+        let d = self.shared.decision();
+        if d.optimizer_step && optimizer.skipped {
+            return 0;
+        }
+        let n = d.scheduler_steps;
         for _ in 0..n {
             self.scheduler.step();
         }

@@ -52,28 +52,12 @@ impl Linear {
 
 impl Parameters for Linear {
     fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        f(ParamRef {
-            name: "w",
-            value: &self.w,
-            grad: &self.gw,
-        });
-        f(ParamRef {
-            name: "b",
-            value: &self.b,
-            grad: &self.gb,
-        });
+        f(ParamRef::host("w", &self.w, &self.gw));
+        f(ParamRef::host("b", &self.b, &self.gb));
     }
     fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        f(ParamMut {
-            name: "w",
-            value: &mut self.w,
-            grad: &mut self.gw,
-        });
-        f(ParamMut {
-            name: "b",
-            value: &mut self.b,
-            grad: &mut self.gb,
-        });
+        f(ParamMut::host("w", &mut self.w, &mut self.gw));
+        f(ParamMut::host("b", &mut self.b, &mut self.gb));
     }
 }
 

@@ -12,11 +12,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use accel::train::{
-    DataLoader, Dataset, LinearSchedule, Optimizer, Parameters, Scheduler, StateDict, Stateful,
-    TrainConfig,
+    DataLoader, Dataset, LinearSchedule, MixedPrecision, Optimizer, Parameters, Scheduler,
+    StateDict, Stateful, TrainConfig,
 };
 use accel::{Accelerator, Error, ErrorKind, Result};
-use accel_tch::{set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives};
+use accel_tch::{autocast_forward, set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
@@ -188,7 +188,12 @@ pub fn checksum(values: &[f32]) -> String {
 /// Every parameter value in visiting order.
 pub fn flat_params(model: &impl Parameters) -> Vec<f32> {
     let mut out = Vec::new();
-    model.visit_params(&mut |p| out.extend_from_slice(p.value));
+    model.visit_params(&mut |p| {
+        out.extend_from_slice(
+            p.value_f32()
+                .expect("the demo's variables are f32 CPU tensors"),
+        )
+    });
     out
 }
 
@@ -240,6 +245,11 @@ pub struct Options {
     /// Where the trackers write (`<dir>/tch-digits/metrics.jsonl` and a
     /// TensorBoard event file); `None`: no trackers.
     pub log_dir: Option<PathBuf>,
+    /// Mixed precision (`--mixed-precision no|bf16|fp16`); `None` takes
+    /// what `accel launch --mixed-precision` set.
+    pub mixed_precision: Option<MixedPrecision>,
+    /// Clip the gradients' total 2-norm to this on every optimizer step.
+    pub max_grad_norm: Option<f64>,
 }
 
 impl Default for Options {
@@ -262,6 +272,8 @@ impl Default for Options {
             stop_after: None,
             no_eval: false,
             log_dir: Some(PathBuf::from("target/tch-digits/runs")),
+            mixed_precision: None,
+            max_grad_norm: None,
         }
     }
 }
@@ -356,6 +368,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     acc.set_training_config(TrainConfig {
         gradient_accumulation_steps: opts.accumulation,
         total_limit: Some(opts.keep),
+        mixed_precision: opts.mixed_precision,
         ..TrainConfig::default()
     })?;
     // The same seed on every rank: identical initial weights (prepare also
@@ -366,6 +379,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             log(&m)
         }
     };
+    say(format!("mixed precision {}", acc.mixed_precision()));
     if let Some(dir) = &opts.log_dir {
         let config: std::collections::BTreeMap<&str, f64> = [
             ("world_size", acc.world_size() as f64),
@@ -458,14 +472,19 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             let step = acc.accumulate(&batch);
             let (x, y) = train_data.collate(&batch.items);
             let mut sync_start = None;
-            let loss = acc.backward(&mut model, |_, scale| {
-                let loss = net.forward(&x).cross_entropy_for_logits(&y);
+            let loss = acc.backward(&mut model, |_, scale| -> Result<f64> {
+                // bf16/fp16 under autocast, logits back in f32 for the loss.
+                let logits = autocast_forward(acc, tch::Device::Cpu, || net.forward(&x))?;
+                let loss = logits.cross_entropy_for_logits(&y);
                 (&loss * f64::from(scale)).backward();
                 sync_start = Some(std::time::Instant::now());
-                loss.double_value(&[])
-            })?;
+                Ok(loss.double_value(&[]))
+            })??;
             if step.all_reduce {
                 sync_acc += sync_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            }
+            if let (Some(max), true) = (opts.max_grad_norm, step.sync_gradients) {
+                acc.clip_grad_norm(&mut model, max, 2.0)?;
             }
             opt.step(&mut model)?;
             sched.step(&mut opt);

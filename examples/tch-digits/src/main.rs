@@ -25,7 +25,8 @@ const USAGE: &str = "usage: tch-digits [--data FILE] [--epochs N] [--train-len N
                   [--optimizer adamw|torch-sgd] [--no-shuffle] [--no-eval]
                   [--save-every N] [--keep N] [--checkpoint-dir DIR]
                   [--resume] [--stop-after STEP] [--threads N]
-                  [--log-dir DIR | --no-log] [--dump-params FILE]";
+                  [--log-dir DIR | --no-log] [--dump-params FILE]
+                  [--mixed-precision no|bf16|fp16] [--max-grad-norm X]";
 
 struct Extra {
     threads: Option<i32>,
@@ -77,6 +78,10 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
             "--stop-after" => o.stop_after = Some(num(flag, value()?)?),
             "--threads" => x.threads = Some(num(flag, value()?)?),
             "--dump-params" => x.dump_params = Some(PathBuf::from(value()?)),
+            "--mixed-precision" => {
+                o.mixed_precision = Some(value()?.parse().map_err(|e| format!("{flag}: {e}"))?)
+            }
+            "--max-grad-norm" => o.max_grad_norm = Some(num(flag, value()?)?),
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -84,24 +89,7 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
     Ok((o, x))
 }
 
-/// Load the system Gloo before libtorch (see build.rs): a reference from
-/// this crate's own object code to a symbol only the linker's first `-lgloo`
-/// can satisfy at that point of the command line.
-mod gloo_before_libtorch {
-    extern "C" {
-        // gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr const&);
-        // never called, only its address is taken.
-        #[link_name = "_ZN4gloo9transport3tcp12CreateDeviceERKNS1_4attrE"]
-        fn gloo_tcp_create_device();
-    }
-
-    pub fn keep() {
-        std::hint::black_box(gloo_tcp_create_device as unsafe extern "C" fn());
-    }
-}
-
 fn main() -> ExitCode {
-    gloo_before_libtorch::keep();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (opts, extra) = match parse(&args) {
         Ok(o) => o,

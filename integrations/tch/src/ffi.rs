@@ -212,3 +212,188 @@ fn device_parts(t: &Tensor, op: &str) -> Result<(u64, usize, DType, Device)> {
         Device::new(DeviceKind::Cuda, index as u32),
     ))
 }
+
+/// The libtorch device of an accel device: CPU or CUDA.
+fn tch_device(d: Device) -> Result<tch::Device> {
+    match d.kind {
+        DeviceKind::Cpu => Ok(tch::Device::Cpu),
+        DeviceKind::Cuda => Ok(tch::Device::Cuda(d.index as usize)),
+        other => Err(Error::new(
+            ErrorKind::Unsupported,
+            format!("libtorch (through tch) has no {other} device"),
+        )),
+    }
+}
+
+/// A 1-D tensor over the memory of a device view, for the duration of
+/// `f` (libtorch does not own or free it).
+///
+/// # Errors
+/// [`ErrorKind::Unsupported`] for a device libtorch does not drive or a
+/// dtype it has no kind for; libtorch's own as [`ErrorKind::Backend`].
+pub(crate) fn with_device_tensor<T>(buf: DeviceBuf<'_>, f: impl FnOnce(&Tensor) -> T) -> Result<T> {
+    let device = tch_device(buf.device())?;
+    let kind = kind_of(buf.dtype()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Unsupported,
+            format!("no libtorch kind for {}", buf.dtype()),
+        )
+    })?;
+    // SAFETY: by `DeviceBuf`'s contract `addr` points at `len` elements of
+    // `dtype` on `device`, kept alive by the owner the view borrows for
+    // longer than this call; the tensor lives only inside this call (it is
+    // dropped before we return) and, for a shared view, `f` only reads it.
+    let t = unsafe {
+        Tensor::f_from_blob(
+            buf.addr() as *const u8,
+            &[buf.len() as i64],
+            &[1],
+            kind,
+            device,
+        )
+    }
+    .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    Ok(f(&t))
+}
+
+/// As [`with_device_tensor`] for a writable view: `f` may write the tensor.
+///
+/// # Errors
+/// As [`with_device_tensor`].
+pub(crate) fn with_device_tensor_mut<T>(
+    buf: DeviceBufMut<'_>,
+    f: impl FnOnce(&mut Tensor) -> T,
+) -> Result<T> {
+    let device = tch_device(buf.device())?;
+    let kind = kind_of(buf.dtype()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Unsupported,
+            format!("no libtorch kind for {}", buf.dtype()),
+        )
+    })?;
+    // SAFETY: as in `with_device_tensor`; the view is borrowed mutably, so no
+    // other view of the memory is in use while `f` writes through the tensor.
+    let mut t = unsafe {
+        Tensor::f_from_blob(
+            buf.addr() as *const u8,
+            &[buf.len() as i64],
+            &[1],
+            kind,
+            device,
+        )
+    }
+    .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    Ok(f(&mut t))
+}
+
+/// A 1-D tensor over a host view's memory, for the duration of `f`.
+///
+/// # Errors
+/// [`ErrorKind::Unsupported`] for a dtype libtorch has no kind for.
+pub(crate) fn with_host_tensor_mut<T>(
+    buf: &mut HostBufMut<'_>,
+    f: impl FnOnce(&mut Tensor) -> T,
+) -> Result<T> {
+    let kind = kind_of(buf.dtype()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Unsupported,
+            format!("no libtorch kind for {}", buf.dtype()),
+        )
+    })?;
+    let len = buf.len() as i64;
+    let ptr = buf.bytes_mut().as_mut_ptr();
+    // SAFETY: `ptr` addresses `len` elements of `kind` borrowed mutably from
+    // `buf` for this call; the tensor is dropped before we return.
+    let mut t = unsafe { Tensor::f_from_blob(ptr, &[len], &[1], kind, tch::Device::Cpu) }
+        .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    Ok(f(&mut t))
+}
+
+/// As [`with_host_tensor_mut`], read-only.
+///
+/// # Errors
+/// As [`with_host_tensor_mut`].
+pub(crate) fn with_host_tensor<T>(buf: HostBuf<'_>, f: impl FnOnce(&Tensor) -> T) -> Result<T> {
+    let kind = kind_of(buf.dtype()).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Unsupported,
+            format!("no libtorch kind for {}", buf.dtype()),
+        )
+    })?;
+    // SAFETY: `bytes` is borrowed for this call and holds `len` elements of
+    // `kind`; `f` only reads the tensor, which is dropped before we return.
+    let t = unsafe {
+        Tensor::f_from_blob(
+            buf.bytes().as_ptr(),
+            &[buf.len() as i64],
+            &[1],
+            kind,
+            tch::Device::Cpu,
+        )
+    }
+    .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    Ok(f(&t))
+}
+
+extern "C" {
+    fn accel_tch_autocast_enter(
+        cuda: i32,
+        half: i32,
+        prev_enabled: *mut i32,
+        prev_dtype: *mut i32,
+    ) -> i32;
+    fn accel_tch_autocast_exit(cuda: i32, prev_enabled: i32, prev_dtype: i32) -> i32;
+    fn accel_tch_autocast_enabled(cuda: i32) -> i32;
+}
+
+/// The state to restore when an autocast region ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AutocastPrev {
+    cuda: i32,
+    enabled: i32,
+    dtype: i32,
+}
+
+/// Turn on libtorch's autocast for the CPU or CUDA with bf16 or f16.
+///
+/// # Errors
+/// [`ErrorKind::Backend`] when libtorch refuses.
+pub(crate) fn autocast_enter(cuda: bool, half: bool) -> Result<AutocastPrev> {
+    let (mut enabled, mut dtype) = (0i32, 0i32);
+    // SAFETY: the shim only reads its integer arguments and writes the two
+    // out-pointers, which point at live locals; it catches every C++
+    // exception.
+    let rc = unsafe {
+        accel_tch_autocast_enter(i32::from(cuda), i32::from(half), &mut enabled, &mut dtype)
+    };
+    if rc != 0 {
+        return Err(Error::new(
+            ErrorKind::Backend,
+            "libtorch refused to enable autocast",
+        ));
+    }
+    Ok(AutocastPrev {
+        cuda: i32::from(cuda),
+        enabled,
+        dtype,
+    })
+}
+
+/// End an autocast region begun by [`autocast_enter`].
+pub(crate) fn autocast_exit(prev: AutocastPrev) {
+    // SAFETY: plain integers in; the shim catches every C++ exception.
+    let rc = unsafe { accel_tch_autocast_exit(prev.cuda, prev.enabled, prev.dtype) };
+    if rc != 0 {
+        tracing_warn("libtorch failed to restore the autocast state");
+    }
+}
+
+/// Whether libtorch's autocast is on for the CPU (or CUDA).
+pub fn autocast_enabled(cuda: bool) -> bool {
+    // SAFETY: a plain integer in; the shim catches every C++ exception.
+    unsafe { accel_tch_autocast_enabled(i32::from(cuda)) == 1 }
+}
+
+fn tracing_warn(msg: &str) {
+    eprintln!("accel-tch: {msg}");
+}

@@ -7,7 +7,9 @@
 //!
 //! | piece | what it does |
 //! |---|---|
-//! | [`TchModel`] | a `VarStore`'s trainable variables as the training loop's `Parameters`: values and gradients viewed in place, averaged in buckets on synchronising batches |
+//! | [`TchModel`] | a `VarStore`'s trainable variables as the training loop's `Parameters`: values and gradients viewed in place (host views for CPU tensors, device views for CUDA ones), averaged in buckets on synchronising batches |
+//! | [`TchKernels`] | the training loop's arithmetic and bucket copies on device tensors |
+//! | [`autocast_forward`], [`autocast_with`] | the forward pass under libtorch's autocast (bf16 on the CPU; bf16/f16 on CUDA), outputs in f32 |
 //! | [`TchOptimizer`] | a `tch::nn::Optimizer` that steps only on synchronising batches and takes its learning rate from a prepared scheduler |
 //! | [`AdamW`] | an AdamW whose moments go into checkpoints (exact resume) |
 //! | [`TensorCollectives`] | `gather`, `gather_for_metrics`, `reduce`, `pad_across_processes`, all-reduce and broadcast on tensors |
@@ -53,13 +55,17 @@
 //! the rest of accel never needs libtorch (docs/adr/0004).
 
 pub mod dispatch;
+mod autocast;
 pub mod ffi;
+mod kernels;
 mod model;
 mod optim;
 mod seed;
 mod tensor_ops;
 
 pub use dispatch::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched, ModelSpec};
+pub use autocast::{autocast_enabled, autocast_forward, autocast_with};
+pub use kernels::TchKernels;
 pub use model::TchModel;
 pub use optim::{AdamW, TchOptimizer};
 pub use seed::{set_seed, set_threads_per_rank};

@@ -1,23 +1,29 @@
 //! A `tch::nn::VarStore` as the training loop's [`Parameters`].
 
-use accel::train::{ParamMut, ParamRef, Parameters};
-use accel_api::{Error, Result};
+use std::sync::Arc;
+
+use accel::train::{GradKernels, ParamMut, ParamRef, Parameters};
+use accel_api::{Buf, BufMut, Error, Result};
 use tch::nn::VarStore;
 use tch::{Kind, Tensor};
 
 use crate::ffi;
+use crate::kernels::TchKernels;
 
 /// The trainable variables of a [`VarStore`], in name order, seen by
 /// accel's training loop as [`Parameters`]: values and gradients are viewed
 /// in place (no copies) for gradient averaging, checkpoints and the
-/// broadcast that makes every rank start equal.
+/// broadcast that makes every rank start equal: host views for CPU
+/// tensors, device views (with [`TchKernels`]) for CUDA tensors.
 ///
 /// Prepare it with [`Accelerator::prepare_model`](accel::Accelerator::prepare_model);
 /// the prepared model derefs to this, which derefs to the `VarStore`.
 ///
 /// # Requires
-/// Every trainable variable is a contiguous `f32` CPU tensor (the training
-/// loop's parameters are `f32` host buffers); [`TchModel::new`] checks it.
+/// Every trainable variable is a contiguous floating-point tensor (f16,
+/// bf16, f32, f64) on the CPU or a CUDA device; [`TchModel::new`] checks
+/// it. accel's reference optimizers and [`AdamW`](crate::AdamW) need f32
+/// CPU variables; [`TchOptimizer`](crate::TchOptimizer) takes any.
 /// Non-trainable variables (batch-norm statistics, say) are neither averaged
 /// nor checkpointed by this adapter.
 ///
@@ -39,8 +45,8 @@ impl TchModel {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
-    /// naming the variable when one is not a contiguous `f32` CPU tensor, or
-    /// when there is no trainable variable.
+    /// naming the variable when one is not a contiguous floating-point
+    /// tensor on the CPU or CUDA, or when there is no trainable variable.
     pub fn new(vs: VarStore) -> Result<TchModel> {
         let mut params: Vec<(String, Tensor)> = vs
             .variables()
@@ -56,17 +62,22 @@ impl TchModel {
             .with_fix("build the model's layers in the VarStore before wrapping it"));
         }
         for (name, t) in &params {
-            if t.kind() != Kind::Float || t.device() != tch::Device::Cpu || !t.is_contiguous() {
+            let float = matches!(
+                t.kind(),
+                Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
+            );
+            let device = matches!(t.device(), tch::Device::Cpu | tch::Device::Cuda(_));
+            if !float || !device || !t.is_contiguous() {
                 return Err(Error::invalid_argument(
                     "TchModel::new",
                     format!(
-                        "variable {name:?} is {:?} on {:?}{}; the training loop takes contiguous f32 CPU parameters",
+                        "variable {name:?} is {:?} on {:?}{}; the training loop takes contiguous floating-point CPU or CUDA parameters",
                         t.kind(),
                         t.device(),
                         if t.is_contiguous() { "" } else { ", not contiguous" }
                     ),
                 )
-                .with_fix("create the VarStore on tch::Device::Cpu with f32 variables (vs.float())"));
+                .with_fix("create the VarStore on tch::Device::Cpu or Cuda(i) with float variables (vs.float(), vs.bfloat16())"));
             }
         }
         let model = TchModel { vs, params };
@@ -123,14 +134,32 @@ impl std::ops::DerefMut for TchModel {
     }
 }
 
+fn view(t: &Tensor) -> Buf<'_> {
+    if t.device() == tch::Device::Cpu {
+        Buf::Host(ffi::host_view(t).expect("checked in TchModel::new"))
+    } else {
+        Buf::Device(ffi::device_view(t).expect("checked in TchModel::new"))
+    }
+}
+
+fn view_mut(t: &mut Tensor) -> BufMut<'_> {
+    if t.device() == tch::Device::Cpu {
+        BufMut::Host(ffi::host_view_mut(t).expect("checked in TchModel::new"))
+    } else {
+        BufMut::Device(ffi::device_view_mut(t).expect("checked in TchModel::new"))
+    }
+}
+
 impl Parameters for TchModel {
     fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
         self.define_grads();
         for (name, p) in &self.params {
             let g = p.grad();
-            let value = ffi::host_slice::<f32>(p).expect("checked in TchModel::new");
-            let grad = ffi::host_slice::<f32>(&g).expect("define_grads made it a host f32 view");
-            f(ParamRef { name, value, grad });
+            f(ParamRef {
+                name,
+                value: view(p),
+                grad: view(&g),
+            });
         }
     }
 
@@ -138,14 +167,22 @@ impl Parameters for TchModel {
         self.define_grads();
         for (name, p) in &mut self.params {
             let mut g = p.grad();
-            let value = ffi::host_slice_mut::<f32>(p).expect("checked in TchModel::new");
-            let grad =
-                ffi::host_slice_mut::<f32>(&mut g).expect("define_grads made it a host f32 view");
-            f(ParamMut { name, value, grad });
+            f(ParamMut {
+                name,
+                value: view_mut(p),
+                grad: view_mut(&mut g),
+            });
         }
     }
 
     fn num_params(&self) -> usize {
         self.params.iter().map(|(_, p)| p.numel()).sum()
+    }
+
+    fn grad_kernels(&self) -> Option<Arc<dyn GradKernels>> {
+        self.params
+            .iter()
+            .any(|(_, p)| p.device() != tch::Device::Cpu)
+            .then(|| Arc::new(TchKernels) as Arc<dyn GradKernels>)
     }
 }

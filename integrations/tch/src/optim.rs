@@ -159,31 +159,49 @@ impl Optimizer for AdamW {
         let (b1, b2, eps) = (b1 as f32, b2 as f32, self.eps as f32);
         let (exp_avg, exp_avg_sq) = (&mut self.exp_avg, &mut self.exp_avg_sq);
         let mut bad = None;
-        params.visit_params_mut(&mut |p| {
-            if p.grad.len() != p.value.len() {
-                bad.get_or_insert(p.name.to_string());
+        params.visit_params_mut(&mut |mut p| {
+            if bad.is_some() {
                 return;
             }
-            let n = p.value.len();
+            let name = p.name;
+            let (value, grad) = match p.host_f32_value() {
+                Ok(v) => v,
+                Err(e) => {
+                    bad = Some(e);
+                    return;
+                }
+            };
+            let grad = match accel::train::host_to_f32(grad) {
+                Ok(g) => g,
+                Err(e) => {
+                    bad = Some(e);
+                    return;
+                }
+            };
+            if grad.len() != value.len() {
+                bad = Some(Error::invalid_argument(
+                    "AdamW step",
+                    format!("parameter {name:?} has a gradient of another length"),
+                ));
+                return;
+            }
+            let n = value.len();
             let m = exp_avg
-                .entry(p.name.to_string())
+                .entry(name.to_string())
                 .or_insert_with(|| vec![0.0; n]);
             let v = exp_avg_sq
-                .entry(p.name.to_string())
+                .entry(name.to_string())
                 .or_insert_with(|| vec![0.0; n]);
             for i in 0..n {
-                let g = p.grad[i];
+                let g = grad[i];
                 m[i] = b1 * m[i] + (1.0 - b1) * g;
                 v[i] = b2 * v[i] + (1.0 - b2) * g * g;
-                let w = p.value[i] * decay;
-                p.value[i] = w - step_size * m[i] / (v[i].sqrt() / bc2_sqrt + eps);
+                let w = value[i] * decay;
+                value[i] = w - step_size * m[i] / (v[i].sqrt() / bc2_sqrt + eps);
             }
         });
-        if let Some(name) = bad {
-            return Err(Error::invalid_argument(
-                "AdamW step",
-                format!("parameter {name:?} has a gradient of another length"),
-            ));
+        if let Some(e) = bad {
+            return Err(e);
         }
         Ok(())
     }

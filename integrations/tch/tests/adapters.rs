@@ -3,7 +3,7 @@
 //! VarStore trains through the prepared wrappers and checkpoints restore
 //! it exactly.
 
-use accel::train::{Optimizer, Parameters, TrainConfig};
+use accel::train::{GradKernels, MixedPrecision, Optimizer, Parameters, TrainConfig};
 use accel::{Accelerator, ReduceOp};
 use accel_tch::{ffi, set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives};
 use tch::nn::{self, Module};
@@ -100,18 +100,22 @@ fn var_store_parameters_are_views_with_defined_gradients() {
     let mut names = Vec::new();
     model.visit_params(&mut |p| {
         assert_eq!(p.value.len(), p.grad.len());
-        assert!(p.grad.iter().all(|&g| g == 0.0));
+        assert!(p.grad_f32().unwrap().iter().all(|&g| g == 0.0));
         names.push(p.name.to_string());
     });
     assert_eq!(names, ["a.bias", "a.weight", "b.bias", "b.weight"]);
     assert_eq!(model.num_params(), 8 + 32 + 1 + 8);
-    // f64 variables are refused with the variable's name.
+    assert!(model.grad_kernels().is_none(), "CPU tensors are host views");
+    // bf16 variables are bf16 host views.
     let vs = nn::VarStore::new(Device::Cpu);
     let _ = vs.root().zeros("w", &[2]);
     let mut vs = vs;
-    vs.double();
-    let err = TchModel::new(vs).unwrap_err();
-    assert!(err.message().contains("\"w\""), "{err}");
+    vs.bfloat16();
+    let model = TchModel::new(vs).unwrap();
+    model.visit_params(&mut |p| {
+        assert_eq!(p.value.dtype(), accel::DType::BF16);
+        assert_eq!(p.grad.dtype(), accel::DType::BF16);
+    });
 }
 
 /// Train a few steps through the prepared wrappers; return the parameters.
@@ -139,7 +143,7 @@ fn train(acc: &Accelerator, steps: usize, adamw: bool) -> (Vec<f32>, accel::trai
         opt.zero_grad(&mut model);
     }
     let mut out = Vec::new();
-    model.visit_params(&mut |p| out.extend_from_slice(p.value));
+    model.visit_params(&mut |p| out.extend_from_slice(p.value_f32().unwrap()));
     (out, opt.state_dict())
 }
 
@@ -204,7 +208,7 @@ fn checkpoints_restore_the_var_store_and_adamw_exactly() {
     assert!(saved.join("optimizer_0.safetensors").is_file());
     let snapshot = |m: &TchModel| {
         let mut v = Vec::new();
-        m.visit_params(&mut |p| v.extend_from_slice(p.value));
+        m.visit_params(&mut |p| v.extend_from_slice(p.value_f32().unwrap()));
         v
     };
     step(&mut model, &mut opt);
@@ -218,4 +222,78 @@ fn checkpoints_restore_the_var_store_and_adamw_exactly() {
     acc.load_state(&saved, &mut [&mut model, &mut opt]).unwrap();
     step(&mut model, &mut opt);
     assert_eq!(snapshot(&model), after_two);
+}
+
+#[test]
+fn autocast_runs_linear_layers_in_bf16_on_the_cpu_and_returns_f32() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let lin = nn::linear(vs.root() / "l", 4, 3, Default::default());
+    let x = Tensor::ones([2, 4], (Kind::Float, Device::Cpu));
+    assert!(!accel_tch::autocast_enabled(false));
+    let inside = accel_tch::autocast_with(MixedPrecision::Bf16, Device::Cpu, || {
+        (accel_tch::autocast_enabled(false), lin.forward(&x))
+    })
+    .unwrap();
+    assert!(inside.0, "autocast was on inside the region");
+    assert_eq!(
+        inside.1.kind(),
+        Kind::BFloat16,
+        "a linear layer under CPU autocast"
+    );
+    assert!(!accel_tch::autocast_enabled(false), "and off after it");
+    let plain =
+        accel_tch::autocast_with(MixedPrecision::No, Device::Cpu, || lin.forward(&x)).unwrap();
+    assert_eq!(plain.kind(), Kind::Float);
+    // autocast_forward converts the output back to f32, close to the f32 result.
+    let acc = acc();
+    acc.set_training_config(TrainConfig {
+        mixed_precision: Some(MixedPrecision::Bf16),
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    let out = accel_tch::autocast_forward(&acc, Device::Cpu, || lin.forward(&x)).unwrap();
+    assert_eq!(out.kind(), Kind::Float);
+    let diff = (&out - &plain).abs().max().double_value(&[]);
+    assert!(diff < 0.05, "bf16 forward differs from f32 by {diff}");
+}
+
+#[test]
+fn tch_kernels_scale_measure_clamp_and_copy_device_views() {
+    // The kernels take device views; a CPU tensor seen as a "device" view
+    // of the CPU exercises the same libtorch code path as CUDA memory.
+    let k = accel_tch::TchKernels;
+    let mut t = Tensor::from_slice(&[3.0f32, -4.0, 0.0, 12.0]);
+    fn view(t: &mut Tensor) -> accel::DeviceBufMut<'_> {
+        let addr = t.data_ptr() as u64;
+        // SAFETY: (a test) `t` is a contiguous CPU f32 tensor of 4 elements,
+        // borrowed mutably (alive, unaliased) for the view's lifetime.
+        unsafe {
+            accel::DeviceBufMut::from_raw(t, addr, 4, accel::DType::F32, accel::Device::CPU, 0)
+        }
+    }
+    let s = k.stats(view(&mut t).as_buf(), 2.0).unwrap();
+    assert_eq!(s.norm_part, 9.0 + 16.0 + 144.0);
+    assert!(!s.non_finite);
+    assert_eq!(
+        k.stats(view(&mut t).as_buf(), f64::INFINITY)
+            .unwrap()
+            .norm_part,
+        12.0
+    );
+    k.scale(view(&mut t), 0.5).unwrap();
+    assert_eq!(Vec::<f32>::try_from(&t).unwrap(), vec![1.5, -2.0, 0.0, 6.0]);
+    k.clamp(view(&mut t), 1.0).unwrap();
+    assert_eq!(Vec::<f32>::try_from(&t).unwrap(), vec![1.0, -1.0, 0.0, 1.0]);
+    let mut host = vec![0f32; 2];
+    k.copy(
+        accel::Buf::Device(view(&mut t).as_buf()),
+        1,
+        accel::BufMut::from(&mut host[..]),
+        0,
+        2,
+    )
+    .unwrap();
+    assert_eq!(host, vec![-1.0, 0.0]);
+    k.fill(view(&mut t), f64::NAN).unwrap();
+    assert!(k.stats(view(&mut t).as_buf(), 2.0).unwrap().non_finite);
 }

@@ -44,6 +44,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
     ),
     ("debug", "boolean", "debug mode in the workers"),
     (
+        "mixed_precision",
+        "string: no, bf16 or fp16",
+        "mixed precision of the workers' training loop",
+    ),
+    (
         "tee",
         "string (directory)",
         "also write rank-N.log files there (alias: log_dir)",
@@ -128,6 +133,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
             }
             "timeout" => o.timeout = Some(ctx.duration(value)?),
             "debug" => o.debug = ctx.boolean(value)?,
+            "mixed_precision" => {
+                let s = ctx.string(value)?;
+                o.mixed_precision = Some(s.parse().map_err(|e: Error| ctx.wrong(e.message()))?);
+            }
             "tee" | "log_dir" => o.tee = Some(PathBuf::from(ctx.string(value)?)),
             "ranks" => {
                 let s = ctx.string_or_list(value)?;
@@ -282,6 +291,9 @@ pub fn render(o: &Options) -> String {
     if o.debug {
         set.push(("debug", toml::Value::Boolean(true)));
     }
+    if let Some(m) = o.mixed_precision {
+        set.push(("mixed_precision", s(m.name())));
+    }
     if let Some(v) = &o.tee {
         set.push(("tee", s(&v.to_string_lossy())));
     }
@@ -344,6 +356,7 @@ mod tests {
             backend = ["cpu-gloo", "mpi"]
             timeout = 90
             debug = true
+            mixed_precision = "bf16"
             log_dir = "logs"
             ranks = [0, 2]
             quiet_ranks = true
@@ -363,6 +376,7 @@ mod tests {
         assert_eq!(o.backend.unwrap().0, vec!["cpu-gloo", "mpi"]);
         assert_eq!(o.timeout, Some(Duration::from_secs(90)));
         assert!(o.debug && o.quiet_ranks);
+        assert_eq!(o.mixed_precision, Some(accel::train::MixedPrecision::Bf16));
         assert_eq!(o.tee, Some(PathBuf::from("logs")));
         assert_eq!(o.ranks.unwrap().to_string(), "0,2");
         assert_eq!(o.grace_period, Some(Duration::from_millis(500)));
@@ -388,6 +402,8 @@ mod tests {
             m.contains("`num_processes`") && m.contains("at least 1"),
             "{m}"
         );
+        let m = err("mixed_precision = \"fp8\"");
+        assert!(m.contains("`mixed_precision`") && m.contains("fp8"), "{m}");
         let m = err("debug = 1");
         assert!(m.contains("`debug` must be a boolean"), "{m}");
         let m = err("main_process_port = 70000");
@@ -409,6 +425,7 @@ mod tests {
             timeout: Some(Duration::from_millis(2500)),
             backend: Some("cpu-gloo".parse().unwrap()),
             debug: true,
+            mixed_precision: Some(accel::train::MixedPrecision::Fp16),
             ranks: Some("0-1".parse().unwrap()),
             ..Options::default()
         };

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use accel::train::MixedPrecision;
 use accel_api::{Error, ErrorKind, Result};
 
 /// Port of the store on a run over several machines when none is given
@@ -64,6 +65,11 @@ pub fn parse_index(s: &str) -> std::result::Result<usize, String> {
         Ok(n) => Err(format!("must be 0 or more, got {n}")),
         Err(_) => Err(format!("`{s}` is not a whole number")),
     }
+}
+
+/// `no`, `bf16` or `fp16`, for clap.
+pub fn parse_mixed_precision(s: &str) -> std::result::Result<MixedPrecision, String> {
+    s.parse().map_err(|e: Error| e.message().to_string())
 }
 
 /// A duration: `300`, `30s`, `500ms`, `5m`, `1h` (a bare number is
@@ -164,6 +170,13 @@ pub struct Options {
     #[arg(long)]
     pub debug: bool,
 
+    /// Mixed precision of the workers' training loop
+    /// (ACCEL_MIXED_PRECISION, as Accelerate's --mixed_precision): no, bf16
+    /// or fp16.
+    #[arg(long = "mixed-precision", aliases = ["mixed_precision"], value_name = "no|bf16|fp16",
+          value_parser = parse_mixed_precision)]
+    pub mixed_precision: Option<MixedPrecision>,
+
     /// Also write each rank's output to DIR/rank-N.log.
     #[arg(long = "tee", visible_alias = "log-dir", aliases = ["log_dir"], value_name = "DIR",
           value_parser = parse_tee)]
@@ -217,6 +230,7 @@ impl Options {
             backend: self.backend.or(lower.backend),
             timeout: self.timeout.or(lower.timeout),
             debug: self.debug || lower.debug,
+            mixed_precision: self.mixed_precision.or(lower.mixed_precision),
             tee: self.tee.or(lower.tee),
             ranks: self.ranks.or(lower.ranks),
             quiet_ranks: self.quiet_ranks || lower.quiet_ranks,
@@ -247,6 +261,12 @@ impl Options {
                 v.parse()
                     .map_err(|why: String| Error::invalid_config("ACCEL_BACKEND", &v, why))?,
             );
+        }
+        if let Some(v) = get("ACCEL_MIXED_PRECISION").filter(|v| !v.trim().is_empty()) {
+            o.mixed_precision = Some(v.parse().map_err(|e: Error| {
+                Error::invalid_config("ACCEL_MIXED_PRECISION", &v, e.to_string())
+                    .with_fix("set it to no, bf16 or fp16")
+            })?);
         }
         if let Some(v) = get("ACCEL_DEBUG") {
             o.debug = match v.trim().to_ascii_lowercase().as_str() {
@@ -283,6 +303,8 @@ pub struct Settings {
     pub timeout: Duration,
     /// ACCEL_DEBUG for the workers.
     pub debug: bool,
+    /// ACCEL_MIXED_PRECISION for the workers (unset: the program decides).
+    pub mixed_precision: Option<MixedPrecision>,
     /// Directory for per-rank log files.
     pub tee: Option<PathBuf>,
     /// Ranks whose output is shown; `None` = all.
@@ -466,6 +488,7 @@ impl Settings {
             backend: o.backend.map(|b| b.0),
             timeout,
             debug: o.debug,
+            mixed_precision: o.mixed_precision,
             tee: o.tee,
             ranks,
             max_restarts: o.max_restarts.unwrap_or(0),
@@ -580,6 +603,24 @@ mod tests {
             assert_eq!(parse_dur(&format_dur(d)).unwrap(), d);
         }
         assert!(parse_dur("soon").unwrap_err().contains("not a duration"));
+    }
+
+    #[test]
+    fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
+        assert_eq!(parse_mixed_precision("BF16"), Ok(MixedPrecision::Bf16));
+        assert!(parse_mixed_precision("fp8").unwrap_err().contains("fp8"));
+        let env =
+            Options::from_env(|k| (k == "ACCEL_MIXED_PRECISION").then(|| "fp16".into())).unwrap();
+        assert_eq!(env.mixed_precision, Some(MixedPrecision::Fp16));
+        let e =
+            Options::from_env(|k| (k == "ACCEL_MIXED_PRECISION").then(|| "x".into())).unwrap_err();
+        assert!(e.to_string().contains("ACCEL_MIXED_PRECISION"), "{e}");
+        let flag = Options {
+            mixed_precision: Some(MixedPrecision::Bf16),
+            ..Options::default()
+        };
+        let s = Settings::resolve(flag.overlay(env)).unwrap();
+        assert_eq!(s.mixed_precision, Some(MixedPrecision::Bf16));
     }
 
     #[test]

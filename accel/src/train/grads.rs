@@ -1,0 +1,890 @@
+//! Gradients as views: device kernels, host float arithmetic, bucketed
+//! all-reduce grouped by (device, dtype), unscaling, norms and clipping.
+//!
+//! The training loop never owns gradient memory: it sees the framework's
+//! buffers through [`ParamMut`](super::ParamMut) views. Host views it
+//! reads and writes itself, for every float element type; device views it
+//! hands to the communicator as they are and, for arithmetic and for the
+//! copies into bucket buffers, to the model's [`GradKernels`].
+
+use accel_api::{
+    Buf, BufMut, Communicator, DType, Device, DeviceBuf, DeviceBufMut, Error, ErrorKind, HostBuf,
+    HostBufMut, ReduceOp, Result,
+};
+use half::{bf16, f16};
+use std::borrow::Cow;
+
+use super::adapters::Parameters;
+
+/// What [`GradKernels::stats`] measures over one buffer.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct GradStats {
+    /// `sum |x|^p` over the elements for a finite `p`; `max |x|` for
+    /// `p = inf`. Computed in (at least) f64 from the stored values.
+    pub norm_part: f64,
+    /// Some element is infinite or NaN.
+    pub non_finite: bool,
+}
+
+/// Scratch device memory a [`GradKernels`] allocated: one gradient bucket.
+pub trait DeviceScratch: Send {
+    /// A writable view of the whole allocation.
+    fn view_mut(&mut self) -> DeviceBufMut<'_>;
+}
+
+/// Arithmetic and copies on a framework's device memory, for the gradient
+/// views a [`Parameters`] hands out (return it from
+/// [`Parameters::grad_kernels`]).
+///
+/// # Behavior
+/// Every method works on floating-point views (f16, bf16, f32, f64) and
+/// finishes its work before returning (or orders it on the view's stream
+/// so that a following collective on that stream sees the result). Host
+/// views never reach [`scale`](Self::scale), [`stats`](Self::stats),
+/// [`clamp`](Self::clamp) and [`fill`](Self::fill); [`copy`](Self::copy)
+/// gets host memory on one side when the loop stages a device gradient
+/// through the host (checkpoints) and device memory on both sides for
+/// bucket buffers.
+pub trait GradKernels: Send + Sync {
+    /// A zero-filled buffer of `len` elements of `dtype` on `device`
+    /// (a gradient bucket).
+    ///
+    /// # Errors
+    /// The framework's (out of memory).
+    fn alloc(&self, device: Device, dtype: DType, len: usize) -> Result<Box<dyn DeviceScratch>>;
+
+    /// Copy `len` elements from `src[src_offset..]` to `dst[dst_offset..]`
+    /// (same dtype).
+    ///
+    /// # Errors
+    /// The framework's.
+    fn copy(
+        &self,
+        src: Buf<'_>,
+        src_offset: usize,
+        dst: BufMut<'_>,
+        dst_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Multiply every element by `factor` in place.
+    ///
+    /// # Errors
+    /// The framework's.
+    fn scale(&self, buf: DeviceBufMut<'_>, factor: f64) -> Result<()>;
+
+    /// Set every element to `value`.
+    ///
+    /// # Errors
+    /// The framework's.
+    fn fill(&self, buf: DeviceBufMut<'_>, value: f64) -> Result<()>;
+
+    /// The norm part and the non-finite flag of `buf` for `norm_type`.
+    ///
+    /// # Errors
+    /// The framework's.
+    fn stats(&self, buf: DeviceBuf<'_>, norm_type: f64) -> Result<GradStats>;
+
+    /// Clamp every element into `[-limit, limit]` in place.
+    ///
+    /// # Errors
+    /// The framework's.
+    fn clamp(&self, buf: DeviceBufMut<'_>, limit: f64) -> Result<()>;
+}
+
+fn no_kernels(op: &str, name: &str, device: Device) -> Error {
+    Error::new(
+        ErrorKind::Unsupported,
+        format!("{op}: the gradient of parameter {name:?} is on {device}, and the model has no device kernels"),
+    )
+    .with_fix("return the framework's GradKernels from Parameters::grad_kernels")
+}
+
+fn not_float(op: &str, name: &str, dtype: DType) -> Error {
+    Error::invalid_argument(
+        op,
+        format!("the gradient of parameter {name:?} is {dtype}; gradients are floating point"),
+    )
+    .with_fix("keep gradients as f16, bf16, f32 or f64")
+}
+
+// ------------------------------------------------------------------ host
+
+/// A host view of any float type as `f32` values (borrowed when it is f32,
+/// converted otherwise).
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for an integer view.
+pub fn host_to_f32(buf: HostBuf<'_>) -> Result<Cow<'_, [f32]>> {
+    Ok(match buf.dtype() {
+        DType::F32 => Cow::Borrowed(buf.as_slice::<f32>()?),
+        DType::F16 => Cow::Owned(buf.as_slice::<f16>()?.iter().map(|x| x.to_f32()).collect()),
+        DType::BF16 => Cow::Owned(buf.as_slice::<bf16>()?.iter().map(|x| x.to_f32()).collect()),
+        DType::F64 => Cow::Owned(buf.as_slice::<f64>()?.iter().map(|&x| x as f32).collect()),
+        other => return Err(not_float("host_to_f32", "?", other)),
+    })
+}
+
+/// Write `f32` values into a host view of any float type (rounding once).
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for an integer view or another length.
+pub fn host_from_f32(dst: &mut HostBufMut<'_>, src: &[f32]) -> Result<()> {
+    if dst.len() != src.len() {
+        return Err(Error::invalid_argument(
+            "host_from_f32",
+            format!("{} values for a view of {}", src.len(), dst.len()),
+        ));
+    }
+    match dst.dtype() {
+        DType::F32 => dst.as_mut_slice::<f32>()?.copy_from_slice(src),
+        DType::F16 => dst
+            .as_mut_slice::<f16>()?
+            .iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = f16::from_f32(*s)),
+        DType::BF16 => dst
+            .as_mut_slice::<bf16>()?
+            .iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = bf16::from_f32(*s)),
+        DType::F64 => dst
+            .as_mut_slice::<f64>()?
+            .iter_mut()
+            .zip(src)
+            .for_each(|(d, s)| *d = f64::from(*s)),
+        other => return Err(not_float("host_from_f32", "?", other)),
+    }
+    Ok(())
+}
+
+/// Apply `f` to every element of a float host view, in f32 for the 16- and
+/// 32-bit types and in f64 for f64.
+fn map_host(buf: &mut HostBufMut<'_>, f32_op: impl Fn(f32) -> f32, f64_op: impl Fn(f64) -> f64) {
+    match buf.dtype() {
+        DType::F32 => buf
+            .as_mut_slice::<f32>()
+            .expect("dtype checked")
+            .iter_mut()
+            .for_each(|x| *x = f32_op(*x)),
+        DType::F16 => buf
+            .as_mut_slice::<f16>()
+            .expect("dtype checked")
+            .iter_mut()
+            .for_each(|x| *x = f16::from_f32(f32_op(x.to_f32()))),
+        DType::BF16 => buf
+            .as_mut_slice::<bf16>()
+            .expect("dtype checked")
+            .iter_mut()
+            .for_each(|x| *x = bf16::from_f32(f32_op(x.to_f32()))),
+        DType::F64 => buf
+            .as_mut_slice::<f64>()
+            .expect("dtype checked")
+            .iter_mut()
+            .for_each(|x| *x = f64_op(*x)),
+        _ => {}
+    }
+}
+
+fn host_stats(buf: HostBuf<'_>, norm_type: f64) -> GradStats {
+    fn acc(it: impl Iterator<Item = f64>, p: f64) -> GradStats {
+        let mut s = GradStats::default();
+        for x in it {
+            if !x.is_finite() {
+                s.non_finite = true;
+            }
+            let a = x.abs();
+            if p.is_infinite() {
+                // NaN must win over every number, as torch's max does.
+                if a.is_nan() || a > s.norm_part {
+                    s.norm_part = a;
+                }
+            } else if p == 2.0 {
+                s.norm_part += a * a;
+            } else if p == 1.0 {
+                s.norm_part += a;
+            } else {
+                s.norm_part += a.powf(p);
+            }
+        }
+        s
+    }
+    match buf.dtype() {
+        DType::F32 => acc(
+            buf.as_slice::<f32>()
+                .expect("dtype")
+                .iter()
+                .map(|&x| f64::from(x)),
+            norm_type,
+        ),
+        DType::F16 => acc(
+            buf.as_slice::<f16>()
+                .expect("dtype")
+                .iter()
+                .map(|x| x.to_f64()),
+            norm_type,
+        ),
+        DType::BF16 => acc(
+            buf.as_slice::<bf16>()
+                .expect("dtype")
+                .iter()
+                .map(|x| x.to_f64()),
+            norm_type,
+        ),
+        DType::F64 => acc(
+            buf.as_slice::<f64>().expect("dtype").iter().copied(),
+            norm_type,
+        ),
+        _ => GradStats::default(),
+    }
+}
+
+// ------------------------------------------------------------------ per view
+
+/// Scale one gradient view by `factor`.
+fn scale_view(
+    k: Option<&dyn GradKernels>,
+    name: &str,
+    g: BufMut<'_>,
+    factor: f64,
+    op: &str,
+) -> Result<()> {
+    match g {
+        BufMut::Host(mut h) => {
+            let f = factor as f32;
+            map_host(&mut h, |x| x * f, |x| x * factor);
+            Ok(())
+        }
+        BufMut::Device(d) => match k {
+            Some(k) => k.scale(d, factor),
+            None => Err(no_kernels(op, name, d.device())),
+        },
+    }
+}
+
+fn stats_view(
+    k: Option<&dyn GradKernels>,
+    name: &str,
+    g: Buf<'_>,
+    norm_type: f64,
+    op: &str,
+) -> Result<GradStats> {
+    match g {
+        Buf::Host(h) => Ok(host_stats(h, norm_type)),
+        Buf::Device(d) => match k {
+            Some(k) => k.stats(d, norm_type),
+            None => Err(no_kernels(op, name, d.device())),
+        },
+    }
+}
+
+/// Check that every gradient is floating point.
+fn check_float(model: &dyn Parameters, op: &str) -> Result<()> {
+    let mut bad = None;
+    model.visit_params(&mut |p| {
+        if bad.is_none() && !p.grad.dtype().is_float() {
+            bad = Some(not_float(op, p.name, p.grad.dtype()));
+        }
+    });
+    bad.map_or(Ok(()), Err)
+}
+
+/// Set every gradient to zero (the default
+/// [`Optimizer::zero_grad`](super::Optimizer::zero_grad)).
+///
+/// # Panics
+/// When a device gradient has no kernels: a model that hands out device
+/// views without [`Parameters::grad_kernels`] breaks the trait's contract.
+pub fn zero_grads(model: &mut dyn Parameters) {
+    let k = model.grad_kernels();
+    let mut failed = None;
+    model.visit_params_mut(&mut |p| match p.grad {
+        BufMut::Host(mut h) => h.bytes_mut().fill(0),
+        BufMut::Device(d) => {
+            let r = match &k {
+                Some(k) => k.fill(d, 0.0),
+                None => Err(no_kernels("zero_grad", p.name, d.device())),
+            };
+            if let Err(e) = r {
+                failed.get_or_insert(e);
+            }
+        }
+    });
+    if let Some(e) = failed {
+        panic!("zero_grad: {e}");
+    }
+}
+
+/// Multiply every gradient by `factor`; returns whether some element was
+/// infinite or NaN after (or before) scaling.
+pub(crate) fn scale_and_check(model: &mut dyn Parameters, factor: f64) -> Result<bool> {
+    check_float(model, "unscale_gradients")?;
+    let k = model.grad_kernels();
+    let k = k.as_deref();
+    let mut out = Ok(false);
+    model.visit_params_mut(&mut |mut p| {
+        if out.is_err() {
+            return;
+        }
+        let r = (|| {
+            if factor != 1.0 {
+                scale_view(k, p.name, p.grad.reborrow(), factor, "unscale_gradients")?;
+            }
+            stats_view(k, p.name, p.grad.as_buf(), 1.0, "unscale_gradients")
+        })();
+        match r {
+            Ok(s) => {
+                if s.non_finite {
+                    out = Ok(true);
+                }
+            }
+            Err(e) => out = Err(e),
+        }
+    });
+    out
+}
+
+/// The total `norm_type`-norm of all gradients (the norm of the per-tensor
+/// norms, as torch's `clip_grad_norm_`).
+pub(crate) fn total_norm(model: &dyn Parameters, norm_type: f64) -> Result<f64> {
+    check_float(model, "clip_grad_norm")?;
+    let k = model.grad_kernels();
+    let k = k.as_deref();
+    let mut acc = 0.0f64;
+    let mut err = None;
+    model.visit_params(&mut |p| {
+        if err.is_some() {
+            return;
+        }
+        match stats_view(k, p.name, p.grad, norm_type, "clip_grad_norm") {
+            Ok(s) if norm_type.is_infinite() => {
+                if s.norm_part.is_nan() || s.norm_part > acc {
+                    acc = s.norm_part;
+                }
+            }
+            Ok(s) => acc += s.norm_part,
+            Err(e) => err = Some(e),
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok(if norm_type.is_infinite() {
+        acc
+    } else if norm_type == 2.0 {
+        acc.sqrt()
+    } else if norm_type == 1.0 {
+        acc
+    } else {
+        acc.powf(1.0 / norm_type)
+    })
+}
+
+/// Scale every gradient by `factor` (clipping by norm).
+pub(crate) fn scale_all(model: &mut dyn Parameters, factor: f64, op: &str) -> Result<()> {
+    let k = model.grad_kernels();
+    let k = k.as_deref();
+    let mut err = None;
+    model.visit_params_mut(&mut |p| {
+        if err.is_none() {
+            if let Err(e) = scale_view(k, p.name, p.grad, factor, op) {
+                err = Some(e);
+            }
+        }
+    });
+    err.map_or(Ok(()), Err)
+}
+
+/// Clamp every gradient into `[-limit, limit]`.
+pub(crate) fn clamp_all(model: &mut dyn Parameters, limit: f64) -> Result<()> {
+    check_float(model, "clip_grad_value")?;
+    let k = model.grad_kernels();
+    let k = k.as_deref();
+    let mut err = None;
+    let l32 = limit as f32;
+    model.visit_params_mut(&mut |p| {
+        if err.is_some() {
+            return;
+        }
+        let r = match p.grad {
+            BufMut::Host(mut h) => {
+                map_host(&mut h, |x| x.clamp(-l32, l32), |x| x.clamp(-limit, limit));
+                Ok(())
+            }
+            BufMut::Device(d) => match k {
+                Some(k) => k.clamp(d, limit),
+                None => Err(no_kernels("clip_grad_value", p.name, d.device())),
+            },
+        };
+        if let Err(e) = r {
+            err = Some(e);
+        }
+    });
+    err.map_or(Ok(()), Err)
+}
+
+// ------------------------------------------------------------------ buckets
+
+/// How one rank's gradients are grouped for the all-reduce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct BucketPlan {
+    pub(crate) buckets: Vec<Bucket>,
+    /// Per parameter in visiting order: `(bucket, element offset)`, `None`
+    /// for an empty gradient.
+    pub(crate) slots: Vec<Option<(usize, usize)>>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Bucket {
+    pub(crate) device: Device,
+    pub(crate) dtype: DType,
+    /// Elements.
+    pub(crate) len: usize,
+    pub(crate) members: usize,
+    /// Byte offset in the host staging buffer (8-aligned); host multi-member
+    /// buckets only.
+    pub(crate) host_offset: usize,
+}
+
+impl BucketPlan {
+    /// Group the gradients by (device, dtype), in visiting order within a
+    /// group, into buckets of at most `cap_bytes` (a larger gradient gets a
+    /// bucket of its own, as in DDP).
+    pub(crate) fn new(model: &dyn Parameters, cap_bytes: usize) -> Result<BucketPlan> {
+        check_float(model, "all_reduce_gradients")?;
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut open: Vec<((Device, DType), usize)> = Vec::new();
+        let mut slots = Vec::new();
+        model.visit_params(&mut |p| {
+            let (dev, dt, n) = (p.grad.device(), p.grad.dtype(), p.grad.len());
+            if n == 0 {
+                slots.push(None);
+                return;
+            }
+            let key = (dev, dt);
+            let pos = open.iter().position(|(k, _)| *k == key);
+            let bytes = n * dt.size();
+            let b = match pos {
+                Some(i) if (buckets[open[i].1].len * dt.size()) + bytes <= cap_bytes => open[i].1,
+                _ => {
+                    buckets.push(Bucket {
+                        device: dev,
+                        dtype: dt,
+                        len: 0,
+                        members: 0,
+                        host_offset: 0,
+                    });
+                    let b = buckets.len() - 1;
+                    match pos {
+                        Some(i) => open[i].1 = b,
+                        None => open.push((key, b)),
+                    }
+                    b
+                }
+            };
+            slots.push(Some((b, buckets[b].len)));
+            buckets[b].len += n;
+            buckets[b].members += 1;
+        });
+        let mut off = 0;
+        for b in buckets.iter_mut() {
+            if b.members > 1 && b.device == Device::CPU {
+                b.host_offset = off;
+                off += (b.len * b.dtype.size()).div_ceil(8) * 8;
+            }
+        }
+        Ok(BucketPlan { buckets, slots })
+    }
+
+    /// Bytes of host staging the multi-member host buckets need.
+    pub(crate) fn host_bytes(&self) -> usize {
+        self.buckets
+            .iter()
+            .filter(|b| b.members > 1 && b.device == Device::CPU)
+            .map(|b| b.host_offset + (b.len * b.dtype.size()).div_ceil(8) * 8)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Buckets holding device gradients of several parameters (they need a
+    /// device bucket buffer).
+    fn device_multi(&self) -> impl Iterator<Item = (usize, &Bucket)> {
+        self.buckets
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.members > 1 && b.device != Device::CPU)
+    }
+}
+
+/// How the gradients travel: the reduction and the optional compression.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Reduce {
+    pub(crate) world: usize,
+    pub(crate) native_avg: bool,
+    /// Communicate f32 host gradients as this type (bf16 or f16), average
+    /// in f32.
+    pub(crate) compress: Option<DType>,
+}
+
+impl Reduce {
+    /// All-reduce `buf` to the average over the ranks, in place.
+    fn run(
+        &self,
+        comm: &dyn Communicator,
+        k: Option<&dyn GradKernels>,
+        mut buf: BufMut<'_>,
+    ) -> Result<()> {
+        if let (Some(c), BufMut::Host(h)) = (self.compress, &mut buf) {
+            if h.dtype() == DType::F32 {
+                return self.run_compressed(comm, h, c);
+            }
+        }
+        if let BufMut::Host(h) = &mut buf {
+            let dt = h.dtype();
+            if matches!(dt, DType::F16 | DType::BF16)
+                && !comm.capabilities().reduce_dtypes.contains(&dt)
+            {
+                // The engine moves but cannot add this type (Gloo and bf16).
+                return self.gather_average(comm, h);
+            }
+        }
+        if self.native_avg {
+            return comm.all_reduce(buf, ReduceOp::Avg);
+        }
+        comm.all_reduce(buf.reborrow(), ReduceOp::Sum)?;
+        match buf {
+            BufMut::Host(mut h) => {
+                h.divide_by(self.world);
+                Ok(())
+            }
+            BufMut::Device(d) => match k {
+                Some(k) => k.scale(d, 1.0 / self.world as f64),
+                None => Err(no_kernels("all_reduce_gradients", "?", d.device())
+                    .with_fix("use a backend with a native Avg, or return GradKernels from Parameters::grad_kernels")),
+            },
+        }
+    }
+
+    /// A 16-bit float buffer the engine cannot add: gather every rank's
+    /// values and average them in f32, in rank order (the same result on
+    /// every rank), rounding once.
+    fn gather_average(&self, comm: &dyn Communicator, h: &mut HostBufMut<'_>) -> Result<()> {
+        let n = h.len();
+        let mine = host_to_f32(h.as_buf())?.into_owned();
+        let sums = gather_sum(comm, &mine, h.dtype())?;
+        let w = self.world as f32;
+        let avg: Vec<f32> = sums.iter().take(n).map(|s| s / w).collect();
+        host_from_f32(h, &avg)
+    }
+
+    /// DDP's bf16 (fp16) compression hook: cast to the narrow type, sum,
+    /// cast back, divide by the world size in f32. On an engine that moves
+    /// but cannot add the narrow type, each rank's narrow values are
+    /// gathered and summed in f32.
+    fn run_compressed(
+        &self,
+        comm: &dyn Communicator,
+        h: &mut HostBufMut<'_>,
+        c: DType,
+    ) -> Result<()> {
+        let native = comm.capabilities().reduce_dtypes.contains(&c);
+        let g = h.as_mut_slice::<f32>()?;
+        match c {
+            DType::BF16 | DType::F16 if !native => {
+                let sums = gather_sum(comm, g, c)?;
+                g.copy_from_slice(&sums);
+            }
+            DType::BF16 => {
+                let mut w: Vec<bf16> = g.iter().map(|&x| bf16::from_f32(x)).collect();
+                comm.all_reduce(BufMut::from(&mut w[..]), ReduceOp::Sum)?;
+                g.iter_mut().zip(&w).for_each(|(d, s)| *d = s.to_f32());
+            }
+            DType::F16 => {
+                let mut w: Vec<f16> = g.iter().map(|&x| f16::from_f32(x)).collect();
+                comm.all_reduce(BufMut::from(&mut w[..]), ReduceOp::Sum)?;
+                g.iter_mut().zip(&w).for_each(|(d, s)| *d = s.to_f32());
+            }
+            other => {
+                return Err(Error::invalid_config(
+                    "gradient_compression",
+                    other.name(),
+                    "gradients are compressed to bf16 or f16",
+                ))
+            }
+        }
+        let inv = self.world as f32;
+        g.iter_mut().for_each(|x| *x /= inv);
+        Ok(())
+    }
+}
+
+/// Every rank's `values`, rounded to the 16-bit float `narrow`, gathered
+/// and summed in f32 in rank order.
+fn gather_sum(comm: &dyn Communicator, values: &[f32], narrow: DType) -> Result<Vec<f32>> {
+    let n = values.len();
+    let world = comm.world_size();
+    let mut sums = vec![0f32; n];
+    macro_rules! go {
+        ($t:ty) => {{
+            let send: Vec<$t> = values.iter().map(|&x| <$t>::from_f32(x)).collect();
+            let mut recv = vec![<$t>::ZERO; n * world];
+            comm.all_gather(Buf::from(&send[..]), BufMut::from(&mut recv[..]))?;
+            for chunk in recv.chunks(n) {
+                sums.iter_mut()
+                    .zip(chunk)
+                    .for_each(|(s, x)| *s += x.to_f32());
+            }
+        }};
+    }
+    match narrow {
+        DType::BF16 => go!(bf16),
+        DType::F16 => go!(f16),
+        other => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("gathered averages are for f16 and bf16, not {other}"),
+            ))
+        }
+    }
+    Ok(sums)
+}
+
+/// Scratch memory the gradient all-reduce keeps between calls.
+#[derive(Default)]
+pub(crate) struct Staging {
+    /// Host bucket buffers (8-aligned storage).
+    host: Vec<f64>,
+    /// Device bucket buffers by bucket index.
+    device: Vec<(usize, Box<dyn DeviceScratch>)>,
+}
+
+impl std::fmt::Debug for Staging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staging")
+            .field("host_bytes", &(self.host.len() * 8))
+            .field("device_buffers", &self.device.len())
+            .finish()
+    }
+}
+
+fn host_region<'s>(storage: &'s mut [f64], b: &Bucket) -> Result<HostBufMut<'s>> {
+    let bytes = HostBufMut::from(storage).into_bytes();
+    HostBufMut::from_bytes(
+        b.dtype,
+        &mut bytes[b.host_offset..b.host_offset + b.len * b.dtype.size()],
+    )
+}
+
+/// What one gradient all-reduce did, for tests and logging.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct SyncReport {
+    pub(crate) buckets: usize,
+    /// Buckets of one gradient, reduced in the gradient's own memory.
+    pub(crate) in_place: usize,
+}
+
+/// Average every gradient across the ranks: buckets of one gradient in
+/// place, the others through one bucket buffer on the gradients' device.
+pub(crate) fn all_reduce_gradients(
+    comm: &dyn Communicator,
+    model: &mut dyn Parameters,
+    plan: &BucketPlan,
+    staging: &mut Staging,
+    how: Reduce,
+) -> Result<SyncReport> {
+    let kernels = model.grad_kernels();
+    let k = kernels.as_deref();
+    let need = plan.host_bytes().div_ceil(8);
+    if staging.host.len() < need {
+        staging.host.resize(need, 0.0);
+    }
+    for (i, b) in plan.device_multi() {
+        let fits = staging.device.iter_mut().any(|(j, s)| {
+            *j == i && s.view_mut().len() == b.len && s.view_mut().dtype() == b.dtype
+        });
+        if !fits {
+            let Some(k) = k else {
+                return Err(no_kernels("all_reduce_gradients", "(bucket)", b.device));
+            };
+            staging.device.retain(|(j, _)| *j != i);
+            staging.device.push((i, k.alloc(b.device, b.dtype, b.len)?));
+        }
+    }
+    let (host, device) = (&mut staging.host, &mut staging.device);
+    let mut report = SyncReport {
+        buckets: plan.buckets.len(),
+        in_place: 0,
+    };
+    // Pass 1: single-gradient buckets in place, the others copied in.
+    let mut idx = 0;
+    let mut err: Option<Error> = None;
+    model.visit_params_mut(&mut |p| {
+        let i = idx;
+        idx += 1;
+        if err.is_some() {
+            return;
+        }
+        let Some(Some((bi, off))) = plan.slots.get(i).copied() else {
+            return;
+        };
+        let b = &plan.buckets[bi];
+        let r = if b.members == 1 {
+            report.in_place += 1;
+            how.run(comm, k, p.grad)
+        } else {
+            copy_in_out(k, p.name, p.grad, b, bi, off, host, device, true)
+        };
+        if let Err(e) = r {
+            err = Some(e);
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    // The bucket buffers.
+    for (bi, b) in plan.buckets.iter().enumerate() {
+        if b.members < 2 {
+            continue;
+        }
+        if b.device == Device::CPU {
+            how.run(comm, k, BufMut::Host(host_region(host, b)?))?;
+        } else {
+            let s = device
+                .iter_mut()
+                .find(|(j, _)| *j == bi)
+                .map(|(_, s)| s)
+                .expect("allocated above");
+            how.run(comm, k, BufMut::Device(s.view_mut()))?;
+        }
+    }
+    // Pass 2: copy the bucket buffers back.
+    let mut idx = 0;
+    model.visit_params_mut(&mut |p| {
+        let i = idx;
+        idx += 1;
+        if err.is_some() {
+            return;
+        }
+        let Some(Some((bi, off))) = plan.slots.get(i).copied() else {
+            return;
+        };
+        let b = &plan.buckets[bi];
+        if b.members > 1 {
+            if let Err(e) = copy_in_out(k, p.name, p.grad, b, bi, off, host, device, false) {
+                err = Some(e);
+            }
+        }
+    });
+    err.map_or(Ok(report), Err)
+}
+
+/// Copy one gradient into (`into`) or out of its bucket buffer.
+#[allow(clippy::too_many_arguments)]
+fn copy_in_out(
+    k: Option<&dyn GradKernels>,
+    name: &str,
+    g: BufMut<'_>,
+    b: &Bucket,
+    bi: usize,
+    off: usize,
+    host: &mut [f64],
+    device: &mut [(usize, Box<dyn DeviceScratch>)],
+    into: bool,
+) -> Result<()> {
+    match g {
+        BufMut::Host(mut h) => {
+            let mut region = host_region(host, b)?;
+            let s = b.dtype.size();
+            let n = h.len() * s;
+            let r = &mut region.bytes_mut()[off * s..off * s + n];
+            if into {
+                r.copy_from_slice(h.bytes());
+            } else {
+                h.bytes_mut().copy_from_slice(r);
+            }
+            Ok(())
+        }
+        BufMut::Device(mut d) => {
+            let Some(k) = k else {
+                return Err(no_kernels("all_reduce_gradients", name, d.device()));
+            };
+            let s = device
+                .iter_mut()
+                .find(|(j, _)| *j == bi)
+                .map(|(_, s)| s)
+                .expect("allocated before the copies");
+            let n = d.len();
+            let mut bucket = s.view_mut();
+            if into {
+                k.copy(
+                    Buf::Device(d.as_buf()),
+                    0,
+                    BufMut::Device(bucket.reborrow()),
+                    off,
+                    n,
+                )
+            } else {
+                k.copy(
+                    Buf::Device(bucket.as_buf()),
+                    off,
+                    BufMut::Device(d.reborrow()),
+                    0,
+                    n,
+                )
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ values
+
+/// A view's values as `f32` on the host (device views copied through the
+/// model's kernels): what checkpoints and `save_model` write.
+pub(crate) fn read_f32(k: Option<&dyn GradKernels>, name: &str, v: Buf<'_>) -> Result<Vec<f32>> {
+    match v {
+        Buf::Host(h) => Ok(host_to_f32(h)
+            .map_err(|_| not_float("read values", name, h.dtype()))?
+            .into_owned()),
+        Buf::Device(d) => {
+            let Some(k) = k else {
+                return Err(no_kernels("read values", name, d.device()));
+            };
+            let mut storage = vec![0f64; (d.size_bytes()).div_ceil(8)];
+            let bytes = HostBufMut::from(&mut storage[..]).into_bytes();
+            let mut host = HostBufMut::from_bytes(d.dtype(), &mut bytes[..d.size_bytes()])?;
+            k.copy(Buf::Device(d), 0, BufMut::Host(host.reborrow()), 0, d.len())?;
+            Ok(host_to_f32(host.as_buf())
+                .map_err(|_| not_float("read values", name, d.dtype()))?
+                .into_owned())
+        }
+    }
+}
+
+/// Write `f32` values into a view (device views through the kernels).
+pub(crate) fn write_f32(
+    k: Option<&dyn GradKernels>,
+    name: &str,
+    v: BufMut<'_>,
+    src: &[f32],
+) -> Result<()> {
+    match v {
+        BufMut::Host(mut h) => host_from_f32(&mut h, src),
+        BufMut::Device(mut d) => {
+            let Some(k) = k else {
+                return Err(no_kernels("write values", name, d.device()));
+            };
+            let mut storage = vec![0f64; (d.size_bytes()).div_ceil(8)];
+            let bytes = HostBufMut::from(&mut storage[..]).into_bytes();
+            let mut host = HostBufMut::from_bytes(d.dtype(), &mut bytes[..d.size_bytes()])?;
+            host_from_f32(&mut host, src)?;
+            let n = d.len();
+            k.copy(
+                Buf::Host(host.as_buf()),
+                0,
+                BufMut::Device(d.reborrow()),
+                0,
+                n,
+            )
+        }
+    }
+}
