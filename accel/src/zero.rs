@@ -590,32 +590,50 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         }
     }
 
-    /// Copy values and gradients into the padded unit layout.
-    fn flatten(&mut self, model: &dyn Parameters) {
-        let n = self.plan.padded_numel();
-        self.grads.clear();
-        self.grads.resize(n, 0.0);
-        self.values.clear();
-        self.values.resize(n, 0.0);
+    /// Where each parameter starts in the concatenated padded units.
+    fn places(&self) -> Vec<usize> {
         let mut places = Vec::new();
         let mut base = 0;
         for u in &self.plan.units {
             places.extend(u.slots.iter().map(|s| base + s.offset));
             base += u.padded;
         }
+        places
+    }
+
+    /// Copy values and gradients into the padded unit layout.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming a parameter whose values or
+    /// gradient are not `f32` host memory.
+    fn flatten(&mut self, model: &dyn Parameters) -> Result<()> {
+        let n = self.plan.padded_numel();
+        self.grads.clear();
+        self.grads.resize(n, 0.0);
+        self.values.clear();
+        self.values.resize(n, 0.0);
+        let places = self.places();
         let (grads, values) = (&mut self.grads, &mut self.values);
-        let mut i = 0;
+        let (mut i, mut bad) = (0, None);
         model.visit_params(&mut |p| {
             let at = places[i];
-            grads[at..at + p.grad.len()].copy_from_slice(p.grad);
-            values[at..at + p.value.len()].copy_from_slice(p.value);
             i += 1;
+            match (p.grad_f32(), p.value_f32()) {
+                (Ok(g), Ok(v)) => {
+                    grads[at..at + g.len()].copy_from_slice(g);
+                    values[at..at + v.len()].copy_from_slice(v);
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    bad.get_or_insert(e);
+                }
+            }
         });
+        bad.map_or(Ok(()), Err)
     }
 
     fn step_inner(&mut self, model: &mut dyn Parameters, clip: Option<f32>) -> Result<f32> {
         self.check_model(model)?;
-        self.flatten(model);
+        self.flatten(model)?;
         let (world, shares) = (self.comm.world_size(), self.plan.world);
         let rank = if shares == 1 { 0 } else { self.comm.rank() };
         let native_avg = self.comm.capabilities().reduce_ops.contains(&ReduceOp::Avg);
@@ -699,24 +717,24 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             at += r.len();
         }
         self.opt.finish_step();
-        self.write_values(model);
+        self.write_values(model)?;
         Ok(norm)
     }
 
-    fn write_values(&self, model: &mut dyn Parameters) {
-        let mut places = Vec::new();
-        let mut base = 0;
-        for u in &self.plan.units {
-            places.extend(u.slots.iter().map(|s| base + s.offset));
-            base += u.padded;
-        }
-        let mut i = 0;
-        model.visit_params_mut(&mut |p| {
+    fn write_values(&self, model: &mut dyn Parameters) -> Result<()> {
+        let places = self.places();
+        let (mut i, mut bad) = (0, None);
+        model.visit_params_mut(&mut |mut p| {
             let at = places[i];
-            let n = p.value.len();
-            p.value.copy_from_slice(&self.values[at..at + n]);
             i += 1;
+            match p.f32_mut() {
+                Ok((v, _)) => v.copy_from_slice(&self.values[at..at + v.len()]),
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
         });
+        bad.map_or(Ok(()), Err)
     }
 
     fn unit_layout(&self) -> Vec<(String, usize)> {
@@ -846,18 +864,10 @@ mod tests {
 
     impl Parameters for One {
         fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-            f(ParamRef {
-                name: "w",
-                value: &self.0,
-                grad: &self.1,
-            })
+            f(ParamRef::host("w", &self.0, &self.1))
         }
         fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-            f(ParamMut {
-                name: "w",
-                value: &mut self.0,
-                grad: &mut self.1,
-            })
+            f(ParamMut::host("w", &mut self.0, &mut self.1))
         }
     }
 
