@@ -54,8 +54,8 @@
 //! `LD_LIBRARY_PATH`. This crate lives outside the default workspace so that
 //! the rest of accel never needs libtorch (docs/adr/0004).
 
-pub mod dispatch;
 mod autocast;
+pub mod dispatch;
 pub mod ffi;
 mod kernels;
 mod model;
@@ -63,8 +63,8 @@ mod optim;
 mod seed;
 mod tensor_ops;
 
-pub use dispatch::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched, ModelSpec};
 pub use autocast::{autocast_enabled, autocast_forward, autocast_with};
+pub use dispatch::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched, ModelSpec};
 pub use kernels::TchKernels;
 pub use model::TchModel;
 pub use optim::{AdamW, TchOptimizer};
