@@ -49,6 +49,38 @@ fn plain_shell_shows_single_available_and_selected() {
     assert_eq!(v["process"]["world_size"], 1);
 }
 
+#[cfg(feature = "cpu-gloo")]
+#[test]
+fn a_missing_private_gloo_shim_makes_cpu_gloo_unavailable_with_the_reason() {
+    let o = accel(
+        &[(
+            "ACCEL_GLOO_SHIM_LIB",
+            "/nonexistent/libaccel_gloo_private.so",
+        )],
+        &["--json"],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let gloo = common::env_json_backend(&o.stdout, "cpu-gloo");
+    assert_eq!(
+        gloo["probe"]["availability"]["status"], "unavailable",
+        "{gloo}"
+    );
+    let why = gloo["probe"]["availability"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        why.contains("/nonexistent/libaccel_gloo_private.so")
+            && why.contains("ACCEL_GLOO_SHIM_LIB"),
+        "{why}"
+    );
+    let o = accel(&[], &["--json"]);
+    let gloo = common::env_json_backend(&o.stdout, "cpu-gloo");
+    assert_eq!(
+        gloo["probe"]["availability"]["status"], "available",
+        "{gloo}"
+    );
+}
+
 #[test]
 fn rank_beyond_world_size_is_an_error_naming_rank() {
     let o = accel(&[("RANK", "5"), ("WORLD_SIZE", "2")], &[]);

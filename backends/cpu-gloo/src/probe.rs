@@ -1,5 +1,6 @@
-//! The probe: Gloo is linked into the binary, so the backend is available
-//! wherever the binary starts; the probe reports the engine version.
+//! The probe: the backend is available wherever its private Gloo shim
+//! (ADR 0018) opens; the probe reports the engine version, or the loader's
+//! error.
 
 use accel_api::{Probe, ProbeContext};
 
@@ -20,8 +21,15 @@ pub fn engine_version() -> String {
     }
 }
 
-/// Available for any run shape: one CPU "device", any number of ranks.
-/// Is Gloo usable here? (It is whenever the crate built: the library is linked.)
+/// Available for any run shape (one CPU "device", any number of ranks)
+/// when the private Gloo shim opens; unavailable with the loader's reason
+/// (a missing or moved `libaccel_gloo_private.so`, `ACCEL_GLOO_SHIM_LIB`)
+/// when it does not.
 pub fn probe(_ctx: &ProbeContext) -> Probe {
+    let v = ffi::version();
+    // The shim's loader answers the version call with its error text.
+    if v.starts_with("cpu-gloo ") {
+        return Probe::unavailable(v);
+    }
     Probe::available(1, Some(engine_version()))
 }
