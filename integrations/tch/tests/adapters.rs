@@ -9,6 +9,13 @@ use accel_tch::{ffi, set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives}
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
+/// libtorch's generator is global and the tests run in parallel threads:
+/// whoever seeds it, or draws from it (layer initialisation), holds this.
+fn rng() -> std::sync::MutexGuard<'static, ()> {
+    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    RNG.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn acc() -> Accelerator {
     // No launcher variables: one process, the exact `single` backend.
     Accelerator::new().expect("a one-process accelerator")
@@ -95,7 +102,10 @@ fn net(vs: &nn::Path<'_>) -> impl Module {
 #[test]
 fn var_store_parameters_are_views_with_defined_gradients() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let _net = net(&vs.root());
+    let _net = {
+        let _rng = rng();
+        net(&vs.root())
+    };
     let model = TchModel::new(vs).unwrap();
     let mut names = Vec::new();
     model.visit_params(&mut |p| {
@@ -120,6 +130,7 @@ fn var_store_parameters_are_views_with_defined_gradients() {
 
 /// Train a few steps through the prepared wrappers; return the parameters.
 fn train(acc: &Accelerator, steps: usize, adamw: bool) -> (Vec<f32>, accel::train::StateDict) {
+    let _rng = rng();
     set_seed(acc, 7, false);
     let vs = nn::VarStore::new(Device::Cpu);
     let net = net(&vs.root());
@@ -185,6 +196,7 @@ fn prepared_libtorch_sgd_and_adamw_reduce_the_loss_and_are_deterministic() {
 fn checkpoints_restore_the_var_store_and_adamw_exactly() {
     let acc = acc().with_training(TrainConfig::default()).unwrap();
     let dir = tempfile::tempdir().unwrap();
+    let _rng = rng();
     set_seed(&acc, 3, false);
     let vs = nn::VarStore::new(Device::Cpu);
     let net = net(&vs.root());
@@ -227,7 +239,10 @@ fn checkpoints_restore_the_var_store_and_adamw_exactly() {
 #[test]
 fn autocast_runs_linear_layers_in_bf16_on_the_cpu_and_returns_f32() {
     let vs = nn::VarStore::new(Device::Cpu);
-    let lin = nn::linear(vs.root() / "l", 4, 3, Default::default());
+    let lin = {
+        let _rng = rng();
+        nn::linear(vs.root() / "l", 4, 3, Default::default())
+    };
     let x = Tensor::ones([2, 4], (Kind::Float, Device::Cpu));
     assert!(!accel_tch::autocast_enabled(false));
     let inside = accel_tch::autocast_with(MixedPrecision::Bf16, Device::Cpu, || {
