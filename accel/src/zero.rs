@@ -1,5 +1,6 @@
-//! Sharded data parallelism: ZeRO stage 1 (optimizer state) and stage 2
-//! (gradients) over any communicator that declares the collectives.
+//! Sharded data parallelism: ZeRO stage 1 (optimizer state), stage 2
+//! (gradients) and stage 3 (parameters) over any communicator that
+//! declares the collectives.
 //!
 //! Parameters are grouped into *units* (a [`WrapPolicy`] over parameter
 //! names, like FSDP's auto-wrap), each unit flattened into one buffer
@@ -13,14 +14,17 @@
 //! | [`Stage::None`] | all-reduced, full on every rank | full | full |
 //! | [`Stage::Optimizer`] (ZeRO-1) | all-reduced, full | 1/W per rank | full, all-gathered after the step |
 //! | [`Stage::Gradients`] (ZeRO-2, FSDP `SHARD_GRAD_OP`) | reduce-scattered: each rank gets its 1/W | 1/W | full, all-gathered after the step |
-//!
-//! Stage 3 (parameters sharded too, FSDP `FULL_SHARD`) needs the model to
-//! materialise a unit's weights just before its forward and release them
-//! after; it is refused by name until that hook exists.
+//! | [`Stage::Full`] (ZeRO-3, FSDP `FULL_SHARD`) | reduce-scattered per unit right after its backward, then freed | 1/W | 1/W; a unit is all-gathered just before its use and freed after |
 //!
 //! [`ZeroOptimizer::step`] replaces both the gradient all-reduce and the
 //! optimizer step, so use it on a model whose gradients are *not* already
 //! synchronised (accumulate micro-batches locally, then step once).
+//!
+//! At stage 3 the model runs unit by unit through a [`UnitGate`] (the
+//! optimizer is one): [`UnitGate::gather`] before a unit's forward and
+//! again before its backward, [`UnitGate::release`] after its forward,
+//! [`UnitGate::reduce_grads`] after its backward. At the other stages
+//! those calls do nothing, so one model code path serves every stage.
 
 use std::ops::Range;
 use std::str::FromStr;
@@ -30,7 +34,7 @@ use accel_api::{
     Buf, Communicator, CommunicatorExt, Error, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp, Result,
 };
 
-use crate::train::{Parameters, StateDict};
+use crate::train::{Checkpointed, GradScaler, ParamMut, ParamRef, Parameters, StateDict};
 
 /// What each rank keeps of the training state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -42,6 +46,8 @@ pub enum Stage {
     Optimizer,
     /// ZeRO-2: optimizer state and gradients sharded.
     Gradients,
+    /// ZeRO-3: optimizer state, gradients and parameters sharded.
+    Full,
 }
 
 impl Stage {
@@ -51,6 +57,7 @@ impl Stage {
             Stage::None => "none",
             Stage::Optimizer => "optimizer",
             Stage::Gradients => "gradients",
+            Stage::Full => "full",
         }
     }
 }
@@ -64,25 +71,20 @@ impl std::fmt::Display for Stage {
 impl FromStr for Stage {
     type Err = Error;
 
-    /// `none|optimizer|gradients`, also DeepSpeed's stage numbers
-    /// (`0`, `1`, `2`, `zero1`, `zero2`) and FSDP's `NO_SHARD` and
-    /// `SHARD_GRAD_OP`, case-insensitive.
+    /// `none|optimizer|gradients|full`, also DeepSpeed's stage numbers
+    /// (`0`-`3`, `zero1`-`zero3`) and FSDP's `NO_SHARD`, `SHARD_GRAD_OP`
+    /// and `FULL_SHARD`, case-insensitive.
     fn from_str(s: &str) -> Result<Stage> {
         match s.trim().to_ascii_lowercase().as_str() {
             "none" | "no" | "0" | "zero0" | "no_shard" => Ok(Stage::None),
             "optimizer" | "1" | "zero1" => Ok(Stage::Optimizer),
             "gradients" | "2" | "zero2" | "shard_grad_op" => Ok(Stage::Gradients),
-            "full" | "3" | "zero3" | "full_shard" => Err(Error::unsupported(
-                "sharding",
-                "stage 3 (parameters sharded too) is not available yet: the model \
-                 would have to gather each unit's weights before its forward",
-            )
-            .with_fix("use `gradients` (ZeRO-2), which shards gradients and optimizer state")),
+            "full" | "3" | "zero3" | "full_shard" => Ok(Stage::Full),
             other => Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!("unknown sharding stage {other:?}"),
             )
-            .with_fix("use one of none, optimizer, gradients")),
+            .with_fix("use one of none, optimizer, gradients, full")),
         }
     }
 }
@@ -434,16 +436,135 @@ impl ShardOptimizer for ShardedSgd {
     }
 }
 
+/// What [`ZeroOptimizer::step_with`] does besides the update.
+#[derive(Debug, Default)]
+pub struct StepOptions<'a> {
+    /// Scale the averaged gradients so their total 2-norm is at most this
+    /// first (torch's `clip_grad_norm_`: coefficient
+    /// `max_norm / (norm + 1e-6)`, capped at 1).
+    pub max_norm: Option<f32>,
+    /// fp16 loss scaling: the scaler the loss was multiplied by. The
+    /// gradients are unscaled first; when any rank's shard holds an
+    /// infinite or NaN gradient the step is skipped on every rank, and the
+    /// scaler backs off (or grows) as torch's `GradScaler.update` does.
+    pub scaler: Option<&'a mut GradScaler>,
+}
+
+/// What one [`ZeroOptimizer::step_with`] did, the same on every rank.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepReport {
+    /// The total gradient norm before clipping (after unscaling), when
+    /// clipping was asked for.
+    pub grad_norm: Option<f32>,
+    /// The update was skipped because a gradient overflowed under fp16.
+    pub skipped: bool,
+}
+
+/// The hooks a model calls around each unit when it runs unit by unit,
+/// so that ZeRO stage 3 can hold only this rank's shard of the
+/// parameters between uses. [`ZeroOptimizer`] implements it (the calls do
+/// nothing below stage 3); [`NoGate`] is the unsharded one.
+///
+/// A model names its modules (`"fc1"`: the parameters `fc1` and
+/// `fc1.*`); each call acts on every unit holding parameters of that
+/// module. The order per micro-batch: for each module in forward order
+/// `gather`, its forward, `release` (the last may skip it); then for each
+/// module in backward order `gather`, its backward, `reduce_grads`. Every
+/// rank makes the same calls in the same order (they are collectives at
+/// stage 3). Units coarser than the modules stay correct (a unit's
+/// gradients may be reduced in parts, which add up) at the cost of extra
+/// gathers.
+pub trait UnitGate {
+    /// Make the full parameter values of the units of `module` present in
+    /// `model` (an all-gather of the shards at stage 3, for each unit whose
+    /// copy in the model is not current). A unit gathered anew starts with
+    /// zero gradients.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a module with no parameters or a
+    /// model whose parameters are not the plan's; the communicator's
+    /// errors.
+    fn gather(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()>;
+
+    /// Free the parameters of the units of `module` in `model` (stage 3,
+    /// [`Parameters::set_param_storage`] with 0).
+    ///
+    /// # Errors
+    /// As [`gather`](Self::gather); the model's own.
+    fn release(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()>;
+
+    /// After `module`'s backward: at stage 3, reduce-scatter the gradients
+    /// of its units (averaged over ranks) into this rank's gradient shard,
+    /// added to what is there already, and free the units.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when a parameter of a unit holds no
+    /// gradient (the unit was not gathered before the backward); as
+    /// [`gather`](Self::gather).
+    fn reduce_grads(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()>;
+}
+
+/// The gate of an unsharded model: every call does nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoGate;
+
+impl UnitGate for NoGate {
+    fn gather(&mut self, _: &mut dyn Parameters, _: &str) -> Result<()> {
+        Ok(())
+    }
+    fn release(&mut self, _: &mut dyn Parameters, _: &str) -> Result<()> {
+        Ok(())
+    }
+    fn reduce_grads(&mut self, _: &mut dyn Parameters, _: &str) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Every parameter's full values, gathered from the shards: what
+/// [`Accelerator::save_model`](crate::Accelerator::save_model) writes
+/// (it is a [`Parameters`] whose gradients are empty).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FullParameters {
+    /// `(name, values)` in the model's order.
+    pub params: Vec<(String, Vec<f32>)>,
+}
+
+impl Parameters for FullParameters {
+    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        for (name, v) in &self.params {
+            f(ParamRef::host(name, v, &[] as &[f32]));
+        }
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        for (name, v) in &mut self.params {
+            f(ParamMut::host(name, v, &mut [] as &mut [f32]));
+        }
+    }
+}
+
 /// Gradient synchronisation and the optimizer step of a sharded run, in
-/// one collective call.
+/// one collective call; at stage 3 also the keeper of the parameter
+/// shards.
 pub struct ZeroOptimizer<O> {
     comm: Arc<dyn Communicator>,
     plan: ShardPlan,
     stage: Stage,
     opt: O,
+    key: String,
+    /// Stages 0-2: the padded gradients of every unit; stage 3: one unit's.
     grads: Vec<f32>,
+    /// Stages 0-2: the padded values of every unit; stage 3: one unit's.
     values: Vec<f32>,
+    /// This rank's averaged gradient slices, unit after unit.
     shard: Vec<f32>,
+    /// Stage 3: this rank's slices of the parameters, unit after unit.
+    params: Vec<f32>,
+    /// Stage 3: received reduce-scatter slice.
+    recv: Vec<f32>,
+    /// Stage 3: the model's copy of the unit is current.
+    fresh: Vec<bool>,
+    /// Stage 3: the unit's gradients were reduced since the last step.
+    reduced: Vec<bool>,
     last_norm: Option<f32>,
 }
 
@@ -459,13 +580,18 @@ impl<O> std::fmt::Debug for ZeroOptimizer<O> {
 
 impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// A sharded optimizer for `model` at `stage` over `comm`, units
-    /// chosen by `policy`.
+    /// chosen by `policy`. At [`Stage::Full`] it keeps this rank's slices
+    /// of `model`'s current values (every rank must start from the same
+    /// ones) and the model's own copy counts as out of date: the first
+    /// [`UnitGate::gather`] of each unit all-gathers it.
     ///
     /// # Errors
     /// [`ErrorKind::Unsupported`] when the communicator does not declare a
     /// collective the stage needs (all-gather; all-reduce for `none` and
-    /// `optimizer`; reduce-scatter for `gradients`), naming it and the
-    /// backend; the errors of [`ShardPlan::new`].
+    /// `optimizer`; reduce-scatter for `gradients` and `full`), naming it
+    /// and the backend; the errors of [`ShardPlan::new`];
+    /// [`ErrorKind::InvalidArgument`] at stage 3 when a value is not `f32`
+    /// host memory.
     pub fn new(
         comm: Arc<dyn Communicator>,
         model: &dyn Parameters,
@@ -477,7 +603,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         let needs: &[Op] = match stage {
             Stage::None => &[Op::AllReduce],
             Stage::Optimizer => &[Op::AllReduce, Op::AllGather],
-            Stage::Gradients => &[Op::ReduceScatter, Op::AllGather],
+            Stage::Gradients | Stage::Full => &[Op::ReduceScatter, Op::AllGather],
         };
         if world > 1 {
             let caps = comm.capabilities();
@@ -495,16 +621,35 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         // `none` steps every element on every rank: a plan of one share.
         let shares = if stage == Stage::None { 1 } else { world };
         let plan = ShardPlan::of_model(model, policy, shares)?;
-        Ok(ZeroOptimizer {
+        let units = plan.units.len();
+        let mut z = ZeroOptimizer {
             comm,
             plan,
             stage,
             opt,
+            key: "zero_0".into(),
             grads: Vec::new(),
             values: Vec::new(),
             shard: Vec::new(),
+            params: Vec::new(),
+            recv: Vec::new(),
+            fresh: vec![false; units],
+            reduced: vec![false; units],
             last_norm: None,
-        })
+        };
+        if stage == Stage::Full {
+            z.check_model(model)?;
+            z.params = z.slices_of(model)?;
+            z.shard = vec![0.0; z.plan.shard_numel()];
+        }
+        Ok(z)
+    }
+
+    /// The same optimizer saved under `key` in checkpoints (default
+    /// `zero_0`; give each of several optimizers its own).
+    pub fn with_checkpoint_key(mut self, key: impl Into<String>) -> Self {
+        self.key = key.into();
+        self
     }
 
     /// The units and shares.
@@ -532,7 +677,27 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         self.opt.state_numel()
     }
 
-    /// The total gradient norm of the last [`step_clipped`](Self::step_clipped).
+    /// Elements of parameters, gradients and scratch this optimizer holds
+    /// on this rank (its own buffers; the model's are the model's).
+    pub fn buffer_numel(&self) -> usize {
+        [
+            &self.grads,
+            &self.values,
+            &self.shard,
+            &self.params,
+            &self.recv,
+        ]
+        .iter()
+        .map(|v| v.capacity())
+        .sum()
+    }
+
+    /// The index of the unit called `name`.
+    pub fn unit_named(&self, name: &str) -> Option<usize> {
+        self.plan.units.iter().position(|u| u.name == name)
+    }
+
+    /// The total gradient norm of the last clipped step.
     pub fn last_grad_norm(&self) -> Option<f32> {
         self.last_norm
     }
@@ -541,44 +706,227 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// Collective: every rank calls it with the same model layout.
     ///
     /// # Behavior
-    /// The model's gradients are read (the local sums of this rank's
-    /// micro-batches) and left as they are; its values are replaced by the
-    /// updated ones on every rank.
+    /// Stages 0-2: the model's gradients are read (the local sums of this
+    /// rank's micro-batches) and left as they are; its values are replaced
+    /// by the updated ones on every rank. Stage 3: the gradient shards
+    /// [`UnitGate::reduce_grads`] accumulated are stepped and cleared; the
+    /// model's copies of the units become out of date (gather before use).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] when the model's parameters differ
-    /// from the plan's (names, sizes, order); the communicator's errors.
+    /// from the plan's (names, sizes, order), or at stage 3 when a unit's
+    /// gradients were not reduced since the last step; the communicator's
+    /// errors.
     pub fn step(&mut self, model: &mut dyn Parameters) -> Result<()> {
-        self.step_inner(model, None).map(|_| ())
+        self.step_with(model, StepOptions::default()).map(|_| ())
     }
 
-    /// As [`step`](Self::step), with the averaged gradients scaled so
-    /// their 2-norm is at most `max_norm` first (torch's
-    /// `clip_grad_norm_`: coefficient `max_norm / (norm + 1e-6)`, capped at
-    /// 1). Returns the total norm before clipping, identical on every rank.
+    /// As [`step`](Self::step), with the averaged gradients clipped to a
+    /// total 2-norm of `max_norm` first. Returns the total norm before
+    /// clipping, identical on every rank.
+    ///
+    /// # Errors
+    /// As [`step_with`](Self::step_with).
+    pub fn step_clipped(&mut self, model: &mut dyn Parameters, max_norm: f32) -> Result<f32> {
+        let opts = StepOptions {
+            max_norm: Some(max_norm),
+            scaler: None,
+        };
+        let report = self.step_with(model, opts)?;
+        Ok(report.grad_norm.unwrap_or(0.0))
+    }
+
+    /// As [`step`](Self::step), with clipping and fp16 loss scaling as
+    /// `opts` asks. The norm and the overflow decision take one all-reduce
+    /// of every rank's shard figures, so they are global and the same on
+    /// every rank.
     ///
     /// # Errors
     /// As [`step`](Self::step); [`ErrorKind::InvalidArgument`] for a
     /// negative or non-finite `max_norm`.
-    pub fn step_clipped(&mut self, model: &mut dyn Parameters, max_norm: f32) -> Result<f32> {
-        if !(max_norm.is_finite() && max_norm >= 0.0) {
-            return Err(Error::invalid_argument(
-                "clip_grad_norm",
-                format!("max_norm {max_norm} is not a finite number >= 0"),
-            ));
+    pub fn step_with(
+        &mut self,
+        model: &mut dyn Parameters,
+        opts: StepOptions<'_>,
+    ) -> Result<StepReport> {
+        if let Some(max) = opts.max_norm {
+            if !(max.is_finite() && max >= 0.0) {
+                return Err(Error::invalid_argument(
+                    "clip_grad_norm",
+                    format!("max_norm {max} is not a finite number >= 0"),
+                ));
+            }
         }
-        self.step_inner(model, Some(max_norm))
+        if self.stage == Stage::Full {
+            if let Some(u) = self.reduced.iter().position(|r| !r) {
+                return Err(Error::invalid_argument(
+                    "sharded optimizer step",
+                    format!(
+                        "unit {u} ({:?}) had no gradients reduced since the last step",
+                        self.plan.units[u].name
+                    ),
+                )
+                .with_fix("call reduce_grads(model, module) after every module's backward"));
+            }
+        } else {
+            self.check_model(model)?;
+            self.flatten(model)?;
+            self.reduce_all()?;
+        }
+        let report = self.finish(opts)?;
+        if !report.skipped {
+            self.update_params(model)?;
+            self.opt.finish_step();
+        }
+        if self.stage == Stage::Full {
+            self.shard.fill(0.0);
+            self.reduced.fill(false);
+        }
+        Ok(report)
+    }
+
+    /// The reduce op and the factor that make a sum an average.
+    fn avg_op(&self) -> (ReduceOp, f32) {
+        let world = self.comm.world_size();
+        if self.comm.capabilities().reduce_ops.contains(&ReduceOp::Avg) {
+            (ReduceOp::Avg, 1.0)
+        } else if world == 1 {
+            (ReduceOp::Sum, 1.0)
+        } else {
+            (ReduceOp::Sum, 1.0 / world as f32)
+        }
+    }
+
+    /// This rank's share index (0 for a plan of one share).
+    fn share(&self) -> usize {
+        if self.plan.world == 1 {
+            0
+        } else {
+            self.comm.rank()
+        }
+    }
+
+    /// Stages 0-2: this rank's averaged gradient slices into `shard`.
+    fn reduce_all(&mut self) -> Result<()> {
+        let world = self.comm.world_size();
+        let rank = self.share();
+        let (op, scale) = self.avg_op();
+        self.shard.clear();
+        self.shard.resize(self.plan.shard_numel(), 0.0);
+        let (mut base, mut at) = (0, 0);
+        for (u, unit) in self.plan.units.iter().enumerate() {
+            let full = &mut self.grads[base..base + unit.padded];
+            let r = self.plan.shard_range(u, rank);
+            let mine = &mut self.shard[at..at + r.len()];
+            if world == 1 {
+                mine.copy_from_slice(full);
+            } else if self.stage == Stage::Gradients {
+                self.comm.reduce_scatter(
+                    Buf::Host(HostBuf::from(&full[..])),
+                    HostBufMut::from(&mut mine[..]).into(),
+                    op,
+                )?;
+            } else {
+                self.comm.all_reduce_slice(full, op)?;
+                mine.copy_from_slice(&full[r.clone()]);
+            }
+            if scale != 1.0 {
+                mine.iter_mut().for_each(|g| *g *= scale);
+            }
+            base += unit.padded;
+            at += r.len();
+        }
+        Ok(())
+    }
+
+    /// Unscale, agree on overflow and the norm, clip: the gradient shard
+    /// is ready to step unless the report says skipped.
+    fn finish(&mut self, opts: StepOptions<'_>) -> Result<StepReport> {
+        let StepOptions { max_norm, scaler } = opts;
+        if let Some(s) = &scaler {
+            let inv = (1.0 / s.scale) as f32;
+            self.shard.iter_mut().for_each(|g| *g *= inv);
+        }
+        if max_norm.is_none() && scaler.is_none() {
+            return Ok(StepReport {
+                grad_norm: None,
+                skipped: false,
+            });
+        }
+        let local_sq: f64 = self.shard.iter().map(|g| f64::from(*g).powi(2)).sum();
+        let local_bad = f64::from(u8::from(self.shard.iter().any(|g| !g.is_finite())));
+        let [sq, bad] = if self.plan.world == 1 {
+            [local_sq, local_bad]
+        } else {
+            let v = self
+                .comm
+                .all_reduce_vec(&[local_sq, local_bad], ReduceOp::Sum)?;
+            [v[0], v[1]]
+        };
+        let norm = sq.sqrt() as f32;
+        let skipped = scaler.is_some() && bad > 0.0;
+        if let Some(s) = scaler {
+            s.update(skipped);
+        }
+        if let Some(max) = max_norm {
+            self.last_norm = Some(norm);
+            let coef = max / (norm + 1e-6);
+            if coef < 1.0 && !skipped {
+                self.shard.iter_mut().for_each(|g| *g *= coef);
+            }
+        }
+        Ok(StepReport {
+            grad_norm: max_norm.map(|_| norm),
+            skipped,
+        })
+    }
+
+    /// Step this rank's slices; stages 1-2 then all-gather them into the
+    /// model, stage 3 keeps them.
+    fn update_params(&mut self, model: &mut dyn Parameters) -> Result<()> {
+        let rank = self.share();
+        let (mut base, mut at) = (0, 0);
+        for (u, unit) in self.plan.units.iter().enumerate() {
+            let r = self.plan.shard_range(u, rank);
+            let grads = &self.shard[at..at + r.len()];
+            if self.stage == Stage::Full {
+                self.opt
+                    .step_shard(u, &mut self.params[at..at + r.len()], grads)?;
+            } else {
+                let full = &mut self.values[base..base + unit.padded];
+                let mut mine = full[r.clone()].to_vec();
+                self.opt.step_shard(u, &mut mine, grads)?;
+                if self.plan.world == 1 {
+                    full.copy_from_slice(&mine);
+                } else {
+                    self.comm.all_gather(
+                        Buf::Host(HostBuf::from(&mine[..])),
+                        HostBufMut::from(full).into(),
+                    )?;
+                }
+            }
+            base += unit.padded;
+            at += r.len();
+        }
+        if self.stage == Stage::Full {
+            self.fresh.fill(false);
+            Ok(())
+        } else {
+            self.write_values(model)
+        }
     }
 
     fn check_model(&self, model: &dyn Parameters) -> Result<()> {
         let mut got = Vec::new();
         model.visit_params(&mut |p| got.push((p.name.to_string(), p.value.len(), p.grad.len())));
         let want: Vec<_> = self.plan.params().collect();
+        // At stage 3 a unit the model released holds no elements.
+        let fits = |n: usize, want: usize| n == want || (self.stage == Stage::Full && n == 0);
         let same = got.len() == want.len()
             && got
                 .iter()
                 .zip(&want)
-                .all(|((n, v, g), (wn, wl))| n == wn && v == wl && g == wl);
+                .all(|((n, v, g), (wn, wl))| n == wn && fits(*v, *wl) && fits(*g, *wl));
         if same {
             Ok(())
         } else {
@@ -631,94 +979,46 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         bad.map_or(Ok(()), Err)
     }
 
-    fn step_inner(&mut self, model: &mut dyn Parameters, clip: Option<f32>) -> Result<f32> {
-        self.check_model(model)?;
-        self.flatten(model)?;
-        let (world, shares) = (self.comm.world_size(), self.plan.world);
-        let rank = if shares == 1 { 0 } else { self.comm.rank() };
-        let native_avg = self.comm.capabilities().reduce_ops.contains(&ReduceOp::Avg);
-        let op = if native_avg {
-            ReduceOp::Avg
-        } else {
-            ReduceOp::Sum
-        };
-        let scale = if native_avg || world == 1 {
-            1.0
-        } else {
-            1.0 / world as f32
-        };
-        // This rank's gradient shards of every unit, one after another.
-        let shard_len = self.plan.shard_numel();
-        self.shard.clear();
-        self.shard.resize(shard_len, 0.0);
-        let mut base = 0;
-        let mut at = 0;
-        for (u, unit) in self.plan.units.iter().enumerate() {
-            let full = &mut self.grads[base..base + unit.padded];
-            let r = self.plan.shard_range(u, rank);
-            let mine = &mut self.shard[at..at + r.len()];
-            if world == 1 {
-                mine.copy_from_slice(full);
-            } else if self.stage == Stage::Gradients {
-                self.comm.reduce_scatter(
-                    Buf::Host(HostBuf::from(&full[..])),
-                    HostBufMut::from(&mut mine[..]).into(),
-                    op,
-                )?;
-            } else {
-                self.comm.all_reduce_slice(full, op)?;
-                mine.copy_from_slice(&full[r.clone()]);
-            }
-            if scale != 1.0 {
-                mine.iter_mut().for_each(|g| *g *= scale);
-            }
-            base += unit.padded;
-            at += r.len();
-        }
-        let norm = match clip {
-            Some(max) => {
-                let local: f64 = self
-                    .shard
-                    .iter()
-                    .map(|g| f64::from(*g) * f64::from(*g))
-                    .sum();
-                let total = if shares == 1 {
-                    local
-                } else {
-                    self.comm.all_reduce_vec(&[local], ReduceOp::Sum)?[0]
-                };
-                let norm = total.sqrt() as f32;
-                let coef = max / (norm + 1e-6);
-                if coef < 1.0 {
-                    self.shard.iter_mut().for_each(|g| *g *= coef);
+    /// This rank's slices of `model`'s values, unit after unit.
+    fn slices_of(&self, model: &dyn Parameters) -> Result<Vec<f32>> {
+        let places = self.places();
+        let mut padded = vec![0.0; self.plan.padded_numel()];
+        let (mut i, mut bad) = (0, None);
+        model.visit_params(&mut |p| {
+            let at = places[i];
+            i += 1;
+            match p.value_f32() {
+                Ok(v) if v.len() == self.plan_numel(i - 1) => {
+                    padded[at..at + v.len()].copy_from_slice(v)
                 }
-                self.last_norm = Some(norm);
-                norm
+                Ok(_) => {
+                    bad.get_or_insert(Error::invalid_argument(
+                        "sharding",
+                        format!("parameter {:?} holds no values to shard", p.name),
+                    ));
+                }
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
             }
-            None => 0.0,
-        };
-        // Step this rank's slices, then gather every rank's.
-        let (mut base, mut at) = (0, 0);
+        });
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        let rank = self.share();
+        let mut mine = Vec::with_capacity(self.plan.shard_numel());
+        let mut base = 0;
         for (u, unit) in self.plan.units.iter().enumerate() {
             let r = self.plan.shard_range(u, rank);
-            let full = &mut self.values[base..base + unit.padded];
-            let mut mine = full[r.clone()].to_vec();
-            self.opt
-                .step_shard(u, &mut mine, &self.shard[at..at + r.len()])?;
-            if shares == 1 {
-                full.copy_from_slice(&mine);
-            } else {
-                self.comm.all_gather(
-                    Buf::Host(HostBuf::from(&mine[..])),
-                    HostBufMut::from(full).into(),
-                )?;
-            }
+            mine.extend_from_slice(&padded[base + r.start..base + r.end]);
             base += unit.padded;
-            at += r.len();
         }
-        self.opt.finish_step();
-        self.write_values(model)?;
-        Ok(norm)
+        Ok(mine)
+    }
+
+    /// The element count of the `i`-th parameter in visiting order.
+    fn plan_numel(&self, i: usize) -> usize {
+        self.plan.params().nth(i).map_or(0, |(_, n)| n)
     }
 
     fn write_values(&self, model: &mut dyn Parameters) -> Result<()> {
@@ -737,50 +1037,375 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         bad.map_or(Ok(()), Err)
     }
 
+    /// Unit `unit`'s parameter indices (visiting order) and where its
+    /// shard starts in `shard`/`params`.
+    fn unit_span(&self, unit: usize) -> Result<(Range<usize>, usize)> {
+        if unit >= self.plan.units.len() {
+            return Err(Error::invalid_argument(
+                "sharding",
+                format!(
+                    "unit {unit} does not exist: the plan has {} units",
+                    self.plan.units.len()
+                ),
+            ));
+        }
+        let first: usize = self.plan.units[..unit].iter().map(|u| u.slots.len()).sum();
+        let at = self.plan.units[..unit]
+            .iter()
+            .map(|u| u.padded / self.plan.world)
+            .sum();
+        Ok((first..first + self.plan.units[unit].slots.len(), at))
+    }
+
+    /// All-gather unit `unit` into `values` (stage 3).
+    fn gather_unit(&mut self, unit: usize, at: usize) -> Result<()> {
+        let padded = self.plan.units[unit].padded;
+        let len = padded / self.plan.world;
+        self.values.clear();
+        self.values.resize(padded, 0.0);
+        let mine = &self.params[at..at + len];
+        if self.plan.world == 1 {
+            self.values.copy_from_slice(mine);
+        } else {
+            self.comm.all_gather(
+                Buf::Host(HostBuf::from(mine)),
+                HostBufMut::from(&mut self.values[..]).into(),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Every parameter's full current values (collective at stage 3: one
+    /// all-gather per unit), e.g. for
+    /// [`Accelerator::save_model`](crate::Accelerator::save_model), which
+    /// then writes the Hugging Face layout that loads at any world size.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when a value of `model` is not `f32`
+    /// host memory (stages 0-2: the model's values are the parameters);
+    /// the communicator's errors.
+    pub fn full_parameters(&mut self, model: &dyn Parameters) -> Result<FullParameters> {
+        let mut out = FullParameters::default();
+        if self.stage != Stage::Full {
+            let mut bad = None;
+            model.visit_params(&mut |p| match p.value_f32() {
+                Ok(v) => out.params.push((p.name.to_string(), v.to_vec())),
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            });
+            return bad.map_or(Ok(out), Err);
+        }
+        for u in 0..self.plan.units.len() {
+            let (_, at) = self.unit_span(u)?;
+            self.gather_unit(u, at)?;
+            for s in &self.plan.units[u].slots {
+                let v = self.values[s.offset..s.offset + s.numel].to_vec();
+                out.params.push((s.name.clone(), v));
+            }
+        }
+        Ok(out)
+    }
+
     fn unit_layout(&self) -> Vec<(String, usize)> {
         let units = self.plan.units.iter();
         units.map(|u| (u.name.clone(), u.numel)).collect()
     }
 
-    /// This rank's shard of the optimizer state, with the layout it was
-    /// made for (world size, rank, units), for a sharded checkpoint.
+    /// This rank's shard of the optimizer state (and at stage 3 of the
+    /// parameters, tensor `zero.params`), with the layout it was made for
+    /// (stage, world size, rank, units), for a sharded checkpoint. Take it
+    /// between steps: gradients are not part of it.
     pub fn state_dict(&self) -> StateDict {
         let mut s = self.opt.state_dict();
         s.put("zero.stage", &self.stage.as_str());
         s.put("zero.world_size", &self.comm.world_size());
         s.put("zero.rank", &self.comm.rank());
         s.put("zero.units", &self.unit_layout());
+        if self.stage == Stage::Full {
+            s.put_tensor("zero.params", self.params.clone());
+        }
         s
     }
 
     /// Restore a state written by [`state_dict`](Self::state_dict) on the
-    /// same rank of a run with the same world size and units.
+    /// same rank of a run with the same stage, world size and units.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidConfig`] for a state of another world size,
-    /// rank or unit layout (naming both); the optimizer's own.
+    /// [`ErrorKind::InvalidConfig`] for a state of another stage, world
+    /// size, rank or unit layout (naming both); [`ErrorKind::Corrupt`]
+    /// for a parameter shard of the wrong size; the optimizer's own.
     pub fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        let stage: String = state.get("zero.stage")?;
         let world: usize = state.get("zero.world_size")?;
         let rank: usize = state.get("zero.rank")?;
         let units: Vec<(String, usize)> = state.get("zero.units")?;
         let mine = self.unit_layout();
-        if world != self.comm.world_size() || rank != self.comm.rank() || units != mine {
+        if stage != self.stage.as_str()
+            || world != self.comm.world_size()
+            || rank != self.comm.rank()
+            || units != mine
+        {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!(
-                    "this sharded optimizer state belongs to rank {rank} of {world} with {} units; \
-                     this is rank {} of {} with {} units",
+                    "this sharded optimizer state belongs to stage {stage}, rank {rank} of {world} \
+                     with {} units; this is stage {}, rank {} of {} with {} units",
                     units.len(),
+                    self.stage,
                     self.comm.rank(),
                     self.comm.world_size(),
                     mine.len()
                 ),
             )
-            .with_fix("resume at the world size the checkpoint was written with"));
+            .with_fix("resume at the stage and world size the checkpoint was written with"));
         }
         let mut inner = state.clone();
         inner.values.retain(|k, _| !k.starts_with("zero."));
+        let params = inner.tensors.remove("zero.params");
+        if self.stage == Stage::Full {
+            let p = params.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    "the stage-3 state holds no parameter shard `zero.params`",
+                )
+            })?;
+            if p.data.len() != self.plan.shard_numel() {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "the parameter shard holds {} elements; this rank's shard has {}",
+                        p.data.len(),
+                        self.plan.shard_numel()
+                    ),
+                ));
+            }
+            self.opt.load_state_dict(&inner)?;
+            self.params = p.data;
+            self.fresh.fill(false);
+            self.shard.fill(0.0);
+            self.reduced.fill(false);
+            return Ok(());
+        }
         self.opt.load_state_dict(&inner)
+    }
+}
+
+impl<O: ShardOptimizer> UnitGate for ZeroOptimizer<O> {
+    fn gather(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()> {
+        for u in self.units_of(module)? {
+            self.gather_one(model, u)?;
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()> {
+        for u in self.units_of(module)? {
+            self.release_one(model, u)?;
+        }
+        Ok(())
+    }
+
+    fn reduce_grads(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()> {
+        for u in self.units_of(module)? {
+            self.reduce_one(model, u)?;
+        }
+        Ok(())
+    }
+}
+
+impl<O: ShardOptimizer> ZeroOptimizer<O> {
+    /// The units holding parameters of `module` (`""`: every unit).
+    fn units_of(&self, module: &str) -> Result<Vec<usize>> {
+        let under = |name: &str| {
+            module.is_empty()
+                || name == module
+                || name
+                    .strip_prefix(module)
+                    .is_some_and(|r| r.starts_with('.'))
+        };
+        let units: Vec<usize> = (self.plan.units.iter().enumerate())
+            .filter(|(_, u)| u.slots.iter().any(|s| under(&s.name)))
+            .map(|(i, _)| i)
+            .collect();
+        if units.is_empty() {
+            return Err(Error::invalid_argument(
+                "sharding",
+                format!("the model has no parameters under module {module:?}"),
+            )
+            .with_fix("name a module by its parameters' prefix (`fc1` for `fc1.weight`)"));
+        }
+        Ok(units)
+    }
+
+    fn gather_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
+        let (span, at) = self.unit_span(unit)?;
+        if self.stage != Stage::Full || self.fresh[unit] {
+            return Ok(());
+        }
+        self.gather_unit(unit, at)?;
+        let slots = &self.plan.units[unit].slots;
+        for s in slots {
+            model.set_param_storage(&s.name, s.numel)?;
+        }
+        let (mut i, mut bad) = (0, None);
+        let values = &self.values;
+        model.visit_params_mut(&mut |mut p| {
+            let k = i;
+            i += 1;
+            if !span.contains(&k) {
+                return;
+            }
+            let s = &slots[k - span.start];
+            match p.f32_mut() {
+                Ok((v, g)) if v.len() == s.numel && g.len() == s.numel => {
+                    v.copy_from_slice(&values[s.offset..s.offset + s.numel]);
+                    g.fill(0.0);
+                }
+                Ok((v, _)) => {
+                    bad.get_or_insert(Error::invalid_argument(
+                        "sharding gather",
+                        format!(
+                            "parameter {:?} has room for {} elements after set_param_storage({}); it needs {}",
+                            s.name,
+                            v.len(),
+                            s.numel,
+                            s.numel
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+        });
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        self.fresh[unit] = true;
+        Ok(())
+    }
+
+    fn release_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
+        self.unit_span(unit)?;
+        if self.stage != Stage::Full {
+            return Ok(());
+        }
+        for s in &self.plan.units[unit].slots {
+            model.set_param_storage(&s.name, 0)?;
+        }
+        self.fresh[unit] = false;
+        Ok(())
+    }
+
+    fn reduce_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
+        let (span, at) = self.unit_span(unit)?;
+        if self.stage != Stage::Full {
+            return Ok(());
+        }
+        let padded = self.plan.units[unit].padded;
+        let len = padded / self.plan.world;
+        self.grads.clear();
+        self.grads.resize(padded, 0.0);
+        let slots = &self.plan.units[unit].slots;
+        let grads = &mut self.grads;
+        let (mut i, mut bad) = (0, None);
+        model.visit_params(&mut |p| {
+            let k = i;
+            i += 1;
+            if !span.contains(&k) {
+                return;
+            }
+            let s = &slots[k - span.start];
+            match p.grad_f32() {
+                Ok(g) if g.len() == s.numel => {
+                    grads[s.offset..s.offset + s.numel].copy_from_slice(g)
+                }
+                Ok(_) => {
+                    bad.get_or_insert(
+                        Error::invalid_argument(
+                            "sharding reduce_grads",
+                            format!("parameter {:?} holds no gradient", s.name),
+                        )
+                        .with_fix("gather the unit before its backward"),
+                    );
+                }
+                Err(e) => {
+                    bad.get_or_insert(e);
+                }
+            }
+        });
+        if let Some(e) = bad {
+            return Err(e);
+        }
+        let (op, scale) = self.avg_op();
+        self.recv.clear();
+        self.recv.resize(len, 0.0);
+        if self.plan.world == 1 {
+            self.recv.copy_from_slice(&self.grads);
+        } else {
+            self.comm.reduce_scatter(
+                Buf::Host(HostBuf::from(&self.grads[..])),
+                HostBufMut::from(&mut self.recv[..]).into(),
+                op,
+            )?;
+        }
+        for (acc, g) in self.shard[at..at + len].iter_mut().zip(&self.recv) {
+            *acc += scale * g;
+        }
+        self.reduced[unit] = true;
+        self.release_one(model, unit)
+    }
+}
+
+impl<O: ShardOptimizer> Checkpointed for ZeroOptimizer<O> {
+    fn checkpoint_key(&self) -> String {
+        self.key.clone()
+    }
+
+    /// Every rank saves its own shard.
+    fn per_rank(&self) -> bool {
+        true
+    }
+
+    fn checkpoint_state(&self) -> Result<StateDict> {
+        Ok(self.state_dict())
+    }
+
+    fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
+        self.load_state_dict(&state)
+    }
+
+    /// The shards must be ranks `0..W` of one layout, in order.
+    fn check_rank_states(&self, states: &[StateDict]) -> Result<()> {
+        /// Stage, world size, rank, units.
+        type Head = (String, usize, usize, Vec<(String, usize)>);
+        let head = |s: &StateDict| -> Result<Head> {
+            Ok((
+                s.get("zero.stage")?,
+                s.get("zero.world_size")?,
+                s.get("zero.rank")?,
+                s.get("zero.units")?,
+            ))
+        };
+        let first = states.first().map(head).transpose()?;
+        for (r, s) in states.iter().enumerate() {
+            let (stage, world, rank, units) = head(s)?;
+            let same_run = first.as_ref().is_some_and(|f| f.0 == stage && f.3 == units);
+            if world != states.len() || rank != r || !same_run {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "the sharded optimizer state loaded by rank {r} is rank {rank} of {world} \
+                         (stage {stage}, {} units); {} ranks are loading",
+                        units.len(),
+                        states.len()
+                    ),
+                )
+                .with_fix("load a checkpoint written by a run of this world size, every rank from the same folder"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -848,17 +1473,16 @@ mod tests {
             ("zero1", Stage::Optimizer),
             ("Shard_Grad_Op", Stage::Gradients),
             ("gradients", Stage::Gradients),
+            ("full", Stage::Full),
         ] {
             assert_eq!(s.parse::<Stage>().unwrap(), want);
             assert_eq!(want.as_str().parse::<Stage>().unwrap(), want);
         }
-        let e = "FULL_SHARD".parse::<Stage>().unwrap_err();
-        assert_eq!(e.kind(), &ErrorKind::Unsupported);
+        assert_eq!("FULL_SHARD".parse::<Stage>().unwrap(), Stage::Full);
+        assert_eq!("zero3".parse::<Stage>().unwrap(), Stage::Full);
         let e = "zero9".parse::<Stage>().unwrap_err();
         assert!(e.to_string().contains("zero9"), "{e}");
     }
-
-    use crate::train::{ParamMut, ParamRef};
 
     struct One(Vec<f32>, Vec<f32>);
 

@@ -4,6 +4,7 @@
 //! pure-Rust demo, `examples/train`, trains the same model).
 
 use accel::train::{Dataset, ParamMut, ParamRef, Parameters};
+use accel::zero::UnitGate;
 
 /// Input features per sample.
 pub const FEATURES: usize = 8;
@@ -155,6 +156,63 @@ impl Mlp {
         loss
     }
 
+    /// As [`loss_and_grad`](Self::loss_and_grad), computed module by
+    /// module (`fc1`, then `fc2`; backward in reverse) with the calls a
+    /// ZeRO stage-3 [`UnitGate`] needs around each module.
+    ///
+    /// # Errors
+    /// The gate's.
+    pub fn loss_and_grad_units(
+        &mut self,
+        batch: &[Sample],
+        scale: f32,
+        gate: &mut dyn UnitGate,
+    ) -> accel_api::Result<f32> {
+        let n = batch.len().max(1) as f32;
+        gate.gather(self, "fc1")?;
+        let hs: Vec<Vec<f32>> = batch.iter().map(|s| self.hidden_act(&s.x)).collect();
+        gate.release(self, "fc1")?;
+        gate.gather(self, "fc2")?;
+        let mut loss = 0.0;
+        let mut dzs = Vec::with_capacity(batch.len());
+        for (s, h) in batch.iter().zip(&hs) {
+            let pred = self.values[3][0]
+                + h.iter()
+                    .zip(&self.values[2])
+                    .map(|(a, w)| a * w)
+                    .sum::<f32>();
+            let e = pred - s.y;
+            loss += e * e / n;
+            let dy = scale * 2.0 * e / n;
+            self.grads[3][0] += dy;
+            let dz: Vec<f32> = (0..self.hidden)
+                .map(|k| {
+                    self.grads[2][k] += dy * h[k];
+                    dy * self.values[2][k] * (1.0 - h[k] * h[k])
+                })
+                .collect();
+            dzs.push(dz);
+        }
+        gate.reduce_grads(self, "fc2")?;
+        gate.gather(self, "fc1")?;
+        for (s, dz) in batch.iter().zip(&dzs) {
+            let [g1, gb1, _, _] = &mut self.grads;
+            for k in 0..self.hidden {
+                gb1[k] += dz[k];
+                for (g, v) in g1[k * FEATURES..(k + 1) * FEATURES].iter_mut().zip(&s.x) {
+                    *g += dz[k] * v;
+                }
+            }
+        }
+        gate.reduce_grads(self, "fc1")?;
+        Ok(loss)
+    }
+
+    /// Elements of parameter values and gradients the model holds now.
+    pub fn resident_numel(&self) -> usize {
+        self.values.iter().chain(&self.grads).map(Vec::len).sum()
+    }
+
     /// All parameter values, flattened in visiting order.
     pub fn flat_values(&self) -> Vec<f32> {
         self.values.concat()
@@ -172,5 +230,22 @@ impl Parameters for Mlp {
         for ((name, value), grad) in NAMES.iter().zip(values.iter_mut()).zip(grads.iter_mut()) {
             f(ParamMut::host(name, value, grad));
         }
+    }
+
+    fn set_param_storage(&mut self, name: &str, numel: usize) -> accel_api::Result<()> {
+        let i = NAMES.iter().position(|n| *n == name).ok_or_else(|| {
+            accel_api::Error::invalid_argument(
+                "set_param_storage",
+                format!("no parameter {name:?}"),
+            )
+        })?;
+        for v in [&mut self.values[i], &mut self.grads[i]] {
+            if numel == 0 {
+                *v = Vec::new();
+            } else {
+                v.resize(numel, 0.0);
+            }
+        }
+        Ok(())
     }
 }

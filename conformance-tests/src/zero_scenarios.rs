@@ -1,7 +1,9 @@
-//! Sharded data parallelism (issue 21): ZeRO stages 1 and 2 give the
+//! Sharded data parallelism (issue 21): ZeRO stages 1, 2 and 3 give the
 //! parameters of a one-process run on the global batch, with gradient
-//! accumulation and with clipping, and the clipped norm is the same on
-//! every rank. Named `zero_*` so that `--filter zero` runs them.
+//! accumulation, with clipping and with fp16 loss scaling; the clipped
+//! norm and the skip decision are the same on every rank, and at stage 3
+//! the model holds no parameters between steps. Named `zero_*` so that
+//! `--filter zero` runs them.
 
 use accel::train::{Dataset, Optimizer, Sgd};
 use accel::zero::{ShardedSgd, Stage, WrapPolicy, ZeroOptimizer};
@@ -34,7 +36,7 @@ fn gate_zero(ctx: &Ctx) -> Option<String> {
         .map(|op| format!("{op} not declared"))
 }
 
-const STAGES: [Stage; 3] = [Stage::None, Stage::Optimizer, Stage::Gradients];
+const STAGES: [Stage; 4] = [Stage::None, Stage::Optimizer, Stage::Gradients, Stage::Full];
 const HIDDEN: usize = 6;
 const BS: usize = 3;
 const STEPS: usize = 3;
@@ -63,7 +65,9 @@ fn sharded_run(
         for j in 0..k {
             let start = s * global + (j * n + rank) * BS;
             let batch: Vec<_> = (start..start + BS).map(|i| data.get(i)).collect();
-            model.loss_and_grad(&batch, 1.0 / k as f32);
+            model
+                .loss_and_grad_units(&batch, 1.0 / k as f32, &mut zero)
+                .map_err(|e| e.to_string())?;
         }
         match clip {
             Some(max) => norms.push(
@@ -73,8 +77,16 @@ fn sharded_run(
             None => zero.step(&mut model).map_err(|e| e.to_string())?,
         }
         model.grads.iter_mut().for_each(|g| g.fill(0.0));
+        if stage == Stage::Full && model.resident_numel() != 0 {
+            return Err(format!(
+                "stage 3: the model still holds {} parameter and gradient elements after step {s}",
+                model.resident_numel()
+            ));
+        }
     }
-    Ok((model.flat_values(), norms, zero.state_numel()))
+    let full = zero.full_parameters(&model).map_err(|e| e.to_string())?;
+    let values = full.params.into_iter().flat_map(|(_, v)| v).collect();
+    Ok((values, norms, zero.state_numel()))
 }
 
 /// One process on the global batches, clipping as torch's

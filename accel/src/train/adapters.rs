@@ -192,6 +192,22 @@ pub trait Parameters {
     fn grad_kernels(&self) -> Option<Arc<dyn GradKernels>> {
         None
     }
+
+    /// Give parameter `name` storage for `numel` values and gradients
+    /// (zero-filled where it grows), or free both with `numel == 0`. ZeRO
+    /// stage 3 ([`crate::zero::Stage::Full`]) calls it to release a unit's
+    /// parameters after use and to restore them before the next gather.
+    ///
+    /// The default keeps the storage as it is, which gives the same
+    /// results without the memory saving; a model implements it to have
+    /// its parameters sharded for real.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a name the model does not have.
+    fn set_param_storage(&mut self, name: &str, numel: usize) -> Result<()> {
+        let _ = (name, numel);
+        Ok(())
+    }
 }
 
 /// One optimizer update over [`Parameters`].
