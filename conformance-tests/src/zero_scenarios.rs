@@ -5,8 +5,8 @@
 //! the model holds no parameters between steps. Named `zero_*` so that
 //! `--filter zero` runs them.
 
-use accel::train::{Dataset, Optimizer, Sgd};
-use accel::zero::{ShardedSgd, Stage, WrapPolicy, ZeroOptimizer};
+use accel::train::{Dataset, GradScaler, GradScalerConfig, Optimizer, Sgd};
+use accel::zero::{ShardedSgd, Stage, StepOptions, WrapPolicy, ZeroOptimizer};
 use accel_api::{CommunicatorExt, Op};
 
 use crate::fixtures::{Mlp, Synthetic};
@@ -24,6 +24,11 @@ pub(crate) fn zero_scenarios() -> Vec<Scenario> {
             name: "zero_clipping",
             gate: gate_zero,
             run: zero_clipping,
+        },
+        Scenario {
+            name: "zero_fp16_skip_agreed",
+            gate: gate_zero,
+            run: zero_fp16_skip_agreed,
         },
     ]
 }
@@ -199,6 +204,90 @@ fn zero_clipping(ctx: &Ctx) -> Outcome {
                 Ok(())
             },
         );
+        if let Err(m) = r {
+            return Outcome::Fail(m);
+        }
+    }
+    Outcome::Pass
+}
+
+/// The step at which the last rank's batch overflows in
+/// `zero_fp16_skip_agreed`.
+const OVERFLOW_STEP: usize = 1;
+
+fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
+    let (n, rank) = (ctx.world_size(), ctx.comm.rank());
+    let data = Synthetic {
+        len: n * BS * STEPS,
+        seed: 7,
+    };
+    let global = n * BS;
+    let init = 1024.0;
+    // One process on the global batches, the overflowing step skipped.
+    let want = {
+        let mut m = Mlp::new(HIDDEN, 3);
+        let mut opt = Sgd::new(0.2).with_momentum(0.5);
+        for s in (0..STEPS).filter(|s| *s != OVERFLOW_STEP) {
+            let batch: Vec<_> = (s * global..(s + 1) * global)
+                .map(|i| data.get(i))
+                .collect();
+            m.loss_and_grad(&batch, 1.0);
+            if let Err(e) = opt.step(&mut m) {
+                return Outcome::Fail(e.to_string());
+            }
+            opt.zero_grad(&mut m);
+        }
+        m.flat_values()
+    };
+    for stage in STAGES {
+        let r = (|| -> Result<(), String> {
+            let mut model = Mlp::new(HIDDEN, 3);
+            let opt = ShardedSgd::new(0.2).with_momentum(0.5);
+            let mut zero =
+                ZeroOptimizer::new(ctx.comm.clone(), &model, stage, &WrapPolicy::Depth(1), opt)
+                    .map_err(|e| e.to_string())?;
+            let mut scaler = GradScaler::new(GradScalerConfig {
+                init_scale: init,
+                ..GradScalerConfig::default()
+            });
+            let mut skipped = Vec::new();
+            for s in 0..STEPS {
+                let start = s * global + rank * BS;
+                let mut batch: Vec<_> = (start..start + BS).map(|i| data.get(i)).collect();
+                if s == OVERFLOW_STEP && rank + 1 == n {
+                    batch[0].y = f32::INFINITY;
+                }
+                model
+                    .loss_and_grad_units(&batch, scaler.scale as f32, &mut zero)
+                    .map_err(|e| e.to_string())?;
+                let opts = StepOptions {
+                    max_norm: None,
+                    scaler: Some(&mut scaler),
+                };
+                let report = zero
+                    .step_with(&mut model, opts)
+                    .map_err(|e| e.to_string())?;
+                skipped.push(report.skipped);
+                model.grads.iter_mut().for_each(|g| g.fill(0.0));
+            }
+            let expect: Vec<bool> = (0..STEPS).map(|s| s == OVERFLOW_STEP).collect();
+            if skipped != expect {
+                return Err(format!(
+                    "stage {stage}: rank {rank} skipped steps {skipped:?}, want {expect:?} \
+                     (the last rank overflows at step {OVERFLOW_STEP})"
+                ));
+            }
+            if scaler.scale != init * 0.5 {
+                return Err(format!(
+                    "stage {stage}: the scale is {} after one overflow, want {}",
+                    scaler.scale,
+                    init * 0.5
+                ));
+            }
+            let full = zero.full_parameters(&model).map_err(|e| e.to_string())?;
+            let got: Vec<f32> = full.params.into_iter().flat_map(|(_, v)| v).collect();
+            close(&format!("stage {stage}: parameters"), &got, &want)
+        })();
         if let Err(m) = r {
             return Outcome::Fail(m);
         }
