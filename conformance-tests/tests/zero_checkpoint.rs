@@ -1,0 +1,196 @@
+//! ZeRO stage 3 end to end (issue 21): a 4-rank `full` run checkpoints,
+//! stops and resumes at 4 ranks with the uninterrupted run's parameters bit
+//! for bit; its consolidated `save_model` output loads into a one-process
+//! run that computes the same loss and shard again at 3 ranks; a 2-rank
+//! run refuses the 4-rank shards by name. Ranks are threads over cpu-gloo
+//! (loopback TCP), each run under a 60 s timeout.
+#![cfg(feature = "cpu-gloo")]
+
+use std::path::Path;
+use std::time::Duration;
+
+use accel::train::{Dataset, DEFAULT_MAX_SHARD_SIZE};
+use accel::zero::{FullParameters, ShardedSgd, Stage, WrapPolicy, ZeroOptimizer};
+use accel::{Accelerator, Threads};
+use accel_conformance::fixtures::{Mlp, Sample, Synthetic};
+
+const WORLD: usize = 4;
+const STEPS: usize = 6;
+const BS: usize = 2;
+const HIDDEN: usize = 8;
+
+fn data() -> Synthetic {
+    Synthetic {
+        len: WORLD * BS * STEPS + 16,
+        seed: 11,
+    }
+}
+
+fn batch(step: usize, rank: usize) -> Vec<Sample> {
+    let start = (step * WORLD + rank) * BS;
+    (start..start + BS).map(|i| data().get(i)).collect()
+}
+
+/// Samples none of the runs trains on.
+fn held_out() -> Vec<Sample> {
+    (WORLD * BS * STEPS..WORLD * BS * STEPS + 16)
+        .map(|i| data().get(i))
+        .collect()
+}
+
+fn zero_for(acc: &Accelerator, model: &Mlp) -> accel::Result<ZeroOptimizer<ShardedSgd>> {
+    ZeroOptimizer::new(
+        acc.comm().clone(),
+        model,
+        Stage::Full,
+        &WrapPolicy::Depth(1),
+        ShardedSgd::new(0.1).with_momentum(0.9),
+    )
+}
+
+/// Steps `from..to` of training; returns the full parameters at the end.
+fn train(
+    acc: &Accelerator,
+    model: &mut Mlp,
+    zero: &mut ZeroOptimizer<ShardedSgd>,
+    steps: std::ops::Range<usize>,
+) -> accel::Result<FullParameters> {
+    for s in steps {
+        model.loss_and_grad_units(&batch(s, acc.rank()), 1.0, zero)?;
+        zero.step(model)?;
+    }
+    zero.full_parameters(model)
+}
+
+/// Mean squared error of the full parameters on the held-out samples.
+fn loss_of(full: &FullParameters) -> f32 {
+    let mut m = Mlp::new(HIDDEN, 0);
+    for (i, (_, v)) in full.params.iter().enumerate() {
+        m.values[i].clone_from(v);
+    }
+    let held = held_out();
+    let n = held.len() as f32;
+    held.iter()
+        .map(|s| (m.forward(&s.x) - s.y).powi(2) / n)
+        .sum()
+}
+
+fn threads(n: usize) -> Threads {
+    Threads::new(n)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(60))
+}
+
+fn bits(full: &FullParameters) -> Vec<u32> {
+    full.params
+        .iter()
+        .flat_map(|(_, v)| v.iter().map(|x| x.to_bits()))
+        .collect()
+}
+
+#[test]
+fn a_full_shard_run_resumes_exactly_and_saves_weights_one_process_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, weights) = (dir.path().join("ckpt"), dir.path().join("weights"));
+
+    // Uninterrupted, with the consolidated weights saved at the end.
+    let whole = threads(WORLD)
+        .run(|acc| {
+            let mut model = Mlp::new(HIDDEN, 5);
+            let mut zero = zero_for(acc, &model)?;
+            let full = train(acc, &mut model, &mut zero, 0..STEPS)?;
+            acc.save_model(&full, &weights, DEFAULT_MAX_SHARD_SIZE)?;
+            Ok(full)
+        })
+        .unwrap();
+    assert!(whole.windows(2).all(|w| w[0] == w[1]), "ranks disagree");
+
+    // Stopped after half the steps, the shards checkpointed.
+    threads(WORLD)
+        .run(|acc| {
+            let mut model = Mlp::new(HIDDEN, 5);
+            let mut zero = zero_for(acc, &model)?;
+            train(acc, &mut model, &mut zero, 0..STEPS / 2)?;
+            acc.save_state_to(&ckpt, &[&zero])?;
+            Ok(())
+        })
+        .unwrap();
+    // Each rank wrote its own shard.
+    let names: Vec<String> = std::fs::read_dir(ckpt.join("zero_0"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for r in 0..WORLD {
+        assert!(
+            names.iter().any(|n| n.starts_with(&format!("rank_{r}."))),
+            "no shard of rank {r} in {}: {names:?}",
+            ckpt.join("zero_0").display()
+        );
+    }
+
+    // Resumed from the checkpoint in fresh processes' worth of state: a
+    // model initialised differently, to show the shards carry the values.
+    let resumed = threads(WORLD)
+        .run(|acc| {
+            let mut model = Mlp::new(HIDDEN, 99);
+            let mut zero = zero_for(acc, &model)?;
+            acc.load_state(&ckpt, &mut [&mut zero])?;
+            train(acc, &mut model, &mut zero, STEPS / 2..STEPS)
+        })
+        .unwrap();
+    assert_eq!(
+        bits(&resumed[0]),
+        bits(&whole[0]),
+        "the resumed run's parameters differ from the uninterrupted run's"
+    );
+
+    // The saved weights in one process give the same held-out loss.
+    let single = threads(1)
+        .backend("single")
+        .run(|acc| {
+            let mut model = Mlp::new(HIDDEN, 42);
+            acc.load_model(&mut model, &weights)?;
+            let full = FullParameters {
+                params: ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+                    .iter()
+                    .zip(&model.values)
+                    .map(|(n, v)| (n.to_string(), v.clone()))
+                    .collect(),
+            };
+            Ok(full)
+        })
+        .unwrap();
+    assert_eq!(bits(&single[0]), bits(&whole[0]));
+    let (want, got) = (loss_of(&whole[0]), loss_of(&single[0]));
+    assert_eq!(want.to_bits(), got.to_bits(), "loss {got} vs {want}");
+    assert!(want.is_finite() && want > 0.0, "{want}");
+
+    // The consolidated weights shard at another world size: 3 ranks load
+    // them into a model, shard it, and gather the same values back.
+    let three = threads(3)
+        .run(|acc| {
+            let mut model = Mlp::new(HIDDEN, 7);
+            acc.load_model(&mut model, &weights)?;
+            let mut zero = zero_for(acc, &model)?;
+            zero.full_parameters(&model)
+        })
+        .unwrap();
+    assert_eq!(bits(&three[2]), bits(&whole[0]));
+
+    // The shards at another world size are refused, naming both.
+    refuses_another_world_size(&ckpt);
+}
+
+fn refuses_another_world_size(ckpt: &Path) {
+    let e = threads(2)
+        .run(|acc| {
+            let model = Mlp::new(HIDDEN, 5);
+            let mut zero = zero_for(acc, &model)?;
+            acc.load_state(ckpt, &mut [&mut zero])?;
+            Ok(())
+        })
+        .unwrap_err();
+    let m = e.to_string();
+    eprintln!("{m}");
+    assert!(m.contains("saved by 4 processes"), "{m}");
+}
