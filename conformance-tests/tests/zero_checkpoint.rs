@@ -194,3 +194,79 @@ fn refuses_another_world_size(ckpt: &Path) {
     eprintln!("{m}");
     assert!(m.contains("saved by 4 processes"), "{m}");
 }
+
+/// `TrainConfig::sharding` through the accelerator: with 2 batches per
+/// optimizer step, `backward` leaves gradients to the ZeRO optimizer (no
+/// DDP all-reduce), `zero_step` steps only at the end of each group, and
+/// every stage ends where one process on the global batches ends.
+#[test]
+fn the_configured_stage_trains_through_backward_and_zero_step() {
+    use accel::train::{Optimizer, Sgd, TrainConfig};
+    const K: usize = 2;
+    const N: usize = 2;
+    let steps = 3;
+    let per_step = |s: usize, j: usize, r: usize| {
+        let start = ((s * K + j) * N + r) * BS;
+        (start..start + BS)
+            .map(|i| data().get(i))
+            .collect::<Vec<_>>()
+    };
+    // One process: each optimizer step sees the K × N batches at once.
+    let want = {
+        let mut m = Mlp::new(HIDDEN, 5);
+        let mut opt = Sgd::new(0.1).with_momentum(0.9);
+        for s in 0..steps {
+            let all: Vec<Sample> = (0..K)
+                .flat_map(|j| (0..N).flat_map(move |r| per_step(s, j, r)))
+                .collect();
+            m.loss_and_grad(&all, 1.0);
+            opt.step(&mut m).unwrap();
+            opt.zero_grad(&mut m);
+        }
+        m.flat_values()
+    };
+    for stage in [Stage::None, Stage::Optimizer, Stage::Gradients, Stage::Full] {
+        let out = threads(N)
+            .run(|acc| {
+                acc.set_training_config(TrainConfig {
+                    gradient_accumulation_steps: K,
+                    sharding: Some(stage),
+                    ..TrainConfig::default()
+                })?;
+                assert_eq!(acc.sharding(), stage);
+                let mut model = acc.prepare_model(Mlp::new(HIDDEN, 5))?;
+                let opt = ShardedSgd::new(0.1).with_momentum(0.9);
+                let mut zero = acc.prepare_zero(&mut model, &WrapPolicy::Depth(1), opt)?;
+                let mut stepped = 0;
+                for s in 0..steps {
+                    for j in 0..K {
+                        acc.accumulate_step(false);
+                        let b = per_step(s, j, acc.rank());
+                        // `scale` is 1/k: the group's gradients average.
+                        acc.backward(&mut model, |m, scale| {
+                            m.loss_and_grad_units(&b, scale, &mut zero)
+                        })??;
+                        if acc.zero_step(&mut zero, &mut model, None)?.is_some() {
+                            stepped += 1;
+                            model.grads.iter_mut().for_each(|g| g.fill(0.0));
+                        }
+                    }
+                }
+                assert_eq!(stepped, steps, "zero_step stepped {stepped} times");
+                assert_eq!(model.gradient_syncs(), 0, "backward all-reduced");
+                let full = zero.full_parameters(&*model)?;
+                Ok(full
+                    .params
+                    .into_iter()
+                    .flat_map(|(_, v)| v)
+                    .collect::<Vec<f32>>())
+            })
+            .unwrap();
+        for (i, (a, b)) in out[0].iter().zip(&want).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "stage {stage}: value {i} is {a}, one process gives {b}"
+            );
+        }
+    }
+}

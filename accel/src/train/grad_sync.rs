@@ -153,7 +153,8 @@ impl Accelerator {
     /// gradients of `loss * scale` to the gradient buffers. Afterwards,
     /// when the decision's `all_reduce` is set, the gradients are averaged
     /// across ranks ([`PreparedModel::all_reduce_gradients`]); inside an
-    /// accumulation group they are left local (DDP's `no_sync`). Returns
+    /// accumulation group they are left local (DDP's `no_sync`), and always
+    /// for a model given to [`prepare_zero`](Self::prepare_zero). Returns
     /// `f`'s result. Collective when it synchronises.
     ///
     /// # Errors
@@ -170,7 +171,7 @@ impl Accelerator {
             &mut model.model,
             (loss_scale / d.loss_divisor.max(1) as f64) as f32,
         );
-        if d.all_reduce {
+        if d.all_reduce && !model.sharded {
             model.all_reduce_gradients()?;
         }
         Ok(out)

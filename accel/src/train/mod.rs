@@ -167,6 +167,13 @@ pub struct TrainConfig {
     /// rounded to 8 significant bits. `None` (default): in their own dtype.
     #[serde(default)]
     pub gradient_compression: Option<accel_api::DType>,
+    /// ZeRO sharding ([`crate::zero`]; DeepSpeed's stage, FSDP's
+    /// `sharding_strategy`). `None` (the default) takes
+    /// [`SHARDING_ENV`](crate::zero::SHARDING_ENV), else
+    /// [`Stage::None`](crate::zero::Stage::None). Used by
+    /// [`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero).
+    #[serde(default)]
+    pub sharding: Option<crate::zero::Stage>,
 }
 
 impl Default for TrainConfig {
@@ -184,6 +191,7 @@ impl Default for TrainConfig {
             mixed_precision: None,
             grad_scaler: GradScalerConfig::default(),
             gradient_compression: None,
+            sharding: None,
         }
     }
 }
@@ -249,6 +257,8 @@ pub(crate) struct TrainState {
     pub(crate) registered: Vec<SharedStateful>,
     /// Mixed precision and the fp16 loss scaler.
     pub(crate) amp: amp::AmpState,
+    /// The sharding stage resolved against the environment.
+    pub(crate) sharding: crate::zero::Stage,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -265,6 +275,12 @@ impl TrainShared {
         let config = TrainConfig::default();
         let accumulator = GradientAccumulator::new(config.accumulation(world_size.max(1)))
             .expect("the default accumulation config is valid");
+        let sharding = crate::zero::Stage::from_env()
+            .unwrap_or_else(|e| {
+                tracing::warn!("{e}; training without sharding");
+                None
+            })
+            .unwrap_or_default();
         let mode = MixedPrecision::from_env().unwrap_or_else(|e| {
             tracing::warn!("{e}; training without mixed precision");
             MixedPrecision::No
@@ -280,6 +296,7 @@ impl TrainShared {
                 prepared: [0; 4],
                 registered: Vec::new(),
                 amp: amp::AmpState::new(mode, GradScalerConfig::default()),
+                sharding,
             }),
             rng: Mutex::new(control::RngSlot::new()),
             trackers: Mutex::new(Vec::new()),
@@ -318,7 +335,12 @@ impl TrainShared {
             Some(m) => m,
             None => MixedPrecision::from_env()?,
         };
+        let sharding = match config.sharding {
+            Some(s) => s,
+            None => crate::zero::Stage::from_env()?.unwrap_or_default(),
+        };
         let mut st = self.lock();
+        st.sharding = sharding;
         if st.amp.mode != mode || st.amp.scaler.map(|s| s.config) != Some(config.grad_scaler) {
             st.amp = amp::AmpState::new(mode, config.grad_scaler);
         }

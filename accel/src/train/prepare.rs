@@ -132,6 +132,8 @@ pub struct PreparedModel<M: Parameters> {
     pub(crate) syncs: u64,
     pub(crate) last_buckets: usize,
     pub(crate) last_in_place: usize,
+    /// A ZeRO optimizer reduces the gradients ([`Accelerator::prepare_zero`]).
+    pub(crate) sharded: bool,
 }
 
 impl<M: Parameters> std::fmt::Debug for PreparedModel<M> {
@@ -176,6 +178,7 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
             syncs: 0,
             last_buckets: 0,
             last_in_place: 0,
+            sharded: false,
         })
     }
 }
