@@ -59,6 +59,9 @@ pub mod keys {
     pub const ACCEL_DEBUG: &str = "ACCEL_DEBUG";
     /// Mixed precision of the training loop (`no`, `bf16`, `fp16`).
     pub const ACCEL_MIXED_PRECISION: &str = crate::train::MIXED_PRECISION_ENV;
+    /// ZeRO sharding stage of the training loop (`none`, `optimizer`,
+    /// `gradients`, `full`).
+    pub const ACCEL_SHARDING: &str = crate::zero::SHARDING_ENV;
     /// The attempt number, 0 first.
     pub const ACCEL_RESTART_COUNT: &str = "ACCEL_RESTART_COUNT";
     /// Where a crashing worker writes its root cause.
@@ -294,6 +297,8 @@ pub struct WorkerEnv {
     pub debug: Option<bool>,
     /// ACCEL_MIXED_PRECISION (`accel launch --mixed-precision`).
     pub mixed_precision: Option<crate::train::MixedPrecision>,
+    /// ACCEL_SHARDING (`accel launch --sharding`).
+    pub sharding: Option<crate::zero::Stage>,
     /// ACCEL_RESTART_COUNT (also TORCHELASTIC_RESTART_COUNT).
     pub restart_count: Option<u32>,
     /// TORCHELASTIC_MAX_RESTARTS.
@@ -347,6 +352,10 @@ impl WorkerEnv {
         put(
             ACCEL_MIXED_PRECISION,
             self.mixed_precision.map(|m| m.name().to_string()),
+        );
+        put(
+            ACCEL_SHARDING,
+            self.sharding.map(|s| s.as_str().to_string()),
         );
         put(
             ACCEL_RESTART_COUNT,
@@ -437,6 +446,15 @@ impl WorkerEnv {
                     })
                 })
                 .transpose()?,
+            sharding: get(ACCEL_SHARDING)
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| {
+                    v.parse().map_err(|e: Error| {
+                        Error::invalid_config(ACCEL_SHARDING, v, e.message().to_string())
+                            .with_fix("set it to none, optimizer, gradients or full")
+                    })
+                })
+                .transpose()?,
             restart_count,
             max_restarts: u32_of(TORCHELASTIC_MAX_RESTARTS)?,
             error_file: either(ACCEL_ERROR_FILE, TORCHELASTIC_ERROR_FILE)
@@ -491,6 +509,12 @@ mod tests {
                 crate::train::MixedPrecision::Bf16,
                 crate::train::MixedPrecision::Fp16,
             ])),
+            sharding in opt(prop::sample::select(vec![
+                crate::zero::Stage::None,
+                crate::zero::Stage::Optimizer,
+                crate::zero::Stage::Gradients,
+                crate::zero::Stage::Full,
+            ])),
         ) -> WorkerEnv {
             WorkerEnv {
                 rank: ranks.0, world_size: ranks.1, local_rank: ranks.2,
@@ -499,7 +523,7 @@ mod tests {
                 timeout: timeout.map(|(s, n)| Duration::new(s, n)).filter(|d| !d.is_zero()),
                 backend, debug: flags.0, share_devices: flags.1,
                 restart_count: counts.0, max_restarts: counts.1, launcher_pid: counts.2,
-                error_file: error_file.map(PathBuf::from), launcher, mixed_precision,
+                error_file: error_file.map(PathBuf::from), launcher, mixed_precision, sharding,
                 process_model: threads
                     .map(|t| if t { ProcessModel::Threads } else { ProcessModel::Processes }),
             }

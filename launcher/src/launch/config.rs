@@ -49,6 +49,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "mixed precision of the workers' training loop",
     ),
     (
+        "sharding",
+        "string: none, optimizer, gradients or full",
+        "ZeRO sharding stage of the workers' training loop",
+    ),
+    (
         "tee",
         "string (directory)",
         "also write rank-N.log files there (alias: log_dir)",
@@ -136,6 +141,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
             "mixed_precision" => {
                 let s = ctx.string(value)?;
                 o.mixed_precision = Some(s.parse().map_err(|e: Error| ctx.wrong(e.message()))?);
+            }
+            "sharding" | "zero_stage" => {
+                let s = ctx.string(value)?;
+                o.sharding = Some(s.parse().map_err(|e: Error| ctx.wrong(e.message()))?);
             }
             "tee" | "log_dir" => o.tee = Some(PathBuf::from(ctx.string(value)?)),
             "ranks" => {
@@ -293,6 +302,9 @@ pub fn render(o: &Options) -> String {
     }
     if let Some(m) = o.mixed_precision {
         set.push(("mixed_precision", s(m.name())));
+    }
+    if let Some(z) = o.sharding {
+        set.push(("sharding", s(z.as_str())));
     }
     if let Some(v) = &o.tee {
         set.push(("tee", s(&v.to_string_lossy())));

@@ -277,6 +277,7 @@ fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
         backend: s.backend.clone(),
         debug: Some(s.debug),
         mixed_precision: s.mixed_precision,
+        sharding: s.sharding,
         launcher: Some("accel".into()),
         // Lets the runtime tie the worker's life to this process.
         launcher_pid: Some(std::process::id()),

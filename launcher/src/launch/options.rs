@@ -72,6 +72,12 @@ pub fn parse_mixed_precision(s: &str) -> std::result::Result<MixedPrecision, Str
     s.parse().map_err(|e: Error| e.message().to_string())
 }
 
+/// A ZeRO stage (`none`, `optimizer`, `gradients`, `full`, or DeepSpeed's
+/// and FSDP's spellings), for clap.
+pub fn parse_sharding(s: &str) -> std::result::Result<accel::zero::Stage, String> {
+    s.parse().map_err(|e: Error| e.message().to_string())
+}
+
 /// A duration: `300`, `30s`, `500ms`, `5m`, `1h` (a bare number is
 /// seconds), at most [`accel::worker_env::MAX_TIMEOUT`].
 pub fn parse_dur(s: &str) -> std::result::Result<Duration, String> {
@@ -177,6 +183,13 @@ pub struct Options {
           value_parser = parse_mixed_precision)]
     pub mixed_precision: Option<MixedPrecision>,
 
+    /// ZeRO sharding of the workers' training loop (ACCEL_SHARDING; read
+    /// by accel::train::TrainConfig::sharding): none, optimizer (ZeRO-1),
+    /// gradients (ZeRO-2, SHARD_GRAD_OP) or full (ZeRO-3, FULL_SHARD).
+    #[arg(long = "sharding", aliases = ["zero_stage", "zero-stage", "fsdp_sharding_strategy"],
+          value_name = "none|optimizer|gradients|full", value_parser = parse_sharding)]
+    pub sharding: Option<accel::zero::Stage>,
+
     /// Also write each rank's output to DIR/rank-N.log.
     #[arg(long = "tee", visible_alias = "log-dir", aliases = ["log_dir"], value_name = "DIR",
           value_parser = parse_tee)]
@@ -231,6 +244,7 @@ impl Options {
             timeout: self.timeout.or(lower.timeout),
             debug: self.debug || lower.debug,
             mixed_precision: self.mixed_precision.or(lower.mixed_precision),
+            sharding: self.sharding.or(lower.sharding),
             tee: self.tee.or(lower.tee),
             ranks: self.ranks.or(lower.ranks),
             quiet_ranks: self.quiet_ranks || lower.quiet_ranks,
@@ -266,6 +280,12 @@ impl Options {
             o.mixed_precision = Some(v.parse().map_err(|e: Error| {
                 Error::invalid_config("ACCEL_MIXED_PRECISION", &v, e.to_string())
                     .with_fix("set it to no, bf16 or fp16")
+            })?);
+        }
+        if let Some(v) = get("ACCEL_SHARDING").filter(|v| !v.trim().is_empty()) {
+            o.sharding = Some(v.parse().map_err(|e: Error| {
+                Error::invalid_config("ACCEL_SHARDING", &v, e.message().to_string())
+                    .with_fix("set it to none, optimizer, gradients or full")
             })?);
         }
         if let Some(v) = get("ACCEL_DEBUG") {
@@ -305,6 +325,8 @@ pub struct Settings {
     pub debug: bool,
     /// ACCEL_MIXED_PRECISION for the workers (unset: the program decides).
     pub mixed_precision: Option<MixedPrecision>,
+    /// ACCEL_SHARDING for the workers (unset: the program decides).
+    pub sharding: Option<accel::zero::Stage>,
     /// Directory for per-rank log files.
     pub tee: Option<PathBuf>,
     /// Ranks whose output is shown; `None` = all.
@@ -489,6 +511,7 @@ impl Settings {
             timeout,
             debug: o.debug,
             mixed_precision: o.mixed_precision,
+            sharding: o.sharding,
             tee: o.tee,
             ranks,
             max_restarts: o.max_restarts.unwrap_or(0),
@@ -621,6 +644,33 @@ mod tests {
         };
         let s = Settings::resolve(flag.overlay(env)).unwrap();
         assert_eq!(s.mixed_precision, Some(MixedPrecision::Bf16));
+    }
+
+    #[test]
+    fn sharding_comes_from_the_flag_or_the_env_and_reaches_the_workers() {
+        use accel::zero::Stage;
+        assert_eq!(parse_sharding("FULL_SHARD"), Ok(Stage::Full));
+        assert!(parse_sharding("zero9").unwrap_err().contains("zero9"));
+        let env = Options::from_env(|k| (k == "ACCEL_SHARDING").then(|| "zero2".into())).unwrap();
+        assert_eq!(env.sharding, Some(Stage::Gradients));
+        let e = Options::from_env(|k| (k == "ACCEL_SHARDING").then(|| "x".into())).unwrap_err();
+        assert!(e.to_string().contains("ACCEL_SHARDING"), "{e}");
+        let flag = Options {
+            sharding: Some(Stage::Full),
+            ..Options::default()
+        };
+        let s = Settings::resolve(flag.overlay(env)).unwrap();
+        assert_eq!(s.sharding, Some(Stage::Full));
+        let vars = accel::worker_env::WorkerEnv {
+            sharding: s.sharding,
+            ..Default::default()
+        }
+        .to_vars();
+        assert!(
+            vars.iter()
+                .any(|(k, v)| *k == "ACCEL_SHARDING" && v == "full"),
+            "{vars:?}"
+        );
     }
 
     #[test]
