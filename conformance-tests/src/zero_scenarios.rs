@@ -54,7 +54,7 @@ fn sharded_run(
     policy: &WrapPolicy,
     k: usize,
     clip: Option<f32>,
-) -> Result<(Vec<f32>, Vec<f32>, usize), String> {
+) -> Result<(Vec<f32>, Vec<f32>, usize, u64), String> {
     let (n, rank) = (ctx.world_size(), ctx.comm.rank());
     let data = Synthetic {
         len: n * k * BS * STEPS,
@@ -91,7 +91,7 @@ fn sharded_run(
     }
     let full = zero.full_parameters(&model).map_err(|e| e.to_string())?;
     let values = full.params.into_iter().flat_map(|(_, v)| v).collect();
-    Ok((values, norms, zero.state_numel()))
+    Ok((values, norms, zero.state_numel(), zero.prefetched_gathers()))
 }
 
 /// One process on the global batches, clipping as torch's
@@ -148,31 +148,39 @@ fn zero_equivalence(ctx: &Ctx) -> Outcome {
         for policy in [WrapPolicy::Depth(1), WrapPolicy::Whole] {
             for k in [1, 2] {
                 let what = format!("stage {stage}, {policy:?}, {k} micro-steps");
-                let r = sharded_run(ctx, stage, &policy, k, None).and_then(|(got, _, state)| {
-                    let (want, _) = reference(n, k, None)?;
-                    close(&what, &got, &want)?;
-                    // Momentum for this rank's slices only (padding included);
-                    // all of it without sharding.
-                    let plan = accel::zero::ShardPlan::new(
-                        &[
-                            ("fc1.weight".into(), want.len() - 2 * HIDDEN - 1),
-                            ("fc1.bias".into(), HIDDEN),
-                            ("fc2.weight".into(), HIDDEN),
-                            ("fc2.bias".into(), 1),
-                        ],
-                        &policy,
-                        if stage == Stage::None { 1 } else { n },
-                    )
-                    .map_err(|e| e.to_string())?;
-                    if state != plan.shard_numel() {
-                        return Err(format!(
-                            "{what}: {state} elements of optimizer state on this rank, \
+                let r = sharded_run(ctx, stage, &policy, k, None).and_then(
+                    |(got, _, state, prefetched)| {
+                        let (want, _) = reference(n, k, None)?;
+                        close(&what, &got, &want)?;
+                        // Momentum for this rank's slices only (padding included);
+                        // all of it without sharding.
+                        let plan = accel::zero::ShardPlan::new(
+                            &[
+                                ("fc1.weight".into(), want.len() - 2 * HIDDEN - 1),
+                                ("fc1.bias".into(), HIDDEN),
+                                ("fc2.weight".into(), HIDDEN),
+                                ("fc2.bias".into(), 1),
+                            ],
+                            &policy,
+                            if stage == Stage::None { 1 } else { n },
+                        )
+                        .map_err(|e| e.to_string())?;
+                        // From the second step on, stage 3 gathers ahead on a
+                        // split communicator where the backend can split.
+                        let splits = ctx.comm.capabilities().supports(Op::Split);
+                        if stage == Stage::Full && n > 1 && splits && prefetched == 0 {
+                            return Err(format!("{what}: no gather was served by the prefetch"));
+                        }
+                        if state != plan.shard_numel() {
+                            return Err(format!(
+                                "{what}: {state} elements of optimizer state on this rank, \
                              want the shard's {}",
-                            plan.shard_numel()
-                        ));
-                    }
-                    Ok(())
-                });
+                                plan.shard_numel()
+                            ));
+                        }
+                        Ok(())
+                    },
+                );
                 if let Err(m) = r {
                     return Outcome::Fail(m);
                 }
@@ -188,7 +196,7 @@ fn zero_clipping(ctx: &Ctx) -> Outcome {
     let max = 0.05;
     for stage in STAGES {
         let r = sharded_run(ctx, stage, &WrapPolicy::Depth(1), 2, Some(max)).and_then(
-            |(got, norms, _)| {
+            |(got, norms, _, _)| {
                 let (want, want_norms) = reference(n, 2, Some(max))?;
                 close(&format!("stage {stage}: norms"), &norms, &want_norms)?;
                 if want_norms.iter().any(|&x| x <= max) {

@@ -30,6 +30,8 @@ use std::ops::Range;
 use std::str::FromStr;
 use std::sync::Arc;
 
+mod prefetch;
+
 use accel_api::{
     Buf, Communicator, CommunicatorExt, Error, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp, Result,
 };
@@ -589,6 +591,20 @@ pub struct ZeroOptimizer<O> {
     /// Stage 3: the unit's gradients were reduced since the last step.
     reduced: Vec<bool>,
     last_norm: Option<f32>,
+    /// Stage 3: the next unit's gather on a thread of its own.
+    prefetch: Option<prefetch::Prefetcher>,
+    /// Stage 3: the units of the gathers that needed data, in call order,
+    /// as recorded over one step.
+    order: Vec<usize>,
+    /// Stage 3: `order` is being recorded (the first step, or after the
+    /// model's calls changed).
+    recording: bool,
+    /// Stage 3: this step's calls left the recorded order.
+    diverged: bool,
+    /// Stage 3: gathers that needed data so far this step.
+    pos: usize,
+    /// Stage 3: gathers served by the prefetch.
+    prefetched: u64,
 }
 
 impl<O> std::fmt::Debug for ZeroOptimizer<O> {
@@ -659,13 +675,96 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             fresh: vec![false; units],
             reduced: vec![false; units],
             last_norm: None,
+            prefetch: None,
+            order: Vec::new(),
+            recording: true,
+            diverged: false,
+            pos: 0,
+            prefetched: 0,
         };
         if stage == Stage::Full {
             z.check_model(model)?;
             z.params = z.slices_of(model)?;
             z.shard = vec![0.0; z.plan.shard_numel()];
+            if world > 1 && z.comm.capabilities().supports(Op::Split) {
+                let rank = u32::try_from(z.comm.rank()).unwrap_or(u32::MAX);
+                if let Some(side) = z.comm.split(Some(0), rank)? {
+                    z.prefetch = Some(prefetch::Prefetcher::start(Arc::from(side))?);
+                }
+            }
         }
         Ok(z)
+    }
+
+    /// The same optimizer with (`true`, the default at stage 3 where the
+    /// backend can split a communicator) or without the prefetch of the
+    /// next unit's parameters. Every rank must choose alike.
+    pub fn with_prefetch(mut self, on: bool) -> Self {
+        if !on {
+            self.prefetch = None;
+        }
+        self
+    }
+
+    /// Stage 3: how many unit gathers the prefetch served (it runs from
+    /// the second step on, in the order the model gathered units in the
+    /// step before).
+    pub fn prefetched_gathers(&self) -> u64 {
+        self.prefetched
+    }
+
+    /// Wait for and drop the prefetch in flight (its values are out of
+    /// date or unwanted).
+    fn drain_prefetch(&mut self) -> Result<()> {
+        if let Some(p) = self.prefetch.as_mut() {
+            p.take()?;
+        }
+        Ok(())
+    }
+
+    /// The end of a step's calls: keep the recorded order, or record anew
+    /// when this step's calls left it.
+    fn end_window(&mut self) -> Result<()> {
+        self.drain_prefetch()?;
+        if self.diverged {
+            self.order.clear();
+            self.recording = true;
+            self.diverged = false;
+        } else if self.recording && !self.order.is_empty() {
+            self.recording = false;
+        }
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// A gather of `unit` that needed data happened: record it, or check
+    /// it against the order and start gathering the next unit.
+    fn advance(&mut self, unit: usize) -> Result<()> {
+        if self.diverged {
+            return Ok(());
+        }
+        if self.recording {
+            self.order.push(unit);
+            return Ok(());
+        }
+        if self.order.get(self.pos) != Some(&unit) {
+            self.diverged = true;
+            return Ok(());
+        }
+        self.pos += 1;
+        let Some(&next) = self.order.get(self.pos) else {
+            return Ok(());
+        };
+        if self.prefetch.is_none() {
+            return Ok(());
+        }
+        let (_, at) = self.unit_span(next)?;
+        let padded = self.plan.units[next].padded;
+        let shard = self.params[at..at + padded / self.plan.world].to_vec();
+        match self.prefetch.as_mut() {
+            Some(p) => p.issue(next, shard, padded),
+            None => Ok(()),
+        }
     }
 
     /// The same optimizer saved under `key` in checkpoints (default
@@ -804,6 +903,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         if self.stage == Stage::Full {
             self.shard.fill(0.0);
             self.reduced.fill(false);
+            self.end_window()?;
         }
         Ok(report)
     }
@@ -1204,6 +1304,8 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
                 ));
             }
             self.opt.load_state_dict(&inner)?;
+            self.drain_prefetch()?;
+            self.pos = 0;
             self.params = p.data;
             self.fresh.fill(false);
             self.shard.fill(0.0);
@@ -1263,10 +1365,31 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
 
     fn gather_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
         let (span, at) = self.unit_span(unit)?;
-        if self.stage != Stage::Full || self.fresh[unit] {
+        if self.stage != Stage::Full {
             return Ok(());
         }
-        self.gather_unit(unit, at)?;
+        let in_flight = self.prefetch.as_ref().and_then(|p| p.in_flight());
+        if self.fresh[unit] {
+            if in_flight == Some(unit) {
+                self.drain_prefetch()?;
+            }
+            return Ok(());
+        }
+        let prefetched = match self.prefetch.as_mut().map(|p| p.take()).transpose()? {
+            Some(Some((w, v))) if w == unit => Some(v),
+            Some(Some(_)) => {
+                self.diverged = true;
+                None
+            }
+            _ => None,
+        };
+        match prefetched {
+            Some(v) => {
+                self.values = v;
+                self.prefetched += 1;
+            }
+            None => self.gather_unit(unit, at)?,
+        }
         let slots = &self.plan.units[unit].slots;
         for s in slots {
             model.set_param_storage(&s.name, s.numel)?;
@@ -1306,7 +1429,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             return Err(e);
         }
         self.fresh[unit] = true;
-        Ok(())
+        self.advance(unit)
     }
 
     fn release_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
