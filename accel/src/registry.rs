@@ -389,10 +389,10 @@ impl Registry {
 impl Registry {
     /// [`select`](Self::select) for the run described by `state` (its
     /// `ACCEL_BACKEND` preference), then bind this rank's device for the
-    /// chosen backend ([`ProcessState::bind_device`]).
+    /// chosen backend ([`ProcessState::bind_device`](crate::ProcessState::bind_device)).
     ///
     /// # Errors
-    /// As [`select`](Self::select) and [`ProcessState::bind_device`].
+    /// As [`select`](Self::select) and [`ProcessState::bind_device`](crate::ProcessState::bind_device).
     pub fn select_for(
         &self,
         state: &crate::ProcessState,

@@ -79,7 +79,7 @@ mod grads;
 mod iterable;
 mod metrics;
 mod model_io;
-mod optim;
+pub(crate) mod optim;
 mod prepare;
 mod rng;
 mod trackers;

@@ -49,6 +49,34 @@ impl Sgd {
     }
 }
 
+/// PyTorch's SGD update of `value` from `grad` (the same length) with
+/// weight decay `wd`; with `momentum = Some((factor, buffer, first))` the
+/// buffer (starting as the first gradient when `first`) is stepped
+/// instead. Shared by [`Sgd`] and the sharded [`crate::zero::ShardedSgd`],
+/// which must give the same values.
+pub(crate) fn sgd_update(
+    value: &mut [f32],
+    grad: &[f32],
+    lr: f32,
+    wd: f32,
+    momentum: Option<(f32, &mut [f32], bool)>,
+) {
+    match momentum {
+        None => {
+            for (w, g) in value.iter_mut().zip(grad) {
+                *w -= lr * (*g + wd * *w);
+            }
+        }
+        Some((mom, buf, first)) => {
+            for ((w, g), b) in value.iter_mut().zip(grad).zip(buf.iter_mut()) {
+                let d = *g + wd * *w;
+                *b = if first { d } else { mom * *b + d };
+                *w -= lr * *b;
+            }
+        }
+    }
+}
+
 impl Optimizer for Sgd {
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] naming the parameter when its values
@@ -86,20 +114,14 @@ impl Optimizer for Sgd {
                 return;
             }
             if mom == 0.0 {
-                for (w, g) in value.iter_mut().zip(grad.iter()) {
-                    *w -= lr * (*g + wd * *w);
-                }
+                sgd_update(value, &grad, lr, wd, None);
                 return;
             }
             let first = !buffers.contains_key(name);
             let b = buffers
                 .entry(name.to_string())
                 .or_insert_with(|| vec![0.0; value.len()]);
-            for ((w, g), b) in value.iter_mut().zip(grad.iter()).zip(b.iter_mut()) {
-                let d = *g + wd * *w;
-                *b = if first { d } else { mom * *b + d };
-                *w -= lr * *b;
-            }
+            sgd_update(value, &grad, lr, wd, Some((mom, b, first)));
         });
         if let Some(e) = bad {
             return Err(e);

@@ -378,9 +378,7 @@ impl ShardOptimizer for ShardedSgd {
         }
         let (lr, mom, wd) = (self.lr as f32, self.momentum, self.weight_decay);
         if mom == 0.0 {
-            for (w, g) in params.iter_mut().zip(grads) {
-                *w -= lr * (*g + wd * *w);
-            }
+            crate::train::optim::sgd_update(params, grads, lr, wd, None);
             return Ok(());
         }
         if self.buffers.len() <= unit {
@@ -397,11 +395,7 @@ impl ShardOptimizer for ShardedSgd {
                 ),
             ));
         }
-        for ((w, g), b) in params.iter_mut().zip(grads).zip(b.iter_mut()) {
-            let d = *g + wd * *w;
-            *b = if first { d } else { mom * *b + d };
-            *w -= lr * *b;
-        }
+        crate::train::optim::sgd_update(params, grads, lr, wd, Some((mom, b, first)));
         Ok(())
     }
 
