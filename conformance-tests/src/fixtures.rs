@@ -4,7 +4,7 @@
 //! pure-Rust demo, `examples/train`, trains the same model).
 
 use accel::train::{Dataset, ParamMut, ParamRef, Parameters};
-use accel::zero::UnitGate;
+use accel::zero::{NoGate, UnitGate};
 
 /// Input features per sample.
 pub const FEATURES: usize = 8;
@@ -127,33 +127,8 @@ impl Mlp {
     /// gradient buffers (hand-derived backpropagation). Returns the
     /// unscaled mean loss.
     pub fn loss_and_grad(&mut self, batch: &[Sample], scale: f32) -> f32 {
-        if batch.is_empty() {
-            return 0.0;
-        }
-        let n = batch.len() as f32;
-        let mut loss = 0.0;
-        for s in batch {
-            let h = self.hidden_act(&s.x);
-            let pred = self.values[3][0]
-                + h.iter()
-                    .zip(&self.values[2])
-                    .map(|(a, w)| a * w)
-                    .sum::<f32>();
-            let e = pred - s.y;
-            loss += e * e / n;
-            let dy = scale * 2.0 * e / n;
-            let [g1, gb1, g2, gb2] = &mut self.grads;
-            gb2[0] += dy;
-            for k in 0..self.hidden {
-                g2[k] += dy * h[k];
-                let dz = dy * self.values[2][k] * (1.0 - h[k] * h[k]);
-                gb1[k] += dz;
-                for (g, v) in g1[k * FEATURES..(k + 1) * FEATURES].iter_mut().zip(&s.x) {
-                    *g += dz * v;
-                }
-            }
-        }
-        loss
+        self.loss_and_grad_units(batch, scale, &mut NoGate)
+            .expect("the unsharded gate does nothing that can fail")
     }
 
     /// As [`loss_and_grad`](Self::loss_and_grad), computed module by
