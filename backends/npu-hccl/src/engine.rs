@@ -673,13 +673,13 @@ impl Engine for NpuEngine {
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (dt, rop) = (reduce_dtype(buf.dtype())?, reduce_code(op)?);
         let n = buf.len() as u64;
-        Ok(self.in_place(buf, true, |p| Call::AllReduce(p, p, n, dt, rop))?)
+        Ok(self.in_place(buf, true, |p| Call::AllReduce(p, n, dt, rop))?)
     }
 
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
         let (dt, rop) = (reduce_dtype(buf.dtype())?, reduce_code(op)?);
         let n = buf.len() as u64;
-        Ok(self.in_place(buf, true, |p| Call::Reduce(p, p, n, dt, rop, root as u32))?)
+        Ok(self.in_place(buf, true, |p| Call::Reduce(p, n, dt, rop, root as u32))?)
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {

@@ -726,9 +726,6 @@ impl Comm {
         let name = call.name();
         let all = |count: u64| count * u64::from(self.ranks);
         let (first, second) = match call {
-            Call::AllReduce(i, o, n, ..) | Call::Reduce(i, o, n, ..) => {
-                (Some(("send", (i, n))), Some(("recv", (o, n))))
-            }
             Call::AllGather(i, o, n, _) => (Some(("send", (i, n))), Some(("recv", (o, all(n))))),
             Call::ReduceScatter(i, o, n, ..) => {
                 (Some(("send", (i, all(n)))), Some(("recv", (o, n))))
@@ -739,9 +736,11 @@ impl Comm {
             Call::Scatter(i, o, n, ..) => {
                 (Some(("recv", (o, n))), i.map(|i| ("send", (i, all(n)))))
             }
-            Call::Broadcast(b, n, ..) | Call::Send(b, n, ..) | Call::Recv(b, n, ..) => {
-                (Some(("buffer", (b, n))), None)
-            }
+            Call::AllReduce(b, n, ..)
+            | Call::Reduce(b, n, ..)
+            | Call::Broadcast(b, n, ..)
+            | Call::Send(b, n, ..)
+            | Call::Recv(b, n, ..) => (Some(("buffer", (b, n))), None),
             Call::Barrier => (None, None),
         };
         for (part, region) in [first, second].into_iter().flatten() {
@@ -755,9 +754,9 @@ impl Comm {
         // read by HCCL; the receive region stands in for it.
         let rc = unsafe {
             match call {
-                Call::AllReduce(i, o, n, t, op) => (h.all_reduce)(i.raw(), o.raw(), n, t, op, c, x),
-                Call::Reduce(i, o, n, t, op, root) => {
-                    (h.reduce)(i.raw(), o.raw(), n, t, op, root, c, x)
+                Call::AllReduce(b, n, t, op) => (h.all_reduce)(b.raw(), b.raw(), n, t, op, c, x),
+                Call::Reduce(b, n, t, op, root) => {
+                    (h.reduce)(b.raw(), b.raw(), n, t, op, root, c, x)
                 }
                 Call::Broadcast(b, n, t, root) => (h.broadcast)(b.raw(), n, t, root, c, x),
                 Call::AllGather(i, o, n, t) => (h.all_gather)(i.raw(), o.raw(), n, t, c, x),
@@ -777,15 +776,16 @@ impl Comm {
     }
 }
 
-/// One HCCL call for [`Comm::enqueue`]: its regions (send, receive),
-/// element count (per rank for the gathers and scatters, per pair of ranks
-/// for all-to-all), `HcclDataType`, and reduction, root or peer.
+/// One HCCL call for [`Comm::enqueue`]: its regions (send, receive; one
+/// for the calls in place), element count (per rank for the gathers and
+/// scatters, per pair of ranks for all-to-all), `HcclDataType`, and
+/// reduction, root or peer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Call {
-    /// `HcclAllReduce(send, recv, count, dtype, op)`.
-    AllReduce(DevPtr, DevPtr, u64, c_int, c_int),
-    /// `HcclReduce(send, recv, count, dtype, op, root)`.
-    Reduce(DevPtr, DevPtr, u64, c_int, c_int, u32),
+    /// `HcclAllReduce(buf, buf, count, dtype, op)`, in place.
+    AllReduce(DevPtr, u64, c_int, c_int),
+    /// `HcclReduce(buf, buf, count, dtype, op, root)`, in place.
+    Reduce(DevPtr, u64, c_int, c_int, u32),
     /// `HcclBroadcast(buf, count, dtype, root)`.
     Broadcast(DevPtr, u64, c_int, u32),
     /// `HcclAllGather(send, recv, count, dtype)`.
@@ -824,13 +824,15 @@ impl Call {
 
     fn dtype(&self) -> c_int {
         match *self {
-            Call::AllReduce(_, _, _, t, _)
-            | Call::Reduce(_, _, _, t, ..)
-            | Call::AllGather(_, _, _, t)
+            Call::AllGather(_, _, _, t)
             | Call::ReduceScatter(_, _, _, t, _)
             | Call::Scatter(_, _, _, t, _)
             | Call::AllToAll(_, _, _, t) => t,
-            Call::Broadcast(_, _, t, _) | Call::Send(_, _, t, _) | Call::Recv(_, _, t, _) => t,
+            Call::AllReduce(_, _, t, _)
+            | Call::Reduce(_, _, t, ..)
+            | Call::Broadcast(_, _, t, _)
+            | Call::Send(_, _, t, _)
+            | Call::Recv(_, _, t, _) => t,
             Call::Barrier => 0,
         }
     }
