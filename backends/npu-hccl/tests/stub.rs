@@ -170,6 +170,11 @@ fn one_rank() -> (Stub, Knobs, NpuCommunicator) {
     (stub, k, c)
 }
 
+/// A one-element f32 sum: the smallest call that reaches HCCL.
+fn sum_one(c: &NpuCommunicator) -> accel_api::Result<()> {
+    c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
+}
+
 fn reason(stub_dir: &Path) -> String {
     NpuHcclBackend::with_lib_dir(stub_dir)
         .probe(&probe_ctx(1))
@@ -366,11 +371,11 @@ fn each_calling_thread_binds_the_device_once() {
     let (_stub, k, c) = one_rank();
     c.barrier().unwrap();
     let bound = k.set_device_calls();
-    c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum).unwrap();
+    sum_one(&c).unwrap();
     assert_eq!(k.set_device_calls(), bound, "this thread is bound already");
     std::thread::scope(|s| {
         s.spawn(|| {
-            c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum).unwrap();
+            sum_one(&c).unwrap();
             c.barrier().unwrap();
         });
     });
@@ -458,9 +463,7 @@ fn device_sends_to_self_are_kept_and_checked() {
 fn hccl_failures_are_classified_and_poison() {
     let (_stub, k, c) = one_rank();
     k.hccl("fail_next", 5);
-    let e = c
-        .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
-        .unwrap_err();
+    let e = sum_one(&c).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
     assert!(
         e.to_string()
@@ -520,9 +523,7 @@ fn a_stream_that_never_finishes_times_out() {
 fn allocation_failures_are_backend_errors() {
     let (_stub, k, c) = one_rank();
     k.acl("fail_malloc", 1);
-    let e = c
-        .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
-        .unwrap_err();
+    let e = sum_one(&c).unwrap_err();
     k.acl("fail_malloc", 0);
     assert_eq!(e.kind(), &ErrorKind::Backend);
     assert!(
