@@ -12,7 +12,7 @@ use accel_api::{
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
-use crate::ffi::{self, DTypeCode, OpCode};
+use crate::ffi::{self, Call, DTypeCode, OpCode};
 use crate::rendezvous::StoreAdapter;
 use crate::NAME;
 
@@ -270,6 +270,16 @@ impl GlooEngine {
         t
     }
 
+    /// Run the collective `call` makes of the next tag, under the group's
+    /// timeout.
+    fn collective<'a>(&self, op: Op, call: impl FnOnce(u32) -> Call<'a>) -> Result<()> {
+        let timeout = self.info.timeout;
+        self.engine_call(op, |e| {
+            let tag = Self::tag(e);
+            e.ctx.run(call(tag), timeout)
+        })
+    }
+
     fn reduce_common(
         &self,
         op: Op,
@@ -278,24 +288,11 @@ impl GlooEngine {
         root: Option<usize>,
     ) -> Result<()> {
         let mut host = host_mut(op, buf)?;
-        let (count, dtype, timeout) = (host.len(), dtype_code(host.dtype()), self.info.timeout);
-        self.engine_call(op, |e| {
-            let tag = Self::tag(e);
-            match root {
-                None => {
-                    e.ctx
-                        .all_reduce(host.bytes_mut(), count, dtype, native(reduce), tag, timeout)
-                }
-                Some(r) => e.ctx.reduce(
-                    host.bytes_mut(),
-                    count,
-                    dtype,
-                    native(reduce),
-                    r,
-                    tag,
-                    timeout,
-                ),
-            }
+        let (count, dtype, code) = (host.len(), dtype_code(host.dtype()), native(reduce));
+        let b = host.bytes_mut();
+        self.collective(op, move |tag| match root {
+            None => Call::AllReduce(b, count, dtype, code, tag),
+            Some(r) => Call::Reduce(b, count, dtype, code, r, tag),
         })
     }
 }
@@ -358,59 +355,34 @@ impl Engine for GlooEngine {
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
         let op = Op::Broadcast;
         let mut host = host_mut(op, buf)?;
-        let timeout = self.info.timeout;
-        self.engine_call(op, |e| {
-            let tag = Self::tag(e);
-            e.ctx.broadcast(host.bytes_mut(), root, tag, timeout)
-        })
+        let b = host.bytes_mut();
+        self.collective(op, move |tag| Call::Broadcast(b, root, tag))
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let op = Op::AllGather;
         let src = host(op, send)?;
         let mut dst = host_mut(op, recv)?;
-        let (world, timeout) = (self.info.world_size, self.info.timeout);
-        self.engine_call(op, |e| {
-            let tag = Self::tag(e);
-            e.ctx
-                .all_gather(src.bytes(), dst.bytes_mut(), world, tag, timeout)
-        })
+        let (i, o, world) = (src.bytes(), dst.bytes_mut(), self.info.world_size);
+        self.collective(op, move |tag| Call::AllGather(i, o, world, tag))
     }
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
         let op = Op::Gather;
         let src = host(op, send)?;
         let mut dst = recv.map(|r| host_mut(op, r)).transpose()?;
-        let (world, timeout) = (self.info.world_size, self.info.timeout);
-        self.engine_call(op, |e| {
-            let tag = Self::tag(e);
-            e.ctx.gather(
-                src.bytes(),
-                dst.as_mut().map(|d| d.bytes_mut()),
-                world,
-                root,
-                tag,
-                timeout,
-            )
-        })
+        let (i, o) = (src.bytes(), dst.as_mut().map(|d| d.bytes_mut()));
+        let world = self.info.world_size;
+        self.collective(op, move |tag| Call::Gather(i, o, world, root, tag))
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
         let op = Op::Scatter;
         let src = send.map(|b| host(op, b)).transpose()?;
         let mut dst = host_mut(op, recv)?;
-        let (world, timeout) = (self.info.world_size, self.info.timeout);
-        self.engine_call(op, |e| {
-            let tag = Self::tag(e);
-            e.ctx.scatter(
-                src.as_ref().map(HostBuf::bytes),
-                dst.bytes_mut(),
-                world,
-                root,
-                tag,
-                timeout,
-            )
-        })
+        let (i, o) = (src.as_ref().map(HostBuf::bytes), dst.bytes_mut());
+        let world = self.info.world_size;
+        self.collective(op, move |tag| Call::Scatter(i, o, world, root, tag))
     }
 
     /// Implemented as a Gloo all-reduce of the whole input into a scratch
@@ -428,11 +400,9 @@ impl Engine for GlooEngine {
         let mut tmp = scratch(total);
         let work = scratch_bytes(&mut tmp, total);
         work.copy_from_slice(src.bytes());
-        let (count, dtype, timeout) = (src.len(), dtype_code(src.dtype()), self.info.timeout);
-        self.engine_call(op, |e| {
-            let tag = Self::tag(e);
-            e.ctx
-                .all_reduce(work, count, dtype, native(reduce), tag, timeout)
+        let (count, dtype, code) = (src.len(), dtype_code(src.dtype()), native(reduce));
+        self.collective(op, move |tag| {
+            Call::AllReduce(work, count, dtype, code, tag)
         })?;
         let chunk = dst.bytes().len();
         let start = self.info.rank * chunk;
@@ -445,11 +415,8 @@ impl Engine for GlooEngine {
         let op = Op::AllToAll;
         let src = host(op, send)?;
         let mut dst = host_mut(op, recv)?;
-        let timeout = self.info.timeout;
-        self.engine_call(op, |e| {
-            let tag = Self::tag(e);
-            e.ctx.all_to_all(src.bytes(), dst.bytes_mut(), tag, timeout)
-        })
+        let (i, o) = (src.bytes(), dst.bytes_mut());
+        self.collective(op, move |tag| Call::AllToAll(i, o, tag))
     }
 
     /// Every message travels as a 16-byte header (length, dtype) followed
@@ -464,10 +431,10 @@ impl Engine for GlooEngine {
         let timeout = self.info.timeout;
         self.engine_call(op, |e| {
             let start = Instant::now();
-            e.ctx.send(&hdr, dst, slot_h, timeout)?;
+            e.ctx.run(Call::Send(&hdr, dst, slot_h), timeout)?;
             if !src.is_empty() {
-                e.ctx
-                    .send(src.bytes(), dst, slot_p, remaining(start, timeout))?;
+                let payload = Call::Send(src.bytes(), dst, slot_p);
+                e.ctx.run(payload, remaining(start, timeout))?;
             }
             Ok(())
         })
@@ -482,20 +449,20 @@ impl Engine for GlooEngine {
         let mismatch = self.engine_call(op, |e| {
             let start = Instant::now();
             let mut hdr = [0u8; P2P_HEADER];
-            e.ctx.recv(&mut hdr, src, slot_h, timeout)?;
+            e.ctx.run(Call::Recv(&mut hdr, src, slot_h), timeout)?;
             let (dtype, nbytes) = parse_header(&hdr)?;
             if dtype == Some(want) && nbytes == dst.bytes().len() {
                 if nbytes > 0 {
-                    e.ctx
-                        .recv(dst.bytes_mut(), src, slot_p, remaining(start, timeout))?;
+                    let payload = Call::Recv(dst.bytes_mut(), src, slot_p);
+                    e.ctx.run(payload, remaining(start, timeout))?;
                 }
                 return Ok(None);
             }
             // Drain the payload so that the connection stays in step.
             if nbytes > 0 {
                 let mut sink = vec![0u8; nbytes];
-                e.ctx
-                    .recv(&mut sink, src, slot_p, remaining(start, timeout))?;
+                let drain = Call::Recv(&mut sink, src, slot_p);
+                e.ctx.run(drain, remaining(start, timeout))?;
             }
             Ok(Some((dtype, nbytes)))
         })?;
@@ -521,11 +488,7 @@ impl Engine for GlooEngine {
     }
 
     fn barrier(&self) -> Result<()> {
-        let timeout = self.info.timeout;
-        self.engine_call(Op::Barrier, |e| {
-            let tag = Self::tag(e);
-            e.ctx.barrier(tag, timeout)
-        })
+        self.collective(Op::Barrier, Call::Barrier)
     }
 
     /// Exchanges `(color, key)` with a Gloo all-gather, then every color

@@ -516,324 +516,132 @@ impl Context {
         }
     }
 
-    /// In-place all-reduce of `count` elements of `dtype` held in `buf`.
-    pub(crate) fn all_reduce(
-        &mut self,
-        buf: &mut [u8],
-        count: usize,
-        dtype: DTypeCode,
-        op: OpCode,
-        tag: u32,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
+    /// Run `call` to completion (or its timeout): the shim function it
+    /// names, after checking that the context is open, that the root or
+    /// peer fits a C int and that the buffers have the sizes Gloo expects.
+    pub(crate) fn run(&mut self, call: Call<'_>, timeout: Duration) -> Result<(), GlooError> {
         self.check_open()?;
+        let rank = call.checked_rank()?;
+        let (x, ms) = (self.raw.as_ptr(), timeout_ms(timeout));
         let mut st = Status::new();
-        // SAFETY: `buf` is a live, exclusively borrowed buffer; the caller
-        // guarantees `count` elements of `dtype` fill it exactly (checked by
-        // the communicator), so Gloo reads and writes only inside it; the
-        // message buffer is ERR_CAP bytes.
+        let e = st.ptr();
+        let rd = |b: &[u8]| b.as_ptr().cast::<c_void>();
+        let wr = |b: &mut [u8]| b.as_mut_ptr().cast::<c_void>();
+        // SAFETY: for every arm: the context handle is live and runs one
+        // operation at a time (`&mut self`); the message buffer is ERR_CAP
+        // bytes. Every buffer is borrowed for the whole call, which waits
+        // for the operation to complete (Gloo never touches one afterwards:
+        // unbound buffers are destroyed inside the call); read-only inputs
+        // are shared borrows, outputs exclusive ones, so they do not
+        // overlap. Sizes: a reduction's `count` elements of its type fill
+        // its buffer exactly (checked by the communicator); broadcast,
+        // send and receive pass their buffer's length; the gathers,
+        // scatters and all-to-all were checked by `checked_rank` (`out` or
+        // the root's input holds `size` chunks). A missing output or input
+        // is null only off the root, and the shim refuses a null one on
+        // the root.
         let code = unsafe {
-            accel_gloo_allreduce(
-                self.raw.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                count,
-                dtype.0,
-                op.0,
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// In-place reduce to `root`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn reduce(
-        &mut self,
-        buf: &mut [u8],
-        count: usize,
-        dtype: DTypeCode,
-        op: OpCode,
-        root: usize,
-        tag: u32,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        let root = c_int_of(root, "root")?;
-        let mut st = Status::new();
-        // SAFETY: as in all_reduce.
-        let code = unsafe {
-            accel_gloo_reduce(
-                self.raw.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                count,
-                dtype.0,
-                op.0,
-                root,
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// In-place broadcast of the bytes of `buf` from `root`.
-    pub(crate) fn broadcast(
-        &mut self,
-        buf: &mut [u8],
-        root: usize,
-        tag: u32,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        let root = c_int_of(root, "root")?;
-        let mut st = Status::new();
-        // SAFETY: `buf` is live and exclusively borrowed, its length passed
-        // exactly; the message buffer is ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_broadcast(
-                self.raw.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                root,
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// All-gather; `out.len()` must be `input.len() * size`.
-    pub(crate) fn all_gather(
-        &mut self,
-        input: &[u8],
-        out: &mut [u8],
-        size: usize,
-        tag: u32,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        if input.len().checked_mul(size) != Some(out.len()) {
-            return Err(GlooError::new(Caught::Arg, "all_gather buffer sizes"));
-        }
-        let mut st = Status::new();
-        // SAFETY: `input` (read only by Gloo) and `out` are live, do not
-        // overlap (one is shared, the other exclusively borrowed), and
-        // `out` holds `input.len() * size` bytes as Gloo expects (checked
-        // above); the message buffer is ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_allgather(
-                self.raw.as_ptr(),
-                input.as_ptr().cast(),
-                input.len(),
-                out.as_mut_ptr().cast(),
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// Gather to `root`; `out` is `Some` with `input.len() * size` bytes on
-    /// the root.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gather(
-        &mut self,
-        input: &[u8],
-        out: Option<&mut [u8]>,
-        size: usize,
-        root: usize,
-        tag: u32,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        let root_c = c_int_of(root, "root")?;
-        let out_ptr = match out {
-            Some(o) => {
-                if input.len().checked_mul(size) != Some(o.len()) {
-                    return Err(GlooError::new(Caught::Arg, "gather buffer sizes"));
+            match call {
+                Call::AllReduce(b, n, t, op, tag) => {
+                    accel_gloo_allreduce(x, wr(b), n, t.0, op.0, tag, ms, e, ERR_CAP)
                 }
-                o.as_mut_ptr().cast::<c_void>()
-            }
-            None => ptr::null_mut(),
-        };
-        let mut st = Status::new();
-        // SAFETY: `input` is live (read only); `out_ptr` is null or a live,
-        // exclusively borrowed buffer of `input.len() * size` bytes (checked
-        // above); the shim refuses a null output on the root; the message
-        // buffer is ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_gather(
-                self.raw.as_ptr(),
-                input.as_ptr().cast(),
-                input.len(),
-                out_ptr,
-                root_c,
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// Scatter from `root`; `input` is `Some` with `out.len() * size` bytes
-    /// on the root.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn scatter(
-        &mut self,
-        input: Option<&[u8]>,
-        out: &mut [u8],
-        size: usize,
-        root: usize,
-        tag: u32,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        let root_c = c_int_of(root, "root")?;
-        let in_ptr = match input {
-            Some(i) => {
-                if out.len().checked_mul(size) != Some(i.len()) {
-                    return Err(GlooError::new(Caught::Arg, "scatter buffer sizes"));
+                Call::Reduce(b, n, t, op, _, tag) => {
+                    accel_gloo_reduce(x, wr(b), n, t.0, op.0, rank, tag, ms, e, ERR_CAP)
                 }
-                i.as_ptr().cast::<c_void>()
+                Call::Broadcast(b, _, tag) => {
+                    accel_gloo_broadcast(x, wr(b), b.len(), rank, tag, ms, e, ERR_CAP)
+                }
+                Call::AllGather(i, o, _, tag) => {
+                    accel_gloo_allgather(x, rd(i), i.len(), wr(o), tag, ms, e, ERR_CAP)
+                }
+                Call::Gather(i, o, _, _, tag) => {
+                    let o = o.map_or(ptr::null_mut(), wr);
+                    accel_gloo_gather(x, rd(i), i.len(), o, rank, tag, ms, e, ERR_CAP)
+                }
+                Call::Scatter(i, o, _, _, tag) => {
+                    let i = i.map_or(ptr::null(), rd);
+                    accel_gloo_scatter(x, i, wr(o), o.len(), rank, tag, ms, e, ERR_CAP)
+                }
+                Call::AllToAll(i, o, tag) => {
+                    accel_gloo_alltoall(x, rd(i), wr(o), o.len(), tag, ms, e, ERR_CAP)
+                }
+                Call::Barrier(tag) => accel_gloo_barrier(x, tag, ms, e, ERR_CAP),
+                Call::Send(b, _, slot) => {
+                    accel_gloo_send(x, rd(b), b.len(), rank, slot, ms, e, ERR_CAP)
+                }
+                Call::Recv(b, _, slot) => {
+                    accel_gloo_recv(x, wr(b), b.len(), rank, slot, ms, e, ERR_CAP)
+                }
             }
-            None => ptr::null(),
-        };
-        let mut st = Status::new();
-        // SAFETY: `in_ptr` is null or a live buffer of `out.len() * size`
-        // bytes (checked above) that Gloo only reads; `out` is live and
-        // exclusively borrowed; the message buffer is ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_scatter(
-                self.raw.as_ptr(),
-                in_ptr,
-                out.as_mut_ptr().cast(),
-                out.len(),
-                root_c,
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
         };
         st.result(code)
     }
+}
 
-    /// All-to-all of equal byte chunks; both buffers have the same length.
-    pub(crate) fn all_to_all(
-        &mut self,
-        input: &[u8],
-        out: &mut [u8],
-        tag: u32,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        if input.len() != out.len() {
-            return Err(GlooError::new(Caught::Arg, "all_to_all buffer sizes"));
+/// One Gloo operation with its buffers, for [`Context::run`]. `tag` pairs a
+/// collective with the peers' same call; `slot` (< 2^56) a send with its
+/// receive. Peers (`dst`, `src`) are never this rank.
+#[derive(Debug)]
+pub(crate) enum Call<'a> {
+    /// `(buf, count, dtype, op, tag)`: in-place all-reduce of the `count`
+    /// elements of `dtype` that fill `buf`.
+    AllReduce(&'a mut [u8], usize, DTypeCode, OpCode, u32),
+    /// `(buf, count, dtype, op, root, tag)`: in-place reduce to `root`.
+    Reduce(&'a mut [u8], usize, DTypeCode, OpCode, usize, u32),
+    /// `(buf, root, tag)`: in-place broadcast of the bytes of `buf`.
+    Broadcast(&'a mut [u8], usize, u32),
+    /// `(input, out, size, tag)`: all-gather; `out.len()` must be
+    /// `input.len() * size`.
+    AllGather(&'a [u8], &'a mut [u8], usize, u32),
+    /// `(input, out, size, root, tag)`: gather to `root`; `out` is `Some`
+    /// with `input.len() * size` bytes on the root.
+    Gather(&'a [u8], Option<&'a mut [u8]>, usize, usize, u32),
+    /// `(input, out, size, root, tag)`: scatter from `root`; `input` is
+    /// `Some` with `out.len() * size` bytes on the root.
+    Scatter(Option<&'a [u8]>, &'a mut [u8], usize, usize, u32),
+    /// `(input, out, tag)`: all-to-all of equal byte chunks; both buffers
+    /// have the same length.
+    AllToAll(&'a [u8], &'a mut [u8], u32),
+    /// `(tag)`: barrier.
+    Barrier(u32),
+    /// `(buf, dst, slot)`: send the bytes of `buf`.
+    Send(&'a [u8], usize, u64),
+    /// `(buf, src, slot)`: receive exactly `buf.len()` bytes.
+    Recv(&'a mut [u8], usize, u64),
+}
+
+impl Call<'_> {
+    /// The root or peer as a C int (0 when the call has none), once the
+    /// buffers are checked to have the sizes Gloo expects.
+    fn checked_rank(&self) -> Result<c_int, GlooError> {
+        let (rank, what) = match self {
+            Call::Reduce(.., root, _)
+            | Call::Broadcast(_, root, _)
+            | Call::Gather(.., root, _)
+            | Call::Scatter(.., root, _) => (*root, "root"),
+            Call::Send(_, dst, _) => (*dst, "destination"),
+            Call::Recv(_, src, _) => (*src, "source"),
+            _ => (0, "rank"),
+        };
+        let rank = c_int_of(rank, what)?;
+        let (fits, op) = match self {
+            Call::AllGather(i, o, size, _) => {
+                (i.len().checked_mul(*size) == Some(o.len()), "all_gather")
+            }
+            Call::Gather(i, Some(o), size, ..) => {
+                (i.len().checked_mul(*size) == Some(o.len()), "gather")
+            }
+            Call::Scatter(Some(i), o, size, ..) => {
+                (o.len().checked_mul(*size) == Some(i.len()), "scatter")
+            }
+            Call::AllToAll(i, o, _) => (i.len() == o.len(), "all_to_all"),
+            _ => (true, ""),
+        };
+        if fits {
+            Ok(rank)
+        } else {
+            Err(GlooError::new(Caught::Arg, format!("{op} buffer sizes")))
         }
-        let mut st = Status::new();
-        // SAFETY: both buffers are live with the same length (checked
-        // above), `input` is only read, `out` exclusively borrowed; the
-        // message buffer is ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_alltoall(
-                self.raw.as_ptr(),
-                input.as_ptr().cast(),
-                out.as_mut_ptr().cast(),
-                out.len(),
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// Barrier.
-    pub(crate) fn barrier(&mut self, tag: u32, timeout: Duration) -> Result<(), GlooError> {
-        self.check_open()?;
-        let mut st = Status::new();
-        // SAFETY: the handle is live; the message buffer is ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_barrier(
-                self.raw.as_ptr(),
-                tag,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// Send the bytes of `buf` to `dst` (not self) on `slot` (< 2^56).
-    pub(crate) fn send(
-        &mut self,
-        buf: &[u8],
-        dst: usize,
-        slot: u64,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        let dst = c_int_of(dst, "destination")?;
-        let mut st = Status::new();
-        // SAFETY: `buf` is live for the whole call, which waits for the send
-        // to complete before returning (Gloo never touches it afterwards: the
-        // unbound buffer is destroyed inside the call); the message buffer is
-        // ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_send(
-                self.raw.as_ptr(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                dst,
-                slot,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
-    }
-
-    /// Receive exactly `buf.len()` bytes from `src` (not self) on `slot`.
-    pub(crate) fn recv(
-        &mut self,
-        buf: &mut [u8],
-        src: usize,
-        slot: u64,
-        timeout: Duration,
-    ) -> Result<(), GlooError> {
-        self.check_open()?;
-        let src = c_int_of(src, "source")?;
-        let mut st = Status::new();
-        // SAFETY: `buf` is live and exclusively borrowed for the whole call,
-        // which waits for the receive to complete; the message buffer is
-        // ERR_CAP bytes.
-        let code = unsafe {
-            accel_gloo_recv(
-                self.raw.as_ptr(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                src,
-                slot,
-                timeout_ms(timeout),
-                st.ptr(),
-                ERR_CAP,
-            )
-        };
-        st.result(code)
     }
 }
 

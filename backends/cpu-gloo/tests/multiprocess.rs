@@ -78,13 +78,19 @@ fn wait_all(mut children: Vec<Child>) -> Vec<(Option<i32>, String)> {
         .collect()
 }
 
-#[test]
-fn three_processes_run_collectives() {
-    let dir = store_dir("ok");
-    let world = 3;
-    let children = (0..world).map(|r| spawn("ok", r, world, &dir)).collect();
+/// Run `world` worker processes in `mode` over a fresh store directory
+/// (removed afterwards); (exit code, output) per rank.
+fn run_workers(mode: &str, world: usize) -> Vec<(Option<i32>, String)> {
+    let dir = store_dir(mode);
+    let children = (0..world).map(|r| spawn(mode, r, world, &dir)).collect();
     let results = wait_all(children);
     let _ = std::fs::remove_dir_all(&dir);
+    results
+}
+
+#[test]
+fn three_processes_run_collectives() {
+    let results = run_workers("ok", 3);
     for (rank, (code, out)) in results.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {rank} failed:\n{out}");
         assert!(out.contains("worker done"), "rank {rank}:\n{out}");
@@ -93,11 +99,7 @@ fn three_processes_run_collectives() {
 
 #[test]
 fn a_process_that_dies_is_named_by_the_others() {
-    let dir = store_dir("die");
-    let world = 3;
-    let children = (0..world).map(|r| spawn("die", r, world, &dir)).collect();
-    let results = wait_all(children);
-    let _ = std::fs::remove_dir_all(&dir);
+    let results = run_workers("die", 3);
     assert_eq!(
         results[2].0,
         Some(17),

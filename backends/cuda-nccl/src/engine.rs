@@ -443,31 +443,20 @@ impl Engine for NcclEngine {
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (count, dtype) = (buf.len(), buf.dtype());
+        let (ty, op) = (nccl_type(dtype), nccl_op(op));
         let p = self.place_out(0, buf, true);
         self.launch(Op::AllReduce, &Self::describe(count, dtype), vec![p], |a| {
-            vec![Call::AllReduce {
-                send: a[0],
-                recv: a[0],
-                count,
-                ty: nccl_type(dtype),
-                op: nccl_op(op),
-            }]
+            vec![Call::AllReduce(a[0], a[0], count, ty, op)]
         })
         .map_err(Error::from)
     }
 
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
         let (count, dtype) = (buf.len(), buf.dtype());
+        let (ty, op) = (nccl_type(dtype), nccl_op(op));
         let p = self.place_out(0, buf, true);
         self.launch(Op::Reduce, &Self::describe(count, dtype), vec![p], |a| {
-            vec![Call::Reduce {
-                send: a[0],
-                recv: a[0],
-                count,
-                ty: nccl_type(dtype),
-                op: nccl_op(op),
-                root,
-            }]
+            vec![Call::Reduce(a[0], a[0], count, ty, op, root)]
         })
         .map_err(Error::from)
     }
@@ -476,12 +465,7 @@ impl Engine for NcclEngine {
         let (count, dtype) = (buf.len(), buf.dtype());
         let p = self.place_out(0, buf, self.info.rank == root);
         self.launch(Op::Broadcast, &Self::describe(count, dtype), vec![p], |a| {
-            vec![Call::Broadcast {
-                buf: a[0],
-                count,
-                ty: nccl_type(dtype),
-                root,
-            }]
+            vec![Call::Broadcast(a[0], count, nccl_type(dtype), root)]
         })
         .map_err(Error::from)
     }
@@ -490,12 +474,7 @@ impl Engine for NcclEngine {
         let (count, dtype) = (send.len(), send.dtype());
         let places = vec![self.place_in(0, send), self.place_out(1, recv, false)];
         self.launch(Op::AllGather, &Self::describe(count, dtype), places, |a| {
-            vec![Call::AllGather {
-                send: a[0],
-                recv: a[1],
-                count,
-                ty: nccl_type(dtype),
-            }]
+            vec![Call::AllGather(a[0], a[1], count, nccl_type(dtype))]
         })
         .map_err(Error::from)
     }
@@ -511,19 +490,11 @@ impl Engine for NcclEngine {
             places.push(self.place_out(1, r, false));
         }
         self.launch(Op::Gather, &Self::describe(count, dtype), places, |a| {
-            let mut calls = vec![Call::Send {
-                buf: a[0],
-                count,
-                ty,
-                peer: root,
-            }];
+            let mut calls = vec![Call::Send(a[0], count, ty, root)];
             if is_root {
-                calls.extend((0..world).map(|r| Call::Recv {
-                    buf: a[1] + (r * bytes) as u64,
-                    count,
-                    ty,
-                    peer: r,
-                }));
+                calls.extend(
+                    (0..world).map(|r| Call::Recv(a[1] + (r * bytes) as u64, count, ty, r)),
+                );
             }
             calls
         })
@@ -543,19 +514,11 @@ impl Engine for NcclEngine {
         self.launch(Op::Scatter, &Self::describe(count, dtype), places, |a| {
             let mut calls = Vec::new();
             if is_root {
-                calls.extend((0..world).map(|r| Call::Send {
-                    buf: a[1] + (r * bytes) as u64,
-                    count,
-                    ty,
-                    peer: r,
-                }));
+                calls.extend(
+                    (0..world).map(|r| Call::Send(a[1] + (r * bytes) as u64, count, ty, r)),
+                );
             }
-            calls.push(Call::Recv {
-                buf: a[0],
-                count,
-                ty,
-                peer: root,
-            });
+            calls.push(Call::Recv(a[0], count, ty, root));
             calls
         })
         .map_err(Error::from)
@@ -563,21 +526,12 @@ impl Engine for NcclEngine {
 
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (count, dtype) = (recv.len(), recv.dtype());
+        let (ty, op) = (nccl_type(dtype), nccl_op(op));
         let places = vec![self.place_in(0, send), self.place_out(1, recv, false)];
-        self.launch(
-            Op::ReduceScatter,
-            &Self::describe(count, dtype),
-            places,
-            |a| {
-                vec![Call::ReduceScatter {
-                    send: a[0],
-                    recv: a[1],
-                    count,
-                    ty: nccl_type(dtype),
-                    op: nccl_op(op),
-                }]
-            },
-        )
+        let what = Self::describe(count, dtype);
+        self.launch(Op::ReduceScatter, &what, places, |a| {
+            vec![Call::ReduceScatter(a[0], a[1], count, ty, op)]
+        })
         .map_err(Error::from)
     }
 
@@ -593,18 +547,8 @@ impl Engine for NcclEngine {
                 .flat_map(|r| {
                     let off = r as u64 * bytes;
                     [
-                        Call::Send {
-                            buf: a[0] + off,
-                            count,
-                            ty,
-                            peer: r,
-                        },
-                        Call::Recv {
-                            buf: a[1] + off,
-                            count,
-                            ty,
-                            peer: r,
-                        },
+                        Call::Send(a[0] + off, count, ty, r),
+                        Call::Recv(a[1] + off, count, ty, r),
                     ]
                 })
                 .collect()
@@ -625,24 +569,14 @@ impl Engine for NcclEngine {
             upload_out: false,
         };
         self.launch(Op::Send, "header", vec![hp], |a| {
-            vec![Call::Send {
-                buf: a[0],
-                count: Header::BYTES,
-                ty: NcclType::ncclUint8,
-                peer: dst,
-            }]
+            vec![Call::Send(a[0], Header::BYTES, NcclType::ncclUint8, dst)]
         })?;
         if count == 0 {
             return Ok(());
         }
         let p = self.place_in(1, buf);
         self.launch(Op::Send, &Self::describe(count, dtype), vec![p], |a| {
-            vec![Call::Send {
-                buf: a[0],
-                count,
-                ty: nccl_type(dtype),
-                peer: dst,
-            }]
+            vec![Call::Send(a[0], count, nccl_type(dtype), dst)]
         })
         .map_err(Error::from)
     }
@@ -660,12 +594,7 @@ impl Engine for NcclEngine {
             upload_out: false,
         };
         self.launch(Op::Recv, "header", vec![hp], |a| {
-            vec![Call::Recv {
-                buf: a[0],
-                count: Header::BYTES,
-                ty: NcclType::ncclUint8,
-                peer: src,
-            }]
+            vec![Call::Recv(a[0], Header::BYTES, NcclType::ncclUint8, src)]
         })?;
         let got = Header::decode(&header);
         let want = Header::new(dtype, count, tag);
@@ -691,12 +620,12 @@ impl Engine for NcclEngine {
                     stream: self.stream.raw(),
                 };
                 self.launch(Op::Recv, "dropped message", vec![p], |a| {
-                    vec![Call::Recv {
-                        buf: a[0],
-                        count: got.bytes as usize,
-                        ty: NcclType::ncclUint8,
-                        peer: src,
-                    }]
+                    vec![Call::Recv(
+                        a[0],
+                        got.bytes as usize,
+                        NcclType::ncclUint8,
+                        src,
+                    )]
                 })?;
             }
             return Err(NcclFailure::Protocol(format!(
@@ -713,12 +642,7 @@ impl Engine for NcclEngine {
         }
         let p = self.place_out(1, buf, false);
         self.launch(Op::Recv, &Self::describe(count, dtype), vec![p], |a| {
-            vec![Call::Recv {
-                buf: a[0],
-                count,
-                ty: nccl_type(dtype),
-                peer: src,
-            }]
+            vec![Call::Recv(a[0], count, nccl_type(dtype), src)]
         })
         .map_err(Error::from)
     }
@@ -734,13 +658,13 @@ impl Engine for NcclEngine {
                 stream: self.stream.raw(),
             }],
             |a| {
-                vec![Call::AllReduce {
-                    send: a[0],
-                    recv: a[0],
-                    count: 1,
-                    ty: NcclType::ncclInt32,
-                    op: NcclOp::ncclSum,
-                }]
+                vec![Call::AllReduce(
+                    a[0],
+                    a[0],
+                    1,
+                    NcclType::ncclInt32,
+                    NcclOp::ncclSum,
+                )]
             },
         )
         .map_err(Error::from)

@@ -378,72 +378,33 @@ impl Comm {
         // the same context.
         let (which, r) = unsafe {
             match *call {
-                Call::AllReduce {
-                    send,
-                    recv,
-                    count,
-                    ty,
-                    op,
-                } => (
+                Call::AllReduce(i, o, n, t, op) => (
                     NcclCall::AllReduce,
-                    nc::ncclAllReduce(cp(send), vp(recv), count, ty, op, c, s),
+                    nc::ncclAllReduce(cp(i), vp(o), n, t, op, c, s),
                 ),
-                Call::Reduce {
-                    send,
-                    recv,
-                    count,
-                    ty,
-                    op,
-                    root,
-                } => (
+                Call::Reduce(i, o, n, t, op, root) => (
                     NcclCall::Reduce,
-                    nc::ncclReduce(cp(send), vp(recv), count, ty, op, root as c_int, c, s),
+                    nc::ncclReduce(cp(i), vp(o), n, t, op, root as c_int, c, s),
                 ),
-                Call::Broadcast {
-                    buf,
-                    count,
-                    ty,
-                    root,
-                } => (
+                Call::Broadcast(b, n, t, root) => (
                     NcclCall::Broadcast,
-                    nc::ncclBroadcast(cp(buf), vp(buf), count, ty, root as c_int, c, s),
+                    nc::ncclBroadcast(cp(b), vp(b), n, t, root as c_int, c, s),
                 ),
-                Call::AllGather {
-                    send,
-                    recv,
-                    count,
-                    ty,
-                } => (
+                Call::AllGather(i, o, n, t) => (
                     NcclCall::AllGather,
-                    nc::ncclAllGather(cp(send), vp(recv), count, ty, c, s),
+                    nc::ncclAllGather(cp(i), vp(o), n, t, c, s),
                 ),
-                Call::ReduceScatter {
-                    send,
-                    recv,
-                    count,
-                    ty,
-                    op,
-                } => (
+                Call::ReduceScatter(i, o, n, t, op) => (
                     NcclCall::ReduceScatter,
-                    nc::ncclReduceScatter(cp(send), vp(recv), count, ty, op, c, s),
+                    nc::ncclReduceScatter(cp(i), vp(o), n, t, op, c, s),
                 ),
-                Call::Send {
-                    buf,
-                    count,
-                    ty,
-                    peer,
-                } => (
+                Call::Send(b, n, t, peer) => (
                     NcclCall::Send,
-                    nc::ncclSend(cp(buf), count, ty, peer as c_int, c, s),
+                    nc::ncclSend(cp(b), n, t, peer as c_int, c, s),
                 ),
-                Call::Recv {
-                    buf,
-                    count,
-                    ty,
-                    peer,
-                } => (
+                Call::Recv(b, n, t, peer) => (
                     NcclCall::Recv,
-                    nc::ncclRecv(vp(buf), count, ty, peer as c_int, c, s),
+                    nc::ncclRecv(vp(b), n, t, peer as c_int, c, s),
                 ),
             }
         };
@@ -507,55 +468,25 @@ impl Drop for Comm {
 }
 
 /// One NCCL call on device addresses, built by the engine from checked
-/// views.
+/// views: send and receive addresses (one buffer for broadcast and
+/// point-to-point), element count and type, then the reduction, root or
+/// peer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Call {
-    AllReduce {
-        send: u64,
-        recv: u64,
-        count: usize,
-        ty: NcclType,
-        op: NcclOp,
-    },
-    Reduce {
-        send: u64,
-        recv: u64,
-        count: usize,
-        ty: NcclType,
-        op: NcclOp,
-        root: usize,
-    },
-    Broadcast {
-        buf: u64,
-        count: usize,
-        ty: NcclType,
-        root: usize,
-    },
-    AllGather {
-        send: u64,
-        recv: u64,
-        count: usize,
-        ty: NcclType,
-    },
-    ReduceScatter {
-        send: u64,
-        recv: u64,
-        count: usize,
-        ty: NcclType,
-        op: NcclOp,
-    },
-    Send {
-        buf: u64,
-        count: usize,
-        ty: NcclType,
-        peer: usize,
-    },
-    Recv {
-        buf: u64,
-        count: usize,
-        ty: NcclType,
-        peer: usize,
-    },
+    /// `ncclAllReduce(send, recv, count, type, op)`.
+    AllReduce(u64, u64, usize, NcclType, NcclOp),
+    /// `ncclReduce(send, recv, count, type, op, root)`.
+    Reduce(u64, u64, usize, NcclType, NcclOp, usize),
+    /// `ncclBroadcast(buf, count, type, root)`, in place.
+    Broadcast(u64, usize, NcclType, usize),
+    /// `ncclAllGather(send, recv, count, type)`.
+    AllGather(u64, u64, usize, NcclType),
+    /// `ncclReduceScatter(send, recv, count, type, op)`.
+    ReduceScatter(u64, u64, usize, NcclType, NcclOp),
+    /// `ncclSend(buf, count, type, peer)`.
+    Send(u64, usize, NcclType, usize),
+    /// `ncclRecv(buf, count, type, peer)`.
+    Recv(u64, usize, NcclType, usize),
 }
 
 /// A raw CUDA stream handle (null: the legacy default stream).

@@ -108,12 +108,12 @@ fn inspect_into(r: &mut ProbeReport) -> ProbeReport {
         );
         return r.clone();
     }
-    let missing = ffi::missing_symbols(Lib::Driver, ffi::DRIVER_PROBE_SYMBOLS);
-    if !missing.is_empty() {
-        r.unavailable = Some(format!(
-            "libcuda.so lacks {}: the NVIDIA driver is too old or not the real one",
-            missing.join(", ")
-        ));
+    r.unavailable = lacking(
+        Lib::Driver,
+        ffi::DRIVER_PROBE_SYMBOLS,
+        "the NVIDIA driver is too old or not the real one",
+    );
+    if r.unavailable.is_some() {
         return r.clone();
     }
     match ffi::driver_init_and_count() {
@@ -143,23 +143,28 @@ fn inspect_into(r: &mut ProbeReport) -> ProbeReport {
         r.unavailable = Some(nccl_missing_reason(&candidate_dirs()));
         return r.clone();
     }
-    let missing = ffi::missing_symbols(Lib::Nccl, ffi::NCCL_SYMBOLS);
-    if !missing.is_empty() {
-        r.unavailable = Some(format!(
-            "libnccl.so lacks {}: NCCL 2.18 or newer is needed",
-            missing.join(", ")
-        ));
+    r.unavailable = lacking(Lib::Nccl, ffi::NCCL_SYMBOLS, "NCCL 2.18 or newer is needed");
+    if r.unavailable.is_some() {
         return r.clone();
     }
     r.nccl = ffi::nccl_version().map(nccl_version_text);
-    let missing_driver = ffi::missing_symbols(Lib::Driver, ffi::DRIVER_SYMBOLS);
-    if !missing_driver.is_empty() {
-        r.unavailable = Some(format!(
-            "libcuda.so lacks {}: the NVIDIA driver is too old",
-            missing_driver.join(", ")
-        ));
-    }
+    r.unavailable = lacking(
+        Lib::Driver,
+        ffi::DRIVER_SYMBOLS,
+        "the NVIDIA driver is too old",
+    );
     r.clone()
+}
+
+/// "`libcuda.so` (or `libnccl.so`) lacks the symbols of `symbols` that
+/// `lib` does not export: `why`", or `None` when it exports them all.
+fn lacking(lib: Lib, symbols: &[&str], why: &str) -> Option<String> {
+    let missing = ffi::missing_symbols(lib, symbols);
+    let name = match lib {
+        Lib::Driver => "libcuda.so",
+        Lib::Nccl => "libnccl.so",
+    };
+    (!missing.is_empty()).then(|| format!("{name} lacks {}: {why}", missing.join(", ")))
 }
 
 /// The reason when `libnccl.so` cannot be opened, with the fix.
@@ -285,6 +290,18 @@ pub(crate) fn fit(mut report: ProbeReport, ctx: &ProbeContext) -> ProbeReport {
 mod tests {
     use super::*;
 
+    /// What the probe finds on a machine with `devices` GPUs, CUDA 13.0 and
+    /// NCCL 2.28.3.
+    fn found(devices: usize, visible: Option<&str>) -> ProbeReport {
+        ProbeReport {
+            devices,
+            driver: Some("13.0".into()),
+            nccl: Some("2.28.3".into()),
+            visible: visible.map(String::from),
+            unavailable: None,
+        }
+    }
+
     #[test]
     fn versions_read_like_the_libraries_print_them() {
         assert_eq!(cuda_version_text(13000), "13.0");
@@ -295,13 +312,7 @@ mod tests {
 
     #[test]
     fn the_version_line_has_what_was_found() {
-        let r = ProbeReport {
-            devices: 2,
-            driver: Some("13.0".into()),
-            nccl: Some("2.28.3".into()),
-            visible: Some("0,1".into()),
-            unavailable: None,
-        };
+        let r = found(2, Some("0,1"));
         assert_eq!(
             r.version_line().unwrap(),
             "NCCL 2.28.3, CUDA driver 13.0, CUDA_VISIBLE_DEVICES=0,1"
@@ -322,13 +333,7 @@ mod tests {
 
     #[test]
     fn more_local_ranks_than_gpus_is_unavailable() {
-        let one_gpu = ProbeReport {
-            devices: 1,
-            driver: Some("13.0".into()),
-            nccl: Some("2.28.3".into()),
-            visible: None,
-            unavailable: None,
-        };
+        let one_gpu = found(1, None);
         let mut ctx = ProbeContext::single_process();
         assert!(fit(one_gpu.clone(), &ctx).unavailable.is_none());
         ctx.world_size = 2;

@@ -49,8 +49,8 @@ fn run_child_with(nccl: &str, case: &str, envs: &[(&str, &str)]) -> String {
     let mut cmd = Command::new("timeout");
     cmd.arg("120")
         .arg(std::env::current_exe().unwrap())
-        .args(["--exact", case, "--nocapture", "--test-threads=1"])
-        .env(CHILD, "1")
+        .args(["--exact", "child", "--nocapture", "--test-threads=1"])
+        .env(CHILD, case)
         .env("LD_LIBRARY_PATH", t.path())
         .env_remove("CUDA_VISIBLE_DEVICES");
     for (k, v) in envs {
@@ -74,8 +74,30 @@ fn run_child_with(nccl: &str, case: &str, envs: &[(&str, &str)]) -> String {
     stdout
 }
 
-fn in_child() -> bool {
-    std::env::var_os(CHILD).is_some()
+/// A fresh in-memory rendezvous store.
+fn memory_store() -> std::sync::Arc<dyn accel_api::Store> {
+    std::sync::Arc::new(accel_rendezvous::MemoryStore::new())
+}
+
+/// The child side of every case: runs the case the parent named in
+/// `ACCEL_NCCL_FAKE_CHILD`; a no-op in a normal test run.
+#[test]
+fn child() {
+    let Ok(case) = std::env::var(CHILD) else {
+        return;
+    };
+    let run: fn() = match case.as_str() {
+        "child_scenarios" => child_scenarios,
+        "child_hang" => child_hang,
+        "child_remote" => child_remote,
+        "child_refusals" => child_refusals,
+        "child_missing_rank" => child_missing_rank,
+        "child_cudarc" => child_cudarc,
+        "child_abort_in_flight" => child_abort_in_flight,
+        "child_two_ranks" => child_two_ranks,
+        other => panic!("no child case `{other}`"),
+    };
+    run();
 }
 
 #[test]
@@ -83,11 +105,7 @@ fn fake_scenarios_pass_through_the_whole_engine() {
     run_child("child_scenarios", &[]);
 }
 
-#[test]
 fn child_scenarios() {
-    if !in_child() {
-        return;
-    }
     let r = accel_backend_cuda_nccl::inspect();
     assert!(r.unavailable.is_none(), "the fakes should probe: {r:?}");
     assert_eq!(r.version_line().unwrap(), "NCCL 2.28.3, CUDA driver 13.0");
@@ -130,11 +148,7 @@ fn a_hung_collective_times_out_aborts_and_poisons() {
     assert_one_abort_after_hang("child_hang");
 }
 
-#[test]
 fn child_hang() {
-    if !in_child() {
-        return;
-    }
     let c = common::connect_one(Duration::from_millis(300));
     let t0 = std::time::Instant::now();
     let e = c
@@ -169,11 +183,7 @@ fn a_remote_error_is_a_lost_peer() {
     run_child("child_remote", &[("FAKE_NCCL_REMOTE", "1")]);
 }
 
-#[test]
 fn child_remote() {
-    if !in_child() {
-        return;
-    }
     let c = common::connect_one(Duration::from_secs(10));
     let e = c.broadcast_slice(&mut [1u8, 2], 0).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::PeerLost { peer: None }, "{e}");
@@ -193,13 +203,8 @@ fn connect_refuses_what_it_cannot_drive() {
     run_child("child_refusals", &[]);
 }
 
-#[test]
 fn child_refusals() {
-    if !in_child() {
-        return;
-    }
-    let store: std::sync::Arc<dyn accel_api::Store> =
-        std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
+    let store = memory_store();
     let ctx = |device| {
         accel_api::ConnectContext::local(0, 1, Duration::from_secs(5), store.clone())
             .with_device(device)
@@ -225,13 +230,8 @@ fn a_rank_that_never_connects_is_counted() {
     run_child("child_missing_rank", &[]);
 }
 
-#[test]
 fn child_missing_rank() {
-    if !in_child() {
-        return;
-    }
-    let store: std::sync::Arc<dyn accel_api::Store> =
-        std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
+    let store = memory_store();
     let ctx = accel_api::ConnectContext::local(0, 2, Duration::from_millis(300), store.clone())
         .with_device(common::CUDA0)
         .with_run_id("r");
@@ -258,11 +258,7 @@ fn cudarc_slices_are_device_views() {
     run_child("child_cudarc", &[]);
 }
 
-#[test]
 fn child_cudarc() {
-    if !in_child() {
-        return;
-    }
     let c = common::connect_one(Duration::from_secs(10));
     common::cudarc_slices(&c);
 }
@@ -272,11 +268,7 @@ fn abort_interrupts_a_call_in_flight() {
     assert_one_abort_after_hang("child_abort_in_flight");
 }
 
-#[test]
 fn child_abort_in_flight() {
-    if !in_child() {
-        return;
-    }
     let c = std::sync::Arc::new(common::connect_one(Duration::from_secs(60)));
     assert!(c.capabilities().abort_interrupts);
     let c2 = c.clone();
@@ -311,13 +303,8 @@ fn two_ranks_as_threads_bootstrap_and_talk() {
 
 /// Two ranks as threads over the threaded fake NCCL: the id goes through
 /// the store, the header protocol keeps messages in step.
-#[test]
 fn child_two_ranks() {
-    if !in_child() {
-        return;
-    }
-    let store: std::sync::Arc<dyn accel_api::Store> =
-        std::sync::Arc::new(accel_rendezvous::MemoryStore::new());
+    let store = memory_store();
     let ranks: Vec<_> = (0..2usize)
         .map(|rank| {
             let store = store.clone();

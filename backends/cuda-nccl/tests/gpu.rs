@@ -22,25 +22,26 @@ fn world() -> Option<NcclCommunicator> {
     Some(common::connect_one(Duration::from_secs(60)))
 }
 
-#[test]
-fn every_dtype_and_reduction_on_device_memory() {
-    if let Some(c) = world() {
-        common::every_dtype_and_reduction(&c);
-    }
+/// One `#[test]` per shared case, each on its own world communicator.
+macro_rules! gpu_tests {
+    ($($name:ident => $case:path;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                if let Some(c) = world() {
+                    $case(&c);
+                }
+            }
+        )*
+    };
 }
 
-#[test]
-fn data_movement_on_device_memory() {
-    if let Some(c) = world() {
-        common::data_movement(&c);
-    }
-}
-
-#[test]
-fn host_buffers_are_staged() {
-    if let Some(c) = world() {
-        common::host_buffers(&c);
-    }
+gpu_tests! {
+    every_dtype_and_reduction_on_device_memory => common::every_dtype_and_reduction;
+    data_movement_on_device_memory => common::data_movement;
+    host_buffers_are_staged => common::host_buffers;
+    cudarc_slices_are_device_views => common::cudarc_slices;
+    split_and_abort => common::split_and_abort;
 }
 
 /// The shared conformance suite, ranks as threads, at world size 1 (one
@@ -53,19 +54,5 @@ fn the_conformance_suite_passes_at_world_size_1() {
             &[1],
             None,
         );
-    }
-}
-
-#[test]
-fn cudarc_slices_are_device_views() {
-    if let Some(c) = world() {
-        common::cudarc_slices(&c);
-    }
-}
-
-#[test]
-fn split_and_abort() {
-    if let Some(c) = world() {
-        common::split_and_abort(&c);
     }
 }

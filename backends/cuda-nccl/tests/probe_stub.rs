@@ -132,6 +132,16 @@ fn driver_stub(dir: &Path, init: i32, count: i32, all_symbols: bool) {
     build_stub(dir, "libcuda.so", &src);
 }
 
+/// The probe's reason over a driver stub that answers as given
+/// ([`driver_stub`]) and no NCCL, run with `envs`.
+fn driver_reason(init: i32, count: i32, all_symbols: bool, envs: &[(&str, &str)]) -> String {
+    let t = tempfile::tempdir().unwrap();
+    driver_stub(t.path(), init, count, all_symbols);
+    let o = probe_in_child(t.path(), envs);
+    assert_quiet(&o);
+    reason(&o)
+}
+
 #[test]
 fn no_driver_library_is_a_reason_not_a_panic() {
     let t = tempfile::tempdir().unwrap();
@@ -148,11 +158,8 @@ fn no_driver_library_is_a_reason_not_a_panic() {
 
 #[test]
 fn a_driver_without_devices_says_so() {
-    let t = tempfile::tempdir().unwrap();
-    driver_stub(t.path(), 100, 0, true); // CUDA_ERROR_NO_DEVICE
-    let o = probe_in_child(t.path(), &[("CUDA_VISIBLE_DEVICES", "")]);
-    assert_quiet(&o);
-    let why = reason(&o);
+    // 100: CUDA_ERROR_NO_DEVICE.
+    let why = driver_reason(100, 0, true, &[("CUDA_VISIBLE_DEVICES", "")]);
     assert!(why.contains("CUDA_ERROR_NO_DEVICE"), "{why}");
     assert!(
         why.contains("CUDA_VISIBLE_DEVICES=\"\""),
@@ -162,11 +169,7 @@ fn a_driver_without_devices_says_so() {
 
 #[test]
 fn a_driver_missing_a_symbol_is_named() {
-    let t = tempfile::tempdir().unwrap();
-    driver_stub(t.path(), 0, 1, false);
-    let o = probe_in_child(t.path(), &[]);
-    assert_quiet(&o);
-    let why = reason(&o);
+    let why = driver_reason(0, 1, false, &[]);
     assert!(why.contains("lacks cuDriverGetVersion"), "{why}");
 }
 

@@ -244,6 +244,19 @@ struct Spec {
     count: c_int,
 }
 
+impl Spec {
+    /// The transfer of this operation from `send` into `recv`.
+    fn transfer<'a>(&self, send: Src<'a>, recv: Dst<'a>) -> ffi::Transfer<'a> {
+        ffi::Transfer {
+            call: self.call,
+            ty: self.t,
+            count: self.count,
+            send,
+            recv,
+        }
+    }
+}
+
 impl MpiEngine {
     pub(crate) fn new(comm: Comm, info: EngineInfo, shared: Arc<Shared>) -> Self {
         let watch = if shared.blocking {
@@ -334,9 +347,7 @@ impl MpiEngine {
         let mut owned = owned;
         let lib = &self.shared.library;
         let _armed = watch.arm(s.op);
-        ffi::call_blocking(
-            &self.comm, s.call, s.t, s.count, send, recv, &mut owned, lib,
-        )?;
+        ffi::call_blocking(&self.comm, s.transfer(send, recv), &mut owned, lib)?;
         Ok(owned)
     }
 
@@ -345,7 +356,7 @@ impl MpiEngine {
     fn run(&self, s: Spec, send: Src<'_>, recv: Dst<'_>, owned: Owned) -> Result<Owned> {
         let start = Instant::now();
         let lib = &self.shared.library;
-        let req = ffi::start(&self.comm, s.call, s.t, s.count, send, recv, owned, lib)?;
+        let req = ffi::start(&self.comm, s.transfer(send, recv), owned, lib)?;
         self.wait(s.op, req, start)
     }
 

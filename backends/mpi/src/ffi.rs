@@ -553,14 +553,7 @@ impl Comm {
         // returned request (which never frees it while MPI may write it);
         // `req` is a valid out-pointer.
         check(unsafe { sys::MPI_Comm_idup(self.raw, &mut *slot, &mut req) })?;
-        Ok(Request {
-            raw: req,
-            done: false,
-            owned: Owned::default(),
-            comm_slot: Some(slot),
-            borrows_user: false,
-            _borrow: PhantomData,
-        })
+        Ok(Request::new(req, Owned::default(), Some(slot), false))
     }
 }
 
@@ -587,47 +580,54 @@ fn mut_ptr_of(d: &mut Dst<'_>, owned: &mut Owned) -> *mut c_void {
     }
 }
 
-/// The send and receive pointers of an operation (`MPI_IN_PLACE` for
-/// [`Src::InPlace`]; an error when this library's value of it is unknown).
-fn pointers(
-    send: &Src<'_>,
-    recv: &mut Dst<'_>,
-    owned: &mut Owned,
-    library: &str,
-) -> Result<(*const c_void, *mut c_void), MpiError> {
-    let in_place = in_place_for(library).unwrap_or(std::ptr::null_mut());
-    if matches!(send, Src::InPlace) && in_place.is_null() {
-        return Err(MpiError {
-            code: -1,
-            text: "MPI_IN_PLACE is not known for this MPI library".into(),
-        });
-    }
-    Ok((ptr_of(send, owned, in_place), mut_ptr_of(recv, owned)))
+/// One operation for [`start`] or [`call_blocking`]: `call` on `count`
+/// elements of `ty` (per rank for the gathers and scatters, per destination
+/// for all-to-all), from `send` into `recv`.
+#[derive(Debug)]
+pub(crate) struct Transfer<'a> {
+    pub(crate) call: Call,
+    pub(crate) ty: Ty,
+    pub(crate) count: c_int,
+    pub(crate) send: Src<'a>,
+    pub(crate) recv: Dst<'a>,
 }
 
-/// Start `call` on `comm` with `count` elements of `ty` (per rank for the
-/// gathers and scatters, per destination for all-to-all).
+impl Transfer<'_> {
+    /// The send and receive pointers (`MPI_IN_PLACE` for [`Src::InPlace`];
+    /// an error when this library's value of it is unknown).
+    fn pointers(
+        &mut self,
+        owned: &mut Owned,
+        library: &str,
+    ) -> Result<(*const c_void, *mut c_void), MpiError> {
+        let in_place = in_place_for(library).unwrap_or(std::ptr::null_mut());
+        if matches!(self.send, Src::InPlace) && in_place.is_null() {
+            return Err(MpiError {
+                code: -1,
+                text: "MPI_IN_PLACE is not known for this MPI library".into(),
+            });
+        }
+        let sp = ptr_of(&self.send, owned, in_place);
+        Ok((sp, mut_ptr_of(&mut self.recv, owned)))
+    }
+}
+
+/// Start the transfer `t` on `comm`.
 ///
 /// Buffer sizes are the caller's contract (checked by the communicator
 /// before any call): a send buffer of `count` elements (`count x size` for
 /// scatter and all-to-all at the root), a receive buffer of `count`
 /// elements (`count x size` for gathers at the root and all-to-all).
 /// `library` is the MPI library string, for `MPI_IN_PLACE`.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn start<'a>(
     comm: &Comm,
-    call: Call,
-    ty: Ty,
-    count: c_int,
-    send: Src<'a>,
-    mut recv: Dst<'a>,
+    mut t: Transfer<'a>,
     mut owned: Owned,
     library: &str,
 ) -> Result<Request<'a>, MpiError> {
-    let borrows_user = matches!(send, Src::User(_)) || matches!(recv, Dst::User(_));
-    let (sp, rp) = pointers(&send, &mut recv, &mut owned, library)?;
-    let dt = ty.raw();
-    let c = comm.raw;
+    let borrows_user = matches!(t.send, Src::User(_)) || matches!(t.recv, Dst::User(_));
+    let (sp, rp) = t.pointers(&mut owned, library)?;
+    let (call, count, dt, c) = (t.call, t.count, t.ty.raw(), comm.raw);
     let _g = lock();
     if FINALIZED.load(Ordering::SeqCst) {
         return Err(finalized_error());
@@ -660,14 +660,7 @@ pub(crate) fn start<'a>(
         }
     };
     check(rc)?;
-    Ok(Request {
-        raw: req,
-        done: false,
-        owned,
-        comm_slot: None,
-        borrows_user,
-        _borrow: PhantomData,
-    })
+    Ok(Request::new(req, owned, None, borrows_user))
 }
 
 /// A matched incoming message (`MPI_Improbe`), not yet received.
@@ -730,14 +723,7 @@ impl Matched {
         // points to `self.bytes` writable bytes that outlive the request
         // (as in `start`).
         check(unsafe { sys::MPI_Imrecv(rp, count, Ty::U8.raw(), &mut self.raw, &mut req) })?;
-        Ok(Request {
-            raw: req,
-            done: false,
-            owned,
-            comm_slot: None,
-            borrows_user,
-            _borrow: PhantomData,
-        })
+        Ok(Request::new(req, owned, None, borrows_user))
     }
 }
 
@@ -753,6 +739,25 @@ pub(crate) struct Request<'a> {
 }
 
 impl<'a> Request<'a> {
+    /// The started request `raw`, which owns `owned` (and the new
+    /// communicator's handle for `MPI_Comm_idup`); `borrows_user` when it
+    /// reads or writes caller memory.
+    fn new(
+        raw: sys::MPI_Request,
+        owned: Owned,
+        comm_slot: Option<Box<sys::MPI_Comm>>,
+        borrows_user: bool,
+    ) -> Request<'a> {
+        Request {
+            raw,
+            done: false,
+            owned,
+            comm_slot,
+            borrows_user,
+            _borrow: PhantomData,
+        }
+    }
+
     /// `MPI_Test`: `Ok(true)` once complete. An error completes the request
     /// too (MPI frees it).
     pub(crate) fn test(&mut self) -> Result<bool, MpiError> {

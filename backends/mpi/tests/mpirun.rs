@@ -78,6 +78,25 @@ fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String
 }
 
 /// The context of this rank of the mpirun job.
+/// The combined output of `mode` on `n` ranks under mpirun, which must
+/// succeed.
+fn job_ok(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> String {
+    let (code, out) = job(mode, n, extra_env);
+    assert_eq!(code, Some(0), "{mode} on {n} ranks, {extra_env:?}:\n{out}");
+    out
+}
+
+/// The combined output of `mode` on `n` ranks under mpirun, which must
+/// fail, and end within `bound` instead of hanging.
+fn job_fails_within(mode: &str, n: usize, extra_env: &[(&str, &str)], bound: Duration) -> String {
+    let start = Instant::now();
+    let (code, out) = job(mode, n, extra_env);
+    assert_ne!(code, Some(0), "{out}");
+    let took = start.elapsed();
+    assert!(took < bound, "the job ran {took:?}:\n{out}");
+    out
+}
+
 fn context(timeout: Duration) -> ConnectContext {
     let var = |k: &str| -> usize { std::env::var(k).unwrap().parse().unwrap() };
     ConnectContext::local(
@@ -356,8 +375,7 @@ fn collectives_on_1_to_3_ranks() {
         return;
     }
     for n in 1..=3 {
-        let (code, out) = job("collectives", n, &[]);
-        assert_eq!(code, Some(0), "world size {n}:\n{out}");
+        let out = job_ok("collectives", n, &[]);
         assert_eq!(out.matches("collectives ok").count(), n, "{out}");
     }
 }
@@ -374,8 +392,7 @@ fn collectives_on_every_path() {
         ("ACCEL_MPI_STAGING_BYTES", "0"),
         ("ACCEL_MPI_BLOCKING", "0"),
     ] {
-        let (code, out) = job("collectives", 3, &[env]);
-        assert_eq!(code, Some(0), "{env:?}:\n{out}");
+        let out = job_ok("collectives", 3, &[env]);
         assert_eq!(out.matches("collectives ok").count(), 3, "{env:?}: {out}");
     }
 }
@@ -387,8 +404,7 @@ fn the_thread_level_is_multiple_and_blocking_is_the_default() {
     if !have_mpirun() {
         return;
     }
-    let (code, out) = job("paths", 2, &[]);
-    assert_eq!(code, Some(0), "{out}");
+    let out = job_ok("paths", 2, &[]);
     for r in 0..2 {
         assert!(
             out.contains(&format!(
@@ -398,8 +414,7 @@ fn the_thread_level_is_multiple_and_blocking_is_the_default() {
             "{out}"
         );
     }
-    let (code, out) = job("paths", 2, &[("ACCEL_MPI_BLOCKING", "0")]);
-    assert_eq!(code, Some(0), "{out}");
+    let out = job_ok("paths", 2, &[("ACCEL_MPI_BLOCKING", "0")]);
     assert!(
         out.contains("rank 0: threading multiple blocking false"),
         "{out}"
@@ -480,8 +495,7 @@ fn small_timeout_returns_and_the_job_goes_on() {
     if !have_mpirun() {
         return;
     }
-    let (code, out) = job("timeout_small", 2, &[]);
-    assert_eq!(code, Some(0), "{out}");
+    let out = job_ok("timeout_small", 2, &[]);
     assert!(out.contains("timed out after"), "{out}");
     assert_eq!(out.matches("timeout_small ok").count(), 2, "{out}");
 }
@@ -493,15 +507,9 @@ fn a_timed_out_rank_exits_and_the_job_ends() {
     if !have_mpirun() {
         return;
     }
-    let start = Instant::now();
-    let (code, out) = job("hung_peer", 2, &[]);
+    // Rank 1 sleeps 60 s.
+    let out = job_fails_within("hung_peer", 2, &[], Duration::from_secs(40));
     assert!(out.contains("timed out after"), "{out}");
-    assert_ne!(code, Some(0), "{out}");
-    assert!(
-        start.elapsed() < Duration::from_secs(40),
-        "the job ran {:?} (rank 1 sleeps 60 s):\n{out}",
-        start.elapsed()
-    );
 }
 
 /// On the blocking path (the default) and on the all-non-blocking one.
@@ -511,17 +519,11 @@ fn large_timeout_aborts_the_job_with_the_error() {
         return;
     }
     for blocking in ["1", "0"] {
-        let start = Instant::now();
-        let (code, out) = job(
-            "timeout_large",
-            2,
-            &[("ACCEL_MPI_BLOCKING", blocking), ("ACCEL_CHECK_CALLS", "0")],
-        );
-        assert_ne!(code, Some(0), "{out}");
+        let env = [("ACCEL_MPI_BLOCKING", blocking), ("ACCEL_CHECK_CALLS", "0")];
+        let out = job_fails_within("timeout_large", 2, &env, Duration::from_secs(30));
         assert!(out.contains("all_reduce: timed out after 1.5s"), "{out}");
         assert!(out.contains("aborting the MPI job"), "{out}");
         assert_eq!(out.contains("the watchdog"), blocking == "1", "{out}");
-        assert!(start.elapsed() < Duration::from_secs(30), "{out}");
     }
 }
 
@@ -530,11 +532,8 @@ fn a_dead_rank_ends_the_job_naming_it() {
     if !have_mpirun() {
         return;
     }
-    let start = Instant::now();
-    let (code, out) = job("kill", 2, &[]);
-    assert_ne!(code, Some(0), "{out}");
+    let out = job_fails_within("kill", 2, &[], Duration::from_secs(30));
     assert!(out.contains("rank 1"), "{out}");
-    assert!(start.elapsed() < Duration::from_secs(30), "{out}");
 }
 
 /// Not started by mpirun: MPI initializes as a one-rank singleton, which

@@ -19,7 +19,7 @@ use accel_api::{
 };
 
 use crate::error::{HcclError, HCCL_E_TIMEOUT};
-use crate::ffi::{self, dtype, Comm, DevMem, DevPtr, NpuBuffer, Runtime, Stream};
+use crate::ffi::{self, dtype, Call, Comm, DevMem, DevPtr, NpuBuffer, Runtime, Stream};
 use crate::NAME;
 
 /// The communicator of the `npu-hccl` backend.
@@ -394,16 +394,15 @@ impl NpuEngine {
         }
     }
 
-    /// Enqueue with `enqueue`, then wait for the stream until `deadline`,
-    /// watching HCCL's asynchronous error.
-    fn go(
-        &self,
-        call: &'static str,
-        deadline: Instant,
-        enqueue: impl FnOnce(&Comm, &Stream) -> std::result::Result<(), HcclError>,
-    ) -> std::result::Result<(), HcclError> {
+    /// Enqueue `calls` in order, then wait for the stream until
+    /// `deadline`, watching HCCL's asynchronous error (named after the
+    /// first call).
+    fn go(&self, deadline: Instant, calls: &[Call]) -> std::result::Result<(), HcclError> {
+        let call = calls.first().map_or("HCCL", Call::name);
         self.rt.bind(self.dev_id)?;
-        enqueue(&self.comm, &self.stream)?;
+        for c in calls {
+            self.comm.enqueue(*c, &self.stream)?;
+        }
         let mut pause = Duration::from_micros(20);
         loop {
             let code = self.comm.async_error()?;
@@ -472,6 +471,35 @@ impl NpuEngine {
         }
     }
 
+    /// Stage `buf` (copied in when `copy_in`), run the call `make` builds
+    /// on its region in place, and copy the result back.
+    fn in_place(
+        &self,
+        buf: BufMut<'_>,
+        copy_in: bool,
+        make: impl FnOnce(DevPtr) -> Call,
+    ) -> std::result::Result<(), HcclError> {
+        let dl = self.start()?;
+        let out = self.output(buf, copy_in, dl)?;
+        self.go(dl, &[make(out.ptr)])?;
+        out.finish(&self.rt)
+    }
+
+    /// Stage `send` in and `recv` out, run the call `make` builds on the
+    /// two regions, and copy the result back.
+    fn in_out(
+        &self,
+        send: &Buf<'_>,
+        recv: BufMut<'_>,
+        make: impl FnOnce(DevPtr, DevPtr) -> Call,
+    ) -> std::result::Result<(), HcclError> {
+        let dl = self.start()?;
+        let inp = self.input(send, dl)?;
+        let out = self.output(recv, false, dl)?;
+        self.go(dl, &[make(inp.ptr, out.ptr)])?;
+        out.finish(&self.rt)
+    }
+
     fn take_mail(&self, src: usize, tag: u32) -> Option<Mail> {
         self.mail
             .lock()
@@ -505,9 +533,7 @@ impl NpuEngine {
         let peer = src as u32;
         loop {
             let hmem = self.scratch(HEADER)?;
-            self.go("HcclRecv", deadline, |c, s| {
-                c.recv(hmem.ptr(), HEADER as u64, dtype::INT8, peer, s)
-            })?;
+            self.go(deadline, &[recv_bytes(hmem.ptr(), HEADER, peer)])?;
             let mut h = [0u8; HEADER];
             self.rt.d2h(&mut h, hmem.ptr())?;
             let (len, dt, got_tag) = parse_header(&h, src)?;
@@ -515,9 +541,7 @@ impl NpuEngine {
             if fits {
                 let out = self.output(buf, false, deadline)?;
                 if len > 0 {
-                    self.go("HcclRecv", deadline, |c, s| {
-                        c.recv(out.ptr, len as u64, dtype::INT8, peer, s)
-                    })?;
+                    self.go(deadline, &[recv_bytes(out.ptr, len, peer)])?;
                 }
                 return out.finish(&self.rt);
             }
@@ -525,9 +549,7 @@ impl NpuEngine {
             // receive (another tag) or drop it (this tag, wrong shape).
             let pmem = self.scratch(len)?;
             if len > 0 {
-                self.go("HcclRecv", deadline, |c, s| {
-                    c.recv(pmem.ptr(), len as u64, dtype::INT8, peer, s)
-                })?;
+                self.go(deadline, &[recv_bytes(pmem.ptr(), len, peer)])?;
             }
             let mut bytes = vec![0u8; len];
             self.rt.d2h(&mut bytes, pmem.ptr())?;
@@ -630,6 +652,11 @@ fn init_bounded(
     }
 }
 
+/// `HcclRecv` of `len` bytes from `peer` into `p`.
+fn recv_bytes(p: DevPtr, len: usize, peer: u32) -> Call {
+    Call::Recv(p, len as u64, dtype::INT8, peer)
+}
+
 fn chunk(bytes: usize, n: usize) -> usize {
     bytes / n.max(1)
 }
@@ -646,44 +673,25 @@ impl Engine for NpuEngine {
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (dt, rop) = (reduce_dtype(buf.dtype())?, reduce_code(op)?);
         let n = buf.len() as u64;
-        let dl = self.start()?;
-        let out = self.output(buf, true, dl)?;
-        self.go("HcclAllReduce", dl, |c, s| {
-            c.all_reduce(out.ptr, out.ptr, n, dt, rop, s)
-        })?;
-        Ok(out.finish(&self.rt)?)
+        Ok(self.in_place(buf, true, |p| Call::AllReduce(p, n, dt, rop))?)
     }
 
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
         let (dt, rop) = (reduce_dtype(buf.dtype())?, reduce_code(op)?);
         let n = buf.len() as u64;
-        let dl = self.start()?;
-        let out = self.output(buf, true, dl)?;
-        self.go("HcclReduce", dl, |c, s| {
-            c.reduce(out.ptr, out.ptr, n, dt, rop, root as u32, s)
-        })?;
-        Ok(out.finish(&self.rt)?)
+        Ok(self.in_place(buf, true, |p| Call::Reduce(p, n, dt, rop, root as u32))?)
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        let dl = self.start()?;
-        let out = self.output(buf, root == self.info.rank, dl)?;
-        let bytes = out.ptr.bytes() as u64;
-        self.go("HcclBroadcast", dl, |c, s| {
-            c.broadcast(out.ptr, bytes, dtype::INT8, root as u32, s)
-        })?;
-        Ok(out.finish(&self.rt)?)
+        Ok(self.in_place(buf, root == self.info.rank, |p| {
+            Call::Broadcast(p, p.bytes() as u64, dtype::INT8, root as u32)
+        })?)
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        let dl = self.start()?;
-        let inp = self.input(&send, dl)?;
-        let out = self.output(recv, false, dl)?;
-        let bytes = inp.ptr.bytes() as u64;
-        self.go("HcclAllGather", dl, |c, s| {
-            c.all_gather(inp.ptr, out.ptr, bytes, dtype::INT8, s)
-        })?;
-        Ok(out.finish(&self.rt)?)
+        Ok(self.in_out(&send, recv, |i, o| {
+            Call::AllGather(i, o, i.bytes() as u64, dtype::INT8)
+        })?)
     }
 
     /// HCCL has no gather: an all-gather into scratch memory, of which the
@@ -693,9 +701,8 @@ impl Engine for NpuEngine {
         let inp = self.input(&send, dl)?;
         let bytes = inp.ptr.bytes();
         let all = self.scratch(bytes * self.info.world_size)?;
-        self.go("HcclAllGather", dl, |c, s| {
-            c.all_gather(inp.ptr, all.ptr(), bytes as u64, dtype::INT8, s)
-        })?;
+        let gathered = Call::AllGather(inp.ptr, all.ptr(), bytes as u64, dtype::INT8);
+        self.go(dl, &[gathered])?;
         match recv {
             None => Ok(()),
             Some(BufMut::Host(mut h)) => Ok(self.rt.d2h(h.bytes_mut(), all.ptr())?),
@@ -717,33 +724,24 @@ impl Engine for NpuEngine {
         let out = self.output(recv, false, dl)?;
         let bytes = out.ptr.bytes() as u64;
         let src = inp.as_ref().map(|i| i.ptr);
-        self.go("HcclScatter", dl, |c, s| {
-            c.scatter(src, out.ptr, bytes, dtype::INT8, root as u32, s)
-        })?;
+        self.go(
+            dl,
+            &[Call::Scatter(src, out.ptr, bytes, dtype::INT8, root as u32)],
+        )?;
         Ok(out.finish(&self.rt)?)
     }
 
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let (dt, rop) = (reduce_dtype(send.dtype())?, reduce_code(op)?);
         let n = recv.len() as u64;
-        let dl = self.start()?;
-        let inp = self.input(&send, dl)?;
-        let out = self.output(recv, false, dl)?;
-        self.go("HcclReduceScatter", dl, |c, s| {
-            c.reduce_scatter(inp.ptr, out.ptr, n, dt, rop, s)
-        })?;
-        Ok(out.finish(&self.rt)?)
+        Ok(self.in_out(&send, recv, |i, o| Call::ReduceScatter(i, o, n, dt, rop))?)
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
-        let dl = self.start()?;
-        let inp = self.input(&send, dl)?;
-        let out = self.output(recv, false, dl)?;
-        let per = chunk(inp.ptr.bytes(), self.info.world_size) as u64;
-        self.go("HcclAlltoAll", dl, |c, s| {
-            c.all_to_all(inp.ptr, out.ptr, per, dtype::INT8, s)
-        })?;
-        Ok(out.finish(&self.rt)?)
+        let world = self.info.world_size;
+        Ok(self.in_out(&send, recv, |i, o| {
+            Call::AllToAll(i, o, chunk(i.bytes(), world) as u64, dtype::INT8)
+        })?)
     }
 
     /// A 16-byte header (length, dtype, tag), then the payload, so that the
@@ -770,14 +768,12 @@ impl Engine for NpuEngine {
         let hmem = self.scratch(HEADER)?;
         self.rt.h2d(hmem.ptr(), &header(len, buf.dtype(), tag))?;
         let peer = dst as u32;
-        self.go("HcclSend", dl, |c, s| {
-            c.send(hmem.ptr(), HEADER as u64, dtype::INT8, peer, s)?;
-            if len > 0 {
-                c.send(inp.ptr, len as u64, dtype::INT8, peer, s)?;
-            }
-            Ok(())
-        })?;
-        Ok(())
+        let calls = [
+            Call::Send(hmem.ptr(), HEADER as u64, dtype::INT8, peer),
+            Call::Send(inp.ptr, len as u64, dtype::INT8, peer),
+        ];
+        // An empty payload is not sent.
+        Ok(self.go(dl, &calls[..if len > 0 { 2 } else { 1 }])?)
     }
 
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
@@ -787,7 +783,7 @@ impl Engine for NpuEngine {
 
     fn barrier(&self) -> Result<()> {
         let dl = self.start()?;
-        Ok(self.go("HcclBarrier", dl, |c, s| c.barrier(s))?)
+        Ok(self.go(dl, &[Call::Barrier])?)
     }
 
     /// `(color, key)` exchanged through the store, then a new HCCL

@@ -96,14 +96,20 @@ pub(crate) enum HcclError {
     Internal { detail: String },
 }
 
+/// `head`, followed by `: ` and the library's own text when it says
+/// anything.
+fn with_text(head: String, text: Option<String>) -> String {
+    match text {
+        Some(t) if !t.trim().is_empty() => format!("{head}: {}", t.trim()),
+        _ => head,
+    }
+}
+
 impl HcclError {
     /// The HCCL failure of `call` with `code` and HCCL's own description.
     pub(crate) fn hccl(call: &'static str, code: i32, text: Option<String>) -> HcclError {
         let name = hccl_code_name(code);
-        let message = match text {
-            Some(t) if !t.trim().is_empty() => format!("{name} ({code}): {}", t.trim()),
-            _ => format!("{name} ({code})"),
-        };
+        let message = with_text(format!("{name} ({code})"), text);
         HcclError::Hccl {
             call,
             code,
@@ -113,10 +119,7 @@ impl HcclError {
 
     /// The AscendCL failure of `call` with `code` and ACL's recent message.
     pub(crate) fn acl(call: &'static str, code: i32, text: Option<String>) -> HcclError {
-        let message = match text {
-            Some(t) if !t.trim().is_empty() => format!("aclError {code}: {}", t.trim()),
-            _ => format!("aclError {code}"),
-        };
+        let message = with_text(format!("aclError {code}"), text);
         HcclError::Acl {
             call,
             code,

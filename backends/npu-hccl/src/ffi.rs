@@ -692,11 +692,19 @@ impl Comm {
         Ok(code)
     }
 
-    fn need(&self, p: DevPtr, elems: u64, dt: c_int, what: &str) -> Result<(), HcclError> {
+    /// Check that `p` holds `elems` elements of `dt` (`part` of `name`'s
+    /// arguments, for the message).
+    fn need(
+        &self,
+        (p, elems): (DevPtr, u64),
+        dt: c_int,
+        name: &str,
+        part: &str,
+    ) -> Result<(), HcclError> {
         let size = dtype_size(dt);
         if size == 0 {
             return Err(HcclError::Internal {
-                detail: format!("{what}: unknown HcclDataType {dt}"),
+                detail: format!("{name} {part}: unknown HcclDataType {dt}"),
             });
         }
         let bytes = elems
@@ -705,198 +713,128 @@ impl Comm {
             .ok_or_else(|| HcclError::Internal {
                 detail: format!("{elems} elements overflow a byte count"),
             })?;
-        p.fits(bytes, what)
+        if bytes <= p.bytes {
+            Ok(())
+        } else {
+            p.fits(bytes, &format!("{name} {part}"))
+        }
     }
 
-    fn all(&self, count: u64) -> u64 {
-        count * u64::from(self.ranks)
-    }
-
-    /// Enqueue `HcclAllReduce` on `s`.
-    pub(crate) fn all_reduce(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: u64,
-        dt: c_int,
-        op: c_int,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(send, count, dt, "HcclAllReduce send")?;
-        self.need(recv, count, dt, "HcclAllReduce recv")?;
-        // SAFETY: both regions hold `count` elements (checked); live
-        // communicator and stream.
-        let rc = unsafe {
-            (self.rt.hccl.all_reduce)(send.raw(), recv.raw(), count, dt, op, self.raw, s.raw)
-        };
-        self.rt.hccl_check("HcclAllReduce", rc)
-    }
-
-    /// Enqueue `HcclReduce` on `s`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn reduce(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: u64,
-        dt: c_int,
-        op: c_int,
-        root: u32,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(send, count, dt, "HcclReduce send")?;
-        self.need(recv, count, dt, "HcclReduce recv")?;
-        // SAFETY: both regions hold `count` elements (checked); live
-        // communicator and stream.
-        let rc = unsafe {
-            (self.rt.hccl.reduce)(send.raw(), recv.raw(), count, dt, op, root, self.raw, s.raw)
-        };
-        self.rt.hccl_check("HcclReduce", rc)
-    }
-
-    /// Enqueue `HcclBroadcast` on `s`.
-    pub(crate) fn broadcast(
-        &self,
-        buf: DevPtr,
-        count: u64,
-        dt: c_int,
-        root: u32,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(buf, count, dt, "HcclBroadcast buffer")?;
-        // SAFETY: the region holds `count` elements (checked).
-        let rc = unsafe { (self.rt.hccl.broadcast)(buf.raw(), count, dt, root, self.raw, s.raw) };
-        self.rt.hccl_check("HcclBroadcast", rc)
-    }
-
-    /// Enqueue `HcclAllGather` (`count` elements from each rank) on `s`.
-    pub(crate) fn all_gather(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: u64,
-        dt: c_int,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(send, count, dt, "HcclAllGather send")?;
-        self.need(recv, self.all(count), dt, "HcclAllGather recv")?;
-        // SAFETY: send holds `count`, recv `ranks * count` elements.
-        let rc = unsafe {
-            (self.rt.hccl.all_gather)(send.raw(), recv.raw(), count, dt, self.raw, s.raw)
-        };
-        self.rt.hccl_check("HcclAllGather", rc)
-    }
-
-    /// Enqueue `HcclReduceScatter` (`count` elements to each rank) on `s`.
-    pub(crate) fn reduce_scatter(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: u64,
-        dt: c_int,
-        op: c_int,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(send, self.all(count), dt, "HcclReduceScatter send")?;
-        self.need(recv, count, dt, "HcclReduceScatter recv")?;
-        // SAFETY: send holds `ranks * count`, recv `count` elements.
-        let rc = unsafe {
-            (self.rt.hccl.reduce_scatter)(send.raw(), recv.raw(), count, dt, op, self.raw, s.raw)
-        };
-        self.rt.hccl_check("HcclReduceScatter", rc)
-    }
-
-    /// Enqueue `HcclScatter` (`count` elements to each rank) on `s`; `send`
-    /// is `Some` exactly on `root`.
-    pub(crate) fn scatter(
-        &self,
-        send: Option<DevPtr>,
-        recv: DevPtr,
-        count: u64,
-        dt: c_int,
-        root: u32,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(recv, count, dt, "HcclScatter recv")?;
-        let send = match send {
-            Some(p) => {
-                self.need(p, self.all(count), dt, "HcclScatter send")?;
-                p
+    /// Enqueue `call` on `s`, once its regions are checked to hold the
+    /// elements HCCL reads and writes.
+    pub(crate) fn enqueue(&self, call: Call, s: &Stream) -> Result<(), HcclError> {
+        let name = call.name();
+        let all = |count: u64| count * u64::from(self.ranks);
+        let (first, second) = match call {
+            Call::AllGather(i, o, n, _) => (Some(("send", (i, n))), Some(("recv", (o, all(n))))),
+            Call::ReduceScatter(i, o, n, ..) => {
+                (Some(("send", (i, all(n)))), Some(("recv", (o, n))))
             }
-            // Off the root HCCL never reads the send buffer; pass a valid
-            // region anyway.
-            None => recv,
+            Call::AllToAll(i, o, n, _) => {
+                (Some(("send", (i, all(n)))), Some(("recv", (o, all(n)))))
+            }
+            Call::Scatter(i, o, n, ..) => {
+                (Some(("recv", (o, n))), i.map(|i| ("send", (i, all(n)))))
+            }
+            Call::AllReduce(b, n, ..)
+            | Call::Reduce(b, n, ..)
+            | Call::Broadcast(b, n, ..)
+            | Call::Send(b, n, ..)
+            | Call::Recv(b, n, ..) => (Some(("buffer", (b, n))), None),
+            Call::Barrier => (None, None),
         };
-        // SAFETY: recv holds `count` elements, the root's send `ranks *
-        // count` (checked); other ranks' send is not read.
+        for (part, region) in [first, second].into_iter().flatten() {
+            self.need(region, call.dtype(), name, part)?;
+        }
+        let (h, c, x) = (&self.rt.hccl, self.raw, s.raw);
+        // SAFETY: for every arm: the communicator and the stream are live;
+        // each region holds the elements the call reads or writes (checked
+        // above: `count` per rank, `ranks * count` for the gathered or
+        // scattered side). Off the root, a scatter's send region is not
+        // read by HCCL; the receive region stands in for it.
         let rc = unsafe {
-            (self.rt.hccl.scatter)(send.raw(), recv.raw(), count, dt, root, self.raw, s.raw)
+            match call {
+                Call::AllReduce(b, n, t, op) => (h.all_reduce)(b.raw(), b.raw(), n, t, op, c, x),
+                Call::Reduce(b, n, t, op, root) => {
+                    (h.reduce)(b.raw(), b.raw(), n, t, op, root, c, x)
+                }
+                Call::Broadcast(b, n, t, root) => (h.broadcast)(b.raw(), n, t, root, c, x),
+                Call::AllGather(i, o, n, t) => (h.all_gather)(i.raw(), o.raw(), n, t, c, x),
+                Call::ReduceScatter(i, o, n, t, op) => {
+                    (h.reduce_scatter)(i.raw(), o.raw(), n, t, op, c, x)
+                }
+                Call::Scatter(i, o, n, t, root) => {
+                    (h.scatter)(i.unwrap_or(o).raw(), o.raw(), n, t, root, c, x)
+                }
+                Call::AllToAll(i, o, n, t) => (h.all_to_all)(i.raw(), n, t, o.raw(), n, t, c, x),
+                Call::Send(b, n, t, dst) => (h.send)(b.raw(), n, t, dst, c, x),
+                Call::Recv(b, n, t, src) => (h.recv)(b.raw(), n, t, src, c, x),
+                Call::Barrier => (h.barrier)(c, x),
+            }
         };
-        self.rt.hccl_check("HcclScatter", rc)
+        self.rt.hccl_check(name, rc)
+    }
+}
+
+/// One HCCL call for [`Comm::enqueue`]: its regions (send, receive; one
+/// for the calls in place), element count (per rank for the gathers and
+/// scatters, per pair of ranks for all-to-all), `HcclDataType`, and
+/// reduction, root or peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Call {
+    /// `HcclAllReduce(buf, buf, count, dtype, op)`, in place.
+    AllReduce(DevPtr, u64, c_int, c_int),
+    /// `HcclReduce(buf, buf, count, dtype, op, root)`, in place.
+    Reduce(DevPtr, u64, c_int, c_int, u32),
+    /// `HcclBroadcast(buf, count, dtype, root)`.
+    Broadcast(DevPtr, u64, c_int, u32),
+    /// `HcclAllGather(send, recv, count, dtype)`.
+    AllGather(DevPtr, DevPtr, u64, c_int),
+    /// `HcclReduceScatter(send, recv, count, dtype, op)`.
+    ReduceScatter(DevPtr, DevPtr, u64, c_int, c_int),
+    /// `HcclScatter(send, recv, count, dtype, root)`: `send` is `Some`
+    /// exactly on the root.
+    Scatter(Option<DevPtr>, DevPtr, u64, c_int, u32),
+    /// `HcclAlltoAll(send, recv, count, dtype)`.
+    AllToAll(DevPtr, DevPtr, u64, c_int),
+    /// `HcclSend(buf, count, dtype, dst)`.
+    Send(DevPtr, u64, c_int, u32),
+    /// `HcclRecv(buf, count, dtype, src)`.
+    Recv(DevPtr, u64, c_int, u32),
+    /// `HcclBarrier`.
+    Barrier,
+}
+
+impl Call {
+    /// The HCCL function's name.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Call::AllReduce(..) => "HcclAllReduce",
+            Call::Reduce(..) => "HcclReduce",
+            Call::Broadcast(..) => "HcclBroadcast",
+            Call::AllGather(..) => "HcclAllGather",
+            Call::ReduceScatter(..) => "HcclReduceScatter",
+            Call::Scatter(..) => "HcclScatter",
+            Call::AllToAll(..) => "HcclAlltoAll",
+            Call::Send(..) => "HcclSend",
+            Call::Recv(..) => "HcclRecv",
+            Call::Barrier => "HcclBarrier",
+        }
     }
 
-    /// Enqueue `HcclAlltoAll` (`count` elements per pair of ranks) on `s`.
-    pub(crate) fn all_to_all(
-        &self,
-        send: DevPtr,
-        recv: DevPtr,
-        count: u64,
-        dt: c_int,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(send, self.all(count), dt, "HcclAlltoAll send")?;
-        self.need(recv, self.all(count), dt, "HcclAlltoAll recv")?;
-        // SAFETY: both regions hold `ranks * count` elements (checked).
-        let rc = unsafe {
-            (self.rt.hccl.all_to_all)(
-                send.raw(),
-                count,
-                dt,
-                recv.raw(),
-                count,
-                dt,
-                self.raw,
-                s.raw,
-            )
-        };
-        self.rt.hccl_check("HcclAlltoAll", rc)
-    }
-
-    /// Enqueue `HcclSend` to `dst` on `s`.
-    pub(crate) fn send(
-        &self,
-        buf: DevPtr,
-        count: u64,
-        dt: c_int,
-        dst: u32,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(buf, count, dt, "HcclSend buffer")?;
-        // SAFETY: the region holds `count` elements (checked).
-        let rc = unsafe { (self.rt.hccl.send)(buf.raw(), count, dt, dst, self.raw, s.raw) };
-        self.rt.hccl_check("HcclSend", rc)
-    }
-
-    /// Enqueue `HcclRecv` from `src` on `s`.
-    pub(crate) fn recv(
-        &self,
-        buf: DevPtr,
-        count: u64,
-        dt: c_int,
-        src: u32,
-        s: &Stream,
-    ) -> Result<(), HcclError> {
-        self.need(buf, count, dt, "HcclRecv buffer")?;
-        // SAFETY: the region holds `count` elements (checked).
-        let rc = unsafe { (self.rt.hccl.recv)(buf.raw(), count, dt, src, self.raw, s.raw) };
-        self.rt.hccl_check("HcclRecv", rc)
-    }
-
-    /// Enqueue `HcclBarrier` on `s`.
-    pub(crate) fn barrier(&self, s: &Stream) -> Result<(), HcclError> {
-        // SAFETY: live communicator and stream.
-        let rc = unsafe { (self.rt.hccl.barrier)(self.raw, s.raw) };
-        self.rt.hccl_check("HcclBarrier", rc)
+    fn dtype(&self) -> c_int {
+        match *self {
+            Call::AllGather(_, _, _, t)
+            | Call::ReduceScatter(_, _, _, t, _)
+            | Call::Scatter(_, _, _, t, _)
+            | Call::AllToAll(_, _, _, t) => t,
+            Call::AllReduce(_, _, t, _)
+            | Call::Reduce(_, _, t, ..)
+            | Call::Broadcast(_, _, t, _)
+            | Call::Send(_, _, t, _)
+            | Call::Recv(_, _, t, _) => t,
+            Call::Barrier => 0,
+        }
     }
 }
 

@@ -160,12 +160,33 @@ fn connect(stub: &Stub, timeout: Duration) -> NpuCommunicator {
         .unwrap()
 }
 
+/// Fresh stubs, their knobs, and a one-rank communicator over them (5 s
+/// timeout). Bind the stubs (`_stub`) for the whole test: dropping them
+/// removes the libraries' folder.
+fn one_rank() -> (Stub, Knobs, NpuCommunicator) {
+    let stub = Stub::ok();
+    let k = stub.knobs();
+    let c = connect(&stub, Duration::from_secs(5));
+    (stub, k, c)
+}
+
+/// A one-element f32 sum: the smallest call that reaches HCCL.
+fn sum_one(c: &NpuCommunicator) -> accel_api::Result<()> {
+    c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
+}
+
 fn reason(stub_dir: &Path) -> String {
     NpuHcclBackend::with_lib_dir(stub_dir)
         .probe(&probe_ctx(1))
         .reason()
         .expect("unavailable")
         .to_string()
+}
+
+/// The probe's reason over both stubs, ACL built with `acl_defines`.
+fn reason_with(acl_defines: &[&str]) -> String {
+    let stub = Stub::build(acl_defines, true);
+    reason(stub.path())
 }
 
 #[test]
@@ -196,8 +217,7 @@ fn probe_names_a_library_that_does_not_load() {
 
 #[test]
 fn probe_names_a_missing_symbol() {
-    let stub = Stub::build(&["-DSTUB_NO_STREAM_QUERY"], true);
-    let r = reason(stub.path());
+    let r = reason_with(&["-DSTUB_NO_STREAM_QUERY"]);
     assert!(
         r.starts_with("symbol `aclrtStreamQuery` not found in "),
         "{r}"
@@ -207,8 +227,7 @@ fn probe_names_a_missing_symbol() {
 
 #[test]
 fn probe_reports_an_init_failure() {
-    let stub = Stub::build(&["-DSTUB_INIT_RC=507033"], true);
-    let r = reason(stub.path());
+    let r = reason_with(&["-DSTUB_INIT_RC=507033"]);
     assert!(r.starts_with("aclInit failed: aclError 507033"), "{r}");
     assert!(
         r.contains("built to fail"),
@@ -225,8 +244,7 @@ fn already_initialised_acl_is_not_a_failure() {
 
 #[test]
 fn probe_reports_zero_devices() {
-    let stub = Stub::build(&["-DSTUB_DEVICES=0"], true);
-    let r = reason(stub.path());
+    let r = reason_with(&["-DSTUB_DEVICES=0"]);
     assert!(r.starts_with("no Ascend NPU visible"), "{r}");
     assert!(r.contains("aclrtGetDeviceCount reports 0"), "{r}");
 }
@@ -276,9 +294,7 @@ fn connect_refuses_devices_it_cannot_drive() {
 
 #[test]
 fn one_rank_collectives_on_host_memory_pass_hccl_codes() {
-    let stub = Stub::ok();
-    let k = stub.knobs();
-    let c = connect(&stub, Duration::from_secs(5));
+    let (_stub, k, c) = one_rank();
     let base_allocs = k.live_allocs();
     assert_eq!(c.backend_name(), "npu-hccl");
     assert_eq!(c.device(), Device::new(DeviceKind::Npu, 0));
@@ -352,16 +368,14 @@ fn hccl_timeouts_are_derived_unless_the_user_set_them() {
 
 #[test]
 fn each_calling_thread_binds_the_device_once() {
-    let stub = Stub::ok();
-    let k = stub.knobs();
-    let c = connect(&stub, Duration::from_secs(5));
+    let (_stub, k, c) = one_rank();
     c.barrier().unwrap();
     let bound = k.set_device_calls();
-    c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum).unwrap();
+    sum_one(&c).unwrap();
     assert_eq!(k.set_device_calls(), bound, "this thread is bound already");
     std::thread::scope(|s| {
         s.spawn(|| {
-            c.all_reduce_slice(&mut [1.0f32], ReduceOp::Sum).unwrap();
+            sum_one(&c).unwrap();
             c.barrier().unwrap();
         });
     });
@@ -374,9 +388,7 @@ fn each_calling_thread_binds_the_device_once() {
 
 #[test]
 fn undeclared_and_empty_calls_never_reach_hccl() {
-    let stub = Stub::ok();
-    let k = stub.knobs();
-    let c = connect(&stub, Duration::from_secs(5));
+    let (_stub, k, c) = one_rank();
     let before = k.calls();
     let e = c
         .all_reduce_slice(&mut [1.0f64], ReduceOp::Sum)
@@ -449,13 +461,9 @@ fn device_sends_to_self_are_kept_and_checked() {
 
 #[test]
 fn hccl_failures_are_classified_and_poison() {
-    let stub = Stub::ok();
-    let k = stub.knobs();
-    let c = connect(&stub, Duration::from_secs(5));
+    let (_stub, k, c) = one_rank();
     k.hccl("fail_next", 5);
-    let e = c
-        .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
-        .unwrap_err();
+    let e = sum_one(&c).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
     assert!(
         e.to_string()
@@ -477,9 +485,7 @@ fn hccl_failures_are_classified_and_poison() {
 
 #[test]
 fn asynchronous_errors_are_lost_peers() {
-    let stub = Stub::ok();
-    let k = stub.knobs();
-    let c = connect(&stub, Duration::from_secs(5));
+    let (_stub, k, c) = one_rank();
     k.hccl("async_error", 13);
     let e = c.all_gather_vec(&[1u8]).unwrap_err();
     k.hccl("async_error", 0);
@@ -515,13 +521,9 @@ fn a_stream_that_never_finishes_times_out() {
 
 #[test]
 fn allocation_failures_are_backend_errors() {
-    let stub = Stub::ok();
-    let k = stub.knobs();
-    let c = connect(&stub, Duration::from_secs(5));
+    let (_stub, k, c) = one_rank();
     k.acl("fail_malloc", 1);
-    let e = c
-        .all_reduce_slice(&mut [1.0f32], ReduceOp::Sum)
-        .unwrap_err();
+    let e = sum_one(&c).unwrap_err();
     k.acl("fail_malloc", 0);
     assert_eq!(e.kind(), &ErrorKind::Backend);
     assert!(

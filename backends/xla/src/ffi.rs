@@ -1,6 +1,7 @@
 //! The PJRT C API: `#[repr(C)]` declarations written by hand from the
-//! vendored `include/pjrt_c_api.h` (PJRT API 0.81, Apache-2.0), and safe
-//! handles over them. Every `unsafe` block of the crate is here.
+//! vendored `third_party/pjrt/pjrt_c_api.h` (PJRT API 0.81, Apache-2.0, its
+//! license beside it), and safe handles over them. Every `unsafe` block of
+//! the crate is here.
 //!
 //! Only the structs and functions the backend calls are declared. PJRT is
 //! forward compatible by `struct_size`: every argument struct starts with its
@@ -919,7 +920,7 @@ mod tests {
     /// The index of each used entry in the vendored header's `PJRT_Api`.
     #[test]
     fn table_layout_matches_the_header() {
-        let header = include_str!("../include/pjrt_c_api.h");
+        let header = include_str!("../third_party/pjrt/pjrt_c_api.h");
         let start = header.find("typedef struct PJRT_Api {").unwrap();
         let fields: Vec<&str> = header[start..]
             .lines()

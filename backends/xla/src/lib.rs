@@ -53,7 +53,7 @@
 //! ## The boundary
 //!
 //! All `unsafe` is in the private `ffi` module: `#[repr(C)]` structs
-//! written from the vendored `include/pjrt_c_api.h` (PJRT API 0.81,
+//! written from the vendored `third_party/pjrt/pjrt_c_api.h` (PJRT API 0.81,
 //! Apache-2.0; forward compatible with newer plugins through `struct_size`)
 //! and handles whose `Drop` destroys the PJRT object. The library is never
 //! unloaded. PJRT failures come back as `PJRT_Error` values, read and

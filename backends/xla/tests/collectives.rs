@@ -71,6 +71,16 @@ fn reduced(op: ReduceOp, data: &[Vec<f64>]) -> Vec<f64> {
         .collect()
 }
 
+/// `bytes` as a host input of `dtype`.
+fn inp(dtype: DType, bytes: &[u8]) -> Buf<'_> {
+    Buf::Host(HostBuf::from_bytes(dtype, bytes).unwrap())
+}
+
+/// `bytes` as a host output of `dtype`.
+fn out(dtype: DType, bytes: &mut [u8]) -> BufMut<'_> {
+    BufMut::Host(HostBufMut::from_bytes(dtype, bytes).unwrap())
+}
+
 /// Run one check on `n` rank threads: `f(rank, comm)` returns what the
 /// rank got and what it expected.
 fn check(n: usize, what: &str, f: impl Fn(usize, &XlaCommunicator) -> (Vec<u8>, Vec<u8>) + Sync) {
@@ -89,23 +99,14 @@ fn reductions(n: usize, dtype: DType, len: usize) {
         let what = format!("all_reduce {op} {dtype} x{len}");
         check(n, &what, |r, c| {
             let mut b = encode(dtype, &data[r]);
-            c.all_reduce(
-                BufMut::Host(HostBufMut::from_bytes(dtype, &mut b).unwrap()),
-                op,
-            )
-            .unwrap();
+            c.all_reduce(out(dtype, &mut b), op).unwrap();
             (b, want.clone())
         });
         let root = n - 1;
         let what = format!("reduce {op} {dtype} x{len} root {root}");
         check(n, &what, |r, c| {
             let mut b = encode(dtype, &data[r]);
-            c.reduce(
-                BufMut::Host(HostBufMut::from_bytes(dtype, &mut b).unwrap()),
-                op,
-                root,
-            )
-            .unwrap();
+            c.reduce(out(dtype, &mut b), op, root).unwrap();
             if r == root {
                 (b, want.clone())
             } else {
@@ -119,12 +120,8 @@ fn reductions(n: usize, dtype: DType, len: usize) {
         check(n, &what, |r, c| {
             let send = encode(dtype, &data[r]);
             let mut recv = encode(dtype, &vec![0.0; len]);
-            c.reduce_scatter(
-                Buf::Host(HostBuf::from_bytes(dtype, &send).unwrap()),
-                BufMut::Host(HostBufMut::from_bytes(dtype, &mut recv).unwrap()),
-                op,
-            )
-            .unwrap();
+            c.reduce_scatter(inp(dtype, &send), out(dtype, &mut recv), op)
+                .unwrap();
             (recv, encode(dtype, &full[r * len..(r + 1) * len]))
         });
     }
@@ -135,35 +132,22 @@ fn data_movement(n: usize, dtype: DType, len: usize) {
     let root = n / 2;
     check(n, &format!("broadcast {dtype} x{len}"), |r, c| {
         let mut b = encode(dtype, &data[r]);
-        c.broadcast(
-            BufMut::Host(HostBufMut::from_bytes(dtype, &mut b).unwrap()),
-            root,
-        )
-        .unwrap();
+        c.broadcast(out(dtype, &mut b), root).unwrap();
         (b, encode(dtype, &data[root]))
     });
     let all: Vec<f64> = data.concat();
     check(n, &format!("all_gather {dtype} x{len}"), |r, c| {
         let send = encode(dtype, &data[r]);
         let mut recv = vec![0u8; n * send.len()];
-        c.all_gather(
-            Buf::Host(HostBuf::from_bytes(dtype, &send).unwrap()),
-            BufMut::Host(HostBufMut::from_bytes(dtype, &mut recv).unwrap()),
-        )
-        .unwrap();
+        c.all_gather(inp(dtype, &send), out(dtype, &mut recv))
+            .unwrap();
         (recv, encode(dtype, &all))
     });
     check(n, &format!("gather {dtype} x{len}"), |r, c| {
         let send = encode(dtype, &data[r]);
         let mut recv = vec![0u8; n * send.len()];
-        let dst =
-            (r == root).then(|| BufMut::Host(HostBufMut::from_bytes(dtype, &mut recv).unwrap()));
-        c.gather(
-            Buf::Host(HostBuf::from_bytes(dtype, &send).unwrap()),
-            dst,
-            root,
-        )
-        .unwrap();
+        let dst = (r == root).then(|| out(dtype, &mut recv));
+        c.gather(inp(dtype, &send), dst, root).unwrap();
         if r == root {
             (recv, encode(dtype, &all))
         } else {
@@ -175,23 +159,15 @@ fn data_movement(n: usize, dtype: DType, len: usize) {
     check(n, &format!("scatter {dtype} x{len}"), |r, c| {
         let send = encode(dtype, &blocks[r]);
         let mut recv = vec![0u8; len * dtype.size()];
-        let src = (r == root).then(|| Buf::Host(HostBuf::from_bytes(dtype, &send).unwrap()));
-        c.scatter(
-            src,
-            BufMut::Host(HostBufMut::from_bytes(dtype, &mut recv).unwrap()),
-            root,
-        )
-        .unwrap();
+        let src = (r == root).then(|| inp(dtype, &send));
+        c.scatter(src, out(dtype, &mut recv), root).unwrap();
         (recv, encode(dtype, &blocks[root][r * len..(r + 1) * len]))
     });
     check(n, &format!("all_to_all {dtype} x{len}"), |r, c| {
         let send = encode(dtype, &blocks[r]);
         let mut recv = vec![0u8; send.len()];
-        c.all_to_all(
-            Buf::Host(HostBuf::from_bytes(dtype, &send).unwrap()),
-            BufMut::Host(HostBufMut::from_bytes(dtype, &mut recv).unwrap()),
-        )
-        .unwrap();
+        c.all_to_all(inp(dtype, &send), out(dtype, &mut recv))
+            .unwrap();
         let want: Vec<f64> = (0..n)
             .flat_map(|j| blocks[j][r * len..(r + 1) * len].to_vec())
             .collect();
@@ -200,20 +176,10 @@ fn data_movement(n: usize, dtype: DType, len: usize) {
     // send/recv around the ring (to self when n == 1).
     check(n, &format!("send/recv {dtype} x{len}"), |r, c| {
         let send = encode(dtype, &data[r]);
-        c.send(
-            Buf::Host(HostBuf::from_bytes(dtype, &send).unwrap()),
-            (r + 1) % n,
-            7,
-        )
-        .unwrap();
+        c.send(inp(dtype, &send), (r + 1) % n, 7).unwrap();
         let mut recv = vec![0u8; send.len()];
         let from = (r + n - 1) % n;
-        c.recv(
-            BufMut::Host(HostBufMut::from_bytes(dtype, &mut recv).unwrap()),
-            from,
-            7,
-        )
-        .unwrap();
+        c.recv(out(dtype, &mut recv), from, 7).unwrap();
         (recv, encode(dtype, &data[from]))
     });
 }

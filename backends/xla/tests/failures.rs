@@ -12,6 +12,11 @@ use accel_rendezvous::MemoryStore;
 
 const SHORT: Duration = Duration::from_millis(1500);
 
+/// The error of rank `rank`'s connect to a group of `world` over `store`.
+fn connect_err(store: &Arc<MemoryStore>, rank: usize, world: usize) -> accel_api::Error {
+    accel_backend_xla::connect(common::ctx(store, rank, world, SHORT)).unwrap_err()
+}
+
 #[test]
 fn a_rank_thread_that_never_arrives_times_out_the_others() {
     if !common::plugin_or_skip("a_rank_thread_that_never_arrives_times_out_the_others") {
@@ -66,9 +71,7 @@ fn connect_without_every_rank_times_out_naming_the_missing() {
         let hs: Vec<_> = (0..2)
             .map(|r| {
                 let store = &store;
-                s.spawn(move || {
-                    accel_backend_xla::connect(common::ctx(store, r, 3, SHORT)).unwrap_err()
-                })
+                s.spawn(move || connect_err(store, r, 3))
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -109,7 +112,7 @@ fn ranks_in_another_process_are_refused() {
     // Rank 0 of "another process" (pid 1) published its meeting.
     let store = Arc::new(MemoryStore::new());
     store.set("xla/1/meet", b"1:0").unwrap();
-    let e = accel_backend_xla::connect(common::ctx(&store, 1, 2, SHORT)).unwrap_err();
+    let e = connect_err(&store, 1, 2);
     assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
     assert!(e.to_string().contains("rank 0 runs in process 1"), "{e}");
     assert!(
@@ -124,7 +127,7 @@ fn more_ranks_than_devices_is_a_config_error() {
         return;
     }
     let store = Arc::new(MemoryStore::new());
-    let e = accel_backend_xla::connect(common::ctx(&store, 0, 1000, SHORT)).unwrap_err();
+    let e = connect_err(&store, 0, 1000);
     assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
     assert!(
         e.fix().unwrap().contains("ACCEL_PJRT_CPU_DEVICES=1000"),

@@ -14,6 +14,15 @@ fn probe_reason(ctx: &ProbeContext) -> Option<String> {
 }
 
 /// A shared object of this system that exports no `GetPjrtApi`.
+/// A single-machine run of `n` rank processes (not started by mpirun).
+fn local(n: usize) -> ProbeContext {
+    ProbeContext {
+        world_size: n,
+        local_world_size: n,
+        mpi_launched: false,
+    }
+}
+
 fn some_other_library() -> Option<std::path::PathBuf> {
     [
         "/lib/x86_64-linux-gnu/libm.so.6",
@@ -76,20 +85,12 @@ fn bad_plugins_are_unavailable_with_the_reason_and_the_real_one_is_available() {
     );
     // Several processes cannot share one XLA program: unavailable unless the
     // ranks are threads.
-    let four = ProbeContext {
-        world_size: 4,
-        local_world_size: 4,
-        mpi_launched: false,
-    };
+    let four = local(4);
     let reason = probe_reason(&four).expect("multi-process runs are unavailable");
     assert!(reason.contains("ACCEL_PROCESS_MODEL=threads"), "{reason}");
     std::env::set_var(accel_backend_xla::PROCESS_MODEL_VAR, "threads");
     assert!(probe_reason(&four).is_none());
-    let many = ProbeContext {
-        world_size: 100,
-        local_world_size: 100,
-        mpi_launched: false,
-    };
+    let many = local(100);
     let reason = probe_reason(&many).expect("more ranks than devices");
     assert!(reason.contains("ACCEL_PJRT_CPU_DEVICES=100"), "{reason}");
     std::env::remove_var(accel_backend_xla::PROCESS_MODEL_VAR);

@@ -38,28 +38,22 @@ impl Drop for InFlight {
     }
 }
 
-/// Run `call` on `comm` with the blocking MPI function, to completion.
+/// Run the transfer `t` on `comm` with the blocking MPI function, to
+/// completion.
 ///
-/// The arguments are those of [`start`](super::start): `count` elements of
-/// `ty` per rank, buffers sized by the caller's contract (checked by the
+/// The arguments are those of [`start`](super::start): buffers sized by the caller's contract (checked by the
 /// communicator before any call), `owned` holding the scratch memory that
 /// `Src::Scratch` / `Dst::Scratch` name. Nothing is borrowed past the
 /// return, because MPI is done with every buffer when a blocking call
 /// returns.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn call_blocking(
     comm: &Comm,
-    call: Call,
-    ty: Ty,
-    count: c_int,
-    send: Src<'_>,
-    mut recv: Dst<'_>,
+    mut t: Transfer<'_>,
     owned: &mut Owned,
     library: &str,
 ) -> Result<(), MpiError> {
-    let (sp, rp) = pointers(&send, &mut recv, owned, library)?;
-    let dt = ty.raw();
-    let c = comm.raw;
+    let (sp, rp) = t.pointers(owned, library)?;
+    let (call, count, dt, c) = (t.call, t.count, t.ty.raw(), comm.raw);
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
     let _in_flight = InFlight;
     // Below MPI_THREAD_MULTIPLE, the call must not overlap any other.

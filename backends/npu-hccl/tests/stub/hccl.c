@@ -85,6 +85,20 @@ static int one_rank(void *comm) {
     return c->ranks == 1 ? 0 : E_NOT_SUPPORT;
 }
 
+/*
+ * A collective over one rank: count, record and check the call (`op` when
+ * `reduces`, `root` unless it is -1), then `recv` holds a copy of `send`.
+ */
+static int one_rank_copy(const void *send, void *recv, uint64_t count, int dtype, int op, int reduces,
+                         long root, void *comm) {
+    int rc = enter(count, dtype, op, root);
+    if (rc || (rc = one_rank(comm))) return rc;
+    if (reduces && (op < 0 || op > 3)) return E_PARA;
+    if (root != -1 && root != 0) return E_PARA;
+    memmove(recv, send, count * size_of(dtype));
+    return 0;
+}
+
 const char *HcclGetErrorString(int code) {
     switch (code) {
     case 0: return "no error";
@@ -129,20 +143,12 @@ int HcclGetCommAsyncError(void *comm, int *error) {
 
 int HcclAllReduce(void *send, void *recv, uint64_t count, int dtype, int op, void *comm, void *stream) {
     (void)stream;
-    int rc = enter(count, dtype, op, -1);
-    if (rc || (rc = one_rank(comm))) return rc;
-    if (op < 0 || op > 3) return E_PARA;
-    memmove(recv, send, count * size_of(dtype));
-    return 0;
+    return one_rank_copy(send, recv, count, dtype, op, 1, -1, comm);
 }
 
 int HcclReduce(void *send, void *recv, uint64_t count, int dtype, int op, uint32_t root, void *comm, void *stream) {
     (void)stream;
-    int rc = enter(count, dtype, op, root);
-    if (rc || (rc = one_rank(comm))) return rc;
-    if (op < 0 || op > 3 || root != 0) return E_PARA;
-    memmove(recv, send, count * size_of(dtype));
-    return 0;
+    return one_rank_copy(send, recv, count, dtype, op, 1, root, comm);
 }
 
 int HcclBroadcast(void *buf, uint64_t count, int dtype, uint32_t root, void *comm, void *stream) {
@@ -155,28 +161,17 @@ int HcclBroadcast(void *buf, uint64_t count, int dtype, uint32_t root, void *com
 
 int HcclAllGather(void *send, void *recv, uint64_t count, int dtype, void *comm, void *stream) {
     (void)stream;
-    int rc = enter(count, dtype, -1, -1);
-    if (rc || (rc = one_rank(comm))) return rc;
-    memmove(recv, send, count * size_of(dtype));
-    return 0;
+    return one_rank_copy(send, recv, count, dtype, -1, 0, -1, comm);
 }
 
 int HcclReduceScatter(void *send, void *recv, uint64_t count, int dtype, int op, void *comm, void *stream) {
     (void)stream;
-    int rc = enter(count, dtype, op, -1);
-    if (rc || (rc = one_rank(comm))) return rc;
-    if (op < 0 || op > 3) return E_PARA;
-    memmove(recv, send, count * size_of(dtype));
-    return 0;
+    return one_rank_copy(send, recv, count, dtype, op, 1, -1, comm);
 }
 
 int HcclScatter(void *send, void *recv, uint64_t count, int dtype, uint32_t root, void *comm, void *stream) {
     (void)stream;
-    int rc = enter(count, dtype, -1, root);
-    if (rc || (rc = one_rank(comm))) return rc;
-    if (root != 0) return E_PARA;
-    memmove(recv, send, count * size_of(dtype));
-    return 0;
+    return one_rank_copy(send, recv, count, dtype, -1, 0, root, comm);
 }
 
 int HcclAlltoAll(const void *send, uint64_t send_count, int send_type, const void *recv, uint64_t recv_count,
@@ -196,13 +191,20 @@ int HcclBarrier(void *comm, void *stream) {
     return comm ? 0 : E_PTR;
 }
 
+/* Count, record and check a send to or receive from `peer` (another rank). */
+static int enter_p2p(uint64_t count, int dtype, uint32_t peer, const struct comm *c) {
+    int rc = enter(count, dtype, -1, peer);
+    if (rc) return rc;
+    if (c == NULL) return E_PTR;
+    if (peer >= c->ranks || peer == c->rank) return E_PARA;
+    return 0;
+}
+
 int HcclSend(void *buf, uint64_t count, int dtype, uint32_t dst, void *comm, void *stream) {
     (void)stream;
     struct comm *c = comm;
-    int rc = enter(count, dtype, -1, dst);
+    int rc = enter_p2p(count, dtype, dst, c);
     if (rc) return rc;
-    if (c == NULL) return E_PTR;
-    if (dst >= c->ranks || dst == c->rank) return E_PARA;
     size_t len = count * size_of(dtype);
     struct msg *m = malloc(sizeof *m + len);
     if (m == NULL) return 3;
@@ -221,10 +223,8 @@ int HcclSend(void *buf, uint64_t count, int dtype, uint32_t dst, void *comm, voi
 int HcclRecv(void *buf, uint64_t count, int dtype, uint32_t src, void *comm, void *stream) {
     (void)stream;
     struct comm *c = comm;
-    int rc = enter(count, dtype, -1, src);
+    int rc = enter_p2p(count, dtype, src, c);
     if (rc) return rc;
-    if (c == NULL) return E_PTR;
-    if (src >= c->ranks || src == c->rank) return E_PARA;
     size_t len = count * size_of(dtype);
     for (int i = 0; i < 5000; i++) {
         pthread_mutex_lock(&lock);
