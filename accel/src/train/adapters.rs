@@ -210,6 +210,43 @@ pub trait Parameters {
     }
 }
 
+/// Visit `model`'s parameters in order, with their index, until `f` fails;
+/// returns the first error (the rest are not visited).
+///
+/// # Errors
+/// `f`'s first.
+pub fn try_visit_params(
+    model: &dyn Parameters,
+    mut f: impl FnMut(usize, ParamRef<'_>) -> Result<()>,
+) -> Result<()> {
+    let (mut i, mut out) = (0, Ok(()));
+    model.visit_params(&mut |p| {
+        if out.is_ok() {
+            out = f(i, p);
+        }
+        i += 1;
+    });
+    out
+}
+
+/// [`try_visit_params`] with mutable access.
+///
+/// # Errors
+/// `f`'s first.
+pub fn try_visit_params_mut(
+    model: &mut dyn Parameters,
+    mut f: impl FnMut(usize, ParamMut<'_>) -> Result<()>,
+) -> Result<()> {
+    let (mut i, mut out) = (0, Ok(()));
+    model.visit_params_mut(&mut |p| {
+        if out.is_ok() {
+            out = f(i, p);
+        }
+        i += 1;
+    });
+    out
+}
+
 /// One optimizer update over [`Parameters`].
 ///
 /// # Behavior

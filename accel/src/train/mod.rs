@@ -90,8 +90,8 @@ use accel_api::{Error, Result};
 use accel_sharding::{AccumulationConfig, GradientAccumulator, StepDecision};
 
 pub use adapters::{
-    DataLoader, Dataset, Optimizer, ParamMut, ParamRef, Parameters, Scheduler, StateDict, Stateful,
-    Tensor,
+    try_visit_params, try_visit_params_mut, DataLoader, Dataset, Optimizer, ParamMut, ParamRef,
+    Parameters, Scheduler, StateDict, Stateful, Tensor,
 };
 pub use amp::{GradScaler, GradScalerConfig, MixedPrecision, MIXED_PRECISION_ENV};
 pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};

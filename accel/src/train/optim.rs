@@ -85,47 +85,28 @@ impl Optimizer for Sgd {
     fn step(&mut self, params: &mut dyn Parameters) -> Result<()> {
         let lr = self.lr as f32;
         let (mom, wd) = (self.momentum, self.weight_decay);
-        let mut bad = None;
         let buffers = &mut self.buffers;
-        params.visit_params_mut(&mut |mut p| {
-            if bad.is_some() {
-                return;
-            }
+        super::adapters::try_visit_params_mut(params, |_, mut p| {
             let name = p.name;
-            let (value, grad) = match p.host_f32_value() {
-                Ok(v) => v,
-                Err(e) => {
-                    bad = Some(e);
-                    return;
-                }
-            };
-            let grad = match host_to_f32(grad) {
-                Ok(g) => g,
-                Err(e) => {
-                    bad = Some(e);
-                    return;
-                }
-            };
+            let (value, grad) = p.host_f32_value()?;
+            let grad = host_to_f32(grad)?;
             if grad.len() != value.len() {
-                bad = Some(Error::invalid_argument(
+                return Err(Error::invalid_argument(
                     "optimizer step",
                     format!("parameter {name:?} has a gradient of another length"),
                 ));
-                return;
             }
             if mom == 0.0 {
                 sgd_update(value, &grad, lr, wd, None);
-                return;
+                return Ok(());
             }
             let first = !buffers.contains_key(name);
             let b = buffers
                 .entry(name.to_string())
                 .or_insert_with(|| vec![0.0; value.len()]);
             sgd_update(value, &grad, lr, wd, Some((mom, b, first)));
-        });
-        if let Some(e) = bad {
-            return Err(e);
-        }
+            Ok(())
+        })?;
         self.steps += 1;
         Ok(())
     }

@@ -36,7 +36,10 @@ use accel_api::{
     Buf, Communicator, CommunicatorExt, Error, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp, Result,
 };
 
-use crate::train::{Checkpointed, GradScaler, ParamMut, ParamRef, Parameters, StateDict};
+use crate::train::{
+    try_visit_params, try_visit_params_mut, Checkpointed, GradScaler, ParamMut, ParamRef,
+    Parameters, StateDict,
+};
 
 /// The environment variable [`TrainConfig::sharding`](crate::train::TrainConfig::sharding)
 /// falls back to (`none|optimizer|gradients|full`, or any spelling
@@ -1079,49 +1082,29 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         self.values.resize(n, 0.0);
         let places = self.places();
         let (grads, values) = (&mut self.grads, &mut self.values);
-        let (mut i, mut bad) = (0, None);
-        model.visit_params(&mut |p| {
-            let at = places[i];
-            i += 1;
-            match (p.grad_f32(), p.value_f32()) {
-                (Ok(g), Ok(v)) => {
-                    grads[at..at + g.len()].copy_from_slice(g);
-                    values[at..at + v.len()].copy_from_slice(v);
-                }
-                (Err(e), _) | (_, Err(e)) => {
-                    bad.get_or_insert(e);
-                }
-            }
-        });
-        bad.map_or(Ok(()), Err)
+        try_visit_params(model, |i, p| {
+            let (g, v, at) = (p.grad_f32()?, p.value_f32()?, places[i]);
+            grads[at..at + g.len()].copy_from_slice(g);
+            values[at..at + v.len()].copy_from_slice(v);
+            Ok(())
+        })
     }
 
     /// This rank's slices of `model`'s values, unit after unit.
     fn slices_of(&self, model: &dyn Parameters) -> Result<Vec<f32>> {
         let places = self.places();
         let mut padded = vec![0.0; self.plan.padded_numel()];
-        let (mut i, mut bad) = (0, None);
-        model.visit_params(&mut |p| {
-            let at = places[i];
-            i += 1;
-            match p.value_f32() {
-                Ok(v) if v.len() == self.plan_numel(i - 1) => {
-                    padded[at..at + v.len()].copy_from_slice(v)
-                }
-                Ok(_) => {
-                    bad.get_or_insert(Error::invalid_argument(
-                        "sharding",
-                        format!("parameter {:?} holds no values to shard", p.name),
-                    ));
-                }
-                Err(e) => {
-                    bad.get_or_insert(e);
-                }
+        try_visit_params(model, |i, p| {
+            let v = p.value_f32()?;
+            if v.len() != self.plan_numel(i) {
+                return Err(Error::invalid_argument(
+                    "sharding",
+                    format!("parameter {:?} holds no values to shard", p.name),
+                ));
             }
-        });
-        if let Some(e) = bad {
-            return Err(e);
-        }
+            padded[places[i]..places[i] + v.len()].copy_from_slice(v);
+            Ok(())
+        })?;
         let rank = self.share();
         let mut mine = Vec::with_capacity(self.plan.shard_numel());
         let mut base = 0;
@@ -1140,18 +1123,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
 
     fn write_values(&self, model: &mut dyn Parameters) -> Result<()> {
         let places = self.places();
-        let (mut i, mut bad) = (0, None);
-        model.visit_params_mut(&mut |mut p| {
-            let at = places[i];
-            i += 1;
-            match p.f32_mut() {
-                Ok((v, _)) => v.copy_from_slice(&self.values[at..at + v.len()]),
-                Err(e) => {
-                    bad.get_or_insert(e);
-                }
-            }
-        });
-        bad.map_or(Ok(()), Err)
+        try_visit_params_mut(model, |i, mut p| {
+            let (v, _) = p.f32_mut()?;
+            v.copy_from_slice(&self.values[places[i]..places[i] + v.len()]);
+            Ok(())
+        })
     }
 
     /// Unit `unit`'s parameter indices (visiting order) and where its
@@ -1204,14 +1180,12 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     pub fn full_parameters(&mut self, model: &dyn Parameters) -> Result<FullParameters> {
         let mut out = FullParameters::default();
         if self.stage != Stage::Full {
-            let mut bad = None;
-            model.visit_params(&mut |p| match p.value_f32() {
-                Ok(v) => out.params.push((p.name.to_string(), v.to_vec())),
-                Err(e) => {
-                    bad.get_or_insert(e);
-                }
-            });
-            return bad.map_or(Ok(out), Err);
+            try_visit_params(model, |_, p| {
+                out.params
+                    .push((p.name.to_string(), p.value_f32()?.to_vec()));
+                Ok(())
+            })?;
+            return Ok(out);
         }
         for u in 0..self.plan.units.len() {
             let (_, at) = self.unit_span(u)?;
@@ -1388,40 +1362,30 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         for s in slots {
             model.set_param_storage(&s.name, s.numel)?;
         }
-        let (mut i, mut bad) = (0, None);
         let values = &self.values;
-        model.visit_params_mut(&mut |mut p| {
-            let k = i;
-            i += 1;
-            if !span.contains(&k) {
-                return;
+        try_visit_params_mut(model, |k, mut p| {
+            let Some(s) = k.checked_sub(span.start).and_then(|j| slots.get(j)) else {
+                return Ok(());
+            };
+            let (v, g) = p.f32_mut()?;
+            if v.len() != s.numel || g.len() != s.numel {
+                return Err(Error::invalid_argument(
+                    "sharding gather",
+                    format!(
+                        "parameter {:?} has room for {} values and {} gradients after \
+                         set_param_storage({}); it needs {}",
+                        s.name,
+                        v.len(),
+                        g.len(),
+                        s.numel,
+                        s.numel
+                    ),
+                ));
             }
-            let s = &slots[k - span.start];
-            match p.f32_mut() {
-                Ok((v, g)) if v.len() == s.numel && g.len() == s.numel => {
-                    v.copy_from_slice(&values[s.offset..s.offset + s.numel]);
-                    g.fill(0.0);
-                }
-                Ok((v, _)) => {
-                    bad.get_or_insert(Error::invalid_argument(
-                        "sharding gather",
-                        format!(
-                            "parameter {:?} has room for {} elements after set_param_storage({}); it needs {}",
-                            s.name,
-                            v.len(),
-                            s.numel,
-                            s.numel
-                        ),
-                    ));
-                }
-                Err(e) => {
-                    bad.get_or_insert(e);
-                }
-            }
-        });
-        if let Some(e) = bad {
-            return Err(e);
-        }
+            v.copy_from_slice(&values[s.offset..s.offset + s.numel]);
+            g.fill(0.0);
+            Ok(())
+        })?;
         self.fresh[unit] = true;
         self.advance(unit)
     }
@@ -1449,35 +1413,21 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         self.grads.resize(padded, 0.0);
         let slots = &self.plan.units[unit].slots;
         let grads = &mut self.grads;
-        let (mut i, mut bad) = (0, None);
-        model.visit_params(&mut |p| {
-            let k = i;
-            i += 1;
-            if !span.contains(&k) {
-                return;
+        try_visit_params(model, |k, p| {
+            let Some(s) = k.checked_sub(span.start).and_then(|j| slots.get(j)) else {
+                return Ok(());
+            };
+            let g = p.grad_f32()?;
+            if g.len() != s.numel {
+                return Err(Error::invalid_argument(
+                    "sharding reduce_grads",
+                    format!("parameter {:?} holds no gradient", s.name),
+                )
+                .with_fix("gather the unit before its backward"));
             }
-            let s = &slots[k - span.start];
-            match p.grad_f32() {
-                Ok(g) if g.len() == s.numel => {
-                    grads[s.offset..s.offset + s.numel].copy_from_slice(g)
-                }
-                Ok(_) => {
-                    bad.get_or_insert(
-                        Error::invalid_argument(
-                            "sharding reduce_grads",
-                            format!("parameter {:?} holds no gradient", s.name),
-                        )
-                        .with_fix("gather the unit before its backward"),
-                    );
-                }
-                Err(e) => {
-                    bad.get_or_insert(e);
-                }
-            }
-        });
-        if let Some(e) = bad {
-            return Err(e);
-        }
+            grads[s.offset..s.offset + s.numel].copy_from_slice(g);
+            Ok(())
+        })?;
         let (op, scale) = self.avg_op();
         self.recv.clear();
         self.recv.resize(len, 0.0);
