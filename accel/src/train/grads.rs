@@ -110,19 +110,109 @@ fn not_float(op: &str, name: &str, dtype: DType) -> Error {
 
 // ------------------------------------------------------------------ host
 
+/// The host float element types gradients come in, converted through
+/// f32 (f64 through f64).
+trait HostFloat: accel_api::Element + Copy {
+    fn to_f32(self) -> f32;
+    fn to_f64(self) -> f64;
+    fn from_f32(x: f32) -> Self;
+    /// `f32_op` in f32 for the 16- and 32-bit types, `f64_op` for f64.
+    fn map(self, f32_op: &dyn Fn(f32) -> f32, _f64_op: &dyn Fn(f64) -> f64) -> Self {
+        Self::from_f32(f32_op(self.to_f32()))
+    }
+}
+
+impl HostFloat for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn from_f32(x: f32) -> f32 {
+        x
+    }
+}
+
+impl HostFloat for f64 {
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn from_f32(x: f32) -> f64 {
+        f64::from(x)
+    }
+    fn map(self, _: &dyn Fn(f32) -> f32, f64_op: &dyn Fn(f64) -> f64) -> f64 {
+        f64_op(self)
+    }
+}
+
+impl HostFloat for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+    fn from_f32(x: f32) -> f16 {
+        f16::from_f32(x)
+    }
+}
+
+impl HostFloat for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+    fn from_f32(x: f32) -> bf16 {
+        bf16::from_f32(x)
+    }
+}
+
+/// `$body` with `$T` the element type of the float `$dtype`; `$other` for
+/// the others.
+macro_rules! for_float {
+    ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            DType::F16 => {
+                type $T = f16;
+                $body
+            }
+            DType::BF16 => {
+                type $T = bf16;
+                $body
+            }
+            _ => $other,
+        }
+    };
+}
+
 /// A host view of any float type as `f32` values (borrowed when it is f32,
 /// converted otherwise).
 ///
 /// # Errors
 /// [`ErrorKind::InvalidArgument`] for an integer view.
 pub fn host_to_f32(buf: HostBuf<'_>) -> Result<Cow<'_, [f32]>> {
-    Ok(match buf.dtype() {
-        DType::F32 => Cow::Borrowed(buf.as_slice::<f32>()?),
-        DType::F16 => Cow::Owned(buf.as_slice::<f16>()?.iter().map(|x| x.to_f32()).collect()),
-        DType::BF16 => Cow::Owned(buf.as_slice::<bf16>()?.iter().map(|x| x.to_f32()).collect()),
-        DType::F64 => Cow::Owned(buf.as_slice::<f64>()?.iter().map(|&x| x as f32).collect()),
-        other => return Err(not_float("host_to_f32", "?", other)),
-    })
+    if buf.dtype() == DType::F32 {
+        return Ok(Cow::Borrowed(buf.as_slice::<f32>()?));
+    }
+    for_float!(
+        buf.dtype(),
+        T => Ok(Cow::Owned(buf.as_slice::<T>()?.iter().map(|x| HostFloat::to_f32(*x)).collect())),
+        else Err(not_float("host_to_f32", "?", buf.dtype()))
+    )
 }
 
 /// Write `f32` values into a host view of any float type (rounding once).
@@ -136,54 +226,31 @@ pub fn host_from_f32(dst: &mut HostBufMut<'_>, src: &[f32]) -> Result<()> {
             format!("{} values for a view of {}", src.len(), dst.len()),
         ));
     }
-    match dst.dtype() {
-        DType::F32 => dst.as_mut_slice::<f32>()?.copy_from_slice(src),
-        DType::F16 => dst
-            .as_mut_slice::<f16>()?
-            .iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = f16::from_f32(*s)),
-        DType::BF16 => dst
-            .as_mut_slice::<bf16>()?
-            .iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = bf16::from_f32(*s)),
-        DType::F64 => dst
-            .as_mut_slice::<f64>()?
-            .iter_mut()
-            .zip(src)
-            .for_each(|(d, s)| *d = f64::from(*s)),
-        other => return Err(not_float("host_from_f32", "?", other)),
-    }
-    Ok(())
+    let dtype = dst.dtype();
+    for_float!(
+        dtype,
+        T => {
+            let d = dst.as_mut_slice::<T>()?;
+            d.iter_mut().zip(src).for_each(|(d, s)| *d = <T as HostFloat>::from_f32(*s));
+            Ok(())
+        },
+        else Err(not_float("host_from_f32", "?", dtype))
+    )
 }
 
 /// Apply `f` to every element of a float host view, in f32 for the 16- and
 /// 32-bit types and in f64 for f64.
 fn map_host(buf: &mut HostBufMut<'_>, f32_op: impl Fn(f32) -> f32, f64_op: impl Fn(f64) -> f64) {
-    match buf.dtype() {
-        DType::F32 => buf
-            .as_mut_slice::<f32>()
+    let dtype = buf.dtype();
+    for_float!(
+        dtype,
+        T => buf
+            .as_mut_slice::<T>()
             .expect("dtype checked")
             .iter_mut()
-            .for_each(|x| *x = f32_op(*x)),
-        DType::F16 => buf
-            .as_mut_slice::<f16>()
-            .expect("dtype checked")
-            .iter_mut()
-            .for_each(|x| *x = f16::from_f32(f32_op(x.to_f32()))),
-        DType::BF16 => buf
-            .as_mut_slice::<bf16>()
-            .expect("dtype checked")
-            .iter_mut()
-            .for_each(|x| *x = bf16::from_f32(f32_op(x.to_f32()))),
-        DType::F64 => buf
-            .as_mut_slice::<f64>()
-            .expect("dtype checked")
-            .iter_mut()
-            .for_each(|x| *x = f64_op(*x)),
-        _ => {}
-    }
+            .for_each(|x| *x = x.map(&f32_op, &f64_op)),
+        else ()
+    )
 }
 
 fn host_stats(buf: HostBuf<'_>, norm_type: f64) -> GradStats {
@@ -209,34 +276,14 @@ fn host_stats(buf: HostBuf<'_>, norm_type: f64) -> GradStats {
         }
         s
     }
-    match buf.dtype() {
-        DType::F32 => acc(
-            buf.as_slice::<f32>()
-                .expect("dtype")
-                .iter()
-                .map(|&x| f64::from(x)),
-            norm_type,
+    for_float!(
+        buf.dtype(),
+        T => acc(
+            buf.as_slice::<T>().expect("dtype").iter().map(|x| HostFloat::to_f64(*x)),
+            norm_type
         ),
-        DType::F16 => acc(
-            buf.as_slice::<f16>()
-                .expect("dtype")
-                .iter()
-                .map(|x| x.to_f64()),
-            norm_type,
-        ),
-        DType::BF16 => acc(
-            buf.as_slice::<bf16>()
-                .expect("dtype")
-                .iter()
-                .map(|x| x.to_f64()),
-            norm_type,
-        ),
-        DType::F64 => acc(
-            buf.as_slice::<f64>().expect("dtype").iter().copied(),
-            norm_type,
-        ),
-        _ => GradStats::default(),
-    }
+        else GradStats::default()
+    )
 }
 
 // ------------------------------------------------------------------ per view
