@@ -264,6 +264,39 @@ pub fn error_file(attempt: &Attempt, rank: usize) -> PathBuf {
     attempt.error_dir.join(format!("rank-{rank}.json"))
 }
 
+/// The record in the one error file an attempt's ranks share (mpirun
+/// ranks, rank threads), when it names `rank` or no rank.
+pub(crate) fn shared_record(attempt: &Attempt, rank: usize) -> Option<accel::ErrorRecord> {
+    record(&attempt.error_dir.join("error.json")).filter(|r| r.rank.is_none_or(|x| x == rank))
+}
+
+/// The command starting `program` with the worker contract `env` and
+/// `extra_env`, without `remove_env`; stdin only for a job of one rank
+/// (several workers reading one terminal is chaos; a single one may: a
+/// debugger, a prompt); SIGKILLed with the launcher when `die_with_parent`.
+pub(crate) fn worker_command(
+    program: &Program,
+    env: &WorkerEnv,
+    extra_env: &[(String, String)],
+    remove_env: &[String],
+    die_with_parent: bool,
+) -> Command {
+    let mut cmd = Command::new(&program.path);
+    cmd.arg0(&program.argv0);
+    for k in remove_env {
+        cmd.env_remove(k);
+    }
+    let one = env.world_size == Some(1);
+    cmd.args(&program.args)
+        .envs(env.to_vars())
+        .envs(extra_env.iter().map(|(k, v)| (k, v)))
+        .stdin(if one { Stdio::inherit() } else { Stdio::null() });
+    if die_with_parent {
+        crate::ffi::die_with_parent(&mut cmd, Signal::SIGKILL, false);
+    }
+    cmd
+}
+
 impl ProcessGroup for LocalGroup {
     fn kind(&self) -> &'static str {
         "workers"
@@ -280,23 +313,14 @@ impl ProcessGroup for LocalGroup {
         tx: &Sender<Event>,
     ) -> Result<Vec<Started>> {
         let mut started: Vec<Started> = Vec::with_capacity(self.local_world_size);
-        let one = attempt.env.world_size == Some(1);
         for (local, sink) in sinks.iter().enumerate() {
-            let env = self.worker_env(attempt, local);
-            let mut cmd = Command::new(&self.program.path);
-            cmd.arg0(&self.program.argv0);
-            for k in &self.remove_env {
-                cmd.env_remove(k);
-            }
-            cmd.args(&self.program.args)
-                .envs(env.to_vars())
-                .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
-                // Several workers reading one terminal is chaos; a single
-                // worker may read it (a debugger, a prompt).
-                .stdin(if one { Stdio::inherit() } else { Stdio::null() });
-            if self.die_with_parent {
-                crate::ffi::die_with_parent(&mut cmd, Signal::SIGKILL, false);
-            }
+            let cmd = worker_command(
+                &self.program,
+                &self.worker_env(attempt, local),
+                &self.extra_env,
+                &self.remove_env,
+                self.die_with_parent,
+            );
             let label = format!(
                 "rank {} ({})",
                 attempt.rank_offset + local,
@@ -578,8 +602,7 @@ impl ProcessGroup for MpirunGroup {
     ) -> Failure {
         // One error file per attempt (the ranks share the environment):
         // the first rank that panicked through accel's hook wrote it.
-        let rec = record(&attempt.error_dir.join("error.json"))
-            .filter(|r| r.rank.is_none_or(|x| x == index));
+        let rec = shared_record(attempt, index);
         let (machine, local_rank) = self.hosts.place(self.nproc, index);
         let place = (index, local_rank, machine);
         failure_at(place, &attempt.host, rec, exit, sinks.get(index))

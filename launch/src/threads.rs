@@ -17,8 +17,6 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
@@ -28,7 +26,10 @@ use accel_api::Result;
 use nix::sys::signal::Signal;
 
 use crate::group::ProcessGroup;
-use crate::group::{failure_at, record, signal_group, spawn_member, Attempt, Program, Started};
+use crate::group::{
+    failure_at, record, shared_record, signal_group, spawn_member, worker_command, Attempt,
+    Program, Started,
+};
 use crate::output::{RankSink, Stream, TAIL_LINES};
 use crate::report::{Exit, Failure};
 use crate::supervise::Event;
@@ -147,19 +148,13 @@ impl ProcessGroup for ThreadsGroup {
         sinks: &[Arc<RankSink>],
         tx: &Sender<Event>,
     ) -> Result<Vec<Started>> {
-        let mut cmd = Command::new(&self.program.path);
-        cmd.arg0(&self.program.argv0);
-        for k in &self.remove_env {
-            cmd.env_remove(k);
-        }
-        let one = attempt.env.world_size == Some(1);
-        cmd.args(&self.program.args)
-            .envs(self.process_env(attempt).to_vars())
-            .envs(self.extra_env.iter().map(|(k, v)| (k, v)))
-            .stdin(if one { Stdio::inherit() } else { Stdio::null() });
-        if self.die_with_parent {
-            crate::ffi::die_with_parent(&mut cmd, Signal::SIGKILL, false);
-        }
+        let cmd = worker_command(
+            &self.program,
+            &self.process_env(attempt),
+            &self.extra_env,
+            &self.remove_env,
+            self.die_with_parent,
+        );
         let out = ThreadsOutput::new(sinks.to_vec(), attempt.rank_offset);
         self.out = Some(out.clone());
         let (o, e) = (out.clone(), out);
@@ -216,8 +211,7 @@ impl ProcessGroup for ThreadsGroup {
         sinks: &[Arc<RankSink>],
     ) -> Failure {
         let rank = attempt.rank_offset + index;
-        let rec = record(&attempt.error_dir.join("error.json"))
-            .filter(|r| r.rank.is_none_or(|x| x == rank));
+        let rec = shared_record(attempt, rank);
         let mut f = failure_at(
             (rank, index, attempt.machine()),
             &attempt.host,
