@@ -375,14 +375,15 @@ fn in_unit(bytes: f64, kib: bool) -> String {
     }
 }
 
-/// The Markdown tables of docs/benchmarks.md: memory per rank (the
-/// maximum over ranks) and step time, with ratios against `none`.
-pub fn markdown(title: &str, sums: &[Summary]) -> String {
+/// The memory table of docs/benchmarks.md: per rank (the maximum over
+/// ranks and rounds), ratios against `none` in brackets. KiB for a model
+/// under 4 MiB, else MiB (the first line says which).
+pub fn memory_table(sums: &[Summary]) -> String {
     use std::fmt::Write;
     let kib = sums.first().is_some_and(|s| s.memory.numel * 4 < 4 << 20);
     let mib = |bytes: f64| in_unit(bytes, kib);
     let el = |n: usize| mib(n as f64 * 4.0);
-    let none = sums.iter().find(|s| s.stage == "none");
+    let none = sums.iter().find(|s| s.stage == "none").map(|n| n.memory);
     let ratio = |x: usize, base: Option<usize>| match base {
         Some(b) if b > 0 => format!(" ({:.3})", x as f64 / b as f64),
         _ => String::new(),
@@ -390,51 +391,61 @@ pub fn markdown(title: &str, sums: &[Summary]) -> String {
     let mut t = String::new();
     let _ = writeln!(
         t,
-        "{title}; memory in {}\n",
+        "Memory per rank in {}:\n",
         if kib { "KiB" } else { "MiB" }
     );
     let _ = writeln!(
         t,
-        "| stage | params in model, peak in step | params shard | grads in model, peak in step | grad shard | optimizer state | zero buffers | heap between steps | heap peak in step | RSS peak |"
+        "| stage | params in model, peak in step | params shard (plan) | grads in model, peak in step | grad shard (plan) | optimizer state | zero buffers | heap between steps | heap peak in step | RSS peak |"
     );
     let _ = writeln!(t, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for s in sums {
         let m = &s.memory;
-        let nm = none.map(|n| n.memory);
-        let full = s.stage == "full";
-        let sharded = s.stage != "none";
-        let pshard = if full { m.shard_numel } else { 0 };
-        let gshard = if sharded { m.shard_numel } else { m.numel };
+        let pshard = if s.stage == "full" { m.shard_numel } else { 0 };
+        let gshard = if s.stage == "none" {
+            m.numel
+        } else {
+            m.shard_numel
+        };
         let _ = writeln!(
             t,
             "| {} | {}{} | {} | {}{} | {} | {}{} | {} | {}{} | {}{} | {} |",
             s.stage,
             el(m.model_values_peak),
-            ratio(m.model_values_peak, nm.map(|n| n.model_values_peak)),
+            ratio(m.model_values_peak, none.map(|n| n.model_values_peak)),
             el(pshard),
             el(m.model_grads_peak),
-            ratio(m.model_grads_peak, nm.map(|n| n.model_grads_peak)),
+            ratio(m.model_grads_peak, none.map(|n| n.model_grads_peak)),
             el(gshard),
             el(m.opt_state),
-            ratio(m.opt_state, nm.map(|n| n.opt_state)),
+            ratio(m.opt_state, none.map(|n| n.opt_state)),
             el(m.zero_buffers),
             mib(m.heap_between as f64),
-            ratio(m.heap_between, nm.map(|n| n.heap_between)),
+            ratio(m.heap_between, none.map(|n| n.heap_between)),
             mib(m.heap_peak as f64),
-            ratio(m.heap_peak, nm.map(|n| n.heap_peak)),
+            ratio(m.heap_peak, none.map(|n| n.heap_peak)),
             mib(m.rss_peak_kb as f64 * 1024.0),
         );
     }
+    t
+}
+
+/// The step-time table of docs/benchmarks.md: median and best over every
+/// timed step of every round, each round's median, against `none`.
+pub fn time_table(sums: &[Summary]) -> String {
+    use std::fmt::Write;
+    let none = sums.iter().find(|s| s.stage == "none");
+    let vs = |x: f64, base: Option<f64>| match base {
+        Some(b) if b > 0.0 => format!("{:+.1} %", (x / b - 1.0) * 100.0),
+        _ => String::new(),
+    };
+    let mut t = String::new();
     let _ = writeln!(
         t,
-        "\n| stage | step median (ms) | best (ms) | round medians (ms) | median vs none |"
+        "| stage | step median (ms) | best (ms) | round medians (ms) | median vs none | best vs none |"
     );
-    let _ = writeln!(t, "|---|---:|---:|---|---:|");
+    let _ = writeln!(t, "|---|---:|---:|---|---:|---:|");
     for s in sums {
-        let rel = none
-            .filter(|n| n.median_s > 0.0)
-            .map(|n| format!("{:+.1} %", (s.median_s / n.median_s - 1.0) * 100.0))
-            .unwrap_or_default();
         let rounds: Vec<String> = s
             .round_medians_s
             .iter()
@@ -442,12 +453,13 @@ pub fn markdown(title: &str, sums: &[Summary]) -> String {
             .collect();
         let _ = writeln!(
             t,
-            "| {} | {:.1} | {:.1} | {} | {} |",
+            "| {} | {:.1} | {:.1} | {} | {} | {} |",
             s.stage,
             s.median_s * 1e3,
             s.best_s * 1e3,
             rounds.join(", "),
-            rel
+            vs(s.median_s, none.map(|n| n.median_s)),
+            vs(s.best_s, none.map(|n| n.best_s)),
         );
     }
     t

@@ -11,7 +11,7 @@
 use std::process::ExitCode;
 
 use accel::zero::Stage;
-use accel_example_zero_bench::{heap, markdown, run, summarize, Config};
+use accel_example_zero_bench::{heap, memory_table, run, summarize, time_table, Config};
 use clap::{Parser, ValueEnum};
 
 #[global_allocator]
@@ -37,6 +37,17 @@ impl Model {
             Model::Tiny => vec![8, 16, 16, 1],
         }
     }
+}
+
+/// Which tables to print.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Tables {
+    /// Memory and step time.
+    Both,
+    /// Memory only.
+    Memory,
+    /// Step time only.
+    Time,
 }
 
 /// Per-rank memory and step time of accel::zero's sharding stages.
@@ -68,7 +79,10 @@ struct Args {
         default_value = "none,optimizer,gradients,full"
     )]
     stages: Vec<String>,
-    /// Print the summaries and every sample as one JSON object.
+    /// The tables to print (Markdown).
+    #[arg(long, value_enum, default_value = "both")]
+    tables: Tables,
+    /// Print the summaries and every sample as one JSON object instead.
     #[arg(long)]
     json: bool,
 }
@@ -121,7 +135,13 @@ fn main() -> ExitCode {
                     cfg.steps,
                     cfg.rounds
                 );
-                print!("{}", markdown(&title, &sums));
+                println!("{title}\n");
+                if args.tables != Tables::Time {
+                    println!("{}", memory_table(&sums));
+                }
+                if args.tables != Tables::Memory {
+                    println!("{}", time_table(&sums));
+                }
             }
         }
         acc.wait_for_everyone()
