@@ -7,7 +7,8 @@
 //! The model is [`TchModel`], the crate's `Parameters` adapter. Stage 3
 //! drives it module by module through the optimizer's `UnitGate` around
 //! libtorch's autograd: gather and release around each layer's forward,
-//! gather every layer before the one `backward()`, then `reduce_grads` per
+//! gather every layer before the one `backward()` (the graph refers to the
+//! variables, whose data a gather puts back), then `reduce_grads` per
 //! layer. `TchModel` keeps the default `set_param_storage` (the storage
 //! stays: the same results without the memory saving); [`Zero3TchModel`]
 //! frees it, and holds no parameter data between steps.
@@ -139,6 +140,11 @@ fn sharded(
             zero.release(model, "a")?;
             zero.gather(model, "b")?;
             let loss = mse(&net.b.forward(&h), &y) / k as f64;
+            // Released too, although its backward comes next: autograd
+            // saved `b.weight` (for the gradient of `h`), and a freeing
+            // model must have it back before the backward.
+            zero.release(model, "b")?;
+            zero.gather(model, "b")?;
             zero.gather(model, "a")?;
             loss.backward();
             zero.reduce_grads(model, "b")?;
