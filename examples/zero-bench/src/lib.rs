@@ -6,7 +6,9 @@
 //! [`ZeroOptimizer`] (SGD with momentum), takes warm-up steps, then times
 //! `steps` optimizer steps (each: barrier, forward and backward through the
 //! optimizer's [`UnitGate`], `step`, zero the gradients; a step's time is
-//! the slowest rank's). Stages run interleaved, `rounds` times. Memory is
+//! the slowest rank's). Stages run interleaved, `rounds` times, beside
+//! `ddp` ([`Run::Ddp`]: the same model and steps through accel's prepared
+//! model and optimizer, without `accel::zero`). Memory is
 //! what the rank's objects report (the model's resident values and
 //! gradients, at their most during a step and between steps; the
 //! optimizer's `state_numel` and `buffer_numel`) and what the process's
@@ -28,12 +30,46 @@ mod model;
 
 use std::time::Instant;
 
-use accel::train::Parameters;
-use accel::zero::{ShardedSgd, Stage, UnitGate, WrapPolicy, ZeroOptimizer};
-use accel::{Accelerator, CommunicatorExt, ReduceOp, Result};
+use accel::train::{Optimizer, Parameters, PreparedModel, PreparedOptimizer, Sgd};
+use accel::zero::{NoGate, ShardedSgd, Stage, UnitGate, WrapPolicy, ZeroOptimizer};
+use accel::{Accelerator, CommunicatorExt, Error, ReduceOp, Result};
 use serde::Serialize;
 
 pub use model::{uniform, Deep};
+
+/// One configuration the benchmark measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Run {
+    /// accel's data-parallel training loop without `accel::zero`:
+    /// `prepare_model` (bucketed gradient all-reduce) and a prepared
+    /// [`Sgd`] with momentum, the model run through [`NoGate`].
+    Ddp,
+    /// A [`ZeroOptimizer`] at this stage.
+    Zero(Stage),
+}
+
+impl Run {
+    /// `ddp`, or the stage's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Run::Ddp => "ddp",
+            Run::Zero(s) => s.as_str(),
+        }
+    }
+}
+
+impl std::str::FromStr for Run {
+    type Err = Error;
+
+    /// `ddp`, or a stage as [`Stage`] reads it.
+    fn from_str(s: &str) -> Result<Run> {
+        if s.trim().eq_ignore_ascii_case("ddp") {
+            Ok(Run::Ddp)
+        } else {
+            s.parse().map(Run::Zero)
+        }
+    }
+}
 
 /// What to run.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,8 +85,8 @@ pub struct Config {
     pub steps: usize,
     /// Rounds over the stages.
     pub rounds: usize,
-    /// The stages, in the order each round runs them.
-    pub stages: Vec<Stage>,
+    /// The configurations, in the order each round runs them.
+    pub stages: Vec<Run>,
 }
 
 /// One rank's memory figures for one stage (elements are `f32`s).
@@ -287,6 +323,62 @@ fn run_stage(acc: &Accelerator, cfg: &Config, stage: Stage) -> Result<(Vec<f64>,
     Ok((times, mem, loss))
 }
 
+/// `ddp`: the same steps through accel's prepared model and optimizer.
+fn run_ddp(acc: &Accelerator, cfg: &Config) -> Result<(Vec<f64>, Memory, f32)> {
+    let base = heap::current();
+    let (x, y) = batch_of(acc, &cfg.widths, cfg.batch);
+    let mut model = acc.prepare_model(Deep::new(&cfg.widths)?)?;
+    let mut opt = acc.prepare_optimizer(Sgd::new(1e-3).with_momentum(0.9))?;
+    let mut loss = 0.0;
+    let mut one_step =
+        |model: &mut PreparedModel<Deep>, opt: &mut PreparedOptimizer<Sgd>| -> Result<()> {
+            acc.accumulate_step(false);
+            loss = acc.backward(model, |m, scale| {
+                m.loss_and_grad_units(&x, &y, cfg.batch, scale, &mut NoGate)
+            })??;
+            opt.step(model)?;
+            opt.zero_grad(model);
+            Ok(())
+        };
+    for _ in 0..cfg.warmup.max(1) {
+        one_step(&mut model, &mut opt)?;
+    }
+    acc.comm().barrier()?;
+    reset_rss_peak();
+    heap::reset_peak();
+    let mut times = Vec::with_capacity(cfg.steps);
+    for _ in 0..cfg.steps {
+        acc.comm().barrier()?;
+        let t0 = Instant::now();
+        one_step(&mut model, &mut opt)?;
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    let (heap_between, heap_peak) = (heap::current(), heap::peak());
+    let numel = model.numel();
+    // After the heap figures: the state dict is a copy.
+    let opt_state = opt
+        .state_dict()
+        .tensors
+        .values()
+        .map(|t| t.data.len())
+        .sum();
+    let mem = Memory {
+        numel,
+        shard_numel: numel,
+        largest_unit: 0,
+        model_values_between: model.resident_values(),
+        model_values_peak: model.resident_values(),
+        model_grads_between: model.resident_grads(),
+        model_grads_peak: model.resident_grads(),
+        opt_state,
+        zero_buffers: 0,
+        heap_between: heap_between.saturating_sub(base),
+        heap_peak: heap_peak.saturating_sub(base),
+        rss_peak_kb: rss_peak_kb(),
+    };
+    Ok((times, mem, loss))
+}
+
 /// Run every stage `cfg.rounds` times, interleaved. Collective: every rank
 /// calls it with the same `cfg`; every rank gets the same samples back.
 ///
@@ -297,7 +389,10 @@ pub fn run(acc: &Accelerator, cfg: &Config) -> Result<Vec<Sample>> {
     let mut out = Vec::new();
     for round in 0..cfg.rounds {
         for &stage in &cfg.stages {
-            let (times, mem, loss) = run_stage(acc, cfg, stage)?;
+            let (times, mem, loss) = match stage {
+                Run::Ddp => run_ddp(acc, cfg)?,
+                Run::Zero(st) => run_stage(acc, cfg, st)?,
+            };
             let step_s = comm.all_reduce_vec(&times, ReduceOp::Max)?;
             let all = comm.all_gather_vec(&mem.to_vec())?;
             let ranks = all
@@ -306,7 +401,7 @@ pub fn run(acc: &Accelerator, cfg: &Config) -> Result<Vec<Sample>> {
                 .collect();
             let loss = comm.all_gather_vec(&[loss])?[0];
             out.push(Sample {
-                stage: stage.as_str().to_string(),
+                stage: stage.name().to_string(),
                 round,
                 step_s,
                 ranks,
@@ -345,18 +440,18 @@ pub struct Summary {
 }
 
 /// Summaries per stage, in `stages` order.
-pub fn summarize(samples: &[Sample], stages: &[Stage]) -> Vec<Summary> {
+pub fn summarize(samples: &[Sample], stages: &[Run]) -> Vec<Summary> {
     stages
         .iter()
         .map(|st| {
-            let mine: Vec<&Sample> = samples.iter().filter(|s| s.stage == st.as_str()).collect();
+            let mine: Vec<&Sample> = samples.iter().filter(|s| s.stage == st.name()).collect();
             let all: Vec<f64> = mine.iter().flat_map(|s| s.step_s.iter().copied()).collect();
             let memory = mine
                 .iter()
                 .flat_map(|s| s.ranks.iter().copied())
                 .fold(Memory::default(), Memory::max);
             Summary {
-                stage: st.as_str().to_string(),
+                stage: st.name().to_string(),
                 memory,
                 median_s: median(&all),
                 best_s: all.iter().copied().fold(f64::INFINITY, f64::min),
@@ -407,19 +502,26 @@ pub fn memory_table(sums: &[Summary]) -> String {
         } else {
             m.shard_numel
         };
+        // ddp has no optimizer-side copies: its gradients are averaged in
+        // the model's own buffers.
+        let (pshard, gshard, zbuf) = if s.stage == "ddp" {
+            ("-".to_string(), "-".to_string(), "-".to_string())
+        } else {
+            (el(pshard), el(gshard), el(m.zero_buffers))
+        };
         let _ = writeln!(
             t,
             "| {} | {}{} | {} | {}{} | {} | {}{} | {} | {}{} | {}{} | {} |",
             s.stage,
             el(m.model_values_peak),
             ratio(m.model_values_peak, none.map(|n| n.model_values_peak)),
-            el(pshard),
+            pshard,
             el(m.model_grads_peak),
             ratio(m.model_grads_peak, none.map(|n| n.model_grads_peak)),
-            el(gshard),
+            gshard,
             el(m.opt_state),
             ratio(m.opt_state, none.map(|n| n.opt_state)),
-            el(m.zero_buffers),
+            zbuf,
             mib(m.heap_between as f64),
             ratio(m.heap_between, none.map(|n| n.heap_between)),
             mib(m.heap_peak as f64),

@@ -10,8 +10,7 @@
 
 use std::process::ExitCode;
 
-use accel::zero::Stage;
-use accel_example_zero_bench::{heap, memory_table, run, summarize, time_table, Config};
+use accel_example_zero_bench::{heap, memory_table, run, summarize, time_table, Config, Run};
 use clap::{Parser, ValueEnum};
 
 #[global_allocator]
@@ -72,11 +71,12 @@ struct Args {
     /// Rounds over the stages.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    /// Stages in the order of each round.
+    /// What to run, in the order of each round: `ddp` (accel's prepared
+    /// model and optimizer, no accel::zero) and ZeRO stages.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "none,optimizer,gradients,full"
+        default_value = "ddp,none,optimizer,gradients,full"
     )]
     stages: Vec<String>,
     /// The tables to print (Markdown).
@@ -89,7 +89,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let stages: Result<Vec<Stage>, _> = args.stages.iter().map(|s| s.parse()).collect();
+    let stages: Result<Vec<Run>, _> = args.stages.iter().map(|s| s.parse()).collect();
     let stages = match stages {
         Ok(s) => s,
         Err(e) => {

@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use accel::zero::Stage;
-use accel_example_zero_bench::{run, summarize, Config};
+use accel_example_zero_bench::{run, summarize, Config, Run};
 
 #[test]
 fn the_binary_prints_a_row_per_stage_on_one_process() {
@@ -39,7 +39,7 @@ fn the_binary_prints_a_row_per_stage_on_one_process() {
         "{text}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for stage in ["none", "optimizer", "gradients", "full"] {
+    for stage in ["ddp", "none", "optimizer", "gradients", "full"] {
         let rows = text
             .lines()
             .filter(|l| l.starts_with(&format!("| {stage} |")));
@@ -71,7 +71,13 @@ fn two_ranks_hold_the_shards_the_stages_promise() {
         warmup: 1,
         steps: 1,
         rounds: 1,
-        stages: vec![Stage::None, Stage::Optimizer, Stage::Gradients, Stage::Full],
+        stages: vec![
+            Run::Ddp,
+            Run::Zero(Stage::None),
+            Run::Zero(Stage::Optimizer),
+            Run::Zero(Stage::Gradients),
+            Run::Zero(Stage::Full),
+        ],
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let c = cfg.clone();
@@ -108,6 +114,9 @@ fn two_ranks_hold_the_shards_the_stages_promise() {
         (full.model_values_between, full.model_grads_between),
         (0, 0)
     );
+    // ddp: the whole model and a momentum buffer per parameter.
+    assert_eq!(by("ddp").model_values_between, numel);
+    assert_eq!(by("ddp").opt_state, numel);
     assert_eq!(full.largest_unit, 272);
     assert_eq!(full.model_values_peak, 272, "one unit at a time");
 }
