@@ -89,7 +89,9 @@ fn check_host(t: &Tensor, op: &str) -> Result<(DType, usize)> {
 pub fn host_view<'a>(t: &'a Tensor) -> Result<HostBuf<'a>> {
     let (dtype, len) = check_host(t, "host_view")?;
     if len == 0 {
-        return HostBuf::from_bytes(dtype, &[]);
+        // An empty byte slice's address is 1: borrow one aligned for
+        // every element type (a freed ZeRO-3 parameter is empty).
+        return HostBuf::from_bytes(dtype, bytemuck::cast_slice::<u64, u8>(&[]));
     }
     let ptr = t.data_ptr() as *const u8;
     // SAFETY: `t` is a defined, contiguous CPU tensor, so `data_ptr()` (which
@@ -110,7 +112,8 @@ pub fn host_view<'a>(t: &'a Tensor) -> Result<HostBuf<'a>> {
 pub fn host_view_mut<'a>(t: &'a mut Tensor) -> Result<HostBufMut<'a>> {
     let (dtype, len) = check_host(t, "host_view_mut")?;
     if len == 0 {
-        return HostBufMut::from_bytes(dtype, &mut []);
+        // As in `host_view`.
+        return HostBufMut::from_bytes(dtype, bytemuck::cast_slice_mut::<u64, u8>(&mut []));
     }
     let ptr = t.data_ptr() as *mut u8;
     // SAFETY: as in `host_view`; the handle is borrowed mutably for 'a, so no

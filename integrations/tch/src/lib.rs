@@ -8,6 +8,7 @@
 //! | piece | what it does |
 //! |---|---|
 //! | [`TchModel`] | a `VarStore`'s trainable variables as the training loop's `Parameters`: values and gradients viewed in place (host views for CPU tensors, device views for CUDA ones), averaged in buckets on synchronising batches |
+//! | [`Zero3TchModel`] | a [`TchModel`] whose parameters ZeRO stage 3 (`accel::zero`, `Stage::Full`) frees between a unit's uses (`set_param_storage` swaps each tensor's data for an empty one) |
 //! | [`TchKernels`] | the training loop's arithmetic and bucket copies on device tensors |
 //! | [`autocast_forward`], [`autocast_with`] | the forward pass under libtorch's autocast (bf16 on the CPU; bf16/f16 on CUDA), outputs in f32 |
 //! | [`TchOptimizer`] | a `tch::nn::Optimizer` that steps only on synchronising batches and takes its learning rate from a prepared scheduler |
@@ -62,6 +63,7 @@ mod model;
 mod optim;
 mod seed;
 mod tensor_ops;
+mod zero;
 
 pub use autocast::{autocast_enabled, autocast_forward, autocast_with};
 pub use dispatch::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched, ModelSpec};
@@ -70,3 +72,4 @@ pub use model::TchModel;
 pub use optim::{AdamW, TchOptimizer};
 pub use seed::{set_seed, set_threads_per_rank};
 pub use tensor_ops::TensorCollectives;
+pub use zero::Zero3TchModel;

@@ -40,6 +40,10 @@ fn host_views_alias_the_tensor_memory() {
     let rows = Tensor::arange(12, (Kind::Int64, Device::Cpu)).view([3, 4]);
     let second = rows.narrow(0, 1, 1);
     assert_eq!(ffi::host_slice::<i64>(&second).unwrap(), &[4, 5, 6, 7]);
+    // An empty tensor's view is an empty slice of its element type.
+    let mut empty = Tensor::zeros([0], (Kind::Float, Device::Cpu));
+    assert!(ffi::host_slice::<f32>(&empty).unwrap().is_empty());
+    assert!(ffi::host_slice_mut::<f32>(&mut empty).unwrap().is_empty());
     // Unsupported kinds and CUDA views on the CPU are typed errors.
     let b = Tensor::zeros([2], (Kind::Bool, Device::Cpu));
     assert_eq!(

@@ -1,0 +1,123 @@
+//! ZeRO stage 3 on a tch model: a [`TchModel`] whose parameters
+//! [`accel::zero`] can free between uses.
+
+use std::sync::Arc;
+
+use accel::train::{GradKernels, ParamMut, ParamRef, Parameters};
+use accel_api::{Error, Result};
+use tch::Tensor;
+
+use crate::TchModel;
+
+/// A [`TchModel`] that implements [`Parameters::set_param_storage`], so
+/// that a stage-3 [`ZeroOptimizer`](accel::zero::ZeroOptimizer) holds only
+/// this rank's shard between a unit's uses: a released parameter's data
+/// and gradient are swapped (`set_data`) for empty tensors, and a gathered
+/// one gets zero-filled tensors of its shape back, which the optimizer then
+/// fills. Everything else is the wrapped model's.
+///
+/// # Autograd
+/// The variables keep their identity (only their data is swapped), so the
+/// graph of a forward pass still refers to them: gather every unit a
+/// backward needs before calling it ([`UnitGate::gather`](accel::zero::UnitGate::gather)),
+/// as the gate's order asks, and the saved weights are the gathered
+/// values again.
+#[derive(Debug)]
+pub struct Zero3TchModel {
+    inner: TchModel,
+    shapes: Vec<Vec<i64>>,
+}
+
+impl Zero3TchModel {
+    /// Wrap `model`, noting every parameter's shape.
+    pub fn new(model: TchModel) -> Zero3TchModel {
+        let shapes = model
+            .named_parameters()
+            .iter()
+            .map(|(_, t)| t.size())
+            .collect();
+        Zero3TchModel {
+            inner: model,
+            shapes,
+        }
+    }
+
+    /// The wrapped model.
+    pub fn model(&self) -> &TchModel {
+        &self.inner
+    }
+
+    /// Give the wrapped model back (released parameters stay empty).
+    pub fn into_inner(self) -> TchModel {
+        self.inner
+    }
+
+    /// Elements of parameter data the model holds now (0 for a model
+    /// whose units are all released).
+    pub fn resident_numel(&self) -> usize {
+        let params = self.inner.named_parameters().iter();
+        params.map(|(_, t)| t.numel()).sum()
+    }
+}
+
+impl Parameters for Zero3TchModel {
+    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        self.inner.visit_params(f)
+    }
+
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        self.inner.visit_params_mut(f)
+    }
+
+    fn num_params(&self) -> usize {
+        self.shapes
+            .iter()
+            .map(|s| s.iter().product::<i64>().max(0) as usize)
+            .sum()
+    }
+
+    fn grad_kernels(&self) -> Option<Arc<dyn GradKernels>> {
+        self.inner.grad_kernels()
+    }
+
+    /// `numel == 0`: the data and gradient become empty tensors.
+    /// Otherwise `numel` must be the parameter's element count: both
+    /// become zero-filled tensors of its shape (dtype and device kept).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for a name the model does not have or another element count.
+    fn set_param_storage(&mut self, name: &str, numel: usize) -> Result<()> {
+        let params = self.inner.named_parameters();
+        let i = params.iter().position(|(n, _)| n == name).ok_or_else(|| {
+            Error::invalid_argument("set_param_storage", format!("no parameter {name:?}"))
+        })?;
+        let shape = &self.shapes[i];
+        let full: i64 = shape.iter().product();
+        if numel != 0 && numel as i64 != full {
+            return Err(Error::invalid_argument(
+                "set_param_storage",
+                format!("parameter {name:?} of shape {shape:?} cannot hold {numel} elements"),
+            ));
+        }
+        let p = &params[i].1;
+        let options = (p.kind(), p.device());
+        let fresh = || {
+            if numel == 0 {
+                Tensor::empty([0], options)
+            } else {
+                Tensor::zeros(shape.as_slice(), options)
+            }
+        };
+        // Handles to the same tensors: `set_data` swaps what they hold.
+        let mut value = p.shallow_clone();
+        let mut grad = p.grad();
+        tch::no_grad(|| {
+            value.set_data(&fresh());
+            if grad.defined() {
+                grad.set_data(&fresh());
+            }
+        });
+        Ok(())
+    }
+}
