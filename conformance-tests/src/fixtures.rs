@@ -4,7 +4,7 @@
 //! pure-Rust demo, `examples/train`, trains the same model).
 
 use accel::train::{Dataset, ParamMut, ParamRef, Parameters};
-use accel::zero::{NoGate, UnitGate};
+use accel::zero::{resize_host_storage, NoGate, UnitGate};
 
 /// Input features per sample.
 pub const FEATURES: usize = 8;
@@ -183,6 +183,15 @@ impl Mlp {
         Ok(loss)
     }
 
+    fn index_of(&self, name: &str) -> accel_api::Result<usize> {
+        NAMES.iter().position(|n| *n == name).ok_or_else(|| {
+            accel_api::Error::invalid_argument(
+                "set_param_storage",
+                format!("no parameter {name:?}"),
+            )
+        })
+    }
+
     /// Elements of parameter values and gradients the model holds now.
     pub fn resident_numel(&self) -> usize {
         self.values.iter().chain(&self.grads).map(Vec::len).sum()
@@ -208,19 +217,15 @@ impl Parameters for Mlp {
     }
 
     fn set_param_storage(&mut self, name: &str, numel: usize) -> accel_api::Result<()> {
-        let i = NAMES.iter().position(|n| *n == name).ok_or_else(|| {
-            accel_api::Error::invalid_argument(
-                "set_param_storage",
-                format!("no parameter {name:?}"),
-            )
-        })?;
-        for v in [&mut self.values[i], &mut self.grads[i]] {
-            if numel == 0 {
-                *v = Vec::new();
-            } else {
-                v.resize(numel, 0.0);
-            }
-        }
+        let i = self.index_of(name)?;
+        resize_host_storage(&mut self.values[i], numel);
+        resize_host_storage(&mut self.grads[i], numel);
+        Ok(())
+    }
+
+    fn set_grad_storage(&mut self, name: &str, numel: usize) -> accel_api::Result<()> {
+        let i = self.index_of(name)?;
+        resize_host_storage(&mut self.grads[i], numel);
         Ok(())
     }
 }

@@ -46,13 +46,15 @@ const HIDDEN: usize = 6;
 const BS: usize = 3;
 const STEPS: usize = 3;
 
-/// `steps` sharded steps of `k` local micro-batches each; returns the
-/// parameters and the norms `step_clipped` reported.
+/// `steps` sharded steps of `k` local micro-batches each, the model run
+/// module by module through the optimizer's gate (`gated`) or in one pass
+/// (stages 0-2 only); returns the parameters and the norms `step_clipped`
+/// reported.
 fn sharded_run(
     ctx: &Ctx,
     stage: Stage,
     policy: &WrapPolicy,
-    k: usize,
+    (k, gated): (usize, bool),
     clip: Option<f32>,
 ) -> Result<(Vec<f32>, Vec<f32>, usize, u64), String> {
     let (n, rank) = (ctx.world_size(), ctx.comm.rank());
@@ -70,9 +72,13 @@ fn sharded_run(
         for j in 0..k {
             let start = s * global + (j * n + rank) * BS;
             let batch: Vec<_> = (start..start + BS).map(|i| data.get(i)).collect();
-            model
-                .loss_and_grad_units(&batch, 1.0 / k as f32, &mut zero)
-                .map_err(|e| e.to_string())?;
+            if gated {
+                model
+                    .loss_and_grad_units(&batch, 1.0 / k as f32, &mut zero)
+                    .map_err(|e| e.to_string())?;
+            } else {
+                model.loss_and_grad(&batch, 1.0 / k as f32);
+            }
         }
         match clip {
             Some(max) => norms.push(
@@ -86,6 +92,12 @@ fn sharded_run(
             return Err(format!(
                 "stage 3: the model still holds {} parameter and gradient elements after step {s}",
                 model.resident_numel()
+            ));
+        }
+        let grads: usize = model.grads.iter().map(Vec::len).sum();
+        if stage == Stage::Gradients && gated && grads != 0 {
+            return Err(format!(
+                "stage 2: the model still holds {grads} gradient elements after step {s}"
             ));
         }
     }
@@ -146,9 +158,17 @@ fn zero_equivalence(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     for stage in STAGES {
         for policy in [WrapPolicy::Depth(1), WrapPolicy::Whole] {
-            for k in [1, 2] {
-                let what = format!("stage {stage}, {policy:?}, {k} micro-steps");
-                let r = sharded_run(ctx, stage, &policy, k, None).and_then(
+            for (k, gated) in [(1, true), (2, true), (2, false)] {
+                if stage == Stage::Full && !gated {
+                    continue;
+                }
+                let how = if gated {
+                    "module by module"
+                } else {
+                    "in one pass"
+                };
+                let what = format!("stage {stage}, {policy:?}, {k} micro-steps {how}");
+                let r = sharded_run(ctx, stage, &policy, (k, gated), None).and_then(
                     |(got, _, state, prefetched)| {
                         let (want, _) = reference(n, k, None)?;
                         close(&what, &got, &want)?;
@@ -195,7 +215,7 @@ fn zero_clipping(ctx: &Ctx) -> Outcome {
     // Small enough that every step clips.
     let max = 0.05;
     for stage in STAGES {
-        let r = sharded_run(ctx, stage, &WrapPolicy::Depth(1), 2, Some(max)).and_then(
+        let r = sharded_run(ctx, stage, &WrapPolicy::Depth(1), (2, true), Some(max)).and_then(
             |(got, norms, _, _)| {
                 let (want, want_norms) = reference(n, 2, Some(max))?;
                 close(&format!("stage {stage}: norms"), &norms, &want_norms)?;

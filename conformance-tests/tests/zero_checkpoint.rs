@@ -237,6 +237,12 @@ fn the_configured_stage_trains_through_backward_and_zero_step() {
                 let mut model = acc.prepare_model(Mlp::new(HIDDEN, 5))?;
                 let opt = ShardedSgd::new(0.1).with_momentum(0.9);
                 let mut zero = acc.prepare_zero(&mut model, &WrapPolicy::Depth(1), opt)?;
+                if stage == Stage::Full && model.resident_numel() != 0 {
+                    return Err(accel::Error::invalid_argument(
+                        "test",
+                        "prepare_zero left the stage-3 model's parameters in place",
+                    ));
+                }
                 let mut stepped = 0;
                 for s in 0..steps {
                     for j in 0..K {

@@ -208,6 +208,20 @@ pub trait Parameters {
         let _ = (name, numel);
         Ok(())
     }
+
+    /// Give parameter `name`'s gradient storage for `numel` elements
+    /// (zero-filled where it grows; kept as it is where it has them), or
+    /// free it with `numel == 0`. ZeRO stage 2 frees a unit's gradients
+    /// once they are reduce-scattered and restores them before the unit's
+    /// next backward. The default keeps the storage: the same results
+    /// without the saving.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a name the model does not have.
+    fn set_grad_storage(&mut self, name: &str, numel: usize) -> Result<()> {
+        let _ = (name, numel);
+        Ok(())
+    }
 }
 
 /// Visit `model`'s parameters in order, with their index, until `f` fails;

@@ -280,11 +280,6 @@ impl ShardPlan {
         self.units.iter().map(|u| u.numel).sum()
     }
 
-    /// Elements of every unit's padded buffer together.
-    fn padded_numel(&self) -> usize {
-        self.units.iter().map(|u| u.padded).sum()
-    }
-
     /// `(name, numel)` in order, to compare with a model.
     fn params(&self) -> impl Iterator<Item = (&str, usize)> {
         self.units
@@ -564,6 +559,122 @@ impl Parameters for FullParameters {
     }
 }
 
+/// What [`Parameters::set_param_storage`] and
+/// [`Parameters::set_grad_storage`] do to a model that keeps a buffer in a
+/// `Vec<f32>`: free it for `numel == 0`, else resize it to `numel`
+/// (zero-filled where it grows, kept where it has them already).
+pub fn resize_host_storage(v: &mut Vec<f32>, numel: usize) {
+    if numel == 0 {
+        *v = Vec::new();
+    } else {
+        v.resize(numel, 0.0);
+    }
+}
+
+/// A parameter's values or its gradient.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Values,
+    Grads,
+}
+
+/// Copy `unit`'s values or gradients (its parameters are those from index
+/// `first` in visiting order) into `dst`, resized to the unit's padded
+/// length with zero padding.
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] naming a parameter whose buffer is not
+/// `f32` host memory or not of the plan's length (a released unit).
+fn read_unit(
+    model: &dyn Parameters,
+    unit: &Unit,
+    first: usize,
+    part: Part,
+    dst: &mut Vec<f32>,
+) -> Result<()> {
+    dst.clear();
+    dst.resize(unit.padded, 0.0);
+    try_visit_params(model, |k, p| {
+        let Some(s) = k.checked_sub(first).and_then(|j| unit.slots.get(j)) else {
+            return Ok(());
+        };
+        let src = match part {
+            Part::Values => p.value_f32()?,
+            Part::Grads => p.grad_f32()?,
+        };
+        if src.len() != s.numel {
+            let (what, fix) = match part {
+                Part::Values => ("values", "gather the unit before reading its values"),
+                Part::Grads => ("gradients", "gather the unit before its backward"),
+            };
+            return Err(Error::invalid_argument(
+                "sharding",
+                format!(
+                    "parameter {:?} holds {} {what}; the plan has {}",
+                    s.name,
+                    src.len(),
+                    s.numel
+                ),
+            )
+            .with_fix(fix));
+        }
+        dst[s.offset..s.offset + s.numel].copy_from_slice(src);
+        Ok(())
+    })
+}
+
+/// Call `f` with each parameter of `unit` (from index `first`): its slot,
+/// values and gradient as `f32` host memory.
+fn visit_unit_mut(
+    model: &mut dyn Parameters,
+    unit: &Unit,
+    first: usize,
+    mut f: impl FnMut(&Slot, &mut [f32], &mut [f32]) -> Result<()>,
+) -> Result<()> {
+    try_visit_params_mut(model, |k, mut p| {
+        let Some(s) = k.checked_sub(first).and_then(|j| unit.slots.get(j)) else {
+            return Ok(());
+        };
+        let (v, g) = p.f32_mut()?;
+        f(s, v, g)
+    })
+}
+
+/// Write `src` (the unit's padded layout) into `unit`'s values; with
+/// `zero_grads` also set its gradients to 0.
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] naming a parameter without room for its
+/// values (or gradients), or not `f32` host memory.
+fn write_unit(
+    model: &mut dyn Parameters,
+    unit: &Unit,
+    first: usize,
+    src: &[f32],
+    zero_grads: bool,
+) -> Result<()> {
+    visit_unit_mut(model, unit, first, |s, v, g| {
+        if v.len() != s.numel || (zero_grads && g.len() != s.numel) {
+            return Err(Error::invalid_argument(
+                "sharding gather",
+                format!(
+                    "parameter {:?} has room for {} values and {} gradients; it needs {}",
+                    s.name,
+                    v.len(),
+                    g.len(),
+                    s.numel
+                ),
+            )
+            .with_fix("implement Parameters::set_param_storage to give it that room"));
+        }
+        v.copy_from_slice(&src[s.offset..s.offset + s.numel]);
+        if zero_grads {
+            g.fill(0.0);
+        }
+        Ok(())
+    })
+}
+
 /// Gradient synchronisation and the optimizer step of a sharded run, in
 /// one collective call; at stage 3 also the keeper of the parameter
 /// shards.
@@ -619,7 +730,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// chosen by `policy`. At [`Stage::Full`] it keeps this rank's slices
     /// of `model`'s current values (every rank must start from the same
     /// ones) and the model's own copy counts as out of date: the first
-    /// [`UnitGate::gather`] of each unit all-gathers it.
+    /// [`UnitGate::gather`] of each unit all-gathers it, and
+    /// `release(&mut model, "")` frees it at once
+    /// ([`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero)
+    /// does). Collective at stage 3 (the prefetch's communicator is split
+    /// off here).
     ///
     /// # Errors
     /// [`ErrorKind::Unsupported`] when the communicator does not declare a
@@ -679,6 +794,9 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             pos: 0,
             prefetched: 0,
         };
+        if stage == Stage::Gradients {
+            z.shard = vec![0.0; z.plan.shard_numel()];
+        }
         if stage == Stage::Full {
             z.check_model(model)?;
             z.params = z.slices_of(model)?;
@@ -876,7 +994,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
                 ));
             }
         }
-        if self.stage == Stage::Full {
+        // Stage 3 always, stage 2 when the model ran through the gate:
+        // the gradients were reduce-scattered during the backward.
+        let gated = self.stage == Stage::Full
+            || (self.stage == Stage::Gradients && self.reduced.iter().any(|r| *r));
+        if gated {
             if let Some(u) = self.reduced.iter().position(|r| !r) {
                 return Err(Error::invalid_argument(
                     "sharded optimizer step",
@@ -889,17 +1011,18 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             }
         } else {
             self.check_model(model)?;
-            self.flatten(model)?;
-            self.reduce_all()?;
+            self.reduce_all(model)?;
         }
         let report = self.finish(opts)?;
         if !report.skipped {
             self.update_params(model)?;
             self.opt.finish_step();
         }
-        if self.stage == Stage::Full {
+        if gated {
             self.shard.fill(0.0);
             self.reduced.fill(false);
+        }
+        if self.stage == Stage::Full {
             self.end_window()?;
         }
         Ok(report)
@@ -926,16 +1049,18 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         }
     }
 
-    /// Stages 0-2: this rank's averaged gradient slices into `shard`.
-    fn reduce_all(&mut self) -> Result<()> {
+    /// Stages 0-2: this rank's averaged gradient slices into `shard`, one
+    /// unit at a time (one unit's scratch, not a copy of the model).
+    fn reduce_all(&mut self, model: &dyn Parameters) -> Result<()> {
         let world = self.comm.world_size();
         let rank = self.share();
         let (op, scale) = self.avg_op();
         self.shard.clear();
         self.shard.resize(self.plan.shard_numel(), 0.0);
-        let (mut base, mut at) = (0, 0);
+        let (mut first, mut at) = (0, 0);
         for (u, unit) in self.plan.units.iter().enumerate() {
-            let full = &mut self.grads[base..base + unit.padded];
+            read_unit(model, unit, first, Part::Grads, &mut self.grads)?;
+            let full = &mut self.grads[..];
             let r = self.plan.shard_range(u, rank);
             let mine = &mut self.shard[at..at + r.len()];
             if world == 1 {
@@ -953,7 +1078,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             if scale != 1.0 {
                 mine.iter_mut().for_each(|g| *g *= scale);
             }
-            base += unit.padded;
+            first += unit.slots.len();
             at += r.len();
         }
         Ok(())
@@ -1002,10 +1127,10 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     }
 
     /// Step this rank's slices; stages 1-2 then all-gather them into the
-    /// model, stage 3 keeps them.
+    /// model unit by unit, stage 3 keeps them.
     fn update_params(&mut self, model: &mut dyn Parameters) -> Result<()> {
         let rank = self.share();
-        let (mut base, mut at) = (0, 0);
+        let (mut first, mut at) = (0, 0);
         for (u, unit) in self.plan.units.iter().enumerate() {
             let r = self.plan.shard_range(u, rank);
             let grads = &self.shard[at..at + r.len()];
@@ -1013,40 +1138,42 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
                 self.opt
                     .step_shard(u, &mut self.params[at..at + r.len()], grads)?;
             } else {
-                let full = &mut self.values[base..base + unit.padded];
-                let mut mine = full[r.clone()].to_vec();
+                read_unit(model, unit, first, Part::Values, &mut self.values)?;
+                let mut mine = self.values[r.clone()].to_vec();
                 self.opt.step_shard(u, &mut mine, grads)?;
                 if self.plan.world == 1 {
-                    full.copy_from_slice(&mine);
+                    self.values.copy_from_slice(&mine);
                 } else {
                     self.comm.all_gather(
                         Buf::Host(HostBuf::from(&mine[..])),
-                        HostBufMut::from(full).into(),
+                        HostBufMut::from(&mut self.values[..]).into(),
                     )?;
                 }
+                write_unit(model, unit, first, &self.values, false)?;
             }
-            base += unit.padded;
+            first += unit.slots.len();
             at += r.len();
         }
         if self.stage == Stage::Full {
             self.fresh.fill(false);
-            Ok(())
-        } else {
-            self.write_values(model)
         }
+        Ok(())
     }
 
     fn check_model(&self, model: &dyn Parameters) -> Result<()> {
         let mut got = Vec::new();
         model.visit_params(&mut |p| got.push((p.name.to_string(), p.value.len(), p.grad.len())));
         let want: Vec<_> = self.plan.params().collect();
-        // At stage 3 a unit the model released holds no elements.
-        let fits = |n: usize, want: usize| n == want || (self.stage == Stage::Full && n == 0);
+        // At stage 3 a released unit holds nothing; at stage 2 a unit whose
+        // gradients were reduced holds no gradients.
+        let full = self.stage == Stage::Full;
+        let sharded_grads = full || self.stage == Stage::Gradients;
         let same = got.len() == want.len()
-            && got
-                .iter()
-                .zip(&want)
-                .all(|((n, v, g), (wn, wl))| n == wn && fits(*v, *wl) && fits(*g, *wl));
+            && got.iter().zip(&want).all(|((n, v, g), (wn, wl))| {
+                n == wn
+                    && (*v == *wl || (full && *v == 0))
+                    && (*g == *wl || (sharded_grads && *g == 0))
+            });
         if same {
             Ok(())
         } else {
@@ -1058,76 +1185,17 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         }
     }
 
-    /// Where each parameter starts in the concatenated padded units.
-    fn places(&self) -> Vec<usize> {
-        let mut places = Vec::new();
-        let mut base = 0;
-        for u in &self.plan.units {
-            places.extend(u.slots.iter().map(|s| base + s.offset));
-            base += u.padded;
-        }
-        places
-    }
-
-    /// Copy values and gradients into the padded unit layout.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidArgument`] naming a parameter whose values or
-    /// gradient are not `f32` host memory.
-    fn flatten(&mut self, model: &dyn Parameters) -> Result<()> {
-        let n = self.plan.padded_numel();
-        self.grads.clear();
-        self.grads.resize(n, 0.0);
-        self.values.clear();
-        self.values.resize(n, 0.0);
-        let places = self.places();
-        let (grads, values) = (&mut self.grads, &mut self.values);
-        try_visit_params(model, |i, p| {
-            let (g, v, at) = (p.grad_f32()?, p.value_f32()?, places[i]);
-            grads[at..at + g.len()].copy_from_slice(g);
-            values[at..at + v.len()].copy_from_slice(v);
-            Ok(())
-        })
-    }
-
     /// This rank's slices of `model`'s values, unit after unit.
     fn slices_of(&self, model: &dyn Parameters) -> Result<Vec<f32>> {
-        let places = self.places();
-        let mut padded = vec![0.0; self.plan.padded_numel()];
-        try_visit_params(model, |i, p| {
-            let v = p.value_f32()?;
-            if v.len() != self.plan_numel(i) {
-                return Err(Error::invalid_argument(
-                    "sharding",
-                    format!("parameter {:?} holds no values to shard", p.name),
-                ));
-            }
-            padded[places[i]..places[i] + v.len()].copy_from_slice(v);
-            Ok(())
-        })?;
         let rank = self.share();
         let mut mine = Vec::with_capacity(self.plan.shard_numel());
-        let mut base = 0;
+        let (mut first, mut scratch) = (0, Vec::new());
         for (u, unit) in self.plan.units.iter().enumerate() {
-            let r = self.plan.shard_range(u, rank);
-            mine.extend_from_slice(&padded[base + r.start..base + r.end]);
-            base += unit.padded;
+            read_unit(model, unit, first, Part::Values, &mut scratch)?;
+            mine.extend_from_slice(&scratch[self.plan.shard_range(u, rank)]);
+            first += unit.slots.len();
         }
         Ok(mine)
-    }
-
-    /// The element count of the `i`-th parameter in visiting order.
-    fn plan_numel(&self, i: usize) -> usize {
-        self.plan.params().nth(i).map_or(0, |(_, n)| n)
-    }
-
-    fn write_values(&self, model: &mut dyn Parameters) -> Result<()> {
-        let places = self.places();
-        try_visit_params_mut(model, |i, mut p| {
-            let (v, _) = p.f32_mut()?;
-            v.copy_from_slice(&self.values[places[i]..places[i] + v.len()]);
-            Ok(())
-        })
     }
 
     /// Unit `unit`'s parameter indices (visiting order) and where its
@@ -1333,6 +1401,13 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
 
     fn gather_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
         let (span, at) = self.unit_span(unit)?;
+        if self.stage == Stage::Gradients {
+            // Gradient storage for the backward (kept where it exists).
+            for s in &self.plan.units[unit].slots {
+                model.set_grad_storage(&s.name, s.numel)?;
+            }
+            return Ok(());
+        }
         if self.stage != Stage::Full {
             return Ok(());
         }
@@ -1358,34 +1433,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             }
             None => self.gather_unit(unit, at)?,
         }
-        let slots = &self.plan.units[unit].slots;
-        for s in slots {
+        let unit_ref = &self.plan.units[unit];
+        for s in &unit_ref.slots {
             model.set_param_storage(&s.name, s.numel)?;
         }
-        let values = &self.values;
-        try_visit_params_mut(model, |k, mut p| {
-            let Some(s) = k.checked_sub(span.start).and_then(|j| slots.get(j)) else {
-                return Ok(());
-            };
-            let (v, g) = p.f32_mut()?;
-            if v.len() != s.numel || g.len() != s.numel {
-                return Err(Error::invalid_argument(
-                    "sharding gather",
-                    format!(
-                        "parameter {:?} has room for {} values and {} gradients after \
-                         set_param_storage({}); it needs {}",
-                        s.name,
-                        v.len(),
-                        g.len(),
-                        s.numel,
-                        s.numel
-                    ),
-                ));
-            }
-            v.copy_from_slice(&values[s.offset..s.offset + s.numel]);
-            g.fill(0.0);
-            Ok(())
-        })?;
+        write_unit(model, unit_ref, span.start, &self.values, true)?;
         self.fresh[unit] = true;
         self.advance(unit)
     }
@@ -1404,30 +1456,12 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
 
     fn reduce_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
         let (span, at) = self.unit_span(unit)?;
-        if self.stage != Stage::Full {
+        if !matches!(self.stage, Stage::Gradients | Stage::Full) {
             return Ok(());
         }
-        let padded = self.plan.units[unit].padded;
-        let len = padded / self.plan.world;
-        self.grads.clear();
-        self.grads.resize(padded, 0.0);
-        let slots = &self.plan.units[unit].slots;
-        let grads = &mut self.grads;
-        try_visit_params(model, |k, p| {
-            let Some(s) = k.checked_sub(span.start).and_then(|j| slots.get(j)) else {
-                return Ok(());
-            };
-            let g = p.grad_f32()?;
-            if g.len() != s.numel {
-                return Err(Error::invalid_argument(
-                    "sharding reduce_grads",
-                    format!("parameter {:?} holds no gradient", s.name),
-                )
-                .with_fix("gather the unit before its backward"));
-            }
-            grads[s.offset..s.offset + s.numel].copy_from_slice(g);
-            Ok(())
-        })?;
+        let len = self.plan.units[unit].padded / self.plan.world;
+        let unit_ref = &self.plan.units[unit];
+        read_unit(model, unit_ref, span.start, Part::Grads, &mut self.grads)?;
         let (op, scale) = self.avg_op();
         self.recv.clear();
         self.recv.resize(len, 0.0);
@@ -1444,7 +1478,19 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             *acc += scale * g;
         }
         self.reduced[unit] = true;
-        self.release_one(model, unit)
+        if self.stage == Stage::Full {
+            return self.release_one(model, unit);
+        }
+        // Stage 2: the next backward starts from zero, and the unit's
+        // gradients need no memory until then.
+        visit_unit_mut(model, &self.plan.units[unit], span.start, |_, _, g| {
+            g.fill(0.0);
+            Ok(())
+        })?;
+        for s in &self.plan.units[unit].slots {
+            model.set_grad_storage(&s.name, 0)?;
+        }
+        Ok(())
     }
 }
 
@@ -1523,13 +1569,15 @@ impl crate::Accelerator {
         policy: &WrapPolicy,
         opt: O,
     ) -> Result<ZeroOptimizer<O>> {
-        let zero = ZeroOptimizer::new(
+        let mut zero = ZeroOptimizer::new(
             self.comm().clone(),
             &model.model,
             self.sharding(),
             policy,
             opt,
         )?;
+        // Stage 3: the model's own copy is out of date already; free it now.
+        zero.release(&mut model.model, "")?;
         model.sharded = true;
         Ok(zero.with_checkpoint_key(format!("zero_{}", model.key)))
     }

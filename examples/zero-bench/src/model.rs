@@ -4,7 +4,7 @@
 //! reduces after its backward, through a [`UnitGate`].
 
 use accel::train::{ParamMut, ParamRef, Parameters};
-use accel::zero::UnitGate;
+use accel::zero::{resize_host_storage, UnitGate};
 use accel::{Error, Result};
 
 /// SplitMix64's finaliser: a fixed hash, so weights and data are the same
@@ -218,6 +218,12 @@ impl Deep {
     }
 
     /// Layer `l`'s weight and bias, checked present.
+    fn index_of(&self, name: &str) -> Result<usize> {
+        self.names.iter().position(|n| n == name).ok_or_else(|| {
+            Error::invalid_argument("set_param_storage", format!("no parameter {name:?}"))
+        })
+    }
+
     fn layer(&self, l: usize) -> Result<(&[f32], &[f32])> {
         let (din, dout) = (self.widths[l], self.widths[l + 1]);
         let (w, b) = (&self.values[2 * l], &self.values[2 * l + 1]);
@@ -277,16 +283,15 @@ impl Parameters for Deep {
     /// Frees (`numel == 0`) or gives back zero-filled storage to a
     /// parameter's values and gradient: stage 3 holds one unit at a time.
     fn set_param_storage(&mut self, name: &str, numel: usize) -> Result<()> {
-        let i = self.names.iter().position(|n| n == name).ok_or_else(|| {
-            Error::invalid_argument("set_param_storage", format!("no parameter {name:?}"))
-        })?;
-        for v in [&mut self.values[i], &mut self.grads[i]] {
-            if numel == 0 {
-                *v = Vec::new();
-            } else {
-                v.resize(numel, 0.0);
-            }
-        }
+        let i = self.index_of(name)?;
+        resize_host_storage(&mut self.values[i], numel);
+        resize_host_storage(&mut self.grads[i], numel);
+        Ok(())
+    }
+
+    fn set_grad_storage(&mut self, name: &str, numel: usize) -> Result<()> {
+        let i = self.index_of(name)?;
+        resize_host_storage(&mut self.grads[i], numel);
         Ok(())
     }
 }
