@@ -340,10 +340,6 @@ impl Engine for GlooEngine {
         &self.info
     }
 
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
-    }
-
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
         self.reduce_common(Op::AllReduce, buf, op, None)
     }

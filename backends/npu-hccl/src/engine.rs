@@ -238,6 +238,7 @@ impl NpuEngine {
                 world_size: p.world,
                 device: p.device,
                 timeout: p.timeout,
+                capabilities: capabilities(),
             },
             dev_id,
             store: p.store,
@@ -664,10 +665,6 @@ fn chunk(bytes: usize, n: usize) -> usize {
 impl Engine for NpuEngine {
     fn info(&self) -> &EngineInfo {
         &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {

@@ -84,6 +84,7 @@ impl XlaEngine {
             world_size: meet.size,
             device,
             timeout,
+            capabilities: capabilities(),
         };
         XlaEngine {
             runtime,
@@ -227,10 +228,6 @@ fn fill(op: &str, dst: BufMut<'_>, src: &[u8]) -> Result<()> {
 impl Engine for XlaEngine {
     fn info(&self) -> &EngineInfo {
         &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
