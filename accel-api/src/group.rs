@@ -335,9 +335,15 @@ pub struct Group<E: Engine> {
     seq: AtomicU64,
 }
 
+/// The group's identity, then the engine (whose own `Debug` shows only its
+/// state: the identity is stated here, once).
 impl<E: Engine + fmt::Debug> fmt::Debug for Group<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Group")
+            .field("backend", &self.info.backend)
+            .field("rank", &self.info.rank)
+            .field("world_size", &self.info.world_size)
+            .field("device", &self.info.device)
             .field("engine", &self.engine)
             .field("poisoned", &self.poison_text())
             .finish_non_exhaustive()

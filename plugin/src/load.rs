@@ -505,7 +505,6 @@ unsafe impl Sync for PluginEngine {}
 impl fmt::Debug for PluginEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PluginEngine")
-            .field("info", &self.info)
             .field("plugin", &self.lib.path)
             .finish_non_exhaustive()
     }

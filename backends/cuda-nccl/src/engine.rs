@@ -101,7 +101,6 @@ pub struct NcclEngine {
 impl std::fmt::Debug for NcclEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclEngine")
-            .field("info", &self.info)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }

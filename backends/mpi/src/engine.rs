@@ -76,7 +76,6 @@ pub type MpiCommunicator = Group<MpiEngine>;
 impl fmt::Debug for MpiEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MpiEngine")
-            .field("info", &self.info)
             .field("staging_bytes", &self.shared.staging)
             .field("blocking", &self.watch.is_some())
             .field("library", &self.shared.library)

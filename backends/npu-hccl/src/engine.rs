@@ -137,7 +137,6 @@ pub struct NpuEngine {
 impl fmt::Debug for NpuEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NpuEngine")
-            .field("info", &self.info)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }

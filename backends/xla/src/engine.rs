@@ -62,7 +62,6 @@ impl std::fmt::Debug for XlaEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XlaEngine")
             .field("group", &self.meet.name)
-            .field("info", &self.info)
             .finish_non_exhaustive()
     }
 }
