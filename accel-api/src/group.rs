@@ -49,8 +49,8 @@ use crate::{
 /// Every method is called by the group only after its checks passed, one at
 /// a time (the group serialises calls), so an engine may assume:
 ///
-/// * the operation, element type, reduction and device kind are in
-///   [`capabilities`](Engine::capabilities);
+/// * the operation, element type, reduction and device kind are in its
+///   [`capabilities`](EngineInfo::capabilities);
 /// * roots and peers are ranks of the group; buffer lengths and dtypes
 ///   satisfy the [`Communicator`] method's requirements; every buffer is on
 ///   the communicator's [`device`](EngineInfo::device);
@@ -64,7 +64,7 @@ use crate::{
 ///   capabilities take; without an all-gather, an `all_reduce` with `Max`
 ///   of 18 elements, and an all-gather after a disagreement);
 /// * reductions never get [`ReduceOp::Avg`] unless
-///   [`native_avg`](Engine::native_avg) says the engine computes it;
+///   [`NATIVE_AVG`](Engine::NATIVE_AVG) says the engine computes it;
 /// * `send`/`recv` never get `self.rank()` as the peer for host memory
 ///   (the group's mailbox handles it).
 ///
@@ -73,18 +73,14 @@ use crate::{
 /// knows better than the error's kind marks it with
 /// [`Error::with_fatal`].
 pub trait Engine: Send + Sync + Sized + 'static {
-    /// Who this engine's group is (backend, rank, size, device, timeout);
-    /// read once by [`Group::new`], constant for the engine's lifetime.
-    fn info(&self) -> &EngineInfo;
-
-    /// What the engine accepts; read once by [`Group::new`].
-    fn capabilities(&self) -> Capabilities;
-
     /// `true` when the engine computes [`ReduceOp::Avg`] itself; otherwise
     /// (the default) the group asks for a sum and divides.
-    fn native_avg(&self) -> bool {
-        false
-    }
+    const NATIVE_AVG: bool = false;
+
+    /// Who this engine's group is (backend, rank, size, device, timeout)
+    /// and what it accepts; read once by [`Group::new`], constant for the
+    /// engine's lifetime.
+    fn info(&self) -> &EngineInfo;
 
     /// [`Communicator::all_reduce`] on checked arguments.
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()>;
@@ -161,11 +157,11 @@ pub trait Engine: Send + Sync + Sized + 'static {
     }
 }
 
-/// The identity of one engine's group: what
+/// The identity of one engine's group and what it accepts: what
 /// [`Communicator::backend_name`], [`rank`](Communicator::rank),
 /// [`world_size`](Communicator::world_size),
-/// [`device`](Communicator::device) and [`timeout`](Communicator::timeout)
-/// return.
+/// [`device`](Communicator::device), [`timeout`](Communicator::timeout)
+/// and [`capabilities`](Communicator::capabilities) return.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineInfo {
     /// The backend's registered name.
@@ -178,22 +174,26 @@ pub struct EngineInfo {
     pub device: Device,
     /// The bound every blocking engine call honours (sub-groups inherit it).
     pub timeout: Duration,
+    /// What the engine accepts (sub-groups inherit it).
+    pub capabilities: Capabilities,
 }
 
 impl EngineInfo {
-    /// The identity of the world group `ctx` describes, for `backend`.
-    pub fn world(backend: &str, ctx: &ConnectContext) -> EngineInfo {
+    /// The identity of the world group `ctx` describes, for `backend`,
+    /// whose engine accepts `capabilities`.
+    pub fn world(backend: &str, ctx: &ConnectContext, capabilities: Capabilities) -> EngineInfo {
         EngineInfo {
             backend: backend.to_string(),
             rank: ctx.rank,
             world_size: ctx.world_size,
             device: ctx.device,
             timeout: ctx.timeout,
+            capabilities,
         }
     }
 
-    /// The identity of a sub-group made by `split`: same backend, device
-    /// and timeout, this rank's new rank and size.
+    /// The identity of a sub-group made by `split`: same backend, device,
+    /// timeout and capabilities, this rank's new rank and size.
     pub fn sub(&self, plan: &SplitPlan) -> EngineInfo {
         EngineInfo {
             rank: plan.new_rank,
@@ -321,7 +321,6 @@ type Mail = (DType, Vec<u8>);
 /// accessors are reached through [`Group::engine`].
 pub struct Group<E: Engine> {
     engine: E,
-    caps: Capabilities,
     info: EngineInfo,
     /// One engine call at a time, in program order.
     serial: Mutex<()>,
@@ -336,9 +335,15 @@ pub struct Group<E: Engine> {
     seq: AtomicU64,
 }
 
+/// The group's identity, then the engine (whose own `Debug` shows only its
+/// state: the identity is stated here, once).
 impl<E: Engine + fmt::Debug> fmt::Debug for Group<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Group")
+            .field("backend", &self.info.backend)
+            .field("rank", &self.info.rank)
+            .field("world_size", &self.info.world_size)
+            .field("device", &self.info.device)
             .field("engine", &self.engine)
             .field("poisoned", &self.poison_text())
             .finish_non_exhaustive()
@@ -355,11 +360,10 @@ impl<E: Engine> Group<E> {
     /// [`CallCheck::from_env`] (`ACCEL_CHECK_CALLS`; a malformed value
     /// keeps the check on: `accel::state()` reports it).
     pub fn new(engine: E) -> Group<E> {
-        let caps = engine.capabilities();
+        let info = engine.info().clone();
         Group {
-            plan: check::plan(&caps),
-            caps,
-            info: engine.info().clone(),
+            plan: check::plan(&info.capabilities),
+            info,
             engine,
             serial: Mutex::new(()),
             poisoned: Mutex::new(None),
@@ -560,7 +564,7 @@ impl<E: Engine> Group<E> {
 
     /// The reduction the engine is asked for, and whether the group divides.
     fn native(&self, op: ReduceOp) -> (ReduceOp, bool) {
-        if op == ReduceOp::Avg && !self.engine.native_avg() {
+        if op == ReduceOp::Avg && !E::NATIVE_AVG {
             (ReduceOp::Sum, true)
         } else {
             (op, false)
@@ -674,7 +678,7 @@ impl<E: Engine> Communicator for Group<E> {
     }
 
     fn capabilities(&self) -> &Capabilities {
-        &self.caps
+        &self.info.capabilities
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
@@ -867,6 +871,8 @@ mod tests {
                     world_size: 2,
                     device: Device::CPU,
                     timeout: Duration::from_millis(50),
+                    capabilities: Capabilities::all_host()
+                        .with_reduce_dtypes([DType::F32, DType::I32]),
                 },
                 calls: AtomicUsize::new(0),
                 fail_with: Mutex::new(None),
@@ -893,9 +899,6 @@ mod tests {
     impl Engine for Probe {
         fn info(&self) -> &EngineInfo {
             &self.info
-        }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities::all_host().with_reduce_dtypes([DType::F32, DType::I32])
         }
         fn all_reduce(&self, _: BufMut<'_>, op: ReduceOp) -> Result<()> {
             *lock(&self.seen_avg) |= op == ReduceOp::Avg;
@@ -1085,8 +1088,6 @@ mod tests {
         info: EngineInfo,
         hub: Arc<Hub>,
         user_calls: AtomicUsize,
-        /// Declares an all-gather (otherwise the check all-reduces).
-        gathers: bool,
     }
 
     struct Hub {
@@ -1096,12 +1097,18 @@ mod tests {
     }
 
     impl Pair {
+        /// Two ranks; `gathers`: they declare an all-gather (otherwise the
+        /// check all-reduces).
         fn two(gathers: bool) -> (Pair, Pair) {
             let hub = Arc::new(Hub {
                 slots: Mutex::new(vec![Vec::new(); 2]),
                 enter: Barrier::new(2),
                 leave: Barrier::new(2),
             });
+            let mut capabilities = Capabilities::all_host();
+            if !gathers {
+                capabilities.ops.remove(&Op::AllGather);
+            }
             let one = |rank| Pair {
                 info: EngineInfo {
                     backend: "pair".into(),
@@ -1109,10 +1116,10 @@ mod tests {
                     world_size: 2,
                     device: Device::CPU,
                     timeout: Duration::from_secs(5),
+                    capabilities: capabilities.clone(),
                 },
                 hub: hub.clone(),
                 user_calls: AtomicUsize::new(0),
-                gathers,
             };
             (one(0), one(1))
         }
@@ -1139,13 +1146,6 @@ mod tests {
     impl Engine for Pair {
         fn info(&self) -> &EngineInfo {
             &self.info
-        }
-        fn capabilities(&self) -> Capabilities {
-            let mut c = Capabilities::all_host();
-            if !self.gathers {
-                c.ops.remove(&Op::AllGather);
-            }
-            c
         }
         fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
             let mut h = host_mut(Op::AllReduce, buf)?;

@@ -318,9 +318,6 @@ mod tests {
         fn info(&self) -> &EngineInfo {
             &self.info
         }
-        fn capabilities(&self) -> Capabilities {
-            Capabilities::all_host()
-        }
         fn all_reduce(&self, _: BufMut<'_>, _: ReduceOp) -> Result<()> {
             if self.late.load(Ordering::SeqCst) {
                 return Err(Error::timeout("all_reduce", self.info.timeout, "gave up"));
@@ -371,6 +368,7 @@ mod tests {
                 world_size: 3,
                 device: Device::CPU,
                 timeout: Duration::from_millis(40),
+                capabilities: Capabilities::all_host(),
             },
             late: late.clone(),
         });

@@ -493,7 +493,6 @@ struct PluginEngine {
     lib: Arc<Lib>,
     handle: *mut AccelComm,
     info: EngineInfo,
-    caps: Capabilities,
 }
 
 // SAFETY: the ABI requires communicator handles to be thread-safe (they are
@@ -506,7 +505,6 @@ unsafe impl Sync for PluginEngine {}
 impl fmt::Debug for PluginEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PluginEngine")
-            .field("info", &self.info)
             .field("plugin", &self.lib.path)
             .finish_non_exhaustive()
     }
@@ -539,8 +537,8 @@ impl PluginEngine {
                 world_size: 0,
                 device: Device::CPU,
                 timeout: Duration::ZERO,
+                capabilities: Capabilities::none(),
             },
-            caps: Capabilities::none(),
         };
         let t = c.lib.comm;
         let f = c.lib.func(t.backend_name, "backend_name")?;
@@ -580,7 +578,7 @@ impl PluginEngine {
         c.info.world_size = world;
         c.info.device = convert::device("device", kind, index).map_err(|e| c.context(e))?;
         c.info.timeout = convert::ns_to_duration(ns);
-        c.caps = convert::caps_from_abi(&caps);
+        c.info.capabilities = convert::caps_from_abi(&caps);
         Ok(c)
     }
 
@@ -609,17 +607,11 @@ impl PluginEngine {
 }
 
 impl Engine for PluginEngine {
+    /// The plugin's own runtime computes averages (on device memory too).
+    const NATIVE_AVG: bool = true;
+
     fn info(&self) -> &EngineInfo {
         &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.caps.clone()
-    }
-
-    /// The plugin's own runtime computes averages (on device memory too).
-    fn native_avg(&self) -> bool {
-        true
     }
 
     fn all_reduce(&self, mut buf: BufMut<'_>, op: ReduceOp) -> Result<()> {

@@ -61,7 +61,6 @@ pub type GlooCommunicator = Group<GlooEngine>;
 impl fmt::Debug for GlooEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GlooEngine")
-            .field("info", &self.info)
             .field("prefix", &self.prefix)
             .field("store", &self.store.describe())
             .field("device", &self.gloo_device.describe())
@@ -338,10 +337,6 @@ fn remaining(start: Instant, timeout: Duration) -> Duration {
 impl Engine for GlooEngine {
     fn info(&self) -> &EngineInfo {
         &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {

@@ -172,7 +172,7 @@ pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
         gloo_device: Arc::new(gloo_device),
         store: ctx.store.clone(),
         prefix: format!("cpu-gloo/{generation}"),
-        info: accel_api::EngineInfo::world(NAME, &ctx),
+        info: accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities()),
     })
     .map(accel_api::Group::new)
 }

@@ -23,6 +23,24 @@ fn is_poisoned_by(e: &accel_api::Error, first: &str) {
     assert!(e.to_string().contains(first), "`{e}` should name `{first}`");
 }
 
+/// Run `f` on `world` ranks once every rank connected (a barrier).
+fn connected<F>(world: usize, f: F)
+where
+    F: Fn(usize, Box<dyn Communicator>) + Send + Sync + 'static,
+{
+    common::run_ranks(world, SHORT, DEADLINE, move |rank, c| {
+        c.barrier().unwrap();
+        f(rank, c)
+    });
+}
+
+/// This rank leaves: its communicator is dropped, then the others, waiting
+/// on `left`, go on.
+fn leave(c: Box<dyn Communicator>, left: &Barrier) {
+    drop(c);
+    left.wait();
+}
+
 #[test]
 fn probe_and_registration() {
     let b = BACKEND;
@@ -110,9 +128,7 @@ fn a_rank_that_leaves_is_lost_and_the_survivors_are_poisoned() {
                 vec![world as i32]
             );
             if rank == gone {
-                drop(c);
-                dropped.wait();
-                return;
+                return leave(c, &dropped);
             }
             dropped.wait();
             let start = Instant::now();
@@ -132,12 +148,9 @@ fn a_rank_that_leaves_is_lost_and_the_survivors_are_poisoned() {
 #[test]
 fn receive_from_a_dead_peer_names_it() {
     let dropped = Arc::new(Barrier::new(3));
-    common::run_ranks(3, SHORT, DEADLINE, move |rank, c| {
-        c.barrier().unwrap();
+    connected(3, move |rank, c| {
         if rank == 1 {
-            drop(c);
-            dropped.wait();
-            return;
+            return leave(c, &dropped);
         }
         dropped.wait();
         let mut buf = [0u8; 4];
@@ -149,8 +162,7 @@ fn receive_from_a_dead_peer_names_it() {
 #[test]
 fn abort_poisons_and_peers_notice() {
     let aborted = Arc::new(Barrier::new(2));
-    common::run_ranks(2, SHORT, DEADLINE, move |rank, c| {
-        c.barrier().unwrap();
+    connected(2, move |rank, c| {
         if rank == 0 {
             c.abort("the test said so");
             aborted.wait();

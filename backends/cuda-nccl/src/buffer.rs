@@ -109,19 +109,22 @@ impl DeviceBuffer {
 
     /// A read-only view for a collective.
     pub fn view(&self) -> DeviceBuf<'_> {
-        ffi::view(
-            &self.mem,
-            self.dtype,
-            self.len,
-            self.device,
-            self.stream.raw().as_view(),
-        )
+        ffi::view(&self.mem, self.shape())
     }
 
     /// A writable view for a collective.
     pub fn view_mut(&mut self) -> DeviceBufMut<'_> {
-        let s = self.stream.raw().as_view();
-        ffi::view_mut(&mut self.mem, self.dtype, self.len, self.device, s)
+        let s = self.shape();
+        ffi::view_mut(&mut self.mem, s)
+    }
+
+    fn shape(&self) -> ffi::Shape {
+        ffi::Shape {
+            dtype: self.dtype,
+            len: self.len,
+            device: self.device,
+            stream: self.stream.raw().as_view(),
+        }
     }
 
     fn wait(&self, what: &str) -> Result<()> {

@@ -101,7 +101,6 @@ pub struct NcclEngine {
 impl std::fmt::Debug for NcclEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclEngine")
-            .field("info", &self.info)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
@@ -203,6 +202,7 @@ impl NcclEngine {
                 world_size,
                 device,
                 timeout,
+                capabilities: capabilities(),
             },
             shared,
             prefix,
@@ -427,18 +427,12 @@ impl NcclEngine {
 }
 
 impl Engine for NcclEngine {
-    fn info(&self) -> &EngineInfo {
-        &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
-    }
-
     /// NCCL's `ncclAvg` (floating point: each contribution is multiplied
     /// by `1/n` before the sum; integers: sum, then divide, truncating).
-    fn native_avg(&self) -> bool {
-        true
+    const NATIVE_AVG: bool = true;
+
+    fn info(&self) -> &EngineInfo {
+        &self.info
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {

@@ -637,33 +637,30 @@ impl Drop for DeviceMem {
     }
 }
 
-/// A read-only device view of `len` elements of `dtype` in `mem`, on
-/// `stream` (0: the legacy default stream).
-pub(crate) fn view(
-    mem: &DeviceMem,
-    dtype: accel_api::DType,
-    len: usize,
-    device: accel_api::Device,
-    stream: u64,
-) -> accel_api::DeviceBuf<'_> {
-    debug_assert!(len * dtype.size() <= mem.bytes);
+/// What a view of device memory shows: `len` elements of `dtype` on
+/// `device`, ordered on `stream` (0: the legacy default stream).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shape {
+    pub(crate) dtype: accel_api::DType,
+    pub(crate) len: usize,
+    pub(crate) device: accel_api::Device,
+    pub(crate) stream: u64,
+}
+
+/// A read-only device view of `mem` as `s` says.
+pub(crate) fn view(mem: &DeviceMem, s: Shape) -> accel_api::DeviceBuf<'_> {
+    debug_assert!(s.len * s.dtype.size() <= mem.bytes);
     // SAFETY: `mem` owns at least `len * dtype.size()` bytes on `device`
     // and is borrowed for the view's lifetime.
-    unsafe { accel_api::DeviceBuf::from_raw(mem, mem.ptr, len, dtype, device, stream) }
+    unsafe { accel_api::DeviceBuf::from_raw(mem, mem.ptr, s.len, s.dtype, s.device, s.stream) }
 }
 
 /// A writable device view, borrowing `mem` mutably.
-pub(crate) fn view_mut(
-    mem: &mut DeviceMem,
-    dtype: accel_api::DType,
-    len: usize,
-    device: accel_api::Device,
-    stream: u64,
-) -> accel_api::DeviceBufMut<'_> {
-    debug_assert!(len * dtype.size() <= mem.bytes);
+pub(crate) fn view_mut(mem: &mut DeviceMem, s: Shape) -> accel_api::DeviceBufMut<'_> {
+    debug_assert!(s.len * s.dtype.size() <= mem.bytes);
     let ptr = mem.ptr;
     // SAFETY: as for `view`; the mutable borrow excludes other views.
-    unsafe { accel_api::DeviceBufMut::from_raw(mem, ptr, len, dtype, device, stream) }
+    unsafe { accel_api::DeviceBufMut::from_raw(mem, ptr, s.len, s.dtype, s.device, s.stream) }
 }
 
 /// A read-only view of a cudarc slice, on the slice's stream.

@@ -76,7 +76,6 @@ pub type MpiCommunicator = Group<MpiEngine>;
 impl fmt::Debug for MpiEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MpiEngine")
-            .field("info", &self.info)
             .field("staging_bytes", &self.shared.staging)
             .field("blocking", &self.watch.is_some())
             .field("library", &self.shared.library)
@@ -524,20 +523,14 @@ impl MpiEngine {
 }
 
 impl Engine for MpiEngine {
-    fn info(&self) -> &EngineInfo {
-        &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
-    }
-
     /// MPI has no average, but the f16/bf16 path reduces in f32 and must
     /// divide before rounding back once; the other types divide on the host
     /// with [`HostBufMut::divide_by`](accel_api::HostBufMut::divide_by),
     /// like every engine.
-    fn native_avg(&self) -> bool {
-        true
+    const NATIVE_AVG: bool = true;
+
+    fn info(&self) -> &EngineInfo {
+        &self.info
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {

@@ -249,7 +249,7 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
             ))
         }
     };
-    let info = accel_api::EngineInfo::world(NAME, &ctx);
+    let info = accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities());
     Ok(accel_api::Group::new(MpiEngine::new(comm, info, shared)))
 }
 

@@ -97,6 +97,16 @@ fn job_fails_within(mode: &str, n: usize, extra_env: &[(&str, &str)], bound: Dur
     out
 }
 
+/// `mode` on two ranks fails within `bound`, its output naming `text`
+/// (nothing to run without mpirun).
+fn job_ends_naming(mode: &str, bound: Duration, text: &str) {
+    if !have_mpirun() {
+        return;
+    }
+    let out = job_fails_within(mode, 2, &[], bound);
+    assert!(out.contains(text), "{out}");
+}
+
 fn context(timeout: Duration) -> ConnectContext {
     let var = |k: &str| -> usize { std::env::var(k).unwrap().parse().unwrap() };
     ConnectContext::local(
@@ -504,12 +514,8 @@ fn small_timeout_returns_and_the_job_goes_on() {
 /// waiting in MPI_Finalize for the hung rank, and the job ends.
 #[test]
 fn a_timed_out_rank_exits_and_the_job_ends() {
-    if !have_mpirun() {
-        return;
-    }
     // Rank 1 sleeps 60 s.
-    let out = job_fails_within("hung_peer", 2, &[], Duration::from_secs(40));
-    assert!(out.contains("timed out after"), "{out}");
+    job_ends_naming("hung_peer", Duration::from_secs(40), "timed out after");
 }
 
 /// On the blocking path (the default) and on the all-non-blocking one.
@@ -529,11 +535,7 @@ fn large_timeout_aborts_the_job_with_the_error() {
 
 #[test]
 fn a_dead_rank_ends_the_job_naming_it() {
-    if !have_mpirun() {
-        return;
-    }
-    let out = job_fails_within("kill", 2, &[], Duration::from_secs(30));
-    assert!(out.contains("rank 1"), "{out}");
+    job_ends_naming("kill", Duration::from_secs(30), "rank 1");
 }
 
 /// Not started by mpirun: MPI initializes as a one-rank singleton, which

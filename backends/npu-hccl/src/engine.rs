@@ -137,7 +137,6 @@ pub struct NpuEngine {
 impl fmt::Debug for NpuEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("NpuEngine")
-            .field("info", &self.info)
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
@@ -238,6 +237,7 @@ impl NpuEngine {
                 world_size: p.world,
                 device: p.device,
                 timeout: p.timeout,
+                capabilities: capabilities(),
             },
             dev_id,
             store: p.store,
@@ -664,10 +664,6 @@ fn chunk(bytes: usize, n: usize) -> usize {
 impl Engine for NpuEngine {
     fn info(&self) -> &EngineInfo {
         &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {

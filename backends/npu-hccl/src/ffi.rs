@@ -46,6 +46,33 @@ const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 
 type Handle = *mut c_void;
 
+/// A handle the libraries made (device memory, a stream, a communicator),
+/// owned by the type that holds it, which frees it once, in `Drop`. It
+/// prints as `Raw`, never its address.
+struct Raw(Handle);
+
+// SAFETY: AscendCL and HCCL handles are not tied to the thread that made
+// them: memory, streams and communicators may be used and freed from any
+// thread bound to their device, and the group serialises every call on
+// them. The holders' `&self` methods only pass the handle to the libraries
+// (writes to device memory go through the runtime's copy functions).
+unsafe impl Send for Raw {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Raw {}
+
+/// What a drop can do about a failed free or destroy: say so.
+fn warn_on_failure(rc: c_int, what: &str) {
+    if rc != 0 {
+        tracing::warn!(rc, "{what}");
+    }
+}
+
+impl std::fmt::Debug for Raw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Raw")
+    }
+}
+
 /// A table of C functions resolved from one library by name.
 macro_rules! table {
     ($name:ident { $($field:ident = $sym:literal : fn($($arg:ty),*) -> $ret:ty;)* }) => {
@@ -405,26 +432,12 @@ impl DevPtr {
 
 /// Device memory allocated by the backend (staging copies of host buffers,
 /// scratch space); freed on drop unless `leak` was raised.
+#[derive(Debug)]
 pub(crate) struct DevMem {
     rt: Arc<Runtime>,
-    ptr: Handle,
+    ptr: Raw,
     bytes: usize,
     leak: Arc<AtomicBool>,
-}
-
-// SAFETY: device memory is not tied to the allocating thread; AscendCL
-// frees it from any thread bound to the same device.
-unsafe impl Send for DevMem {}
-// SAFETY: `&DevMem` only exposes the address; writes go through the
-// runtime's copy functions.
-unsafe impl Sync for DevMem {}
-
-impl std::fmt::Debug for DevMem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DevMem")
-            .field("bytes", &self.bytes)
-            .finish_non_exhaustive()
-    }
 }
 
 impl DevMem {
@@ -444,7 +457,7 @@ impl DevMem {
         }
         Ok(DevMem {
             rt: rt.clone(),
-            ptr,
+            ptr: Raw(ptr),
             bytes,
             leak: leak.clone(),
         })
@@ -453,7 +466,7 @@ impl DevMem {
     /// The whole region.
     pub(crate) fn ptr(&self) -> DevPtr {
         DevPtr {
-            addr: self.ptr as usize as u64,
+            addr: self.ptr.0 as usize as u64,
             bytes: self.bytes,
         }
     }
@@ -461,14 +474,12 @@ impl DevMem {
 
 impl Drop for DevMem {
     fn drop(&mut self) {
-        if self.ptr.is_null() || self.leak.load(Ordering::SeqCst) {
-            return;
-        }
-        // SAFETY: `ptr` came from `aclrtMalloc` and is freed once; no task
-        // uses it any more (the stream finished, or `leak` would be set).
-        let rc = unsafe { (self.rt.acl.free)(self.ptr) };
-        if rc != 0 {
-            tracing::warn!(rc, "aclrtFree failed; the memory is lost");
+        if !self.ptr.0.is_null() && !self.leak.load(Ordering::SeqCst) {
+            // SAFETY: `ptr` came from `aclrtMalloc` and is freed once; no
+            // task uses it any more (the stream finished, or `leak` would be
+            // set).
+            let rc = unsafe { (self.rt.acl.free)(self.ptr.0) };
+            warn_on_failure(rc, "aclrtFree failed; the memory is lost");
         }
     }
 }
@@ -476,21 +487,12 @@ impl Drop for DevMem {
 /// Device memory owned by the caller: `len` elements of `dtype` on one NPU,
 /// freed on drop. Made by [`NpuEngine::alloc`](crate::NpuEngine::alloc);
 /// its views borrow it, so they cannot outlive it.
+#[derive(Debug)]
 pub struct NpuBuffer {
     mem: DevMem,
     len: usize,
     dtype: DType,
     device: Device,
-}
-
-impl std::fmt::Debug for NpuBuffer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NpuBuffer")
-            .field("len", &self.len)
-            .field("dtype", &self.dtype)
-            .field("device", &self.device)
-            .finish_non_exhaustive()
-    }
 }
 
 impl NpuBuffer {
@@ -564,15 +566,9 @@ impl NpuBuffer {
 /// An AscendCL stream, destroyed on drop unless leaked.
 pub(crate) struct Stream {
     rt: Arc<Runtime>,
-    raw: Handle,
+    raw: Raw,
     leak: AtomicBool,
 }
-
-// SAFETY: AscendCL streams may be used from any thread bound to their
-// device; the group serialises every use.
-unsafe impl Send for Stream {}
-// SAFETY: as above: calls on the stream are serialised by the group.
-unsafe impl Sync for Stream {}
 
 impl Stream {
     /// A new stream on the calling thread's device.
@@ -583,14 +579,14 @@ impl Stream {
         rt.acl_check("aclrtCreateStream", rc)?;
         Ok(Stream {
             rt: rt.clone(),
-            raw,
+            raw: Raw(raw),
             leak: AtomicBool::new(false),
         })
     }
 
     /// `true` when every task enqueued on the stream finished.
     pub(crate) fn is_done(&self) -> Result<bool, HcclError> {
-        self.rt.stream_done(self.raw as usize as u64)
+        self.rt.stream_done(self.raw.0 as usize as u64)
     }
 
     /// Do not destroy the stream on drop (tasks may still be pending).
@@ -601,14 +597,11 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.leak.load(Ordering::SeqCst) {
-            return;
-        }
-        // SAFETY: the stream came from `aclrtCreateStream`, is idle (every
-        // call waited for it) and is destroyed once.
-        let rc = unsafe { (self.rt.acl.destroy_stream)(self.raw) };
-        if rc != 0 {
-            tracing::warn!(rc, "aclrtDestroyStream failed");
+        if !self.leak.load(Ordering::SeqCst) {
+            // SAFETY: the stream came from `aclrtCreateStream`, is idle
+            // (every call waited for it) and is destroyed once.
+            let rc = unsafe { (self.rt.acl.destroy_stream)(self.raw.0) };
+            warn_on_failure(rc, "aclrtDestroyStream failed");
         }
     }
 }
@@ -626,24 +619,15 @@ pub(crate) fn root_info(rt: &Runtime) -> Result<Vec<u8>, HcclError> {
 /// An HCCL communicator, destroyed on drop unless leaked.
 pub(crate) struct Comm {
     rt: Arc<Runtime>,
-    raw: Handle,
+    raw: Raw,
     rank: u32,
     ranks: u32,
     leak: AtomicBool,
 }
 
-// SAFETY: HCCL communicators are plain handles usable from any thread bound
-// to their device; the group serialises every call.
-unsafe impl Send for Comm {}
-// SAFETY: as above.
-unsafe impl Sync for Comm {}
-
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Comm")
-            .field("rank", &self.rank)
-            .field("ranks", &self.ranks)
-            .finish_non_exhaustive()
+        write!(f, "Comm(rank {} of {})", self.rank, self.ranks)
     }
 }
 
@@ -671,7 +655,7 @@ impl Comm {
         rt.hccl_check("HcclCommInitRootInfo", rc)?;
         Ok(Comm {
             rt: rt.clone(),
-            raw,
+            raw: Raw(raw),
             rank,
             ranks,
             leak: AtomicBool::new(false),
@@ -687,7 +671,7 @@ impl Comm {
     pub(crate) fn async_error(&self) -> Result<i32, HcclError> {
         let mut code: c_int = 0;
         // SAFETY: live communicator handle, valid out-pointer.
-        let rc = unsafe { (self.rt.hccl.async_error)(self.raw, &mut code) };
+        let rc = unsafe { (self.rt.hccl.async_error)(self.raw.0, &mut code) };
         self.rt.hccl_check("HcclGetCommAsyncError", rc)?;
         Ok(code)
     }
@@ -746,7 +730,7 @@ impl Comm {
         for (part, region) in [first, second].into_iter().flatten() {
             self.need(region, call.dtype(), name, part)?;
         }
-        let (h, c, x) = (&self.rt.hccl, self.raw, s.raw);
+        let (h, c, x) = (&self.rt.hccl, self.raw.0, s.raw.0);
         // SAFETY: for every arm: the communicator and the stream are live;
         // each region holds the elements the call reads or writes (checked
         // above: `count` per rank, `ranks * count` for the gathered or
@@ -840,14 +824,11 @@ impl Call {
 
 impl Drop for Comm {
     fn drop(&mut self) {
-        if self.leak.load(Ordering::SeqCst) {
-            return;
-        }
-        // SAFETY: the handle came from `HcclCommInitRootInfo`, no task is
-        // pending on it (every call waited), and it is destroyed once.
-        let rc = unsafe { (self.rt.hccl.comm_destroy)(self.raw) };
-        if rc != 0 {
-            tracing::warn!(rc, "HcclCommDestroy failed");
+        if !self.leak.load(Ordering::SeqCst) {
+            // SAFETY: the handle came from `HcclCommInitRootInfo`, no task
+            // is pending on it (every call waited), and it is destroyed once.
+            let rc = unsafe { (self.rt.hccl.comm_destroy)(self.raw.0) };
+            warn_on_failure(rc, "HcclCommDestroy failed");
         }
     }
 }

@@ -42,6 +42,7 @@ pub fn communicator_named(
             world_size: 1,
             device,
             timeout,
+            capabilities: Capabilities::all_host().with_device_kinds([DeviceKind::Cpu]),
         },
     })
 }
@@ -57,10 +58,6 @@ fn copy(op: Op, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
 impl Engine for SingleEngine {
     fn info(&self) -> &EngineInfo {
         &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::all_host().with_device_kinds([DeviceKind::Cpu])
     }
 
     /// The reduction of one contribution is that contribution, for every op.

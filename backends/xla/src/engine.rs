@@ -62,7 +62,6 @@ impl std::fmt::Debug for XlaEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("XlaEngine")
             .field("group", &self.meet.name)
-            .field("info", &self.info)
             .finish_non_exhaustive()
     }
 }
@@ -84,6 +83,7 @@ impl XlaEngine {
             world_size: meet.size,
             device,
             timeout,
+            capabilities: capabilities(),
         };
         XlaEngine {
             runtime,
@@ -227,10 +227,6 @@ fn fill(op: &str, dst: BufMut<'_>, src: &[u8]) -> Result<()> {
 impl Engine for XlaEngine {
     fn info(&self) -> &EngineInfo {
         &self.info
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities()
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {

@@ -62,6 +62,45 @@ opaque!(
     RawEvent
 );
 
+/// A pointer to a PJRT object (a client, device, executable or buffer),
+/// never null. It prints as its type, never its address.
+struct Handle<T>(NonNull<T>);
+
+// SAFETY: `T` is one of this module's opaque PJRT types (the handle is
+// private here), and PJRT's objects are thread-safe: the C API allows
+// concurrent calls on one client, its devices, executables and buffers from
+// several threads. The types holding a handle own it (or borrow it from an
+// owner that outlives them) and destroy it once, in `Drop`.
+unsafe impl<T> Send for Handle<T> {}
+// SAFETY: as for `Send`: shared use only passes the pointer to PJRT.
+unsafe impl<T> Sync for Handle<T> {}
+
+impl<T> Handle<T> {
+    /// `None` for a null pointer.
+    fn new(p: *mut T) -> Option<Handle<T>> {
+        NonNull::new(p).map(Handle)
+    }
+
+    fn as_ptr(&self) -> *mut T {
+        self.0.as_ptr()
+    }
+}
+
+impl<T> Clone for Handle<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Handle<T> {}
+
+impl<T> std::fmt::Debug for Handle<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = std::any::type_name::<T>();
+        write!(f, "{}", name.rsplit("::").next().unwrap_or(name))
+    }
+}
+
 type Call<A> = Option<unsafe extern "C" fn(*mut A) -> *mut RawError>;
 type VoidCall<A> = Option<unsafe extern "C" fn(*mut A)>;
 /// A table entry the backend never calls (only its size matters).
@@ -534,19 +573,12 @@ impl Plugin {
 /// A PJRT client: the plugin's view of its devices.
 pub(crate) struct Client {
     plugin: Plugin,
-    raw: NonNull<RawClient>,
+    raw: Handle<RawClient>,
     devices: Vec<DevicePtr>,
 }
 
 /// A device of a client (owned by the client).
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct DevicePtr(NonNull<RawDevice>);
-
-// SAFETY: a PJRT client is thread-safe (the C API allows concurrent calls
-// on one client from several threads); the device list is immutable.
-unsafe impl Send for Client {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for Client {}
+type DevicePtr = Handle<RawDevice>;
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -577,7 +609,7 @@ impl Client {
         a.create_options = &opt;
         a.num_options = 1;
         plugin.call(plugin.api.client_create, "PJRT_Client_Create", &mut a)?;
-        let raw = NonNull::new(a.client)
+        let raw = Handle::new(a.client)
             .ok_or_else(|| XlaError::Broken("PJRT_Client_Create returned no client".into()))?;
         let mut client = Client {
             plugin,
@@ -607,10 +639,7 @@ impl Client {
         // SAFETY: the plugin returned `num_devices` device pointers at
         // `devices`, owned by the client or executable `owner`.
         let list = unsafe { std::slice::from_raw_parts(a.devices, a.num_devices) };
-        Ok(list
-            .iter()
-            .filter_map(|&d| NonNull::new(d).map(DevicePtr))
-            .collect())
+        Ok(list.iter().filter_map(|&d| Handle::new(d)).collect())
     }
 
     /// Number of devices this process can address.
@@ -677,7 +706,7 @@ impl Client {
             "PJRT_Client_Compile",
             &mut a,
         )?;
-        let raw = NonNull::new(a.executable)
+        let raw = Handle::new(a.executable)
             .ok_or_else(|| XlaError::Broken("PJRT_Client_Compile returned nothing".into()))?;
         let mut exe = Executable {
             plugin: self.plugin,
@@ -715,13 +744,13 @@ impl Client {
         a.dims = dims.as_ptr();
         a.num_dims = 1;
         a.host_buffer_semantics = IMMUTABLE_ONLY_DURING_CALL;
-        a.device = device.0.as_ptr();
+        a.device = device.as_ptr();
         self.plugin.call(
             self.plugin.api.client_buffer_from_host_buffer,
             "PJRT_Client_BufferFromHostBuffer",
             &mut a,
         )?;
-        let buffer = NonNull::new(a.buffer).map(|raw| Buffer {
+        let buffer = Handle::new(a.buffer).map(|raw| Buffer {
             plugin: self.plugin,
             raw,
         });
@@ -762,7 +791,7 @@ impl Plugin {
 /// A device buffer (destroyed on drop).
 struct Buffer {
     plugin: Plugin,
-    raw: NonNull<RawBuffer>,
+    raw: Handle<RawBuffer>,
 }
 
 impl Buffer {
@@ -797,15 +826,9 @@ impl Drop for Buffer {
 /// A compiled program loaded on its devices (destroyed on drop).
 pub(crate) struct Executable {
     plugin: Plugin,
-    raw: NonNull<RawExecutable>,
+    raw: Handle<RawExecutable>,
     devices: Vec<DevicePtr>,
 }
-
-// SAFETY: a loaded executable may be executed from any thread (PJRT's
-// executables are thread-safe); the device list is immutable.
-unsafe impl Send for Executable {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for Executable {}
 
 impl std::fmt::Debug for Executable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -873,7 +896,7 @@ impl Executable {
         let outs: Vec<Option<Buffer>> = out_ptrs
             .iter()
             .map(|&p| {
-                NonNull::new(p).map(|raw| Buffer {
+                Handle::new(p).map(|raw| Buffer {
                     plugin: self.plugin,
                     raw,
                 })

@@ -12,16 +12,36 @@ use accel_rendezvous::MemoryStore;
 
 const SHORT: Duration = Duration::from_millis(1500);
 
+/// Return from the test, saying so, when no PJRT plugin is installed.
+macro_rules! need_plugin {
+    ($test:literal) => {
+        if !common::plugin_or_skip($test) {
+            return;
+        }
+    };
+}
+
 /// The error of rank `rank`'s connect to a group of `world` over `store`.
 fn connect_err(store: &Arc<MemoryStore>, rank: usize, world: usize) -> accel_api::Error {
     accel_backend_xla::connect(common::ctx(store, rank, world, SHORT)).unwrap_err()
 }
 
+/// The error of rank `rank`'s connect to `world` ranks over a store holding
+/// `keys`, which must be a configuration error, and its fix (empty if none).
+fn config_fix(keys: &[(&str, &[u8])], rank: usize, world: usize) -> (accel_api::Error, String) {
+    let store = Arc::new(MemoryStore::new());
+    for (k, v) in keys {
+        store.set(k, v).unwrap();
+    }
+    let e = connect_err(&store, rank, world);
+    assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
+    let fix = e.fix().unwrap_or_default().to_string();
+    (e, fix)
+}
+
 #[test]
 fn a_rank_thread_that_never_arrives_times_out_the_others() {
-    if !common::plugin_or_skip("a_rank_thread_that_never_arrives_times_out_the_others") {
-        return;
-    }
+    need_plugin!("a_rank_thread_that_never_arrives_times_out_the_others");
     let out = common::on_ranks(3, SHORT, |r, c| {
         if r == 2 {
             // Arrive only after the others gave up: an error, not a hang.
@@ -63,9 +83,7 @@ fn a_rank_thread_that_never_arrives_times_out_the_others() {
 
 #[test]
 fn connect_without_every_rank_times_out_naming_the_missing() {
-    if !common::plugin_or_skip("connect_without_every_rank_times_out_naming_the_missing") {
-        return;
-    }
+    need_plugin!("connect_without_every_rank_times_out_naming_the_missing");
     let store = Arc::new(MemoryStore::new());
     let errs: Vec<_> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
@@ -85,9 +103,7 @@ fn connect_without_every_rank_times_out_naming_the_missing() {
 
 #[test]
 fn mismatched_calls_fail_every_rank() {
-    if !common::plugin_or_skip("mismatched_calls_fail_every_rank") {
-        return;
-    }
+    need_plugin!("mismatched_calls_fail_every_rank");
     let out = common::on_ranks(2, SHORT * 4, |r, c| {
         let mut v = vec![1i32; 3 + r];
         c.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap_err()
@@ -106,40 +122,23 @@ fn mismatched_calls_fail_every_rank() {
 
 #[test]
 fn ranks_in_another_process_are_refused() {
-    if !common::plugin_or_skip("ranks_in_another_process_are_refused") {
-        return;
-    }
+    need_plugin!("ranks_in_another_process_are_refused");
     // Rank 0 of "another process" (pid 1) published its meeting.
-    let store = Arc::new(MemoryStore::new());
-    store.set("xla/1/meet", b"1:0").unwrap();
-    let e = connect_err(&store, 1, 2);
-    assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
+    let (e, fix) = config_fix(&[("xla/1/meet", b"1:0")], 1, 2);
     assert!(e.to_string().contains("rank 0 runs in process 1"), "{e}");
-    assert!(
-        e.fix().unwrap().contains("accel launch --backend xla"),
-        "{e}"
-    );
+    assert!(fix.contains("accel launch --backend xla"), "{e}");
 }
 
 #[test]
 fn more_ranks_than_devices_is_a_config_error() {
-    if !common::plugin_or_skip("more_ranks_than_devices_is_a_config_error") {
-        return;
-    }
-    let store = Arc::new(MemoryStore::new());
-    let e = connect_err(&store, 0, 1000);
-    assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
-    assert!(
-        e.fix().unwrap().contains("ACCEL_PJRT_CPU_DEVICES=1000"),
-        "{e}"
-    );
+    need_plugin!("more_ranks_than_devices_is_a_config_error");
+    let (e, fix) = config_fix(&[], 0, 1000);
+    assert!(fix.contains("ACCEL_PJRT_CPU_DEVICES=1000"), "{e}");
 }
 
 #[test]
 fn a_receive_without_a_send_times_out_and_wrong_sizes_are_refused() {
-    if !common::plugin_or_skip("a_receive_without_a_send_times_out_and_wrong_sizes_are_refused") {
-        return;
-    }
+    need_plugin!("a_receive_without_a_send_times_out_and_wrong_sizes_are_refused");
     let out = common::on_ranks(2, SHORT, |r, c| {
         if r == 0 {
             c.send_slice(&[1u8, 2], 1, 4).unwrap();

@@ -191,21 +191,21 @@ int HcclBarrier(void *comm, void *stream) {
     return comm ? 0 : E_PTR;
 }
 
-/* Count, record and check a send to or receive from `peer` (another rank). */
-static int enter_p2p(uint64_t count, int dtype, uint32_t peer, const struct comm *c) {
+/* Count, record and check a send to or receive from `peer` (another rank):
+ * the message's size in bytes, or minus the error code. */
+static long enter_p2p(uint64_t count, int dtype, uint32_t peer, const struct comm *c) {
     int rc = enter(count, dtype, -1, peer);
-    if (rc) return rc;
-    if (c == NULL) return E_PTR;
-    if (peer >= c->ranks || peer == c->rank) return E_PARA;
-    return 0;
+    if (rc) return -rc;
+    if (c == NULL) return -E_PTR;
+    if (peer >= c->ranks || peer == c->rank) return -E_PARA;
+    return (long)(count * size_of(dtype));
 }
 
-int HcclSend(void *buf, uint64_t count, int dtype, uint32_t dst, void *comm, void *stream) {
+/* The communicator is HCCL's opaque `HcclComm` (a pointer): here, ours. */
+int HcclSend(void *buf, uint64_t count, int dtype, uint32_t dst, struct comm *c, void *stream) {
     (void)stream;
-    struct comm *c = comm;
-    int rc = enter_p2p(count, dtype, dst, c);
-    if (rc) return rc;
-    size_t len = count * size_of(dtype);
+    long len = enter_p2p(count, dtype, dst, c);
+    if (len < 0) return (int)-len;
     struct msg *m = malloc(sizeof *m + len);
     if (m == NULL) return 3;
     m->next = NULL;
@@ -220,17 +220,15 @@ int HcclSend(void *buf, uint64_t count, int dtype, uint32_t dst, void *comm, voi
 }
 
 /* Waits up to 5 s for the peer's send (the stub is synchronous). */
-int HcclRecv(void *buf, uint64_t count, int dtype, uint32_t src, void *comm, void *stream) {
+int HcclRecv(void *buf, uint64_t count, int dtype, uint32_t src, struct comm *c, void *stream) {
     (void)stream;
-    struct comm *c = comm;
-    int rc = enter_p2p(count, dtype, src, c);
-    if (rc) return rc;
-    size_t len = count * size_of(dtype);
+    long len = enter_p2p(count, dtype, src, c);
+    if (len < 0) return (int)-len;
     for (int i = 0; i < 5000; i++) {
         pthread_mutex_lock(&lock);
         struct msg *m = queue[src][c->rank];
         if (m != NULL) {
-            if (m->len != len) {
+            if (m->len != (size_t)len) {
                 pthread_mutex_unlock(&lock);
                 return E_PARA;
             }
