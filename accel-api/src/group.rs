@@ -314,7 +314,7 @@ impl SplitPlan {
 type Mail = (DType, Vec<u8>);
 
 /// Any [`Engine`] as a [`Communicator`]: the checks, poisoning, mailbox,
-/// average and error context described in the [module docs](self).
+/// average and error context described at the top of `accel-api/src/group.rs`.
 ///
 /// Backends name their communicator as an alias
 /// (`pub type GlooCommunicator = Group<GlooEngine>`); engine-specific
