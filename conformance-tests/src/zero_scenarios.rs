@@ -1,8 +1,9 @@
 //! Sharded data parallelism (issue 21): ZeRO stages 1, 2 and 3 give the
 //! parameters of a one-process run on the global batch, with gradient
 //! accumulation, with clipping and with fp16 loss scaling; the clipped
-//! norm and the skip decision are the same on every rank, and at stage 3
-//! the model holds no parameters between steps. Named `zero_*` so that
+//! norm and the skip decision are the same on every rank; between steps
+//! a stage-3 model holds no parameters and a stage-2 model run through the
+//! gate no gradients. Named `zero_*` so that
 //! `--filter zero` runs them.
 
 use accel::train::{Dataset, GradScaler, GradScalerConfig, Optimizer, Sgd};
