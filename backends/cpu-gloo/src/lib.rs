@@ -55,7 +55,7 @@
 //! bf16 reductions are not declared: Gloo has no bfloat16 type. f16 uses
 //! `gloo::float16`, whose arithmetic goes through `float` and rounds once to
 //! half (correctly rounded for +, *). Integer sums and products wrap (the
-//! shim is compiled with `-fwrapv`). Zero-element buffers are accepted; the
+//! shim's kernels compute them in the unsigned type of the same width). Zero-element buffers are accepted; the
 //! call returns at once on every rank (they all agree it is empty), except
 //! send/recv which still exchange their header.
 //!
