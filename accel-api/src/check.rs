@@ -16,7 +16,10 @@
 //! the cheapest exchange measured: on 2 ranks, 72 bytes, Gloo's ring
 //! all-gather takes one step where its all-reduce takes two (best 106-129
 //! µs against 213-221 µs), and MPI's 1.1-1.7 µs against 1.8-3.1 µs
-//! (docs/benchmarks.md). Engines without an all-gather on host memory
+//! (docs/benchmarks.md). cpu-gloo's shim runs all-gathers this small on a
+//! second mesh in Gloo's synchronous mode instead (one frame per peer, read
+//! by the calling thread: about 10 µs best where Gloo's own all-gather takes
+//! 75-125 µs). Engines without an all-gather on host memory
 //! all-reduce `[d, -d]` with [`ReduceOp::Max`] instead (every rank then
 //! holds the maximum and the minimum of each digit; the calls agree exactly
 //! when they are equal) and all-gather only after a disagreement, to name

@@ -125,18 +125,16 @@ fn main() {
         .file(shim.join("gloo_shim.cc"))
         .include(&shim)
         .include(&include)
-        // The reduction kernels Gloo calls (gloo::sum<T> and friends) are
-        // templates instantiated in this shim: compile them optimised even
-        // in debug builds, or a debug build reduces 1.3-1.6x slower and
-        // benchmarks of debug binaries mislead. -O3, not -O2: GCC 12 at -O2
-        // does not vectorize `c[i] = a[i] + b[i]` (the loop needs a runtime
-        // aliasing check, which -O2's cost model refuses), and the scalar
-        // loop is 3.5-4x slower (150 vs 38 us for 1 MiB of f32 here), the
-        // best-vs-best gap to raw Gloo (built -O3) in docs/benchmarks.md.
+        // The reduction kernels Gloo calls for every chunk are the shim's
+        // own templates: compile them optimised even in debug builds, or a
+        // debug build reduces 1.3-1.6x slower and benchmarks of debug
+        // binaries mislead. -O3, not -O2: GCC 12 at -O2 does not vectorize
+        // `c[i] = a[i] + b[i]` (the loop needs a runtime aliasing check,
+        // which -O2's cost model refuses). No -fwrapv: it kept Gloo's own
+        // kernels (an `int` counter) scalar, 3-4x slower, the best-vs-best
+        // gap to raw Gloo in docs/benchmarks.md; the shim's kernels wrap
+        // integers through unsigned arithmetic instead (gloo_shim.cc).
         .opt_level(3)
-        // Gloo's reductions are templates instantiated here: make signed
-        // integer overflow wrap (two's complement) instead of being UB.
-        .flag_if_supported("-fwrapv")
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-sign-compare")
         .warnings(true);

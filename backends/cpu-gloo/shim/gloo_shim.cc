@@ -9,6 +9,7 @@
 
 #include "gloo_shim.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gloo/allgather.h>
@@ -32,9 +34,11 @@
 #include <gloo/math.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/scatter.h>
 #include <gloo/transport/tcp/address.h>
+#include <gloo/transport/buffer.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -115,6 +119,7 @@ class CallbackStore : public gloo::rendezvous::Store {
     if (rc != 0) {
       throw StoreFailure("rendezvous store get of `" + key + "` failed");
     }
+    got_values_[key] = out;
     return out;
   }
 
@@ -146,6 +151,7 @@ class CallbackStore : public gloo::rendezvous::Store {
 
   accel_gloo_store_vtable vt_;
   std::map<std::string, std::vector<char>> set_values_;
+  std::map<std::string, std::vector<char>> got_values_;
 
  public:
   // The value this rank set for `key`, if any.
@@ -153,31 +159,139 @@ class CallbackStore : public gloo::rendezvous::Store {
     auto it = set_values_.find(key);
     return it == set_values_.end() ? nullptr : &it->second;
   }
+
+  // The value this rank read for `key`, if any.
+  const std::vector<char>* value_got(const std::string& key) const {
+    auto it = got_values_.find(key);
+    return it == got_values_.end() ? nullptr : &it->second;
+  }
 };
 
-// Gloo's element-wise reductions (gloo/math.h), picked by code. Each name
-// has two overloads; the function-pointer type selects the (c, a, b, n) one.
+// The listening address `rank` advertised at rendezvous for its pair with
+// `me` (rendezvous::Context's layout: one address per peer in rank order,
+// skipping the rank itself), as Gloo prints addresses; empty when unknown.
+std::string advertised_for(const std::vector<char>* blob, int rank, int me,
+                           int size) {
+  if (blob == nullptr || size < 2 || blob->size() % (size - 1) != 0) {
+    return "";
+  }
+  const size_t each = blob->size() / (size - 1);
+  const int k = me < rank ? me : me - 1;
+  std::vector<char> bytes(blob->begin() + k * each,
+                          blob->begin() + (k + 1) * each);
+  try {
+    return gloo::transport::tcp::Address(bytes).str();
+  } catch (...) {
+    return "";
+  }
+}
+
+// The element-wise reductions Gloo calls on every chunk it reduces,
+// picked by code. Gloo's own kernels (gloo/math.h) count with an `int`
+// (`for (auto i = 0; i < n; i++)`): under -fwrapv, which this shim was
+// built with so that integer sums wrap, GCC cannot prove that the counter
+// does not wrap and leaves the loop scalar (no `addps`), 3-4x slower than
+// the vectorized loop of a program built without it, such as
+// benches/raw_gloo (48-79 against 14-21 us for 128 Ki floats here): that
+// was cpu-gloo's best-vs-best gap to raw Gloo from 256 KiB up. These count
+// with size_t and do signed integer arithmetic in the unsigned type of the
+// same width, so sums and products wrap (two's complement) by definition,
+// without -fwrapv, and every type vectorizes. min and max are std::min and
+// std::max, as in Gloo (the same result for NaN). float16 keeps Gloo's own
+// kernels, compiled in libgloo (they go through float).
+template <typename T>
+struct Arith {
+  using type = T;
+};
+template <>
+struct Arith<int8_t> {
+  using type = uint8_t;
+};
+template <>
+struct Arith<int32_t> {
+  using type = uint32_t;
+};
+template <>
+struct Arith<int64_t> {
+  using type = uint64_t;
+};
+
+struct Add {
+  template <typename T>
+  static T apply(T a, T b) {
+    using U = typename Arith<T>::type;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+  }
+};
+struct Mul {
+  template <typename T>
+  static T apply(T a, T b) {
+    using U = typename Arith<T>::type;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+  }
+};
+struct Min {
+  template <typename T>
+  static T apply(T a, T b) {
+    return std::min(a, b);
+  }
+};
+struct Max {
+  template <typename T>
+  static T apply(T a, T b) {
+    return std::max(a, b);
+  }
+};
+
+template <typename T, typename Op>
+void elementwise(void* c_, const void* a_, const void* b_, size_t n) {
+  T* c = static_cast<T*>(c_);
+  const T* a = static_cast<const T*>(a_);
+  const T* b = static_cast<const T*>(b_);
+  for (size_t i = 0; i < n; i++) {
+    c[i] = Op::apply(a[i], b[i]);
+  }
+}
+
 using ReduceFn = void (*)(void*, const void*, const void*, size_t);
 
 template <typename T>
 ReduceFn reduce_fn(int op) {
-  ReduceFn f = nullptr;
-  switch (op) {
-    case ACCEL_GLOO_SUM:
-      f = &gloo::sum<T>;
-      return f;
-    case ACCEL_GLOO_PROD:
-      f = &gloo::product<T>;
-      return f;
-    case ACCEL_GLOO_MIN:
-      f = &gloo::min<T>;
-      return f;
-    case ACCEL_GLOO_MAX:
-      f = &gloo::max<T>;
-      return f;
-    default:
-      throw ArgFailure("unknown reduction code " + std::to_string(op));
+  if constexpr (std::is_same_v<T, gloo::float16>) {
+    // Each name has two overloads; the function-pointer type selects the
+    // (c, a, b, n) one.
+    ReduceFn f = nullptr;
+    switch (op) {
+      case ACCEL_GLOO_SUM:
+        f = &gloo::sum<T>;
+        return f;
+      case ACCEL_GLOO_PROD:
+        f = &gloo::product<T>;
+        return f;
+      case ACCEL_GLOO_MIN:
+        f = &gloo::min<T>;
+        return f;
+      case ACCEL_GLOO_MAX:
+        f = &gloo::max<T>;
+        return f;
+      default:
+        break;
+    }
+  } else {
+    switch (op) {
+      case ACCEL_GLOO_SUM:
+        return &elementwise<T, Add>;
+      case ACCEL_GLOO_PROD:
+        return &elementwise<T, Mul>;
+      case ACCEL_GLOO_MIN:
+        return &elementwise<T, Min>;
+      case ACCEL_GLOO_MAX:
+        return &elementwise<T, Max>;
+      default:
+        break;
+    }
   }
+  throw ArgFailure("unknown reduction code " + std::to_string(op));
 }
 
 // Calls `f.template operator()<T>()` with the Gloo element type of `dtype`.
@@ -218,6 +332,136 @@ std::chrono::milliseconds ms(int64_t timeout_ms) {
   return std::chrono::milliseconds(timeout_ms);
 }
 
+// Small all-gathers over a second mesh in Gloo's synchronous mode.
+//
+// Every collective of an accel group starts with the call check (ADR 0016),
+// an all-gather of 36 bytes per rank. Through gloo::allgather that costs a
+// full exchange of Gloo's asynchronous transport: each transfer of an
+// unbound buffer waits for the receiver's "ready to receive" notice, and
+// both the notice and the data are read by the device's event-loop thread,
+// which then wakes the caller (two thread hand-offs per message): about
+// 75-125 us best, 240 us median on 2 loopback ranks of a 2-core machine,
+// where a 1 MiB all-reduce takes 0.5-0.8 ms. This mesh, connected next to
+// the main one, keeps its pairs in Gloo's synchronous mode (no event loop:
+// the calling thread writes and reads the socket itself, blocking, with the
+// context's timeout as the socket timeout) and sends each peer one frame
+// into a buffer registered at connect (no notice): 9-10 us best, 40-70 us
+// median on the same machine.
+//
+// A frame is a header (a magic number, the payload's byte count and the
+// exchange's number on this mesh) and up to kSmallPayload bytes. Frames on
+// one pair arrive in order; a pair holds at most two unread frames (a rank
+// sends exchange k+1 only after it has read every peer's frame k), far
+// below a socket's buffer, so the sends never block on a slow reader.
+// The receiver checks the header: a peer that passed another byte count
+// fails the all-gather on both ranks with an argument error (where Gloo's
+// own all-gather aborts the process), one out of step fails it too.
+class SmallMesh {
+ public:
+  struct Header {
+    uint32_t magic;
+    uint32_t bytes;
+    uint64_t seq;
+  };
+  static constexpr size_t kFrame = 256;
+  static constexpr size_t kSmallPayload = kFrame - sizeof(Header);
+  static constexpr uint32_t kMagic = 0x61636331;  // "acc1"
+  // Larger worlds use gloo::allgather (the mesh doubles the sockets).
+  static constexpr int kMaxRanks = 128;
+
+  // `peer_names[j]`: an address rank j published for its main connection
+  // to this rank, named in errors so that the Rust side maps them to j.
+  SmallMesh(std::shared_ptr<gloo::rendezvous::Context> ctx,
+            std::vector<std::string> peer_names)
+      : ctx_(std::move(ctx)),
+        peer_names_(std::move(peer_names)),
+        send_(kFrame),
+        recv_(kFrame * static_cast<size_t>(ctx_->size)),
+        send_bufs_(ctx_->size),
+        recv_bufs_(ctx_->size) {
+    for (int j = 0; j < ctx_->size; j++) {
+      if (j == ctx_->rank) {
+        continue;
+      }
+      auto& pair = ctx_->getPair(j);
+      pair->setSync(true, false);
+      recv_bufs_[j] = pair->createRecvBuffer(0, frame(j), kFrame);
+      send_bufs_[j] = pair->createSendBuffer(0, send_.data(), kFrame);
+    }
+  }
+
+  // All-gather `n` (at most kSmallPayload) bytes from every rank into `out`
+  // (rank-major, size * n bytes).
+  void allgather(const void* in, size_t n, void* out) {
+    const int size = ctx_->size, rank = ctx_->rank;
+    const Header mine{kMagic, static_cast<uint32_t>(n), seq_++};
+    std::memcpy(send_.data(), &mine, sizeof(mine));
+    std::memcpy(send_.data() + sizeof(mine), in, n);
+    auto* dst = static_cast<char*>(out);
+    std::memcpy(dst + static_cast<size_t>(rank) * n, in, n);
+    for (int k = 1; k < size; k++) {
+      const int j = (rank + k) % size;
+      on_pair(j, [&] {
+        send_bufs_[j]->send(0, sizeof(mine) + n);
+        send_bufs_[j]->waitSend();
+      });
+    }
+    // Read every peer's frame before judging any, so that the pairs stay
+    // in step after a disagreement.
+    for (int k = 1; k < size; k++) {
+      const int j = (rank + size - k) % size;
+      on_pair(j, [&] { recv_bufs_[j]->waitRecv(); });
+    }
+    for (int j = 0; j < size; j++) {
+      if (j == rank) {
+        continue;
+      }
+      Header h;
+      std::memcpy(&h, frame(j), sizeof(h));
+      if (h.magic != kMagic || h.seq != mine.seq) {
+        throw std::runtime_error(
+            "small all_gather out of step with rank " + std::to_string(j) +
+            " (exchange " + std::to_string(mine.seq) + " here, frame " +
+            std::to_string(h.seq) + " from it)");
+      }
+      if (h.bytes != n) {
+        throw ArgFailure("all_gather: this rank contributes " +
+                         std::to_string(n) + " bytes, rank " +
+                         std::to_string(j) + " " + std::to_string(h.bytes));
+      }
+      std::memcpy(dst + static_cast<size_t>(j) * n, frame(j) + sizeof(h), n);
+    }
+  }
+
+  void close() { ctx_->closeConnections(); }
+
+ private:
+  char* frame(int j) { return recv_.data() + static_cast<size_t>(j) * kFrame; }
+
+  // Runs `f` on pair j; a transport failure names rank j's main connection
+  // too (the Rust side maps Gloo's addresses to ranks by those names).
+  template <typename F>
+  void on_pair(int j, F&& f) {
+    try {
+      f();
+    } catch (const gloo::IoException& e) {
+      throw gloo::IoException(std::string(e.what()) +
+                              " (the small all-gather connection to rank " +
+                              std::to_string(j) + ", main connection " +
+                              peer_names_[j] + ")");
+    }
+  }
+
+  // Declared first, destroyed last: the buffers unregister from its pairs.
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::vector<std::string> peer_names_;
+  std::vector<char> send_;
+  std::vector<char> recv_;
+  std::vector<std::unique_ptr<gloo::transport::Buffer>> send_bufs_;
+  std::vector<std::unique_ptr<gloo::transport::Buffer>> recv_bufs_;
+  uint64_t seq_ = 0;
+};
+
 }  // namespace
 
 struct accel_gloo_device {
@@ -235,6 +479,9 @@ struct accel_gloo_context {
   // address). Both are kept.
   std::vector<std::string> self_names;
   std::vector<std::string> listen_names;
+  // Small all-gathers (the call check's), when the world has 2 to
+  // SmallMesh::kMaxRanks ranks.
+  std::unique_ptr<SmallMesh> small;
 };
 
 namespace {
@@ -349,19 +596,23 @@ int accel_gloo_context_new(accel_gloo_device* dev, int rank, int size,
     }
     // What this rank advertised: one address per peer, in rank order
     // skipping itself (the layout rendezvous::Context writes and reads).
+    // Unknown layouts leave the names empty.
     const std::vector<char>* blob = cb.value_set(std::to_string(rank));
-    if (blob != nullptr && size > 1 && blob->size() % (size - 1) == 0) {
-      const size_t each = blob->size() / (size - 1);
-      for (int k = 0; k < size - 1; k++) {
-        const int j = k < rank ? k : k + 1;
-        std::vector<char> bytes(blob->begin() + k * each,
-                                blob->begin() + (k + 1) * each);
-        try {
-          handle->listen_names[j] = gloo::transport::tcp::Address(bytes).str();
-        } catch (...) {
-          // Unknown layout: leave the name empty.
-        }
+    std::vector<std::string> peer_names(size);
+    for (int j = 0; j < size; j++) {
+      if (j != rank) {
+        handle->listen_names[j] = advertised_for(blob, rank, j, size);
+        peer_names[j] =
+            advertised_for(cb.value_got(std::to_string(j)), j, rank, size);
       }
+    }
+    if (size > 1 && size <= SmallMesh::kMaxRanks) {
+      gloo::rendezvous::PrefixStore small_store("accel-small", cb);
+      auto small = std::make_shared<gloo::rendezvous::Context>(rank, size);
+      small->setTimeout(ms(timeout_ms));
+      small->connectFullMesh(small_store, dev->dev);
+      handle->small =
+          std::make_unique<SmallMesh>(std::move(small), std::move(peer_names));
     }
     handle->ctx = std::move(ctx);
     *out = handle.release();
@@ -396,6 +647,9 @@ void accel_gloo_context_close(accel_gloo_context* ctx) {
   try {
     if (ctx != nullptr && ctx->ctx) {
       ctx->ctx->closeConnections();
+    }
+    if (ctx != nullptr && ctx->small) {
+      ctx->small->close();
     }
   } catch (...) {
   }
@@ -461,6 +715,10 @@ int accel_gloo_allgather(accel_gloo_context* ctx, const void* in,
                          int64_t timeout_ms, char* err, size_t err_cap) {
   return guarded(err, err_cap, [&] {
     auto& c = checked(ctx);
+    if (ctx->small && in_bytes <= SmallMesh::kSmallPayload) {
+      ctx->small->allgather(in, in_bytes, out);
+      return;
+    }
     gloo::AllgatherOptions opts(ctx->ctx);
     // Gloo only reads from the input buffer; its API takes a non-const
     // pointer for both directions.

@@ -96,7 +96,10 @@ int accel_gloo_device_describe(const accel_gloo_device* dev, char* buf,
 
 /*
  * Build a full-mesh context of `size` ranks through the store. Blocks until
- * every rank connected or a store call / connection timed out.
+ * every rank connected or a store call / connection timed out. With 2 to
+ * 128 ranks it connects a second mesh (store keys under "accel-small")
+ * whose pairs run in Gloo's synchronous mode, for small all-gathers (see
+ * accel_gloo_allgather).
  */
 int accel_gloo_context_new(accel_gloo_device* dev, int rank, int size,
                            int64_t timeout_ms,
@@ -127,7 +130,13 @@ int accel_gloo_reduce(accel_gloo_context* ctx, void* buf, size_t count,
 int accel_gloo_broadcast(accel_gloo_context* ctx, void* buf, size_t nbytes,
                          int root, uint32_t tag, int64_t timeout_ms, char* err,
                          size_t err_cap);
-/* `out` holds size * in_bytes. */
+/*
+ * `out` holds size * in_bytes. Up to 240 bytes per rank (the call check's
+ * exchange, a split's) it runs on the context's second mesh: one frame to
+ * every peer, read by the calling thread, with the context's timeout; a
+ * peer passing another byte count is an ACCEL_GLOO_E_ARG error on both
+ * ranks. Larger ones run gloo::allgather (`tag`, `timeout_ms`).
+ */
 int accel_gloo_allgather(accel_gloo_context* ctx, const void* in,
                          size_t in_bytes, void* out, uint32_t tag,
                          int64_t timeout_ms, char* err, size_t err_cap);

@@ -47,7 +47,7 @@
 //! |---|---|---|
 //! | all_reduce, reduce | f16, f32, f64, i8, u8, i32, i64 | Gloo's ring all-reduce / reduce with Gloo's `sum`, `product`, `min`, `max`; `avg` = sum, then divide by the group size on the host (integers truncate toward zero) |
 //! | reduce_scatter | same | Gloo all-reduce into a scratch buffer, then this rank's chunk is copied out (see below) |
-//! | broadcast, all_gather, gather, scatter, all_to_all | all eight, bf16 included | Gloo's collectives on raw bytes (exact for every type) |
+//! | broadcast, all_gather, gather, scatter, all_to_all | all eight, bf16 included | Gloo's collectives on raw bytes (exact for every type); all_gathers of up to 240 bytes per rank (the call check's, a split's) go instead over a second mesh in Gloo's synchronous mode, one frame per peer read by the calling thread (the shim's `SmallMesh`: about 10 µs instead of Gloo's ~100 µs on loopback), where ranks passing different byte counts get an `InvalidArgument` error instead of Gloo's abort |
 //! | send, recv | all eight | Gloo unbound buffers; a 16-byte header (length, dtype) precedes each payload, so a receive of the wrong size is an `InvalidArgument` error instead of a Gloo assertion that aborts the process; sends to self go through an in-process mailbox (Gloo has no connection to self) |
 //! | barrier | - | Gloo's barrier |
 //! | split | - | `(color, key)` all-gathered, then a new Gloo context per color sharing the TCP device |
@@ -55,7 +55,7 @@
 //! bf16 reductions are not declared: Gloo has no bfloat16 type. f16 uses
 //! `gloo::float16`, whose arithmetic goes through `float` and rounds once to
 //! half (correctly rounded for +, *). Integer sums and products wrap (the
-//! shim is compiled with `-fwrapv`). Zero-element buffers are accepted; the
+//! shim's kernels compute them in the unsigned type of the same width). Zero-element buffers are accepted; the
 //! call returns at once on every rank (they all agree it is empty), except
 //! send/recv which still exchange their header.
 //!
