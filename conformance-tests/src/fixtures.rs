@@ -148,6 +148,9 @@ impl Mlp {
         let hs: Vec<Vec<f32>> = batch.iter().map(|s| self.hidden_act(&s.x)).collect();
         gate.release(self, "fc1")?;
         gate.gather(self, "fc2")?;
+        // Gradients freed by a ZeRO-2 gate come back as the backward
+        // writes them (as autograd allocates `.grad`).
+        self.grad_storage(&[2, 3]);
         let mut loss = 0.0;
         let mut dzs = Vec::with_capacity(batch.len());
         for (s, h) in batch.iter().zip(&hs) {
@@ -170,6 +173,7 @@ impl Mlp {
         }
         gate.reduce_grads(self, "fc2")?;
         gate.gather(self, "fc1")?;
+        self.grad_storage(&[0, 1]);
         for (s, dz) in batch.iter().zip(&dzs) {
             let [g1, gb1, _, _] = &mut self.grads;
             for k in 0..self.hidden {
@@ -181,6 +185,14 @@ impl Mlp {
         }
         gate.reduce_grads(self, "fc1")?;
         Ok(loss)
+    }
+
+    /// Zero-filled gradient storage for the parameters `idx` that have none.
+    fn grad_storage(&mut self, idx: &[usize]) {
+        for &i in idx {
+            let n = self.values[i].len();
+            resize_host_storage(&mut self.grads[i], n);
+        }
     }
 
     fn index_of(&self, name: &str) -> accel_api::Result<usize> {
@@ -223,9 +235,9 @@ impl Parameters for Mlp {
         Ok(())
     }
 
-    fn set_grad_storage(&mut self, name: &str, numel: usize) -> accel_api::Result<()> {
+    fn release_grad(&mut self, name: &str) -> accel_api::Result<()> {
         let i = self.index_of(name)?;
-        resize_host_storage(&mut self.grads[i], numel);
+        resize_host_storage(&mut self.grads[i], 0);
         Ok(())
     }
 }

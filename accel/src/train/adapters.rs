@@ -209,17 +209,17 @@ pub trait Parameters {
         Ok(())
     }
 
-    /// Give parameter `name`'s gradient storage for `numel` elements
-    /// (zero-filled where it grows; kept as it is where it has them), or
-    /// free it with `numel == 0`. ZeRO stage 2 frees a unit's gradients
-    /// once they are reduce-scattered and restores them before the unit's
-    /// next backward. The default keeps the storage: the same results
-    /// without the saving.
+    /// Free parameter `name`'s gradient storage: ZeRO stage 2 calls it
+    /// once the unit's gradients are reduce-scattered (and zeroed). A model
+    /// that frees must give the gradient storage back itself, zero-filled,
+    /// when its backward next writes it, as autograd allocates `.grad`; an
+    /// empty gradient reads as zeros. The default keeps the storage: the
+    /// same results without the saving.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] for a name the model does not have.
-    fn set_grad_storage(&mut self, name: &str, numel: usize) -> Result<()> {
-        let _ = (name, numel);
+    fn release_grad(&mut self, name: &str) -> Result<()> {
+        let _ = name;
         Ok(())
     }
 }

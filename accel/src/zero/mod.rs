@@ -559,10 +559,11 @@ impl Parameters for FullParameters {
     }
 }
 
-/// What [`Parameters::set_param_storage`] and
-/// [`Parameters::set_grad_storage`] do to a model that keeps a buffer in a
-/// `Vec<f32>`: free it for `numel == 0`, else resize it to `numel`
-/// (zero-filled where it grows, kept where it has them already).
+/// What [`Parameters::set_param_storage`] does to a model that keeps a
+/// buffer in a `Vec<f32>`: free it for `numel == 0`, else resize it to
+/// `numel` (zero-filled where it grows, kept where it has them already).
+/// A model's backward can give a gradient freed by
+/// [`Parameters::release_grad`] back the same way.
 pub fn resize_host_storage(v: &mut Vec<f32>, numel: usize) {
     if numel == 0 {
         *v = Vec::new();
@@ -602,6 +603,10 @@ fn read_unit(
             Part::Values => p.value_f32()?,
             Part::Grads => p.grad_f32()?,
         };
+        if part == Part::Grads && src.is_empty() {
+            // A freed gradient the backward did not write: zeros.
+            return Ok(());
+        }
         if src.len() != s.numel {
             let (what, fix) = match part {
                 Part::Values => ("values", "gather the unit before reading its values"),
@@ -1401,13 +1406,6 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
 
     fn gather_one(&mut self, model: &mut dyn Parameters, unit: usize) -> Result<()> {
         let (span, at) = self.unit_span(unit)?;
-        if self.stage == Stage::Gradients {
-            // Gradient storage for the backward (kept where it exists).
-            for s in &self.plan.units[unit].slots {
-                model.set_grad_storage(&s.name, s.numel)?;
-            }
-            return Ok(());
-        }
         if self.stage != Stage::Full {
             return Ok(());
         }
@@ -1488,7 +1486,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             Ok(())
         })?;
         for s in &self.plan.units[unit].slots {
-            model.set_grad_storage(&s.name, 0)?;
+            model.release_grad(&s.name)?;
         }
         Ok(())
     }

@@ -174,6 +174,12 @@ impl Deep {
             gate.gather(self, &module)?;
             let (din, dout) = (self.widths[l], self.widths[l + 1]);
             self.layer(l)?;
+            // Gradients a ZeRO-2 gate freed come back as the backward
+            // writes them (as autograd allocates `.grad`).
+            for i in [2 * l, 2 * l + 1] {
+                let n = self.values[i].len();
+                resize_host_storage(&mut self.grads[i], n);
+            }
             let a = &acts[l];
             {
                 let (gw, rest) = self.grads[2 * l..2 * l + 2].split_at_mut(1);
@@ -227,8 +233,7 @@ impl Deep {
     fn layer(&self, l: usize) -> Result<(&[f32], &[f32])> {
         let (din, dout) = (self.widths[l], self.widths[l + 1]);
         let (w, b) = (&self.values[2 * l], &self.values[2 * l + 1]);
-        let g = (&self.grads[2 * l], &self.grads[2 * l + 1]);
-        if w.len() != din * dout || b.len() != dout || g.0.len() != w.len() || g.1.len() != dout {
+        if w.len() != din * dout || b.len() != dout {
             return Err(Error::invalid_argument(
                 "zero-bench model",
                 format!("layer {} is not present", self.modules[l]),
@@ -289,9 +294,9 @@ impl Parameters for Deep {
         Ok(())
     }
 
-    fn set_grad_storage(&mut self, name: &str, numel: usize) -> Result<()> {
+    fn release_grad(&mut self, name: &str) -> Result<()> {
         let i = self.index_of(name)?;
-        resize_host_storage(&mut self.grads[i], numel);
+        resize_host_storage(&mut self.grads[i], 0);
         Ok(())
     }
 }

@@ -107,8 +107,17 @@ fn two_ranks_hold_the_shards_the_stages_promise() {
     }
     for s in ["none", "optimizer", "gradients"] {
         assert_eq!(by(s).model_values_between, numel, "{s}");
+    }
+    for s in ["none", "optimizer"] {
         assert_eq!(by(s).model_grads_peak, numel, "{s}");
     }
+    // Stage 2: a unit's gradients live from its backward to its
+    // reduce-scatter only.
+    let grads = by("gradients");
+    assert_eq!(
+        (grads.model_grads_peak, grads.model_grads_between),
+        (272, 0)
+    );
     let full = by("full");
     assert_eq!(
         (full.model_values_between, full.model_grads_between),
