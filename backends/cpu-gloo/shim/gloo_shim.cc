@@ -325,6 +325,9 @@ void with_dtype(int dtype, F&& f) {
   }
 }
 
+// Slot prefix of the shim's own ring reduce-scatter (Gloo uses 0x01-0x08).
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+
 std::chrono::milliseconds ms(int64_t timeout_ms) {
   if (timeout_ms <= 0) {
     throw ArgFailure("timeout must be positive");
@@ -497,6 +500,60 @@ void check_peer(const gloo::Context& ctx, int peer, const char* what) {
   if (peer < 0 || peer >= ctx.size || peer == ctx.rank) {
     throw ArgFailure(std::string(what) + " " + std::to_string(peer) +
                      " is not another rank of this context");
+  }
+}
+
+// Ring reduce-scatter on unbound buffers. At step s (0 <= s < size - 1)
+// rank r sends its partial sum of chunk (r - s - 1) to rank r + 1, receives
+// rank r - 1's partial sum of chunk (r - s - 2) and adds its own input to
+// it; after the last step it holds chunk r summed over every rank. Each
+// element is reduced on one rank only, so no two ranks can disagree on it.
+// Gloo's own ReduceScatterHalvingDoubling is an old-style algorithm on
+// bound buffers without a per-call timeout; this one waits against one
+// deadline for the whole call.
+template <typename T>
+void ring_reduce_scatter(gloo::rendezvous::Context& c, const T* in, T* out,
+                         size_t count, ReduceFn reduce, uint32_t tag,
+                         std::chrono::milliseconds timeout) {
+  const int size = c.size, rank = c.rank;
+  const size_t bytes = count * sizeof(T);
+  if (size == 1) {
+    std::copy(in, in + count, out);
+    return;
+  }
+  if (count == 0) {
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left_ms = [&] {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    return std::max(left, std::chrono::milliseconds(1));
+  };
+  auto chunk = [&](int i) { return ((i % size) + size) % size; };
+  // [0]: what arrives; [1], [2]: partial sums, alternately sent and written.
+  std::vector<T> work(3 * count);
+  auto input = c.createUnboundBuffer(const_cast<T*>(in), bytes * size);
+  auto recv = c.createUnboundBuffer(work.data(), bytes);
+  std::unique_ptr<gloo::transport::UnboundBuffer> acc[2] = {
+      c.createUnboundBuffer(work.data() + count, bytes),
+      c.createUnboundBuffer(work.data() + 2 * count, bytes)};
+  const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  for (int s = 0; s < size - 1; s++) {
+    recv->recv(left, slot);
+    gloo::transport::UnboundBuffer* sent;
+    if (s == 0) {
+      input->send(right, slot, chunk(rank - 1) * bytes, bytes);
+      sent = input.get();
+    } else {
+      acc[(s - 1) % 2]->send(right, slot);
+      sent = acc[(s - 1) % 2].get();
+    }
+    recv->waitRecv(left_ms());
+    T* dst = s == size - 2 ? out : work.data() + (1 + s % 2) * count;
+    reduce(dst, work.data(), in + chunk(rank - s - 2) * count, count);
+    sent->waitSend(left_ms());
   }
 }
 
@@ -689,6 +746,20 @@ int accel_gloo_reduce(accel_gloo_context* ctx, void* buf, size_t count,
       opts.setTag(tag);
       opts.setTimeout(ms(timeout_ms));
       gloo::reduce(opts);
+    });
+  });
+}
+
+int accel_gloo_reduce_scatter(accel_gloo_context* ctx, const void* in,
+                              void* out, size_t count, int dtype, int op,
+                              uint32_t tag, int64_t timeout_ms, char* err,
+                              size_t err_cap) {
+  return guarded(err, err_cap, [&] {
+    auto& c = checked(ctx);
+    with_dtype(dtype, [&](auto zero) {
+      using T = decltype(zero);
+      ring_reduce_scatter<T>(c, static_cast<const T*>(in), static_cast<T*>(out),
+                             count, reduce_fn<T>(op), tag, ms(timeout_ms));
     });
   });
 }

@@ -127,6 +127,15 @@ int accel_gloo_allreduce(accel_gloo_context* ctx, void* buf, size_t count,
 int accel_gloo_reduce(accel_gloo_context* ctx, void* buf, size_t count,
                       int dtype, int op, int root, uint32_t tag,
                       int64_t timeout_ms, char* err, size_t err_cap);
+/*
+ * Ring reduce-scatter: `in` holds size * count elements of `dtype`, `out`
+ * receives this rank's `count` (chunk `rank`) reduced over every rank.
+ * Moves (size - 1) / size of the input per rank, half an all-reduce.
+ */
+int accel_gloo_reduce_scatter(accel_gloo_context* ctx, const void* in,
+                              void* out, size_t count, int dtype, int op,
+                              uint32_t tag, int64_t timeout_ms, char* err,
+                              size_t err_cap);
 int accel_gloo_broadcast(accel_gloo_context* ctx, void* buf, size_t nbytes,
                          int root, uint32_t tag, int64_t timeout_ms, char* err,
                          size_t err_cap);

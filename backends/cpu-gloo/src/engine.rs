@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use accel_api::{
     host, host_mut, Buf, BufMut, Capabilities, DType, Engine, EngineInfo, Error, ErrorKind, Group,
-    HostBuf, HostBufMut, Op, ReduceOp, Result, SplitPlan, Store,
+    HostBuf, Op, ReduceOp, Result, SplitPlan, Store,
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
@@ -89,18 +89,9 @@ fn err_at(kind: ErrorKind, rank: usize, op: Op, message: impl Into<String>) -> E
         .with_rank(rank)
 }
 
-/// `n` elements' worth of 8-byte aligned scratch memory, as bytes.
-fn scratch(bytes: usize) -> Vec<i64> {
-    vec![0i64; bytes.div_ceil(8)]
-}
-
 /// How long a rank that lost a peer waits for that peer's published root
 /// cause before reporting the loss as it saw it.
 const FAULT_NOTE_GRACE: Duration = Duration::from_millis(500);
-
-fn scratch_bytes(v: &mut [i64], bytes: usize) -> &mut [u8] {
-    &mut HostBufMut::from(v).into_bytes()[..bytes]
-}
 
 fn native(op: ReduceOp) -> OpCode {
     // Avg is a sum followed by a division on the host.
@@ -380,30 +371,19 @@ impl Engine for GlooEngine {
         self.collective(op, move |tag| Call::Scatter(i, o, world, root, tag))
     }
 
-    /// Implemented as a Gloo all-reduce of the whole input into a scratch
-    /// buffer, then a copy of this rank's chunk. Gloo's own reduce-scatter
-    /// (`ReduceScatterHalvingDoubling`) is an old-style algorithm on bound
-    /// buffers that reduces in place into its input, leaves the result at
-    /// the start of the buffer and does not take the per-operation timeout;
-    /// the all-reduce path is exact, honours the timeout and costs one
-    /// extra all-gather's worth of traffic.
+    /// A ring reduce-scatter in the shim on Gloo's unbound buffers: each
+    /// rank sends `size - 1` chunks and reduces each arriving chunk into its
+    /// own (half the traffic of an all-reduce), bounded by the timeout.
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, reduce: ReduceOp) -> Result<()> {
         let op = Op::ReduceScatter;
         let src = host(op, send)?;
         let mut dst = host_mut(op, recv)?;
-        let total = src.bytes().len();
-        let mut tmp = scratch(total);
-        let work = scratch_bytes(&mut tmp, total);
-        work.copy_from_slice(src.bytes());
-        let (count, dtype, code) = (src.len(), dtype_code(src.dtype()), native(reduce));
+        let (count, dtype, code) = (dst.len(), dtype_code(dst.dtype()), native(reduce));
+        let (i, o) = (src.bytes(), dst.bytes_mut());
+        let world = self.info.world_size;
         self.collective(op, move |tag| {
-            Call::AllReduce(work, count, dtype, code, tag)
-        })?;
-        let chunk = dst.bytes().len();
-        let start = self.info.rank * chunk;
-        let work = scratch_bytes(&mut tmp, total);
-        dst.bytes_mut().copy_from_slice(&work[start..start + chunk]);
-        Ok(())
+            Call::ReduceScatter(i, o, count, dtype, code, world, tag)
+        })
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {

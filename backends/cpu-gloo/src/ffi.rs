@@ -93,6 +93,18 @@ extern "C" {
         err: *mut c_char,
         err_cap: usize,
     ) -> c_int;
+    fn accel_gloo_reduce_scatter(
+        ctx: *mut RawContext,
+        input: *const c_void,
+        out: *mut c_void,
+        count: usize,
+        dtype: c_int,
+        op: c_int,
+        tag: u32,
+        timeout_ms: i64,
+        err: *mut c_char,
+        err_cap: usize,
+    ) -> c_int;
     fn accel_gloo_broadcast(
         ctx: *mut RawContext,
         buf: *mut c_void,
@@ -534,7 +546,9 @@ impl Context {
         // unbound buffers are destroyed inside the call); read-only inputs
         // are shared borrows, outputs exclusive ones, so they do not
         // overlap. Sizes: a reduction's `count` elements of its type fill
-        // its buffer exactly (checked by the communicator); broadcast,
+        // its buffer exactly (checked by the communicator; a reduce-scatter's
+        // fill its output, and its input was checked by `checked_rank` to
+        // hold `size` outputs); broadcast,
         // send and receive pass their buffer's length; the gathers,
         // scatters and all-to-all were checked by `checked_rank` (`out` or
         // the root's input holds `size` chunks). A missing output or input
@@ -547,6 +561,9 @@ impl Context {
                 }
                 Call::Reduce(b, n, t, op, _, tag) => {
                     accel_gloo_reduce(x, wr(b), n, t.0, op.0, rank, tag, ms, e, ERR_CAP)
+                }
+                Call::ReduceScatter(i, o, n, t, op, _, tag) => {
+                    accel_gloo_reduce_scatter(x, rd(i), wr(o), n, t.0, op.0, tag, ms, e, ERR_CAP)
                 }
                 Call::Broadcast(b, _, tag) => {
                     accel_gloo_broadcast(x, wr(b), b.len(), rank, tag, ms, e, ERR_CAP)
@@ -588,6 +605,10 @@ pub(crate) enum Call<'a> {
     AllReduce(&'a mut [u8], usize, DTypeCode, OpCode, u32),
     /// `(buf, count, dtype, op, root, tag)`: in-place reduce to `root`.
     Reduce(&'a mut [u8], usize, DTypeCode, OpCode, usize, u32),
+    /// `(input, out, count, dtype, op, size, tag)`: ring reduce-scatter;
+    /// `out` holds the `count` elements of `dtype` of this rank's chunk,
+    /// `input.len()` must be `out.len() * size`.
+    ReduceScatter(&'a [u8], &'a mut [u8], usize, DTypeCode, OpCode, usize, u32),
     /// `(buf, root, tag)`: in-place broadcast of the bytes of `buf`.
     Broadcast(&'a mut [u8], usize, u32),
     /// `(input, out, size, tag)`: all-gather; `out.len()` must be
@@ -634,6 +655,10 @@ impl Call<'_> {
             Call::Scatter(Some(i), o, size, ..) => {
                 (o.len().checked_mul(*size) == Some(i.len()), "scatter")
             }
+            Call::ReduceScatter(i, o, .., size, _) => (
+                o.len().checked_mul(*size) == Some(i.len()),
+                "reduce_scatter",
+            ),
             Call::AllToAll(i, o, _) => (i.len() == o.len(), "all_to_all"),
             _ => (true, ""),
         };

@@ -46,7 +46,7 @@
 //! | operation | element types | how |
 //! |---|---|---|
 //! | all_reduce, reduce | f16, f32, f64, i8, u8, i32, i64 | Gloo's ring all-reduce / reduce with Gloo's `sum`, `product`, `min`, `max`; `avg` = sum, then divide by the group size on the host (integers truncate toward zero) |
-//! | reduce_scatter | same | Gloo all-reduce into a scratch buffer, then this rank's chunk is copied out (see below) |
+//! | reduce_scatter | same | the shim's ring on Gloo's unbound buffers, straight into the output (see below) |
 //! | broadcast, all_gather, gather, scatter, all_to_all | all eight, bf16 included | Gloo's collectives on raw bytes (exact for every type); all_gathers of up to 240 bytes per rank (the call check's, a split's) go instead over a second mesh in Gloo's synchronous mode, one frame per peer read by the calling thread (the shim's `SmallMesh`: about 10 µs instead of Gloo's ~100 µs on loopback), where ranks passing different byte counts get an `InvalidArgument` error instead of Gloo's abort |
 //! | send, recv | all eight | Gloo unbound buffers; a 16-byte header (length, dtype) precedes each payload, so a receive of the wrong size is an `InvalidArgument` error instead of a Gloo assertion that aborts the process; sends to self go through an in-process mailbox (Gloo has no connection to self) |
 //! | barrier | - | Gloo's barrier |
@@ -62,9 +62,12 @@
 //! **reduce_scatter**: Gloo's `ReduceScatterHalvingDoubling` is an old-style
 //! algorithm that reduces in place into its input, leaves the result at the
 //! start of the buffer, and waits on bound buffers without the per-op
-//! timeout. The backend instead all-reduces a copy of the input and keeps
-//! its chunk: exact, bounded by the timeout, at the price of moving the
-//! whole buffer rather than `1/n` of it.
+//! timeout. The shim runs its own ring instead (`size - 1` steps on Gloo's
+//! unbound buffers, one deadline for the whole call): each rank sends
+//! `(size - 1) / size` of the input, half an all-reduce's traffic, and reads
+//! the input without writing it. Each element is reduced on one rank, in
+//! ring order, so a float sum can differ in its last bits from the same
+//! element of an all-reduce (never between ranks).
 //!
 //! ## Failures
 //!
