@@ -396,3 +396,30 @@ fn a_device_model_is_checkpointed_through_its_kernels() {
         assert!(e.to_string().contains("\"p0\""), "{e}");
     });
 }
+
+/// [`DevModel`] without its kernels: device views the facade cannot touch.
+struct NoKernels(DevModel);
+
+impl Parameters for NoKernels {
+    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        self.0.visit_params(f)
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        self.0.visit_params_mut(f)
+    }
+}
+
+#[test]
+fn a_device_model_without_kernels_is_refused_by_prepare() {
+    ranks(2, move |acc| {
+        let (acc, mem, _) = on_device(acc, true);
+        let e = acc
+            .prepare_model(NoKernels(DevModel::new(mem, &[3, 2], acc.rank())))
+            .unwrap_err();
+        assert_eq!(e.kind(), &accel::ErrorKind::Unsupported, "{e}");
+        let text = e.to_string();
+        assert!(text.contains("prepare_model"), "{text}");
+        assert!(text.contains("\"p0\""), "{text}");
+        assert!(text.contains("grad_kernels"), "{text}");
+    });
+}

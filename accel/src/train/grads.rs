@@ -336,12 +336,31 @@ fn check_float(model: &dyn Parameters, op: &str) -> Result<()> {
     bad.map_or(Ok(()), Err)
 }
 
+/// `Unsupported` naming the first parameter whose value or gradient is in
+/// device memory when the model gives no [`Parameters::grad_kernels`]:
+/// checked by `prepare`, so that no later step meets it halfway.
+pub(crate) fn check_kernels(model: &dyn Parameters, op: &str) -> Result<()> {
+    if model.grad_kernels().is_some() {
+        return Ok(());
+    }
+    let mut bad = None;
+    model.visit_params(&mut |p| {
+        if bad.is_none() {
+            if let Buf::Device(d) = &p.grad {
+                bad = Some(no_kernels(op, p.name, d.device()));
+            }
+        }
+    });
+    bad.map_or(Ok(()), Err)
+}
+
 /// Set every gradient to zero (the default
 /// [`Optimizer::zero_grad`](super::Optimizer::zero_grad)).
 ///
 /// # Panics
 /// When a device gradient has no kernels: a model that hands out device
-/// views without [`Parameters::grad_kernels`] breaks the trait's contract.
+/// views without [`Parameters::grad_kernels`] breaks the trait's contract
+/// (`Accelerator::prepare` refuses such a model with `Unsupported`).
 pub fn zero_grads(model: &mut dyn Parameters) {
     let k = model.grad_kernels();
     let mut failed = None;

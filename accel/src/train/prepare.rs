@@ -152,8 +152,11 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
     /// Wraps the model and, like DDP, copies the main process's parameter
     /// values to every rank (one broadcast per parameter, in the values'
     /// own memory), so all ranks start equal. Collective on more than one
-    /// rank.
+    /// rank. `Unsupported`, before any communication, for a model whose
+    /// gradients are device views while it gives no
+    /// [`Parameters::grad_kernels`].
     fn prepare_with(mut self, acc: &Accelerator) -> Result<PreparedModel<M>> {
+        super::grads::check_kernels(&self, "prepare_model")?;
         if acc.world_size() > 1 {
             let comm = acc.comm();
             let mut err = None;
