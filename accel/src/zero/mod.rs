@@ -1711,26 +1711,15 @@ mod tests {
             std::time::Duration::from_secs(1),
         ));
         let mut m = One(vec![1.0; 5], vec![0.5; 5]);
-        let sgd = || ShardedSgd::new(0.1).with_momentum(0.9);
-        let mut z = ZeroOptimizer::new(
-            comm.clone(),
-            &m,
-            Stage::Gradients,
-            &WrapPolicy::Whole,
-            sgd(),
-        )
-        .unwrap();
+        let build = |m: &One| {
+            let sgd = ShardedSgd::new(0.1).with_momentum(0.9);
+            ZeroOptimizer::new(comm.clone(), m, Stage::Gradients, &WrapPolicy::Whole, sgd).unwrap()
+        };
+        let mut z = build(&m);
         z.step(&mut m).unwrap();
         assert_eq!(m.0, vec![0.95; 5]);
         let state = z.state_dict();
-        let mut back = ZeroOptimizer::new(
-            comm.clone(),
-            &m,
-            Stage::Gradients,
-            &WrapPolicy::Whole,
-            sgd(),
-        )
-        .unwrap();
+        let mut back = build(&m);
         back.load_state_dict(&state).unwrap();
         assert_eq!(back.optimizer(), z.optimizer());
         let mut other = state.clone();
