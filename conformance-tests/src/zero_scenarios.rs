@@ -6,9 +6,10 @@
 //! gate no gradients. Named `zero_*` so that
 //! `--filter zero` runs them.
 
+use accel::train::{try_visit_params_mut, Parameters};
 use accel::train::{Dataset, GradScaler, GradScalerConfig, Optimizer, Sgd};
-use accel::zero::{ShardedSgd, Stage, StepOptions, WrapPolicy, ZeroOptimizer};
-use accel_api::{CommunicatorExt, Op};
+use accel::zero::{ShardedSgd, Stage, StepOptions, UnitGate, WrapPolicy, ZeroOptimizer};
+use accel_api::{BufMut, CommunicatorExt, Op};
 
 use crate::fixtures::{Mlp, Synthetic};
 use crate::{Ctx, Outcome, Scenario};
@@ -240,9 +241,40 @@ fn zero_clipping(ctx: &Ctx) -> Outcome {
     Outcome::Pass
 }
 
-/// The step at which the last rank's batch overflows in
+/// The step at which the last rank's gradients overflow in
 /// `zero_fp16_skip_agreed`.
 const OVERFLOW_STEP: usize = 1;
+
+/// A gate that, when armed, makes the first gradient element of `fc1`
+/// infinite just before `fc1`'s gradients are reduced. That element is the
+/// first of unit `fc1`, so at stages 2 and 3 only rank 0's shard holds the
+/// infinity after the reduce-scatter: the other ranks skip the step only
+/// because the overflow flag is reduced over every rank.
+struct OverflowGate<'a, G: UnitGate> {
+    inner: &'a mut G,
+    armed: bool,
+}
+
+impl<G: UnitGate> UnitGate for OverflowGate<'_, G> {
+    fn gather(&mut self, model: &mut dyn Parameters, module: &str) -> accel_api::Result<()> {
+        self.inner.gather(model, module)
+    }
+    fn release(&mut self, model: &mut dyn Parameters, module: &str) -> accel_api::Result<()> {
+        self.inner.release(model, module)
+    }
+    fn reduce_grads(&mut self, model: &mut dyn Parameters, module: &str) -> accel_api::Result<()> {
+        if self.armed && module == "fc1" {
+            try_visit_params_mut(model, |i, p| match p.grad {
+                BufMut::Host(mut h) if i == 0 => {
+                    h.as_mut_slice::<f32>()?[0] = f32::INFINITY;
+                    Ok(())
+                }
+                _ => Ok(()),
+            })?;
+        }
+        self.inner.reduce_grads(model, module)
+    }
+}
 
 fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
     let (n, rank) = (ctx.world_size(), ctx.comm.rank());
@@ -282,12 +314,13 @@ fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
             let mut skipped = Vec::new();
             for s in 0..STEPS {
                 let start = s * global + rank * BS;
-                let mut batch: Vec<_> = (start..start + BS).map(|i| data.get(i)).collect();
-                if s == OVERFLOW_STEP && rank + 1 == n {
-                    batch[0].y = f32::INFINITY;
-                }
+                let batch: Vec<_> = (start..start + BS).map(|i| data.get(i)).collect();
+                let mut gate = OverflowGate {
+                    inner: &mut zero,
+                    armed: s == OVERFLOW_STEP && rank + 1 == n,
+                };
                 model
-                    .loss_and_grad_units(&batch, scaler.scale as f32, &mut zero)
+                    .loss_and_grad_units(&batch, scaler.scale as f32, &mut gate)
                     .map_err(|e| e.to_string())?;
                 let opts = StepOptions {
                     max_norm: None,

@@ -268,6 +268,7 @@ fn the_configured_stage_trains_through_backward_and_zero_step() {
                     .collect::<Vec<f32>>())
             })
             .unwrap();
+        assert_eq!(out[0].len(), want.len(), "stage {stage}: parameter count");
         for (i, (a, b)) in out[0].iter().zip(&want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
