@@ -446,15 +446,7 @@ impl WorkerEnv {
                     })
                 })
                 .transpose()?,
-            sharding: get(ACCEL_SHARDING)
-                .filter(|v| !v.trim().is_empty())
-                .map(|v| {
-                    v.parse().map_err(|e: Error| {
-                        Error::invalid_config(ACCEL_SHARDING, v, e.message().to_string())
-                            .with_fix("set it to none, optimizer, gradients or full")
-                    })
-                })
-                .transpose()?,
+            sharding: crate::zero::Stage::from_env_value(get(ACCEL_SHARDING))?,
             restart_count,
             max_restarts: u32_of(TORCHELASTIC_MAX_RESTARTS)?,
             error_file: either(ACCEL_ERROR_FILE, TORCHELASTIC_ERROR_FILE)

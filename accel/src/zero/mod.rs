@@ -33,7 +33,8 @@ use std::sync::Arc;
 mod prefetch;
 
 use accel_api::{
-    Buf, Communicator, CommunicatorExt, Error, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp, Result,
+    Buf, Communicator, CommunicatorExt, DType, Error, ErrorKind, HostBuf, HostBufMut, Op, ReduceOp,
+    Result,
 };
 
 use crate::train::{
@@ -80,9 +81,18 @@ impl Stage {
     /// [`ErrorKind::InvalidConfig`] naming the variable for an unknown
     /// stage.
     pub fn from_env() -> Result<Option<Stage>> {
-        match std::env::var(SHARDING_ENV) {
-            Ok(v) if !v.trim().is_empty() => v.parse().map(Some).map_err(|e: Error| {
-                Error::invalid_config(SHARDING_ENV, &v, e.message().to_string())
+        Stage::from_env_value(std::env::var(SHARDING_ENV).ok().as_deref())
+    }
+
+    /// A value of [`SHARDING_ENV`] (read from the process environment or
+    /// from a worker's); `None` when absent or empty.
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    pub fn from_env_value(value: Option<&str>) -> Result<Option<Stage>> {
+        match value {
+            Some(v) if !v.trim().is_empty() => v.parse().map(Some).map_err(|e: Error| {
+                Error::invalid_config(SHARDING_ENV, v, e.message().to_string())
                     .with_fix("set it to none, optimizer, gradients or full")
             }),
             _ => Ok(None),
@@ -521,6 +531,18 @@ pub trait UnitGate {
     fn reduce_grads(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()>;
 }
 
+/// The sum over ranks of `[norm², overflow]` partials: in f64, or in f32
+/// on an engine that cannot reduce f64 (HCCL).
+fn partials_sum(comm: &dyn Communicator, v: [f64; 2]) -> Result<[f64; 2]> {
+    if comm.capabilities().reduce_dtypes.contains(&DType::F64) {
+        let r = comm.all_reduce_vec(&v, ReduceOp::Sum)?;
+        Ok([r[0], r[1]])
+    } else {
+        let r = comm.all_reduce_vec(&[v[0] as f32, v[1] as f32], ReduceOp::Sum)?;
+        Ok([f64::from(r[0]), f64::from(r[1])])
+    }
+}
+
 /// The gate of an unsharded model: every call does nothing.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoGate;
@@ -689,9 +711,9 @@ pub struct ZeroOptimizer<O> {
     stage: Stage,
     opt: O,
     key: String,
-    /// Stages 0-2: the padded gradients of every unit; stage 3: one unit's.
+    /// Scratch for one unit's padded gradients (the unit being reduced).
     grads: Vec<f32>,
-    /// Stages 0-2: the padded values of every unit; stage 3: one unit's.
+    /// Scratch for one unit's padded values (the unit being gathered).
     values: Vec<f32>,
     /// This rank's averaged gradient slices, unit after unit.
     shard: Vec<f32>,
@@ -836,10 +858,21 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// Wait for and drop the prefetch in flight (its values are out of
     /// date or unwanted).
     fn drain_prefetch(&mut self) -> Result<()> {
-        if let Some(p) = self.prefetch.as_mut() {
-            p.take()?;
+        self.take_prefetched().map(drop)
+    }
+
+    /// The prefetch's answer, if a gather is in flight. After an error the
+    /// prefetch is turned off, so that no late answer is taken for a later
+    /// gather.
+    fn take_prefetched(&mut self) -> Result<Option<(usize, Vec<f32>)>> {
+        let Some(p) = self.prefetch.as_mut() else {
+            return Ok(None);
+        };
+        let r = p.take();
+        if r.is_err() {
+            self.prefetch = None;
         }
-        Ok(())
+        r
     }
 
     /// The end of a step's calls: keep the recorded order, or record anew
@@ -1108,10 +1141,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         let [sq, bad] = if self.plan.world == 1 {
             [local_sq, local_bad]
         } else {
-            let v = self
-                .comm
-                .all_reduce_vec(&[local_sq, local_bad], ReduceOp::Sum)?;
-            [v[0], v[1]]
+            partials_sum(&*self.comm, [local_sq, local_bad])?
         };
         let norm = sq.sqrt() as f32;
         let skipped = scaler.is_some() && bad > 0.0;
@@ -1416,13 +1446,13 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             }
             return Ok(());
         }
-        let prefetched = match self.prefetch.as_mut().map(|p| p.take()).transpose()? {
-            Some(Some((w, v))) if w == unit => Some(v),
-            Some(Some(_)) => {
+        let prefetched = match self.take_prefetched()? {
+            Some((w, v)) if w == unit => Some(v),
+            Some(_) => {
                 self.diverged = true;
                 None
             }
-            _ => None,
+            None => None,
         };
         match prefetched {
             Some(v) => {
@@ -1691,6 +1721,23 @@ mod tests {
         assert_eq!("zero3".parse::<Stage>().unwrap(), Stage::Full);
         let e = "zero9".parse::<Stage>().unwrap_err();
         assert!(e.to_string().contains("zero9"), "{e}");
+        assert_eq!(
+            Stage::from_env_value(Some(" 2 ")).unwrap(),
+            Some(Stage::Gradients)
+        );
+        assert_eq!(Stage::from_env_value(Some("  ")).unwrap(), None);
+        assert_eq!(Stage::from_env_value(None).unwrap(), None);
+        let e = Stage::from_env_value(Some("zero9")).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains(SHARDING_ENV) && text.contains("zero9"),
+            "{text}"
+        );
+        assert!(
+            text.contains("none, optimizer, gradients or full"),
+            "{text}"
+        );
     }
 
     struct One(Vec<f32>, Vec<f32>);

@@ -22,6 +22,7 @@ pub(super) struct Prefetcher {
     done: mpsc::Receiver<Done>,
     in_flight: Option<usize>,
     wait: Duration,
+    rank: usize,
 }
 
 impl Prefetcher {
@@ -32,6 +33,7 @@ impl Prefetcher {
     pub(super) fn start(comm: Arc<dyn Communicator>) -> Result<Prefetcher> {
         // The gather itself times out after the communicator's timeout.
         let wait = comm.timeout() + Duration::from_secs(5);
+        let rank = comm.rank();
         let (jobs, todo) = mpsc::channel::<Job>();
         let (finished, done) = mpsc::channel::<Done>();
         std::thread::Builder::new()
@@ -56,6 +58,7 @@ impl Prefetcher {
             done,
             in_flight: None,
             wait,
+            rank,
         })
     }
 
@@ -86,18 +89,22 @@ impl Prefetcher {
     ///
     /// # Errors
     /// The gather's error; [`accel_api::ErrorKind::Timeout`] when no
-    /// answer comes within the communicator's timeout and 5 s.
+    /// answer comes within the communicator's timeout and 5 s. After an
+    /// error the prefetcher must be dropped: a late answer would otherwise
+    /// reach the next `take`.
     pub(super) fn take(&mut self) -> Result<Option<(usize, Vec<f32>)>> {
-        if self.in_flight.take().is_none() {
+        let Some(unit) = self.in_flight.take() else {
             return Ok(None);
-        }
+        };
         match self.done.recv_timeout(self.wait) {
             Ok((unit, r)) => r.map(|v| Some((unit, v))),
             Err(_) => Err(Error::timeout(
                 "sharding prefetch",
                 self.wait,
-                "the prefetched all-gather did not finish",
-            )),
+                format!("the prefetched all-gather of unit {unit} did not finish"),
+            )
+            .with_rank(self.rank)
+            .with_fix("the prefetch communicator's gather outlived its own timeout; run without the prefetch (ZeroOptimizer::with_prefetch(false)) and report the backend")),
         }
     }
 }

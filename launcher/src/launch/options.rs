@@ -282,11 +282,8 @@ impl Options {
                     .with_fix("set it to no, bf16 or fp16")
             })?);
         }
-        if let Some(v) = get("ACCEL_SHARDING").filter(|v| !v.trim().is_empty()) {
-            o.sharding = Some(v.parse().map_err(|e: Error| {
-                Error::invalid_config("ACCEL_SHARDING", &v, e.message().to_string())
-                    .with_fix("set it to none, optimizer, gradients or full")
-            })?);
+        if let Some(s) = accel::zero::Stage::from_env_value(get("ACCEL_SHARDING").as_deref())? {
+            o.sharding = Some(s);
         }
         if let Some(v) = get("ACCEL_DEBUG") {
             o.debug = match v.trim().to_ascii_lowercase().as_str() {
