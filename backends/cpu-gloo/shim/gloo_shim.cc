@@ -430,7 +430,10 @@ class SmallMesh {
       if (h.bytes != n) {
         throw ArgFailure("all_gather: this rank contributes " +
                          std::to_string(n) + " bytes, rank " +
-                         std::to_string(j) + " " + std::to_string(h.bytes));
+                         std::to_string(j) + " " + std::to_string(h.bytes) +
+                         " (every rank must pass the same byte count; with "
+                         "ACCEL_CHECK_CALLS=1, the default, the call check "
+                         "names the mismatched call)");
       }
       std::memcpy(dst + static_cast<size_t>(j) * n, frame(j) + sizeof(h), n);
     }
@@ -531,28 +534,33 @@ void ring_reduce_scatter(gloo::rendezvous::Context& c, const T* in, T* out,
     return std::max(left, std::chrono::milliseconds(1));
   };
   auto chunk = [&](int i) { return ((i % size) + size) % size; };
-  // [0]: what arrives; [1], [2]: partial sums, alternately sent and written.
-  std::vector<T> work(3 * count);
+  // Two chunk buffers, alternately received into (and reduced in place)
+  // and sent on: the one received into at step s was sent at step s - 1,
+  // whose send completed. Not zero-filled: every use is written first.
+  const int nbuf = std::min(size - 1, 2);
+  std::unique_ptr<T[]> work(new T[static_cast<size_t>(nbuf) * count]);
+  auto part = [&](int s) { return work.get() + (s % nbuf) * count; };
   auto input = c.createUnboundBuffer(const_cast<T*>(in), bytes * size);
-  auto recv = c.createUnboundBuffer(work.data(), bytes);
-  std::unique_ptr<gloo::transport::UnboundBuffer> acc[2] = {
-      c.createUnboundBuffer(work.data() + count, bytes),
-      c.createUnboundBuffer(work.data() + 2 * count, bytes)};
+  std::unique_ptr<gloo::transport::UnboundBuffer> bufs[2];
+  for (int i = 0; i < nbuf; i++) {
+    bufs[i] = c.createUnboundBuffer(part(i), bytes);
+  }
   const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   for (int s = 0; s < size - 1; s++) {
+    auto& recv = bufs[s % nbuf];
     recv->recv(left, slot);
     gloo::transport::UnboundBuffer* sent;
     if (s == 0) {
       input->send(right, slot, chunk(rank - 1) * bytes, bytes);
       sent = input.get();
     } else {
-      acc[(s - 1) % 2]->send(right, slot);
-      sent = acc[(s - 1) % 2].get();
+      sent = bufs[(s - 1) % nbuf].get();
+      sent->send(right, slot);
     }
     recv->waitRecv(left_ms());
-    T* dst = s == size - 2 ? out : work.data() + (1 + s % 2) * count;
-    reduce(dst, work.data(), in + chunk(rank - s - 2) * count, count);
+    T* dst = s == size - 2 ? out : part(s);
+    reduce(dst, part(s), in + chunk(rank - s - 2) * count, count);
     sent->waitSend(left_ms());
   }
 }
