@@ -647,9 +647,22 @@ pub(crate) struct Shape {
     pub(crate) stream: u64,
 }
 
+/// The views below are safe functions: their bound is checked in every
+/// build (a caller's bug panics here instead of viewing past `mem`).
+fn fits(mem: &DeviceMem, s: Shape) {
+    let bytes = s.len.checked_mul(s.dtype.size());
+    assert!(
+        bytes.is_some_and(|b| b <= mem.bytes),
+        "a view of {} {} elements over {} bytes of device memory",
+        s.len,
+        s.dtype,
+        mem.bytes
+    );
+}
+
 /// A read-only device view of `mem` as `s` says.
 pub(crate) fn view(mem: &DeviceMem, s: Shape) -> accel_api::DeviceBuf<'_> {
-    debug_assert!(s.len * s.dtype.size() <= mem.bytes);
+    fits(mem, s);
     // SAFETY: `mem` owns at least `len * dtype.size()` bytes on `device`
     // and is borrowed for the view's lifetime.
     unsafe { accel_api::DeviceBuf::from_raw(mem, mem.ptr, s.len, s.dtype, s.device, s.stream) }
@@ -657,7 +670,7 @@ pub(crate) fn view(mem: &DeviceMem, s: Shape) -> accel_api::DeviceBuf<'_> {
 
 /// A writable device view, borrowing `mem` mutably.
 pub(crate) fn view_mut(mem: &mut DeviceMem, s: Shape) -> accel_api::DeviceBufMut<'_> {
-    debug_assert!(s.len * s.dtype.size() <= mem.bytes);
+    fits(mem, s);
     let ptr = mem.ptr;
     // SAFETY: as for `view`; the mutable borrow excludes other views.
     unsafe { accel_api::DeviceBufMut::from_raw(mem, ptr, s.len, s.dtype, s.device, s.stream) }
