@@ -225,7 +225,7 @@ pub trait Parameters {
 }
 
 /// Visit `model`'s parameters in order, with their index, until `f` fails;
-/// returns the first error (the rest are not visited).
+/// returns the first error (`f` is not called for the rest).
 ///
 /// # Errors
 /// `f`'s first.

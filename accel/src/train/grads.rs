@@ -336,8 +336,8 @@ fn check_float(model: &dyn Parameters, op: &str) -> Result<()> {
     bad.map_or(Ok(()), Err)
 }
 
-/// `Unsupported` naming the first parameter whose value or gradient is in
-/// device memory when the model gives no [`Parameters::grad_kernels`]:
+/// `Unsupported` naming the first parameter whose gradient is in device
+/// memory when the model gives no [`Parameters::grad_kernels`]:
 /// checked by `prepare`, so that no later step meets it halfway.
 pub(crate) fn check_kernels(model: &dyn Parameters, op: &str) -> Result<()> {
     if model.grad_kernels().is_some() {

@@ -77,7 +77,6 @@ fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String
     (code, out)
 }
 
-/// The context of this rank of the mpirun job.
 /// The combined output of `mode` on `n` ranks under mpirun, which must
 /// succeed.
 fn job_ok(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> String {
@@ -107,6 +106,7 @@ fn job_ends_naming(mode: &str, bound: Duration, text: &str) {
     assert!(out.contains(text), "{out}");
 }
 
+/// The context of this rank of the mpirun job.
 fn context(timeout: Duration) -> ConnectContext {
     let var = |k: &str| -> usize { std::env::var(k).unwrap().parse().unwrap() };
     ConnectContext::local(
