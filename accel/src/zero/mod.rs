@@ -330,6 +330,19 @@ pub trait ShardOptimizer: Send {
     /// # Errors
     /// [`ErrorKind::Corrupt`] for a state this optimizer did not write.
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()>;
+
+    /// Check the state just loaded against the lengths of this rank's
+    /// slices, one per unit (what [`step_shard`](Self::step_shard) will
+    /// be given), so that a checkpoint of another layout fails at load
+    /// rather than at the next step. The default accepts any state.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`] naming the unit, the state entry and both
+    /// lengths.
+    fn check_shards(&self, lens: &[usize]) -> Result<()> {
+        let _ = lens;
+        Ok(())
+    }
 }
 
 /// [`Sgd`](crate::train::Sgd)'s update (PyTorch's `SGD`) on shards, with
@@ -398,8 +411,9 @@ impl ShardOptimizer for ShardedSgd {
             return Err(Error::invalid_argument(
                 "sharded optimizer step",
                 format!(
-                    "unit {unit}: the momentum buffer holds {} elements",
-                    b.len()
+                    "unit {unit}: the momentum buffer holds {} elements, this rank's slice {}",
+                    b.len(),
+                    params.len()
                 ),
             ));
         }
@@ -458,6 +472,27 @@ impl ShardOptimizer for ShardedSgd {
                 self.buffers.resize(unit + 1, None);
             }
             self.buffers[unit] = Some(t.data.clone());
+        }
+        Ok(())
+    }
+
+    fn check_shards(&self, lens: &[usize]) -> Result<()> {
+        for (u, b) in self.buffers.iter().enumerate() {
+            let Some(b) = b else { continue };
+            let want = lens.get(u).copied();
+            if want != Some(b.len()) {
+                let slice = want.map_or("this run has no such unit".to_string(), |n| {
+                    format!("this rank's slice of unit {u} has {n}")
+                });
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "sharded SGD state `momentum_buffer.unit{u}` holds {} elements; {slice}",
+                        b.len()
+                    ),
+                )
+                .with_fix("resume from a checkpoint written by this model, stage and world size"));
+            }
         }
         Ok(())
     }
@@ -1374,7 +1409,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
                     ),
                 ));
             }
-            self.opt.load_state_dict(&inner)?;
+            self.load_opt(&inner)?;
             self.drain_prefetch()?;
             self.pos = 0;
             self.params = p.data;
@@ -1383,7 +1418,18 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             self.reduced.fill(false);
             return Ok(());
         }
-        self.opt.load_state_dict(&inner)
+        self.load_opt(&inner)
+    }
+
+    fn load_opt(&mut self, state: &StateDict) -> Result<()> {
+        self.opt.load_state_dict(state)?;
+        let lens: Vec<usize> = self
+            .plan
+            .units
+            .iter()
+            .map(|u| u.padded / self.plan.world)
+            .collect();
+        self.opt.check_shards(&lens)
     }
 }
 
@@ -1769,6 +1815,14 @@ mod tests {
         let mut back = build(&m);
         back.load_state_dict(&state).unwrap();
         assert_eq!(back.optimizer(), z.optimizer());
+        let mut short = state.clone();
+        let t = short.tensors.get_mut("momentum_buffer.unit0").unwrap();
+        t.data.pop();
+        let e = back.load_state_dict(&short).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::Corrupt, "{e}");
+        assert!(e.to_string().contains("momentum_buffer.unit0"), "{e}");
+        assert!(e.to_string().contains("has 5"), "{e}");
+        back.load_state_dict(&state).unwrap();
         let mut other = state.clone();
         other.put("zero.world_size", &4usize);
         let e = back.load_state_dict(&other).unwrap_err();
