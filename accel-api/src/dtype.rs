@@ -159,6 +159,74 @@ pub trait Element: bytemuck::Pod + PartialOrd + fmt::Debug + Send + Sync + seale
     fn from_f64(v: f64) -> Self;
 }
 
+/// Evaluates `$body` with the type `$T` bound to the Rust type of the
+/// float [`DType`] `$dtype` (f16, bf16, f32, f64), or `$other` for the
+/// rest.
+///
+/// ```
+/// use accel_api::{with_float, DType, Element};
+/// let size = |d: DType| with_float!(d, T => std::mem::size_of::<T>(), else 0);
+/// assert_eq!((size(DType::BF16), size(DType::F64), size(DType::I32)), (2, 8, 0));
+/// ```
+#[macro_export]
+macro_rules! with_float {
+    ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {
+        match $dtype {
+            $crate::DType::F16 => {
+                type $T = $crate::f16;
+                $body
+            }
+            $crate::DType::BF16 => {
+                type $T = $crate::bf16;
+                $body
+            }
+            $crate::DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DType::F64 => {
+                type $T = f64;
+                $body
+            }
+            _ => $other,
+        }
+    };
+}
+
+/// Evaluates `$body` with the type `$T` bound to the Rust type of
+/// `$dtype`, for every [`DType`] with one; `$other` otherwise (`DType` is
+/// non-exhaustive).
+///
+/// ```
+/// use accel_api::{with_dtype, DType, Element};
+/// let code = |d: DType| with_dtype!(d, T => <T as Element>::DTYPE.size(), else 0);
+/// assert_eq!((code(DType::U8), code(DType::F16)), (1, 2));
+/// ```
+#[macro_export]
+macro_rules! with_dtype {
+    ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {
+        match $dtype {
+            $crate::DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DType::I64 => {
+                type $T = i64;
+                $body
+            }
+            float => $crate::with_float!(float, $T => $body, else $other),
+        }
+    };
+}
+
 macro_rules! element {
     ($t:ty, $d:expr, $to:expr, $from:expr) => {
         impl sealed::Sealed for $t {}

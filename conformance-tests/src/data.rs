@@ -3,45 +3,15 @@
 
 use accel_api::{DType, Element, ReduceOp};
 
-/// Run `$body` with `$T` bound to the Rust type of `$dtype`.
+/// Run `$body` with `$T` bound to the Rust type of `$dtype`
+/// ([`accel_api::with_dtype!`], panicking for a type without one).
 #[macro_export]
 macro_rules! with_dtype {
     ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            accel_api::DType::F16 => {
-                type $T = accel_api::f16;
-                $body
-            }
-            accel_api::DType::BF16 => {
-                type $T = accel_api::bf16;
-                $body
-            }
-            accel_api::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            accel_api::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            accel_api::DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            accel_api::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            accel_api::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            accel_api::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            other => panic!("dtype {other} has no Rust type in the conformance suite"),
-        }
+        accel_api::with_dtype!($dtype, $T => $body, else panic!(
+            "dtype {} has no Rust type in the conformance suite",
+            $dtype
+        ))
     };
 }
 

@@ -8,8 +8,8 @@
 //! copies into bucket buffers, to the model's [`GradKernels`].
 
 use accel_api::{
-    Buf, BufMut, Communicator, DType, Device, DeviceBuf, DeviceBufMut, Error, ErrorKind, HostBuf,
-    HostBufMut, ReduceOp, Result,
+    with_float, Buf, BufMut, Communicator, DType, Device, DeviceBuf, DeviceBufMut, Error,
+    ErrorKind, HostBuf, HostBufMut, ReduceOp, Result,
 };
 use half::{bf16, f16};
 use std::borrow::Cow;
@@ -173,32 +173,6 @@ impl HostFloat for bf16 {
     }
 }
 
-/// `$body` with `$T` the element type of the float `$dtype`; `$other` for
-/// the others.
-macro_rules! for_float {
-    ($dtype:expr, $T:ident => $body:expr, else $other:expr) => {
-        match $dtype {
-            DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            DType::F16 => {
-                type $T = f16;
-                $body
-            }
-            DType::BF16 => {
-                type $T = bf16;
-                $body
-            }
-            _ => $other,
-        }
-    };
-}
-
 /// A host view of any float type as `f32` values (borrowed when it is f32,
 /// converted otherwise).
 ///
@@ -208,7 +182,7 @@ pub fn host_to_f32(buf: HostBuf<'_>) -> Result<Cow<'_, [f32]>> {
     if buf.dtype() == DType::F32 {
         return Ok(Cow::Borrowed(buf.as_slice::<f32>()?));
     }
-    for_float!(
+    with_float!(
         buf.dtype(),
         T => Ok(Cow::Owned(buf.as_slice::<T>()?.iter().map(|x| HostFloat::to_f32(*x)).collect())),
         else Err(not_float("host_to_f32", "?", buf.dtype()))
@@ -227,7 +201,7 @@ pub fn host_from_f32(dst: &mut HostBufMut<'_>, src: &[f32]) -> Result<()> {
         ));
     }
     let dtype = dst.dtype();
-    for_float!(
+    with_float!(
         dtype,
         T => {
             let d = dst.as_mut_slice::<T>()?;
@@ -242,7 +216,7 @@ pub fn host_from_f32(dst: &mut HostBufMut<'_>, src: &[f32]) -> Result<()> {
 /// 32-bit types and in f64 for f64.
 fn map_host(buf: &mut HostBufMut<'_>, f32_op: impl Fn(f32) -> f32, f64_op: impl Fn(f64) -> f64) {
     let dtype = buf.dtype();
-    for_float!(
+    with_float!(
         dtype,
         T => buf
             .as_mut_slice::<T>()
@@ -276,7 +250,7 @@ fn host_stats(buf: HostBuf<'_>, norm_type: f64) -> GradStats {
         }
         s
     }
-    for_float!(
+    with_float!(
         buf.dtype(),
         T => acc(
             buf.as_slice::<T>().expect("dtype").iter().map(|x| HostFloat::to_f64(*x)),

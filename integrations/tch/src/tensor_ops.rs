@@ -9,47 +9,14 @@ use tch::{Device, Tensor};
 
 use crate::ffi;
 
-/// Run `$body` with `$t` bound to the Rust element type of `$dtype`.
+/// Run `$body` with `$t` bound to the Rust element type of `$dtype`
+/// ([`accel_api::with_dtype!`]); `Unsupported` naming `$op` otherwise.
 macro_rules! with_element {
     ($dtype:expr, $op:expr, $t:ident => $body:expr) => {
-        match $dtype {
-            DType::F16 => {
-                type $t = half::f16;
-                $body
-            }
-            DType::BF16 => {
-                type $t = half::bf16;
-                $body
-            }
-            DType::F32 => {
-                type $t = f32;
-                $body
-            }
-            DType::F64 => {
-                type $t = f64;
-                $body
-            }
-            DType::I8 => {
-                type $t = i8;
-                $body
-            }
-            DType::U8 => {
-                type $t = u8;
-                $body
-            }
-            DType::I32 => {
-                type $t = i32;
-                $body
-            }
-            DType::I64 => {
-                type $t = i64;
-                $body
-            }
-            other => Err(Error::new(
-                accel_api::ErrorKind::Unsupported,
-                format!("{}: no tensor kind for {other}", $op),
-            )),
-        }
+        accel_api::with_dtype!($dtype, $t => $body, else Err(Error::new(
+            accel_api::ErrorKind::Unsupported,
+            format!("{}: no tensor kind for {}", $op, $dtype),
+        )))
     };
 }
 
