@@ -82,8 +82,23 @@ venv-tb:
 torch-venv: tch-setup
 	./scripts/torch_venv.sh
 
+# A one-machine Slurm for the launcher's Slurm tests (scripts/slurm_cluster.sh
+# starts and stops it inside each test): Debian's slurmd, slurmctld,
+# slurm-client and munge, ~30 s to install when missing.
+SLURM_PACKAGES := slurmd slurmctld slurm-client munge
+.PHONY: slurm-setup
+slurm-setup:
+	@missing=""; for p in $(SLURM_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "slurm-setup: installing$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	else echo "slurm-setup: present"; fi
+
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
-unit: setup pjrt-setup venv-tb torch-venv
+unit: setup pjrt-setup venv-tb torch-venv slurm-setup
 	$(CARGO) test --workspace --no-fail-fast
 	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
 

@@ -273,6 +273,56 @@ fn slurm_family(vars: &Vars) -> Result<Option<Family>> {
     }))
 }
 
+/// The first host of a Slurm hostlist (`n[01-03,7],gpu1` -> `n01`).
+fn slurm_first_host(list: &str) -> Option<String> {
+    let mut depth = 0;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ => {}
+            }
+            c == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let first = list[..end].trim();
+    let Some((prefix, rest)) = first.split_once('[') else {
+        return (!first.is_empty()).then(|| first.to_string());
+    };
+    let (ranges, suffix) = rest.split_once(']')?;
+    let lo = ranges.split([',', '-']).next()?.trim();
+    if lo.is_empty() || !lo.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(format!("{prefix}{lo}{suffix}"))
+}
+
+/// Where rank 0 of a Slurm job step hosts the store when the environment
+/// names none: the step's first node, and a port from the job and step ids
+/// (20000-39999), so that steps running at once rarely meet on one port.
+/// MASTER_ADDR / MASTER_PORT override either.
+fn slurm_rendezvous(vars: &Vars) -> Option<(String, u16)> {
+    let list = [
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+    ]
+    .iter()
+    .find_map(|k| vars.get(*k).filter(|v| !v.trim().is_empty()))?;
+    let host = slurm_first_host(list)?;
+    let id = |k: &str| vars.get(k).and_then(|v| v.trim().parse::<u64>().ok());
+    let job = id("SLURM_JOB_ID")
+        .or_else(|| id("SLURM_JOBID"))
+        .unwrap_or(0);
+    let step = id("SLURM_STEP_ID")
+        .or_else(|| id("SLURM_STEPID"))
+        .unwrap_or(0);
+    let port = 20000 + (job.wrapping_mul(131).wrapping_add(step) % 20000) as u16;
+    Some((host, port))
+}
+
 fn check_family(f: &Family) -> Result<()> {
     let (rank, rn) = f.rank;
     let (size, sn) = f.size;
@@ -425,6 +475,15 @@ impl ProcessState {
             )
             .with_fix("set the port the store listens on"));
         }
+        // srun alone (no MASTER_ADDR, no ACCEL_STORE_URL): rank 0 hosts the
+        // store on the step's first node, as under torch's env:// rendezvous.
+        let (mut master_addr, mut master_port) = (env.master_addr, env.master_port);
+        if source == LaunchSource::Slurm && world_size > 1 && env.store_url.is_none() {
+            if let Some((h, p)) = slurm_rendezvous(&vars) {
+                master_addr.get_or_insert(h);
+                master_port.get_or_insert(p);
+            }
+        }
         Ok(ProcessState {
             rank,
             world_size,
@@ -433,8 +492,8 @@ impl ProcessState {
             node_rank,
             source,
             mpi_launched,
-            master_addr: env.master_addr,
-            master_port: env.master_port,
+            master_addr,
+            master_port,
             store_url: env.store_url,
             agent_store: vars
                 .get(keys::TORCHELASTIC_USE_AGENT_STORE)
@@ -953,6 +1012,53 @@ mod tests {
         );
         assert!(!s.hosts_store());
         assert!(!s.is_main_process() && !s.is_local_main_process() && !s.is_last_process());
+    }
+
+    #[test]
+    fn slurm_hostlists_give_their_first_host() {
+        for (list, first) in [
+            ("vm", Some("vm")),
+            ("n[01-03,7],gpu1", Some("n01")),
+            ("gpu1,n[1-2]", Some("gpu1")),
+            ("rack[3-4]-node", Some("rack3-node")),
+            ("n[007]", Some("n007")),
+            ("", None),
+            ("n[x-y]", None),
+            ("n[1-2", None),
+        ] {
+            assert_eq!(slurm_first_host(list).as_deref(), first, "{list:?}");
+        }
+    }
+
+    #[test]
+    fn srun_alone_names_a_store_rank_0_hosts_on_the_first_node() {
+        let base = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_STEP_NODELIST", "n[03-04]"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "1"),
+        ];
+        let s = ProcessState::from_vars(vars(&base)).unwrap();
+        assert!(s.hosts_store());
+        let port = 20000 + (77 * 131 + 1) % 20000;
+        assert_eq!(
+            s.store_location().unwrap().unwrap(),
+            format!("torch://n03:{port}")
+        );
+        // Another step of the same job gets another port.
+        let mut kv = base.to_vec();
+        kv[4] = ("SLURM_STEP_ID", "2");
+        let s2 = ProcessState::from_vars(vars(&kv)).unwrap();
+        assert_ne!(s2.master_port, s.master_port);
+        // MASTER_ADDR/MASTER_PORT override, ACCEL_STORE_URL replaces it.
+        let mut kv = base.to_vec();
+        kv.push(("MASTER_PORT", "29400"));
+        let s3 = ProcessState::from_vars(vars(&kv)).unwrap();
+        assert_eq!(s3.store_location().unwrap().unwrap(), "torch://n03:29400");
+        let mut kv = base.to_vec();
+        kv.push(("ACCEL_STORE_URL", "file:///x"));
+        assert!(!ProcessState::from_vars(vars(&kv)).unwrap().hosts_store());
     }
 
     #[test]

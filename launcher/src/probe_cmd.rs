@@ -118,9 +118,10 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
     let store_url = state.store_location()?;
     let mut barrier_ms = None;
     if !args.no_barrier {
-        if let Some(url) = &store_url {
+        if store_url.is_some() {
             let t = Instant::now();
-            let store = accel_rendezvous::open_store(url, state.token.as_deref(), state.timeout)?;
+            // The state's store: rank 0 hosts it when the environment says so.
+            let store = state.open_store()?;
             store.barrier(
                 &format!("accel-probe/{}", state.restart_count),
                 state.world_size,
