@@ -19,7 +19,7 @@ pub struct EnvArgs {
 }
 
 /// What `accel launch` runs programs over when no backend is named
-/// (`crate::launch::engine`).
+/// (`crate::launch_cmd::default_backend`).
 #[derive(Debug, serde::Serialize)]
 struct LaunchDefault {
     /// The rule, in one sentence.
@@ -27,7 +27,7 @@ struct LaunchDefault {
     /// The MPI launcher and its family, or why there is none.
     mpirun: std::result::Result<String, String>,
     /// The choice for `--program`, at 2 processes on this machine.
-    program: Option<crate::launch::engine::Choice>,
+    program: Option<crate::launch_cmd::default_backend::Choice>,
 }
 
 const DEFAULT_RULE: &str =
@@ -36,8 +36,8 @@ const DEFAULT_RULE: &str =
      accelerator backend is available; cpu-gloo (local workers) otherwise; --backend forces one";
 
 fn launch_default(program: Option<&std::ffi::OsStr>) -> LaunchDefault {
-    use crate::launch::engine;
-    let mpirun = engine::find_mpirun()
+    use crate::launch_cmd::default_backend;
+    let mpirun = default_backend::find_mpirun()
         .map(|p| {
             let family = match accel_launch::mpirun::detect_flavor(&p) {
                 accel_launch::mpirun::MpiFlavor::OpenMpi => "Open MPI",
@@ -48,8 +48,8 @@ fn launch_default(program: Option<&std::ffi::OsStr>) -> LaunchDefault {
         .map_err(|e| e.to_string());
     let program = program.map(|p| {
         match accel_launch::program::resolve(p, std::env::var_os("PATH").as_deref()) {
-            Ok(path) => engine::choose(&path, 2, 1),
-            Err(e) => engine::Choice {
+            Ok(path) => default_backend::choose(&path, 2, 1),
+            Err(e) => default_backend::Choice {
                 backend: "cpu-gloo",
                 reason: e.to_string(),
                 mpirun: None,

@@ -545,6 +545,11 @@ fn bad(flag: &str, value: &str, why: &str) -> Error {
 mod tests {
     use super::*;
 
+    /// Options from an environment holding only `key=value`.
+    fn one_var(key: &str, value: &str) -> Result<Options> {
+        Options::from_env(|k| (k == key).then(|| value.to_string()))
+    }
+
     #[test]
     fn counts_refuse_zero_and_negative() {
         assert_eq!(parse_count("4"), Ok(4));
@@ -629,11 +634,9 @@ mod tests {
     fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
         assert_eq!(parse_mixed_precision("BF16"), Ok(MixedPrecision::Bf16));
         assert!(parse_mixed_precision("fp8").unwrap_err().contains("fp8"));
-        let env =
-            Options::from_env(|k| (k == "ACCEL_MIXED_PRECISION").then(|| "fp16".into())).unwrap();
+        let env = one_var("ACCEL_MIXED_PRECISION", "fp16").unwrap();
         assert_eq!(env.mixed_precision, Some(MixedPrecision::Fp16));
-        let e =
-            Options::from_env(|k| (k == "ACCEL_MIXED_PRECISION").then(|| "x".into())).unwrap_err();
+        let e = one_var("ACCEL_MIXED_PRECISION", "x").unwrap_err();
         assert!(e.to_string().contains("ACCEL_MIXED_PRECISION"), "{e}");
         let flag = Options {
             mixed_precision: Some(MixedPrecision::Bf16),
@@ -648,9 +651,9 @@ mod tests {
         use accel::zero::Stage;
         assert_eq!(parse_sharding("FULL_SHARD"), Ok(Stage::Full));
         assert!(parse_sharding("zero9").unwrap_err().contains("zero9"));
-        let env = Options::from_env(|k| (k == "ACCEL_SHARDING").then(|| "zero2".into())).unwrap();
+        let env = one_var("ACCEL_SHARDING", "zero2").unwrap();
         assert_eq!(env.sharding, Some(Stage::Gradients));
-        let e = Options::from_env(|k| (k == "ACCEL_SHARDING").then(|| "x".into())).unwrap_err();
+        let e = one_var("ACCEL_SHARDING", "x").unwrap_err();
         assert!(e.to_string().contains("ACCEL_SHARDING"), "{e}");
         let flag = Options {
             sharding: Some(Stage::Full),

@@ -63,7 +63,7 @@ use accel_api::{Error, ErrorKind, Result};
 use accel_launch::mpirun::{detect_flavor, Hosts};
 use accel_launch::{store, HostedStore, MpirunGroup};
 
-use super::engine::Choice;
+use super::default_backend::Choice;
 use super::options::Settings;
 use super::{base_env, finish, resolve_program, scratch_dir, supervision, LaunchArgs};
 
@@ -157,7 +157,7 @@ pub fn hosts(s: &Settings, list: Option<&str>, file: Option<&Path>) -> Result<Ho
 /// anything starts; `Err(code)` after saying why.
 fn find_launcher() -> std::result::Result<PathBuf, u8> {
     let from_env = std::env::var_os("ACCEL_MPIRUN").is_some_and(|v| !v.is_empty());
-    super::engine::find_mpirun().map_err(|e| {
+    super::default_backend::find_mpirun().map_err(|e| {
         let hint = if from_env {
             "ACCEL_MPIRUN names it; point it at your mpirun / mpiexec"
         } else {
