@@ -387,6 +387,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         return Err(e);
     }
     let s = layered(args)?;
+    mpi::check_host_list(args.mpi_hosts.as_deref())?;
     if mpi::requested(&s) {
         return mpi::launch(&s, args, None);
     }
@@ -405,6 +406,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
             choice.reason
         );
     }
+    s.check_rank_filter(s.world_size_claim())?;
     let token = match &s.token {
         Some(t) => t.clone(),
         None => store::random_hex(16)?,

@@ -82,6 +82,25 @@ fn config_error(msg: impl Into<String>, fix: impl Into<String>) -> Error {
         .with_fix(fix.into())
 }
 
+/// A host list that names no machine (`--mpi-hosts ""`) is refused rather
+/// than read as "this machine only".
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming `--mpi-hosts`.
+pub fn check_host_list(list: Option<&str>) -> Result<()> {
+    match list {
+        Some(l) if l.split(',').all(|h| h.trim().is_empty()) => {
+            Err(
+                Error::invalid_config("--mpi-hosts", l, "the host list names no machine").with_fix(
+                    "name the machines (--mpi-hosts HOST0,HOST1,...), or leave the flag (and \
+             ACCEL_MPI_HOSTS) out to run on this machine",
+                ),
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Decide where mpirun runs the ranks, checking the machine flags.
 ///
 /// # Errors
@@ -201,6 +220,7 @@ pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Resu
         Hosts::List(v) => v.iter().map(|(_, n)| *n).sum::<usize>(),
         _ => s.nproc * s.num_machines,
     };
+    s.check_rank_filter(total)?;
     let token = match &s.token {
         Some(t) => t.clone(),
         None => store::random_hex(16)?,
