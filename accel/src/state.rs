@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use accel_api::{Device, DeviceKind, Error, ErrorKind, Result};
 
+/// The shortest `ACCEL_TIMEOUT` accel takes: shorter ones are refused.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
 /// Default bound for every blocking call when `ACCEL_TIMEOUT` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -133,7 +136,7 @@ struct Family {
     size: (usize, &'static str),
     local_rank: Option<(usize, &'static str)>,
     local_size: Option<(usize, &'static str)>,
-    node_rank: Option<usize>,
+    node_rank: Option<(usize, &'static str)>,
 }
 
 fn pair(
@@ -178,7 +181,7 @@ fn torch_family(vars: &Vars) -> Result<Option<Family>> {
         size: (s, WORLD_SIZE),
         local_rank: opt(vars, LOCAL_RANK)?,
         local_size: opt(vars, LOCAL_WORLD_SIZE)?,
-        node_rank: num(vars, GROUP_RANK)?,
+        node_rank: opt(vars, GROUP_RANK)?,
     }))
 }
 
@@ -253,13 +256,23 @@ fn slurm_family(vars: &Vars) -> Result<Option<Family>> {
     let Some((r, s)) = pair(vars, LaunchSource::Slurm, "SLURM_PROCID", "SLURM_NTASKS")? else {
         return Ok(None);
     };
-    let node = num(vars, "SLURM_NODEID")?;
+    let node = opt(vars, "SLURM_NODEID")?;
     let local_size = match (vars.get("SLURM_TASKS_PER_NODE"), node) {
-        (Some(v), Some(n)) => {
+        (Some(v), Some((n, _))) => {
             let per = slurm_tasks_per_node(v).ok_or_else(|| {
                 Error::invalid_config("SLURM_TASKS_PER_NODE", v, "not in Slurm's `N(xM),K` format")
             })?;
-            per.get(n).map(|&c| (c, "SLURM_TASKS_PER_NODE"))
+            let count = per.get(n).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "SLURM_NODEID={n} is not below the {} node(s) SLURM_TASKS_PER_NODE={v} lists",
+                        per.len()
+                    ),
+                )
+                .with_fix(fix_for("Slurm"))
+            })?;
+            Some((*count, "SLURM_TASKS_PER_NODE"))
         }
         _ => None,
     };
@@ -369,6 +382,22 @@ fn check_family(f: &Family) -> Result<()> {
             .with_fix(fix_for(&format!("{:?}", f.source))));
         }
     }
+    if let Some((node, nn)) = f.node_rank {
+        // This machine holds its local ranks and every other machine at
+        // least one: there are at most size - local_size + 1 machines.
+        let local = f.local_size.map_or(1, |x| x.0);
+        let machines = size - local + 1;
+        if node >= machines {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "{nn}={node} is out of range: {sn}={size} ranks with {local} on this machine \
+                     make at most {machines} machine(s), numbered from 0"
+                ),
+            )
+            .with_fix(fix_for(&format!("{:?}", f.source))));
+        }
+    }
     Ok(())
 }
 
@@ -385,6 +414,31 @@ fn contradiction(a: &Family, b: &Family, fix: &str) -> Result<()> {
         ),
     )
     .with_fix(fix.to_string()))
+}
+
+/// The store a process opens ([`ProcessState::store_plan`]).
+pub enum StorePlan {
+    /// The store the rank threads of this process share.
+    Shared(Arc<dyn accel_api::Store>),
+    /// A fresh in-memory store (one process, no store named).
+    Memory,
+    /// The store at this URL (its form checked).
+    Url(String),
+    /// None: an MPI launcher or srun started the run without naming a
+    /// store; the first use fails with this error (the mpi backend needs
+    /// none).
+    Deferred(Error),
+}
+
+impl std::fmt::Debug for StorePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorePlan::Shared(_) => f.write_str("Shared"),
+            StorePlan::Memory => f.write_str("Memory"),
+            StorePlan::Url(u) => write!(f, "Url({u})"),
+            StorePlan::Deferred(e) => write!(f, "Deferred({e})"),
+        }
+    }
 }
 
 impl ProcessState {
@@ -464,9 +518,20 @@ impl ProcessState {
             .and_then(|f| f.local_rank.map(|x| x.0))
             .unwrap_or(rank % local_world_size);
         let node_rank = family
-            .and_then(|f| f.node_rank)
+            .and_then(|f| f.node_rank.map(|x| x.0))
             .unwrap_or(rank / local_world_size);
 
+        if let Some(t) = env.timeout.filter(|t| *t < MIN_TIMEOUT) {
+            return Err(Error::invalid_config(
+                keys::ACCEL_TIMEOUT,
+                &vars[keys::ACCEL_TIMEOUT],
+                format!(
+                    "{t:?} is below the shortest timeout accel takes, 1ms (its waits poll at \
+                     millisecond steps, so a shorter one is refused, not rounded up)"
+                ),
+            )
+            .with_fix("set ACCEL_TIMEOUT to 1ms or more, e.g. 30s"));
+        }
         if env.master_port == Some(0) && world_size > 1 {
             return Err(Error::invalid_config(
                 keys::MASTER_PORT,
@@ -585,6 +650,17 @@ impl ProcessState {
         if let Some(u) = &self.store_url {
             return Ok(Some(u.clone()));
         }
+        if let Some(a) = self.master_addr.as_deref().filter(|a| a.trim().is_empty()) {
+            return Err(Error::invalid_config(
+                keys::MASTER_ADDR,
+                a,
+                "MASTER_ADDR is set but empty: an empty address is refused, not read as unset \
+                 or as this machine",
+            )
+            .with_fix(
+                "set MASTER_ADDR to machine 0's address (127.0.0.1 on one machine), or unset it",
+            ));
+        }
         match (&self.master_addr, self.master_port) {
             (Some(a), Some(p)) if self.token.is_some() => Ok(Some(tcp_url(a, p))),
             (Some(a), Some(p)) if self.world_size > 1 || self.agent_store => {
@@ -637,24 +713,41 @@ impl ProcessState {
     /// above), plus the store's connect errors (unreachable, wrong token),
     /// tagged with this rank.
     pub fn open_store(&self) -> Result<Arc<dyn accel_api::Store>> {
-        if let Some(store) = rank_thread_store(self) {
-            return Ok(store);
-        }
-        match self.store_location() {
-            Ok(None) => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
-            Ok(Some(url)) => {
+        match self.store_plan()? {
+            StorePlan::Shared(store) => Ok(store),
+            StorePlan::Memory => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
+            StorePlan::Url(url) => {
                 if self.hosts_store() {
                     host_torch_store(self).map_err(|e| e.with_rank(self.rank))?;
                 }
                 accel_rendezvous::open_store(&url, self.token.as_deref(), self.timeout)
                     .map_err(|e| e.with_rank(self.rank))
             }
+            StorePlan::Deferred(why) => Ok(Arc::new(NoStore { why })),
+        }
+    }
+
+    /// Which store [`open_store`](Self::open_store) opens, with the URL's
+    /// form checked and nothing opened (what `accel env` checks too).
+    ///
+    /// # Errors
+    /// As [`store_location`](Self::store_location), and a malformed store
+    /// URL (scheme, host, port range, relative path).
+    pub fn store_plan(&self) -> Result<StorePlan> {
+        if let Some(store) = rank_thread_store(self) {
+            return Ok(StorePlan::Shared(store));
+        }
+        let checked = self.store_location().and_then(|loc| match loc {
+            Some(url) => accel_rendezvous::check_store_url(&url)
+                .map(|()| StorePlan::Url(url))
+                .map_err(|e| e.with_rank(self.rank)),
+            None => Ok(StorePlan::Memory),
+        });
+        match checked {
             Err(e) if self.mpi_launched || self.source == LaunchSource::Slurm => {
-                Ok(Arc::new(NoStore {
-                    why: e.with_rank(self.rank),
-                }))
+                Ok(StorePlan::Deferred(e.with_rank(self.rank)))
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -767,19 +860,25 @@ struct NoStore {
 
 impl NoStore {
     fn fail<T>(&self, op: &str) -> Result<T> {
-        Err(Error::new(
-            ErrorKind::InvalidConfig,
-            format!(
-                "{op} needs the run's rendezvous store, and the launcher named none: {}",
-                self.why.message()
-            ),
-        )
-        .with_rank(self.why.rank().unwrap_or(0))
-        .with_fix(
-            "use the mpi backend (ACCEL_BACKEND=mpi), which needs no store under mpirun, or set \
-             MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL) to a store, or start with `accel launch`",
-        ))
+        Err(no_store_error(&self.why, op))
     }
+}
+
+/// The error of `what` (a store call, a backend) needing the store a run
+/// started by an MPI launcher did not name (`why`).
+pub(crate) fn no_store_error(why: &Error, what: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "{what} needs the run's rendezvous store, and the launcher named none: {}",
+            why.message()
+        ),
+    )
+    .with_rank(why.rank().unwrap_or(0))
+    .with_fix(
+        "use the mpi backend (ACCEL_BACKEND=mpi), which needs no store under mpirun, or set \
+         MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL) to a store, or start with `accel launch`",
+    )
 }
 
 impl accel_api::Store for NoStore {

@@ -197,11 +197,18 @@ fn the_documented_sbatch_script_runs() {
 fn scancel_ends_every_rank_and_the_launcher_says_why() {
     let Some(c) = Cluster::start() else { return };
     let out = c.dir.join("job.out");
-    let marker = format!("accel-scancel-{}", std::process::id());
+    let pid = std::process::id();
+    // Spelled so that only the ranks' own command lines (after `exec -a`)
+    // contain the marker, not the launcher's or the shell's.
+    let marker = format!("accel-scancel-{pid}");
     let script = sbatch_script(
         &c.dir,
         &format!(
-            "srun -n1 {ACCEL} launch -n 2 -- bash -c 'echo ready; exec -a {marker} sleep 600'"
+            // The step's output straight to a file (slurmstepd writes it, so
+            // nothing is lost when srun itself is cancelled).
+            "srun -n1 -o {step} -e {step_err} {ACCEL} launch -n 2 -- bash -c 'echo ready; exec -a accel-scancel-$(({pid})) sleep 600'",
+            step = c.dir.join("step.out").display(),
+            step_err = c.dir.join("step.err").display()
         ),
     );
     let r = start(c.cmd(
@@ -217,9 +224,11 @@ fn scancel_ends_every_rank_and_the_launcher_says_why() {
     r.code_is(0);
     let job = r.stdout.trim().split(';').next().unwrap().to_string();
     assert!(
-        eventually(Duration::from_secs(30), || processes_with(&marker) == 2),
+        eventually(Duration::from_secs(30), || processes_with(&marker) == 2
+            && std::fs::read_to_string(c.dir.join("step.out"))
+                .is_ok_and(|t| t.matches("ready").count() == 2)),
         "the ranks did not start: {}",
-        std::fs::read_to_string(&out).unwrap_or_default()
+        std::fs::read_to_string(c.dir.join("step.out")).unwrap_or_default()
     );
     let s = start(c.cmd("scancel", &[&job])).finish(Duration::from_secs(30));
     s.code_is(0);
@@ -232,9 +241,13 @@ fn scancel_ends_every_rank_and_the_launcher_says_why() {
         "{} rank process(es) left after scancel",
         processes_with(&marker)
     );
-    let text = std::fs::read_to_string(&out).unwrap_or_default();
+    // The launcher's own stderr, as slurmstepd wrote it.
+    let said = || std::fs::read_to_string(c.dir.join("step.err")).unwrap_or_default();
     assert!(
-        text.contains("received SIGTERM"),
-        "the launcher did not say why:\n{text}"
+        eventually(Duration::from_secs(10), || said()
+            .contains("received SIGTERM")),
+        "the launcher did not say why:\n{}\n{}",
+        said(),
+        std::fs::read_to_string(&out).unwrap_or_default()
     );
 }

@@ -105,6 +105,36 @@ const URL_FORMS: &str =
 /// the URL when it is none of these; otherwise what the store's constructor
 /// returns.
 pub fn open_store(url: &str, token: Option<&str>, timeout: Duration) -> Result<Arc<dyn Store>> {
+    Ok(match parse_store_url(url)? {
+        StoreUrl::Tcp(addr) => Arc::new(TcpStore::connect(addr, token, timeout)?),
+        StoreUrl::Torch(addr) => Arc::new(TorchStore::connect(addr, timeout)?),
+        StoreUrl::File(path) => Arc::new(FileStore::new(path)?.with_lock_timeout(timeout)),
+        StoreUrl::Memory => Arc::new(MemoryStore::new()),
+    })
+}
+
+/// Check a store URL's form (scheme, host, port range, absolute path)
+/// without opening it: what [`open_store`] refuses before any connection.
+///
+/// # Errors
+/// As [`open_store`]'s [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig)
+/// errors.
+pub fn check_store_url(url: &str) -> Result<()> {
+    parse_store_url(url).map(|_| ())
+}
+
+/// A store URL, checked.
+enum StoreUrl<'a> {
+    /// `host:port` (IPv6 in brackets).
+    Tcp(&'a str),
+    /// The same, speaking torch's TCPStore protocol.
+    Torch(&'a str),
+    /// An absolute directory.
+    File(&'a str),
+    Memory,
+}
+
+fn parse_store_url(url: &str) -> Result<StoreUrl<'_>> {
     let bad = |why: &str| Error::invalid_config("store URL", url, format!("{why}; {URL_FORMS}"));
     let (torch, rest) = match (url.strip_prefix("tcp://"), url.strip_prefix("torch://")) {
         (Some(r), _) => (false, Some(r)),
@@ -127,14 +157,11 @@ pub fn open_store(url: &str, token: Option<&str>, timeout: Duration) -> Result<A
         {
             return Err(bad("the host is missing or malformed"));
         }
-        match port.parse::<u16>() {
-            Ok(p) if p != 0 => {}
-            _ => return Err(bad("the port is missing or not in 1..=65535")),
-        }
-        if torch {
-            return Ok(Arc::new(TorchStore::connect(rest, timeout)?));
-        }
-        return Ok(Arc::new(TcpStore::connect(rest, token, timeout)?));
+        return match port.parse::<u16>() {
+            Ok(p) if p != 0 && torch => Ok(StoreUrl::Torch(rest)),
+            Ok(p) if p != 0 => Ok(StoreUrl::Tcp(rest)),
+            _ => Err(bad("the port is missing or not in 1..=65535")),
+        };
     }
     if let Some(path) = url.strip_prefix("file://") {
         if !path.starts_with('/') {
@@ -142,10 +169,10 @@ pub fn open_store(url: &str, token: Option<&str>, timeout: Duration) -> Result<A
                 "the directory must be an absolute path (three slashes)",
             ));
         }
-        return Ok(Arc::new(FileStore::new(path)?.with_lock_timeout(timeout)));
+        return Ok(StoreUrl::File(path));
     }
     if url == "memory:" || url == "memory://" {
-        return Ok(Arc::new(MemoryStore::new()));
+        return Ok(StoreUrl::Memory);
     }
     Err(bad("unknown scheme"))
 }
