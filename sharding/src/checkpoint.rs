@@ -22,6 +22,8 @@ use accel_api::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::swap::{partial_dir_for, recover_swap, replace_dir, sync_dir};
+
 /// Name of the manifest inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -90,19 +92,6 @@ fn hash_file(path: &Path) -> Result<FileEntry> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// fsync a directory so renames and new entries in it are durable.
-fn sync_dir(path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        File::open(path)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_err("cannot fsync directory", path, e))?;
-    }
-    #[cfg(not(unix))]
-    let _ = path;
-    Ok(())
 }
 
 /// Check a checkpoint-relative file name: relative, no `..`, not the
@@ -177,6 +166,7 @@ pub struct CheckpointWriter {
     temp_dir: PathBuf,
     done: bool,
     with_manifest: bool,
+    recovered: Option<String>,
 }
 
 impl CheckpointWriter {
@@ -188,6 +178,9 @@ impl CheckpointWriter {
     pub fn create(final_dir: impl AsRef<Path>) -> Result<CheckpointWriter> {
         let final_dir = final_dir.as_ref().to_path_buf();
         let temp_dir = temp_dir_for(&final_dir)?;
+        // An interrupted swap's new folder is the stale-looking temporary
+        // directory: finish that swap before clearing it.
+        let recovered = recover_swap(&final_dir)?;
         if temp_dir.exists() {
             fs::remove_dir_all(&temp_dir)
                 .map_err(|e| io_err("cannot remove stale", &temp_dir, e))?;
@@ -198,6 +191,7 @@ impl CheckpointWriter {
             temp_dir,
             done: false,
             with_manifest: true,
+            recovered,
         })
     }
 
@@ -208,6 +202,13 @@ impl CheckpointWriter {
     pub fn without_manifest(mut self) -> CheckpointWriter {
         self.with_manifest = false;
         self
+    }
+
+    /// What [`create`](Self::create) did to finish a swap that a killed
+    /// save had left half done at this path (see [`recover_swap`]), for
+    /// the caller to log; `None` when there was nothing to finish.
+    pub fn recovered(&self) -> Option<&str> {
+        self.recovered.as_deref()
     }
 
     /// The temporary directory files are written to.
@@ -256,13 +257,13 @@ impl CheckpointWriter {
             let entry = hash_file(&self.temp_dir.join(&name))?;
             manifest.files.insert(name, entry);
         }
-        if !self.with_manifest {
-            return Ok(manifest);
+        if self.with_manifest {
+            manifest.digest = Some(manifest.compute_digest());
+            let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+            write_file_synced(&self.temp_dir.join(MANIFEST_FILE), &bytes)?;
         }
-        manifest.digest = Some(manifest.compute_digest());
-        let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
-        write_file_synced(&self.temp_dir.join(MANIFEST_FILE), &bytes)?;
-        // Sub-directories first, then the temporary root.
+        // Sub-directories first, then the temporary root (with or without a
+        // manifest: the folder is renamed into place next).
         let mut dirs = vec![self.temp_dir.clone()];
         for name in manifest.files.keys() {
             let mut p = self.temp_dir.join(name);
@@ -294,40 +295,23 @@ impl CheckpointWriter {
             .with_fix("save under another name, or replace it explicitly"));
         }
         let manifest = self.seal()?;
-        fs::rename(&self.temp_dir, &self.final_dir)
-            .map_err(|e| io_err("cannot rename into", &self.final_dir, e))?;
+        replace_dir(&self.temp_dir, &self.final_dir)?;
         self.done = true;
-        sync_dir(parent_of(&self.final_dir))?;
         Ok(manifest)
     }
 
     /// Seal the checkpoint and move it into place, replacing an existing
-    /// directory there. The old one is first renamed aside and removed only
-    /// after the new one is in place.
+    /// directory there, so that a process killed at any instant leaves the
+    /// old checkpoint or the new one (one atomic exchange where the file
+    /// system has it, else two renames that [`recover_swap`] completes: see
+    /// [`swap`](crate::swap)).
     ///
     /// # Errors
     /// [`ErrorKind::Io`] naming the path that failed.
     pub fn commit_replacing(mut self) -> Result<Manifest> {
         let manifest = self.seal()?;
-        let parent = parent_of(&self.final_dir).to_path_buf();
-        let old = if self.final_dir.exists() {
-            let old = temp_dir_for(&self.final_dir)?.with_extension("old");
-            if old.exists() {
-                fs::remove_dir_all(&old).map_err(|e| io_err("cannot remove", &old, e))?;
-            }
-            fs::rename(&self.final_dir, &old)
-                .map_err(|e| io_err("cannot move aside", &self.final_dir, e))?;
-            Some(old)
-        } else {
-            None
-        };
-        fs::rename(&self.temp_dir, &self.final_dir)
-            .map_err(|e| io_err("cannot rename into", &self.final_dir, e))?;
+        replace_dir(&self.temp_dir, &self.final_dir)?;
         self.done = true;
-        sync_dir(&parent)?;
-        if let Some(old) = old {
-            fs::remove_dir_all(&old).map_err(|e| io_err("cannot remove", &old, e))?;
-        }
         Ok(manifest)
     }
 }
@@ -337,13 +321,6 @@ impl Drop for CheckpointWriter {
         if !self.done {
             let _ = fs::remove_dir_all(&self.temp_dir);
         }
-    }
-}
-
-fn parent_of(p: &Path) -> &Path {
-    match p.parent() {
-        Some(q) if !q.as_os_str().is_empty() => q,
-        _ => Path::new("."),
     }
 }
 
@@ -360,16 +337,7 @@ pub fn temp_path_for(final_dir: impl AsRef<Path>) -> Result<PathBuf> {
 }
 
 fn temp_dir_for(final_dir: &Path) -> Result<PathBuf> {
-    let name = final_dir.file_name().ok_or_else(|| {
-        Error::invalid_argument(
-            "checkpoint",
-            format!(
-                "{} has no final component to name a checkpoint",
-                final_dir.display()
-            ),
-        )
-    })?;
-    Ok(parent_of(final_dir).join(format!(".{}.partial", name.to_string_lossy())))
+    partial_dir_for(final_dir)
 }
 
 /// Read and check the manifest of `dir` and every file it lists.

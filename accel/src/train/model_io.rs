@@ -82,11 +82,13 @@ impl Accelerator {
     ///
     /// # Behavior
     /// Only the main process writes. The folder is assembled in a hidden
-    /// temporary directory next to `dir`, every file fsynced, then renamed
-    /// into place (an existing `dir` is replaced only once the new one is
-    /// complete), so a reader sees the old weights or the new ones, never a
-    /// mix. Weights saved by any number of processes load at any other with
-    /// [`load_model`](Self::load_model).
+    /// temporary directory next to `dir`, every file fsynced, then swapped
+    /// with an existing `dir` ([`accel_sharding::swap`]: one atomic
+    /// exchange where the file system has it, else two renames that the
+    /// next load or save completes after a kill), so a process killed at
+    /// any instant leaves the old weights or the new ones, never neither
+    /// and never a mix. Weights saved by any number of processes load at
+    /// any other with [`load_model`](Self::load_model).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] for a `max_shard_size` of 0 or a
@@ -114,7 +116,9 @@ impl Accelerator {
     /// `save_pretrained` with safetensors), at any world size: the index and
     /// every shard it names, or the single `model.safetensors`. Every rank
     /// reads the files itself. `f16`, `bf16` and `f64` tensors are
-    /// converted to `f32`. Collective.
+    /// converted to `f32`. A save killed between its two renames (no
+    /// `dir`, the old folder at `.dir.old`) is first completed by the main
+    /// process, with a warning in the log. Collective.
     ///
     /// # Errors
     /// [`ErrorKind::Corrupt`] naming the file or tensor when a file is not
@@ -128,10 +132,19 @@ impl Accelerator {
         model: &mut P,
         dir: impl AsRef<Path>,
     ) -> Result<()> {
+        const OP: &str = "load_model";
         let dir = dir.as_ref();
+        // A save killed between its two renames: finish it once, on the
+        // main process, before anyone reads.
+        let recovered = if self.is_main_process() {
+            super::checkpoint::recover_logged(OP, dir)
+        } else {
+            Ok(())
+        };
+        self.agree(OP, recovered)?;
         let tensors = read_model(dir);
         let loaded = tensors.and_then(|t| fill_model(model, t, dir));
-        self.agree("load_model", loaded)
+        self.agree(OP, loaded)
     }
 }
 
@@ -175,6 +188,9 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
     let total: u64 = order.iter().map(|(_, s)| s).sum();
     let meta = || Some(HashMap::from([("format".to_string(), "pt".to_string())]));
     let mut w = CheckpointWriter::create(dir)?.without_manifest();
+    if let Some(what) = w.recovered() {
+        tracing::warn!(op = OP, "{what}");
+    }
     if total <= max {
         w.write(SAFE_WEIGHTS_NAME, &encode_tensors_with(&tensors, meta())?)?;
     } else {
