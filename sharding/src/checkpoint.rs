@@ -90,6 +90,11 @@ fn hash_file(path: &Path) -> Result<FileEntry> {
     })
 }
 
+/// Lower-case hex SHA-256 of `bytes` (the checksum manifests record).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -439,7 +444,7 @@ pub fn read_verified(dir: impl AsRef<Path>, manifest: &Manifest, name: &str) -> 
             entry.size
         )));
     }
-    let sum = hex(&Sha256::digest(&bytes));
+    let sum = sha256_hex(&bytes);
     if sum != entry.sha256 {
         return Err(corrupt(format!(
             "{} is corrupted: SHA-256 {sum} differs from the manifest's {}",

@@ -80,8 +80,9 @@ pub use accumulate::{
     accumulate, AccumulationConfig, AccumulatorState, GradientAccumulator, StepDecision,
 };
 pub use checkpoint::{
-    parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
-    write_file_synced, CheckpointDir, CheckpointWriter, FileEntry, Manifest, MANIFEST_FILE,
+    parse_checkpoint_name, read_manifest, read_verified, sha256_hex, temp_path_for,
+    verify_checkpoint, write_file_synced, CheckpointDir, CheckpointWriter, FileEntry, Manifest,
+    MANIFEST_FILE,
 };
 pub use dispatch::{check_concat_shapes, dispatch_slice, dispatch_steps};
 pub use iterable::{iterable_len, shard_iterable, IterableChunk, IterableShard};

@@ -14,7 +14,10 @@
 //! ```
 //!
 //! `total_size` is the sum of the tensors' bytes. Each file's header carries
-//! `{"format": "pt"}` as `transformers` writes it. Tensors are `f32`, 1-D
+//! `{"format": "pt"}` as `transformers` writes it, plus [`DIGEST_KEY`]: the
+//! SHA-256 of the file's data section, which the index's metadata also
+//! records per shard; [`load_model`](crate::Accelerator::load_model)
+//! checks both when present. Tensors are `f32`, 1-D
 //! (the [`Parameters`] view is flat), named as the model names them.
 
 use std::collections::{BTreeMap, HashMap};
@@ -22,7 +25,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use accel_api::{Error, ErrorKind, Result};
-use accel_sharding::CheckpointWriter;
+use accel_sharding::{sha256_hex, CheckpointWriter};
 use serde::{Deserialize, Serialize};
 
 use super::adapters::{Parameters, Tensor};
@@ -47,6 +50,70 @@ struct Index {
 #[derive(Debug, Serialize, Deserialize)]
 struct IndexMeta {
     total_size: u64,
+    /// Each shard's [`DIGEST_KEY`] (accel's own key; other readers ignore it).
+    #[serde(
+        default,
+        rename = "accel_data_sha256",
+        skip_serializing_if = "Option::is_none"
+    )]
+    digests: Option<BTreeMap<String, String>>,
+}
+
+/// The header metadata key (and index metadata key) under which
+/// `save_model` records the SHA-256 of a file's data section: every byte
+/// after the header. `transformers` and `safetensors` ignore it.
+pub const DIGEST_KEY: &str = "accel_data_sha256";
+
+/// The bytes after a safetensors header (the caller checked the header).
+fn data_section(bytes: &[u8]) -> &[u8] {
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    &bytes[8 + n as usize..]
+}
+
+/// One file with `{"format": "pt"}` and its data digest in the header;
+/// also returns the digest.
+fn encode_shard(tensors: &BTreeMap<String, Tensor>) -> Result<(Vec<u8>, String)> {
+    let meta = |digest: Option<&str>| {
+        let mut m = HashMap::from([("format".to_string(), "pt".to_string())]);
+        if let Some(d) = digest {
+            m.insert(DIGEST_KEY.to_string(), d.to_string());
+        }
+        Some(m)
+    };
+    // The data section does not depend on the header's metadata.
+    let plain = encode_tensors_with(tensors, meta(None))?;
+    let digest = sha256_hex(data_section(&plain));
+    drop(plain);
+    Ok((encode_tensors_with(tensors, meta(Some(&digest)))?, digest))
+}
+
+/// Check a file's data against the digest in its own header and, for a
+/// shard, the one the index records. Files without one (written by other
+/// programs) pass.
+fn check_digest(path: &Path, bytes: &[u8], indexed: Option<&str>) -> Result<()> {
+    let Ok((_, meta)) = safetensors::SafeTensors::read_metadata(bytes) else {
+        return Ok(()); // decoding reports it
+    };
+    let own = meta.metadata().as_ref().and_then(|m| m.get(DIGEST_KEY));
+    if own.is_none() && indexed.is_none() {
+        return Ok(());
+    }
+    let got = sha256_hex(data_section(bytes));
+    for (want, whose) in [
+        (own.map(String::as_str), "its header"),
+        (indexed, "the index"),
+    ] {
+        if let Some(want) = want {
+            if want != got {
+                return Err(corrupt(format!(
+                    "{} is damaged or altered: its data hashes to SHA-256 {got}, {whose} records {want} ({DIGEST_KEY})",
+                    path.display()
+                ))
+                .with_fix("restore the folder from a good copy, or save the model again"));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn shard_name(i: usize, n: usize) -> String {
@@ -78,7 +145,9 @@ impl Accelerator {
     /// [`DEFAULT_MAX_SHARD_SIZE`] for `transformers`' default). Pass the
     /// unwrapped model: `&*prepared` or `prepared.inner()`. Tensors are
     /// 1-D `f32` named as the model names its parameters; each header
-    /// carries `{"format": "pt"}`. Returns `dir`. Collective.
+    /// carries `{"format": "pt"}` and the file's data digest
+    /// ([`DIGEST_KEY`], also in the index per shard). Returns `dir`.
+    /// Collective.
     ///
     /// # Behavior
     /// Only the main process writes. The folder is assembled in a hidden
@@ -125,8 +194,9 @@ impl Accelerator {
     /// valid safetensors, the index does not match the shards (a missing
     /// tensor, a wrong `total_size`), or a parameter is missing, has another
     /// length, or the files hold a tensor the model does not have (strict,
-    /// as PyTorch's `load_state_dict`); [`ErrorKind::Io`] when the folder has
-    /// neither file. A failure on any rank fails every rank.
+    /// as PyTorch's `load_state_dict`), or a file's data does not match the
+    /// [`DIGEST_KEY`] recorded in its header or the index;
+    /// [`ErrorKind::Io`] when the folder has neither file. A failure on any rank fails every rank.
     pub fn load_model<P: Parameters + ?Sized>(
         &self,
         model: &mut P,
@@ -186,16 +256,16 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
         .with_fix("give every parameter a unique name: names are the tensor names in the files"));
     }
     let total: u64 = order.iter().map(|(_, s)| s).sum();
-    let meta = || Some(HashMap::from([("format".to_string(), "pt".to_string())]));
     let mut w = CheckpointWriter::create(dir)?.without_manifest();
     if let Some(what) = w.recovered() {
         tracing::warn!(op = OP, "{what}");
     }
     if total <= max {
-        w.write(SAFE_WEIGHTS_NAME, &encode_tensors_with(&tensors, meta())?)?;
+        w.write(SAFE_WEIGHTS_NAME, &encode_shard(&tensors)?.0)?;
     } else {
         let shards = plan_shards(&order, max);
         let mut weight_map = BTreeMap::new();
+        let mut digests = BTreeMap::new();
         for (i, names) in shards.iter().enumerate() {
             let file = shard_name(i, shards.len());
             let part: BTreeMap<String, Tensor> = names
@@ -207,13 +277,18 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
                     )
                 })
                 .collect();
-            w.write(&file, &encode_tensors_with(&part, meta())?)?;
+            let (bytes, digest) = encode_shard(&part)?;
+            w.write(&file, &bytes)?;
+            digests.insert(file.clone(), digest);
             for n in names {
                 weight_map.insert(n.clone(), file.clone());
             }
         }
         let index = Index {
-            metadata: IndexMeta { total_size: total },
+            metadata: IndexMeta {
+                total_size: total,
+                digests: Some(digests),
+            },
             weight_map,
         };
         w.write_json(SAFE_WEIGHTS_INDEX_NAME, &index)?;
@@ -245,7 +320,9 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
             .with_op("load_model")
             .with_fix("pass the folder save_model wrote"));
         }
-        return decode_tensors(&read_file(&path)?, &path);
+        let bytes = read_file(&path)?;
+        check_digest(&path, &bytes, None)?;
+        return decode_tensors(&bytes, &path);
     }
     let index: Index = serde_json::from_slice(&read_file(&index_path)?).map_err(|e| {
         corrupt(format!(
@@ -267,6 +344,8 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
         }
         let path = dir.join(file);
         let bytes = read_file(&path)?;
+        let indexed = index.metadata.digests.as_ref().and_then(|d| d.get(file));
+        check_digest(&path, &bytes, indexed.map(String::as_str))?;
         let tensors = decode_tensors(&bytes, &path)?;
         // Stored bytes, whatever the dtype (decode_tensors checked the file).
         if let Ok(st) = safetensors::SafeTensors::deserialize(&bytes) {
