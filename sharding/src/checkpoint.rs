@@ -70,7 +70,12 @@ fn corrupt(msg: String) -> Error {
 
 /// Hash and measure a file.
 fn hash_file(path: &Path) -> Result<FileEntry> {
-    let mut f = File::open(path).map_err(|e| io_err("cannot open", path, e))?;
+    let f = File::open(path).map_err(|e| io_err("cannot open", path, e))?;
+    hash_reader(f, path)
+}
+
+/// Hash and measure what `f` (read from `path`) yields.
+fn hash_reader(mut f: impl Read, path: &Path) -> Result<FileEntry> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -367,10 +372,11 @@ pub fn verify_checkpoint(dir: impl AsRef<Path>) -> Result<Manifest> {
 pub fn read_manifest(dir: impl AsRef<Path>) -> Result<Manifest> {
     let dir = dir.as_ref();
     let path = dir.join(MANIFEST_FILE);
-    let bytes = fs::read(&path).map_err(|e| {
+    let bytes = accel_api::files::read_regular(&path, "manifest").map_err(|e| {
         corrupt(format!(
-            "{}: cannot read {MANIFEST_FILE} ({e}); the checkpoint was not completely written",
-            dir.display()
+            "{}: cannot read {MANIFEST_FILE} ({}); the checkpoint was not completely written",
+            dir.display(),
+            e.message()
         ))
     })?;
     let m: Manifest = serde_json::from_slice(&bytes)
@@ -394,23 +400,34 @@ pub fn read_manifest(dir: impl AsRef<Path>) -> Result<Manifest> {
     Ok(m)
 }
 
-fn check_entry(dir: &Path, name: &str, entry: &FileEntry) -> Result<()> {
-    let path = dir.join(name);
-    let meta = fs::metadata(&path).map_err(|e| {
+/// Open a file the manifest lists: a regular file inside `dir` (the name
+/// comes from a file) whose size is the manifest's; nothing is read yet.
+fn open_listed(dir: &Path, name: &str, entry: &FileEntry) -> Result<(PathBuf, File)> {
+    let (path, f) = accel_api::files::open_inside(dir, name, "checkpoint file").map_err(|e| {
         corrupt(format!(
-            "{} is listed in the manifest but cannot be read: {e}",
-            path.display()
+            "{name} is listed in the manifest of {} but cannot be read: {}",
+            dir.display(),
+            e.message()
         ))
     })?;
-    if meta.len() != entry.size {
+    let len = f
+        .metadata()
+        .map_err(|e| io_err("cannot stat", &path, e))?
+        .len();
+    if len != entry.size {
         return Err(corrupt(format!(
-            "{} is truncated or altered: {} bytes, the manifest says {}",
+            "{} is truncated or altered: {len} bytes, the manifest says {}",
             path.display(),
-            meta.len(),
             entry.size
         )));
     }
-    let got = hash_file(&path).map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
+    Ok((path, f))
+}
+
+fn check_entry(dir: &Path, name: &str, entry: &FileEntry) -> Result<()> {
+    let (path, f) = open_listed(dir, name, entry)?;
+    let got = hash_reader(f.take(entry.size), &path)
+        .map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
     if got.sha256 != entry.sha256 {
         return Err(corrupt(format!(
             "{} is corrupted: SHA-256 {} differs from the manifest's {}",
@@ -433,9 +450,15 @@ pub fn read_verified(dir: impl AsRef<Path>, manifest: &Manifest, name: &str) -> 
         .files
         .get(name)
         .ok_or_else(|| corrupt(format!("{}: {name} is not in the manifest", dir.display())))?;
-    let path = dir.join(name);
+    let (path, f) = open_listed(dir, name, entry)?;
     let bytes =
-        fs::read(&path).map_err(|e| corrupt(format!("{} cannot be read: {e}", path.display())))?;
+        accel_api::files::read_at_most(f, entry.size, &path, "checkpoint file").map_err(|e| {
+            corrupt(format!(
+                "{} cannot be read: {}",
+                path.display(),
+                e.message()
+            ))
+        })?;
     if bytes.len() as u64 != entry.size {
         return Err(corrupt(format!(
             "{} is truncated or altered: {} bytes, the manifest says {}",

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{files, Error, ErrorKind, Result};
 use accel_sharding::{sha256_hex, CheckpointWriter};
 use serde::{Deserialize, Serialize};
 
@@ -301,8 +301,60 @@ fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg).with_op("load_model")
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>> {
-    fs::read(path).map_err(|e| Error::io(format!("cannot read {}", path.display()), e))
+/// safetensors' own bound on a header (100 MB).
+const MAX_HEADER: u64 = 100_000_000;
+
+/// Read the safetensors file `f` (opened from `path`, a regular file),
+/// never more than its header declares: the header length, then the
+/// header, then exactly the data its offsets cover, which must be the rest
+/// of the file.
+fn read_safetensors(path: &Path, f: fs::File) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let len = f
+        .metadata()
+        .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?
+        .len();
+    let bad = |m: String| corrupt(format!("{}: {m}", path.display()));
+    let io = |e| Error::io(format!("cannot read {}", path.display()), e);
+    let mut r = f.take(len);
+    let mut n = [0u8; 8];
+    r.read_exact(&mut n)
+        .map_err(|_| bad(format!("{len} bytes, too short for a safetensors header")))?;
+    let n = u64::from_le_bytes(n);
+    if n > MAX_HEADER || 8 + n > len {
+        return Err(bad(format!(
+            "not safetensors: header length {n}, file of {len} bytes"
+        )));
+    }
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
+    bytes.extend_from_slice(&n.to_le_bytes());
+    (&mut r).take(n).read_to_end(&mut bytes).map_err(io)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..])
+        .map_err(|e| {
+            bad(format!(
+                "not safetensors: the header is not a JSON object: {e}"
+            ))
+        })?;
+    let end = header
+        .iter()
+        .filter(|(k, _)| k.as_str() != "__metadata__")
+        .map(|(_, v)| v["data_offsets"][1].as_u64())
+        .try_fold(0u64, |m, e| e.map(|e| m.max(e)))
+        .ok_or_else(|| bad("not safetensors: a tensor without data_offsets".to_string()))?;
+    let declared = 8 + n + end;
+    if declared != len {
+        return Err(bad(format!(
+            "holds {len} bytes, its header declares {declared}: truncated or padded"
+        )));
+    }
+    r.read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 != len {
+        return Err(bad(format!(
+            "changed while being read ({} of {len} bytes)",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
 }
 
 fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
@@ -320,11 +372,12 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
             .with_op("load_model")
             .with_fix("pass the folder save_model wrote"));
         }
-        let bytes = read_file(&path)?;
+        let bytes = read_safetensors(&path, files::open_regular(&path, "model file")?)?;
         check_digest(&path, &bytes, None)?;
         return decode_tensors(&bytes, &path);
     }
-    let index: Index = serde_json::from_slice(&read_file(&index_path)?).map_err(|e| {
+    let index_bytes = files::read_regular(&index_path, "model index")?;
+    let index: Index = serde_json::from_slice(&index_bytes).map_err(|e| {
         corrupt(format!(
             "{} is not a valid index: {e}",
             index_path.display()
@@ -336,14 +389,16 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
     let mut out = BTreeMap::new();
     let mut total = 0u64;
     for file in files {
-        if Path::new(file).components().count() != 1 || file.contains("..") {
-            return Err(corrupt(format!(
-                "{} names {file:?}, which is not a file of the folder",
-                index_path.display()
-            )));
-        }
-        let path = dir.join(file);
-        let bytes = read_file(&path)?;
+        // A name read from the index: a regular file inside the folder.
+        let (path, f) = files::open_inside(dir, file, "shard").map_err(|e| {
+            let m = format!("{} names {file:?}: {}", index_path.display(), e.message());
+            let out = Error::new(e.kind().clone(), m).with_op("load_model");
+            match e.fix() {
+                Some(fix) => out.with_fix(fix),
+                None => out,
+            }
+        })?;
+        let bytes = read_safetensors(&path, f)?;
         let indexed = index.metadata.digests.as_ref().and_then(|d| d.get(file));
         check_digest(&path, &bytes, indexed.map(String::as_str))?;
         let tensors = decode_tensors(&bytes, &path)?;
