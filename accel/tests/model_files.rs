@@ -276,3 +276,216 @@ fn load_state_refuses_fifos_devices_and_names_outside_the_checkpoint() {
         "a manifest naming ../../etc/passwd",
     );
 }
+
+// ------------------------------------ Hugging Face's shard grouping (issue 29)
+
+/// A model of named 1-D parameters of the given lengths.
+struct Named(Vec<(String, Vec<f32>, Vec<f32>)>);
+
+impl Named {
+    fn new(lens: &[usize]) -> Named {
+        Named(
+            lens.iter()
+                .enumerate()
+                .map(|(i, &n)| (format!("t{i:02}"), vec![i as f32; n], vec![0.0; n]))
+                .collect(),
+        )
+    }
+}
+
+impl accel::train::Parameters for Named {
+    fn visit_params(&self, f: &mut dyn FnMut(accel::train::ParamRef<'_>)) {
+        for (n, v, g) in &self.0 {
+            f(accel::train::ParamRef::host(n, v, g));
+        }
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(accel::train::ParamMut<'_>)) {
+        for (n, v, g) in &mut self.0 {
+            f(accel::train::ParamMut::host(n, v, g));
+        }
+    }
+}
+
+/// One grouping case: element counts, bytes per element, the limit (bytes,
+/// or a size string huggingface_hub parses).
+#[derive(serde::Serialize)]
+struct Case {
+    numel: Vec<usize>,
+    elem: u64,
+    limit: serde_json::Value,
+}
+
+/// 40 cases from a fixed seed (1 to 40 tensors, f32 and bf16 sizes,
+/// limits low enough that most cases hold tensors larger than the limit)
+/// and four by hand.
+fn cases() -> Vec<Case> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    (0..40)
+        .map(|c| {
+            let n = 1 + (c * 13 % 40) as usize;
+            let numel: Vec<usize> = (0..n)
+                .map(|_| {
+                    if next(5) == 0 {
+                        100 + next(200) as usize
+                    } else {
+                        1 + next(40) as usize
+                    }
+                })
+                .collect();
+            let elem = if c % 2 == 0 { 4 } else { 2 };
+            let biggest = *numel.iter().max().unwrap() as u64 * elem;
+            let bytes = 8 + next(biggest);
+            // Every fourth limit as a decimal size string.
+            let limit = if c % 4 == 1 {
+                serde_json::json!(format!("{}KB", bytes as f64 / 1000.0))
+            } else {
+                serde_json::json!(bytes)
+            };
+            Case { numel, elem, limit }
+        })
+        .chain(
+            [
+                // One oversized tensor: a plain model.safetensors, as HF writes.
+                (vec![300], 4, serde_json::json!(100)),
+                (vec![300], 2, serde_json::json!("0.1KB")),
+                // Everything fits: one file.
+                (vec![10, 20, 30], 4, serde_json::json!("5GB")),
+                (vec![10, 300, 5], 4, serde_json::json!(100)),
+            ]
+            .map(|(numel, elem, limit)| Case { numel, elem, limit }),
+        )
+        .collect()
+}
+
+/// A Python with torch and huggingface_hub: `ACCEL_TORCH_PYTHON`, else the
+/// torch venv `make torch-venv` makes. `None` prints why (under CI it fails).
+fn python_with_hub() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let candidates: Vec<PathBuf> = std::env::var_os("ACCEL_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([root.join(".accel-cache/torch-venv/bin/python")])
+        .collect();
+    common::python_from(
+        candidates,
+        "import torch, huggingface_hub",
+        "`make torch-venv` makes one",
+    )
+}
+
+const HUB_SCRIPT: &str = r#"
+import json, sys, torch
+from huggingface_hub import split_torch_state_dict_into_shards
+out = []
+for case in json.load(sys.stdin):
+    dtype = torch.float32 if case["elem"] == 4 else torch.bfloat16
+    sd = {f"t{i:02}": torch.empty(n, dtype=dtype) for i, n in enumerate(case["numel"])}
+    split = split_torch_state_dict_into_shards(sd, max_shard_size=case["limit"])
+    out.append({
+        "files": [[f, names] for f, names in split.filename_to_tensors.items()],
+        "total_size": split.metadata["total_size"],
+        "is_sharded": split.is_sharded,
+    })
+print(json.dumps(out))
+"#;
+
+#[test]
+fn shard_grouping_matches_huggingface_hub() {
+    let Some(py) = python_with_hub() else {
+        return;
+    };
+    let cases = cases();
+    let mut child = std::process::Command::new(&py)
+        .args(["-c", HUB_SCRIPT])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    serde_json::to_writer(child.stdin.take().unwrap(), &cases).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "python failed");
+    let hub: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let (mut oversized_cases, mut single_oversized) = (0, 0);
+    for (c, (case, want)) in cases.iter().zip(&hub).enumerate() {
+        let limit = match &case.limit {
+            serde_json::Value::String(s) => accel::train::parse_shard_size(s).unwrap(),
+            v => v.as_u64().unwrap(),
+        };
+        let sizes: Vec<(String, u64)> = case
+            .numel
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (format!("t{i:02}"), n as u64 * case.elem))
+            .collect();
+        let total: u64 = sizes.iter().map(|(_, s)| s).sum();
+        let plan = accel::train::shard_plan(&sizes, limit);
+        let got = serde_json::json!(plan
+            .iter()
+            .map(|(f, n)| serde_json::json!([f, n]))
+            .collect::<Vec<_>>());
+        assert_eq!(
+            got, want["files"],
+            "case {c}: limit {limit}, sizes {sizes:?}"
+        );
+        assert_eq!(total, want["total_size"].as_u64().unwrap(), "case {c}");
+        let oversized = sizes.iter().any(|(_, s)| *s > limit);
+        oversized_cases += usize::from(oversized);
+        single_oversized += usize::from(oversized && plan.len() == 1);
+
+        // f32 cases: what save_model writes is what save_pretrained would.
+        if case.elem != 4 {
+            continue;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("m");
+        let m = Named::new(&case.numel);
+        match &case.limit {
+            serde_json::Value::String(s) => single().save_model(&m, &dir, s.as_str()),
+            v => single().save_model(&m, &dir, v.as_u64().unwrap()),
+        }
+        .unwrap();
+        let mut files: Vec<String> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        let mut want_files: Vec<String> = plan.iter().map(|(f, _)| f.clone()).collect();
+        if want["is_sharded"].as_bool().unwrap() {
+            want_files.push("model.safetensors.index.json".into());
+            let index: serde_json::Value = serde_json::from_slice(
+                &fs::read(dir.join("model.safetensors.index.json")).unwrap(),
+            )
+            .unwrap();
+            assert_eq!(
+                index["metadata"]["total_size"], want["total_size"],
+                "case {c}"
+            );
+            for pair in want["files"].as_array().unwrap() {
+                for name in pair[1].as_array().unwrap() {
+                    assert_eq!(
+                        index["weight_map"][name.as_str().unwrap()],
+                        pair[0],
+                        "case {c}"
+                    );
+                }
+            }
+        }
+        want_files.sort();
+        assert_eq!(files, want_files, "case {c}");
+        let mut back = Named::new(&case.numel);
+        back.0.iter_mut().for_each(|(_, v, _)| v.fill(-1.0));
+        single().load_model(&mut back, &dir).unwrap();
+        assert!(back.0.iter().zip(&m.0).all(|(a, b)| a.1 == b.1), "case {c}");
+    }
+    println!("{} cases, {oversized_cases} with a tensor over the limit, {single_oversized} of them one file", cases.len());
+    assert!(
+        oversized_cases >= 20,
+        "only {oversized_cases} cases exercise oversized tensors"
+    );
+}

@@ -25,22 +25,11 @@ fn python_with(module: &str) -> Option<PathBuf> {
         .into_iter()
         .chain([venv])
         .collect();
-    for py in &candidates {
-        let ok = Command::new(py)
-            .args(["-c", &format!("import {module}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(py.clone());
-        }
-    }
-    let why = format!(
-        "skipping: no Python with the `{module}` package (tried {candidates:?}; `make venv-tb` installs it)"
-    );
-    assert!(std::env::var_os("CI").is_none(), "{why}");
-    println!("{why}");
-    eprintln!("{why}");
-    None
+    common::python_from(
+        candidates,
+        &format!("import {module}"),
+        "`make venv-tb` installs it",
+    )
 }
 
 fn run_python(py: &Path, script: &str, args: &[&Path]) -> String {
