@@ -149,6 +149,17 @@ fn a_save_killed_at_every_step_of_the_swap_leaves_the_old_or_the_new_weights() {
                     }
                     code => panic!("{what}: the child exited with {code}"),
                 }
+                if step == SwapStep::Synced {
+                    // A kill while the old folder was being removed: leave
+                    // it half removed.
+                    for left in hidden_leftovers(tmp.path()) {
+                        let d = tmp.path().join(left);
+                        let f = std::fs::read_dir(&d).unwrap().next().unwrap().unwrap();
+                        if f.file_type().unwrap().is_file() {
+                            std::fs::remove_file(f.path()).unwrap();
+                        }
+                    }
+                }
                 // Before the new folder is in place the old one loads;
                 // from then on the new one (the two-rename path's gap is
                 // completed by the loader).
