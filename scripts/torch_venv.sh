@@ -32,7 +32,7 @@ PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
 # torch's own pure-Python requirements, then accelerate without pulling torch's CUDA wheels.
 "${PIP[@]}" "typing-extensions>=4.10" filelock "sympy>=1.13.3" networkx jinja2 fsspec "numpy==2.4.6"
 "${PIP[@]}" --no-deps "accelerate==1.15.0"
-"${PIP[@]}" psutil pyyaml "huggingface_hub" "safetensors==0.8.0" packaging
+"${PIP[@]}" psutil pyyaml "huggingface_hub==2.4.0" "safetensors==0.8.0" packaging
 SP=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 "$PY" "$ROOT/tools/torch_cpu_stubs.py" "$SP"
 "$VENV/bin/python" -c "import torch, torch.distributed as d, accelerate; assert d.is_available(); assert not torch.cuda.is_available(); print('torch-venv: torch', torch.__version__, 'accelerate', accelerate.__version__)" >&2
