@@ -30,6 +30,37 @@ pub fn capabilities() -> Capabilities {
 /// (see the crate documentation and ADR 0017).
 pub const DEFAULT_STAGING_BYTES: usize = 8 * 1024;
 
+/// Every point-to-point message is preceded by a header message of this
+/// many bytes on the same communicator and tag (MPI keeps the two in
+/// order): the payload's byte count (u64) and element type (u32), and a
+/// magic number. MPI carries neither the element type nor, before a
+/// receive, the size: the receiver reads the header first and refuses a
+/// payload of another type or size without touching its buffer, as
+/// cpu-gloo does.
+pub(crate) const P2P_HEADER: usize = 16;
+/// The header's magic number ("acc1").
+const P2P_MAGIC: u32 = 0x6163_6331;
+
+fn p2p_header(dtype: DType, nbytes: usize) -> [u8; P2P_HEADER] {
+    let mut h = [0u8; P2P_HEADER];
+    h[..8].copy_from_slice(&(nbytes as u64).to_le_bytes());
+    h[8..12].copy_from_slice(&dtype.code().to_le_bytes());
+    h[12..].copy_from_slice(&P2P_MAGIC.to_le_bytes());
+    h
+}
+
+/// The element type (`None`: a code this build does not know) and byte
+/// count of a header; `None` when it is not one.
+fn p2p_parse(h: &[u8; P2P_HEADER]) -> Option<(Option<DType>, usize)> {
+    let word =
+        |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));
+    if word(12..16) != u64::from(P2P_MAGIC) {
+        return None;
+    }
+    let nbytes = usize::try_from(word(0..8)).ok()?;
+    Some((DType::from_code(word(8..12) as u32), nbytes))
+}
+
 /// Settings shared by a communicator and the groups split from it.
 #[derive(Debug, Clone)]
 pub(crate) struct Shared {
@@ -503,6 +534,28 @@ impl MpiEngine {
         Ok(tag as c_int)
     }
 
+    /// Match the next message from `src` with `tag` (`t` as MPI sees it),
+    /// polling until the timeout counted from `start`.
+    fn next_message(&self, src: usize, t: c_int, tag: u32, start: Instant) -> Result<ffi::Matched> {
+        loop {
+            if let Some(m) = ffi::improbe(&self.comm, src as c_int, t)? {
+                return Ok(m);
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= self.info.timeout {
+                return Err(Error::timeout(
+                    Op::Recv.name(),
+                    self.info.timeout,
+                    format!("no message from rank {src} with tag {tag}"),
+                )
+                .with_fix(format!(
+                    "check that rank {src} sends with tag {tag}, or raise ACCEL_TIMEOUT"
+                )));
+            }
+            pause(elapsed);
+        }
+    }
+
     /// Receive the matched message into `dst` (staged when small).
     fn receive(&self, op: Op, matched: ffi::Matched, dst: &mut [u8], start: Instant) -> Result<()> {
         if self.staged(dst.len()) {
@@ -622,6 +675,8 @@ impl Engine for MpiEngine {
     }
 
     /// `MPI_Isend` of the raw bytes.
+    /// A header message (byte count, element type) and then the payload,
+    /// on the same tag (see [`P2P_HEADER`]).
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
         let op = Op::Send;
         let src = host(op, buf)?;
@@ -629,52 +684,80 @@ impl Engine for MpiEngine {
             dst: dst as c_int,
             tag: self.tag(op, tag)?,
         };
+        let hdr = p2p_header(src.dtype(), src.bytes().len());
+        let h = self.spec(op, call, DType::U8, P2P_HEADER)?;
+        self.movement(h, Some(&hdr), None, P2P_HEADER)?;
+        if src.bytes().is_empty() {
+            return Ok(());
+        }
         let s = self.spec(op, call, DType::U8, src.bytes().len())?;
         self.movement(s, Some(src.bytes()), None, src.bytes().len())
     }
 
-    /// Matches the message first (`MPI_Improbe`, polled until the timeout:
-    /// a message that never comes leaves nothing pending), checks its size,
-    /// then receives it (`MPI_Imrecv`). A message of the wrong size is
-    /// received and dropped, and the call fails with `InvalidArgument`.
-    /// Only sizes are checked: MPI does not carry the element type.
+    /// Matches the header message first (`MPI_Improbe`, polled until the
+    /// timeout: a message that never comes leaves nothing pending) and
+    /// reads it, then matches the payload and receives it (`MPI_Imrecv`)
+    /// when its element type and size are the buffer's. Otherwise the
+    /// payload is received and dropped, and the call fails with
+    /// `InvalidArgument` naming both (the buffer is untouched).
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
         let op = Op::Recv;
         let mut dst = host_mut(op, buf)?;
         let t = self.tag(op, tag)?;
         let start = Instant::now();
-        let matched = loop {
-            if let Some(m) = ffi::improbe(&self.comm, src as c_int, t)? {
-                break m;
-            }
-            let elapsed = start.elapsed();
-            if elapsed >= self.info.timeout {
-                return Err(Error::timeout(
-                    op.name(),
-                    self.info.timeout,
-                    format!("no message from rank {src} with tag {tag}"),
-                )
-                .with_fix(format!(
-                    "check that rank {src} sends with tag {tag}, or raise ACCEL_TIMEOUT"
-                )));
-            }
-            pause(elapsed);
+        let header = self.next_message(src, t, tag, start)?;
+        let mut hdr = vec![0u8; header.bytes];
+        self.receive(op, header, &mut hdr, start)?;
+        let parsed = <&[u8; P2P_HEADER]>::try_from(&hdr[..])
+            .ok()
+            .and_then(p2p_parse);
+        let Some((dtype, nbytes)) = parsed else {
+            return Err(err_at(
+                ErrorKind::Backend,
+                self.info.rank,
+                op.name(),
+                format!(
+                    "the message from rank {src} with tag {tag} has no accel header (the sender does not speak accel's point-to-point protocol)"
+                ),
+            )
+            .with_fatal(true));
         };
-        let (want, got) = (dst.bytes().len(), matched.bytes);
-        if got == want {
-            return self.receive(op, matched, dst.bytes_mut(), start);
+        let want = (dst.dtype(), dst.bytes().len());
+        let payload = if nbytes > 0 {
+            Some(self.next_message(src, t, tag, start)?)
+        } else {
+            None
+        };
+        let got = payload.as_ref().map_or(0, |m| m.bytes);
+        let fits = dtype == Some(want.0) && nbytes == want.1 && got == nbytes;
+        if fits {
+            if let Some(m) = payload {
+                self.receive(op, m, dst.bytes_mut(), start)?;
+            }
+            return Ok(());
         }
-        let mut sink = vec![0u8; got];
-        self.receive(op, matched, &mut sink, start)?;
-        let d = dst.dtype();
+        if let Some(m) = payload {
+            let mut sink = vec![0u8; got];
+            self.receive(op, m, &mut sink, start)?;
+        }
+        if got != nbytes {
+            return Err(Error::internal(
+                op.name(),
+                format!("rank {src}'s header announced {nbytes} bytes, its message holds {got}"),
+            ));
+        }
+        let what = match dtype {
+            Some(d) => format!("{} {d} elements", nbytes / d.size()),
+            None => format!("{nbytes} bytes of an unknown element type"),
+        };
         Err(err_at(
             ErrorKind::InvalidArgument,
             self.info.rank,
             op.name(),
             format!(
-                "rank {src} sent {got} bytes with tag {tag} ({} {d} elements), the receive buffer holds {} {d} elements (the message was dropped)",
-                got as f64 / d.size() as f64,
+                "rank {src} sent {what} with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
                 dst.len(),
+                dst.dtype()
             ),
         ))
     }

@@ -44,8 +44,8 @@
 //! | all_gather, gather, scatter | `MPI_Allgather`, `MPI_Gather`, `MPI_Scatter` | `MPI_Iallgather`, `MPI_Igather`, `MPI_Iscatter` |
 //! | reduce_scatter | `MPI_Reduce_scatter_block` | `MPI_Ireduce_scatter_block` |
 //! | all_to_all | `MPI_Alltoall` | `MPI_Ialltoall` |
-//! | send | `MPI_Send` | `MPI_Isend`; sends to self go through an in-process mailbox (buffered) |
-//! | recv | `MPI_Improbe` + `MPI_Imrecv` at every size (the size is checked before receiving; a message of the wrong size is dropped and the call fails with `InvalidArgument`; MPI does not carry the element type, so only sizes are checked) | |
+//! | send | a 16-byte header message (byte count, element type), then `MPI_Send` | the header, then `MPI_Isend`; sends to self go through an in-process mailbox (buffered) |
+//! | recv | `MPI_Improbe` + `MPI_Imrecv` at every size: the header first, then the payload only when its element type and size are the buffer's; otherwise the payload is dropped and the call fails with `InvalidArgument` naming both, the buffer untouched (MPI carries no element type: the header does, as cpu-gloo's) | |
 //! | barrier | | `MPI_Ibarrier` (no buffer) |
 //! | split | | `(color, key)` exchanged with a timed all-gather whatever its size, then `MPI_Comm_split` |
 //!

@@ -241,6 +241,28 @@ fn collectives() {
             let e = c.recv_slice(&mut two, 0, 9).unwrap_err();
             assert!(matches!(e.kind(), ErrorKind::InvalidArgument), "{e}");
         }
+        // Another element type of the same size is refused too (issue 32):
+        // the buffer is untouched, and the next message arrives intact.
+        for len in [10usize, 100_000] {
+            let sent: Vec<f32> = (0..len).map(|i| i as f32 + 0.5).collect();
+            if r == 0 {
+                c.send_slice(&sent, 1, 11).unwrap();
+                c.send_slice(&sent, 1, 11).unwrap();
+            } else if r == 1 {
+                let mut ints = vec![-7i32; len];
+                let e = c.recv_slice(&mut ints, 0, 11).unwrap_err();
+                assert!(matches!(e.kind(), ErrorKind::InvalidArgument), "{e}");
+                let text = e.to_string();
+                assert!(
+                    text.contains(&format!("{len} f32")) && text.contains(&format!("{len} i32")),
+                    "{text}"
+                );
+                assert!(ints.iter().all(|x| *x == -7), "the buffer was written");
+                let mut floats = vec![0f32; len];
+                c.recv_slice(&mut floats, 0, 11).unwrap();
+                assert_eq!(floats, sent);
+            }
+        }
     }
     // split into even and odd ranks, keys reversed.
     let sub = c
