@@ -13,7 +13,8 @@ use accel_api::{
 };
 
 use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
-use crate::watchdog::Watch;
+use crate::progress::{self, Progress};
+use crate::watchdog::{self, Watch};
 use crate::NAME;
 
 /// What every mpi communicator declares: every operation, element type and
@@ -98,6 +99,9 @@ pub struct MpiEngine {
     /// Set while `split` exchanges colors: every operation returns on
     /// timeout.
     returning: AtomicBool,
+    /// This rank's progress record (world communicators; see
+    /// [`progress`]).
+    progress: Option<Arc<Progress>>,
 }
 
 /// accel's [`Communicator`](accel_api::Communicator) over one MPI
@@ -136,10 +140,26 @@ fn pause(elapsed: Duration) {
 /// Poll `req` until it completes (returned, complete) or `timeout` after
 /// `start` (returned, still pending, in [`Waited::TimedOut`]).
 pub(crate) fn poll<'a>(
-    mut req: Request<'a>,
+    req: Request<'a>,
     start: Instant,
     timeout: Duration,
 ) -> std::result::Result<Request<'a>, Waited<'a>> {
+    poll_checked(req, start, timeout, &mut |_| None)
+}
+
+/// How often a waiting call looks at its peers' progress records.
+const PEER_CHECK: Duration = Duration::from_millis(200);
+
+/// [`poll`], calling `check` with the time waited about every
+/// [`PEER_CHECK`] after the first; an error from it stops the wait
+/// ([`Waited::Stopped`], the request still pending).
+fn poll_checked<'a>(
+    mut req: Request<'a>,
+    start: Instant,
+    timeout: Duration,
+    check: &mut dyn FnMut(Duration) -> Option<Error>,
+) -> std::result::Result<Request<'a>, Waited<'a>> {
+    let mut next_check = PEER_CHECK;
     loop {
         match req.test() {
             Ok(true) => return Ok(req),
@@ -149,6 +169,12 @@ pub(crate) fn poll<'a>(
         let elapsed = start.elapsed();
         if elapsed >= timeout {
             return Err(Waited::TimedOut(req));
+        }
+        if elapsed >= next_check {
+            if let Some(e) = check(elapsed) {
+                return Err(Waited::Stopped(req, e));
+            }
+            next_check = elapsed + PEER_CHECK;
         }
         pause(elapsed);
     }
@@ -160,21 +186,37 @@ pub(crate) enum Waited<'a> {
     Failed(ffi::MpiError),
     /// The deadline passed; the request is still pending.
     TimedOut(Request<'a>),
+    /// The check of [`poll_checked`] said to stop; the request is still
+    /// pending.
+    Stopped(Request<'a>, Error),
 }
 
 /// The `Timeout` error of `op` on rank `rank` of a group of `world`: the
 /// text both paths report (returned, or printed by the watchdog).
-pub(crate) fn timeout_error(op: &str, timeout: Duration, world: usize, rank: usize) -> Error {
-    Error::timeout(
-        op,
-        timeout,
-        format!(
-            "{op} did not complete: at least one of the {world} ranks of this group has not entered it (or is stuck)"
-        ),
-    )
-    .with_backend(NAME)
-    .with_rank(rank)
-    .with_fix("check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT")
+/// `culprits`: the ranks that hold it up and why, when the progress
+/// records tell (see [`progress`]).
+pub(crate) fn timeout_error(
+    op: &str,
+    timeout: Duration,
+    world: usize,
+    rank: usize,
+    culprits: &[(usize, String)],
+) -> Error {
+    let who = if culprits.is_empty() {
+        format!("at least one of the {world} ranks of this group has not entered it (or is stuck)")
+    } else {
+        culprits
+            .iter()
+            .map(|(r, why)| format!("rank {r} {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Error::timeout(op, timeout, format!("{op} did not complete: {who}"))
+        .with_backend(NAME)
+        .with_rank(rank)
+        .with_fix(
+            "check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT",
+        )
 }
 
 /// The `Timeout` error of `op`, and what happens to a request MPI cannot
@@ -186,8 +228,9 @@ pub(crate) fn timed_out(
     op: &str,
     timeout: Duration,
     world: usize,
+    culprits: &[(usize, String)],
 ) -> Error {
-    let err = timeout_error(op, timeout, world, rank);
+    let err = timeout_error(op, timeout, world, rank, culprits);
     if req.borrows_user() {
         let msg = format!(
             "{err}\n[{NAME} rank {rank}] {op} was running on the caller's memory and MPI cannot cancel it: aborting the MPI job (buffers over ACCEL_MPI_STAGING_BYTES run in place)"
@@ -288,7 +331,12 @@ impl Spec {
 }
 
 impl MpiEngine {
-    pub(crate) fn new(comm: Comm, info: EngineInfo, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        comm: Comm,
+        info: EngineInfo,
+        shared: Arc<Shared>,
+        progress: Option<Arc<Progress>>,
+    ) -> Self {
         let watch = if shared.blocking {
             Watch::start(
                 info.timeout,
@@ -296,6 +344,7 @@ impl MpiEngine {
                 info.world_size,
                 shared.world_rank,
                 shared.staging,
+                progress.clone(),
             )
         } else {
             None
@@ -306,7 +355,14 @@ impl MpiEngine {
             shared,
             watch,
             returning: AtomicBool::new(false),
+            progress,
         }
+    }
+
+    /// Count collective `op` in the progress record; its index.
+    fn enter(&self, op: Op) -> Option<u64> {
+        let p = self.progress.as_ref()?;
+        (!matches!(op, Op::Send | Op::Recv)).then(|| p.enter())
     }
 
     /// `true` when operations above [`staging_bytes`](Self::staging_bytes)
@@ -376,7 +432,7 @@ impl MpiEngine {
         };
         let mut owned = owned;
         let lib = &self.shared.library;
-        let _armed = watch.arm(s.op);
+        let _armed = watch.arm(s.op, self.enter(s.op));
         ffi::call_blocking(&self.comm, s.transfer(send, recv), &mut owned, lib)?;
         Ok(owned)
     }
@@ -386,22 +442,82 @@ impl MpiEngine {
     fn run(&self, s: Spec, send: Src<'_>, recv: Dst<'_>, owned: Owned) -> Result<Owned> {
         let start = Instant::now();
         let lib = &self.shared.library;
+        let index = self.enter(s.op);
         let req = ffi::start(&self.comm, s.transfer(send, recv), owned, lib)?;
-        self.wait(s.op, req, start)
+        self.wait(s.op, req, start, index)
     }
 
-    fn wait(&self, op: Op, req: Request<'_>, start: Instant) -> Result<Owned> {
-        match poll(req, start, self.info.timeout) {
+    /// Poll `req` to its end or the timeout. For collective number `index`
+    /// (counted in the progress record), a peer that ended before entering
+    /// it stops the wait with `PeerLost` naming it (see [`progress`]); a
+    /// timeout names the ranks that held it up when the records tell.
+    fn wait(&self, op: Op, req: Request<'_>, start: Instant, index: Option<u64>) -> Result<Owned> {
+        let mut check = |_: Duration| {
+            let (p, i) = (self.progress.as_ref()?, index?);
+            let (peer, rec) = p.left_before(i)?;
+            Some(self.early_exit(op, i, peer, rec))
+        };
+        match poll_checked(req, start, self.info.timeout, &mut check) {
             Ok(done) => Ok(done.finish()),
+            Err(Waited::Stopped(req, e)) => {
+                // The request can never complete: leaked with its owned
+                // memory, or the job ends when MPI may still write the
+                // caller's.
+                if req.borrows_user() {
+                    let msg = format!(
+                        "{e}\n[{NAME} rank {}] {} was running on the caller's memory and MPI cannot cancel it: aborting the MPI job",
+                        self.info.rank,
+                        op.name()
+                    );
+                    ffi::abort_job(&msg, 1);
+                }
+                let _ = req.abandon();
+                Err(e)
+            }
             Err(Waited::Failed(e)) => Err(e.into()),
-            Err(Waited::TimedOut(req)) => Err(timed_out(
-                req,
-                self.info.rank,
-                op.name(),
-                self.info.timeout,
-                self.info.world_size,
-            )),
+            Err(Waited::TimedOut(req)) => {
+                let culprits = match (&self.progress, index) {
+                    (Some(p), Some(i)) => p.culprits(i),
+                    _ => Vec::new(),
+                };
+                Err(timed_out(
+                    req,
+                    self.info.rank,
+                    op.name(),
+                    self.info.timeout,
+                    self.info.world_size,
+                    &culprits,
+                ))
+            }
         }
+    }
+
+    /// A peer ended before the collective this rank waits in: the error
+    /// naming it. When its process exited, the job has failed: the record
+    /// goes to the error file as the root cause, and this process ends the
+    /// MPI job at its own exit (the peer waits in `MPI_Finalize`; see
+    /// [`ffi::mark_peer_left`]). A peer that only dropped the communicator
+    /// fails this group, as a timeout does.
+    fn early_exit(&self, op: Op, index: u64, peer: usize, rec: progress::Record) -> Error {
+        let text = progress::early_exit_message(op.name(), index, peer, rec);
+        if rec.ended == progress::EXITED {
+            watchdog::write_error_file(
+                &format!("[{NAME} rank {}] {}: {text}", self.info.rank, op.name()),
+                peer,
+            );
+            ffi::mark_peer_left();
+        } else {
+            ffi::mark_failed();
+        }
+        err_at(
+            ErrorKind::PeerLost { peer: Some(peer) },
+            self.info.rank,
+            op.name(),
+            text,
+        )
+        .with_fix(format!(
+            "look at why rank {peer} ended: every rank must make the same collectives to the end"
+        ))
     }
 
     /// Run `call` on memory the request owns: `send` (if any) is already a
@@ -564,13 +680,13 @@ impl MpiEngine {
                 recv: Some(Scratch::new(dst.len())),
             };
             let req = matched.receive(Dst::Scratch, owned)?;
-            if let Some(r) = self.wait(op, req, start)?.recv {
+            if let Some(r) = self.wait(op, req, start, None)?.recv {
                 dst.copy_from_slice(r.bytes());
             }
             Ok(())
         } else {
             let req = matched.receive(Dst::User(dst), Owned::default())?;
-            self.wait(op, req, start).map(drop)
+            self.wait(op, req, start, None).map(drop)
         }
     }
 }
@@ -793,6 +909,7 @@ impl Engine for MpiEngine {
                 comm,
                 self.info.sub(&plan),
                 self.shared.clone(),
+                None,
             ))),
             (None, None) => Ok(None),
             _ => Err(err_at(

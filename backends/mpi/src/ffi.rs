@@ -109,6 +109,18 @@ pub(crate) fn mark_failed() {
     FAILED.store(true, Ordering::SeqCst);
 }
 
+/// Set when a peer of this process ended early (see `progress`): the job
+/// has failed, this process holds a request that can never complete, and
+/// at exit it ends the MPI job (`MPI_Abort`) instead of finalizing, which
+/// would leave mpirun seconds of teardown.
+static PEER_LEFT: AtomicBool = AtomicBool::new(false);
+
+/// Record that a peer ended early (see [`PEER_LEFT`]).
+pub(crate) fn mark_peer_left() {
+    PEER_LEFT.store(true, Ordering::SeqCst);
+    mark_failed();
+}
+
 fn finalize() {
     let _g = lock();
     if FINALIZED.swap(true, Ordering::SeqCst) {
@@ -132,6 +144,16 @@ fn finalize() {
 }
 
 extern "C" fn finalize_at_exit() {
+    // Tell the peers that this rank enters no more collectives before
+    // waiting for them in MPI_Finalize (a peer waiting for this rank in a
+    // collective ends the job instead of waiting for its timeout).
+    let _ = std::panic::catch_unwind(crate::progress::exit_all);
+    if PEER_LEFT.load(Ordering::SeqCst) {
+        abort_job(
+            "[mpi] a rank of this job ended early (see the error above): ending the MPI job",
+            1,
+        );
+    }
     if !FAILED.load(Ordering::SeqCst) {
         finalize();
         return;
