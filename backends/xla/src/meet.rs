@@ -385,3 +385,26 @@ fn seen_by(b: XlaError, me: usize) -> XlaError {
         other => other,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_never_sees_itself_as_the_lost_peer() {
+        let b = XlaError::PeerFailed {
+            rank: 1,
+            why: "aborted: rank 1 failed: boom".into(),
+        };
+        assert!(matches!(
+            seen_by(b.clone(), 0),
+            XlaError::PeerFailed { rank: 1, .. }
+        ));
+        match seen_by(b, 1) {
+            XlaError::Aborted(why) => assert!(why.contains("boom"), "{why}"),
+            other => panic!("rank 1 saw {other:?}"),
+        }
+        let e = accel_api::Error::from(XlaError::Aborted("aborted: x".into()));
+        assert_eq!(e.kind(), &accel_api::ErrorKind::Aborted);
+    }
+}
