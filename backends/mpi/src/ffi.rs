@@ -147,7 +147,15 @@ extern "C" fn finalize_at_exit() {
     // Tell the peers that this rank enters no more collectives before
     // waiting for them in MPI_Finalize (a peer waiting for this rank in a
     // collective ends the job instead of waiting for its timeout).
-    let _ = std::panic::catch_unwind(crate::progress::exit_all);
+    // Bounded: a store that does not answer must not hold up the exit.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let marker = std::thread::Builder::new().spawn(move || {
+        let _ = std::panic::catch_unwind(crate::progress::exit_all);
+        let _ = done_tx.send(());
+    });
+    if marker.is_ok() {
+        let _ = done_rx.recv_timeout(std::time::Duration::from_secs(1));
+    }
     if PEER_LEFT.load(Ordering::SeqCst) {
         abort_job(
             "[mpi] a rank of this job ended early (see the error above): ending the MPI job",
