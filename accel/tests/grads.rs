@@ -148,7 +148,7 @@ fn compression_to_an_integer_type_is_refused() {
 /// step, model)` run on every rank after backward (and its all-reduce),
 /// before the step. Returns per step: (stepped, skipped, scale, scheduler
 /// steps so far, parameters).
-type Trace = Vec<(bool, bool, f64, u64, Vec<f32>)>;
+type Trace = Vec<(bool, bool, f32, u64, Vec<f32>)>;
 
 fn fp16_run(acc: &Accelerator, poison: impl Fn(usize, usize, &mut Linear)) -> Trace {
     acc.set_training_config(TrainConfig {
