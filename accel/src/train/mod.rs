@@ -102,6 +102,7 @@ pub use model_io::{DEFAULT_MAX_SHARD_SIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
+    ScheduledOptimizer,
 };
 pub use rng::Rng;
 pub use trackers::{JsonlTracker, TensorBoardTracker, Tracker, TRACKER_NAMES};
@@ -259,6 +260,9 @@ pub(crate) struct TrainState {
     pub(crate) amp: amp::AmpState,
     /// The sharding stage resolved against the environment.
     pub(crate) sharding: crate::zero::Stage,
+    /// The first rate of scheduler `n`, for optimizer `n`'s first step
+    /// (see `Accelerator::prepare_scheduler`).
+    pub(crate) initial_lr: std::collections::BTreeMap<usize, f64>,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -297,6 +301,7 @@ impl TrainShared {
                 registered: Vec::new(),
                 amp: amp::AmpState::new(mode, GradScalerConfig::default()),
                 sharding,
+                initial_lr: std::collections::BTreeMap::new(),
             }),
             rng: Mutex::new(control::RngSlot::new()),
             trackers: Mutex::new(Vec::new()),
