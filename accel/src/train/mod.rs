@@ -95,7 +95,7 @@ pub use adapters::{
 };
 pub use amp::{GradScaler, GradScalerConfig, MixedPrecision, MIXED_PRECISION_ENV};
 pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
-pub use control::RngGuard;
+pub use control::{RngGuard, STRICT_ENV};
 pub use grads::{host_from_f32, host_to_f32, zero_grads, DeviceScratch, GradKernels, GradStats};
 pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
 pub use model_io::{DEFAULT_MAX_SHARD_SIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME};
@@ -175,6 +175,14 @@ pub struct TrainConfig {
     /// [`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero).
     #[serde(default)]
     pub sharding: Option<crate::zero::Stage>,
+    /// A `mixed_precision` or `sharding` setting the program cannot use (a
+    /// model that computes in f32 only; a model no
+    /// [`prepare_zero`](crate::Accelerator::prepare_zero) shards) is an
+    /// error instead of a warning on rank 0 (default `false`; also
+    /// [`STRICT_ENV`]`=1`). See
+    /// [`settings_not_applied`](crate::Accelerator::settings_not_applied).
+    #[serde(default)]
+    pub strict: bool,
 }
 
 impl Default for TrainConfig {
@@ -193,6 +201,7 @@ impl Default for TrainConfig {
             grad_scaler: GradScalerConfig::default(),
             gradient_compression: None,
             sharding: None,
+            strict: false,
         }
     }
 }
@@ -263,6 +272,8 @@ pub(crate) struct TrainState {
     /// The first rate of scheduler `n`, for optimizer `n`'s first step
     /// (see `Accelerator::prepare_scheduler`).
     pub(crate) initial_lr: std::collections::BTreeMap<usize, f64>,
+    /// Where the settings came from and which did not apply.
+    pub(crate) applied: control::Applied,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -289,6 +300,16 @@ impl TrainShared {
             tracing::warn!("{e}; training without mixed precision");
             MixedPrecision::No
         });
+        let strict = control::strict_from_env().unwrap_or_else(|e| {
+            tracing::warn!("{e}; ignored settings are warnings");
+            false
+        });
+        let applied = control::Applied {
+            mixed_precision: control::env_source(MIXED_PRECISION_ENV),
+            sharding: control::env_source(crate::zero::SHARDING_ENV),
+            strict,
+            ..control::Applied::default()
+        };
         TrainShared {
             world_size: world_size.max(1),
             inner: Mutex::new(TrainState {
@@ -302,6 +323,7 @@ impl TrainShared {
                 amp: amp::AmpState::new(mode, GradScalerConfig::default()),
                 sharding,
                 initial_lr: std::collections::BTreeMap::new(),
+                applied,
             }),
             rng: Mutex::new(control::RngSlot::new()),
             trackers: Mutex::new(Vec::new()),
@@ -344,7 +366,20 @@ impl TrainShared {
             Some(s) => s,
             None => crate::zero::Stage::from_env()?.unwrap_or_default(),
         };
+        let strict = config.strict || control::strict_from_env()?;
+        let source = |set: bool, env: &str| {
+            if set {
+                control::Source::Config
+            } else {
+                control::env_source(env)
+            }
+        };
+        let mp_source = source(config.mixed_precision.is_some(), MIXED_PRECISION_ENV);
+        let sharding_source = source(config.sharding.is_some(), crate::zero::SHARDING_ENV);
         let mut st = self.lock();
+        st.applied.mixed_precision = mp_source;
+        st.applied.sharding = sharding_source;
+        st.applied.strict = strict;
         st.sharding = sharding;
         if st.amp.mode != mode || st.amp.scaler.map(|s| s.config) != Some(config.grad_scaler) {
             st.amp = amp::AmpState::new(mode, config.grad_scaler);

@@ -188,8 +188,11 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
     /// rank. `Unsupported`, before any communication, for a model whose
     /// gradients are device views while it gives no
     /// [`Parameters::grad_kernels`].
+    /// A mixed precision the model does not compute in is reported first
+    /// ([`Accelerator::settings_not_applied`]; an error under strict mode).
     fn prepare_with(mut self, acc: &Accelerator) -> Result<PreparedModel<M>> {
         super::grads::check_kernels(&self, "prepare_model")?;
+        super::shared(acc).check_mixed_precision(acc.rank(), &self)?;
         if acc.world_size() > 1 {
             let comm = acc.comm();
             let mut err = None;
@@ -307,6 +310,10 @@ impl<O: Optimizer> PreparedOptimizer<O> {
     pub fn step<M: Parameters>(&mut self, model: &mut PreparedModel<M>) -> Result<bool> {
         if !self.shared.decision().optimizer_step {
             return Ok(false);
+        }
+        if !model.sharded {
+            self.shared
+                .check_sharding(self.comm.rank(), "PreparedOptimizer::step")?;
         }
         let initial = self.shared.lock().initial_lr.remove(&self.index);
         if let Some(lr) = initial.filter(|_| self.steps == 0) {
