@@ -115,11 +115,12 @@ impl GradScalerConfig {
                 "use torch's defaults: init_scale 65536, growth_factor 2, backoff_factor 0.5, growth_interval 2000",
             ))
         };
-        if !(self.init_scale.is_finite() && self.init_scale > 0.0) {
+        let as_f32 = self.init_scale as f32;
+        if !(as_f32.is_finite() && as_f32 > 0.0) {
             return bad(
                 "grad_scaler.init_scale",
                 self.init_scale.to_string(),
-                "must be a positive number",
+                "must be a positive number that fits in f32 (the scale is kept in f32, as torch's)",
             );
         }
         if !(self.growth_factor.is_finite() && self.growth_factor > 1.0) {
@@ -420,6 +421,14 @@ mod tests {
         };
         let e = bad.check().unwrap_err().to_string();
         assert!(e.contains("backoff_factor"), "{e}");
+        for huge_or_tiny in [1e39, 1e-50] {
+            let bad = GradScalerConfig {
+                init_scale: huge_or_tiny,
+                ..GradScalerConfig::default()
+            };
+            let e = bad.check().unwrap_err().to_string();
+            assert!(e.contains("init_scale") && e.contains("f32"), "{e}");
+        }
         assert!(GradScalerConfig::default().check().is_ok());
     }
 }
