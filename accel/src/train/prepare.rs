@@ -24,7 +24,10 @@ pub trait Prepare<W> {
     /// # Errors
     /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
     /// for a loader the world cannot shard (batch size 0, `split_batches`
-    /// with a batch size the world size does not divide).
+    /// with a batch size the world size does not divide);
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig),
+    /// under strict mode only, for a model that does not compute in the
+    /// mixed precision set ([`Parameters::uses_mixed_precision`]).
     fn prepare_with(self, acc: &Accelerator) -> Result<W>;
 }
 
@@ -306,7 +309,11 @@ impl<O: Optimizer> PreparedOptimizer<O> {
     /// than one rank.
     ///
     /// # Errors
-    /// The optimizer's; the communicator's (fp16 agreement).
+    /// The optimizer's; the communicator's (fp16 agreement);
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig)
+    /// under strict mode when a sharding stage is set but `model` is not
+    /// sharded by [`prepare_zero`](Accelerator::prepare_zero) (otherwise a
+    /// warning, see [`Accelerator::settings_not_applied`]).
     pub fn step<M: Parameters>(&mut self, model: &mut PreparedModel<M>) -> Result<bool> {
         if !self.shared.decision().optimizer_step {
             return Ok(false);
