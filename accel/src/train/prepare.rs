@@ -270,8 +270,7 @@ impl<O: Optimizer> PreparedOptimizer<O> {
         if !self.shared.decision().optimizer_step {
             return Ok(false);
         }
-        let found_inf =
-            super::grad_sync::unscale_once(&self.shared, &*self.comm, &mut model.model)?;
+        let found_inf = self.shared.unscale_once(&*self.comm, &mut model.model)?;
         {
             let mut st = self.shared.lock();
             let amp = &mut st.amp;
