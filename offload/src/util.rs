@@ -133,7 +133,11 @@ static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 /// Write `path` atomically: a temporary file in the same directory, written
 /// by `fill`, fsynced, renamed over `path`, then the directory fsynced.
 /// Readers see the old file or the new one, never a torn one.
-pub(crate) fn atomic_write(
+///
+/// # Errors
+/// [`accel_api::ErrorKind::Io`] naming `path` (the temporary file is
+/// removed).
+pub fn atomic_write(
     path: &Path,
     fill: impl FnOnce(&mut std::io::BufWriter<&File>) -> std::io::Result<()>,
 ) -> Result<()> {
