@@ -24,6 +24,7 @@
 //! | [`Wrapper`] | what `prepare()` returns |
 //! | [`OffloadStore`] | named tensors for big-model offload |
 //! | [`Error`], [`ErrorKind`] | the one public error type |
+//! | [`durable::write_atomic`] | the one durable file write (temporary file, fsync, rename, directory fsync) |
 //!
 //! ## Rules every backend follows
 //!
@@ -68,6 +69,7 @@ pub mod check;
 mod comm;
 mod device;
 mod dtype;
+pub mod durable;
 mod error;
 mod group;
 mod layer;

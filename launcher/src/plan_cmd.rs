@@ -199,7 +199,7 @@ pub fn plan(args: &PlanArgs) -> Result<String> {
     let p = make_plan(&layout, &opts)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     if let Some(out) = &args.output {
-        accel_offload::util::atomic_write(out, |w| {
+        accel_api::durable::write_atomic(out, |w| {
             serde_json::to_writer_pretty(w, &p.device_map()).map_err(std::io::Error::other)
         })?;
     }
