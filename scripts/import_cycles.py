@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print the file-level import cycles of Rust crates.
 
-Usage: scripts/import_cycles.py [CRATE_DIR ...]   (default: every crate of
+Usage: scripts/import_cycles.py [--no-tests] [CRATE_DIR ...]   (default: every crate of
 the workspace, found as folders with a Cargo.toml and a src/ folder)
 
 A file "uses" another when it names an item defined there through a path
@@ -13,6 +13,9 @@ uses. Comments and string literals are ignored.
 
 Prints each cycle (a strongly connected group of files, with one
 `file:line` per edge) and exits 1 when there is one, 0 otherwise.
+
+`--no-tests` leaves out test code: inline `mod tests { .. }` blocks and
+files whose module is named `tests`.
 """
 
 import os
@@ -109,8 +112,9 @@ def expand_use_tree(tree):
 
 
 class Crate:
-    def __init__(self, root):
+    def __init__(self, root, no_tests=False):
         self.root = root
+        self.no_tests = no_tests
         self.src = os.path.join(root, "src")
         self.files = {}  # module path tuple -> file
         self.text = {}  # file -> stripped text
@@ -250,6 +254,8 @@ class Crate:
                     continue
                 spans.append((body.count("\n", 0, m.start()) + 1, here, segs))
             for line, here, segs in spans:
+                if self.no_tests and "tests" in here:
+                    continue
                 if segs and segs[-1] == "*":
                     segs = segs[:-1]
                 a = self.absolute(here, segs)
@@ -326,10 +332,11 @@ def workspace_crates(top):
 
 def main(argv):
     top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    roots = argv[1:] or workspace_crates(top)
+    no_tests = "--no-tests" in argv
+    roots = [a for a in argv[1:] if a != "--no-tests"] or workspace_crates(top)
     total = 0
     for root in roots:
-        crate = Crate(root)
+        crate = Crate(root, no_tests)
         edges = crate.edges()
         adj = {}
         for (a, b) in edges:
