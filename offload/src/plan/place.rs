@@ -2,6 +2,8 @@
 //! what does not fit, with tied groups kept together and the largest
 //! remaining layer's size kept free (Accelerate's `infer_auto_device_map`).
 
+use std::ops::Range;
+
 use accel_api::{Error, ErrorKind, Result};
 
 use super::sizes::Sizes;
@@ -62,33 +64,12 @@ pub(super) fn place(
         state[c as usize] = St::Pending;
         stack.push(c);
     }
-    let layers_in = |e: NodeId| -> std::ops::Range<usize> {
+    let layers_in = |e: NodeId| -> Range<usize> {
         let lo = s.layers.partition_point(|&l| l < e);
         let hi = s.layers.partition_point(|&l| l < nodes[e as usize].end);
         lo..hi
     };
-    // The remaining layers: a layer leaves when the entry holding it is
-    // taken (and comes back if that entry is put back or split).
-    let mut remaining = MaskedMax::new(s.layers.iter().map(|&l| s.size[l as usize]).collect());
-    // Accelerate's `max_layer_names`: the layers of the largest size at the
-    // last recomputation, each consumed (for good) when an entry holding it
-    // is taken; the size is recomputed when none is left.
-    let mut tracked: Vec<usize> = vec![];
-    let mut consumed: Vec<bool> = vec![];
-    let recompute = |remaining: &MaskedMax,
-                     tracked: &mut Vec<usize>,
-                     consumed: &mut Vec<bool>|
-     -> (u64, usize) {
-        tracked.clear();
-        let max = remaining.max();
-        if max > 0 {
-            remaining.each_equal(max, &mut |k| tracked.push(k));
-        }
-        consumed.clear();
-        consumed.resize(tracked.len(), false);
-        (max, tracked.len())
-    };
-    let (mut tracked_size, mut tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
+    let mut largest = LargestLayer::new(s);
 
     let mut used = vec![0u64; ndev];
     let mut reserved = vec![0u64; ndev];
@@ -125,37 +106,9 @@ pub(super) fn place(
         }
         let es = e as usize;
         let lr = layers_in(e);
-        remaining.mask(lr.clone(), 1);
-        let t0 = tracked.partition_point(|&k| k < lr.start);
-        let t1 = tracked.partition_point(|&k| k < lr.end);
-        for c in &mut consumed[t0..t1] {
-            if !*c {
-                *c = true;
-                tracked_left -= 1;
-            }
-        }
-        if tracked_left == 0 {
-            (tracked_size, tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
-        }
+        largest.take(lr.clone());
         let size_e = s.size[es];
-        let end = nodes[es].end;
-        // Tied partners outside `e`, and the pending entries holding them.
-        let mut partners: Vec<NodeId> = vec![];
-        let lo = tied_of.partition_point(|&(t, _)| t < e);
-        let hi = tied_of.partition_point(|&(t, _)| t < end);
-        let mut groups: Vec<usize> = tied_of[lo..hi].iter().map(|&(_, g)| g).collect();
-        groups.sort_unstable();
-        groups.dedup();
-        for g in groups {
-            for &m in &layout.tied()[g] {
-                if m < e || m >= end {
-                    partners.push(m);
-                }
-            }
-        }
-        // Accelerate's tied groups are sorted by name, so the modules
-        // holding the partners are tried (and split) in that order.
-        partners.sort_by(|&a, &b| nodes[a as usize].name.cmp(&nodes[b as usize].name));
+        let partners = tied_partners(layout, &tied_of, e);
         let (with_ties, tied_entries) =
             size_with_ties(s, size_e, &partners, |p| enclosing_entry(&state, p));
         let Some((_, max)) = budgets.get(cur) else {
@@ -163,7 +116,7 @@ pub(super) fn place(
             return Err(no_fit_error(budgets, &used, &reserved, name, with_ties));
         };
         let max = *max;
-        let reserve = if reserve_on[cur] { tracked_size } else { 0 };
+        let reserve = if reserve_on[cur] { largest.size } else { 0 };
         let limit = max.map(|m| m.saturating_sub(reserve));
         let fits = |need: u64| !matches!(limit, Some(l) if used[cur] + need > l);
         reserved[cur] = reserve;
@@ -172,17 +125,18 @@ pub(super) fn place(
             state[es] = St::Placed;
             placed.push((e, cur));
             for te in tied_entries {
-                remaining.mask(layers_in(te), 1);
+                largest.remaining.mask(layers_in(te), 1);
                 state[te as usize] = St::Placed;
                 placed.push((te, cur));
             }
             continue;
         }
-        let put_back = |state: &mut Vec<St>, stack: &mut Vec<NodeId>, remaining: &mut MaskedMax| {
-            state[es] = St::Pending;
-            stack.push(e);
-            remaining.mask(lr.clone(), -1);
-        };
+        let put_back =
+            |state: &mut Vec<St>, stack: &mut Vec<NodeId>, largest: &mut LargestLayer| {
+                state[es] = St::Pending;
+                stack.push(e);
+                largest.remaining.mask(lr.clone(), -1);
+            };
         if !tied_entries.is_empty() && fits(size_e) {
             let splittable = tied_entries
                 .iter()
@@ -193,29 +147,29 @@ pub(super) fn place(
                 for &c in &nodes[te as usize].children {
                     state[c as usize] = St::Pending;
                 }
-                put_back(&mut state, &mut stack, &mut remaining);
-                (tracked_size, tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
+                put_back(&mut state, &mut stack, &mut largest);
+                largest.recompute();
                 continue;
             }
         }
         let too_big = limit.is_some_and(|l| used[cur] + size_e >= l);
         if too_big && s.has_module_child[es] && !s.no_split[es] {
             state[es] = St::Split;
-            remaining.mask(lr.clone(), -1);
+            largest.remaining.mask(lr.clone(), -1);
             for &c in nodes[es].children.iter().rev() {
                 state[c as usize] = St::Pending;
                 stack.push(c);
             }
-            (tracked_size, tracked_left) = recompute(&remaining, &mut tracked, &mut consumed);
+            largest.recompute();
             continue;
         }
         if used[cur] == 0 && budgets[cur].0 != Target::Disk {
             if let Some(m) = max {
                 if opts.fallback_allocation && !fallback_tried[cur] {
                     fallback_tried[cur] = true;
-                    let limit = m.saturating_sub(tracked_size.max(with_ties));
+                    let limit = m.saturating_sub(largest.size.max(with_ties));
                     if let Some(x) = find_fallback(layout, s, &state, &stack, &tied_of, limit) {
-                        put_back(&mut state, &mut stack, &mut remaining);
+                        put_back(&mut state, &mut stack, &mut largest);
                         stack.pop();
                         bring_forward(nodes, &mut state, &mut stack, x);
                         stack.push(e);
@@ -224,19 +178,17 @@ pub(super) fn place(
                         continue;
                     }
                 }
-                let largest = remaining
-                    .first_max()
-                    .map(|k| display_name(&nodes[s.layers[k] as usize].name).to_string());
+                let first = largest.remaining.first_max();
                 empty[cur] = Some(Passed {
                     entry: e,
                     need: with_ties,
                     reserve,
-                    largest,
+                    largest: first.map(|k| display_name(&nodes[s.layers[k] as usize].name).into()),
                 });
             }
         }
         cur += 1;
-        put_back(&mut state, &mut stack, &mut remaining);
+        put_back(&mut state, &mut stack, &mut largest);
     }
     Ok(Placement {
         placed,
@@ -244,6 +196,89 @@ pub(super) fn place(
         reserved,
         empty,
     })
+}
+
+/// The largest remaining layer, tracked as Accelerate does. A layer leaves
+/// `remaining` when the entry holding it is taken, and comes back if that
+/// entry is put back or split. Accelerate's `max_layer_names`: the layers
+/// of the largest size at the last recomputation (`tracked`), each consumed
+/// for good when an entry holding it is taken; `size` is recomputed when
+/// none is left.
+struct LargestLayer {
+    remaining: MaskedMax,
+    tracked: Vec<usize>,
+    consumed: Vec<bool>,
+    /// The size the reservations keep free.
+    size: u64,
+    /// Tracked layers not consumed yet.
+    left: usize,
+}
+
+impl LargestLayer {
+    fn new(s: &Sizes) -> LargestLayer {
+        let mut l = LargestLayer {
+            remaining: MaskedMax::new(s.layers.iter().map(|&l| s.size[l as usize]).collect()),
+            tracked: vec![],
+            consumed: vec![],
+            size: 0,
+            left: 0,
+        };
+        l.recompute();
+        l
+    }
+
+    /// Track the layers of the largest remaining size anew.
+    fn recompute(&mut self) {
+        self.tracked.clear();
+        let max = self.remaining.max();
+        if max > 0 {
+            let tracked = &mut self.tracked;
+            self.remaining.each_equal(max, &mut |k| tracked.push(k));
+        }
+        self.consumed.clear();
+        self.consumed.resize(self.tracked.len(), false);
+        (self.size, self.left) = (max, self.tracked.len());
+    }
+
+    /// An entry holding the layers `lr` (indices into the layer list) is
+    /// taken up: they leave, and the tracked ones among them are consumed.
+    fn take(&mut self, lr: Range<usize>) {
+        self.remaining.mask(lr.clone(), 1);
+        let t0 = self.tracked.partition_point(|&k| k < lr.start);
+        let t1 = self.tracked.partition_point(|&k| k < lr.end);
+        for c in &mut self.consumed[t0..t1] {
+            if !*c {
+                *c = true;
+                self.left -= 1;
+            }
+        }
+        if self.left == 0 {
+            self.recompute();
+        }
+    }
+}
+
+/// The tied partners of the tensors under entry `e` that lie outside it,
+/// in name order (Accelerate's tied groups are sorted by name, so the
+/// modules holding the partners are tried, and split, in that order).
+fn tied_partners(layout: &Layout, tied_of: &[(NodeId, usize)], e: NodeId) -> Vec<NodeId> {
+    let nodes = layout.nodes();
+    let end = nodes[e as usize].end;
+    let lo = tied_of.partition_point(|&(t, _)| t < e);
+    let hi = tied_of.partition_point(|&(t, _)| t < end);
+    let mut groups: Vec<usize> = tied_of[lo..hi].iter().map(|&(_, g)| g).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    let mut partners: Vec<NodeId> = vec![];
+    for g in groups {
+        for &m in &layout.tied()[g] {
+            if m < e || m >= end {
+                partners.push(m);
+            }
+        }
+    }
+    partners.sort_by(|&a, &b| nodes[a as usize].name.cmp(&nodes[b as usize].name));
+    partners
 }
 
 /// The error for an entry (`name`, `need` bytes with its tied partners)
