@@ -24,6 +24,7 @@
 //! | [`Wrapper`] | what `prepare()` returns |
 //! | [`OffloadStore`] | named tensors for big-model offload |
 //! | [`Error`], [`ErrorKind`] | the one public error type |
+//! | [`files`] | opening files named by other files: regular files inside their folder only, reads bounded by size |
 //! | [`durable::write_atomic`] | the one durable file write (temporary file, fsync, rename, directory fsync) |
 //!
 //! ## Rules every backend follows
@@ -71,6 +72,7 @@ mod device;
 mod dtype;
 pub mod durable;
 mod error;
+pub mod files;
 mod group;
 mod layer;
 mod offload;

@@ -60,7 +60,10 @@ impl Accelerator {
     /// # Errors
     /// As [`new`](Self::new).
     pub fn connect(state: Arc<ProcessState>, registry: &Registry) -> Result<Accelerator> {
-        let (backend, device) = registry.select_for(&state)?;
+        // The one validation path `accel env` runs too.
+        let checked =
+            crate::env_check::check_environment(&state, registry, &|k| std::env::var(k).ok())?;
+        let (backend, device) = (checked.backend, checked.device);
         let root = state.open_store()?;
         let scope = format!("accel/{}/{}", state.run_id, state.restart_count);
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(root, scope));

@@ -40,6 +40,7 @@
 mod accelerator;
 mod collectives;
 mod debug;
+pub mod env_check;
 mod lifeline;
 mod panic_hook;
 mod registry;

@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use accel_api::{Device, DeviceKind, Error, ErrorKind, Result};
 
+/// The shortest `ACCEL_TIMEOUT` accel takes: shorter ones are refused.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
 /// Default bound for every blocking call when `ACCEL_TIMEOUT` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -70,6 +73,11 @@ pub struct ProcessState {
     /// ACCEL_STORE_URL: where the rendezvous store is (`tcp://h:p`,
     /// `file:///dir`); derived from MASTER_ADDR/MASTER_PORT when absent.
     pub store_url: Option<String>,
+    /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts a torch
+    /// TCPStore at MASTER_ADDR:MASTER_PORT, which this rank joins; otherwise a
+    /// MASTER_ADDR/MASTER_PORT store without a token is hosted by rank 0
+    /// (docs/adr/0019-torch-store.md).
+    pub agent_store: bool,
     /// ACCEL_RUN_ID (torchrun's TORCHELASTIC_RUN_ID), `default` when absent.
     pub run_id: String,
     /// ACCEL_RUN_TOKEN: the store's shared secret. Never printed.
@@ -128,7 +136,7 @@ struct Family {
     size: (usize, &'static str),
     local_rank: Option<(usize, &'static str)>,
     local_size: Option<(usize, &'static str)>,
-    node_rank: Option<usize>,
+    node_rank: Option<(usize, &'static str)>,
 }
 
 fn pair(
@@ -173,7 +181,7 @@ fn torch_family(vars: &Vars) -> Result<Option<Family>> {
         size: (s, WORLD_SIZE),
         local_rank: opt(vars, LOCAL_RANK)?,
         local_size: opt(vars, LOCAL_WORLD_SIZE)?,
-        node_rank: num(vars, GROUP_RANK)?,
+        node_rank: opt(vars, GROUP_RANK)?,
     }))
 }
 
@@ -248,13 +256,23 @@ fn slurm_family(vars: &Vars) -> Result<Option<Family>> {
     let Some((r, s)) = pair(vars, LaunchSource::Slurm, "SLURM_PROCID", "SLURM_NTASKS")? else {
         return Ok(None);
     };
-    let node = num(vars, "SLURM_NODEID")?;
+    let node = opt(vars, "SLURM_NODEID")?;
     let local_size = match (vars.get("SLURM_TASKS_PER_NODE"), node) {
-        (Some(v), Some(n)) => {
+        (Some(v), Some((n, _))) => {
             let per = slurm_tasks_per_node(v).ok_or_else(|| {
                 Error::invalid_config("SLURM_TASKS_PER_NODE", v, "not in Slurm's `N(xM),K` format")
             })?;
-            per.get(n).map(|&c| (c, "SLURM_TASKS_PER_NODE"))
+            let count = per.get(n).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "SLURM_NODEID={n} is not below the {} node(s) SLURM_TASKS_PER_NODE={v} lists",
+                        per.len()
+                    ),
+                )
+                .with_fix(fix_for("Slurm"))
+            })?;
+            Some((*count, "SLURM_TASKS_PER_NODE"))
         }
         _ => None,
     };
@@ -266,6 +284,56 @@ fn slurm_family(vars: &Vars) -> Result<Option<Family>> {
         local_size,
         node_rank: node,
     }))
+}
+
+/// The first host of a Slurm hostlist (`n[01-03,7],gpu1` -> `n01`).
+fn slurm_first_host(list: &str) -> Option<String> {
+    let mut depth = 0;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ => {}
+            }
+            c == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let first = list[..end].trim();
+    let Some((prefix, rest)) = first.split_once('[') else {
+        return (!first.is_empty()).then(|| first.to_string());
+    };
+    let (ranges, suffix) = rest.split_once(']')?;
+    let lo = ranges.split([',', '-']).next()?.trim();
+    if lo.is_empty() || !lo.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(format!("{prefix}{lo}{suffix}"))
+}
+
+/// Where rank 0 of a Slurm job step hosts the store when the environment
+/// names none: the step's first node, and a port from the job and step ids
+/// (20000-39999), so that steps running at once rarely meet on one port.
+/// MASTER_ADDR / MASTER_PORT override either.
+fn slurm_rendezvous(vars: &Vars) -> Option<(String, u16)> {
+    let list = [
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+    ]
+    .iter()
+    .find_map(|k| vars.get(*k).filter(|v| !v.trim().is_empty()))?;
+    let host = slurm_first_host(list)?;
+    let id = |k: &str| vars.get(k).and_then(|v| v.trim().parse::<u64>().ok());
+    let job = id("SLURM_JOB_ID")
+        .or_else(|| id("SLURM_JOBID"))
+        .unwrap_or(0);
+    let step = id("SLURM_STEP_ID")
+        .or_else(|| id("SLURM_STEPID"))
+        .unwrap_or(0);
+    let port = 20000 + (job.wrapping_mul(131).wrapping_add(step) % 20000) as u16;
+    Some((host, port))
 }
 
 fn check_family(f: &Family) -> Result<()> {
@@ -314,6 +382,22 @@ fn check_family(f: &Family) -> Result<()> {
             .with_fix(fix_for(&format!("{:?}", f.source))));
         }
     }
+    if let Some((node, nn)) = f.node_rank {
+        // This machine holds its local ranks and every other machine at
+        // least one: there are at most size - local_size + 1 machines.
+        let local = f.local_size.map_or(1, |x| x.0);
+        let machines = size - local + 1;
+        if node >= machines {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "{nn}={node} is out of range: {sn}={size} ranks with {local} on this machine \
+                     make at most {machines} machine(s), numbered from 0"
+                ),
+            )
+            .with_fix(fix_for(&format!("{:?}", f.source))));
+        }
+    }
     Ok(())
 }
 
@@ -330,6 +414,31 @@ fn contradiction(a: &Family, b: &Family, fix: &str) -> Result<()> {
         ),
     )
     .with_fix(fix.to_string()))
+}
+
+/// The store a process opens ([`ProcessState::store_plan`]).
+pub enum StorePlan {
+    /// The store the rank threads of this process share.
+    Shared(Arc<dyn accel_api::Store>),
+    /// A fresh in-memory store (one process, no store named).
+    Memory,
+    /// The store at this URL (its form checked).
+    Url(String),
+    /// None: an MPI launcher or srun started the run without naming a
+    /// store; the first use fails with this error (the mpi backend needs
+    /// none).
+    Deferred(Error),
+}
+
+impl std::fmt::Debug for StorePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StorePlan::Shared(_) => f.write_str("Shared"),
+            StorePlan::Memory => f.write_str("Memory"),
+            StorePlan::Url(u) => write!(f, "Url({u})"),
+            StorePlan::Deferred(e) => write!(f, "Deferred({e})"),
+        }
+    }
 }
 
 impl ProcessState {
@@ -409,9 +518,20 @@ impl ProcessState {
             .and_then(|f| f.local_rank.map(|x| x.0))
             .unwrap_or(rank % local_world_size);
         let node_rank = family
-            .and_then(|f| f.node_rank)
+            .and_then(|f| f.node_rank.map(|x| x.0))
             .unwrap_or(rank / local_world_size);
 
+        if let Some(t) = env.timeout.filter(|t| *t < MIN_TIMEOUT) {
+            return Err(Error::invalid_config(
+                keys::ACCEL_TIMEOUT,
+                &vars[keys::ACCEL_TIMEOUT],
+                format!(
+                    "{t:?} is below the shortest timeout accel takes, 1ms (its waits poll at \
+                     millisecond steps, so a shorter one is refused, not rounded up)"
+                ),
+            )
+            .with_fix("set ACCEL_TIMEOUT to 1ms or more, e.g. 30s"));
+        }
         if env.master_port == Some(0) && world_size > 1 {
             return Err(Error::invalid_config(
                 keys::MASTER_PORT,
@@ -419,6 +539,15 @@ impl ProcessState {
                 "workers cannot connect to port 0",
             )
             .with_fix("set the port the store listens on"));
+        }
+        // srun alone (no MASTER_ADDR, no ACCEL_STORE_URL): rank 0 hosts the
+        // store on the step's first node, as under torch's env:// rendezvous.
+        let (mut master_addr, mut master_port) = (env.master_addr, env.master_port);
+        if source == LaunchSource::Slurm && world_size > 1 && env.store_url.is_none() {
+            if let Some((h, p)) = slurm_rendezvous(&vars) {
+                master_addr.get_or_insert(h);
+                master_port.get_or_insert(p);
+            }
         }
         Ok(ProcessState {
             rank,
@@ -428,9 +557,12 @@ impl ProcessState {
             node_rank,
             source,
             mpi_launched,
-            master_addr: env.master_addr,
-            master_port: env.master_port,
+            master_addr,
+            master_port,
             store_url: env.store_url,
+            agent_store: vars
+                .get(keys::TORCHELASTIC_USE_AGENT_STORE)
+                .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1")),
             run_id: env.run_id.unwrap_or_else(|| "default".to_string()),
             token: env.token.filter(|t| !t.is_empty()),
             timeout: env.timeout.unwrap_or(DEFAULT_TIMEOUT),
@@ -506,9 +638,11 @@ impl ProcessState {
         }
     }
 
-    /// The rendezvous store's URL: ACCEL_STORE_URL, else
-    /// `tcp://MASTER_ADDR:MASTER_PORT`; `None` for a one-process run without
-    /// either.
+    /// The rendezvous store's URL: ACCEL_STORE_URL; else, from MASTER_ADDR
+    /// and MASTER_PORT, accel's own store (`tcp://`) when the run has a
+    /// token, and otherwise a store speaking torch's TCPStore protocol
+    /// (`torch://`: torchrun's agent store, or one rank 0 hosts); `None` for
+    /// a one-process run without either.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] for a multi-process run that names no store.
@@ -516,20 +650,50 @@ impl ProcessState {
         if let Some(u) = &self.store_url {
             return Ok(Some(u.clone()));
         }
+        if let Some(a) = self.master_addr.as_deref().filter(|a| a.trim().is_empty()) {
+            return Err(Error::invalid_config(
+                keys::MASTER_ADDR,
+                a,
+                "MASTER_ADDR is set but empty: an empty address is refused, not read as unset \
+                 or as this machine",
+            )
+            .with_fix(
+                "set MASTER_ADDR to machine 0's address (127.0.0.1 on one machine), or unset it",
+            ));
+        }
         match (&self.master_addr, self.master_port) {
-            (Some(a), Some(p)) => Ok(Some(tcp_url(a, p))),
+            (Some(a), Some(p)) if self.token.is_some() => Ok(Some(tcp_url(a, p))),
+            (Some(a), Some(p)) if self.world_size > 1 || self.agent_store => {
+                Ok(Some(format!("torch{}", &tcp_url(a, p)[3..])))
+            }
             _ if self.world_size == 1 => Ok(None),
             (None, _) => Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!("WORLD_SIZE={} but MASTER_ADDR is not set", self.world_size),
             )
-            .with_fix("set MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL), or start with `accel launch`")),
+            .with_fix(FIX_NO_STORE)),
             (Some(_), None) => Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!("WORLD_SIZE={} but MASTER_PORT is not set", self.world_size),
             )
-            .with_fix("set MASTER_PORT (or ACCEL_STORE_URL), or start with `accel launch`")),
+            .with_fix(FIX_NO_STORE)),
+            // One process, no token, no agent store: nothing to meet.
+            (Some(_), Some(_)) => Ok(None),
         }
+    }
+
+    /// Whether this rank hosts the run's store: rank 0 of a run whose store
+    /// is derived from MASTER_ADDR/MASTER_PORT without a token and without
+    /// torchrun's agent store (Kubeflow's PyTorchJob, variables set by hand,
+    /// plain mpirun or srun with MASTER_ADDR), as torch's `env://` does.
+    pub fn hosts_store(&self) -> bool {
+        self.rank == 0
+            && self.store_url.is_none()
+            && self.token.is_none()
+            && !self.agent_store
+            && self.world_size > 1
+            && self.master_addr.is_some()
+            && self.master_port.is_some()
     }
 
     /// Open the run's rendezvous store: the one at
@@ -549,21 +713,41 @@ impl ProcessState {
     /// above), plus the store's connect errors (unreachable, wrong token),
     /// tagged with this rank.
     pub fn open_store(&self) -> Result<Arc<dyn accel_api::Store>> {
-        if let Some(store) = rank_thread_store(self) {
-            return Ok(store);
-        }
-        match self.store_location() {
-            Ok(None) => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
-            Ok(Some(url)) => {
+        match self.store_plan()? {
+            StorePlan::Shared(store) => Ok(store),
+            StorePlan::Memory => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
+            StorePlan::Url(url) => {
+                if self.hosts_store() {
+                    host_torch_store(self).map_err(|e| e.with_rank(self.rank))?;
+                }
                 accel_rendezvous::open_store(&url, self.token.as_deref(), self.timeout)
                     .map_err(|e| e.with_rank(self.rank))
             }
+            StorePlan::Deferred(why) => Ok(Arc::new(NoStore { why })),
+        }
+    }
+
+    /// Which store [`open_store`](Self::open_store) opens, with the URL's
+    /// form checked and nothing opened (what `accel env` checks too).
+    ///
+    /// # Errors
+    /// As [`store_location`](Self::store_location), and a malformed store
+    /// URL (scheme, host, port range, relative path).
+    pub fn store_plan(&self) -> Result<StorePlan> {
+        if let Some(store) = rank_thread_store(self) {
+            return Ok(StorePlan::Shared(store));
+        }
+        let checked = self.store_location().and_then(|loc| match loc {
+            Some(url) => accel_rendezvous::check_store_url(&url)
+                .map(|()| StorePlan::Url(url))
+                .map_err(|e| e.with_rank(self.rank)),
+            None => Ok(StorePlan::Memory),
+        });
+        match checked {
             Err(e) if self.mpi_launched || self.source == LaunchSource::Slurm => {
-                Ok(Arc::new(NoStore {
-                    why: e.with_rank(self.rank),
-                }))
+                Ok(StorePlan::Deferred(e.with_rank(self.rank)))
             }
-            Err(e) => Err(e),
+            other => other,
         }
     }
 
@@ -614,6 +798,59 @@ impl ProcessState {
     }
 }
 
+const FIX_NO_STORE: &str = "set MASTER_ADDR and MASTER_PORT (rank 0 then hosts the store) or \
+    ACCEL_STORE_URL (e.g. file:///shared/dir), or start with `accel launch` or torchrun";
+
+/// The torch-protocol store rank 0 hosts for the life of the process.
+static HOSTED: std::sync::Mutex<Option<accel_rendezvous::TorchStoreServer>> =
+    std::sync::Mutex::new(None);
+
+/// Host the run's store on MASTER_PORT, on MASTER_ADDR's interface when it
+/// is one of this machine's, else on every interface (as torch does: a
+/// Kubernetes service name resolves to the service's address, not the pod's).
+fn host_torch_store(s: &ProcessState) -> Result<()> {
+    let mut hosted = HOSTED.lock().unwrap_or_else(|p| p.into_inner());
+    if hosted.is_some() {
+        return Ok(());
+    }
+    let (Some(addr), Some(port)) = (&s.master_addr, s.master_port) else {
+        return Ok(());
+    };
+    let host = addr.trim_start_matches('[').trim_end_matches(']');
+    let mut tried = Vec::new();
+    let candidates = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map(|it| it.collect::<Vec<_>>())
+        .unwrap_or_default();
+    let any = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    for a in candidates.into_iter().chain([any]) {
+        match std::net::TcpListener::bind(a) {
+            Ok(l) => {
+                let server =
+                    accel_rendezvous::TorchStoreServer::from_listener(l, Default::default())?;
+                tracing::info!(addr = %server.local_addr(), "rank 0 hosts the run's store (MASTER_ADDR/MASTER_PORT)");
+                *hosted = Some(server);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("rank 0 cannot host the run's store on MASTER_PORT={port}: the port is in use"),
+                )
+                .with_fix("pick a free MASTER_PORT, or stop what holds it (`ss -ltnp`)"));
+            }
+            Err(e) => tried.push(format!("{a}: {e}")),
+        }
+    }
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "rank 0 cannot host the run's store at MASTER_ADDR={addr} MASTER_PORT={port}: {}",
+            tried.join("; ")
+        ),
+    )
+    .with_fix("set MASTER_ADDR to an address of rank 0's machine"))
+}
+
 /// The store of a run whose launcher named none (an MPI launcher started
 /// it directly): every call fails with the reason, naming `MASTER_ADDR`.
 #[derive(Debug)]
@@ -623,19 +860,25 @@ struct NoStore {
 
 impl NoStore {
     fn fail<T>(&self, op: &str) -> Result<T> {
-        Err(Error::new(
-            ErrorKind::InvalidConfig,
-            format!(
-                "{op} needs the run's rendezvous store, and the launcher named none: {}",
-                self.why.message()
-            ),
-        )
-        .with_rank(self.why.rank().unwrap_or(0))
-        .with_fix(
-            "use the mpi backend (ACCEL_BACKEND=mpi), which needs no store under mpirun, or set \
-             MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL) to a store, or start with `accel launch`",
-        ))
+        Err(no_store_error(&self.why, op))
     }
+}
+
+/// The error of `what` (a store call, a backend) needing the store a run
+/// started by an MPI launcher did not name (`why`).
+pub(crate) fn no_store_error(why: &Error, what: &str) -> Error {
+    Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "{what} needs the run's rendezvous store, and the launcher named none: {}",
+            why.message()
+        ),
+    )
+    .with_rank(why.rank().unwrap_or(0))
+    .with_fix(
+        "use the mpi backend (ACCEL_BACKEND=mpi), which needs no store under mpirun, or set \
+         MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL) to a store, or start with `accel launch`",
+    )
 }
 
 impl accel_api::Store for NoStore {
@@ -860,8 +1103,100 @@ mod tests {
         assert_eq!(s.source, LaunchSource::Torchrun);
         assert_eq!(s.run_id, "abc");
         assert_eq!(s.timeout, Duration::from_secs(90));
-        assert_eq!(s.store_location().unwrap().unwrap(), "tcp://10.0.0.1:29500");
+        // No token: torch's protocol (issue 26: torchrun's workers hung on
+        // accel's own protocol), hosted by rank 0 unless torchrun's agent does.
+        assert_eq!(
+            s.store_location().unwrap().unwrap(),
+            "torch://10.0.0.1:29500"
+        );
+        assert!(!s.hosts_store());
         assert!(!s.is_main_process() && !s.is_local_main_process() && !s.is_last_process());
+    }
+
+    #[test]
+    fn slurm_hostlists_give_their_first_host() {
+        for (list, first) in [
+            ("vm", Some("vm")),
+            ("n[01-03,7],gpu1", Some("n01")),
+            ("gpu1,n[1-2]", Some("gpu1")),
+            ("rack[3-4]-node", Some("rack3-node")),
+            ("n[007]", Some("n007")),
+            ("", None),
+            ("n[x-y]", None),
+            ("n[1-2", None),
+        ] {
+            assert_eq!(slurm_first_host(list).as_deref(), first, "{list:?}");
+        }
+    }
+
+    #[test]
+    fn srun_alone_names_a_store_rank_0_hosts_on_the_first_node() {
+        let base = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_STEP_NODELIST", "n[03-04]"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "1"),
+        ];
+        let s = ProcessState::from_vars(vars(&base)).unwrap();
+        assert!(s.hosts_store());
+        let port = 20000 + (77 * 131 + 1) % 20000;
+        assert_eq!(
+            s.store_location().unwrap().unwrap(),
+            format!("torch://n03:{port}")
+        );
+        // Another step of the same job gets another port.
+        let mut kv = base.to_vec();
+        kv[4] = ("SLURM_STEP_ID", "2");
+        let s2 = ProcessState::from_vars(vars(&kv)).unwrap();
+        assert_ne!(s2.master_port, s.master_port);
+        // MASTER_ADDR/MASTER_PORT override, ACCEL_STORE_URL replaces it.
+        let mut kv = base.to_vec();
+        kv.push(("MASTER_PORT", "29400"));
+        let s3 = ProcessState::from_vars(vars(&kv)).unwrap();
+        assert_eq!(s3.store_location().unwrap().unwrap(), "torch://n03:29400");
+        let mut kv = base.to_vec();
+        kv.push(("ACCEL_STORE_URL", "file:///x"));
+        assert!(!ProcessState::from_vars(vars(&kv)).unwrap().hosts_store());
+    }
+
+    #[test]
+    fn who_hosts_a_store_named_by_master_addr() {
+        let base = [
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut kv: Vec<_> = base.to_vec();
+            kv.extend_from_slice(extra);
+            ProcessState::from_vars(vars(&kv)).unwrap()
+        };
+        // Kubeflow style / by hand: rank 0 hosts a torch-protocol store.
+        let r0 = with(&[("RANK", "0")]);
+        assert!(r0.hosts_store() && !with(&[("RANK", "1")]).hosts_store());
+        assert_eq!(
+            r0.store_location().unwrap().unwrap(),
+            "torch://127.0.0.1:29500"
+        );
+        // torchrun's agent hosts it: nobody else does.
+        let agent = with(&[("RANK", "0"), ("TORCHELASTIC_USE_AGENT_STORE", "True")]);
+        assert!(agent.agent_store && !agent.hosts_store());
+        assert_eq!(
+            agent.store_location().unwrap().unwrap(),
+            "torch://127.0.0.1:29500"
+        );
+        // A run token means accel's own store, hosted by its launcher.
+        let tok = with(&[("RANK", "0"), ("ACCEL_RUN_TOKEN", "t")]);
+        assert!(!tok.hosts_store());
+        assert_eq!(
+            tok.store_location().unwrap().unwrap(),
+            "tcp://127.0.0.1:29500"
+        );
+        // ACCEL_STORE_URL wins over all of it.
+        let url = with(&[("RANK", "0"), ("ACCEL_STORE_URL", "file:///tmp/s")]);
+        assert!(!url.hosts_store());
+        assert_eq!(url.store_location().unwrap().unwrap(), "file:///tmp/s");
     }
 
     #[test]

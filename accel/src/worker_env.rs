@@ -79,6 +79,8 @@ pub mod keys {
     pub const TORCHELASTIC_MAX_RESTARTS: &str = "TORCHELASTIC_MAX_RESTARTS";
     /// torchrun's error file.
     pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
+    /// torchrun's `True` when its agent hosts the store at MASTER_ADDR:MASTER_PORT.
+    pub const TORCHELASTIC_USE_AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
 
     /// Variables an MPI launcher sets itself: a launcher that delegates to
     /// mpirun removes these from mpirun's environment.
@@ -103,16 +105,22 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
 const DURATION_FIX: &str = "use e.g. 300, 30s, 500ms, 5m or 1h (at most 365 days)";
 
-/// Parse a count or index: ASCII digits only (surrounding whitespace is
-/// ignored), so `+1`, `-1`, `1e3` and `0x10` are refused.
+/// Parse a count or index: ASCII digits only, read as decimal. Surrounding
+/// whitespace is ignored and leading zeros are accepted (`007` is 7, never
+/// octal); `+1`, `-1`, `1e3` and `0x10` are refused.
 ///
 /// # Errors
 /// [`accel_api::ErrorKind::InvalidConfig`] naming `name` and the value.
 pub fn parse_number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
     let t = v.trim();
     if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(Error::invalid_config(name, v, "not a non-negative integer")
-            .with_fix(format!("set {name} to a number such as 0, or unset it")));
+        return Err(Error::invalid_config(
+            name,
+            v,
+            "not a non-negative integer (decimal digits only; surrounding spaces are ignored \
+             and leading zeros read as decimal, so ` 007 ` is 7)",
+        )
+        .with_fix(format!("set {name} to a number such as 0, or unset it")));
     }
     t.parse::<T>().map_err(|_| {
         Error::invalid_config(name, v, "out of range")

@@ -5,10 +5,10 @@
 //! through it.
 //!
 //! * [`group::ProcessGroup`]: how an attempt's processes are started,
-//!   signalled and blamed, with two implementations:
-//!   [`group::LocalGroup`] (one process per local rank) and
-//!   [`group::MpirunGroup`] (one `mpirun`/`mpiexec` for every rank),
-//!   [`threads::ThreadsGroup`] (one process whose rank threads are the
+//!   signalled and blamed, with three implementations, one file each:
+//!   [`group::LocalGroup`] (one process per local rank),
+//!   [`group::MpirunGroup`] (one `mpirun`/`mpiexec` for every rank) and
+//!   [`group::ThreadsGroup`] (one process whose rank threads are the
 //!   machine's ranks: the threads process model, ADR 0015).
 //! * [`supervise::run_attempt`]: one supervisor for both: output pumping
 //!   with `[rank N]` prefixes, `--tee` files, the rank filter, hang
@@ -34,12 +34,10 @@ pub mod program;
 pub mod report;
 pub mod store;
 pub mod supervise;
-pub mod threads;
 
 pub use accel::worker_env::{self, WorkerEnv};
-pub use group::{Attempt, LocalGroup, MpirunGroup, ProcessGroup, Program};
+pub use group::{Attempt, LocalGroup, MpirunGroup, ProcessGroup, Program, ThreadsGroup};
 pub use supervise::{run, run_attempt, Coordinator, HostedStore, RunOutcome, Supervision};
-pub use threads::ThreadsGroup;
 
 /// The most processes one machine starts (`-n`): each costs the launcher
 /// three threads and two pipes, and far more would exhaust the kernel's

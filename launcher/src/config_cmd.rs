@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use accel_api::{Error, ErrorKind, Result};
 
-use crate::launch::config::{self, KEYS};
-use crate::launch::options::Options;
+use crate::launch_cmd::config::{self, KEYS};
+use crate::launch_cmd::options::Options;
 use accel_launch::store::random_hex;
 
 /// Arguments of `accel config`.

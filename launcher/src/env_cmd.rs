@@ -19,7 +19,7 @@ pub struct EnvArgs {
 }
 
 /// What `accel launch` runs programs over when no backend is named
-/// (`crate::launch::engine`).
+/// (`crate::launch_cmd::default_backend`).
 #[derive(Debug, serde::Serialize)]
 struct LaunchDefault {
     /// The rule, in one sentence.
@@ -27,7 +27,7 @@ struct LaunchDefault {
     /// The MPI launcher and its family, or why there is none.
     mpirun: std::result::Result<String, String>,
     /// The choice for `--program`, at 2 processes on this machine.
-    program: Option<crate::launch::engine::Choice>,
+    program: Option<crate::launch_cmd::default_backend::Choice>,
 }
 
 const DEFAULT_RULE: &str =
@@ -36,8 +36,8 @@ const DEFAULT_RULE: &str =
      accelerator backend is available; cpu-gloo (local workers) otherwise; --backend forces one";
 
 fn launch_default(program: Option<&std::ffi::OsStr>) -> LaunchDefault {
-    use crate::launch::engine;
-    let mpirun = engine::find_mpirun()
+    use crate::launch_cmd::default_backend;
+    let mpirun = default_backend::find_mpirun()
         .map(|p| {
             let family = match accel_launch::mpirun::detect_flavor(&p) {
                 accel_launch::mpirun::MpiFlavor::OpenMpi => "Open MPI",
@@ -48,8 +48,8 @@ fn launch_default(program: Option<&std::ffi::OsStr>) -> LaunchDefault {
         .map_err(|e| e.to_string());
     let program = program.map(|p| {
         match accel_launch::program::resolve(p, std::env::var_os("PATH").as_deref()) {
-            Ok(path) => engine::choose(&path, 2, 1),
-            Err(e) => engine::Choice {
+            Ok(path) => default_backend::choose(&path, 2, 1),
+            Err(e) => default_backend::Choice {
                 backend: "cpu-gloo",
                 reason: e.to_string(),
                 mpirun: None,
@@ -72,6 +72,10 @@ struct Report {
     store: Option<String>,
     backends: Vec<ProbeRow>,
     selected: std::result::Result<String, String>,
+    /// What the program would say of this environment: `Ok` with what it
+    /// resolves to, or the error `Accelerator::new` returns (the same
+    /// check, `accel::env_check`).
+    verdict: std::result::Result<String, String>,
     plugins: Vec<PluginRow>,
     visible_devices: Vec<(String, String)>,
     launch_default: LaunchDefault,
@@ -102,6 +106,23 @@ pub fn run(args: EnvArgs) -> Result<ExitCode> {
     let selected = registry
         .select(&ctx, state.backend.as_deref())
         .map(|b| b.name().to_string())
+        .map_err(|e| e.to_string());
+    let checked =
+        accel::env_check::check_environment(&state, &registry, &|k| std::env::var(k).ok());
+    let code = match &checked {
+        Ok(_) => 0,
+        Err(e) if e.kind() == &accel_api::ErrorKind::InvalidConfig => 2,
+        Err(_) => 1,
+    };
+    let verdict = checked
+        .map(|c| {
+            format!(
+                "OK: a program would connect backend {} on {} (store: {:?})",
+                c.backend.name(),
+                c.device,
+                c.store
+            )
+        })
         .map_err(|e| e.to_string());
     let mut plugins: Vec<PluginRow> = registry
         .entries()
@@ -135,6 +156,7 @@ pub fn run(args: EnvArgs) -> Result<ExitCode> {
         process: (*state).clone(),
         backends,
         selected,
+        verdict,
         plugins,
         visible_devices: DEVICE_MASKS
             .iter()
@@ -150,7 +172,7 @@ pub fn run(args: EnvArgs) -> Result<ExitCode> {
     } else {
         print_human(&report);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(ExitCode::from(code))
 }
 
 fn print_human(r: &Report) {
@@ -239,6 +261,10 @@ fn print_human(r: &Report) {
     match &r.selected {
         Ok(name) => outln!("Selected backend: {name}"),
         Err(e) => outln!("Selected backend: none ({e})"),
+    }
+    match &r.verdict {
+        Ok(v) => outln!("Verdict: {v}"),
+        Err(e) => outln!("Verdict: REFUSED: a program would fail with: {e}"),
     }
     outln!();
     outln!("Plugins (ACCEL_PLUGIN_PATH)");

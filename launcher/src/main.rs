@@ -20,7 +20,7 @@ macro_rules! outln {
 mod bench;
 mod config_cmd;
 mod env_cmd;
-mod launch;
+mod launch_cmd;
 mod plan_cmd;
 mod probe_cmd;
 mod test_cmd;
@@ -44,7 +44,7 @@ struct Cli {
 enum Command {
     /// Start N workers on this machine (and join M machines), with the
     /// environment every accel or torchrun program reads.
-    Launch(launch::LaunchArgs),
+    Launch(launch_cmd::LaunchArgs),
     /// Write a launch config file from flags, or interactively.
     Config(config_cmd::ConfigArgs),
     /// Show the probe table, the process state, versions, devices and plugins.
@@ -111,7 +111,7 @@ fn main() -> ExitCode {
         .with_target(false)
         .init();
     let result = match cli.command {
-        Command::Launch(args) => launch::run(args),
+        Command::Launch(args) => launch_cmd::run(args),
         Command::Config(args) => config_cmd::run(args),
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),

@@ -115,12 +115,12 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
 /// One rank's part; `acc`: already connected (a rank thread).
 fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
     let state = accel::state()?;
-    let store_url = state.store_location()?;
     let mut barrier_ms = None;
     if !args.no_barrier {
-        if let Some(url) = &store_url {
+        if state.store_location()?.is_some() {
             let t = Instant::now();
-            let store = accel_rendezvous::open_store(url, state.token.as_deref(), state.timeout)?;
+            // The state's store: rank 0 hosts it when the environment says so.
+            let store = state.open_store()?;
             store.barrier(
                 &format!("accel-probe/{}", state.restart_count),
                 state.world_size,
@@ -158,7 +158,7 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
         local_world_size: state.local_world_size,
         node_rank: state.node_rank,
         run_id: state.run_id.clone(),
-        store: store_url,
+        store: state.store_location()?,
         restart_count: state.restart_count,
         barrier_ms,
         backend,

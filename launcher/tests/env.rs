@@ -4,6 +4,9 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::LIMIT;
 
 fn accel(envs: &[(&str, &str)], args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_accel"));
@@ -198,4 +201,204 @@ fn workers_die_with_a_killed_launcher() {
     for p in pids {
         assert!(!alive(p), "worker {p} outlived its SIGKILLed launcher");
     }
+}
+
+#[path = "../../accel/tests/env_cases/mod.rs"]
+mod env_cases;
+
+/// Environments the probing found `accel env` calling OK while the worker
+/// refused them (issue 32 item 4), and the decided edge cases: (case,
+/// variables, what the refusal must say; empty: accepted).
+const WHOLE: &[(&str, env_cases::Env, &str)] = &[
+    (
+        "unknown backend",
+        &[("ACCEL_BACKEND", "nonexistent")],
+        "nonexistent",
+    ),
+    (
+        "empty MASTER_ADDR",
+        &[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", ""),
+            ("MASTER_PORT", "29500"),
+        ],
+        "MASTER_ADDR is set but empty",
+    ),
+    (
+        "empty MASTER_ADDR, one process",
+        &[("MASTER_ADDR", " ")],
+        "MASTER_ADDR is set but empty",
+    ),
+    (
+        "http store",
+        &[("ACCEL_STORE_URL", "http://x")],
+        "unknown scheme",
+    ),
+    (
+        "store port out of range",
+        &[("ACCEL_STORE_URL", "tcp://127.0.0.1:99999")],
+        "not in 1..=65535",
+    ),
+    (
+        "relative file store",
+        &[("ACCEL_STORE_URL", "file://tmp/x")],
+        "absolute path",
+    ),
+    (
+        "timeout of 100 ns",
+        &[("ACCEL_TIMEOUT", "100ns")],
+        "below the shortest timeout",
+    ),
+    ("timeout of 1 ms", &[("ACCEL_TIMEOUT", "1ms")], ""),
+    // Read by the mpi backend only; the others ignore it.
+    (
+        "mpi staging, no mpi",
+        &[("ACCEL_MPI_STAGING_BYTES", "abc")],
+        "",
+    ),
+    ("memory store", &[("ACCEL_STORE_URL", "memory:")], ""),
+];
+
+/// How one entry point judged an environment: `None` accepted (or still
+/// connecting at the deadline), `Some((exit code, message))` refused.
+type Verdict = Option<(i32, String)>;
+
+/// Run `accel ARGS` in an environment holding only `kv` of the variables
+/// accel reads; kill it after `limit`.
+fn judged(kv: &[(&str, &str)], args: &[&str], limit: Duration) -> (Verdict, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_accel"));
+    cmd.args(args);
+    let read_by_accel = |k: &str| {
+        const PREFIXES: &[&str] = &[
+            "ACCEL_",
+            "OMPI_",
+            "PMI",
+            "MV2_",
+            "MPI_",
+            "SLURM_",
+            "TORCHELASTIC_",
+        ];
+        const NAMES: &[&str] = &[
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "GROUP_RANK",
+            "GROUP_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ];
+        PREFIXES.iter().any(|p| k.starts_with(p)) || NAMES.contains(&k)
+    };
+    for (k, _) in std::env::vars() {
+        if read_by_accel(&k) {
+            cmd.env_remove(k);
+        }
+    }
+    if !kv.iter().any(|(k, _)| *k == "ACCEL_TIMEOUT") {
+        // A valid multi-process environment connects: bound the wait.
+        cmd.env("ACCEL_TIMEOUT", "2s");
+    }
+    cmd.envs(kv.iter().copied())
+        .env("RUST_BACKTRACE", "0")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().expect("start accel");
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let out = child.wait_with_output().expect("output");
+    let all = text(&out);
+    let verdict = match status.and_then(|s| s.code()) {
+        Some(0) | None => None,
+        Some(code) => Some((code, all.clone())),
+    };
+    (verdict, all)
+}
+
+/// `accel env --json`'s verdict: the JSON's `verdict.Err`, or the error
+/// line when the process state itself is refused.
+fn env_verdict(kv: &[(&str, &str)]) -> (Verdict, String) {
+    let (v, all) = judged(kv, &["env", "--json"], LIMIT);
+    let v = v.map(|(code, all)| {
+        let json = all.find('{').and_then(|i| {
+            serde_json::from_str::<serde_json::Value>(&all[i..all.rfind('}')? + 1]).ok()
+        });
+        let msg = match json {
+            Some(j) => j["verdict"]["Err"].as_str().unwrap_or_default().to_string(),
+            None => all
+                .lines()
+                .find_map(|l| l.strip_prefix("accel: error: "))
+                .unwrap_or_default()
+                .to_string(),
+        };
+        (code, msg)
+    });
+    (v, all)
+}
+
+/// Every case of the environment tests, through `accel env` and through a
+/// worker's `Accelerator::new` (`accel probe-worker --accelerator`): the
+/// same verdict, and for a refusal the same exit code and message.
+#[test]
+fn accel_env_and_the_worker_give_the_same_verdict_on_every_case() {
+    let bad = env_cases::BAD.iter().map(|(c, kv, var)| (*c, *kv, *var));
+    // Read by the state parser; the whole check may still refuse them (no
+    // store named for several processes): only the agreement counts.
+    let good = env_cases::GOOD.iter().map(|(c, kv, ..)| (*c, *kv, "*"));
+    let cases: Vec<(&str, env_cases::Env, &str)> =
+        bad.chain(good).chain(WHOLE.iter().copied()).collect();
+    let mut wrong = Vec::new();
+    for (case, kv, says) in &cases {
+        let (env, env_all) = env_verdict(kv);
+        let worker_args = ["probe-worker", "--no-barrier", "--accelerator"];
+        let (worker, worker_all) = judged(kv, &worker_args, Duration::from_secs(8));
+        match (&env, &worker) {
+            (Some((code, msg)), Some((wcode, wall))) => {
+                if msg.is_empty() || !wall.contains(msg.as_str()) || code != wcode {
+                    wrong.push(format!(
+                        "{case}: env refused (exit {code}: {msg}), the worker said (exit {wcode}):\n{wall}"
+                    ));
+                }
+            }
+            (Some((code, msg)), None) => wrong.push(format!(
+                "{case}: env refused (exit {code}: {msg}), the worker accepted:\n{worker_all}"
+            )),
+            // Accepted by the check; a worker may still fail to connect
+            // (no peers), but not refuse the configuration (exit 2).
+            (None, Some((2, wall))) => wrong.push(format!(
+                "{case}: env accepted, the worker refused its configuration:\n{wall}\n{env_all}"
+            )),
+            (None, _) => {}
+        }
+        if *says == "*" {
+            continue;
+        }
+        match (&env, says.is_empty()) {
+            (Some((_, msg)), false) if !msg.contains(says) => {
+                wrong.push(format!("{case}: the refusal does not say {says:?}: {msg}"))
+            }
+            (None, false) => wrong.push(format!("{case}: accepted, expected {says:?}:\n{env_all}")),
+            (Some((_, msg)), true) => wrong.push(format!("{case}: refused: {msg}")),
+            _ => {}
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} cases:\n{}",
+        wrong.len(),
+        cases.len(),
+        wrong.join("\n\n")
+    );
 }

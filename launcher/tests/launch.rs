@@ -76,9 +76,7 @@ fn workers_see_the_whole_environment_contract() {
     let mut ranks = BTreeSet::new();
     let mut run_ids = BTreeSet::new();
     for rank in 0..3 {
-        let lines = rank_lines(&r.stdout, rank);
-        assert_eq!(lines.len(), 1, "{}", r.all());
-        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let v = r.rank_json(rank);
         assert_eq!(v["rank"], rank);
         assert_eq!(v["local_rank"], rank);
         assert_eq!(v["world_size"], 3);

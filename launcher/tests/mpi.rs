@@ -86,9 +86,7 @@ fn the_runtime_connects_the_mpi_backend_and_reaches_the_store() {
     );
     r.code_is(0);
     for rank in 0..2 {
-        let lines = rank_lines(&r.stdout, rank);
-        assert_eq!(lines.len(), 1, "{}", r.all());
-        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let v = r.rank_json(rank);
         assert_eq!(v["rank"], rank);
         assert_eq!(v["world_size"], 2);
         assert_eq!(v["backend"], "mpi", "{}", r.all());
@@ -110,30 +108,20 @@ fn owned(words: &[&str]) -> Vec<String> {
 #[test]
 fn a_program_that_links_mpi_runs_over_mpi_by_default() {
     need_mpirun!();
-    let r = run(
-        &owned(&argv(
-            "launch -n 2 --",
-            &[ACCEL, "probe-worker", "--accelerator"],
-        )),
-        LIMIT,
-    );
+    let probe = |launch: &str| {
+        let words = argv(launch, &[ACCEL, "probe-worker", "--accelerator"]);
+        run(&owned(&words), LIMIT)
+    };
+    let r = probe("launch -n 2 --");
     r.code_is(0);
     r.has_stderr("accel: backend mpi (default): ");
     r.has_stderr("links libmpi.so");
     for rank in 0..2 {
-        let lines = rank_lines(&r.stdout, rank);
-        assert_eq!(lines.len(), 1, "{}", r.all());
-        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let v = r.rank_json(rank);
         assert_eq!(v["backend"], "mpi", "{}", r.all());
         assert_eq!(v["all_reduce_sum"], 3.0, "{}", r.all());
     }
-    let r = run(
-        &owned(&argv(
-            "launch -n 2 --backend cpu-gloo --",
-            &[ACCEL, "probe-worker", "--accelerator"],
-        )),
-        LIMIT,
-    );
+    let r = probe("launch -n 2 --backend cpu-gloo --");
     r.code_is(0);
     assert!(!r.stderr.contains("backend mpi"), "{}", r.all());
     for rank in 0..2 {
@@ -503,9 +491,7 @@ fn machine_0_runs_every_machine_s_ranks_from_the_host_list() {
     );
     r.code_is(0);
     for rank in 0..2 {
-        let lines = rank_lines(&r.stdout, rank);
-        assert_eq!(lines.len(), 1, "{}", r.all());
-        let v: serde_json::Value = serde_json::from_str(&lines[0]).unwrap();
+        let v = r.rank_json(rank);
         assert_eq!(v["world_size"], 2);
         assert_eq!(v["store"], format!("tcp://127.0.0.1:{port}"), "{}", r.all());
         assert!(v["barrier_ms"].is_number(), "{}", r.all());

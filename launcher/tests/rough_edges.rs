@@ -151,3 +151,73 @@ fn kill_9_of_the_launcher_leaves_no_worker() {
         processes_with(&marker)
     );
 }
+
+/// Values the launcher once accepted with exit code 0 are refused before
+/// anything starts, each with its reason (issue 32 item 10).
+#[test]
+fn values_that_cannot_apply_are_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}", marker.display());
+    let refused = |args: &[&str], says: &[&str]| {
+        let mut words: Vec<&str> = vec!["launch"];
+        words.extend_from_slice(args);
+        words.extend_from_slice(&["--", "sh", "-c", &touch]);
+        let r = accel(&words);
+        r.code_is(2);
+        for s in says {
+            r.has_stderr(s);
+        }
+        assert!(!marker.exists(), "a worker ran: {}", r.all());
+    };
+    let cases: [(&str, &[&str]); 8] = [
+        (
+            "-n 2 --ranks 7",
+            &["--ranks", "rank 7 is not in this run", "0 to 1"],
+        ),
+        ("-n 2 --ranks 0,2-3", &["rank 2 is not in this run"]),
+        (
+            "-n 2 --backend nosuch",
+            &[
+                "no backend named `nosuch`",
+                "cpu-gloo",
+                "mpi",
+                "xla",
+                "single",
+            ],
+        ),
+        (
+            "-n 1 --backend cpu-gloo,nosuch",
+            &["no backend named `nosuch`"],
+        ),
+        (
+            "-n 1 --run-id ../../etc",
+            &["--run-id", "'/' is not allowed", "letters, digits"],
+        ),
+        ("-n 1 --run-id .hidden", &["must not start with"]),
+        ("-n 1 --mpi-hosts=", &["--mpi-hosts", "names no machine"]),
+        ("-n 1 --backend mpi --mpi-hosts=,", &["names no machine"]),
+    ];
+    for (args, says) in cases {
+        refused(&args.split(' ').collect::<Vec<_>>(), says);
+    }
+    // What stays accepted: the run's own ranks, known names, a plain id.
+    let r = accel(&[
+        "launch",
+        "-n",
+        "2",
+        "--ranks",
+        "1",
+        "--backend",
+        "cpu-gloo",
+        "--run-id",
+        "exp-7.a_b",
+        "--",
+        "sh",
+        "-c",
+        "echo rank $RANK",
+    ]);
+    r.code_is(0);
+    r.has_stdout("[rank 1] rank 1");
+    assert!(!r.stdout.contains("rank 0"), "{}", r.all());
+}

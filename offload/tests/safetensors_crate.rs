@@ -1,5 +1,5 @@
 //! accel-offload's own safetensors codec (header-only reads for the
-//! planner, docs/adr/0019-house-safetensors-codec.md) against the
+//! planner, docs/adr/0021-house-safetensors-codec.md) against the
 //! `safetensors` crate: each reads what the other writes, byte for byte.
 
 use accel_api::{DType, TensorMeta};

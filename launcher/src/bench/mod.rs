@@ -175,7 +175,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
     command.extend(w.to_args().into_iter().map(Into::into));
     command.push("--out".into());
     command.push(out.clone().into());
-    let options = crate::launch::options::Options {
+    let options = crate::launch_cmd::options::Options {
         num_processes: Some(world),
         backend: match &args.backend {
             Some(b) => Some(
@@ -186,14 +186,14 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         },
         timeout: match &args.timeout {
             Some(t) => Some(
-                crate::launch::options::parse_dur(t)
+                crate::launch_cmd::options::parse_dur(t)
                     .map_err(|why| Error::invalid_config("--timeout", t, why))?,
             ),
             None => None,
         },
         ..Default::default()
     };
-    let mut launch = crate::launch::LaunchArgs::new(options, command);
+    let mut launch = crate::launch_cmd::LaunchArgs::new(options, command);
     // Keep stdout for the result: the workers' lines go to stderr.
     launch.workers_stdout_to_stderr = true;
 
@@ -215,7 +215,7 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
         })
     };
     // On this (the main) thread: the workers are tied to it.
-    let code = crate::launch::run_code(&launch);
+    let code = crate::launch_cmd::run_code(&launch);
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let _ = follower.join();
     pb.finish_and_clear();

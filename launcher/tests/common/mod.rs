@@ -28,9 +28,14 @@ impl Run {
     /// Assert that stderr contains `text` (showing the whole run if not).
     #[track_caller]
     pub fn has_stderr(&self, text: &str) {
+        self.has("stderr", &self.stderr, text);
+    }
+
+    #[track_caller]
+    fn has(&self, name: &str, stream: &str, text: &str) {
         assert!(
-            self.stderr.contains(text),
-            "no {text:?} in stderr\n{}",
+            stream.contains(text),
+            "no {text:?} in {name}\n{}",
             self.all()
         );
     }
@@ -41,14 +46,18 @@ impl Run {
         assert_eq!(self.code, Some(code), "{}", self.all());
     }
 
+    /// The one JSON line rank `rank` printed.
+    #[track_caller]
+    pub fn rank_json(&self, rank: usize) -> serde_json::Value {
+        let lines = rank_lines(&self.stdout, rank);
+        assert_eq!(lines.len(), 1, "{}", self.all());
+        serde_json::from_str(&lines[0]).unwrap()
+    }
+
     /// Assert that stdout contains `text` (showing the whole run if not).
     #[track_caller]
     pub fn has_stdout(&self, text: &str) {
-        assert!(
-            self.stdout.contains(text),
-            "no {text:?} in stdout\n{}",
-            self.all()
-        );
+        self.has("stdout", &self.stdout, text);
     }
 
     /// stdout + stderr, for assertion messages.

@@ -103,11 +103,11 @@
 //!   `PR_SET_PDEATHSIG`, set by the launch library's `ffi` module.
 
 pub mod config;
-pub mod engine;
+pub mod default_backend;
 pub mod machines;
 pub mod mpi;
 pub mod options;
-pub mod threads;
+pub mod process_model;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -387,6 +387,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         return Err(e);
     }
     let s = layered(args)?;
+    mpi::check_host_list(args.mpi_hosts.as_deref())?;
     if mpi::requested(&s) {
         return mpi::launch(&s, args, None);
     }
@@ -395,7 +396,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         Err(code) => return Ok(code),
     };
     if s.backend.is_none() {
-        let choice = engine::choose(&program.path, s.world_size_claim(), s.num_machines);
+        let choice = default_backend::choose(&program.path, s.world_size_claim(), s.num_machines);
         if choice.is_mpi() {
             say(&format!("backend mpi (default): {}", choice.reason));
             return mpi::launch(&s, args, Some(&choice));
@@ -405,20 +406,22 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
             choice.reason
         );
     }
+    s.check_rank_filter(s.world_size_claim())?;
     let token = match &s.token {
         Some(t) => t.clone(),
         None => store::random_hex(16)?,
     };
-    let mut group: Box<dyn ProcessGroup> = match threads::model(&s, &|k| std::env::var(k).ok())? {
-        accel::ProcessModel::Threads => Box::new(ThreadsGroup::new(program, s.nproc)),
-        accel::ProcessModel::Processes => Box::new(LocalGroup {
-            program,
-            local_world_size: s.nproc,
-            extra_env: Vec::new(),
-            remove_env: Vec::new(),
-            die_with_parent: true,
-        }),
-    };
+    let mut group: Box<dyn ProcessGroup> =
+        match process_model::model(&s, &|k| std::env::var(k).ok())? {
+            accel::ProcessModel::Threads => Box::new(ThreadsGroup::new(program, s.nproc)),
+            accel::ProcessModel::Processes => Box::new(LocalGroup {
+                program,
+                local_world_size: s.nproc,
+                extra_env: Vec::new(),
+                remove_env: Vec::new(),
+                die_with_parent: true,
+            }),
+        };
     let sup = supervision(&s, args);
     let scratch = scratch_dir()?;
     let out = if s.multi_machine() {

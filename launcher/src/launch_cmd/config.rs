@@ -404,29 +404,25 @@ mod tests {
             "{m}"
         );
         assert!(m.contains("num_processes"), "{m}");
-        let m = err("num_processes = \"four\"");
-        assert!(
-            m.contains("key `num_processes` must be an integer, not a string"),
-            "{m}"
-        );
-        let m = err("num_processes = 0");
-        assert!(
-            m.contains("`num_processes`") && m.contains("at least 1"),
-            "{m}"
-        );
-        let m = err("mixed_precision = \"fp8\"");
-        assert!(m.contains("`mixed_precision`") && m.contains("fp8"), "{m}");
-        let m = err("debug = 1");
-        assert!(m.contains("`debug` must be a boolean"), "{m}");
-        let m = err("main_process_port = 70000");
-        assert!(
-            m.contains("`main_process_port`") && m.contains("70000"),
-            "{m}"
-        );
-        let m = err("timeout = \"soon\"");
-        assert!(m.contains("`timeout`") && m.contains("soon"), "{m}");
-        let m = err("num_processes = ");
-        assert!(m.contains("not valid TOML"), "{m}");
+        let cases: [(&str, &[&str]); 7] = [
+            (
+                "num_processes = \"four\"",
+                &["key `num_processes` must be an integer, not a string"],
+            ),
+            ("num_processes = 0", &["`num_processes`", "at least 1"]),
+            ("mixed_precision = \"fp8\"", &["`mixed_precision`", "fp8"]),
+            ("debug = 1", &["`debug` must be a boolean"]),
+            (
+                "main_process_port = 70000",
+                &["`main_process_port`", "70000"],
+            ),
+            ("timeout = \"soon\"", &["`timeout`", "soon"]),
+            ("num_processes = ", &["not valid TOML"]),
+        ];
+        for (toml, says) in cases {
+            let m = err(toml);
+            assert!(says.iter().all(|s| m.contains(s)), "{toml}: {m}");
+        }
     }
 
     #[test]

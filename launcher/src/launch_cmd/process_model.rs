@@ -40,7 +40,7 @@ pub fn model(s: &Settings, env: &dyn Fn(&str) -> Option<String>) -> Result<Proce
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch::options::Options;
+    use crate::launch_cmd::options::Options;
 
     fn settings(backend: Option<&str>) -> Settings {
         let o = Options {

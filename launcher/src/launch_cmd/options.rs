@@ -195,8 +195,9 @@ pub struct Options {
           value_parser = parse_tee)]
     pub tee: Option<PathBuf>,
 
-    /// Show the output of these global ranks only (e.g. 0 or 0,2-3); the
-    /// others still go to --tee files and failure reports.
+    /// Show the output of these global ranks only (e.g. 0 or 0,2-3; each
+    /// below the world size); the others still go to --tee files and
+    /// failure reports.
     #[arg(long, value_name = "RANKS")]
     pub ranks: Option<RankFilter>,
 
@@ -221,8 +222,9 @@ pub struct Options {
     #[arg(long = "join-timeout", value_name = "DUR", value_parser = parse_dur)]
     pub join_timeout: Option<Duration>,
 
-    /// Name of the run (ACCEL_RUN_ID) [default: a random one, chosen by
-    /// machine 0].
+    /// Name of the run (ACCEL_RUN_ID): up to 64 letters, digits, `.`, `_`,
+    /// `-`, starting with a letter or digit [default: a random one, chosen
+    /// by machine 0].
     #[arg(long = "run-id", visible_alias = "rdzv-id", aliases = ["rdzv_id", "run_id"],
           value_name = "ID")]
     pub run_id: Option<String>,
@@ -352,6 +354,31 @@ impl Settings {
     /// [`nproc`]: Settings::nproc
     pub fn world_size_claim(&self) -> usize {
         self.nproc * self.num_machines
+    }
+
+    /// The rank filter (`--ranks`) names only ranks of a run of `world`
+    /// ranks.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] naming `--ranks`, the rank and the
+    /// run's ranks.
+    pub fn check_rank_filter(&self, world: usize) -> Result<()> {
+        let Some(f) = &self.ranks else {
+            return Ok(());
+        };
+        let Some(&r) = f.0.iter().find(|&&r| r >= world) else {
+            return Ok(());
+        };
+        let shown: Vec<String> = f.0.iter().map(|r| r.to_string()).collect();
+        Err(bad(
+            "--ranks",
+            &shown.join(","),
+            &format!(
+                "rank {r} is not in this run: its {world} rank(s) are 0 to {}",
+                world.saturating_sub(1)
+            ),
+        )
+        .with_fix("name ranks below the run's world size (-n times --num-machines)"))
     }
 
     /// Resolve layered options into settings, checking each value and their
@@ -484,13 +511,10 @@ impl Settings {
             (addr, port, Some(token))
         };
         if let Some(id) = &o.run_id {
-            if id.is_empty() || id.chars().any(|c| c.is_control() || c.is_whitespace()) {
-                return Err(bad(
-                    "--run-id",
-                    id,
-                    "a run id must be non-empty, without spaces",
-                ));
-            }
+            check_run_id(id)?;
+        }
+        if let Some(b) = &o.backend {
+            check_backends(&b.0)?;
         }
         let ranks = if o.quiet_ranks && o.ranks.is_none() {
             Some(RankFilter([0].into_iter().collect()))
@@ -537,6 +561,70 @@ fn read_token(path: &std::path::Path) -> Result<String> {
     Ok(t)
 }
 
+/// The longest run id (it names store keys and log files).
+pub const MAX_RUN_ID: usize = 64;
+
+/// A run id is 1 to [`MAX_RUN_ID`] letters, digits, `.`, `_` and `-`, not
+/// starting with `.` or `-`: it becomes part of store keys and of file
+/// names, so no `/`, `..`, spaces or other characters.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming `--run-id` and the allowed
+/// characters.
+pub fn check_run_id(id: &str) -> Result<()> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    let why = if id.is_empty() {
+        "a run id must not be empty".to_string()
+    } else if id.len() > MAX_RUN_ID {
+        format!(
+            "a run id has at most {MAX_RUN_ID} characters, this one {}",
+            id.len()
+        )
+    } else if let Some(c) = id.chars().find(|&c| !allowed(c)) {
+        format!("{c:?} is not allowed in a run id")
+    } else if id.starts_with(['.', '-']) {
+        "a run id must not start with `.` or `-`".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(bad("--run-id", id, &why).with_fix(
+        "use letters, digits, `.`, `_` and `-` only (e.g. exp-7), starting with a letter or digit",
+    ))
+}
+
+/// Every name in `names` is a backend accel knows: one of
+/// [`accel::KNOWN_BACKENDS`] (compiled into the program or not:
+/// the workers' program decides) or a plugin found in `ACCEL_PLUGIN_PATH`.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming `--backend`, the unknown name and
+/// the known ones.
+pub fn check_backends(names: &[String]) -> Result<()> {
+    let known = |n: &str| accel::KNOWN_BACKENDS.iter().any(|k| k.0 == n);
+    if names.iter().all(|n| known(n)) {
+        return Ok(());
+    }
+    // Only an unknown name pays for loading the plugins.
+    let plugins = accel::Registry::from_env().names();
+    let Some(unknown) = names.iter().find(|n| !known(n) && !plugins.contains(n)) else {
+        return Ok(());
+    };
+    let mut all: Vec<String> = accel::KNOWN_BACKENDS
+        .iter()
+        .map(|k| k.0.to_string())
+        .collect();
+    all.extend(plugins.into_iter().filter(|p| !known(p)));
+    Err(bad(
+        "--backend",
+        &names.join(","),
+        &format!("there is no backend named `{unknown}`"),
+    )
+    .with_fix(format!(
+        "choose from: {} (a plugin's name once its library is in ACCEL_PLUGIN_PATH)",
+        all.join(", ")
+    )))
+}
+
 fn bad(flag: &str, value: &str, why: &str) -> Error {
     Error::invalid_config(flag, value, why)
 }
@@ -544,6 +632,11 @@ fn bad(flag: &str, value: &str, why: &str) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Options from an environment holding only `key=value`.
+    fn one_var(key: &str, value: &str) -> Result<Options> {
+        Options::from_env(|k| (k == key).then(|| value.to_string()))
+    }
 
     #[test]
     fn counts_refuse_zero_and_negative() {
@@ -629,11 +722,9 @@ mod tests {
     fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
         assert_eq!(parse_mixed_precision("BF16"), Ok(MixedPrecision::Bf16));
         assert!(parse_mixed_precision("fp8").unwrap_err().contains("fp8"));
-        let env =
-            Options::from_env(|k| (k == "ACCEL_MIXED_PRECISION").then(|| "fp16".into())).unwrap();
+        let env = one_var("ACCEL_MIXED_PRECISION", "fp16").unwrap();
         assert_eq!(env.mixed_precision, Some(MixedPrecision::Fp16));
-        let e =
-            Options::from_env(|k| (k == "ACCEL_MIXED_PRECISION").then(|| "x".into())).unwrap_err();
+        let e = one_var("ACCEL_MIXED_PRECISION", "x").unwrap_err();
         assert!(e.to_string().contains("ACCEL_MIXED_PRECISION"), "{e}");
         let flag = Options {
             mixed_precision: Some(MixedPrecision::Bf16),
@@ -648,9 +739,9 @@ mod tests {
         use accel::zero::Stage;
         assert_eq!(parse_sharding("FULL_SHARD"), Ok(Stage::Full));
         assert!(parse_sharding("zero9").unwrap_err().contains("zero9"));
-        let env = Options::from_env(|k| (k == "ACCEL_SHARDING").then(|| "zero2".into())).unwrap();
+        let env = one_var("ACCEL_SHARDING", "zero2").unwrap();
         assert_eq!(env.sharding, Some(Stage::Gradients));
-        let e = Options::from_env(|k| (k == "ACCEL_SHARDING").then(|| "x".into())).unwrap_err();
+        let e = one_var("ACCEL_SHARDING", "x").unwrap_err();
         assert!(e.to_string().contains("ACCEL_SHARDING"), "{e}");
         let flag = Options {
             sharding: Some(Stage::Full),

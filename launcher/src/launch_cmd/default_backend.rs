@@ -1,4 +1,4 @@
-//! The default engine: what `accel launch` runs a program over when no
+//! The default backend: what `accel launch` runs a program over when no
 //! backend is named (`--backend`, `ACCEL_BACKEND` or the config file).
 //!
 //! On one machine, MPI's shared-memory collectives are 4–50× faster than

@@ -23,12 +23,9 @@ use std::sync::{Arc, Mutex};
 use accel::worker_env::WorkerEnv;
 use accel::ProcessModel;
 use accel_api::Result;
-use nix::sys::signal::Signal;
 
-use crate::group::ProcessGroup;
-use crate::group::{
-    failure_at, record, shared_record, signal_group, spawn_member, worker_command, Attempt,
-    Program, Started,
+use super::{
+    failure_at, record, shared_record, Attempt, LocalGroup, ProcessGroup, Program, Sinks, Started,
 };
 use crate::output::{RankSink, Stream, TAIL_LINES};
 use crate::report::{Exit, Failure};
@@ -94,16 +91,11 @@ impl ThreadsOutput {
 /// ranks.
 #[derive(Debug)]
 pub struct ThreadsGroup {
-    /// What the process runs (a program entered through [`accel::run`]).
-    pub program: Program,
-    /// Rank threads on this machine.
-    pub local_world_size: usize,
-    /// Variables added to the process's environment (after the contract).
-    pub extra_env: Vec<(String, String)>,
-    /// Variables of the launcher's environment the process does not get.
-    pub remove_env: Vec<String>,
-    /// Signal the process if the launcher dies.
-    pub die_with_parent: bool,
+    /// The process's program, ranks and environment, started with the
+    /// same command set-up as a local worker's (`local_world_size`: the
+    /// rank threads on this machine; the program enters through
+    /// [`accel::run`]).
+    pub workers: LocalGroup,
     out: Option<Arc<ThreadsOutput>>,
 }
 
@@ -111,11 +103,7 @@ impl ThreadsGroup {
     /// A process of `local_world_size` rank threads running `program`.
     pub fn new(program: Program, local_world_size: usize) -> ThreadsGroup {
         ThreadsGroup {
-            program,
-            local_world_size,
-            extra_env: Vec::new(),
-            remove_env: Vec::new(),
-            die_with_parent: true,
+            workers: LocalGroup::new(program, local_world_size),
             out: None,
         }
     }
@@ -123,10 +111,7 @@ impl ThreadsGroup {
     /// The process's environment in `attempt`: its first rank's contract,
     /// the threads process model, one error file per attempt.
     pub fn process_env(&self, attempt: &Attempt) -> WorkerEnv {
-        let mut env = attempt.env.clone();
-        env.rank = Some(attempt.rank_offset);
-        env.local_rank = Some(0);
-        env.local_world_size = Some(self.local_world_size);
+        let mut env = self.workers.worker_env(attempt, 0);
         env.error_file = Some(attempt.error_dir.join("error.json"));
         env.process_model = Some(ProcessModel::Threads);
         env
@@ -139,37 +124,23 @@ impl ProcessGroup for ThreadsGroup {
     }
 
     fn ranks(&self, attempt: &Attempt) -> Range<usize> {
-        attempt.rank_offset..attempt.rank_offset + self.local_world_size
+        self.workers.local_ranks(attempt)
     }
 
     fn start(
         &mut self,
         attempt: &Attempt,
-        sinks: &[Arc<RankSink>],
+        sinks: &Sinks,
         tx: &Sender<Event>,
     ) -> Result<Vec<Started>> {
-        let cmd = worker_command(
-            &self.program,
-            &self.process_env(attempt),
-            &self.extra_env,
-            &self.remove_env,
-            self.die_with_parent,
-        );
         let out = ThreadsOutput::new(sinks.to_vec(), attempt.rank_offset);
         self.out = Some(out.clone());
-        let (o, e) = (out.clone(), out);
-        let label = format!(
-            "the rank threads' process ({})",
-            self.program.argv0.to_string_lossy()
-        );
-        let s = spawn_member(
-            cmd,
-            &label,
-            attempt.number,
-            0,
+        let s = self.workers.spawn(
+            &self.process_env(attempt),
+            "the rank threads' process",
+            (attempt.number, 0),
             tx,
-            move |l| o.line(Stream::Stdout, l),
-            move |l| e.line(Stream::Stderr, l),
+            move |stream, l| out.line(stream, l),
         )?;
         for sink in sinks {
             sink.touch();
@@ -177,17 +148,12 @@ impl ProcessGroup for ThreadsGroup {
         Ok(vec![s])
     }
 
-    fn signal(&self, pid: u32, sig: Signal, alive: bool) {
-        signal_group(pid, sig, alive);
-    }
-
     fn failure(
         &self,
         attempt: &Attempt,
-        _index: usize,
-        pid: u32,
+        (_index, pid): (usize, u32),
         exit: Exit,
-        sinks: &[Arc<RankSink>],
+        sinks: &Sinks,
     ) -> Option<Failure> {
         // The error file names the rank thread that failed first; without
         // one (killed, exited early) the process's first rank is blamed.
@@ -196,20 +162,14 @@ impl ProcessGroup for ThreadsGroup {
             .as_ref()
             .and_then(|r| r.rank)
             .and_then(|r| r.checked_sub(attempt.rank_offset))
-            .filter(|&i| i < self.local_world_size)
+            .filter(|&i| i < self.workers.local_world_size)
             .unwrap_or(0);
         let mut f = self.rank_failure(attempt, index, exit, sinks);
         f.pid = Some(pid);
         Some(f)
     }
 
-    fn rank_failure(
-        &self,
-        attempt: &Attempt,
-        index: usize,
-        exit: Exit,
-        sinks: &[Arc<RankSink>],
-    ) -> Failure {
+    fn rank_failure(&self, attempt: &Attempt, index: usize, exit: Exit, sinks: &Sinks) -> Failure {
         let rank = attempt.rank_offset + index;
         let rec = shared_record(attempt, rank);
         let mut f = failure_at(

@@ -63,7 +63,7 @@ use accel_api::{Error, ErrorKind, Result};
 use accel_launch::mpirun::{detect_flavor, Hosts};
 use accel_launch::{store, HostedStore, MpirunGroup};
 
-use super::engine::Choice;
+use super::default_backend::Choice;
 use super::options::Settings;
 use super::{base_env, finish, resolve_program, scratch_dir, supervision, LaunchArgs};
 
@@ -80,6 +80,25 @@ fn config_error(msg: impl Into<String>, fix: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidConfig, msg.into())
         .with_op("accel launch --backend mpi")
         .with_fix(fix.into())
+}
+
+/// A host list that names no machine (`--mpi-hosts ""`) is refused rather
+/// than read as "this machine only".
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming `--mpi-hosts`.
+pub fn check_host_list(list: Option<&str>) -> Result<()> {
+    match list {
+        Some(l) if l.split(',').all(|h| h.trim().is_empty()) => {
+            Err(
+                Error::invalid_config("--mpi-hosts", l, "the host list names no machine").with_fix(
+                    "name the machines (--mpi-hosts HOST0,HOST1,...), or leave the flag (and \
+             ACCEL_MPI_HOSTS) out to run on this machine",
+                ),
+            )
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Decide where mpirun runs the ranks, checking the machine flags.
@@ -157,7 +176,7 @@ pub fn hosts(s: &Settings, list: Option<&str>, file: Option<&Path>) -> Result<Ho
 /// anything starts; `Err(code)` after saying why.
 fn find_launcher() -> std::result::Result<PathBuf, u8> {
     let from_env = std::env::var_os("ACCEL_MPIRUN").is_some_and(|v| !v.is_empty());
-    super::engine::find_mpirun().map_err(|e| {
+    super::default_backend::find_mpirun().map_err(|e| {
         let hint = if from_env {
             "ACCEL_MPIRUN names it; point it at your mpirun / mpiexec"
         } else {
@@ -201,6 +220,7 @@ pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Resu
         Hosts::List(v) => v.iter().map(|(_, n)| *n).sum::<usize>(),
         _ => s.nproc * s.num_machines,
     };
+    s.check_rank_filter(total)?;
     let token = match &s.token {
         Some(t) => t.clone(),
         None => store::random_hex(16)?,
