@@ -14,11 +14,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use accel::train::{
-    DataLoader, Dataset, LinearSchedule, Optimizer, Parameters, Scheduler, StateDict, Stateful,
-    TrainConfig,
+    DataLoader, Dataset, LinearSchedule, MixedPrecision, Optimizer, Parameters, Scheduler,
+    StateDict, Stateful, TrainConfig,
 };
 use accel::{Accelerator, Error, ErrorKind, Result};
-use accel_candle::{init_uniform, AdamW, CandleModel, CandleOptimizer};
+use accel_candle::{
+    compute_dtype, compute_var_builder, init_uniform, AdamW, CandleModel, CandleOptimizer,
+};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::optim::ParamsAdamW;
 use candle_nn::{Linear, Module, VarBuilder, VarMap};
@@ -178,7 +180,18 @@ impl Mlp {
     /// # Errors
     /// candle's.
     pub fn new(varmap: &VarMap, hidden: usize) -> Result<Mlp> {
-        let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+        Mlp::from_vb(
+            &VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu),
+            hidden,
+        )
+    }
+
+    /// The layers on the tensors of `vb` (compute copies under mixed
+    /// precision: [`accel_candle::compute_var_builder`]).
+    ///
+    /// # Errors
+    /// candle's.
+    pub fn from_vb(vb: &VarBuilder<'_>, hidden: usize) -> Result<Mlp> {
         Ok(Mlp {
             fc1: candle_nn::linear(FEATURES, hidden, vb.pp("fc1")).map_err(candle)?,
             fc2: candle_nn::linear(hidden, hidden, vb.pp("fc2")).map_err(candle)?,
@@ -270,6 +283,10 @@ pub struct Options {
     pub max_grad_norm: Option<f64>,
     /// Write the final weights here with `save_model` (Hugging Face layout).
     pub save_model: Option<PathBuf>,
+    /// Mixed precision (`--mixed-precision no|bf16|fp16`): the forward pass
+    /// on bf16/f16 copies of the f32 weights; `None` takes what `accel
+    /// launch --mixed-precision` set.
+    pub mixed_precision: Option<MixedPrecision>,
 }
 
 impl Default for Options {
@@ -293,6 +310,7 @@ impl Default for Options {
             no_eval: false,
             max_grad_norm: None,
             save_model: None,
+            mixed_precision: None,
         }
     }
 }
@@ -380,14 +398,20 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     acc.set_training_config(TrainConfig {
         gradient_accumulation_steps: opts.accumulation,
         total_limit: Some(opts.keep),
+        mixed_precision: opts.mixed_precision,
         ..TrainConfig::default()
     })?;
     acc.set_seed(opts.seed, false);
+    let dtype = compute_dtype(acc);
     let mut say = |m: String| {
         if acc.is_main_process() {
             log(&m)
         }
     };
+    say(format!(
+        "mixed precision {} (forward in {dtype:?})",
+        acc.mixed_precision()
+    ));
     let data = Arc::new(Digits::load(&opts.data)?);
     let (train_split, eval_split) = data.split();
     let train_split = match opts.train_len {
@@ -473,7 +497,14 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             let step = acc.accumulate(&batch);
             let (x, y) = train_data.collate(&batch.items)?;
             let loss = acc.backward(&mut model, |m, scale| -> Result<f64> {
-                let logits = net.forward(&x)?;
+                let logits = if dtype == DType::F32 {
+                    net.forward(&x)?
+                } else {
+                    // Layers on this step's compute copies of the f32 weights.
+                    let copies = Mlp::from_vb(&compute_var_builder(&varmap, dtype), opts.hidden)?;
+                    let x = x.to_dtype(dtype).map_err(candle)?;
+                    copies.forward(&x)?.to_dtype(DType::F32).map_err(candle)?
+                };
                 let loss = candle_nn::loss::cross_entropy(&logits, &y).map_err(candle)?;
                 m.backward(&(&loss * f64::from(scale)).map_err(candle)?)?;
                 loss.to_scalar::<f32>().map(f64::from).map_err(candle)

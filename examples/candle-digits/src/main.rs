@@ -25,7 +25,8 @@ const USAGE: &str =
                      [--optimizer adamw|candle-adamw|sgd] [--no-shuffle] [--no-eval]
                      [--save-every N] [--keep N] [--checkpoint-dir DIR]
                      [--resume] [--stop-after STEP] [--dump-params FILE]
-                     [--max-grad-norm X] [--save-model DIR]";
+                     [--max-grad-norm X] [--save-model DIR]
+                     [--mixed-precision no|bf16|fp16]";
 
 fn parse(args: &[String]) -> Result<(Options, Option<PathBuf>), String> {
     let mut o = Options::default();
@@ -72,6 +73,9 @@ fn parse(args: &[String]) -> Result<(Options, Option<PathBuf>), String> {
             "--dump-params" => dump = Some(PathBuf::from(value()?)),
             "--max-grad-norm" => o.max_grad_norm = Some(num(flag, value()?)?),
             "--save-model" => o.save_model = Some(PathBuf::from(value()?)),
+            "--mixed-precision" => {
+                o.mixed_precision = Some(value()?.parse().map_err(|e| format!("{flag}: {e}"))?)
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }

@@ -163,3 +163,38 @@ fn two_ranks_reach_95_percent_held_out_in_10_epochs() {
     assert!(acc >= 95.0, "accuracy {acc}% after 10 epochs:\n{out}");
     assert!(dir.path().join("weights/model.safetensors").is_file());
 }
+
+#[test]
+fn two_ranks_learn_the_digits_with_bf16_compute_copies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut a = args(&[
+        "--epochs",
+        "4",
+        "--save-every",
+        "0",
+        "--mixed-precision",
+        "bf16",
+        "--max-grad-norm",
+        "5",
+        "--data",
+    ]);
+    a.push(data().display().to_string());
+    a.push("--checkpoint-dir".into());
+    a.push(dir.path().join("ck").display().to_string());
+    let out = run(&dir.path().join("store"), &a);
+    assert!(
+        out.contains("mixed precision bf16 (forward in BF16)"),
+        "{out}"
+    );
+    let last = out
+        .lines()
+        .find(|l| l.starts_with("final:"))
+        .unwrap_or_else(|| panic!("no final line:\n{out}"));
+    let acc: f64 = last
+        .split("accuracy ")
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no accuracy in {last}"));
+    assert!(acc > 90.0, "accuracy {acc}% after 4 bf16 epochs:\n{out}");
+}

@@ -12,9 +12,12 @@
 //! | [`CandleOptimizer`] | candle-nn's `AdamW`, `SGD` (any `candle_nn::Optimizer`) stepping on the averaged buffers, only on synchronising batches |
 //! | [`AdamW`] | candle-nn's AdamW, bit for bit, with its moments in checkpoints (exact resume) |
 //! | [`init_uniform`] | seeded initial weights (candle cannot seed its CPU generator) |
+//! | [`compute_var_builder`], [`compute_dtype`] | mixed precision: the layers built on bf16/f16 compute copies of the f32 master `Var`s (differentiable casts: the gradients land on the masters) |
 //!
 //! Gradient accumulation, `clip_grad_norm` / `clip_grad_value`, the fp16
-//! loss scaler's skip and checkpoints are accel's own (the training loop
+//! loss scaler (its scale is in the loss scale the backward closure gets;
+//! a step is skipped on every rank when any rank overflowed) and
+//! checkpoints are accel's own (the training loop
 //! works on the views). `save_model` / `load_model` write and read the
 //! Hugging Face layout with each tensor in its variable's shape and dtype,
 //! which candle's `VarBuilder::from_mmaped_safetensors` reads back.
@@ -54,9 +57,11 @@
 //! default workspace (docs/adr/0021-candle-workspace.md). The `cuda`
 //! feature forwards to candle's own; CUDA variables are not trained yet.
 
+mod amp;
 mod model;
 mod optim;
 
+pub use amp::{compute_dtype, compute_var_builder};
 pub use model::CandleModel;
 pub use optim::{AdamW, CandleOptimizer, OptimizerState};
 
