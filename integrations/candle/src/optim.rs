@@ -144,6 +144,12 @@ impl<O: CandleOpt + OptimizerState> Optimizer for CandleOptimizer<O> {
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         self.set_lr(state.get("lr")?);
         self.steps = state.get("steps")?;
+        if !O::EXACT_RESUME {
+            tracing::warn!(
+                "accel-candle: {} keeps its state private; resumed, it starts that state afresh (use accel_candle::AdamW for an exact resume)",
+                std::any::type_name::<O>()
+            );
+        }
         let names = self.names();
         self.inner.load(&names, state)
     }
