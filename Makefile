@@ -148,7 +148,7 @@ minilm-setup:
 
 # ---- candle integration (integrations/candle, default workspace: ADR 0021) --
 # make demo-candle  the candle digits demo on 2 ranks over cpu-gloo through
-#                   accel launch: 10 epochs, then a run stopped after step 60
+#                   accel launch: 10 epochs, then a run stopped after step 63
 #                   and resumed, whose checksum must equal the first run's.
 #                   ARGS=... go to every run. Needs only the data set
 #                   (scripts/digits_data.sh: 13 MB scikit-learn wheel), no libtorch.
