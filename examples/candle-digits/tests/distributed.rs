@@ -100,6 +100,21 @@ fn checksum_of(stdout: &str) -> String {
         .to_string()
 }
 
+/// The held-out accuracy (percent) on rank 0's final line, which must
+/// count all 360 held-out images.
+fn accuracy_of(out: &str) -> f64 {
+    let last = out
+        .lines()
+        .find(|l| l.starts_with("final:"))
+        .unwrap_or_else(|| panic!("no final line:\n{out}"));
+    assert!(last.contains("over 360 held-out images"), "{last}");
+    last.split("accuracy ")
+        .nth(1)
+        .and_then(|s| s.split('%').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no accuracy in {last}"))
+}
+
 #[test]
 fn stopped_and_resumed_run_ends_bit_identical() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -149,17 +164,7 @@ fn two_ranks_reach_95_percent_held_out_in_10_epochs() {
     a.push("--save-model".into());
     a.push(dir.path().join("weights").display().to_string());
     let out = run(&dir.path().join("store"), &a);
-    let last = out
-        .lines()
-        .find(|l| l.starts_with("final:"))
-        .unwrap_or_else(|| panic!("no final line:\n{out}"));
-    assert!(last.contains("over 360 held-out images"), "{last}");
-    let acc: f64 = last
-        .split("accuracy ")
-        .nth(1)
-        .and_then(|s| s.split('%').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no accuracy in {last}"));
+    let acc = accuracy_of(&out);
     assert!(acc >= 95.0, "accuracy {acc}% after 10 epochs:\n{out}");
     assert!(dir.path().join("weights/model.safetensors").is_file());
 }
@@ -186,15 +191,6 @@ fn two_ranks_learn_the_digits_with_bf16_compute_copies() {
         out.contains("mixed precision bf16 (forward in BF16)"),
         "{out}"
     );
-    let last = out
-        .lines()
-        .find(|l| l.starts_with("final:"))
-        .unwrap_or_else(|| panic!("no final line:\n{out}"));
-    let acc: f64 = last
-        .split("accuracy ")
-        .nth(1)
-        .and_then(|s| s.split('%').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no accuracy in {last}"));
+    let acc = accuracy_of(&out);
     assert!(acc > 90.0, "accuracy {acc}% after 4 bf16 epochs:\n{out}");
 }

@@ -5,8 +5,7 @@
 //! whole global batch, within `1e-5 × (1 + |x|)` (f32 sums in another
 //! order), for candle-nn's SGD and this crate's AdamW.
 
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
 use accel::train::{Parameters, TrainConfig};
 use accel::Accelerator;
@@ -107,23 +106,6 @@ fn run<O: candle_nn::Optimizer + OptimizerState>(
     Ok(out)
 }
 
-/// Run `f` on 2 rank threads over cpu-gloo, under a hard bound.
-fn two_ranks<T: Send + 'static>(
-    f: impl Fn(&Accelerator) -> accel::Result<T> + Send + Sync + 'static,
-) -> Vec<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let out = accel::Threads::new(2)
-            .backend("cpu-gloo")
-            .timeout(Duration::from_secs(30))
-            .run(f);
-        let _ = tx.send(out);
-    });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("the 2 ranks finished within 120 s")
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
 fn assert_close(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -140,7 +122,7 @@ fn two_ranks_equal_one_process_on_the_global_batch() {
         for clip in [None, Some(0.05)] {
             let one = train(&Accelerator::new().expect("single"), opt, 1, clip).unwrap();
             for k in [1, 2] {
-                let ranks = two_ranks(move |acc| train(acc, opt, k, clip));
+                let ranks = common::two_ranks(move |acc| train(acc, opt, k, clip));
                 assert_eq!(
                     ranks[0], ranks[1],
                     "{opt:?} k={k}: the ranks agree bit for bit"

@@ -4,8 +4,7 @@
 //! overflow on one rank skips the step on both, backs the scale off, and
 //! training goes on.
 
-use std::sync::mpsc;
-use std::time::Duration;
+mod common;
 
 use accel::train::{MixedPrecision, Parameters, TrainConfig};
 use accel::Accelerator;
@@ -105,30 +104,13 @@ fn bf16_compute_copies_give_f32_gradients_on_the_masters() {
     assert!(candle_nn::linear(4, 8, vb.pp("nope")).is_err());
 }
 
-/// Run `f` on 2 rank threads over cpu-gloo, under a hard bound.
-fn two_ranks<T: Send + 'static>(
-    f: impl Fn(&Accelerator) -> accel::Result<T> + Send + Sync + 'static,
-) -> Vec<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let out = accel::Threads::new(2)
-            .backend("cpu-gloo")
-            .timeout(Duration::from_secs(30))
-            .run(f);
-        let _ = tx.send(out);
-    });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("the 2 ranks finished within 120 s")
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// What one rank saw: per step, whether it stepped and the scale after;
 /// the parameters before and after the overflowing step; the final ones.
 type Seen = (Vec<(bool, f64)>, Vec<f32>, Vec<f32>, Vec<f32>);
 
 #[test]
 fn an_fp16_overflow_on_one_rank_skips_the_step_on_both() {
-    let seen: Vec<Seen> = two_ranks(|acc| {
+    let seen: Vec<Seen> = common::two_ranks(|acc| {
         acc.set_training_config(TrainConfig {
             mixed_precision: Some(MixedPrecision::Fp16),
             ..TrainConfig::default()
