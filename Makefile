@@ -98,7 +98,7 @@ slurm-setup:
 	else echo "slurm-setup: present"; fi
 
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
-unit: setup pjrt-setup venv-tb torch-venv slurm-setup
+unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data
 	$(CARGO) test --workspace --no-fail-fast
 	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
 
@@ -145,6 +145,20 @@ tch-demo: tch-setup
 
 minilm-setup:
 	./scripts/fetch_minilm.sh
+
+# ---- candle integration (integrations/candle, default workspace: ADR 0021) --
+# make demo-candle  the candle digits demo on 2 ranks over cpu-gloo through
+#                   accel launch: 10 epochs, then a run stopped after step 63
+#                   and resumed, whose checksum must equal the first run's.
+#                   ARGS=... go to every run. Needs only the data set
+#                   (scripts/digits_data.sh: 13 MB scikit-learn wheel), no libtorch.
+.PHONY: digits-data demo-candle
+digits-data:
+	@./scripts/digits_data.sh >/dev/null
+
+demo-candle: digits-data
+	$(CARGO) build --release -p accel-launcher -p accel-example-candle-digits
+	./scripts/demo_candle.sh $(ARGS)
 
 # Two processes, so that each peak resident memory is its own run's. A fixed
 # glibc mmap threshold returns each released block to the system at once

@@ -489,3 +489,60 @@ fn shard_grouping_matches_huggingface_hub() {
         "only {oversized_cases} cases exercise oversized tensors"
     );
 }
+
+// ---------------------------------- models that give their shapes (issue 28)
+
+/// A 2 x 3 bf16 parameter that reports its shape.
+struct Shaped {
+    w: Vec<half::bf16>,
+    g: Vec<half::bf16>,
+    shape: Vec<usize>,
+}
+
+impl accel::train::Parameters for Shaped {
+    fn visit_params(&self, f: &mut dyn FnMut(accel::train::ParamRef<'_>)) {
+        f(accel::train::ParamRef::host("w", &self.w, &self.g));
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(accel::train::ParamMut<'_>)) {
+        f(accel::train::ParamMut::host("w", &mut self.w, &mut self.g));
+    }
+    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+        (name == "w").then(|| self.shape.clone())
+    }
+}
+
+#[test]
+fn a_model_with_shapes_is_saved_in_its_shape_and_dtype_and_checked_on_load() {
+    let acc = accel::Accelerator::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let w: Vec<half::bf16> = (0..6)
+        .map(|i| half::bf16::from_f32(0.1 + i as f32))
+        .collect();
+    let mut m = Shaped {
+        w: w.clone(),
+        g: vec![half::bf16::ZERO; 6],
+        shape: vec![2, 3],
+    };
+    acc.save_model(&m, dir.path(), 1u64 << 30).unwrap();
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor("w").unwrap();
+    assert_eq!(t.shape(), &[2, 3]);
+    assert_eq!(t.dtype(), safetensors::Dtype::BF16);
+    let raw: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(t.data(), raw.as_slice());
+    m.w = vec![half::bf16::ONE; 6];
+    acc.load_model(&mut m, dir.path()).unwrap();
+    assert_eq!(m.w, w);
+    // The same values under another shape are refused, naming both.
+    m.shape = vec![3, 2];
+    let e = acc.load_model(&mut m, dir.path()).unwrap_err();
+    assert!(
+        e.to_string().contains("shape [2, 3]") && e.to_string().contains("[3, 2]"),
+        "{e}"
+    );
+    // A shape that does not fit the values is refused on save.
+    m.shape = vec![4, 2];
+    let e = acc.save_model(&m, dir.path(), 1u64 << 30).unwrap_err();
+    assert!(e.to_string().contains("6 values"), "{e}");
+}

@@ -211,6 +211,22 @@ pub trait Parameters {
         any
     }
 
+    /// The shape of parameter `name` as the framework holds it, or `None`
+    /// (the default). A model that gives its shapes gets
+    /// [`save_model`](crate::Accelerator::save_model) files in its own
+    /// layout: each tensor with this shape and its values' own element type
+    /// (f16, bf16, f32, f64), so the framework's loaders read them back as
+    /// they were; and [`load_model`](crate::Accelerator::load_model) refuses
+    /// a file tensor of another shape (a 1-D one of the right length
+    /// passes). Without shapes, tensors are stored 1-D in `f32`.
+    ///
+    /// # Requires
+    /// The product of the shape is the parameter's length.
+    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+        let _ = name;
+        None
+    }
+
     /// Give parameter `name` storage for `numel` values and gradients
     /// (zero-filled where it grows), or free both with `numel == 0`. ZeRO
     /// stage 3 ([`crate::zero::Stage::Full`]) calls it to release a unit's

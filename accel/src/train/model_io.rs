@@ -21,7 +21,9 @@
 //! SHA-256 of the file's data section, which the index's metadata also
 //! records per shard; [`load_model`](crate::Accelerator::load_model)
 //! checks both when present. Tensors are `f32`, 1-D
-//! (the [`Parameters`] view is flat), named as the model names them.
+//! (the [`Parameters`] view is flat), named as the model names them; a
+//! model that gives [`Parameters::param_shape`] gets each tensor in that
+//! shape and in its values' own element type (f16, bf16, f32, f64).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -32,7 +34,7 @@ use accel_sharding::{sha256_hex, CheckpointWriter};
 use serde::{Deserialize, Serialize};
 
 use super::adapters::{Parameters, Tensor};
-use super::checkpoint::{decode_tensors, encode_tensors_with};
+use super::checkpoint::decode_tensors;
 use crate::Accelerator;
 
 /// The single-file name.
@@ -73,9 +75,42 @@ fn data_section(bytes: &[u8]) -> &[u8] {
     &bytes[8 + n as usize..]
 }
 
+/// One tensor as `save_model` stores it: 1-D `f32`, or the model's own
+/// shape and element type ([`Parameters::param_shape`]).
+struct Stored {
+    shape: Vec<usize>,
+    dtype: safetensors::Dtype,
+    bytes: Vec<u8>,
+}
+
+/// The safetensors file of `tensors` with `metadata` in its header.
+fn encode_stored(
+    tensors: &BTreeMap<String, Stored>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<Vec<u8>> {
+    let mut views = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let v = safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.bytes).map_err(
+            |e| {
+                Error::invalid_argument(
+                    "save_model",
+                    format!(
+                        "tensor {name:?}: shape {:?} does not fit its data: {e}",
+                        t.shape
+                    ),
+                )
+            },
+        )?;
+        views.push((name.as_str(), v));
+    }
+    safetensors::serialize(views, metadata).map_err(|e| {
+        Error::invalid_argument("save_model", format!("cannot encode safetensors: {e}"))
+    })
+}
+
 /// One file with `{"format": "pt"}` and its data digest in the header;
 /// also returns the digest.
-fn encode_shard(tensors: &BTreeMap<String, Tensor>) -> Result<(Vec<u8>, String)> {
+fn encode_shard(tensors: &BTreeMap<String, Stored>) -> Result<(Vec<u8>, String)> {
     let meta = |digest: Option<&str>| {
         let mut m = HashMap::from([("format".to_string(), "pt".to_string())]);
         if let Some(d) = digest {
@@ -84,10 +119,77 @@ fn encode_shard(tensors: &BTreeMap<String, Tensor>) -> Result<(Vec<u8>, String)>
         Some(m)
     };
     // The data section does not depend on the header's metadata.
-    let plain = encode_tensors_with(tensors, meta(None))?;
+    let plain = encode_stored(tensors, meta(None))?;
     let digest = sha256_hex(data_section(&plain));
     drop(plain);
-    Ok((encode_tensors_with(tensors, meta(Some(&digest)))?, digest))
+    Ok((encode_stored(tensors, meta(Some(&digest)))?, digest))
+}
+
+/// How `save_model` stores parameter `name` with values `value`: 1-D `f32`
+/// without a shape from the model, else that shape in the values' own
+/// element type (host bytes as they are; device values through `f32`).
+fn stored(
+    k: Option<&dyn super::kernels::GradKernels>,
+    name: &str,
+    value: accel_api::Buf<'_>,
+    shape: Option<Vec<usize>>,
+) -> Result<Stored> {
+    use accel_api::{Buf, DType};
+    use safetensors::Dtype;
+    let n = value.len();
+    let Some(shape) = shape else {
+        let data = super::grads::read_f32(k, name, value)?;
+        return Ok(Stored {
+            shape: vec![n],
+            dtype: Dtype::F32,
+            bytes: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        });
+    };
+    if shape.iter().product::<usize>() != n {
+        return Err(Error::invalid_argument(
+            "save_model",
+            format!("parameter {name:?} has {n} values but its shape is {shape:?}"),
+        )
+        .with_fix("param_shape must give the shape of the parameter's values"));
+    }
+    let dtype = match value.dtype() {
+        DType::F16 => Dtype::F16,
+        DType::BF16 => Dtype::BF16,
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        other => {
+            return Err(Error::invalid_argument(
+                "save_model",
+                format!("parameter {name:?} is {other}; weights are floating point"),
+            ))
+        }
+    };
+    let bytes = match value {
+        Buf::Host(h) => h.bytes().to_vec(),
+        Buf::Device(_) => {
+            let data = super::grads::read_f32(k, name, value)?;
+            match dtype {
+                Dtype::F16 => data
+                    .iter()
+                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                Dtype::BF16 => data
+                    .iter()
+                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                    .collect(),
+                Dtype::F64 => data
+                    .iter()
+                    .flat_map(|x| f64::from(*x).to_le_bytes())
+                    .collect(),
+                _ => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            }
+        }
+    };
+    Ok(Stored {
+        shape,
+        dtype,
+        bytes,
+    })
 }
 
 /// Check a file's data against the digest in its own header and, for a
@@ -272,7 +374,9 @@ impl Accelerator {
     /// (`"5GB"`, `"5GiB"`: [`parse_shard_size`]); pass
     /// [`DEFAULT_MAX_SHARD_SIZE`] for `transformers`' default. Pass the
     /// unwrapped model: `&*prepared` or `prepared.inner()`. Tensors are
-    /// 1-D `f32` named as the model names its parameters; each header
+    /// 1-D `f32` named as the model names its parameters (in the model's
+    /// own shape and element type when it gives
+    /// [`Parameters::param_shape`](super::Parameters::param_shape)); each header
     /// carries `{"format": "pt"}` and the file's data digest
     /// ([`DIGEST_KEY`], also in the index per shard). Returns `dir`.
     /// Collective.
@@ -323,7 +427,7 @@ impl Accelerator {
     /// [`ErrorKind::Corrupt`] naming the file or tensor when a file is not
     /// valid safetensors, the index does not match the shards (a missing
     /// tensor, a wrong `total_size`), or a parameter is missing, has another
-    /// length, or the files hold a tensor the model does not have (strict,
+    /// length (or another shape than the model's `param_shape`), or the files hold a tensor the model does not have (strict,
     /// as PyTorch's `load_state_dict`), or a file's data does not match the
     /// [`DIGEST_KEY`] recorded in its header or the index;
     /// [`ErrorKind::Io`] when the folder has neither file. A failure on any rank fails every rank.
@@ -355,25 +459,27 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
             "pass the largest shard in bytes, e.g. accel::train::DEFAULT_MAX_SHARD_SIZE",
         ));
     }
-    let mut tensors: BTreeMap<String, Tensor> = BTreeMap::new();
+    let mut tensors: BTreeMap<String, Stored> = BTreeMap::new();
     let mut order: Vec<(String, u64)> = Vec::new();
     let mut dup = None;
     let mut failed = None;
     let k = model.grad_kernels();
     let k = k.as_deref();
     model.visit_params(&mut |p| {
-        let data = match super::grads::read_f32(k, p.name, p.value) {
-            Ok(d) => d,
+        if failed.is_some() {
+            return;
+        }
+        let t = match stored(k, p.name, p.value, model.param_shape(p.name)) {
+            Ok(t) => t,
             Err(e) => {
-                failed.get_or_insert(e);
+                failed = Some(e);
                 return;
             }
         };
-        let t = Tensor::from_vec(data);
+        order.push((p.name.to_string(), t.bytes.len() as u64));
         if tensors.insert(p.name.to_string(), t).is_some() {
             dup.get_or_insert_with(|| p.name.to_string());
         }
-        order.push((p.name.to_string(), 4 * p.value.len() as u64));
     });
     if let Some(e) = failed {
         return Err(e);
@@ -397,7 +503,7 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
         let mut weight_map = BTreeMap::new();
         let mut digests = BTreeMap::new();
         for (file, names) in &shards {
-            let part: BTreeMap<String, Tensor> = names
+            let part: BTreeMap<String, Stored> = names
                 .iter()
                 .map(|n| {
                     (
@@ -576,6 +682,19 @@ fn fill_model<P: Parameters + ?Sized>(
     mut tensors: BTreeMap<String, Tensor>,
     dir: &Path,
 ) -> Result<()> {
+    // A model that gives its shapes gets them checked (a flat tensor of
+    // the right length, as a model without shapes saves, passes too).
+    for (name, t) in &tensors {
+        if let Some(shape) = model.param_shape(name) {
+            if t.shape != shape && t.shape.len() > 1 {
+                return Err(corrupt(format!(
+                    "{}: tensor {name:?} has shape {:?}, the model's parameter {shape:?}",
+                    dir.display(),
+                    t.shape
+                )));
+            }
+        }
+    }
     let mut err = None;
     let k = model.grad_kernels();
     let k = k.as_deref();
