@@ -6,8 +6,9 @@
 //! interruption fixes the outcome and moves it to **stopping** (the group
 //! is signalled, SIGKILL follows after the grace period, and again every
 //! second while anything survives). It is **done** when every started
-//! process has ended; then the leftovers are cleaned up and the pipes
-//! drained.
+//! process has ended; then whatever is left in their process groups
+//! (grandchildren), after a success as after a failure, is killed and the
+//! pipes drained.
 
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -461,11 +462,18 @@ impl<'a> Supervisor<'a> {
             Phase::Running => LocalOutcome::Succeeded,
             Phase::Stopping { outcome, .. } => outcome,
         };
-        if !matches!(outcome, LocalOutcome::Succeeded) {
-            // Whatever the processes started and left behind goes too.
-            for m in &self.members {
-                self.group.signal(m.pid, Signal::SIGKILL, false);
-            }
+        // Whatever the processes started and left behind in their process
+        // groups goes too, after a success as after a failure: a run leaves
+        // nothing running. (A child that left the group, with setsid, is
+        // the program's own.)
+        for m in &self.members {
+            self.group.signal(m.pid, Signal::SIGKILL, false);
+        }
+        // And what left those groups without leaving the session (the
+        // ranks mpirun starts in groups of their own, and their children).
+        let left = crate::leftovers::end(&self.attempt.error_dir);
+        if !left.is_empty() {
+            tracing::debug!(?left, "ended processes the attempt left behind");
         }
         // Output still in the pipes; a grandchild holding a pipe open must
         // not keep the launcher waiting.

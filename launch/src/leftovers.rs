@@ -1,0 +1,82 @@
+//! The processes a run left behind: every process of this session whose
+//! environment carries the attempt's error-file directory
+//! (`ACCEL_ERROR_FILE`, which every rank gets and its children inherit),
+//! wherever it sits in the process tree. This finds what a rank started
+//! even where the rank's process group cannot be named (the ranks mpirun
+//! starts in process groups of its own).
+//!
+//! A process that started a session of its own (`setsid`) is the program's
+//! and is left alone, as is one that cleared its environment.
+
+use std::path::Path;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::{getpid, getsid, Pid};
+
+/// SIGKILL every process of this session that carries `error_dir` in its
+/// `ACCEL_ERROR_FILE`; returns their pids.
+pub fn end(error_dir: &Path) -> Vec<u32> {
+    let Ok(session) = getsid(None) else {
+        return Vec::new();
+    };
+    let marker = format!("ACCEL_ERROR_FILE={}/", error_dir.display()).into_bytes();
+    let me = getpid().as_raw();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut ended = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me || !carries(pid, &marker) {
+            continue;
+        }
+        if getsid(Some(Pid::from_raw(pid))).ok() != Some(session) {
+            continue;
+        }
+        if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
+            ended.push(pid as u32);
+        }
+    }
+    ended
+}
+
+/// `true` when process `pid`'s environment holds a variable starting with
+/// `marker`.
+fn carries(pid: i32, marker: &[u8]) -> bool {
+    match std::fs::read(format!("/proc/{pid}/environ")) {
+        Ok(env) => env.split(|&b| b == 0).any(|v| v.starts_with(marker)),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn a_process_carrying_the_marker_is_ended_and_others_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let spawn = |file: &Path| {
+            Command::new("sleep")
+                .arg("30")
+                .env("ACCEL_ERROR_FILE", file)
+                .spawn()
+                .unwrap()
+        };
+        let mut ours = spawn(&dir.path().join("rank-0.json"));
+        let mut other = spawn(Path::new("/elsewhere/rank-0.json"));
+        let ended = end(dir.path());
+        assert_eq!(ended, vec![ours.id()]);
+        assert!(ours.wait().unwrap().code().is_none(), "killed by a signal");
+        assert!(other.try_wait().unwrap().is_none(), "the other one runs");
+        let _ = other.kill();
+        let _ = other.wait();
+    }
+}
