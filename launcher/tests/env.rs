@@ -209,54 +209,18 @@ mod env_cases;
 /// Environments the probing found `accel env` calling OK while the worker
 /// refused them (issue 32 item 4), and the decided edge cases: (case,
 /// variables, what the refusal must say; empty: accepted).
+#[rustfmt::skip]
 const WHOLE: &[(&str, env_cases::Env, &str)] = &[
-    (
-        "unknown backend",
-        &[("ACCEL_BACKEND", "nonexistent")],
-        "nonexistent",
-    ),
-    (
-        "empty MASTER_ADDR",
-        &[
-            ("RANK", "0"),
-            ("WORLD_SIZE", "2"),
-            ("MASTER_ADDR", ""),
-            ("MASTER_PORT", "29500"),
-        ],
-        "MASTER_ADDR is set but empty",
-    ),
-    (
-        "empty MASTER_ADDR, one process",
-        &[("MASTER_ADDR", " ")],
-        "MASTER_ADDR is set but empty",
-    ),
-    (
-        "http store",
-        &[("ACCEL_STORE_URL", "http://x")],
-        "unknown scheme",
-    ),
-    (
-        "store port out of range",
-        &[("ACCEL_STORE_URL", "tcp://127.0.0.1:99999")],
-        "not in 1..=65535",
-    ),
-    (
-        "relative file store",
-        &[("ACCEL_STORE_URL", "file://tmp/x")],
-        "absolute path",
-    ),
-    (
-        "timeout of 100 ns",
-        &[("ACCEL_TIMEOUT", "100ns")],
-        "below the shortest timeout",
-    ),
+    ("unknown backend", &[("ACCEL_BACKEND", "nonexistent")], "nonexistent"),
+    ("empty MASTER_ADDR", &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", ""), ("MASTER_PORT", "29500")], "MASTER_ADDR is set but empty"),
+    ("empty MASTER_ADDR, one process", &[("MASTER_ADDR", " ")], "MASTER_ADDR is set but empty"),
+    ("http store", &[("ACCEL_STORE_URL", "http://x")], "unknown scheme"),
+    ("store port out of range", &[("ACCEL_STORE_URL", "tcp://127.0.0.1:99999")], "not in 1..=65535"),
+    ("relative file store", &[("ACCEL_STORE_URL", "file://tmp/x")], "absolute path"),
+    ("timeout of 100 ns", &[("ACCEL_TIMEOUT", "100ns")], "below the shortest timeout"),
     ("timeout of 1 ms", &[("ACCEL_TIMEOUT", "1ms")], ""),
     // Read by the mpi backend only; the others ignore it.
-    (
-        "mpi staging, no mpi",
-        &[("ACCEL_MPI_STAGING_BYTES", "abc")],
-        "",
-    ),
+    ("mpi staging, no mpi", &[("ACCEL_MPI_STAGING_BYTES", "abc")], ""),
     ("memory store", &[("ACCEL_STORE_URL", "memory:")], ""),
 ];
 

@@ -179,6 +179,29 @@ fn a_rank_that_never_arrives_is_named_by_the_survivor_and_the_launcher() {
     ended_naming_the_stalled_rank(&r, "cpu-gloo");
 }
 
+/// Rank 1 exits 0 right after connecting while rank 0 enters an
+/// all_reduce: rank 0 loses its peer, and the root cause is rank 1, which
+/// exited early (exit code 0 mid-job is a failure), not rank 0 that noticed
+/// (issue 32 item 8).
+#[cfg(feature = "cpu-gloo")]
+#[test]
+fn a_rank_that_exits_0_early_is_the_root_cause_not_the_survivor() {
+    let r = accel(&argv(
+        "launch -n 2 --backend cpu-gloo --timeout 5s --",
+        &[
+            ACCEL,
+            "probe-worker",
+            "--accelerator",
+            "--exit-early-rank",
+            "1",
+        ],
+    ));
+    assert!(r.code.is_some_and(|c| c != 0), "{}", r.all());
+    r.has_stderr("rank:      1 (local rank 1)");
+    r.has_stderr("exit:      exited early: code 0 while the other ranks still ran");
+    r.has_stderr("Rank 0 said:");
+}
+
 #[test]
 fn a_panic_shows_the_error_file_in_the_root_cause() {
     let r = accel(&argv(

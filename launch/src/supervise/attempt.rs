@@ -149,6 +149,10 @@ struct Supervisor<'a> {
     phase: Phase,
     killed: Vec<usize>,
     began: Instant,
+    /// The first process that exited 0 while others still ran (one process
+    /// per rank): the root cause if another fails after it saying that it
+    /// lost that peer.
+    early: Option<usize>,
 }
 
 /// Run one attempt of `group`: start it, supervise it until every process
@@ -213,6 +217,7 @@ impl<'a> Supervisor<'a> {
             phase: Phase::Running,
             killed: Vec::new(),
             began: Instant::now(),
+            early: None,
         })
     }
 
@@ -303,7 +308,13 @@ impl<'a> Supervisor<'a> {
         }
         self.alive -= 1;
         m.exit = Some(exit);
-        if exit.is_success() || !matches!(self.phase, Phase::Running) {
+        if exit.is_success() {
+            if self.alive > 0 && self.early.is_none() && self.one_per_rank() {
+                self.early = Some(index);
+            }
+            return;
+        }
+        if !matches!(self.phase, Phase::Running) {
             return;
         }
         m.stopped = false;
@@ -313,9 +324,16 @@ impl<'a> Supervisor<'a> {
         wait_pumps(&m.pumps, Duration::from_secs(1));
         let pid = m.pid;
         self.group.finish();
-        let root = self
+        let mut root = self
             .group
             .failure(self.attempt, (index, pid), exit, &self.sinks);
+        if let Some(early) = self.early {
+            let first = self.first_rank();
+            root = root.map(|noticer| match noticer.lost_peer(first + early) {
+                true => self.blame_early_exit(early, noticer),
+                false => noticer,
+            });
+        }
         if let Some(f) = &root {
             (self.on_local_failure)(f);
         }
@@ -325,6 +343,18 @@ impl<'a> Supervisor<'a> {
             exit,
         };
         self.stop(outcome, Signal::SIGTERM);
+    }
+
+    /// The root cause when process `early` exited 0 before `noticer`'s
+    /// process failed: the early one (exit code 0 mid-job is a failure of
+    /// a distributed job).
+    fn blame_early_exit(&self, early: usize, noticer: Failure) -> Failure {
+        let code0 = Exit::Code { code: 0 };
+        let mut f = self
+            .group
+            .rank_failure(self.attempt, early, code0, &self.sinks);
+        f.pid = Some(self.members[early].pid);
+        Failure::blame_early_exit(f, noticer)
     }
 
     /// Forward the launcher's signal; a second one kills everything.
