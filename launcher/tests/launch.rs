@@ -383,12 +383,13 @@ fn machine_rank_must_be_below_the_number_of_machines() {
 fn a_busy_port_is_an_error_on_several_machines_and_avoided_on_one() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
-    let r = accel(&argv(
-        "launch --num-machines 2 --main-process-ip 127.0.0.1 --main-process-port",
-        &[&port, "--token", "t", "--", "true"],
-    ));
-    r.code_is(2);
-    r.has_stderr(&format!("port {port} is already in use"));
+    refused(
+        &argv(
+            "launch --num-machines 2 --main-process-ip 127.0.0.1 --main-process-port",
+            &[&port, "--token", "t", "--", "true"],
+        ),
+        &format!("port {port} is already in use"),
+    );
     let r = accel(&argv(
         "launch -n 2 --main-process-port",
         &[&port, "--", ACCEL, "probe-worker"],
@@ -415,12 +416,14 @@ fn missing_or_non_executable_programs_are_named_before_anything_starts() {
 
 #[test]
 fn several_machines_need_an_address_and_a_token() {
-    let r = accel(&["launch", "--num-machines", "2", "--", "true"]);
-    r.code_is(2);
-    r.has_stderr("--main-process-ip is required");
-    let r = accel_words("launch --num-machines 2 --main-process-ip 127.0.0.1 -- true");
-    r.code_is(2);
-    r.has_stderr("needs a shared token");
+    refused(
+        &["launch", "--num-machines", "2", "--", "true"],
+        "--main-process-ip is required",
+    );
+    refused_words(
+        "launch --num-machines 2 --main-process-ip 127.0.0.1 -- true",
+        "needs a shared token",
+    );
 }
 
 // ---- config files ----
@@ -444,15 +447,17 @@ fn config_files_layer_under_flags_and_refuse_unknown_keys_and_wrong_types() {
     assert!(rank_lines(&r.stdout, 2).is_empty(), "{}", r.all());
 
     std::fs::write(&cfg, "num_processes = 2\nnum_procs = 4\n").unwrap();
-    let r = accel(&["launch", "--config", c, "--", "true"]);
-    r.code_is(2);
-    r.has_stderr("unknown key `num_procs`");
+    let r = refused(
+        &["launch", "--config", c, "--", "true"],
+        "unknown key `num_procs`",
+    );
     r.has_stderr("run.toml");
 
     std::fs::write(&cfg, "num_processes = \"two\"\n").unwrap();
-    let r = accel(&["launch", "--config", c, "--", "true"]);
-    r.code_is(2);
-    r.has_stderr("key `num_processes` must be an integer, not a string");
+    refused(
+        &["launch", "--config", c, "--", "true"],
+        "key `num_processes` must be an integer, not a string",
+    );
 }
 
 #[test]
@@ -467,9 +472,7 @@ fn accel_config_writes_what_launch_reads() {
         text.contains("num_processes = 2") && text.contains("timeout = \"45s\""),
         "{text}"
     );
-    let r = accel(&["config", "-n", "2", "-o", c]);
-    r.code_is(2);
-    r.has_stderr("already exists");
+    refused(&["config", "-n", "2", "-o", c], "already exists");
     let r = accel(&[
         "launch",
         "--config",
