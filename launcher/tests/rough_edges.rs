@@ -171,7 +171,7 @@ fn values_that_cannot_apply_are_refused_with_the_reason() {
         }
         assert!(!marker.exists(), "a worker ran: {}", r.all());
     };
-    let cases: [(&str, &[&str]); 8] = [
+    let cases: [(&str, &[&str]); 9] = [
         (
             "-n 2 --ranks 7",
             &["--ranks", "rank 7 is not in this run", "0 to 1"],
@@ -197,6 +197,10 @@ fn values_that_cannot_apply_are_refused_with_the_reason() {
         ),
         ("-n 1 --run-id .hidden", &["must not start with"]),
         ("-n 1 --mpi-hosts=", &["--mpi-hosts", "names no machine"]),
+        (
+            "-n 1 --timeout 100ns",
+            &["--timeout", "below the shortest timeout"],
+        ),
         ("-n 1 --backend mpi --mpi-hosts=,", &["names no machine"]),
     ];
     for (args, says) in cases {

@@ -452,6 +452,15 @@ impl Settings {
             .with_fix("pass --machine-rank between 0 and --num-machines minus 1"));
         }
         let timeout = o.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout < accel::state::MIN_TIMEOUT {
+            // The workers would refuse it (ACCEL_TIMEOUT): say so once, here.
+            return Err(bad(
+                "--timeout",
+                &format_dur(timeout),
+                "below the shortest timeout accel takes, 1ms (its waits poll at millisecond \
+                 steps, so a shorter one is refused, not rounded up)",
+            ));
+        }
         let token = match (o.token, &o.token_file) {
             (Some(_), Some(_)) => {
                 return Err(Error::new(
