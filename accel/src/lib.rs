@@ -42,6 +42,7 @@ mod collectives;
 mod debug;
 pub mod env_check;
 mod lifeline;
+mod no_store;
 mod panic_hook;
 mod registry;
 mod scalar;
