@@ -73,8 +73,32 @@ venv-tb:
 	  $(VENV_TB)/bin/pip install -q $(VENV_TB_PACKAGES); \
 	fi
 
+# torch 2.13.0 (CPU use) and accelerate 1.15.0 for the torch interop tests
+# (rendezvous/tests/torch_interop.rs, accel/tests/torch_rendezvous.rs), in
+# .accel-cache/torch-venv: torch from the wheel tch-setup already fetched, the
+# CUDA libraries a CPU import never calls replaced by empty stand-ins
+# (tools/torch_cpu_stubs.py); ~25 MB more download, ~1 min, 1.4 GB on disk.
+.PHONY: torch-venv
+torch-venv: tch-setup
+	./scripts/torch_venv.sh
+
+# A one-machine Slurm for the launcher's Slurm tests (scripts/slurm_cluster.sh
+# starts and stops it inside each test): Debian's slurmd, slurmctld,
+# slurm-client and munge, ~30 s to install when missing.
+SLURM_PACKAGES := slurmd slurmctld slurm-client munge
+.PHONY: slurm-setup
+slurm-setup:
+	@missing=""; for p in $(SLURM_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "slurm-setup: installing$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
+	else echo "slurm-setup: present"; fi
+
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
-unit: setup pjrt-setup venv-tb
+unit: setup pjrt-setup venv-tb torch-venv slurm-setup
 	$(CARGO) test --workspace --no-fail-fast
 	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
 

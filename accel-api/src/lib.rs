@@ -24,6 +24,7 @@
 //! | [`Wrapper`] | what `prepare()` returns |
 //! | [`OffloadStore`] | named tensors for big-model offload |
 //! | [`Error`], [`ErrorKind`] | the one public error type |
+//! | [`files`] | opening files named by other files: regular files inside their folder only, reads bounded by size |
 //!
 //! ## Rules every backend follows
 //!
@@ -69,6 +70,7 @@ mod comm;
 mod device;
 mod dtype;
 mod error;
+pub mod files;
 mod group;
 mod layer;
 mod offload;

@@ -73,6 +73,11 @@ pub struct ProcessState {
     /// ACCEL_STORE_URL: where the rendezvous store is (`tcp://h:p`,
     /// `file:///dir`); derived from MASTER_ADDR/MASTER_PORT when absent.
     pub store_url: Option<String>,
+    /// TORCHELASTIC_USE_AGENT_STORE=True: torchrun's agent hosts a torch
+    /// TCPStore at MASTER_ADDR:MASTER_PORT, which this rank joins; otherwise a
+    /// MASTER_ADDR/MASTER_PORT store without a token is hosted by rank 0
+    /// (docs/adr/0019-torch-store.md).
+    pub agent_store: bool,
     /// ACCEL_RUN_ID (torchrun's TORCHELASTIC_RUN_ID), `default` when absent.
     pub run_id: String,
     /// ACCEL_RUN_TOKEN: the store's shared secret. Never printed.
@@ -281,6 +286,56 @@ fn slurm_family(vars: &Vars) -> Result<Option<Family>> {
     }))
 }
 
+/// The first host of a Slurm hostlist (`n[01-03,7],gpu1` -> `n01`).
+fn slurm_first_host(list: &str) -> Option<String> {
+    let mut depth = 0;
+    let end = list
+        .char_indices()
+        .find(|&(_, c)| {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                _ => {}
+            }
+            c == ',' && depth == 0
+        })
+        .map_or(list.len(), |(i, _)| i);
+    let first = list[..end].trim();
+    let Some((prefix, rest)) = first.split_once('[') else {
+        return (!first.is_empty()).then(|| first.to_string());
+    };
+    let (ranges, suffix) = rest.split_once(']')?;
+    let lo = ranges.split([',', '-']).next()?.trim();
+    if lo.is_empty() || !lo.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(format!("{prefix}{lo}{suffix}"))
+}
+
+/// Where rank 0 of a Slurm job step hosts the store when the environment
+/// names none: the step's first node, and a port from the job and step ids
+/// (20000-39999), so that steps running at once rarely meet on one port.
+/// MASTER_ADDR / MASTER_PORT override either.
+fn slurm_rendezvous(vars: &Vars) -> Option<(String, u16)> {
+    let list = [
+        "SLURM_STEP_NODELIST",
+        "SLURM_JOB_NODELIST",
+        "SLURM_NODELIST",
+    ]
+    .iter()
+    .find_map(|k| vars.get(*k).filter(|v| !v.trim().is_empty()))?;
+    let host = slurm_first_host(list)?;
+    let id = |k: &str| vars.get(k).and_then(|v| v.trim().parse::<u64>().ok());
+    let job = id("SLURM_JOB_ID")
+        .or_else(|| id("SLURM_JOBID"))
+        .unwrap_or(0);
+    let step = id("SLURM_STEP_ID")
+        .or_else(|| id("SLURM_STEPID"))
+        .unwrap_or(0);
+    let port = 20000 + (job.wrapping_mul(131).wrapping_add(step) % 20000) as u16;
+    Some((host, port))
+}
+
 fn check_family(f: &Family) -> Result<()> {
     let (rank, rn) = f.rank;
     let (size, sn) = f.size;
@@ -485,6 +540,15 @@ impl ProcessState {
             )
             .with_fix("set the port the store listens on"));
         }
+        // srun alone (no MASTER_ADDR, no ACCEL_STORE_URL): rank 0 hosts the
+        // store on the step's first node, as under torch's env:// rendezvous.
+        let (mut master_addr, mut master_port) = (env.master_addr, env.master_port);
+        if source == LaunchSource::Slurm && world_size > 1 && env.store_url.is_none() {
+            if let Some((h, p)) = slurm_rendezvous(&vars) {
+                master_addr.get_or_insert(h);
+                master_port.get_or_insert(p);
+            }
+        }
         Ok(ProcessState {
             rank,
             world_size,
@@ -493,9 +557,12 @@ impl ProcessState {
             node_rank,
             source,
             mpi_launched,
-            master_addr: env.master_addr,
-            master_port: env.master_port,
+            master_addr,
+            master_port,
             store_url: env.store_url,
+            agent_store: vars
+                .get(keys::TORCHELASTIC_USE_AGENT_STORE)
+                .is_some_and(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "true" | "1")),
             run_id: env.run_id.unwrap_or_else(|| "default".to_string()),
             token: env.token.filter(|t| !t.is_empty()),
             timeout: env.timeout.unwrap_or(DEFAULT_TIMEOUT),
@@ -571,9 +638,11 @@ impl ProcessState {
         }
     }
 
-    /// The rendezvous store's URL: ACCEL_STORE_URL, else
-    /// `tcp://MASTER_ADDR:MASTER_PORT`; `None` for a one-process run without
-    /// either.
+    /// The rendezvous store's URL: ACCEL_STORE_URL; else, from MASTER_ADDR
+    /// and MASTER_PORT, accel's own store (`tcp://`) when the run has a
+    /// token, and otherwise a store speaking torch's TCPStore protocol
+    /// (`torch://`: torchrun's agent store, or one rank 0 hosts); `None` for
+    /// a one-process run without either.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] for a multi-process run that names no store.
@@ -593,19 +662,38 @@ impl ProcessState {
             ));
         }
         match (&self.master_addr, self.master_port) {
-            (Some(a), Some(p)) => Ok(Some(tcp_url(a, p))),
+            (Some(a), Some(p)) if self.token.is_some() => Ok(Some(tcp_url(a, p))),
+            (Some(a), Some(p)) if self.world_size > 1 || self.agent_store => {
+                Ok(Some(format!("torch{}", &tcp_url(a, p)[3..])))
+            }
             _ if self.world_size == 1 => Ok(None),
             (None, _) => Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!("WORLD_SIZE={} but MASTER_ADDR is not set", self.world_size),
             )
-            .with_fix("set MASTER_ADDR and MASTER_PORT (or ACCEL_STORE_URL), or start with `accel launch`")),
+            .with_fix(FIX_NO_STORE)),
             (Some(_), None) => Err(Error::new(
                 ErrorKind::InvalidConfig,
                 format!("WORLD_SIZE={} but MASTER_PORT is not set", self.world_size),
             )
-            .with_fix("set MASTER_PORT (or ACCEL_STORE_URL), or start with `accel launch`")),
+            .with_fix(FIX_NO_STORE)),
+            // One process, no token, no agent store: nothing to meet.
+            (Some(_), Some(_)) => Ok(None),
         }
+    }
+
+    /// Whether this rank hosts the run's store: rank 0 of a run whose store
+    /// is derived from MASTER_ADDR/MASTER_PORT without a token and without
+    /// torchrun's agent store (Kubeflow's PyTorchJob, variables set by hand,
+    /// plain mpirun or srun with MASTER_ADDR), as torch's `env://` does.
+    pub fn hosts_store(&self) -> bool {
+        self.rank == 0
+            && self.store_url.is_none()
+            && self.token.is_none()
+            && !self.agent_store
+            && self.world_size > 1
+            && self.master_addr.is_some()
+            && self.master_port.is_some()
     }
 
     /// Open the run's rendezvous store: the one at
@@ -629,6 +717,9 @@ impl ProcessState {
             StorePlan::Shared(store) => Ok(store),
             StorePlan::Memory => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
             StorePlan::Url(url) => {
+                if self.hosts_store() {
+                    host_torch_store(self).map_err(|e| e.with_rank(self.rank))?;
+                }
                 accel_rendezvous::open_store(&url, self.token.as_deref(), self.timeout)
                     .map_err(|e| e.with_rank(self.rank))
             }
@@ -705,6 +796,59 @@ impl ProcessState {
     pub fn split_range(&self, len: usize) -> Range<usize> {
         split_range(self.rank, self.world_size, len)
     }
+}
+
+const FIX_NO_STORE: &str = "set MASTER_ADDR and MASTER_PORT (rank 0 then hosts the store) or \
+    ACCEL_STORE_URL (e.g. file:///shared/dir), or start with `accel launch` or torchrun";
+
+/// The torch-protocol store rank 0 hosts for the life of the process.
+static HOSTED: std::sync::Mutex<Option<accel_rendezvous::TorchStoreServer>> =
+    std::sync::Mutex::new(None);
+
+/// Host the run's store on MASTER_PORT, on MASTER_ADDR's interface when it
+/// is one of this machine's, else on every interface (as torch does: a
+/// Kubernetes service name resolves to the service's address, not the pod's).
+fn host_torch_store(s: &ProcessState) -> Result<()> {
+    let mut hosted = HOSTED.lock().unwrap_or_else(|p| p.into_inner());
+    if hosted.is_some() {
+        return Ok(());
+    }
+    let (Some(addr), Some(port)) = (&s.master_addr, s.master_port) else {
+        return Ok(());
+    };
+    let host = addr.trim_start_matches('[').trim_end_matches(']');
+    let mut tried = Vec::new();
+    let candidates = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .map(|it| it.collect::<Vec<_>>())
+        .unwrap_or_default();
+    let any = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    for a in candidates.into_iter().chain([any]) {
+        match std::net::TcpListener::bind(a) {
+            Ok(l) => {
+                let server =
+                    accel_rendezvous::TorchStoreServer::from_listener(l, Default::default())?;
+                tracing::info!(addr = %server.local_addr(), "rank 0 hosts the run's store (MASTER_ADDR/MASTER_PORT)");
+                *hosted = Some(server);
+                return Ok(());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("rank 0 cannot host the run's store on MASTER_PORT={port}: the port is in use"),
+                )
+                .with_fix("pick a free MASTER_PORT, or stop what holds it (`ss -ltnp`)"));
+            }
+            Err(e) => tried.push(format!("{a}: {e}")),
+        }
+    }
+    Err(Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "rank 0 cannot host the run's store at MASTER_ADDR={addr} MASTER_PORT={port}: {}",
+            tried.join("; ")
+        ),
+    )
+    .with_fix("set MASTER_ADDR to an address of rank 0's machine"))
 }
 
 /// [`ProcessState::split_range`] for an explicit rank and world size.
@@ -897,8 +1041,101 @@ mod tests {
         assert_eq!(s.source, LaunchSource::Torchrun);
         assert_eq!(s.run_id, "abc");
         assert_eq!(s.timeout, Duration::from_secs(90));
-        assert_eq!(s.store_location().unwrap().unwrap(), "tcp://10.0.0.1:29500");
+        // No token: torch's protocol (issue 26: torchrun's workers hung on
+        // accel's own protocol), hosted by rank 0 unless torchrun's agent does.
+        assert_eq!(
+            s.store_location().unwrap().unwrap(),
+            "torch://10.0.0.1:29500"
+        );
+        assert!(!s.hosts_store());
         assert!(!s.is_main_process() && !s.is_local_main_process() && !s.is_last_process());
+    }
+
+    #[test]
+    fn slurm_hostlists_give_their_first_host() {
+        for (list, first) in [
+            ("vm", Some("vm")),
+            ("n[01-03,7],gpu1", Some("n01")),
+            ("gpu1,n[1-2]", Some("gpu1")),
+            ("rack[3-4]-node", Some("rack3-node")),
+            ("n[007]", Some("n007")),
+            ("", None),
+            ("n[x-y]", None),
+            ("n[1-2", None),
+        ] {
+            assert_eq!(slurm_first_host(list).as_deref(), first, "{list:?}");
+        }
+    }
+
+    #[test]
+    fn srun_alone_names_a_store_rank_0_hosts_on_the_first_node() {
+        let base = [
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_STEP_NODELIST", "n[03-04]"),
+            ("SLURM_JOB_ID", "77"),
+            ("SLURM_STEP_ID", "1"),
+        ];
+        let s = ProcessState::from_vars(vars(&base)).unwrap();
+        assert!(s.hosts_store());
+        let (job, step) = (77, 1);
+        let port = 20000 + (job * 131 + step) % 20000;
+        assert_eq!(
+            s.store_location().unwrap().unwrap(),
+            format!("torch://n03:{port}")
+        );
+        // Another step of the same job gets another port.
+        let mut kv = base.to_vec();
+        kv[4] = ("SLURM_STEP_ID", "2");
+        let s2 = ProcessState::from_vars(vars(&kv)).unwrap();
+        assert_ne!(s2.master_port, s.master_port);
+        // MASTER_ADDR/MASTER_PORT override, ACCEL_STORE_URL replaces it.
+        let mut kv = base.to_vec();
+        kv.push(("MASTER_PORT", "29400"));
+        let s3 = ProcessState::from_vars(vars(&kv)).unwrap();
+        assert_eq!(s3.store_location().unwrap().unwrap(), "torch://n03:29400");
+        let mut kv = base.to_vec();
+        kv.push(("ACCEL_STORE_URL", "file:///x"));
+        assert!(!ProcessState::from_vars(vars(&kv)).unwrap().hosts_store());
+    }
+
+    #[test]
+    fn who_hosts_a_store_named_by_master_addr() {
+        let base = [
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut kv: Vec<_> = base.to_vec();
+            kv.extend_from_slice(extra);
+            ProcessState::from_vars(vars(&kv)).unwrap()
+        };
+        // Kubeflow style / by hand: rank 0 hosts a torch-protocol store.
+        let r0 = with(&[("RANK", "0")]);
+        assert!(r0.hosts_store() && !with(&[("RANK", "1")]).hosts_store());
+        assert_eq!(
+            r0.store_location().unwrap().unwrap(),
+            "torch://127.0.0.1:29500"
+        );
+        // torchrun's agent hosts it: nobody else does.
+        let agent = with(&[("RANK", "0"), ("TORCHELASTIC_USE_AGENT_STORE", "True")]);
+        assert!(agent.agent_store && !agent.hosts_store());
+        assert_eq!(
+            agent.store_location().unwrap().unwrap(),
+            "torch://127.0.0.1:29500"
+        );
+        // A run token means accel's own store, hosted by its launcher.
+        let tok = with(&[("RANK", "0"), ("ACCEL_RUN_TOKEN", "t")]);
+        assert!(!tok.hosts_store());
+        assert_eq!(
+            tok.store_location().unwrap().unwrap(),
+            "tcp://127.0.0.1:29500"
+        );
+        // ACCEL_STORE_URL wins over all of it.
+        let url = with(&[("RANK", "0"), ("ACCEL_STORE_URL", "file:///tmp/s")]);
+        assert!(!url.hosts_store());
+        assert_eq!(url.store_location().unwrap().unwrap(), "file:///tmp/s");
     }
 
     #[test]

@@ -79,6 +79,8 @@ pub mod keys {
     pub const TORCHELASTIC_MAX_RESTARTS: &str = "TORCHELASTIC_MAX_RESTARTS";
     /// torchrun's error file.
     pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
+    /// torchrun's `True` when its agent hosts the store at MASTER_ADDR:MASTER_PORT.
+    pub const TORCHELASTIC_USE_AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
 
     /// Variables an MPI launcher sets itself: a launcher that delegates to
     /// mpirun removes these from mpirun's environment.

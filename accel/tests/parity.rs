@@ -25,22 +25,11 @@ fn python_with(module: &str) -> Option<PathBuf> {
         .into_iter()
         .chain([venv])
         .collect();
-    for py in &candidates {
-        let ok = Command::new(py)
-            .args(["-c", &format!("import {module}")])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(py.clone());
-        }
-    }
-    let why = format!(
-        "skipping: no Python with the `{module}` package (tried {candidates:?}; `make venv-tb` installs it)"
-    );
-    assert!(std::env::var_os("CI").is_none(), "{why}");
-    println!("{why}");
-    eprintln!("{why}");
-    None
+    common::python_from(
+        candidates,
+        &format!("import {module}"),
+        "`make venv-tb` installs it",
+    )
 }
 
 fn run_python(py: &Path, script: &str, args: &[&Path]) -> String {
@@ -379,7 +368,7 @@ fn save_model_on_two_ranks_loads_on_three_and_on_one() {
         return;
     };
     let script = r#"
-import json, sys, os
+import hashlib, json, sys, os
 from safetensors import safe_open
 d = sys.argv[1]
 index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
@@ -387,8 +376,12 @@ files = sorted(set(index["weight_map"].values()))
 assert files == sorted(f for f in os.listdir(d) if f.endswith(".safetensors")), files
 total, out = 0, {}
 for f in files:
+    raw = open(os.path.join(d, f), "rb").read()
+    data = raw[8 + int.from_bytes(raw[:8], "little"):]
+    digest = hashlib.sha256(data).hexdigest()
+    assert index["metadata"]["accel_data_sha256"][f] == digest, (f, index)
     with safe_open(os.path.join(d, f), framework="numpy") as st:
-        assert st.metadata() == {"format": "pt"}, st.metadata()
+        assert st.metadata() == {"format": "pt", "accel_data_sha256": digest}, st.metadata()
         for k in st.keys():
             assert index["weight_map"][k] == f, (k, f)
             t = st.get_tensor(k)

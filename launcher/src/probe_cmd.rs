@@ -122,17 +122,16 @@ pub fn run(args: ProbeArgs) -> Result<ExitCode> {
 fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
     let state = accel::state()?;
     let mut barrier_ms = None;
-    if !args.no_barrier {
-        if let Some(url) = &state.store_location()? {
-            let t = Instant::now();
-            let store = accel_rendezvous::open_store(url, state.token.as_deref(), state.timeout)?;
-            store.barrier(
-                &format!("accel-probe/{}", state.restart_count),
-                state.world_size,
-                state.timeout,
-            )?;
-            barrier_ms = Some(t.elapsed().as_secs_f64() * 1e3);
-        }
+    if !args.no_barrier && state.store_location()?.is_some() {
+        let t = Instant::now();
+        // The state's store: rank 0 hosts it when the environment says so.
+        let store = state.open_store()?;
+        store.barrier(
+            &format!("accel-probe/{}", state.restart_count),
+            state.world_size,
+            state.timeout,
+        )?;
+        barrier_ms = Some(t.elapsed().as_secs_f64() * 1e3);
     }
     let (mut backend, mut all_reduce_sum) = (None, None);
     let own;

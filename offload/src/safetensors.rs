@@ -442,7 +442,11 @@ impl Checkpoint {
         let mut shard_names: Vec<&String> = index.weight_map.values().collect();
         shard_names.sort();
         shard_names.dedup();
-        let files: Vec<PathBuf> = shard_names.iter().map(|s| dir.join(s)).collect();
+        // Names read from a file: only regular files inside its folder.
+        let files: Vec<PathBuf> = shard_names
+            .iter()
+            .map(|s| accel_api::files::resolve_inside(dir, s, "checkpoint shard"))
+            .collect::<Result<_>>()?;
         let ck = Self::from_files(files)?;
         let mut where_: HashMap<&str, usize> = HashMap::new();
         for (si, ts) in ck.tensors.iter().enumerate() {

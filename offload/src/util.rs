@@ -73,60 +73,9 @@ pub fn checksum(data: &[u8]) -> u64 {
     h ^ data.len() as u64
 }
 
-/// Open `path` for reading, refusing anything but a regular file (after
-/// following symlinks): opening a FIFO blocks until a writer appears, and a
-/// device or socket is never a model file. `what` names the file's role in
-/// the error (`checkpoint shard`, `layout`, ...).
-///
-/// # Errors
-/// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument) for
-/// a non-regular file; [`ErrorKind::Io`](accel_api::ErrorKind::Io) when it
-/// cannot be inspected or opened.
-pub fn open_regular(path: &Path, what: &str) -> Result<File> {
-    let meta =
-        fs::metadata(path).map_err(|e| Error::io(format!("{what} {}", path.display()), e))?;
-    if !meta.is_file() {
-        let kind = file_kind(&meta.file_type());
-        return Err(Error::new(
-            accel_api::ErrorKind::InvalidArgument,
-            format!("{what} {} is {kind}, not a regular file", path.display()),
-        )
-        .with_fix("point at the real file (accel reads only regular files)"));
-    }
-    File::open(path).map_err(|e| Error::io(format!("open {what} {}", path.display()), e))
-}
-
-/// [`open_regular`] and read the whole file.
-pub fn read_regular(path: &Path, what: &str) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let mut f = open_regular(path, what)?;
-    let len = f.metadata().map_or(0, |m| m.len());
-    let mut v = Vec::with_capacity(usize::try_from(len).unwrap_or(0).saturating_add(1));
-    f.read_to_end(&mut v)
-        .map_err(|e| Error::io(format!("read {what} {}", path.display()), e))?;
-    Ok(v)
-}
-
-fn file_kind(t: &fs::FileType) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-        if t.is_block_device() || t.is_char_device() {
-            return "a device";
-        }
-    }
-    if t.is_dir() {
-        "a directory"
-    } else {
-        "not a regular file"
-    }
-}
+/// The planner's file checks live in `accel-api`, shared with the
+/// training loop's loaders and the plugin loader.
+pub use accel_api::files::{open_regular, read_regular};
 
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 

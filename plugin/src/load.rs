@@ -29,7 +29,8 @@ use crate::convert::{self, guard, write_sink, Origin, Slot, VecSink};
 ///
 /// # Errors
 /// Always [`ErrorKind::Plugin`] naming `path` (and the symbol involved),
-/// with a message saying what to do: the file is missing or a directory; it
+/// with a message saying what to do: the file is missing, a directory or
+/// another non-regular file (a FIFO, a device); it
 /// is not a loadable shared object (with the loader's own words); it does
 /// not export [`ENTRY_SYMBOL`]; it was built for another ABI major; its
 /// table is smaller than ABI 1.0 or null; or one of its first calls
@@ -165,6 +166,18 @@ impl PluginBackend {
                     "is a directory, not a shared object".into(),
                     "name the plugin's .so file, or put the directory on ACCEL_PLUGIN_PATH to load every .so in it",
                 ))
+            }
+            Ok(m) if !m.is_file() => {
+                // A FIFO would block the loader's open; a device never ends.
+                let why = accel_api::files::check_regular(path, "file")
+                    .err()
+                    .map_or_else(|| "not a regular file".to_string(), |e| e.message().to_string());
+                return Err(plugin_error(
+                    path,
+                    None,
+                    why,
+                    "name the plugin's .so file itself (accel loads only regular files)",
+                ));
             }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

@@ -98,7 +98,9 @@ pub fn load_plugins_from_env() -> Vec<PluginReport> {
 ///
 /// A directory contributes every file in it whose extension is the
 /// platform's shared-object extension (`.so` on Linux), sorted by name; it is
-/// not searched recursively. Empty entries are ignored, and a file reached
+/// not searched recursively. Such a file that is not a regular file (a
+/// FIFO, a device) or is a symlink resolving outside the directory is a
+/// failed report naming it. Empty entries are ignored, and a file reached
 /// twice is loaded once. The result has one report per file, in order; a
 /// missing or broken plugin is a [`PluginOutcome::Failed`] report, never a
 /// panic, and the other plugins load regardless.
@@ -121,9 +123,20 @@ pub fn load_plugin_paths(list: impl AsRef<OsStr>) -> Vec<PluginReport> {
                 }
             }
         } else {
-            vec![entry]
+            vec![Ok(entry)]
         };
-        for path in files {
+        for file in files {
+            let path = match file {
+                Ok(p) => p,
+                Err((path, e)) => {
+                    seen.insert(std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone()));
+                    reports.push(PluginReport {
+                        path,
+                        outcome: PluginOutcome::Failed(e),
+                    });
+                    continue;
+                }
+            };
             let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
             if !seen.insert(key) {
                 continue;
@@ -142,8 +155,13 @@ pub fn load_plugin_paths(list: impl AsRef<OsStr>) -> Vec<PluginReport> {
     reports
 }
 
-/// The shared objects directly inside `dir`, sorted.
-fn plugin_files_in(dir: &Path) -> Result<Vec<PathBuf>, Error> {
+/// A file of a plugin directory, or why it is refused.
+type Listed = Result<PathBuf, (PathBuf, Error)>;
+
+/// The shared objects directly inside `dir`, sorted: regular files that stay
+/// inside `dir` (a symlink out of it, a FIFO or a device is a failed entry
+/// naming it).
+fn plugin_files_in(dir: &Path) -> Result<Vec<Listed>, Error> {
     let list_error = |e: std::io::Error| {
         Error::new(
             ErrorKind::Plugin {
@@ -159,10 +177,31 @@ fn plugin_files_in(dir: &Path) -> Result<Vec<PathBuf>, Error> {
     for item in std::fs::read_dir(dir).map_err(list_error)? {
         let path = item.map_err(list_error)?.path();
         let is_lib = path.extension() == Some(OsStr::new(std::env::consts::DLL_EXTENSION));
-        if is_lib && path.is_file() {
-            files.push(path);
+        // Directories (even named `x.so`) are not searched, as documented.
+        if !is_lib || path.is_dir() {
+            continue;
         }
+        let name = path.file_name().and_then(OsStr::to_str).unwrap_or("");
+        files.push(
+            accel_api::files::resolve_inside(dir, name, "file").map_err(|e| {
+                let err = Error::new(
+                    ErrorKind::Plugin {
+                        path: path.clone(),
+                        symbol: None,
+                    },
+                    e.message().to_string(),
+                )
+                .with_op("load plugin")
+                .with_fix("put the plugin's own .so file in the directory, or take it off ACCEL_PLUGIN_PATH");
+                (path.clone(), err)
+            }),
+        );
     }
-    files.sort();
+    files.sort_by(|a, b| {
+        let key = |x: &Listed| match x {
+            Ok(p) | Err((p, _)) => p.clone(),
+        };
+        key(a).cmp(&key(b))
+    });
     Ok(files)
 }

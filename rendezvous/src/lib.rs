@@ -67,6 +67,7 @@ mod file;
 mod memory;
 mod prefix;
 mod tcp;
+mod torch;
 
 #[cfg(test)]
 mod scenarios;
@@ -82,13 +83,17 @@ pub use file::FileStore;
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
 pub use tcp::{ServerLimits, TcpStore, TcpStoreServer};
+pub use torch::{TorchServerLimits, TorchStore, TorchStoreServer};
 
-const URL_FORMS: &str = "expected tcp://host:port, file:///absolute/dir or memory:";
+const URL_FORMS: &str =
+    "expected tcp://host:port, torch://host:port, file:///absolute/dir or memory:";
 
 /// Open the store a URL names.
 ///
 /// * `tcp://host:port` (IPv6 as `tcp://[::1]:29500`): [`TcpStore::connect`]
 ///   with `token` and `timeout`;
+/// * `torch://host:port`: [`TorchStore::connect`], a store speaking torch's
+///   TCPStore protocol (torchrun's agent store, a torch rank 0); no token;
 /// * `file:///absolute/dir`: [`FileStore::new`], with `timeout` as its lock
 ///   timeout (the directory's permissions are its only protection; `token`
 ///   is not used);
@@ -102,6 +107,7 @@ const URL_FORMS: &str = "expected tcp://host:port, file:///absolute/dir or memor
 pub fn open_store(url: &str, token: Option<&str>, timeout: Duration) -> Result<Arc<dyn Store>> {
     Ok(match parse_store_url(url)? {
         StoreUrl::Tcp(addr) => Arc::new(TcpStore::connect(addr, token, timeout)?),
+        StoreUrl::Torch(addr) => Arc::new(TorchStore::connect(addr, timeout)?),
         StoreUrl::File(path) => Arc::new(FileStore::new(path)?.with_lock_timeout(timeout)),
         StoreUrl::Memory => Arc::new(MemoryStore::new()),
     })
@@ -121,6 +127,8 @@ pub fn check_store_url(url: &str) -> Result<()> {
 enum StoreUrl<'a> {
     /// `host:port` (IPv6 in brackets).
     Tcp(&'a str),
+    /// The same, speaking torch's TCPStore protocol.
+    Torch(&'a str),
     /// An absolute directory.
     File(&'a str),
     Memory,
@@ -128,7 +136,12 @@ enum StoreUrl<'a> {
 
 fn parse_store_url(url: &str) -> Result<StoreUrl<'_>> {
     let bad = |why: &str| Error::invalid_config("store URL", url, format!("{why}; {URL_FORMS}"));
-    if let Some(rest) = url.strip_prefix("tcp://") {
+    let (torch, rest) = match (url.strip_prefix("tcp://"), url.strip_prefix("torch://")) {
+        (Some(r), _) => (false, Some(r)),
+        (None, Some(r)) => (true, Some(r)),
+        (None, None) => (false, None),
+    };
+    if let Some(rest) = rest {
         let rest = rest.strip_suffix('/').unwrap_or(rest);
         let (host, port) = if let Some(v6) = rest.strip_prefix('[') {
             let (h, p) = v6
@@ -145,6 +158,7 @@ fn parse_store_url(url: &str) -> Result<StoreUrl<'_>> {
             return Err(bad("the host is missing or malformed"));
         }
         return match port.parse::<u16>() {
+            Ok(p) if p != 0 && torch => Ok(StoreUrl::Torch(rest)),
             Ok(p) if p != 0 => Ok(StoreUrl::Tcp(rest)),
             _ => Err(bad("the port is missing or not in 1..=65535")),
         };

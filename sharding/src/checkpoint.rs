@@ -22,6 +22,8 @@ use accel_api::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::swap::{partial_dir_for, recover_swap, replace_dir, sync_dir};
+
 /// Name of the manifest inside a checkpoint directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -68,7 +70,12 @@ fn corrupt(msg: String) -> Error {
 
 /// Hash and measure a file.
 fn hash_file(path: &Path) -> Result<FileEntry> {
-    let mut f = File::open(path).map_err(|e| io_err("cannot open", path, e))?;
+    let f = File::open(path).map_err(|e| io_err("cannot open", path, e))?;
+    hash_reader(f, path)
+}
+
+/// Hash and measure what `f` (read from `path`) yields.
+fn hash_reader(mut f: impl Read, path: &Path) -> Result<FileEntry> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -88,21 +95,13 @@ fn hash_file(path: &Path) -> Result<FileEntry> {
     })
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Lower-case hex SHA-256 of `bytes` (the checksum manifests record).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
 }
 
-/// fsync a directory so renames and new entries in it are durable.
-fn sync_dir(path: &Path) -> Result<()> {
-    #[cfg(unix)]
-    {
-        File::open(path)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_err("cannot fsync directory", path, e))?;
-    }
-    #[cfg(not(unix))]
-    let _ = path;
-    Ok(())
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Check a checkpoint-relative file name: relative, no `..`, not the
@@ -177,6 +176,7 @@ pub struct CheckpointWriter {
     temp_dir: PathBuf,
     done: bool,
     with_manifest: bool,
+    recovered: Option<String>,
 }
 
 impl CheckpointWriter {
@@ -188,6 +188,9 @@ impl CheckpointWriter {
     pub fn create(final_dir: impl AsRef<Path>) -> Result<CheckpointWriter> {
         let final_dir = final_dir.as_ref().to_path_buf();
         let temp_dir = temp_dir_for(&final_dir)?;
+        // An interrupted swap's new folder is the stale-looking temporary
+        // directory: finish that swap before clearing it.
+        let recovered = recover_swap(&final_dir)?;
         if temp_dir.exists() {
             fs::remove_dir_all(&temp_dir)
                 .map_err(|e| io_err("cannot remove stale", &temp_dir, e))?;
@@ -198,6 +201,7 @@ impl CheckpointWriter {
             temp_dir,
             done: false,
             with_manifest: true,
+            recovered,
         })
     }
 
@@ -208,6 +212,13 @@ impl CheckpointWriter {
     pub fn without_manifest(mut self) -> CheckpointWriter {
         self.with_manifest = false;
         self
+    }
+
+    /// What [`create`](Self::create) did to finish a swap that a killed
+    /// save had left half done at this path (see [`recover_swap`]), for
+    /// the caller to log; `None` when there was nothing to finish.
+    pub fn recovered(&self) -> Option<&str> {
+        self.recovered.as_deref()
     }
 
     /// The temporary directory files are written to.
@@ -256,13 +267,13 @@ impl CheckpointWriter {
             let entry = hash_file(&self.temp_dir.join(&name))?;
             manifest.files.insert(name, entry);
         }
-        if !self.with_manifest {
-            return Ok(manifest);
+        if self.with_manifest {
+            manifest.digest = Some(manifest.compute_digest());
+            let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
+            write_file_synced(&self.temp_dir.join(MANIFEST_FILE), &bytes)?;
         }
-        manifest.digest = Some(manifest.compute_digest());
-        let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest serialises");
-        write_file_synced(&self.temp_dir.join(MANIFEST_FILE), &bytes)?;
-        // Sub-directories first, then the temporary root.
+        // Sub-directories first, then the temporary root (with or without a
+        // manifest: the folder is renamed into place next).
         let mut dirs = vec![self.temp_dir.clone()];
         for name in manifest.files.keys() {
             let mut p = self.temp_dir.join(name);
@@ -294,40 +305,23 @@ impl CheckpointWriter {
             .with_fix("save under another name, or replace it explicitly"));
         }
         let manifest = self.seal()?;
-        fs::rename(&self.temp_dir, &self.final_dir)
-            .map_err(|e| io_err("cannot rename into", &self.final_dir, e))?;
+        replace_dir(&self.temp_dir, &self.final_dir)?;
         self.done = true;
-        sync_dir(parent_of(&self.final_dir))?;
         Ok(manifest)
     }
 
     /// Seal the checkpoint and move it into place, replacing an existing
-    /// directory there. The old one is first renamed aside and removed only
-    /// after the new one is in place.
+    /// directory there, so that a process killed at any instant leaves the
+    /// old checkpoint or the new one (one atomic exchange where the file
+    /// system has it, else two renames that [`recover_swap`] completes: see
+    /// [`swap`](crate::swap)).
     ///
     /// # Errors
     /// [`ErrorKind::Io`] naming the path that failed.
     pub fn commit_replacing(mut self) -> Result<Manifest> {
         let manifest = self.seal()?;
-        let parent = parent_of(&self.final_dir).to_path_buf();
-        let old = if self.final_dir.exists() {
-            let old = temp_dir_for(&self.final_dir)?.with_extension("old");
-            if old.exists() {
-                fs::remove_dir_all(&old).map_err(|e| io_err("cannot remove", &old, e))?;
-            }
-            fs::rename(&self.final_dir, &old)
-                .map_err(|e| io_err("cannot move aside", &self.final_dir, e))?;
-            Some(old)
-        } else {
-            None
-        };
-        fs::rename(&self.temp_dir, &self.final_dir)
-            .map_err(|e| io_err("cannot rename into", &self.final_dir, e))?;
+        replace_dir(&self.temp_dir, &self.final_dir)?;
         self.done = true;
-        sync_dir(&parent)?;
-        if let Some(old) = old {
-            fs::remove_dir_all(&old).map_err(|e| io_err("cannot remove", &old, e))?;
-        }
         Ok(manifest)
     }
 }
@@ -337,13 +331,6 @@ impl Drop for CheckpointWriter {
         if !self.done {
             let _ = fs::remove_dir_all(&self.temp_dir);
         }
-    }
-}
-
-fn parent_of(p: &Path) -> &Path {
-    match p.parent() {
-        Some(q) if !q.as_os_str().is_empty() => q,
-        _ => Path::new("."),
     }
 }
 
@@ -360,16 +347,7 @@ pub fn temp_path_for(final_dir: impl AsRef<Path>) -> Result<PathBuf> {
 }
 
 fn temp_dir_for(final_dir: &Path) -> Result<PathBuf> {
-    let name = final_dir.file_name().ok_or_else(|| {
-        Error::invalid_argument(
-            "checkpoint",
-            format!(
-                "{} has no final component to name a checkpoint",
-                final_dir.display()
-            ),
-        )
-    })?;
-    Ok(parent_of(final_dir).join(format!(".{}.partial", name.to_string_lossy())))
+    partial_dir_for(final_dir)
 }
 
 /// Read and check the manifest of `dir` and every file it lists.
@@ -394,10 +372,11 @@ pub fn verify_checkpoint(dir: impl AsRef<Path>) -> Result<Manifest> {
 pub fn read_manifest(dir: impl AsRef<Path>) -> Result<Manifest> {
     let dir = dir.as_ref();
     let path = dir.join(MANIFEST_FILE);
-    let bytes = fs::read(&path).map_err(|e| {
+    let bytes = accel_api::files::read_regular(&path, "manifest").map_err(|e| {
         corrupt(format!(
-            "{}: cannot read {MANIFEST_FILE} ({e}); the checkpoint was not completely written",
-            dir.display()
+            "{}: cannot read {MANIFEST_FILE} ({}); the checkpoint was not completely written",
+            dir.display(),
+            e.message()
         ))
     })?;
     let m: Manifest = serde_json::from_slice(&bytes)
@@ -421,23 +400,34 @@ pub fn read_manifest(dir: impl AsRef<Path>) -> Result<Manifest> {
     Ok(m)
 }
 
-fn check_entry(dir: &Path, name: &str, entry: &FileEntry) -> Result<()> {
-    let path = dir.join(name);
-    let meta = fs::metadata(&path).map_err(|e| {
+/// Open a file the manifest lists: a regular file inside `dir` (the name
+/// comes from a file) whose size is the manifest's; nothing is read yet.
+fn open_listed(dir: &Path, name: &str, entry: &FileEntry) -> Result<(PathBuf, File)> {
+    let (path, f) = accel_api::files::open_inside(dir, name, "checkpoint file").map_err(|e| {
         corrupt(format!(
-            "{} is listed in the manifest but cannot be read: {e}",
-            path.display()
+            "{name} is listed in the manifest of {} but cannot be read: {}",
+            dir.display(),
+            e.message()
         ))
     })?;
-    if meta.len() != entry.size {
+    let len = f
+        .metadata()
+        .map_err(|e| io_err("cannot stat", &path, e))?
+        .len();
+    if len != entry.size {
         return Err(corrupt(format!(
-            "{} is truncated or altered: {} bytes, the manifest says {}",
+            "{} is truncated or altered: {len} bytes, the manifest says {}",
             path.display(),
-            meta.len(),
             entry.size
         )));
     }
-    let got = hash_file(&path).map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
+    Ok((path, f))
+}
+
+fn check_entry(dir: &Path, name: &str, entry: &FileEntry) -> Result<()> {
+    let (path, f) = open_listed(dir, name, entry)?;
+    let got = hash_reader(f.take(entry.size), &path)
+        .map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
     if got.sha256 != entry.sha256 {
         return Err(corrupt(format!(
             "{} is corrupted: SHA-256 {} differs from the manifest's {}",
@@ -460,9 +450,15 @@ pub fn read_verified(dir: impl AsRef<Path>, manifest: &Manifest, name: &str) -> 
         .files
         .get(name)
         .ok_or_else(|| corrupt(format!("{}: {name} is not in the manifest", dir.display())))?;
-    let path = dir.join(name);
+    let (path, f) = open_listed(dir, name, entry)?;
     let bytes =
-        fs::read(&path).map_err(|e| corrupt(format!("{} cannot be read: {e}", path.display())))?;
+        accel_api::files::read_at_most(f, entry.size, &path, "checkpoint file").map_err(|e| {
+            corrupt(format!(
+                "{} cannot be read: {}",
+                path.display(),
+                e.message()
+            ))
+        })?;
     if bytes.len() as u64 != entry.size {
         return Err(corrupt(format!(
             "{} is truncated or altered: {} bytes, the manifest says {}",
@@ -471,7 +467,7 @@ pub fn read_verified(dir: impl AsRef<Path>, manifest: &Manifest, name: &str) -> 
             entry.size
         )));
     }
-    let sum = hex(&Sha256::digest(&bytes));
+    let sum = sha256_hex(&bytes);
     if sum != entry.sha256 {
         return Err(corrupt(format!(
             "{} is corrupted: SHA-256 {sum} differs from the manifest's {}",

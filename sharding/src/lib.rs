@@ -17,6 +17,7 @@
 //! | [`gather_for_metrics`], [`remainder_for_batches`] | drop the duplicated tail of the last gathered step |
 //! | [`GradientAccumulator`], [`accumulate()`] | accumulation cadence: all-reduce, optimizer, zero-grad and scheduler decisions per batch |
 //! | [`CheckpointWriter`], [`CheckpointDir`], [`verify_checkpoint`] | atomic checkpoint directories with a checksummed manifest, `checkpoint_N` naming, pruning by number |
+//! | [`swap`], [`recover_swap`] | replacing a folder so that a kill at any instant leaves the old or the new one (one `RENAME_EXCHANGE`, or two renames with recovery) |
 //! | [`reference`](mod@reference) | obviously-correct oracles for all of the above, for tests and the conformance suite |
 //!
 //! # Where accel differs from Accelerate, and why
@@ -73,13 +74,15 @@ pub mod rng;
 pub mod sampler;
 pub mod shard;
 pub mod split;
+pub mod swap;
 
 pub use accumulate::{
     accumulate, AccumulationConfig, AccumulatorState, GradientAccumulator, StepDecision,
 };
 pub use checkpoint::{
-    parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
-    write_file_synced, CheckpointDir, CheckpointWriter, FileEntry, Manifest, MANIFEST_FILE,
+    parse_checkpoint_name, read_manifest, read_verified, sha256_hex, temp_path_for,
+    verify_checkpoint, write_file_synced, CheckpointDir, CheckpointWriter, FileEntry, Manifest,
+    MANIFEST_FILE,
 };
 pub use dispatch::{check_concat_shapes, dispatch_slice, dispatch_steps};
 pub use iterable::{iterable_len, shard_iterable, IterableChunk, IterableShard};
@@ -93,3 +96,6 @@ pub use shard::{
     shard_batches, shard_len, shard_len_variable, BatchLayout, BatchShard, ShardOptions,
 };
 pub use split::{split_map, split_range, split_share};
+pub use swap::recover_swap;
+#[doc(hidden)]
+pub use swap::{set_one_step_swap, set_swap_hook, SwapStep};

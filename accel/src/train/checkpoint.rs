@@ -355,6 +355,15 @@ fn decode_state(dir: &Path, manifest: &Manifest, stem: &str) -> Result<StateDict
     Ok(StateDict { tensors, values })
 }
 
+/// Finish a folder swap that a killed save left half done at `dir`
+/// (see [`accel_sharding::swap`]), logging what was done.
+pub(crate) fn recover_logged(op: &str, dir: &Path) -> Result<()> {
+    if let Some(what) = accel_sharding::recover_swap(dir)? {
+        tracing::warn!(op, "{what}");
+    }
+    Ok(())
+}
+
 fn kind_from_name(name: &str) -> ErrorKind {
     match name {
         "corrupt" => ErrorKind::Corrupt,
@@ -508,7 +517,12 @@ impl Accelerator {
                 )
                 .with_fix("load the latest checkpoint first (the numbering continues after it), or save into another folder"))
             } else {
-                CheckpointWriter::create(path).map(Some)
+                CheckpointWriter::create(path).map(|w| {
+                    if let Some(what) = w.recovered() {
+                        tracing::warn!(op = OP, "{what}");
+                    }
+                    Some(w)
+                })
             }
         } else {
             Ok(None)
@@ -660,6 +674,7 @@ impl Accelerator {
     /// verified, highest number under the folder)`.
     fn pick_checkpoint(&self, path: &Path, fallback: bool) -> Result<(PathBuf, bool, Option<u64>)> {
         const OP: &str = "load_state";
+        recover_logged(OP, path)?;
         if path.join(MANIFEST_FILE).exists() {
             return Ok((path.to_path_buf(), false, None));
         }

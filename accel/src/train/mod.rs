@@ -98,7 +98,10 @@ pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
 pub use control::RngGuard;
 pub use grads::{host_from_f32, host_to_f32, zero_grads, DeviceScratch, GradKernels, GradStats};
 pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
-pub use model_io::{DEFAULT_MAX_SHARD_SIZE, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME};
+pub use model_io::{
+    parse_shard_size, shard_plan, MaxShardSize, DEFAULT_MAX_SHARD_SIZE, DIGEST_KEY,
+    SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
+};
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,

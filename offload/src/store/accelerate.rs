@@ -1,6 +1,5 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -77,6 +76,18 @@ struct Slot {
     data: Data,
 }
 
+/// The file a `safetensors_file` entry names: a plain name inside the
+/// folder, or an absolute path (what `transformers` writes: the checkpoint
+/// shard in its cache). Either way a regular file; a relative name that
+/// leaves the folder (`../x`) is refused.
+fn safetensors_path(dir: &Path, name: &str) -> Result<PathBuf> {
+    if Path::new(name).is_absolute() {
+        accel_api::files::check_regular(Path::new(name), "offloaded safetensors file")?;
+        return Ok(PathBuf::from(name));
+    }
+    accel_api::files::resolve_inside(dir, name, "offloaded safetensors file")
+}
+
 /// Read/write compatibility with Accelerate's offload folder
 /// (`offload_state_dict` / `OffloadedWeightsLoader`): an `index.json`
 /// mapping each name to `{"dtype": "<numpy name>", "shape": [...]}` and one
@@ -142,7 +153,7 @@ impl AccelerateFolder {
             )
         };
         if let Some(f) = &entry.safetensors_file {
-            let path = self.dir.join(f);
+            let path = safetensors_path(&self.dir, f)?;
             let weight = entry
                 .weight_name
                 .clone()
@@ -244,15 +255,16 @@ impl OffloadStore for AccelerateFolder {
             }
             Data::Dat { path, map } => {
                 if map.get().is_none() {
-                    let f = File::open(path).map_err(|e| {
-                        let kind = if e.kind() == std::io::ErrorKind::NotFound {
-                            ErrorKind::Corrupt
-                        } else {
-                            ErrorKind::Io
-                        };
-                        Error::new(kind, format!("{}: tensor `{name}`: {e}", path.display()))
-                            .with_source(e)
-                    })?;
+                    let dat = format!("{name}.dat");
+                    let (_, f) = accel_api::files::open_inside(&self.dir, &dat, "offload file")
+                        .map_err(|e| {
+                            // A file the index lists but the folder lacks.
+                            let kind = match e.kind() {
+                                ErrorKind::Io => ErrorKind::Corrupt,
+                                k => k.clone(),
+                            };
+                            Error::new(kind, format!("tensor `{name}`: {e}"))
+                        })?;
                     let m = crate::mmap::map_readonly(&f, path)?;
                     // A 0-d tensor is stored as one element.
                     let want = slot

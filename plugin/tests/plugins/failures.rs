@@ -4,6 +4,7 @@ use accel_api::{ErrorKind, ProbeContext};
 use accel_plugin::{load_plugin, load_plugin_paths, PluginOutcome};
 
 use crate::common::{bounded, c_table, compile_c, with_plugins, TEST_LIMIT};
+use crate::special_files::{mkfifo, timed};
 
 /// Load `path`, expect a plugin error naming it (and `symbol`), return its
 /// text.
@@ -201,5 +202,54 @@ fn a_plugin_directory_with_good_and_broken_files() {
         );
         // An empty list loads nothing.
         assert!(load_plugin_paths("").is_empty());
+    });
+}
+
+#[test]
+fn fifos_devices_and_links_out_of_a_plugin_directory_are_refused_at_once() {
+    with_plugins(|p| {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("plugins");
+        std::fs::create_dir(&dir).unwrap();
+        if !mkfifo(&dir.join("a-fifo.so")) {
+            return;
+        }
+        // The good plugin copied outside, reached by a link from inside.
+        let outside = root.path().join("outside.so");
+        std::fs::copy(&p.vendor, &outside).unwrap();
+        #[cfg(unix)]
+        {
+            std::os::unix::fs::symlink("/dev/zero", dir.join("b-zero.so")).unwrap();
+            std::os::unix::fs::symlink(&outside, dir.join("c-out.so")).unwrap();
+            std::fs::copy(&p.vendor, dir.join("d-real.so")).unwrap();
+            std::os::unix::fs::symlink("d-real.so", dir.join("e-in.so")).unwrap();
+        }
+        let list = std::env::join_paths([dir.clone(), dir.join("a-fifo.so")]).unwrap();
+        let (reports, took) = timed(move || load_plugin_paths(&list));
+        let summary: Vec<String> = reports.iter().map(|r| r.to_string()).collect();
+        println!("{summary:#?}");
+        assert!(took < std::time::Duration::from_secs(1), "took {took:?}");
+        let failed = |name: &str, why: &str| {
+            let r = reports
+                .iter()
+                .find(|r| r.path == dir.join(name) && r.error().is_some())
+                .unwrap_or_else(|| panic!("no failed report for {name}: {summary:#?}"));
+            let e = r.error().unwrap();
+            assert!(matches!(e.kind(), ErrorKind::Plugin { .. }), "{e}");
+            assert!(
+                e.to_string().contains(name) && e.to_string().contains(why),
+                "{e}"
+            );
+        };
+        failed("a-fifo.so", "FIFO");
+        #[cfg(unix)]
+        {
+            failed("b-zero.so", "device");
+            failed("c-out.so", "outside");
+            // A link that stays inside is followed (and loads the same file once).
+            assert!(reports
+                .iter()
+                .any(|r| r.path == dir.join("d-real.so") && r.backend().is_some()));
+        }
     });
 }

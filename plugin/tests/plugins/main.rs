@@ -11,5 +11,7 @@
 
 mod common;
 mod failures;
+#[path = "../../../test-support/special_files.rs"]
+mod special_files;
 mod store;
 mod vendor;
