@@ -48,6 +48,7 @@ mod registry;
 mod scalar;
 pub mod stall;
 pub mod state;
+mod store_plan;
 pub mod threads;
 pub mod train;
 pub mod worker_env;
