@@ -884,12 +884,12 @@ mod tests {
             ("SLURM_PROCID", "0"),
             ("SLURM_NTASKS", "2"),
             ("SLURM_STEP_NODELIST", "n[03-04]"),
-            ("SLURM_JOB_ID", "77"),
+            ("SLURM_JOB_ID", "777"),
             ("SLURM_STEP_ID", "1"),
         ];
         let s = ProcessState::from_vars(vars(&base)).unwrap();
         assert!(s.hosts_store());
-        let (job, step) = (77, 1);
+        let (job, step) = (777, 1);
         let port = 20000 + (job * 131 + step) % 20000;
         assert_eq!(
             s.store_location().unwrap().unwrap(),

@@ -19,10 +19,14 @@
 //! rank; threads that a rank thread starts itself do not inherit it.
 //!
 //! # Failure
-//! A rank that returns an error or panics is the run's root cause: the
-//! other ranks' communicators are aborted at once (xla wakes them
-//! immediately; an engine that cannot interrupt a call in flight ends it at
-//! the run's timeout), and the root cause is what the entry returns. Under
+//! A rank that returns an error or panics is the run's root cause: its own
+//! communicator is aborted first, then the other ranks' (xla wakes them
+//! immediately; cpu-gloo closes the failed rank's idle connections, so that
+//! the ranks waiting on it in a call get `PeerLost` naming it at once, with
+//! its reason), and the root cause is what the entry returns: an error
+//! tagged with the rank, a panic as [`ErrorKind::Aborted`] carrying its
+//! message. Only a rank blocked in a call that neither the failed rank's
+//! connections nor an interrupting engine reach ends at the run's timeout. Under
 //! `accel launch` the root cause also goes to `ACCEL_ERROR_FILE` with its
 //! rank, and the process exits after [`FAIL_FAST_GRACE`] if ranks are still
 //! blocked, as the launcher would stop process workers.
@@ -486,13 +490,23 @@ where
     })
 }
 
-/// Abort every connected rank but `except` with `why`, and make ranks that
-/// connect later abort themselves.
-fn fail_all(shared: &Mutex<Shared>, except: Option<usize>, why: &str) {
+/// Abort every connected rank with `why`, the failed one (`failed`) first,
+/// and make ranks that connect later abort themselves.
+///
+/// The failed rank's thread has ended, so its communicator is idle: its
+/// abort closes its connections at once (cpu-gloo) or breaks the group's
+/// meeting naming it (xla), and the ranks waiting on it in a call get
+/// `PeerLost` naming it within moments, whether or not their engine can
+/// interrupt a call. Aborting it first makes it the rank they name.
+fn fail_all(shared: &Mutex<Shared>, failed: Option<usize>, why: &str) {
     let mut sh = lock(shared);
     sh.failed.get_or_insert_with(|| why.to_string());
+    let first = failed.and_then(|i| sh.comms.get(i).cloned().flatten());
+    if let Some(c) = first {
+        c.abort(why);
+    }
     for (j, c) in sh.comms.iter().enumerate() {
-        if Some(j) != except {
+        if Some(j) != failed {
             if let Some(c) = c {
                 c.abort(why);
             }

@@ -321,6 +321,10 @@ pub struct WorkerEnv {
     pub share_devices: Option<bool>,
     /// ACCEL_PROCESS_MODEL.
     pub process_model: Option<ProcessModel>,
+    /// TORCHELASTIC_USE_AGENT_STORE: the launcher hosts a torch TCPStore at
+    /// MASTER_ADDR:MASTER_PORT for torch workers (as torchrun's agent does),
+    /// so that their rank 0 does not try to host one there.
+    pub agent_store: Option<bool>,
 }
 
 fn bool_str(b: bool) -> String {
@@ -389,6 +393,11 @@ impl WorkerEnv {
             self.max_restarts.map(|n| n.to_string()),
         );
         put(TORCHELASTIC_ERROR_FILE, err);
+        put(
+            TORCHELASTIC_USE_AGENT_STORE,
+            self.agent_store
+                .map(|b| if b { "True" } else { "False" }.to_string()),
+        );
         v
     }
 
@@ -469,6 +478,17 @@ impl WorkerEnv {
             process_model: get(ACCEL_PROCESS_MODEL)
                 .map(ProcessModel::parse)
                 .transpose()?,
+            agent_store: get(TORCHELASTIC_USE_AGENT_STORE)
+                .map(|v| match v.trim().to_ascii_lowercase().as_str() {
+                    "true" | "1" => Ok(true),
+                    "false" | "0" | "" => Ok(false),
+                    _ => Err(Error::invalid_config(
+                        TORCHELASTIC_USE_AGENT_STORE,
+                        v,
+                        "expected True or False (torchrun's spelling)",
+                    )),
+                })
+                .transpose()?,
         })
     }
 
@@ -504,6 +524,7 @@ mod tests {
             counts in (opt(any::<u32>()), opt(any::<u32>()), opt(any::<u32>())),
             error_file in opt("/[a-z0-9/._-]{1,20}"), launcher in opt("[a-z]{1,6}"),
             threads in opt(any::<bool>()),
+            agent_store in opt(any::<bool>()),
             mixed_precision in opt(prop::sample::select(vec![
                 crate::train::MixedPrecision::No,
                 crate::train::MixedPrecision::Bf16,
@@ -526,6 +547,7 @@ mod tests {
                 error_file: error_file.map(PathBuf::from), launcher, mixed_precision, sharding,
                 process_model: threads
                     .map(|t| if t { ProcessModel::Threads } else { ProcessModel::Processes }),
+                agent_store,
             }
         }
     }

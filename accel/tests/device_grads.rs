@@ -412,6 +412,9 @@ impl Parameters for NoKernels {
 #[test]
 fn a_device_model_without_kernels_is_refused_by_prepare() {
     ranks(2, move |acc| {
+        // Both ranks connected before either refuses and drops its
+        // communicator (which would break the other's connect).
+        acc.wait_for_everyone().unwrap();
         let (acc, mem, _) = on_device(acc, true);
         let e = acc
             .prepare_model(NoKernels(DevModel::new(mem, &[3, 2], acc.rank())))

@@ -148,7 +148,7 @@ fn compression_to_an_integer_type_is_refused() {
 /// step, model)` run on every rank after backward (and its all-reduce),
 /// before the step. Returns per step: (stepped, skipped, scale, scheduler
 /// steps so far, parameters).
-type Trace = Vec<(bool, bool, f64, u64, Vec<f32>)>;
+type Trace = Vec<(bool, bool, f32, u64, Vec<f32>)>;
 
 fn fp16_run(acc: &Accelerator, poison: impl Fn(usize, usize, &mut Linear)) -> Trace {
     acc.set_training_config(TrainConfig {
@@ -342,4 +342,181 @@ fn mixed_precision_comes_from_the_config_or_the_launcher_variable() {
     .unwrap();
     assert_eq!(acc.mixed_precision(), MixedPrecision::Bf16);
     assert!(acc.grad_scaler().is_none(), "no loss scaling in bf16");
+}
+
+// ------------------------------------------------------------------ settings that do not apply
+
+/// Runs `f` with tracing output captured; returns its result and the text.
+fn captured<T>(f: impl FnOnce() -> T) -> (T, String) {
+    use std::sync::{Arc, Mutex};
+    #[derive(Clone)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let sink = Sink(Arc::new(Mutex::new(Vec::new())));
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    (out, text)
+}
+
+#[test]
+fn bf16_on_a_model_that_computes_in_f32_is_a_warning_and_an_error_when_strict() {
+    let dir = tempfile::tempdir().unwrap();
+    let acc = single();
+    acc.set_training_config(TrainConfig {
+        mixed_precision: Some(MixedPrecision::Bf16),
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    acc.init_trackers("run", dir.path(), &["jsonl"], &acc.training_config())
+        .unwrap();
+    let (prepared, log) = captured(|| acc.prepare_model(Linear::new(2)));
+    prepared.unwrap();
+    let notices = acc.settings_not_applied();
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    let want =
+        "TrainConfig::mixed_precision = bf16 does not apply: the prepared model computes in f32";
+    assert!(notices[0].starts_with(want), "{}", notices[0]);
+    assert!(log.contains("WARN") && log.contains(want), "{log}");
+    // Reported once, however many models.
+    let (_, again) = captured(|| acc.prepare_model(Linear::new(2)).unwrap());
+    assert!(!again.contains("does not apply"), "{again}");
+    // The trackers' config records what applied.
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("run/config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["mixed_precision"], "no", "{config}");
+    assert!(
+        config["not_applied"]["mixed_precision"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(want)),
+        "{config}"
+    );
+
+    // A model with half-precision gradients (compute copies) uses it.
+    let half = single();
+    half.set_training_config(TrainConfig {
+        mixed_precision: Some(MixedPrecision::Fp16),
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    half.prepare_model(Half {
+        w: vec![0.0; 2],
+        gw: vec![f16::ZERO; 2],
+    })
+    .unwrap();
+    assert!(half.settings_not_applied().is_empty());
+
+    let strict = single();
+    strict
+        .set_training_config(TrainConfig {
+            mixed_precision: Some(MixedPrecision::Fp16),
+            strict: true,
+            ..TrainConfig::default()
+        })
+        .unwrap();
+    let e = strict.prepare_model(Linear::new(2)).unwrap_err();
+    assert_eq!(e.kind(), &accel::ErrorKind::InvalidConfig, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("TrainConfig::mixed_precision = fp16 does not apply")
+            && text.contains("only the loss scaler runs")
+            && text.contains("ACCEL_STRICT"),
+        "{text}"
+    );
+}
+
+#[test]
+fn sharding_without_prepare_zero_is_reported_at_the_first_step_and_an_error_when_strict() {
+    for strict in [false, true] {
+        let acc = single();
+        acc.set_training_config(TrainConfig {
+            sharding: Some(accel::zero::Stage::Gradients),
+            strict,
+            ..TrainConfig::default()
+        })
+        .unwrap();
+        let mut m = acc.prepare_model(Linear::new(2)).unwrap();
+        let mut opt = acc.prepare_optimizer(Sgd::new(0.1)).unwrap();
+        assert!(
+            acc.settings_not_applied().is_empty(),
+            "nothing known before a step"
+        );
+        acc.backward(&mut m, |m, s| m.grad(&[(vec![1.0, 2.0], 1.0)], s))
+            .unwrap();
+        let (stepped, log) = captured(|| opt.step(&mut m));
+        let want = "TrainConfig::sharding = gradients does not apply: PreparedOptimizer::step \
+                    steps a model that Accelerator::prepare_zero did not shard";
+        if strict {
+            let e = stepped.unwrap_err();
+            assert_eq!(e.kind(), &accel::ErrorKind::InvalidConfig, "{e}");
+            assert!(e.to_string().contains(want), "{e}");
+            assert!(!log.contains("WARN"), "{log}");
+        } else {
+            assert!(stepped.unwrap());
+            assert!(log.contains("WARN") && log.contains(want), "{log}");
+            assert_eq!(acc.settings_not_applied().len(), 1);
+        }
+    }
+}
+
+/// Child half of the test below: the launcher's variable, no program setting.
+#[test]
+fn launcher_child_prepares_a_pure_rust_model() {
+    let Some(dir) = std::env::var_os("ACCEL_TEST_TRACKER_DIR") else {
+        return; // only as the child of the test below
+    };
+    let acc = single();
+    acc.init_trackers("run", &dir, &["jsonl"], &acc.training_config())
+        .unwrap();
+    let (r, log) = captured(|| acc.prepare_model(Linear::new(2)));
+    r.unwrap();
+    eprint!("{log}");
+}
+
+#[test]
+fn the_launchers_mixed_precision_is_recorded_and_named_by_its_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "launcher_child_prepares_a_pure_rust_model",
+            "--exact",
+            "--nocapture",
+        ])
+        .env("ACCEL_TEST_TRACKER_DIR", dir.path())
+        .env("ACCEL_MIXED_PRECISION", "bf16")
+        .env_remove("ACCEL_SHARDING")
+        .env_remove("ACCEL_STRICT")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("WARN")
+            && stderr.contains(
+                "ACCEL_MIXED_PRECISION=bf16 (accel launch --mixed-precision) does not apply"
+            ),
+        "{stderr}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("run/config.json")).unwrap())
+            .unwrap();
+    // Before: "mixed_precision": null. Now the value that applied.
+    assert_eq!(config["mixed_precision"], "no", "{config}");
+    assert!(
+        config["not_applied"]["mixed_precision"].is_string(),
+        "{config}"
+    );
 }

@@ -488,3 +488,176 @@ fn resume_in_a_fresh_group_finishes_with_the_same_parameters() {
     };
     assert_eq!(full, resumed, "bit-identical after an exact resume");
 }
+
+// ------------------------------------------------------------------ schedules
+
+/// The rate torch gives the optimizer after `step` scheduler steps with
+/// transformers' `get_linear_schedule_with_warmup(opt, warmup, total)`:
+/// `LambdaLR` sets `base_lr * lr_lambda(last_epoch)`, and its constructor
+/// already runs one `step()` (`last_epoch` 0), so the first optimizer step
+/// uses `base_lr * lr_lambda(0)` (0 in a warm-up). `lr_lambda` is
+/// `step / max(1, warmup)` in the warm-up, then
+/// `max(0, (total - step) / max(1, total - warmup))`, in Python floats.
+fn torch_linear_warmup_lr(base: f64, warmup: u64, total: u64, step: u64) -> f64 {
+    let factor = if step < warmup {
+        step as f64 / warmup.max(1) as f64
+    } else {
+        f64::max(
+            0.0,
+            (total as i64 - step as i64) as f64 / total.saturating_sub(warmup).max(1) as f64,
+        )
+    };
+    base * factor
+}
+
+/// An optimizer that records the rate of every step it takes.
+#[derive(Default)]
+struct RateLog {
+    lr: f64,
+    used: Vec<f64>,
+}
+
+impl Optimizer for RateLog {
+    fn step(&mut self, _: &mut dyn Parameters) -> accel::Result<()> {
+        self.used.push(self.lr);
+        Ok(())
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+}
+
+impl accel::zero::ShardOptimizer for RateLog {
+    fn step_shard(&mut self, _: usize, _: &mut [f32], _: &[f32]) -> accel::Result<()> {
+        Ok(())
+    }
+    fn finish_step(&mut self) {
+        self.used.push(self.lr);
+    }
+    fn lr(&self) -> f64 {
+        self.lr
+    }
+    fn set_lr(&mut self, lr: f64) {
+        self.lr = lr;
+    }
+    fn state_numel(&self) -> usize {
+        0
+    }
+    fn state_dict(&self) -> StateDict {
+        StateDict::default()
+    }
+    fn load_state_dict(&mut self, _: &StateDict) -> accel::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_warmup_schedule_gives_torchs_rate_at_every_optimizer_step() {
+    let (base, warmup, total) = (0.1, 4, 15);
+    for with_optimizer in [true, false] {
+        let acc = single();
+        acc.set_training_config(TrainConfig {
+            gradient_accumulation_steps: 2,
+            step_scheduler_with_optimizer: with_optimizer,
+            ..TrainConfig::default()
+        })
+        .unwrap();
+        let mut model = acc.prepare_model(Linear::new(2)).unwrap();
+        let mut opt = acc
+            .prepare_optimizer(RateLog {
+                lr: base,
+                ..RateLog::default()
+            })
+            .unwrap();
+        let mut sched = acc
+            .prepare_scheduler(LinearSchedule::new(base, warmup, total))
+            .unwrap();
+        let mut loader = acc
+            .prepare_loader(DataLoader::new(Data { len: 40, d: 2 }, 2))
+            .unwrap();
+        // The scheduler steps that came before each optimizer step.
+        let (mut sched_steps, mut want) = (0, Vec::new());
+        for _ in 0..2 {
+            while let Some(b) = loader.next_batch() {
+                acc.accumulate(&b);
+                acc.backward(&mut model, |m, s| m.grad(&b.items, s))
+                    .unwrap();
+                if opt.step(&mut model).unwrap() {
+                    want.push(torch_linear_warmup_lr(base, warmup, total, sched_steps));
+                }
+                sched_steps += sched.step(&mut opt) as u64;
+                opt.zero_grad(&mut model);
+            }
+        }
+        let used = &opt.used;
+        assert_eq!(used.len(), 20);
+        assert_eq!(
+            used, &want,
+            "step_scheduler_with_optimizer {with_optimizer}: the rates of the optimizer steps"
+        );
+        if with_optimizer {
+            assert_eq!(
+                used[0], 0.0,
+                "the first step runs at the warm-up's first rate"
+            );
+            assert!(used[16..].iter().all(|r| *r == 0.0), "{used:?}");
+        } else {
+            // The scheduler stepped on the first batch already: its rate, not the first one.
+            assert_eq!(used[0], torch_linear_warmup_lr(base, warmup, total, 1));
+        }
+    }
+}
+
+#[test]
+fn a_prepared_scheduler_drives_a_zero_optimizer_from_its_first_step() {
+    let (base, warmup, total) = (0.1, 3, 20);
+    let used = ranks(2, move |acc| {
+        acc.set_training_config(TrainConfig {
+            gradient_accumulation_steps: 2,
+            sharding: Some(accel::zero::Stage::Gradients),
+            ..TrainConfig::default()
+        })
+        .unwrap();
+        let mut model = acc.prepare_model(Linear::new(3)).unwrap();
+        let mut zero = acc
+            .prepare_zero(
+                &mut model,
+                &accel::zero::WrapPolicy::Whole,
+                RateLog {
+                    lr: base,
+                    ..RateLog::default()
+                },
+            )
+            .unwrap();
+        let mut sched = acc
+            .prepare_scheduler_for(&mut zero, LinearSchedule::new(base, warmup, total))
+            .unwrap();
+        assert_eq!(
+            zero.optimizer().lr,
+            0.0,
+            "set when the scheduler is prepared"
+        );
+        let mut loader = acc
+            .prepare_loader(DataLoader::new(Data { len: 32, d: 3 }, 2))
+            .unwrap();
+        while let Some(b) = loader.next_batch() {
+            acc.accumulate(&b);
+            acc.backward(&mut model, |m, s| m.grad(&b.items, s))
+                .unwrap();
+            acc.zero_step(&mut zero, &mut model, None).unwrap();
+            sched.step(&mut zero);
+            model.gw.fill(0.0);
+            model.gb.fill(0.0);
+        }
+        zero.optimizer().used.clone()
+    });
+    // Two processes: the scheduler steps twice per optimizer step (Accelerate).
+    // 16 batches per rank in groups of 2: 4 optimizer steps.
+    let want: Vec<f64> = (0..4)
+        .map(|i| torch_linear_warmup_lr(base, warmup, total, 2 * i))
+        .collect();
+    assert_eq!(used, vec![want.clone(), want]);
+}

@@ -138,6 +138,15 @@ fn main() {
         .flag_if_supported("-Wno-unused-parameter")
         .flag_if_supported("-Wno-sign-compare")
         .warnings(true);
+    // Debian's libgloo-dev lacks gloo/common/memory.h, which the TCP
+    // transport's headers include (the shim derives from its unbound buffer).
+    if !include.join("gloo/common/memory.h").is_file() {
+        build.include(shim.join("compat"));
+    }
+    println!(
+        "cargo:rerun-if-changed={}",
+        shim.join("compat/gloo/common/memory.h").display()
+    );
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let objects = build.compile_intermediates();
     let private = link_private_shim(&build, &objects, &lib, &out);

@@ -663,7 +663,7 @@ fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
                 "skipped steps {skips:?}, expected only step {bad_step}"
             ));
         }
-        let scale = acc.grad_scaler().map(|s| s.scale).unwrap_or(f64::NAN);
+        let scale = acc.grad_scaler().map(|s| s.scale).unwrap_or(f32::NAN);
         let scales = acc.gather(&[scale]).map_err(err)?;
         if scales.iter().any(|s| *s != 32768.0) {
             return Err(format!("loss scales after one overflow: {scales:?}"));

@@ -320,7 +320,7 @@ fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
                     armed: s == OVERFLOW_STEP && rank + 1 == n,
                 };
                 model
-                    .loss_and_grad_units(&batch, scaler.scale as f32, &mut gate)
+                    .loss_and_grad_units(&batch, scaler.scale, &mut gate)
                     .map_err(|e| e.to_string())?;
                 let opts = StepOptions {
                     max_norm: None,
@@ -339,7 +339,7 @@ fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
                      (the last rank overflows at step {OVERFLOW_STEP})"
                 ));
             }
-            if scaler.scale != init * 0.5 {
+            if f64::from(scaler.scale) != init * 0.5 {
                 return Err(format!(
                     "stage {stage}: the scale is {} after one overflow, want {}",
                     scaler.scale,

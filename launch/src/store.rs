@@ -6,7 +6,7 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 
 use accel_api::{Error, ErrorKind, Result};
-use accel_rendezvous::TcpStoreServer;
+use accel_rendezvous::{TcpStoreServer, TorchStoreServer};
 
 /// `n` random bytes as lowercase hex, from the kernel's generator.
 ///
@@ -91,6 +91,23 @@ pub fn bind(host: &str, port: u16, multi: bool) -> Result<(TcpListener, Option<S
         .with_source(e)),
         Err(e) => Err(Error::io(format!("cannot bind the store to {addr}"), e).with_op("store bind")),
     }
+}
+
+/// Host the torch-protocol endpoint for torch workers at `host:port`
+/// (MASTER_ADDR:MASTER_PORT; a free port when `port` is 0 or busy on one
+/// machine), with a state of its own: torch clients never see accel's keys
+/// (docs/adr/0019-torch-store.md).
+///
+/// # Errors
+/// As [`bind`], plus the server's start errors.
+pub fn host_torch(
+    host: &str,
+    port: u16,
+    multi: bool,
+) -> Result<(TorchStoreServer, Option<String>)> {
+    let (listener, notice) = bind(host, port, multi)?;
+    let server = TorchStoreServer::from_listener(listener, Default::default())?;
+    Ok((server, notice))
 }
 
 /// Bind and serve.

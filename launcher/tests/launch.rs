@@ -124,10 +124,14 @@ fn workers_see_the_whole_environment_contract() {
             .to_string()
     };
     assert_eq!(get("ACCEL_RUN_TOKEN").len(), 32, "a generated token");
-    assert_eq!(
+    // accel's store (with the token) and, on MASTER_PORT, the torch
+    // endpoint torch workers join as torchrun's agent store (ADR 0019).
+    assert!(get("ACCEL_STORE_URL").starts_with("tcp://127.0.0.1:"));
+    assert_ne!(
         get("ACCEL_STORE_URL"),
         format!("tcp://127.0.0.1:{}", get("MASTER_PORT"))
     );
+    assert_eq!(get("TORCHELASTIC_USE_AGENT_STORE"), "True");
     assert!(get("ACCEL_ERROR_FILE").ends_with("rank-0.json"));
     assert_eq!(get("ACCEL_ERROR_FILE"), get("TORCHELASTIC_ERROR_FILE"));
 }

@@ -11,11 +11,12 @@ use common::*;
 
 #[test]
 fn an_unknown_flag_is_named_with_the_closest_known_one() {
-    let r = accel(&["launch", "--rdzv-backend", "c10d", "-n", "2", "--", "app"]);
+    // (--rdzv-backend, once the example here, is a flag now.)
+    let r = accel(&["launch", "--grace-perod", "2s", "-n", "2", "--", "app"]);
     r.code_is(2);
     assert!(
         r.stderr
-            .contains("`--rdzv-backend` is not a flag of `accel launch`")
+            .contains("`--grace-perod` is not a flag of `accel launch`")
             && r.stderr.contains("did you mean `--"),
         "{}",
         r.all()

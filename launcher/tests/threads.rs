@@ -198,3 +198,39 @@ mod demo {
         assert_eq!(xla, gloo, "xla rank threads vs cpu-gloo processes");
     }
 }
+
+#[test]
+fn accel_env_keeps_the_pjrt_plugins_absl_lines_off_stderr_unless_logs_ask() {
+    if !xla_or_skip("accel_env_keeps_the_pjrt_plugins_absl_lines_off_stderr_unless_logs_ask") {
+        return;
+    }
+    let env = |args: &[&str]| {
+        let mut c = command(args);
+        c.env_remove("TF_CPP_MIN_LOG_LEVEL")
+            .env_remove("RUST_LOG")
+            .env_remove("ACCEL_LOG");
+        start(c).finish(LIMIT)
+    };
+    let quiet = env(&["env"]);
+    quiet.code_is(0);
+    let row = env_row(&quiet.stdout, "xla");
+    assert!(
+        row.contains("yes"),
+        "the probe loaded the plugin: {row}\n{}",
+        quiet.all()
+    );
+    for absl in [
+        "absl::InitializeLog",
+        "cpu_device_count set via create_options",
+    ] {
+        assert!(
+            !quiet.stderr.contains(absl),
+            "{absl:?} on stderr\n{}",
+            quiet.all()
+        );
+    }
+    // Asked for: the plugin's own lines are shown.
+    let loud = env(&["--log", "info", "env"]);
+    loud.code_is(0);
+    loud.has_stderr("cpu_device_count set via create_options");
+}

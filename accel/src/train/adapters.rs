@@ -193,6 +193,24 @@ pub trait Parameters {
         None
     }
 
+    /// Whether the forward pass computes in the accelerator's mixed
+    /// precision: under the framework's autocast (accel-tch's models say
+    /// `true`: their forward runs under `autocast_forward`) or on bf16 or
+    /// f16 values or gradients (half-precision compute copies). When bf16
+    /// or fp16 is set and this is `false`,
+    /// [`Accelerator::prepare`](crate::Accelerator::prepare) warns on rank
+    /// 0 that the setting does not apply (an error under
+    /// [`TrainConfig::strict`](super::TrainConfig::strict)). The default:
+    /// whether some parameter's values or gradients are bf16 or f16.
+    fn uses_mixed_precision(&self) -> bool {
+        let half = |t: DType| matches!(t, DType::BF16 | DType::F16);
+        let mut any = false;
+        self.visit_params(&mut |p| {
+            any |= half(p.value.dtype()) || half(p.grad.dtype());
+        });
+        any
+    }
+
     /// Give parameter `name` storage for `numel` values and gradients
     /// (zero-filled where it grows), or free both with `numel == 0`. ZeRO
     /// stage 3 ([`crate::zero::Stage::Full`]) calls it to release a unit's

@@ -103,7 +103,204 @@ impl Drop for RngGuard<'_> {
     }
 }
 
+/// The variable that makes settings a program cannot use errors instead
+/// of warnings (as [`TrainConfig::strict`]): `1`, `true` or `yes`.
+pub const STRICT_ENV: &str = "ACCEL_STRICT";
+
+/// [`STRICT_ENV`] read from the process environment; `false` when unset
+/// or empty.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig)
+/// naming the variable for another value.
+pub(crate) fn strict_from_env() -> Result<bool> {
+    let v = std::env::var(STRICT_ENV).unwrap_or_default();
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" => Ok(false),
+        "1" | "true" | "yes" => Ok(true),
+        _ => Err(Error::invalid_config(STRICT_ENV, &v, "expected 1 or 0")
+            .with_fix("set ACCEL_STRICT=1 to make ignored settings errors, or unset it")),
+    }
+}
+
+/// [`Source::Env`] when `var` is set to a non-empty value.
+pub(crate) fn env_source(var: &str) -> Source {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Source::Env,
+        _ => Source::Default,
+    }
+}
+
+/// Where a mixed-precision or sharding setting came from, for the
+/// message that says it does not apply.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Nobody set it.
+    #[default]
+    Default,
+    /// The program's [`TrainConfig`].
+    Config,
+    /// The environment `accel launch` sets.
+    Env,
+}
+
+/// What the accelerator knows about which settings applied.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    pub(crate) mixed_precision: Source,
+    pub(crate) sharding: Source,
+    /// [`TrainConfig::strict`] or [`STRICT_ENV`].
+    pub(crate) strict: bool,
+    /// One line per setting found not to apply, in order.
+    pub(crate) notices: Vec<(&'static str, String)>,
+    /// The configuration the trackers were given (main process), updated
+    /// with what did not apply.
+    pub(crate) tracker_config: Option<serde_json::Value>,
+}
+
+/// A setting the program cannot use: its key in [`TrainConfig`], the
+/// value that did not apply, the value that applies instead, and why.
+pub(crate) struct NotApplied<'a> {
+    pub(crate) key: &'static str,
+    pub(crate) value: String,
+    pub(crate) instead: &'static str,
+    pub(crate) reason: &'a str,
+    pub(crate) fix: &'a str,
+}
+
+impl TrainShared {
+    /// Report `n`: once per setting, a warning on rank 0 naming the
+    /// setting, where it came from and why; the trackers' `config.json`
+    /// then records the value that applied. Under strict mode an error
+    /// instead, on every rank alike (each rank finds the same).
+    pub(crate) fn not_applied(&self, rank: usize, n: NotApplied<'_>) -> Result<()> {
+        let mut st = self.lock();
+        let (env, launch) = match n.key {
+            "mixed_precision" => (super::MIXED_PRECISION_ENV, "--mixed-precision"),
+            _ => (crate::zero::SHARDING_ENV, "--sharding"),
+        };
+        let source = match n.key {
+            "mixed_precision" => st.applied.mixed_precision,
+            _ => st.applied.sharding,
+        };
+        let setting = match source {
+            Source::Env => format!("{env}={} (accel launch {launch})", n.value),
+            _ => format!("TrainConfig::{} = {}", n.key, n.value),
+        };
+        if st.applied.strict {
+            return Err(Error::new(
+                accel_api::ErrorKind::InvalidConfig,
+                format!("{setting} does not apply: {}", n.reason),
+            )
+            .with_rank(rank)
+            .with_fix(format!(
+                "{}; or allow it with a warning: unset {STRICT_ENV} / TrainConfig::strict",
+                n.fix
+            )));
+        }
+        if st.applied.notices.iter().any(|(k, _)| *k == n.key) {
+            return Ok(());
+        }
+        let line = format!(
+            "{setting} does not apply: {}; training runs as with {} = {} ({})",
+            n.reason, n.key, n.instead, n.fix
+        );
+        st.applied.notices.push((n.key, line.clone()));
+        let config = st.applied.tracker_config.as_mut().and_then(|c| {
+            let obj = c.as_object_mut()?;
+            if obj.contains_key(n.key) {
+                obj.insert(n.key.into(), n.instead.into());
+            }
+            let not = obj
+                .entry("not_applied")
+                .or_insert_with(|| serde_json::json!({}));
+            if let Some(not) = not.as_object_mut() {
+                not.insert(n.key.into(), line.clone().into());
+            }
+            Some(c.clone())
+        });
+        drop(st);
+        if rank == 0 {
+            tracing::warn!("{line}");
+            if let Some(config) = config {
+                for t in self.trackers().iter_mut() {
+                    if let Err(e) = t.store_init_configuration(&config) {
+                        tracing::warn!("tracker {}: {e}", t.name());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Mixed precision is set but `model` computes in f32 only.
+    pub(crate) fn check_mixed_precision(
+        &self,
+        rank: usize,
+        model: &dyn super::Parameters,
+    ) -> Result<()> {
+        let mode = self.lock().amp.mode;
+        if mode == super::MixedPrecision::No || model.uses_mixed_precision() {
+            return Ok(());
+        }
+        let reason = if mode == super::MixedPrecision::Fp16 {
+            "the prepared model computes in f32 (no autocast, no f16 values or gradients), so only the loss \
+             scaler runs"
+        } else {
+            "the prepared model computes in f32 (no autocast, no bf16 values or gradients)"
+        };
+        self.not_applied(
+            rank,
+            NotApplied {
+                key: "mixed_precision",
+                value: mode.name().into(),
+                instead: "no",
+                reason,
+                fix: "run the forward pass under the framework's autocast (accel-tch's \
+                      autocast_forward) or keep half-precision values, or set it to no",
+            },
+        )
+    }
+
+    /// Sharding is set but `op` steps a model that no ZeroOptimizer
+    /// shards.
+    pub(crate) fn check_sharding(&self, rank: usize, op: &str) -> Result<()> {
+        let stage = self.lock().sharding;
+        if stage == crate::zero::Stage::None {
+            return Ok(());
+        }
+        let reason = format!(
+            "{op} steps a model that Accelerator::prepare_zero did not shard, so every rank \
+             keeps the whole optimizer state, gradients and parameters"
+        );
+        self.not_applied(
+            rank,
+            NotApplied {
+                key: "sharding",
+                value: stage.as_str().into(),
+                instead: "none",
+                reason: &reason,
+                fix: "step the model with a ZeroOptimizer (Accelerator::prepare_zero and \
+                      zero_step), or set it to none",
+            },
+        )
+    }
+}
+
 impl Accelerator {
+    /// The settings this run found it cannot use, one line each (naming
+    /// the setting, where it came from and why), in the order found: a
+    /// mixed precision the prepared model does not compute in (found by
+    /// [`prepare`](Self::prepare)), a sharding stage for a model no
+    /// [`prepare_zero`](Self::prepare_zero) shards (found at its first
+    /// optimizer step). Rank 0 also logs each as a warning; under
+    /// [`TrainConfig::strict`] or `ACCEL_STRICT=1` each is an error
+    /// instead.
+    pub fn settings_not_applied(&self) -> Vec<String> {
+        let st = super::shared(self).lock();
+        st.applied.notices.iter().map(|(_, l)| l.clone()).collect()
+    }
+
     /// Set the training-loop configuration (builder form of
     /// [`set_training_config`](Self::set_training_config)).
     ///
@@ -125,9 +322,18 @@ impl Accelerator {
         super::shared(self).set_config(config)
     }
 
-    /// The training-loop configuration in force.
+    /// The training-loop configuration in force, with
+    /// `mixed_precision` and `sharding` resolved (what the program set,
+    /// else what `accel launch` set, else the default) and `strict` true
+    /// under `ACCEL_STRICT=1`: what the trackers should record.
     pub fn training_config(&self) -> TrainConfig {
-        super::shared(self).lock().config.clone()
+        let st = super::shared(self).lock();
+        TrainConfig {
+            mixed_precision: Some(st.amp.mode),
+            sharding: Some(st.sharding),
+            strict: st.applied.strict,
+            ..st.config.clone()
+        }
     }
 
     /// Seed this process's [`Rng`] (Accelerate's `set_seed`): with `seed`

@@ -75,17 +75,19 @@ pub(crate) fn unscale_once(
     comm: &dyn Communicator,
     model: &mut dyn Parameters,
 ) -> Result<bool> {
-    let (scale, done) = {
+    let (scaler, done) = {
         let st = shared.lock();
-        (st.amp.scaler.map(|s| s.scale), st.amp.unscaled)
+        (st.amp.scaler, st.amp.unscaled)
     };
-    let Some(scale) = scale else {
+    let Some(scaler) = scaler else {
         return Ok(false);
     };
     if let Some(found) = done {
         return Ok(found);
     }
-    let local = grads::scale_and_check(model, 1.0 / scale)?;
+    let scale = scaler.scale;
+    // torch multiplies by the f32 reciprocal, also for f64 gradients.
+    let local = grads::scale_and_check(model, f64::from(scaler.inv_scale()))?;
     // Agreed across ranks, whatever the gradients' synchronisation did.
     // f32 Sum: the one reduction every backend declares (as check_trigger).
     let mut flag = [if local { 1.0f32 } else { 0.0 }];

@@ -95,7 +95,7 @@ pub use adapters::{
 };
 pub use amp::{GradScaler, GradScalerConfig, MixedPrecision, MIXED_PRECISION_ENV};
 pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
-pub use control::RngGuard;
+pub use control::{RngGuard, STRICT_ENV};
 pub use grads::{host_from_f32, host_to_f32, zero_grads, DeviceScratch, GradKernels, GradStats};
 pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
 pub use model_io::{
@@ -105,6 +105,7 @@ pub use model_io::{
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
+    ScheduledOptimizer,
 };
 pub use rng::Rng;
 pub use trackers::{JsonlTracker, TensorBoardTracker, Tracker, TRACKER_NAMES};
@@ -177,6 +178,14 @@ pub struct TrainConfig {
     /// [`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero).
     #[serde(default)]
     pub sharding: Option<crate::zero::Stage>,
+    /// A `mixed_precision` or `sharding` setting the program cannot use (a
+    /// model that computes in f32 only; a model no
+    /// [`prepare_zero`](crate::Accelerator::prepare_zero) shards) is an
+    /// error instead of a warning on rank 0 (default `false`; also
+    /// [`STRICT_ENV`]`=1`). See
+    /// [`settings_not_applied`](crate::Accelerator::settings_not_applied).
+    #[serde(default)]
+    pub strict: bool,
 }
 
 impl Default for TrainConfig {
@@ -195,6 +204,7 @@ impl Default for TrainConfig {
             grad_scaler: GradScalerConfig::default(),
             gradient_compression: None,
             sharding: None,
+            strict: false,
         }
     }
 }
@@ -262,6 +272,11 @@ pub(crate) struct TrainState {
     pub(crate) amp: amp::AmpState,
     /// The sharding stage resolved against the environment.
     pub(crate) sharding: crate::zero::Stage,
+    /// The first rate of scheduler `n`, for optimizer `n`'s first step
+    /// (see `Accelerator::prepare_scheduler`).
+    pub(crate) initial_lr: std::collections::BTreeMap<usize, f64>,
+    /// Where the settings came from and which did not apply.
+    pub(crate) applied: control::Applied,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -288,6 +303,16 @@ impl TrainShared {
             tracing::warn!("{e}; training without mixed precision");
             MixedPrecision::No
         });
+        let strict = control::strict_from_env().unwrap_or_else(|e| {
+            tracing::warn!("{e}; ignored settings are warnings");
+            false
+        });
+        let applied = control::Applied {
+            mixed_precision: control::env_source(MIXED_PRECISION_ENV),
+            sharding: control::env_source(crate::zero::SHARDING_ENV),
+            strict,
+            ..control::Applied::default()
+        };
         TrainShared {
             world_size: world_size.max(1),
             inner: Mutex::new(TrainState {
@@ -300,6 +325,8 @@ impl TrainShared {
                 registered: Vec::new(),
                 amp: amp::AmpState::new(mode, GradScalerConfig::default()),
                 sharding,
+                initial_lr: std::collections::BTreeMap::new(),
+                applied,
             }),
             rng: Mutex::new(control::RngSlot::new()),
             trackers: Mutex::new(Vec::new()),
@@ -342,7 +369,20 @@ impl TrainShared {
             Some(s) => s,
             None => crate::zero::Stage::from_env()?.unwrap_or_default(),
         };
+        let strict = config.strict || control::strict_from_env()?;
+        let source = |set: bool, env: &str| {
+            if set {
+                control::Source::Config
+            } else {
+                control::env_source(env)
+            }
+        };
+        let mp_source = source(config.mixed_precision.is_some(), MIXED_PRECISION_ENV);
+        let sharding_source = source(config.sharding.is_some(), crate::zero::SHARDING_ENV);
         let mut st = self.lock();
+        st.applied.mixed_precision = mp_source;
+        st.applied.sharding = sharding_source;
+        st.applied.strict = strict;
         st.sharding = sharding;
         if st.amp.mode != mode || st.amp.scaler.map(|s| s.config) != Some(config.grad_scaler) {
             st.amp = amp::AmpState::new(mode, config.grad_scaler);

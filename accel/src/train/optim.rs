@@ -185,7 +185,9 @@ impl Scheduler for ConstantSchedule {
 }
 
 /// Linear warm-up from 0 to `peak` over `warmup` steps, then linear decay to
-/// 0 at `total` steps (transformers' `get_linear_schedule_with_warmup`).
+/// 0 at `total` steps (transformers' `get_linear_schedule_with_warmup`: the
+/// rate is `peak * factor(step)`, computed in that order so the values are
+/// torch's to the last bit; at step 0 of a warm-up it is 0).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LinearSchedule {
     /// The rate at the end of the warm-up.
@@ -215,14 +217,15 @@ impl Scheduler for LinearSchedule {
         self.steps += 1;
     }
     fn lr(&self) -> f64 {
-        let s = self.steps as f64;
-        if self.steps < self.warmup {
-            self.peak * s / self.warmup.max(1) as f64
+        // LambdaLR: base_lr * lr_lambda(step), the factor first.
+        let factor = if self.steps < self.warmup {
+            self.steps as f64 / self.warmup.max(1) as f64
         } else if self.steps >= self.total {
             0.0
         } else {
-            self.peak * (self.total - self.steps) as f64 / (self.total - self.warmup).max(1) as f64
-        }
+            (self.total - self.steps) as f64 / (self.total - self.warmup).max(1) as f64
+        };
+        self.peak * factor
     }
     fn state_dict(&self) -> StateDict {
         let mut s = StateDict::default();

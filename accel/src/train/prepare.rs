@@ -24,7 +24,10 @@ pub trait Prepare<W> {
     /// # Errors
     /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
     /// for a loader the world cannot shard (batch size 0, `split_batches`
-    /// with a batch size the world size does not divide).
+    /// with a batch size the world size does not divide);
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig),
+    /// under strict mode only, for a model that does not compute in the
+    /// mixed precision set ([`Parameters::uses_mixed_precision`]).
     fn prepare_with(self, acc: &Accelerator) -> Result<W>;
 }
 
@@ -64,6 +67,16 @@ impl Accelerator {
 
     /// [`prepare`](Self::prepare) for a scheduler.
     ///
+    /// As a torch scheduler, which sets its optimizer's rate when it is
+    /// built, the schedule's current rate ([`Scheduler::lr`], for a
+    /// warm-up its first rate) is what the optimizer steps with from its
+    /// first step: the `n`-th prepared scheduler hands it to the `n`-th
+    /// [`PreparedOptimizer`] (in prepare order), which applies it before
+    /// its first step unless the scheduler stepped first. An optimizer
+    /// restored from a checkpoint keeps its restored rate. To pair another
+    /// way, or to drive a [`ZeroOptimizer`](crate::zero::ZeroOptimizer),
+    /// use [`prepare_scheduler_for`](Self::prepare_scheduler_for).
+    ///
     /// # Errors
     /// As [`Prepare::prepare_with`].
     pub fn prepare_scheduler<S: Scheduler>(
@@ -71,6 +84,29 @@ impl Accelerator {
         scheduler: impl Prepare<PreparedScheduler<S>>,
     ) -> Result<PreparedScheduler<S>> {
         scheduler.prepare_with(self)
+    }
+
+    /// [`prepare_scheduler`](Self::prepare_scheduler) for the optimizer
+    /// `optimizer` (a [`PreparedOptimizer`] or a
+    /// [`ZeroOptimizer`](crate::zero::ZeroOptimizer)): its learning rate is
+    /// set to the schedule's current rate now, as torch's schedulers
+    /// (`LambdaLR`, transformers' `get_linear_schedule_with_warmup`) do when
+    /// they are built over an optimizer, and no other optimizer gets it.
+    ///
+    /// # Errors
+    /// As [`Prepare::prepare_with`].
+    pub fn prepare_scheduler_for<S: Scheduler, T: ScheduledOptimizer + ?Sized>(
+        &self,
+        optimizer: &mut T,
+        scheduler: impl Prepare<PreparedScheduler<S>>,
+    ) -> Result<PreparedScheduler<S>> {
+        let sched = scheduler.prepare_with(self)?;
+        super::shared(self)
+            .lock()
+            .initial_lr
+            .remove(&key_index(&sched.key));
+        optimizer.set_scheduled_lr(sched.scheduler.lr());
+        Ok(sched)
     }
 
     /// [`prepare`](Self::prepare) for a loader.
@@ -155,8 +191,11 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
     /// rank. `Unsupported`, before any communication, for a model whose
     /// gradients are device views while it gives no
     /// [`Parameters::grad_kernels`].
+    /// A mixed precision the model does not compute in is reported first
+    /// ([`Accelerator::settings_not_applied`]; an error under strict mode).
     fn prepare_with(mut self, acc: &Accelerator) -> Result<PreparedModel<M>> {
         super::grads::check_kernels(&self, "prepare_model")?;
+        super::shared(acc).check_mixed_precision(acc.rank(), &self)?;
         if acc.world_size() > 1 {
             let comm = acc.comm();
             let mut err = None;
@@ -222,6 +261,9 @@ pub struct PreparedOptimizer<O: Optimizer> {
     pub(crate) steps: u64,
     /// The last synchronising step was skipped (fp16 overflow).
     pub(crate) skipped: bool,
+    /// `n` of `optimizer_n`: the scheduler of the same number gives it
+    /// its first rate.
+    pub(crate) index: usize,
 }
 
 impl<O: Optimizer> std::fmt::Debug for PreparedOptimizer<O> {
@@ -239,9 +281,11 @@ wrapper_impls!(PreparedOptimizer, Optimizer, optimizer);
 impl<O: Optimizer> Prepare<PreparedOptimizer<O>> for O {
     fn prepare_with(self, acc: &Accelerator) -> Result<PreparedOptimizer<O>> {
         let shared = super::shared(acc).clone();
+        let key = shared.next_key(Kind::Optimizer);
         Ok(PreparedOptimizer {
             optimizer: self,
-            key: shared.next_key(Kind::Optimizer),
+            index: key_index(&key),
+            key,
             shared,
             comm: acc.comm().clone(),
             steps: 0,
@@ -265,10 +309,23 @@ impl<O: Optimizer> PreparedOptimizer<O> {
     /// than one rank.
     ///
     /// # Errors
-    /// The optimizer's; the communicator's (fp16 agreement).
+    /// The optimizer's; the communicator's (fp16 agreement);
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig)
+    /// under strict mode when a sharding stage is set but `model` is not
+    /// sharded by [`prepare_zero`](Accelerator::prepare_zero) (otherwise a
+    /// warning, see [`Accelerator::settings_not_applied`]).
     pub fn step<M: Parameters>(&mut self, model: &mut PreparedModel<M>) -> Result<bool> {
         if !self.shared.decision().optimizer_step {
             return Ok(false);
+        }
+        if !model.sharded {
+            self.shared
+                .check_sharding(self.comm.rank(), "PreparedOptimizer::step")?;
+        }
+        let initial = self.shared.lock().initial_lr.remove(&self.index);
+        if let Some(lr) = initial.filter(|_| self.steps == 0) {
+            // The paired scheduler's first rate (see `prepare_scheduler`).
+            self.optimizer.set_lr(lr);
         }
         let found_inf =
             super::grad_sync::unscale_once(&self.shared, &*self.comm, &mut model.model)?;
@@ -345,28 +402,77 @@ impl<S: Scheduler> std::fmt::Debug for PreparedScheduler<S> {
 wrapper_impls!(PreparedScheduler, Scheduler, scheduler);
 
 impl<S: Scheduler> Prepare<PreparedScheduler<S>> for S {
+    /// Also records the schedule's current rate for the optimizer of the
+    /// same number (see [`Accelerator::prepare_scheduler`]).
     fn prepare_with(self, acc: &Accelerator) -> Result<PreparedScheduler<S>> {
         let shared = super::shared(acc).clone();
+        let key = shared.next_key(Kind::Scheduler);
+        shared.lock().initial_lr.insert(key_index(&key), self.lr());
         Ok(PreparedScheduler {
             scheduler: self,
-            key: shared.next_key(Kind::Scheduler),
+            key,
             shared,
         })
     }
 }
 
+/// `n` of a checkpoint key `kind_n`.
+fn key_index(key: &str) -> usize {
+    key.rsplit('_')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An optimizer a [`PreparedScheduler`] drives: a [`PreparedOptimizer`]
+/// or a [`ZeroOptimizer`](crate::zero::ZeroOptimizer).
+pub trait ScheduledOptimizer {
+    /// Replace the learning rate with the schedule's.
+    fn set_scheduled_lr(&mut self, lr: f64);
+
+    /// Whether this optimizer's last step was skipped for an fp16
+    /// overflow; `None` when the accelerator's
+    /// [`optimizer_step_was_skipped`](Accelerator::optimizer_step_was_skipped)
+    /// says it (the ZeRO step records it there).
+    fn last_step_skipped(&self) -> Option<bool> {
+        None
+    }
+}
+
+impl<O: Optimizer> ScheduledOptimizer for PreparedOptimizer<O> {
+    fn set_scheduled_lr(&mut self, lr: f64) {
+        self.optimizer.set_lr(lr);
+        // The schedule moved first: its first rate is out of date.
+        self.shared.lock().initial_lr.remove(&self.index);
+    }
+    fn last_step_skipped(&self) -> Option<bool> {
+        Some(self.skipped)
+    }
+}
+
+impl<O: crate::zero::ShardOptimizer> ScheduledOptimizer for crate::zero::ZeroOptimizer<O> {
+    fn set_scheduled_lr(&mut self, lr: f64) {
+        self.optimizer_mut().set_lr(lr);
+    }
+}
+
 impl<S: Scheduler> PreparedScheduler<S> {
     /// Step the schedule as many times as the current batch's decision says
-    /// and, if it stepped, give `optimizer` the resulting learning rate;
-    /// returns the number of steps. Inside an accumulation group (no step)
-    /// the optimizer's rate is left alone, so the first optimizer step uses
-    /// the same rate whatever the accumulation setting (as PyTorch: the rate
-    /// changes only when `scheduler.step()` runs). After an optimizer step
-    /// skipped for an fp16 overflow the schedule does not move (as
-    /// Accelerate's `AcceleratedScheduler`).
-    pub fn step<O: Optimizer>(&mut self, optimizer: &mut PreparedOptimizer<O>) -> usize {
+    /// and, if it stepped, give `optimizer` (a [`PreparedOptimizer`] or a
+    /// [`ZeroOptimizer`](crate::zero::ZeroOptimizer)) the resulting
+    /// learning rate; returns the number of steps. Inside an accumulation
+    /// group (no step) the optimizer's rate is left alone, so the first
+    /// optimizer step uses the schedule's first rate whatever the
+    /// accumulation setting (as PyTorch: the rate is set when the scheduler
+    /// is built, then changes only when `scheduler.step()` runs). After an
+    /// optimizer step skipped for an fp16 overflow the schedule does not
+    /// move (as Accelerate's `AcceleratedScheduler`).
+    pub fn step<T: ScheduledOptimizer + ?Sized>(&mut self, optimizer: &mut T) -> usize {
         let d = self.shared.decision();
-        if d.optimizer_step && optimizer.skipped {
+        let skipped = optimizer
+            .last_step_skipped()
+            .unwrap_or_else(|| self.shared.lock().amp.skipped);
+        if d.optimizer_step && skipped {
             return 0;
         }
         let n = d.scheduler_steps;
@@ -374,7 +480,7 @@ impl<S: Scheduler> PreparedScheduler<S> {
             self.scheduler.step();
         }
         if n > 0 {
-            optimizer.optimizer.set_lr(self.scheduler.lr());
+            optimizer.set_scheduled_lr(self.scheduler.lr());
         }
         n
     }

@@ -26,15 +26,19 @@ use crate::Accelerator;
 ///
 /// # Behavior
 /// The accelerator calls these on the main process only, in order:
-/// [`store_init_configuration`](Self::store_init_configuration) once from
-/// [`Accelerator::init_trackers`], [`log`](Self::log) per
+/// [`store_init_configuration`](Self::store_init_configuration) from
+/// [`Accelerator::init_trackers`] (and again, with the value that applied
+/// and a `not_applied` entry, when a mixed-precision or sharding setting
+/// turns out not to apply; see
+/// [`Accelerator::settings_not_applied`]), [`log`](Self::log) per
 /// [`Accelerator::log`], and [`finish`](Self::finish) from
 /// [`Accelerator::end_training`].
 pub trait Tracker: Send {
     /// Short name (`jsonl`, `tensorboard`, ...).
     fn name(&self) -> &str;
 
-    /// Record the run's hyper-parameters.
+    /// Record the run's hyper-parameters (replacing what an earlier call
+    /// recorded).
     ///
     /// # Errors
     /// The sink's (an I/O error naming the file).
@@ -363,6 +367,8 @@ impl Accelerator {
         for t in &mut made {
             t.store_init_configuration(&config)?;
         }
+        // Kept so that a setting found later not to apply is recorded.
+        super::shared(self).lock().applied.tracker_config = Some(config);
         super::shared(self).trackers().extend(made);
         Ok(())
     }

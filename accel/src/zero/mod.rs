@@ -1162,7 +1162,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     fn finish(&mut self, opts: StepOptions<'_>) -> Result<StepReport> {
         let StepOptions { max_norm, scaler } = opts;
         if let Some(s) = &scaler {
-            let inv = (1.0 / s.scale) as f32;
+            let inv = s.inv_scale();
             self.shard.iter_mut().for_each(|g| *g *= inv);
         }
         if max_norm.is_none() && scaler.is_none() {

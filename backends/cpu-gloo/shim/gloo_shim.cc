@@ -11,11 +11,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -40,7 +42,10 @@
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/buffer.h>
 #include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
+#include <gloo/transport/tcp/unbound_buffer.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
@@ -334,6 +339,194 @@ std::chrono::milliseconds ms(int64_t timeout_ms) {
   }
   return std::chrono::milliseconds(timeout_ms);
 }
+
+// Dead peers and queued sends.
+//
+// When a TCP pair fails (the peer died: a read sees EOF or a reset), Gloo
+// wakes every unbound buffer with an operation pending on that pair, except
+// one: a send whose bytes were already queued on the pair's transmit queue
+// (a write that hit a full socket, or EPIPE/ECONNRESET, which Gloo's async
+// write leaves for the event loop). Pair::signalException only wakes bound
+// buffers of that queue, so such a send's waitSend sleeps until its own
+// timeout. That is the race a survivor loses when its peer is killed while
+// it sends: it waits out the whole timeout instead of seeing the lost peer.
+// Likewise a receive whose payload was being read when the pair failed.
+//
+// Every unbound buffer of the main mesh is therefore a GuardedBuffer: it
+// waits in slices of kPeerCheck, and between slices asks each pair it has
+// an operation on whether the pair failed (tcp::Pair::tryRecv on a slot
+// nobody uses rethrows the pair's exception and otherwise does nothing);
+// a failed pair's exception wakes the wait as Gloo would have.
+constexpr auto kPeerCheck = std::chrono::milliseconds(50);
+// Never used by Gloo's collectives (prefixes 0x01-0x08), the shim's
+// reduce-scatter (0x40) or point-to-point slots (below 2^56).
+constexpr uint64_t kPeerCheckSlot = uint64_t(0xfe) << 56;
+
+class GuardedBuffer : public gloo::transport::tcp::UnboundBuffer {
+ public:
+  GuardedBuffer(const std::shared_ptr<gloo::transport::tcp::Context>& ctx,
+                void* ptr, size_t size)
+      : gloo::transport::tcp::UnboundBuffer(ctx, ptr, size) {}
+
+  void send(int dst, uint64_t slot, size_t offset, size_t nbytes) override {
+    note(send_peers_, dst);
+    gloo::transport::tcp::UnboundBuffer::send(dst, slot, offset, nbytes);
+  }
+
+  void recv(int src, uint64_t slot, size_t offset, size_t nbytes) override {
+    note(recv_peers_, src);
+    gloo::transport::tcp::UnboundBuffer::recv(src, slot, offset, nbytes);
+  }
+
+  void recv(std::vector<int> srcs, uint64_t slot, size_t offset,
+            size_t nbytes) override {
+    for (int s : srcs) {
+      note(recv_peers_, s);
+    }
+    gloo::transport::tcp::UnboundBuffer::recv(std::move(srcs), slot, offset,
+                                              nbytes);
+  }
+
+  bool waitSend(int* rank, std::chrono::milliseconds timeout) override {
+    return guarded_wait(timeout, "send", sendCv_, send_peers_,
+                        [&] { return abortWaitSend_ || sendCompletions_ > 0; },
+                        [&](std::chrono::milliseconds t) {
+                          return gloo::transport::tcp::UnboundBuffer::waitSend(
+                              rank, t);
+                        });
+  }
+
+  bool waitRecv(int* rank, std::chrono::milliseconds timeout) override {
+    return guarded_wait(timeout, "recv", recvCv_, recv_peers_,
+                        [&] { return abortWaitRecv_ || recvCompletions_ > 0; },
+                        [&](std::chrono::milliseconds t) {
+                          return gloo::transport::tcp::UnboundBuffer::waitRecv(
+                              rank, t);
+                        });
+  }
+
+ private:
+  void note(std::vector<int>& peers, int rank) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (std::find(peers.begin(), peers.end(), rank) == peers.end()) {
+      peers.push_back(rank);
+    }
+  }
+
+  // Wait until `ready` (or an exception) in slices, checking the pairs of
+  // `peers` between them, then let Gloo's own wait finish the call: it
+  // returns at once, rethrows the pair's exception, or times out.
+  template <typename Ready, typename Base>
+  bool guarded_wait(std::chrono::milliseconds timeout, const char* what,
+                    std::condition_variable& cv, const std::vector<int>& peers,
+                    Ready ready, Base base) {
+    if (timeout == gloo::transport::kUnsetTimeout) {
+      timeout = context_->getTimeout();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    bool expired = false;
+    for (;;) {
+      std::vector<int> check;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        auto done = [&] { return ex_ != nullptr || ready(); };
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (done()) {
+          break;
+        }
+        if (left.count() <= 0) {
+          expired = true;
+          break;
+        }
+        if (cv.wait_for(lock, std::min(left, kPeerCheck), done)) {
+          break;
+        }
+        check = peers;
+      }
+      for (int p : check) {
+        check_pair(p);
+      }
+    }
+    try {
+      return base(expired ? std::chrono::milliseconds(1)
+                          : std::max(std::chrono::milliseconds(1), timeout));
+    } catch (const gloo::IoException&) {
+      if (expired) {
+        throw gloo::IoException(GLOO_ERROR_MSG("Timed out waiting ",
+                                               timeout.count(), "ms for ",
+                                               what,
+                                               " operation to complete"));
+      }
+      throw;
+    }
+  }
+
+  // Wake this buffer with pair `rank`'s exception if that pair failed.
+  void check_pair(int rank) {
+    auto& pair = context_->getPair(rank);
+    auto* tcp = dynamic_cast<gloo::transport::tcp::Pair*>(pair.get());
+    if (tcp == nullptr) {
+      return;
+    }
+    if (!probe_) {
+      probe_ = context_->createUnboundBuffer(nullptr, 0);
+    }
+    try {
+      tcp->tryRecv(probe_.get(), kPeerCheckSlot, 0, 0);
+    } catch (...) {
+      signalException(std::current_exception());
+    }
+  }
+
+  std::vector<int> send_peers_;
+  std::vector<int> recv_peers_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> probe_;
+};
+
+// The transport context of a main mesh as Gloo's collectives see it: the
+// TCP context's pairs, and GuardedBuffers for its unbound buffers.
+class GuardedTransport : public gloo::transport::Context {
+ public:
+  explicit GuardedTransport(std::shared_ptr<gloo::transport::Context> inner)
+      : gloo::transport::Context(inner->rank, inner->size),
+        tcp_(std::dynamic_pointer_cast<gloo::transport::tcp::Context>(inner)),
+        inner_(std::move(inner)) {
+    setTimeout(inner_->getTimeout());
+  }
+
+  std::unique_ptr<gloo::transport::Pair>& getPair(int rank) override {
+    return inner_->getPair(rank);
+  }
+
+  std::unique_ptr<gloo::transport::Pair>& createPair(int rank) override {
+    return inner_->createPair(rank);
+  }
+
+  std::unique_ptr<gloo::transport::UnboundBuffer> createUnboundBuffer(
+      void* ptr, size_t size) override {
+    if (!tcp_) {
+      return inner_->createUnboundBuffer(ptr, size);
+    }
+    return std::make_unique<GuardedBuffer>(tcp_, ptr, size);
+  }
+
+ private:
+  std::shared_ptr<gloo::transport::tcp::Context> tcp_;
+  std::shared_ptr<gloo::transport::Context> inner_;
+};
+
+// A rendezvous context whose unbound buffers are guarded (see above).
+class GuardedContext : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+
+  // After connectFullMesh: route unbound buffers through GuardedTransport.
+  void guard() {
+    transportContext_ =
+        std::make_shared<GuardedTransport>(std::move(transportContext_));
+  }
+};
 
 // Small all-gathers over a second mesh in Gloo's synchronous mode.
 //
@@ -646,9 +839,10 @@ int accel_gloo_context_new(accel_gloo_device* dev, int rank, int size,
                        std::to_string(size) + " is out of range");
     }
     CallbackStore cb(*store);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    auto ctx = std::make_shared<GuardedContext>(rank, size);
     ctx->setTimeout(ms(timeout_ms));
     ctx->connectFullMesh(cb, dev->dev);
+    ctx->guard();
     auto handle = std::make_unique<accel_gloo_context>();
     handle->self_names.resize(size);
     handle->listen_names.resize(size);

@@ -2,7 +2,7 @@
 //! is it inside accel's generic [`Group`].
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -53,6 +53,8 @@ pub struct GlooEngine {
     store: Arc<dyn Store>,
     prefix: String,
     splits: AtomicU64,
+    /// Set once this rank published why it closed its connections.
+    fault_published: AtomicBool,
 }
 
 /// accel's [`Communicator`](accel_api::Communicator) over one Gloo context.
@@ -161,6 +163,7 @@ impl GlooEngine {
             store: p.store,
             prefix: p.prefix,
             splits: AtomicU64::new(0),
+            fault_published: AtomicBool::new(false),
         })
     }
 
@@ -251,6 +254,20 @@ impl GlooEngine {
 
     fn fault_key(&self, rank: usize) -> String {
         format!("{}/fault/{rank}", self.prefix)
+    }
+
+    /// Tell the peers why this rank closes its connections (best effort,
+    /// through the store): the rank it lost, if any, and the reason. Only
+    /// the first note counts (a later abort does not hide the failure).
+    fn publish_fault(&self, lost: Option<usize>, why: &str) {
+        if self.fault_published.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let lost = lost.map_or_else(|| "-".to_string(), |q| q.to_string());
+        let _ = self.store.set(
+            &self.fault_key(self.info.rank),
+            format!("lost={lost}\n{why}").as_bytes(),
+        );
     }
 
     /// Take the next collective tag.
@@ -485,10 +502,15 @@ impl Engine for GlooEngine {
     }
 
     /// Closes the connections at once when no operation is running, so
-    /// that peers notice. It cannot interrupt an operation in flight (Gloo
-    /// has no cancellation for collectives): that one ends at its timeout.
-    fn abort(&self, _reason: &str) {
+    /// that peers notice, after publishing why (one store write, as
+    /// [`on_fatal`](Engine::on_fatal) does): the peers' `PeerLost` names
+    /// this rank and carries the reason without waiting for a note. It
+    /// cannot interrupt an operation in flight (Gloo has no cancellation
+    /// for collectives): that one ends when a peer closes its connections
+    /// or at its timeout.
+    fn abort(&self, reason: &str) {
         if let Ok(mut engine) = self.engine.try_lock() {
+            self.publish_fault(None, &format!("aborted: {reason}"));
             engine.ctx.close();
         }
     }
@@ -498,13 +520,10 @@ impl Engine for GlooEngine {
     /// their timeout. Gloo contexts are unusable after an I/O error anyway.
     fn on_fatal(&self, err: &Error) {
         let lost = match err.kind() {
-            ErrorKind::PeerLost { peer: Some(q) } => q.to_string(),
-            _ => "-".to_string(),
+            ErrorKind::PeerLost { peer: Some(q) } => Some(*q),
+            _ => None,
         };
-        let _ = self.store.set(
-            &self.fault_key(self.info.rank),
-            format!("lost={lost}\n{err}").as_bytes(),
-        );
+        self.publish_fault(lost, &err.to_string());
         self.lock_engine().ctx.close();
     }
 }

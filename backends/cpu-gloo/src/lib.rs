@@ -85,10 +85,20 @@
 //! A rank that sees a peer close after such a failure reports the peer that
 //! peer lost, when it published one: the root cause, not the messenger.
 //!
+//! A peer that dies (killed, crashed) closes its sockets; every survivor
+//! with a call in flight gets `PeerLost` naming it within about half a
+//! second (the wait for a published cause), whatever it was doing. Gloo
+//! itself leaves a send whose bytes were queued on the failed connection
+//! (and a receive whose payload was being read) waiting for its timeout:
+//! the shim's unbound buffers (`GuardedBuffer`) wait in 50 ms slices and
+//! check between them whether a connection they use has failed.
+//!
 //! Calls are serialised by a mutex: the communicator is `Send + Sync`, but
 //! two threads calling it at once take turns. [`Communicator::abort`]
-//! poisons and closes the connections when no call is running; it cannot
-//! interrupt a running Gloo collective (`abort_interrupts` is `false`).
+//! poisons, publishes why and closes the connections when no call is
+//! running (the peers' `PeerLost` then names this rank and its reason); it
+//! cannot interrupt a running Gloo collective (`abort_interrupts` is
+//! `false`).
 //!
 //! Mismatched collective calls (different element counts on different
 //! ranks) break Gloo's calling convention; Gloo may then fail an assertion

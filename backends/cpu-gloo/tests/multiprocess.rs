@@ -6,7 +6,7 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,25 +21,6 @@ fn store_dir(name: &str) -> PathBuf {
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     std::env::temp_dir().join(format!("accel-gloo-{name}-{}-{nanos}", std::process::id()))
-}
-
-fn spawn(mode: &str, rank: usize, world: usize, dir: &PathBuf) -> Child {
-    Command::new(std::env::current_exe().expect("test binary path"))
-        .args([
-            "--exact",
-            "worker_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("ACCEL_GLOO_TEST_WORKER", mode)
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("ACCEL_GLOO_TEST_STORE", dir)
-        .env("ACCEL_GLOO_HOSTNAME", "127.0.0.1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start a worker")
 }
 
 /// Wait for every child under the deadline; kill them all past it.
@@ -82,7 +63,9 @@ fn wait_all(mut children: Vec<Child>) -> Vec<(Option<i32>, String)> {
 /// (removed afterwards); (exit code, output) per rank.
 fn run_workers(mode: &str, world: usize) -> Vec<(Option<i32>, String)> {
     let dir = store_dir(mode);
-    let children = (0..world).map(|r| spawn(mode, r, world, &dir)).collect();
+    let children = (0..world)
+        .map(|r| common::spawn_worker("worker_process", mode, r, world, &dir))
+        .collect();
     let results = wait_all(children);
     let _ = std::fs::remove_dir_all(&dir);
     results

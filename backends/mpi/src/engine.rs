@@ -13,7 +13,8 @@ use accel_api::{
 };
 
 use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
-use crate::watchdog::Watch;
+use crate::progress::{self, Progress};
+use crate::watchdog::{self, Watch};
 use crate::NAME;
 
 /// What every mpi communicator declares: every operation, element type and
@@ -29,6 +30,37 @@ pub fn capabilities() -> Capabilities {
 /// that their timeout returns an error; larger ones run blocking, in place
 /// (see the crate documentation and ADR 0017).
 pub const DEFAULT_STAGING_BYTES: usize = 8 * 1024;
+
+/// Every point-to-point message is preceded by a header message of this
+/// many bytes on the same communicator and tag (MPI keeps the two in
+/// order): the payload's byte count (u64) and element type (u32), and a
+/// magic number. MPI carries neither the element type nor, before a
+/// receive, the size: the receiver reads the header first and refuses a
+/// payload of another type or size without touching its buffer, as
+/// cpu-gloo does.
+pub(crate) const P2P_HEADER: usize = 16;
+/// The header's magic number ("acc1").
+const P2P_MAGIC: u32 = 0x6163_6331;
+
+fn p2p_header(dtype: DType, nbytes: usize) -> [u8; P2P_HEADER] {
+    let mut h = [0u8; P2P_HEADER];
+    h[..8].copy_from_slice(&(nbytes as u64).to_le_bytes());
+    h[8..12].copy_from_slice(&dtype.code().to_le_bytes());
+    h[12..].copy_from_slice(&P2P_MAGIC.to_le_bytes());
+    h
+}
+
+/// The element type (`None`: a code this build does not know) and byte
+/// count of a header; `None` when it is not one.
+fn p2p_parse(h: &[u8; P2P_HEADER]) -> Option<(Option<DType>, usize)> {
+    let word =
+        |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));
+    if word(12..16) != u64::from(P2P_MAGIC) {
+        return None;
+    }
+    let nbytes = usize::try_from(word(0..8)).ok()?;
+    Some((DType::from_code(word(8..12) as u32), nbytes))
+}
 
 /// Settings shared by a communicator and the groups split from it.
 #[derive(Debug, Clone)]
@@ -67,6 +99,9 @@ pub struct MpiEngine {
     /// Set while `split` exchanges colors: every operation returns on
     /// timeout.
     returning: AtomicBool,
+    /// This rank's progress record (world communicators; see
+    /// [`progress`]).
+    progress: Option<Arc<Progress>>,
 }
 
 /// accel's [`Communicator`](accel_api::Communicator) over one MPI
@@ -105,10 +140,26 @@ fn pause(elapsed: Duration) {
 /// Poll `req` until it completes (returned, complete) or `timeout` after
 /// `start` (returned, still pending, in [`Waited::TimedOut`]).
 pub(crate) fn poll<'a>(
-    mut req: Request<'a>,
+    req: Request<'a>,
     start: Instant,
     timeout: Duration,
 ) -> std::result::Result<Request<'a>, Waited<'a>> {
+    poll_checked(req, start, timeout, &mut |_| None)
+}
+
+/// How often a waiting call looks at its peers' progress records.
+const PEER_CHECK: Duration = Duration::from_millis(200);
+
+/// [`poll`], calling `check` with the time waited about every
+/// [`PEER_CHECK`] after the first; an error from it stops the wait
+/// ([`Waited::Stopped`], the request still pending).
+fn poll_checked<'a>(
+    mut req: Request<'a>,
+    start: Instant,
+    timeout: Duration,
+    check: &mut dyn FnMut(Duration) -> Option<Error>,
+) -> std::result::Result<Request<'a>, Waited<'a>> {
+    let mut next_check = PEER_CHECK;
     loop {
         match req.test() {
             Ok(true) => return Ok(req),
@@ -118,6 +169,12 @@ pub(crate) fn poll<'a>(
         let elapsed = start.elapsed();
         if elapsed >= timeout {
             return Err(Waited::TimedOut(req));
+        }
+        if elapsed >= next_check {
+            if let Some(e) = check(elapsed) {
+                return Err(Waited::Stopped(req, e));
+            }
+            next_check = elapsed + PEER_CHECK;
         }
         pause(elapsed);
     }
@@ -129,21 +186,37 @@ pub(crate) enum Waited<'a> {
     Failed(ffi::MpiError),
     /// The deadline passed; the request is still pending.
     TimedOut(Request<'a>),
+    /// The check of [`poll_checked`] said to stop; the request is still
+    /// pending.
+    Stopped(Request<'a>, Error),
 }
 
 /// The `Timeout` error of `op` on rank `rank` of a group of `world`: the
 /// text both paths report (returned, or printed by the watchdog).
-pub(crate) fn timeout_error(op: &str, timeout: Duration, world: usize, rank: usize) -> Error {
-    Error::timeout(
-        op,
-        timeout,
-        format!(
-            "{op} did not complete: at least one of the {world} ranks of this group has not entered it (or is stuck)"
-        ),
-    )
-    .with_backend(NAME)
-    .with_rank(rank)
-    .with_fix("check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT")
+/// `culprits`: the ranks that hold it up and why, when the progress
+/// records tell (see [`progress`]).
+pub(crate) fn timeout_error(
+    op: &str,
+    timeout: Duration,
+    world: usize,
+    rank: usize,
+    culprits: &[(usize, String)],
+) -> Error {
+    let who = if culprits.is_empty() {
+        format!("at least one of the {world} ranks of this group has not entered it (or is stuck)")
+    } else {
+        culprits
+            .iter()
+            .map(|(r, why)| format!("rank {r} {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Error::timeout(op, timeout, format!("{op} did not complete: {who}"))
+        .with_backend(NAME)
+        .with_rank(rank)
+        .with_fix(
+            "check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT",
+        )
 }
 
 /// The `Timeout` error of `op`, and what happens to a request MPI cannot
@@ -155,8 +228,9 @@ pub(crate) fn timed_out(
     op: &str,
     timeout: Duration,
     world: usize,
+    culprits: &[(usize, String)],
 ) -> Error {
-    let err = timeout_error(op, timeout, world, rank);
+    let err = timeout_error(op, timeout, world, rank, culprits);
     if req.borrows_user() {
         let msg = format!(
             "{err}\n[{NAME} rank {rank}] {op} was running on the caller's memory and MPI cannot cancel it: aborting the MPI job (buffers over ACCEL_MPI_STAGING_BYTES run in place)"
@@ -257,7 +331,12 @@ impl Spec {
 }
 
 impl MpiEngine {
-    pub(crate) fn new(comm: Comm, info: EngineInfo, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(
+        comm: Comm,
+        info: EngineInfo,
+        shared: Arc<Shared>,
+        progress: Option<Arc<Progress>>,
+    ) -> Self {
         let watch = if shared.blocking {
             Watch::start(
                 info.timeout,
@@ -265,6 +344,7 @@ impl MpiEngine {
                 info.world_size,
                 shared.world_rank,
                 shared.staging,
+                progress.clone(),
             )
         } else {
             None
@@ -275,7 +355,14 @@ impl MpiEngine {
             shared,
             watch,
             returning: AtomicBool::new(false),
+            progress,
         }
+    }
+
+    /// Count collective `op` in the progress record; its index.
+    fn enter(&self, op: Op) -> Option<u64> {
+        let p = self.progress.as_ref()?;
+        (!matches!(op, Op::Send | Op::Recv)).then(|| p.enter())
     }
 
     /// `true` when operations above [`staging_bytes`](Self::staging_bytes)
@@ -345,7 +432,7 @@ impl MpiEngine {
         };
         let mut owned = owned;
         let lib = &self.shared.library;
-        let _armed = watch.arm(s.op);
+        let _armed = watch.arm(s.op, self.enter(s.op));
         ffi::call_blocking(&self.comm, s.transfer(send, recv), &mut owned, lib)?;
         Ok(owned)
     }
@@ -355,22 +442,82 @@ impl MpiEngine {
     fn run(&self, s: Spec, send: Src<'_>, recv: Dst<'_>, owned: Owned) -> Result<Owned> {
         let start = Instant::now();
         let lib = &self.shared.library;
+        let index = self.enter(s.op);
         let req = ffi::start(&self.comm, s.transfer(send, recv), owned, lib)?;
-        self.wait(s.op, req, start)
+        self.wait(s.op, req, start, index)
     }
 
-    fn wait(&self, op: Op, req: Request<'_>, start: Instant) -> Result<Owned> {
-        match poll(req, start, self.info.timeout) {
+    /// Poll `req` to its end or the timeout. For collective number `index`
+    /// (counted in the progress record), a peer that ended before entering
+    /// it stops the wait with `PeerLost` naming it (see [`progress`]); a
+    /// timeout names the ranks that held it up when the records tell.
+    fn wait(&self, op: Op, req: Request<'_>, start: Instant, index: Option<u64>) -> Result<Owned> {
+        let mut check = |_: Duration| {
+            let (p, i) = (self.progress.as_ref()?, index?);
+            let (peer, rec) = p.left_before(i)?;
+            Some(self.early_exit(op, i, peer, rec))
+        };
+        match poll_checked(req, start, self.info.timeout, &mut check) {
             Ok(done) => Ok(done.finish()),
+            Err(Waited::Stopped(req, e)) => {
+                // The request can never complete: leaked with its owned
+                // memory, or the job ends when MPI may still write the
+                // caller's.
+                if req.borrows_user() {
+                    let msg = format!(
+                        "{e}\n[{NAME} rank {}] {} was running on the caller's memory and MPI cannot cancel it: aborting the MPI job",
+                        self.info.rank,
+                        op.name()
+                    );
+                    ffi::abort_job(&msg, 1);
+                }
+                let _ = req.abandon();
+                Err(e)
+            }
             Err(Waited::Failed(e)) => Err(e.into()),
-            Err(Waited::TimedOut(req)) => Err(timed_out(
-                req,
-                self.info.rank,
-                op.name(),
-                self.info.timeout,
-                self.info.world_size,
-            )),
+            Err(Waited::TimedOut(req)) => {
+                let culprits = match (&self.progress, index) {
+                    (Some(p), Some(i)) => p.culprits(i),
+                    _ => Vec::new(),
+                };
+                Err(timed_out(
+                    req,
+                    self.info.rank,
+                    op.name(),
+                    self.info.timeout,
+                    self.info.world_size,
+                    &culprits,
+                ))
+            }
         }
+    }
+
+    /// A peer ended before the collective this rank waits in: the error
+    /// naming it. When its process exited, the job has failed: the record
+    /// goes to the error file as the root cause, and this process ends the
+    /// MPI job at its own exit (the peer waits in `MPI_Finalize`; see
+    /// [`ffi::mark_peer_left`]). A peer that only dropped the communicator
+    /// fails this group, as a timeout does.
+    fn early_exit(&self, op: Op, index: u64, peer: usize, rec: progress::Record) -> Error {
+        let text = progress::early_exit_message(op.name(), index, peer, rec);
+        if rec.ended == progress::EXITED {
+            watchdog::write_error_file(
+                &format!("[{NAME} rank {}] {}: {text}", self.info.rank, op.name()),
+                peer,
+            );
+            ffi::mark_peer_left();
+        } else {
+            ffi::mark_failed();
+        }
+        err_at(
+            ErrorKind::PeerLost { peer: Some(peer) },
+            self.info.rank,
+            op.name(),
+            text,
+        )
+        .with_fix(format!(
+            "look at why rank {peer} ended: every rank must make the same collectives to the end"
+        ))
     }
 
     /// Run `call` on memory the request owns: `send` (if any) is already a
@@ -503,6 +650,28 @@ impl MpiEngine {
         Ok(tag as c_int)
     }
 
+    /// Match the next message from `src` with `tag` (`t` as MPI sees it),
+    /// polling until the timeout counted from `start`.
+    fn next_message(&self, src: usize, t: c_int, tag: u32, start: Instant) -> Result<ffi::Matched> {
+        loop {
+            if let Some(m) = ffi::improbe(&self.comm, src as c_int, t)? {
+                return Ok(m);
+            }
+            let elapsed = start.elapsed();
+            if elapsed >= self.info.timeout {
+                return Err(Error::timeout(
+                    Op::Recv.name(),
+                    self.info.timeout,
+                    format!("no message from rank {src} with tag {tag}"),
+                )
+                .with_fix(format!(
+                    "check that rank {src} sends with tag {tag}, or raise ACCEL_TIMEOUT"
+                )));
+            }
+            pause(elapsed);
+        }
+    }
+
     /// Receive the matched message into `dst` (staged when small).
     fn receive(&self, op: Op, matched: ffi::Matched, dst: &mut [u8], start: Instant) -> Result<()> {
         if self.staged(dst.len()) {
@@ -511,13 +680,13 @@ impl MpiEngine {
                 recv: Some(Scratch::new(dst.len())),
             };
             let req = matched.receive(Dst::Scratch, owned)?;
-            if let Some(r) = self.wait(op, req, start)?.recv {
+            if let Some(r) = self.wait(op, req, start, None)?.recv {
                 dst.copy_from_slice(r.bytes());
             }
             Ok(())
         } else {
             let req = matched.receive(Dst::User(dst), Owned::default())?;
-            self.wait(op, req, start).map(drop)
+            self.wait(op, req, start, None).map(drop)
         }
     }
 }
@@ -622,6 +791,8 @@ impl Engine for MpiEngine {
     }
 
     /// `MPI_Isend` of the raw bytes.
+    /// A header message (byte count, element type) and then the payload,
+    /// on the same tag (see [`P2P_HEADER`]).
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
         let op = Op::Send;
         let src = host(op, buf)?;
@@ -629,52 +800,80 @@ impl Engine for MpiEngine {
             dst: dst as c_int,
             tag: self.tag(op, tag)?,
         };
+        let hdr = p2p_header(src.dtype(), src.bytes().len());
+        let h = self.spec(op, call, DType::U8, P2P_HEADER)?;
+        self.movement(h, Some(&hdr), None, P2P_HEADER)?;
+        if src.bytes().is_empty() {
+            return Ok(());
+        }
         let s = self.spec(op, call, DType::U8, src.bytes().len())?;
         self.movement(s, Some(src.bytes()), None, src.bytes().len())
     }
 
-    /// Matches the message first (`MPI_Improbe`, polled until the timeout:
-    /// a message that never comes leaves nothing pending), checks its size,
-    /// then receives it (`MPI_Imrecv`). A message of the wrong size is
-    /// received and dropped, and the call fails with `InvalidArgument`.
-    /// Only sizes are checked: MPI does not carry the element type.
+    /// Matches the header message first (`MPI_Improbe`, polled until the
+    /// timeout: a message that never comes leaves nothing pending) and
+    /// reads it, then matches the payload and receives it (`MPI_Imrecv`)
+    /// when its element type and size are the buffer's. Otherwise the
+    /// payload is received and dropped, and the call fails with
+    /// `InvalidArgument` naming both (the buffer is untouched).
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
         let op = Op::Recv;
         let mut dst = host_mut(op, buf)?;
         let t = self.tag(op, tag)?;
         let start = Instant::now();
-        let matched = loop {
-            if let Some(m) = ffi::improbe(&self.comm, src as c_int, t)? {
-                break m;
-            }
-            let elapsed = start.elapsed();
-            if elapsed >= self.info.timeout {
-                return Err(Error::timeout(
-                    op.name(),
-                    self.info.timeout,
-                    format!("no message from rank {src} with tag {tag}"),
-                )
-                .with_fix(format!(
-                    "check that rank {src} sends with tag {tag}, or raise ACCEL_TIMEOUT"
-                )));
-            }
-            pause(elapsed);
+        let header = self.next_message(src, t, tag, start)?;
+        let mut hdr = vec![0u8; header.bytes];
+        self.receive(op, header, &mut hdr, start)?;
+        let parsed = <&[u8; P2P_HEADER]>::try_from(&hdr[..])
+            .ok()
+            .and_then(p2p_parse);
+        let Some((dtype, nbytes)) = parsed else {
+            return Err(err_at(
+                ErrorKind::Backend,
+                self.info.rank,
+                op.name(),
+                format!(
+                    "the message from rank {src} with tag {tag} has no accel header (the sender does not speak accel's point-to-point protocol)"
+                ),
+            )
+            .with_fatal(true));
         };
-        let (want, got) = (dst.bytes().len(), matched.bytes);
-        if got == want {
-            return self.receive(op, matched, dst.bytes_mut(), start);
+        let want = (dst.dtype(), dst.bytes().len());
+        let payload = if nbytes > 0 {
+            Some(self.next_message(src, t, tag, start)?)
+        } else {
+            None
+        };
+        let got = payload.as_ref().map_or(0, |m| m.bytes);
+        let fits = dtype == Some(want.0) && nbytes == want.1 && got == nbytes;
+        if fits {
+            if let Some(m) = payload {
+                self.receive(op, m, dst.bytes_mut(), start)?;
+            }
+            return Ok(());
         }
-        let mut sink = vec![0u8; got];
-        self.receive(op, matched, &mut sink, start)?;
-        let d = dst.dtype();
+        if let Some(m) = payload {
+            let mut sink = vec![0u8; got];
+            self.receive(op, m, &mut sink, start)?;
+        }
+        if got != nbytes {
+            return Err(Error::internal(
+                op.name(),
+                format!("rank {src}'s header announced {nbytes} bytes, its message holds {got}"),
+            ));
+        }
+        let what = match dtype {
+            Some(d) => format!("{} {d} elements", nbytes / d.size()),
+            None => format!("{nbytes} bytes of an unknown element type"),
+        };
         Err(err_at(
             ErrorKind::InvalidArgument,
             self.info.rank,
             op.name(),
             format!(
-                "rank {src} sent {got} bytes with tag {tag} ({} {d} elements), the receive buffer holds {} {d} elements (the message was dropped)",
-                got as f64 / d.size() as f64,
+                "rank {src} sent {what} with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
                 dst.len(),
+                dst.dtype()
             ),
         ))
     }
@@ -710,6 +909,7 @@ impl Engine for MpiEngine {
                 comm,
                 self.info.sub(&plan),
                 self.shared.clone(),
+                None,
             ))),
             (None, None) => Ok(None),
             _ => Err(err_at(

@@ -109,6 +109,18 @@ pub(crate) fn mark_failed() {
     FAILED.store(true, Ordering::SeqCst);
 }
 
+/// Set when a peer of this process ended early (see `progress`): the job
+/// has failed, this process holds a request that can never complete, and
+/// at exit it ends the MPI job (`MPI_Abort`) instead of finalizing, which
+/// would leave mpirun seconds of teardown.
+static PEER_LEFT: AtomicBool = AtomicBool::new(false);
+
+/// Record that a peer ended early (see [`PEER_LEFT`]).
+pub(crate) fn mark_peer_left() {
+    PEER_LEFT.store(true, Ordering::SeqCst);
+    mark_failed();
+}
+
 fn finalize() {
     let _g = lock();
     if FINALIZED.swap(true, Ordering::SeqCst) {
@@ -132,6 +144,24 @@ fn finalize() {
 }
 
 extern "C" fn finalize_at_exit() {
+    // Tell the peers that this rank enters no more collectives before
+    // waiting for them in MPI_Finalize (a peer waiting for this rank in a
+    // collective ends the job instead of waiting for its timeout).
+    // Bounded: a store that does not answer must not hold up the exit.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let marker = std::thread::Builder::new().spawn(move || {
+        let _ = std::panic::catch_unwind(crate::progress::exit_all);
+        let _ = done_tx.send(());
+    });
+    if marker.is_ok() {
+        let _ = done_rx.recv_timeout(std::time::Duration::from_secs(1));
+    }
+    if PEER_LEFT.load(Ordering::SeqCst) {
+        abort_job(
+            "[mpi] a rank of this job ended early (see the error above): ending the MPI job",
+            1,
+        );
+    }
     if !FAILED.load(Ordering::SeqCst) {
         finalize();
         return;

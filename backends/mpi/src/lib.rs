@@ -44,8 +44,8 @@
 //! | all_gather, gather, scatter | `MPI_Allgather`, `MPI_Gather`, `MPI_Scatter` | `MPI_Iallgather`, `MPI_Igather`, `MPI_Iscatter` |
 //! | reduce_scatter | `MPI_Reduce_scatter_block` | `MPI_Ireduce_scatter_block` |
 //! | all_to_all | `MPI_Alltoall` | `MPI_Ialltoall` |
-//! | send | `MPI_Send` | `MPI_Isend`; sends to self go through an in-process mailbox (buffered) |
-//! | recv | `MPI_Improbe` + `MPI_Imrecv` at every size (the size is checked before receiving; a message of the wrong size is dropped and the call fails with `InvalidArgument`; MPI does not carry the element type, so only sizes are checked) | |
+//! | send | a 16-byte header message (byte count, element type), then `MPI_Send` | the header, then `MPI_Isend`; sends to self go through an in-process mailbox (buffered) |
+//! | recv | `MPI_Improbe` + `MPI_Imrecv` at every size: the header first, then the payload only when its element type and size are the buffer's; otherwise the payload is dropped and the call fails with `InvalidArgument` naming both, the buffer untouched (MPI carries no element type: the header does, as cpu-gloo's) | |
 //! | barrier | | `MPI_Ibarrier` (no buffer) |
 //! | split | | `(color, key)` exchanged with a timed all-gather whatever its size, then `MPI_Comm_split` |
 //!
@@ -98,6 +98,20 @@
 //! A rank that dies takes the job down: Open MPI's mpirun kills the others
 //! and prints which rank exited and how.
 //!
+//! A rank that *ends* early (returns, exits with 0, drops its
+//! communicator) is invisible to MPI: it waits in `MPI_Finalize` while the
+//! others wait for it. Each rank of a world communicator therefore keeps a
+//! progress record in the run's store (collectives entered, whether it
+//! ended, a beat every 250 ms; ADR 0021), and a call that waits reads its
+//! peers' records about every 200 ms: a peer that ended before entering
+//! the collective fails the call with `PeerLost` naming it (non-blocking
+//! path; when its process exited, the error file names it and this process
+//! ends the MPI job at its exit) or ends the job at once from the watchdog
+//! (blocking path). At a timeout the records name the ranks that had not
+//! entered the call, or whose process froze, in the message and in the
+//! error record, instead of the rank that waited. Without a shared store
+//! (bare `mpirun`) the timeouts apply.
+//!
 //! Calls on one communicator take turns (a mutex); the non-blocking calls
 //! of the process are serialised by a second lock.
 //! [`Communicator::abort`] poisons the communicator but cannot interrupt a
@@ -124,6 +138,7 @@ mod error;
 #[allow(unsafe_code)]
 mod ffi;
 pub mod probe;
+mod progress;
 mod watchdog;
 
 use std::sync::Arc;
@@ -239,6 +254,8 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
                 format!("MPI_Comm_idup failed: {e}"),
             ))
         }
+        // `poll` has no check that stops it.
+        Err(Waited::Stopped(_, e)) => return Err(e),
         Err(Waited::TimedOut(req)) => {
             return Err(timed_out(
                 req,
@@ -246,11 +263,29 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
                 "connect",
                 ctx.timeout,
                 ctx.world_size,
+                &[],
             ))
         }
     };
+    // A fresh prefix per connect on this store (a process may connect more
+    // than once), for the progress records (see `progress`).
+    let generation = ctx
+        .store
+        .add(&format!("mpi/connects/{}", ctx.rank), 1)
+        .map_err(|e| e.with_op("connect").with_backend(NAME).with_rank(ctx.rank))?;
+    let record = progress::Progress::start(
+        ctx.store.clone(),
+        format!("mpi/{generation}"),
+        ctx.rank,
+        ctx.world_size,
+    );
     let info = accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities());
-    Ok(accel_api::Group::new(MpiEngine::new(comm, info, shared)))
+    Ok(accel_api::Group::new(MpiEngine::new(
+        comm,
+        info,
+        shared,
+        Some(record),
+    )))
 }
 
 accel_api::submit_backend!(|| Box::new(BACKEND));

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use accel_api::Op;
 
+use crate::progress::{self, Progress};
 use crate::{ffi, NAME};
 
 /// The watch of one communicator.
@@ -43,6 +44,12 @@ pub(crate) struct Watch {
     world_rank: usize,
     /// `ACCEL_MPI_STAGING_BYTES`, for the message.
     staging: usize,
+    /// This rank's progress record and the armed call's index in it
+    /// (`u64::MAX`: not counted).
+    progress: Option<Arc<Progress>>,
+    index: AtomicU64,
+    /// When the peers' records were last read for the armed call.
+    checked_ns: AtomicU64,
 }
 
 /// The armed state of a [`Watch`]; dropping it disarms.
@@ -75,6 +82,7 @@ impl Watch {
         size: usize,
         world_rank: usize,
         staging: usize,
+        progress: Option<Arc<Progress>>,
     ) -> Option<Arc<Watch>> {
         let w = Arc::new(Watch {
             seq: AtomicU64::new(0),
@@ -85,15 +93,23 @@ impl Watch {
             size,
             world_rank,
             staging,
+            progress,
+            index: AtomicU64::new(u64::MAX),
+            checked_ns: AtomicU64::new(0),
         });
         registry().add(&w).then_some(w)
     }
 
-    /// Watch the blocking call `op` until the guard is dropped.
-    pub(crate) fn arm(&self, op: Op) -> Armed<'_> {
+    /// Watch the blocking call `op` (collective number `index` of the
+    /// progress record, when counted) until the guard is dropped.
+    pub(crate) fn arm(&self, op: Op, index: Option<u64>) -> Armed<'_> {
         let i = Op::ALL.iter().position(|o| *o == op).unwrap_or(0);
         self.op.store(i, Ordering::Relaxed);
-        self.started_ns.store(now_ns(), Ordering::Relaxed);
+        self.index
+            .store(index.unwrap_or(u64::MAX), Ordering::Relaxed);
+        let now = now_ns();
+        self.started_ns.store(now, Ordering::Relaxed);
+        self.checked_ns.store(now, Ordering::Relaxed);
         self.seq.fetch_add(1, Ordering::SeqCst);
         let reg = registry();
         if reg.idle.load(Ordering::SeqCst) && reg.idle.swap(false, Ordering::SeqCst) {
@@ -131,13 +147,60 @@ impl Watch {
             .then(|| (Op::ALL.get(op).copied().unwrap_or(Op::Barrier), elapsed, s1))
     }
 
+    /// The armed call's index in the progress record, if counted.
+    fn index(&self) -> Option<u64> {
+        let i = self.index.load(Ordering::Relaxed);
+        (i != u64::MAX).then_some(i)
+    }
+
+    /// While a call is armed, about every 200 ms: a peer that ended before
+    /// entering it will never come; record it as the root cause and end
+    /// the job (see [`progress`]).
+    fn check_peers(&self) {
+        let s1 = self.seq.load(Ordering::Acquire);
+        let (Some(p), Some(index)) = (&self.progress, self.index()) else {
+            return;
+        };
+        let now = now_ns();
+        let last = self.checked_ns.load(Ordering::Relaxed);
+        if s1.is_multiple_of(2) || now.saturating_sub(last) < 200_000_000 {
+            return;
+        }
+        self.checked_ns.store(now, Ordering::Relaxed);
+        let op = Op::ALL
+            .get(self.op.load(Ordering::Relaxed))
+            .copied()
+            .unwrap_or(Op::Barrier);
+        if let Some((peer, rec)) = p.left_before(index) {
+            if self.seq.load(Ordering::SeqCst) != s1 {
+                return;
+            }
+            let message = format!(
+                "[{NAME} rank {r}] {op}: {text}. MPI cannot cancel a collective: ending the MPI job (MPI_Abort, exit code 1)",
+                r = self.rank,
+                op = op.name(),
+                text = progress::early_exit_message(op.name(), index, peer, rec),
+            );
+            write_error_file(&message, peer);
+            ffi::abort_job(&message, 1);
+        }
+    }
+
     /// Report the overdue call and end the MPI job.
     fn fire(&self, op: Op, elapsed: Duration, seq: u64) {
         // The call may have returned since `overdue` looked.
         if self.seq.load(Ordering::SeqCst) != seq {
             return;
         }
-        let err = crate::engine::timeout_error(op.name(), self.timeout, self.size, self.rank);
+        let culprits = match (&self.progress, self.index()) {
+            (Some(p), Some(i)) => p.culprits(i),
+            _ => Vec::new(),
+        };
+        if self.seq.load(Ordering::SeqCst) != seq {
+            return;
+        }
+        let err =
+            crate::engine::timeout_error(op.name(), self.timeout, self.size, self.rank, &culprits);
         let message = format!(
             "{err}\n[{NAME} rank {r}] {op} has been blocked in MPI for {elapsed:.2?} on this rank; \
              MPI cannot cancel a collective, so the watchdog is aborting the MPI job \
@@ -148,7 +211,10 @@ impl Watch {
             op = op.name(),
             staging = self.staging,
         );
-        write_error_file(&message, self.world_rank);
+        // The root cause is the rank that held the call up, when the
+        // progress records name one; otherwise this rank.
+        let blamed = culprits.first().map_or(self.world_rank, |(r, _)| *r);
+        write_error_file(&message, blamed);
         ffi::abort_job(&message, 124);
     }
 }
@@ -158,7 +224,7 @@ impl Watch {
 /// `ACCEL_ERROR_FILE` (or `TORCHELASTIC_ERROR_FILE`), unless a record is
 /// there already (the first failure is the root cause). Best effort: the
 /// job is ending.
-fn write_error_file(message: &str, world_rank: usize) {
+pub(crate) fn write_error_file(message: &str, world_rank: usize) {
     let Some(path) = std::env::var_os("ACCEL_ERROR_FILE")
         .or_else(|| std::env::var_os("TORCHELASTIC_ERROR_FILE"))
         .filter(|p| !p.is_empty())
@@ -252,6 +318,7 @@ impl Registry {
                 if let Some((op, elapsed, seq)) = w.overdue() {
                     w.fire(op, elapsed, seq);
                 }
+                w.check_peers();
                 armed |= w.armed();
             }
             let tick = live
@@ -282,10 +349,10 @@ mod tests {
 
     #[test]
     fn arming_is_visible_and_disarming_ends_it() {
-        let w = Watch::start(Duration::from_secs(3600), 0, 2, 0, 0).expect("watchdog thread");
+        let w = Watch::start(Duration::from_secs(3600), 0, 2, 0, 0, None).expect("watchdog thread");
         assert!(!w.armed());
         {
-            let _a = w.arm(Op::AllReduce);
+            let _a = w.arm(Op::AllReduce, None);
             assert!(w.armed());
             // Far from the timeout: not overdue.
             assert!(w.overdue().is_none());
@@ -305,9 +372,12 @@ mod tests {
             size: 2,
             world_rank: 1,
             staging: 0,
+            progress: None,
+            index: AtomicU64::new(u64::MAX),
+            checked_ns: AtomicU64::new(0),
         };
         // Not registered: the thread never sees it (it would abort).
-        let _a = w.arm(Op::Broadcast);
+        let _a = w.arm(Op::Broadcast, None);
         std::thread::sleep(Duration::from_millis(5));
         let (op, elapsed, _) = w.overdue().expect("overdue");
         assert_eq!(op, Op::Broadcast);
@@ -325,6 +395,9 @@ mod tests {
             size: 1,
             world_rank: 0,
             staging: 0,
+            progress: None,
+            index: AtomicU64::new(u64::MAX),
+            checked_ns: AtomicU64::new(0),
         };
         assert_eq!(
             w(Duration::from_millis(1)).tick(),

@@ -106,16 +106,29 @@ fn job_ends_naming(mode: &str, bound: Duration, text: &str) {
     assert!(out.contains(text), "{out}");
 }
 
-/// The context of this rank of the mpirun job.
+/// The context of this rank of the mpirun job: its store is the file
+/// store ACCEL_MPI_TEST_STORE names (shared by the ranks, as a launcher's
+/// is), else one in memory (bare mpirun: nothing shared).
 fn context(timeout: Duration) -> ConnectContext {
     let var = |k: &str| -> usize { std::env::var(k).unwrap().parse().unwrap() };
+    let store: Arc<dyn accel_api::Store> = match std::env::var_os("ACCEL_MPI_TEST_STORE") {
+        Some(dir) => Arc::new(accel_rendezvous::FileStore::new(dir).expect("file store")),
+        None => Arc::new(accel_rendezvous::MemoryStore::new()),
+    };
     ConnectContext::local(
         var("OMPI_COMM_WORLD_RANK"),
         var("OMPI_COMM_WORLD_SIZE"),
         timeout,
-        Arc::new(accel_rendezvous::MemoryStore::new()),
+        store,
     )
     .with_run_id("test")
+}
+
+fn micros_now() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
 }
 
 fn connect(timeout: Duration) -> Box<dyn Communicator> {
@@ -138,6 +151,8 @@ fn worker_process() {
         "hung_peer" => hung_peer(),
         "absent_rank" => absent_rank(),
         "paths" => paths(),
+        "exit_early" => exit_early(),
+        "frozen" => frozen(),
         other => panic!("unknown mode {other}"),
     }
 }
@@ -240,6 +255,28 @@ fn collectives() {
             let mut two = [0i32; 2];
             let e = c.recv_slice(&mut two, 0, 9).unwrap_err();
             assert!(matches!(e.kind(), ErrorKind::InvalidArgument), "{e}");
+        }
+        // Another element type of the same size is refused too (issue 32):
+        // the buffer is untouched, and the next message arrives intact.
+        for len in [10usize, 100_000] {
+            let sent: Vec<f32> = (0..len).map(|i| i as f32 + 0.5).collect();
+            if r == 0 {
+                c.send_slice(&sent, 1, 11).unwrap();
+                c.send_slice(&sent, 1, 11).unwrap();
+            } else if r == 1 {
+                let mut ints = vec![-7i32; len];
+                let e = c.recv_slice(&mut ints, 0, 11).unwrap_err();
+                assert!(matches!(e.kind(), ErrorKind::InvalidArgument), "{e}");
+                let text = e.to_string();
+                assert!(
+                    text.contains(&format!("{len} f32")) && text.contains(&format!("{len} i32")),
+                    "{text}"
+                );
+                assert!(ints.iter().all(|x| *x == -7), "the buffer was written");
+                let mut floats = vec![0f32; len];
+                c.recv_slice(&mut floats, 0, 11).unwrap();
+                assert_eq!(floats, sent);
+            }
         }
     }
     // split into even and odd ranks, keys reversed.
@@ -365,6 +402,50 @@ fn hung_peer() {
         .all_reduce_slice(&mut [1.0f32; 8], ReduceOp::Sum)
         .unwrap_err();
     println!("rank 0: {e}");
+}
+
+/// Rank 1 returns from the program (exit code 0) after one collective;
+/// rank 0 enters an all_reduce of ACCEL_MPI_TEST_LEN elements: the
+/// non-blocking path returns `PeerLost` naming rank 1 (and rank 0 exits
+/// with 1), the blocking one ends the job from the watchdog.
+fn exit_early() {
+    let c = connect(Duration::from_secs(30));
+    c.all_reduce_slice(&mut [1i32; 4], ReduceOp::Sum).unwrap();
+    if c.rank() == 1 {
+        println!("EXITING {}", micros_now());
+        std::process::exit(0);
+    }
+    let len: usize = std::env::var("ACCEL_MPI_TEST_LEN")
+        .unwrap()
+        .parse()
+        .unwrap();
+    match c.all_reduce_slice(&mut vec![1.0f32; len], ReduceOp::Sum) {
+        // The non-blocking path returns the error; the program ends.
+        Err(e) if matches!(e.kind(), ErrorKind::PeerLost { peer: Some(1) }) => {
+            println!("rank 0 returned: {e}");
+            std::process::exit(1);
+        }
+        other => println!("UNEXPECTED: rank 0's all_reduce returned {other:?}"),
+    }
+}
+
+/// Rank 1's process is stopped (SIGSTOP) while it waits inside a blocking
+/// all_reduce that rank 0 enters a second later: rank 0's watchdog fires.
+fn frozen() {
+    let c = connect(Duration::from_millis(1500));
+    c.barrier().unwrap();
+    let mut v = vec![1.0f32; 1 << 20];
+    if c.rank() == 1 {
+        std::thread::spawn(|| {
+            std::thread::sleep(Duration::from_millis(300));
+            let pid = std::process::id().to_string();
+            let _ = Command::new("kill").args(["-STOP", &pid]).status();
+        });
+    } else {
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let _ = c.all_reduce_slice(&mut v, ReduceOp::Sum);
+    unreachable!("the watchdog should have ended the job");
 }
 
 /// Rank 1 dies in the middle of a collective.
@@ -583,4 +664,132 @@ fn mismatch_child() {
         "{s}"
     );
     println!("mismatch ok: {s}");
+}
+
+/// A fresh folder for one job's store and error file.
+fn job_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "accel-mpi-{name}-{}-{}",
+        std::process::id(),
+        micros_now()
+    ));
+    std::fs::create_dir_all(dir.join("store")).unwrap();
+    dir
+}
+
+/// Issue 32: a rank that exits 0 while the other waits in a collective
+/// ends the job within 2 s (not the 30 s timeout), on the non-blocking
+/// path (the call check's exchange, a small all_reduce: `PeerLost` naming
+/// rank 1, and the program ends) and on the blocking one (no check, 1.2 MB
+/// under the watchdog, which ends the job); the error record names the
+/// rank that exited early.
+#[test]
+fn a_rank_that_exits_early_ends_the_job_at_once_naming_it() {
+    if !have_mpirun() {
+        return;
+    }
+    for (len, check) in [("8", "1"), ("300000", "0")] {
+        let dir = job_dir("exit-early");
+        let file = dir.join("error.json");
+        let (code, out) = job(
+            "exit_early",
+            2,
+            &[
+                ("ACCEL_MPI_TEST_STORE", dir.join("store").to_str().unwrap()),
+                ("ACCEL_ERROR_FILE", file.to_str().unwrap()),
+                ("ACCEL_CHECK_CALLS", check),
+                ("ACCEL_MPI_TEST_LEN", len),
+            ],
+        );
+        let ended = micros_now();
+        assert_ne!(code, Some(0), "{out}");
+        assert!(!out.contains("UNEXPECTED"), "{out}");
+        let exited: u128 = out
+            .split("EXITING ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("rank 1 did not say when it exited:\n{out}"));
+        let took = Duration::from_micros(ended.saturating_sub(exited) as u64);
+        // The issue's bound is 2 s; slack for a loaded machine, far below
+        // the 30 s timeout.
+        assert!(
+            took < Duration::from_secs(4),
+            "the job ended {took:?} after rank 1 exited:\n{out}"
+        );
+        assert!(out.contains("rank 1 exited early"), "{out}");
+        let record = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("no error file {}: {e}\n{out}", file.display()));
+        let v: serde_json::Value = serde_json::from_str(&record).unwrap();
+        assert_eq!(v["rank"], 1, "{record}");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("rank 1 exited early"),
+            "{record}"
+        );
+        eprintln!("len {len}, check {check}: the job ended {took:?} after rank 1 exited");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Issue 32, item 8: with a shared store, the watchdog's abort of a
+/// blocking call names the rank that never entered it (its progress
+/// record), not the rank that waited.
+#[test]
+fn the_watchdog_blames_the_rank_that_never_entered() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = job_dir("absent-store");
+    let file = dir.join("error.json");
+    let (code, out) = job(
+        "absent_rank",
+        2,
+        &[
+            ("ACCEL_MPI_TEST_STORE", dir.join("store").to_str().unwrap()),
+            ("ACCEL_ERROR_FILE", file.to_str().unwrap()),
+            ("ACCEL_CHECK_CALLS", "0"),
+        ],
+    );
+    assert_ne!(code, Some(0), "{out}");
+    let record = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("no error file {}: {e}\n{out}", file.display()));
+    let v: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(v["rank"], 1, "{record}");
+    let msg = v["message"].as_str().unwrap();
+    assert!(msg.contains("rank 1 is elsewhere after"), "{record}");
+    assert!(msg.contains("aborting the MPI job"), "{record}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 32, item 8: a rank whose process froze inside a blocking
+/// collective (its record's beat stopped) is the one the watchdog's abort
+/// names, not the rank that waited.
+#[test]
+fn the_watchdog_blames_a_rank_frozen_inside_the_collective() {
+    if !have_mpirun() {
+        return;
+    }
+    let dir = job_dir("frozen");
+    let file = dir.join("error.json");
+    let (code, out) = job(
+        "frozen",
+        2,
+        &[
+            ("ACCEL_MPI_TEST_STORE", dir.join("store").to_str().unwrap()),
+            ("ACCEL_ERROR_FILE", file.to_str().unwrap()),
+            ("ACCEL_CHECK_CALLS", "0"),
+        ],
+    );
+    assert_ne!(code, Some(0), "{out}");
+    let record = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("no error file {}: {e}\n{out}", file.display()));
+    let v: serde_json::Value = serde_json::from_str(&record).unwrap();
+    assert_eq!(v["rank"], 1, "{record}");
+    let msg = v["message"].as_str().unwrap();
+    assert!(msg.contains("rank 1 entered this collective"), "{record}");
+    assert!(msg.contains("frozen"), "{record}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

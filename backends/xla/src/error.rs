@@ -36,6 +36,10 @@ pub(crate) enum XlaError {
     Timeout { after: Duration, what: String },
     /// Another rank of the group failed first; this one stops too.
     PeerFailed { rank: usize, why: String },
+    /// This rank's own group was aborted (the meeting broken by its own
+    /// abort or failure): what the rank that broke it sees, instead of a
+    /// lost peer naming itself.
+    Aborted(String),
     /// A call's arguments do not fit what its peer sent (point-to-point
     /// sizes).
     Argument(String),
@@ -86,6 +90,7 @@ impl fmt::Display for XlaError {
             XlaError::NotFound(m)
             | XlaError::Argument(m)
             | XlaError::Mismatch(m)
+            | XlaError::Aborted(m)
             | XlaError::Timeout { what: m, .. } => f.write_str(m),
             XlaError::Config { what, .. } => f.write_str(what),
             XlaError::PeerFailed { rank, why } => write!(f, "rank {rank} failed first: {why}"),
@@ -129,6 +134,7 @@ impl From<XlaError> for Error {
                     .with_fix(format!("look at rank {rank}'s error for the first failure"))
             }
             XlaError::Broken(_) => Error::new(ErrorKind::Internal, message),
+            XlaError::Aborted(_) => Error::new(ErrorKind::Aborted, message),
             XlaError::Argument(_) => Error::new(ErrorKind::InvalidArgument, message),
             XlaError::Mismatch(_) => Error::new(ErrorKind::InvalidArgument, message)
                 .with_fatal(true)

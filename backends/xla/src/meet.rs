@@ -143,8 +143,8 @@ impl Meet {
         self.mail.notify_all();
     }
 
-    fn broken_error(&self) -> Option<XlaError> {
-        lock(&self.round).broken.clone()
+    fn broken_error(&self, me: usize) -> Option<XlaError> {
+        lock(&self.round).broken.clone().map(|b| seen_by(b, me))
     }
 
     /// Join round `number` as `rank` with `deposit`; the last rank to
@@ -168,7 +168,7 @@ impl Meet {
         // Wait for the previous round to drain.
         while r.number != number {
             if let Some(b) = r.broken.clone() {
-                return Err(b);
+                return Err(seen_by(b, rank));
             }
             if r.number > number {
                 return Err(XlaError::Broken(format!(
@@ -185,7 +185,7 @@ impl Meet {
             })?;
         }
         if let Some(b) = r.broken.clone() {
-            return Err(b);
+            return Err(seen_by(b, rank));
         }
         if let Some(other) = r.deposits.iter().flatten().next() {
             if other.key != key {
@@ -212,7 +212,7 @@ impl Meet {
         // Wait for the work to be done.
         while r.outcomes.is_none() {
             if let Some(b) = r.broken.clone() {
-                return Err(b);
+                return Err(seen_by(b, rank));
             }
             let missing: Vec<usize> = (0..self.size).filter(|&i| !r.arrived[i]).collect();
             let size = self.size;
@@ -308,7 +308,7 @@ impl Meet {
                 }
                 return Ok(data);
             }
-            if let Some(b) = self.broken_error() {
+            if let Some(b) = self.broken_error(dst) {
                 return Err(b);
             }
             let now = Instant::now();
@@ -374,4 +374,37 @@ pub(crate) fn find(token: &str) -> Option<Arc<Meet>> {
 /// Forget `token` once every rank has joined (or joining failed).
 pub(crate) fn close(token: &str) {
     lock(pending()).remove(token);
+}
+
+/// The error that broke a meeting as rank `me` sees it: a failure of `me`
+/// itself (its abort, or its own failure reported to the others) is not a
+/// lost peer on `me`, which would name itself.
+fn seen_by(b: XlaError, me: usize) -> XlaError {
+    match b {
+        XlaError::PeerFailed { rank, why } if rank == me => XlaError::Aborted(why),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_never_sees_itself_as_the_lost_peer() {
+        let b = XlaError::PeerFailed {
+            rank: 1,
+            why: "aborted: rank 1 failed: boom".into(),
+        };
+        assert!(matches!(
+            seen_by(b.clone(), 0),
+            XlaError::PeerFailed { rank: 1, .. }
+        ));
+        match seen_by(b, 1) {
+            XlaError::Aborted(why) => assert!(why.contains("boom"), "{why}"),
+            other => panic!("rank 1 saw {other:?}"),
+        }
+        let e = accel_api::Error::from(XlaError::Aborted("aborted: x".into()));
+        assert_eq!(e.kind(), &accel_api::ErrorKind::Aborted);
+    }
 }

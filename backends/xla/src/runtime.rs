@@ -88,6 +88,20 @@ pub(crate) fn find_plugin(env: &dyn Fn(&str) -> Option<String>) -> Result<PathBu
     )))
 }
 
+/// The plugin logs through absl to stderr on every load (absl's "All log
+/// messages before absl::InitializeLog() ..." warning and INFO lines such
+/// as "cpu_device_count set via create_options"). Unless the user set
+/// `TF_CPP_MIN_LOG_LEVEL` or accel's own logs are at info or finer
+/// (`accel --log info`, a `RUST_LOG` subscriber), keep its INFO lines out:
+/// warnings and errors still show. Before the plugin is loaded (it reads
+/// the variable at its first log).
+fn quiet_plugin_logs() {
+    const VAR: &str = "TF_CPP_MIN_LOG_LEVEL";
+    if std::env::var_os(VAR).is_none() && !tracing::enabled!(tracing::Level::INFO) {
+        std::env::set_var(VAR, "1");
+    }
+}
+
 /// The CPU device count to create clients with.
 fn cpu_devices(env: &dyn Fn(&str) -> Option<String>) -> usize {
     env("ACCEL_PJRT_CPU_DEVICES")
@@ -146,6 +160,7 @@ impl Runtime {
     }
 
     fn load(path: PathBuf, devices: usize) -> Result<Runtime, XlaError> {
+        quiet_plugin_logs();
         let plugin = Plugin::load(&path)?;
         let client = Client::create(plugin, i64::try_from(devices).unwrap_or(8))?;
         tracing::debug!(path = %path.display(), devices = client.device_count(), "PJRT client created");

@@ -185,4 +185,9 @@ impl Parameters for TchModel {
             .any(|(_, p)| p.device() != tch::Device::Cpu)
             .then(|| Arc::new(TchKernels) as Arc<dyn GradKernels>)
     }
+
+    /// libtorch autocasts the forward pass (`autocast_forward`).
+    fn uses_mixed_precision(&self) -> bool {
+        true
+    }
 }

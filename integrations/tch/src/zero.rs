@@ -80,6 +80,10 @@ impl Parameters for Zero3TchModel {
         self.inner.grad_kernels()
     }
 
+    fn uses_mixed_precision(&self) -> bool {
+        self.inner.uses_mixed_precision()
+    }
+
     /// `numel == 0`: the data and gradient become empty tensors.
     /// Otherwise `numel` must be the parameter's element count: both
     /// become zero-filled tensors of its shape (dtype and device kept).

@@ -316,3 +316,73 @@ fn tch_kernels_scale_measure_clamp_and_copy_device_views() {
     k.fill(view(&mut t), f64::NAN).unwrap();
     assert!(k.stats(view(&mut t).as_buf(), 2.0).unwrap().non_finite);
 }
+
+/// accel's loss scaler against libtorch's own kernels, the ones torch's
+/// `GradScaler` runs: `_amp_update_scale_` for `update()` (an f32 scale
+/// tensor, an int32 tracker, the factors as doubles) and
+/// `_scale.double().reciprocal().float()` for the unscaling factor. Factors
+/// 1.5 and 0.9 and a random overflow pattern: every step bit for bit.
+#[test]
+fn the_loss_scaler_follows_libtorchs_grad_scaler_kernels_step_for_step() {
+    use accel::train::{GradScaler, GradScalerConfig};
+    let c = GradScalerConfig {
+        init_scale: 16777216.0,
+        growth_factor: 1.5,
+        backoff_factor: 0.9,
+        growth_interval: 3,
+    };
+    let mut ours = GradScaler::new(c);
+    // torch.full((), init_scale, dtype=torch.float32) and an int32 tracker.
+    let mut scale = Tensor::from_slice(&[c.init_scale as f32]);
+    let tracker = Tensor::from_slice(&[0i32]);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut overflows = 0;
+    for step in 0..400 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let found_inf = rng.is_multiple_of(4);
+        overflows += usize::from(found_inf);
+        let found = Tensor::from_slice(&[if found_inf { 1.0f32 } else { 0.0 }]);
+        let _ = scale.internal_amp_update_scale_(
+            &tracker,
+            &found,
+            c.growth_factor,
+            c.backoff_factor,
+            c.growth_interval as i64,
+        );
+        ours.update(found_inf);
+        let torch_scale = scale.double_value(&[0]) as f32;
+        let torch_tracker = tracker.int64_value(&[0]) as u64;
+        assert_eq!(
+            (ours.scale.to_bits(), ours.growth_tracker),
+            (torch_scale.to_bits(), torch_tracker),
+            "step {step}: accel {} / {}, libtorch {torch_scale} / {torch_tracker}",
+            ours.scale,
+            ours.growth_tracker
+        );
+        let inv = scale
+            .to_kind(Kind::Double)
+            .reciprocal()
+            .to_kind(Kind::Float)
+            .double_value(&[0]) as f32;
+        assert_eq!(ours.inv_scale().to_bits(), inv.to_bits(), "step {step}");
+    }
+    assert!(overflows > 50, "{overflows}");
+}
+
+#[test]
+fn a_tch_model_uses_the_mixed_precision_it_is_given() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _ = nn::linear(vs.root() / "fc", 3, 2, Default::default());
+    let acc = acc();
+    acc.set_training_config(TrainConfig {
+        mixed_precision: Some(MixedPrecision::Bf16),
+        strict: true,
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    // Strict: a setting that does not apply would be an error here.
+    acc.prepare_model(TchModel::new(vs).unwrap()).unwrap();
+    assert!(acc.settings_not_applied().is_empty());
+}

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use accel::worker_env::WorkerEnv;
 use accel_api::{Error, Result};
-use accel_rendezvous::TcpStoreServer;
+use accel_rendezvous::{TcpStoreServer, TorchStoreServer};
 
 mod attempt;
 
@@ -249,9 +249,12 @@ fn blame_stall(
 /// unless `per_run` (several machines reach one address).
 #[derive(Debug)]
 pub struct HostedStore {
-    /// Where the store binds and the workers dial it.
+    /// Where the stores bind and the workers dial them.
     pub addr: String,
-    /// Its port (0: a free one).
+    /// MASTER_PORT (0: a free one): the torch-protocol endpoint torch
+    /// workers join (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
+    /// accel's own store, with the token, listens on a free port
+    /// (ACCEL_STORE_URL).
     pub port: u16,
     /// Bind exactly (several machines were told the port).
     pub per_run: bool,
@@ -269,6 +272,7 @@ pub struct HostedStore {
     /// Say the store's notices (a busy port avoided).
     pub echo: bool,
     server: Option<TcpStoreServer>,
+    torch: Option<TorchStoreServer>,
     url: String,
 }
 
@@ -286,6 +290,7 @@ impl HostedStore {
             max_restarts: 0,
             echo: true,
             server: None,
+            torch: None,
             url: String::new(),
         }
     }
@@ -304,15 +309,31 @@ impl Coordinator for HostedStore {
             // A fresh store per attempt: no key of a failed attempt can
             // confuse the next one.
             self.server = None;
+            self.torch = None;
+            // Across machines (mpirun) the given port is accel's store's,
+            // which the other machines were told; on one machine it is the
+            // torch endpoint's, and accel's store takes a free port.
+            let accel_port = if self.per_run { self.port } else { 0 };
             let (server, notice) =
-                crate::store::host(&self.addr, self.port, self.per_run, &self.token)?;
+                crate::store::host(&self.addr, accel_port, self.per_run, &self.token)?;
+            let notice = if self.per_run {
+                notice
+            } else {
+                let (torch, notice) = crate::store::host_torch(&self.addr, self.port, false)?;
+                self.torch = Some(torch);
+                notice
+            };
             if let Some(msg) = notice.filter(|_| n == 0 && self.echo) {
                 say(&msg);
             }
             self.server = Some(server);
         }
-        let port = self.server.as_ref().map_or(0, |s| s.local_addr().port());
-        self.url = accel::worker_env::tcp_url(&self.addr, port);
+        let accel_port = self.server.as_ref().map_or(0, |s| s.local_addr().port());
+        let port = self
+            .torch
+            .as_ref()
+            .map_or(accel_port, |s| s.local_addr().port());
+        self.url = accel::worker_env::tcp_url(&self.addr, accel_port);
         let mut env = self.base.clone();
         env.master_addr = Some(
             self.addr
@@ -322,6 +343,7 @@ impl Coordinator for HostedStore {
         );
         env.master_port = Some(port);
         env.store_url = Some(self.url.clone());
+        env.agent_store = self.torch.is_some().then_some(true);
         env.token = Some(self.token.clone());
         env.restart_count = Some(n);
         env.max_restarts = Some(self.max_restarts);
@@ -341,6 +363,9 @@ impl Coordinator for HostedStore {
     fn end(&mut self, _last: u32) {
         if let Some(s) = self.server.take() {
             s.shutdown();
+        }
+        if let Some(t) = self.torch.take() {
+            t.shutdown();
         }
     }
 

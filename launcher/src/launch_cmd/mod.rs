@@ -173,6 +173,36 @@ pub struct LaunchArgs {
     #[arg(long)]
     standalone: bool,
 
+    /// torchrun's: run PROGRAM as it is, even a `.py` file (otherwise a
+    /// `.py` PROGRAM runs under `python3`, the first on PATH).
+    #[arg(long, aliases = ["no_python"], conflicts_with_all = ["module", "run_path"])]
+    no_python: bool,
+
+    /// torchrun's -m: PROGRAM is a Python module, run as `python3 -m PROGRAM`.
+    #[arg(short = 'm', long, conflicts_with = "run_path")]
+    module: bool,
+
+    /// torchrun's --run-path: PROGRAM is a Python file, run as `python3 PROGRAM`
+    /// whatever its name.
+    #[arg(long, aliases = ["run_path"])]
+    run_path: bool,
+
+    /// torchrun's --rdzv-backend: `c10d` or `static`, both meaning that
+    /// machine 0 hosts the rendezvous at --rdzv-endpoint (accel's store).
+    #[arg(long = "rdzv-backend", aliases = ["rdzv_backend"], value_name = "c10d|static",
+          value_parser = ["c10d", "static"])]
+    rdzv_backend: Option<String>,
+
+    /// torchrun's --rdzv-endpoint `HOST[:PORT]`: where machine 0 hosts the
+    /// store (--main-process-ip / --main-process-port).
+    #[arg(long = "rdzv-endpoint", aliases = ["rdzv_endpoint"], value_name = "HOST[:PORT]")]
+    rdzv_endpoint: Option<String>,
+
+    /// torchrun's --monitor-interval: accepted for compatibility; accel
+    /// watches its workers continuously, so it changes nothing.
+    #[arg(long = "monitor-interval", aliases = ["monitor_interval"], value_name = "SECS", hide = true)]
+    monitor_interval: Option<f64>,
+
     /// Show the workers' stdout on stderr (`accel bench`).
     #[arg(skip)]
     pub workers_stdout_to_stderr: bool,
@@ -198,6 +228,12 @@ impl LaunchArgs {
             hostfile: None,
             json: false,
             standalone: false,
+            no_python: false,
+            module: false,
+            run_path: false,
+            rdzv_backend: None,
+            rdzv_endpoint: None,
+            monitor_interval: None,
             workers_stdout_to_stderr: false,
             command,
         }
@@ -211,6 +247,27 @@ fn layered(args: &LaunchArgs) -> Result<Settings> {
     };
     let env = Options::from_env(|k| std::env::var(k).ok())?;
     let mut o = args.options.clone().overlay(env).overlay(file);
+    if let Some(ep) = &args.rdzv_endpoint {
+        let (host, port) = split_endpoint(ep)?;
+        if o.main_process_ip.as_deref().is_some_and(|h| h != host) {
+            return Err(Error::invalid_config(
+                "--rdzv-endpoint",
+                ep,
+                "contradicts --main-process-ip (--master-addr); give one of them",
+            ));
+        }
+        o.main_process_ip = Some(host.to_string());
+        if let Some(p) = port {
+            if o.main_process_port.is_some_and(|q| q != p) {
+                return Err(Error::invalid_config(
+                    "--rdzv-endpoint",
+                    ep,
+                    "contradicts --main-process-port (--master-port); give one of them",
+                ));
+            }
+            o.main_process_port = Some(p);
+        }
+    }
     if args.standalone {
         if o.num_machines.is_some_and(|m| m > 1) {
             return Err(Error::new(
@@ -302,15 +359,77 @@ fn scratch_dir() -> Result<PathBuf> {
     )))
 }
 
+/// torchrun's OMP_NUM_THREADS policy: with several workers on a machine and
+/// no OMP_NUM_THREADS of the user's, each worker gets 1, so that N workers
+/// do not each start a thread per core.
+fn omp_policy(nproc: usize) -> Vec<(String, String)> {
+    if nproc > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        tracing::info!("OMP_NUM_THREADS=1 for each worker (torchrun's default; set it to choose)");
+        vec![("OMP_NUM_THREADS".into(), "1".into())]
+    } else {
+        Vec::new()
+    }
+}
+
+/// torchrun's `HOST[:PORT]` (IPv6 in brackets).
+fn split_endpoint(ep: &str) -> Result<(&str, Option<u16>)> {
+    let bad = |why: &str| Error::invalid_config("--rdzv-endpoint", ep, why.to_string());
+    let (host, port) = match ep.strip_prefix('[') {
+        Some(v6) => {
+            let (h, rest) = v6.split_once(']').ok_or_else(|| bad("unclosed `[`"))?;
+            (h, rest.strip_prefix(':'))
+        }
+        None if ep.matches(':').count() > 1 => (ep, None),
+        None => match ep.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (ep, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(bad("the host is missing"));
+    }
+    let port = port
+        .map(|p| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad("the port is not in 1-65535"))
+        })
+        .transpose()?;
+    Ok((host, port))
+}
+
+/// The command to start, torchrun's way: a `.py` file (or with -m a module,
+/// with --run-path any file) under `python3`, unless --no-python.
+fn python_command(args: &LaunchArgs) -> Vec<OsString> {
+    let python = || OsString::from("python3");
+    let first_is_py = args.command[0].to_string_lossy().ends_with(".py");
+    if args.no_python {
+        args.command.clone()
+    } else if args.module {
+        [python(), "-m".into()]
+            .into_iter()
+            .chain(args.command.iter().cloned())
+            .collect()
+    } else if args.run_path || first_is_py {
+        std::iter::once(python())
+            .chain(args.command.iter().cloned())
+            .collect()
+    } else {
+        args.command.clone()
+    }
+}
+
 /// The program, resolved before anything starts; `Err(code)` after saying
 /// why.
 fn resolve_program(args: &LaunchArgs) -> std::result::Result<accel_launch::Program, u8> {
-    let argv0 = args.command[0].clone();
+    let command = python_command(args);
+    let argv0 = command[0].clone();
     match program::resolve(&argv0, std::env::var_os("PATH").as_deref()) {
         Ok(path) => Ok(accel_launch::Program {
             path,
             argv0,
-            args: args.command[1..].to_vec(),
+            args: command[1..].to_vec(),
         }),
         Err(e) => {
             eprintln!("accel: error: {e}");
@@ -345,6 +464,61 @@ fn distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// torchrun's and accelerate launch's flags that `accel launch` does not
+/// take, and why (docs/torch.md has the whole table).
+const NOT_MAPPED: &[(&str, &str)] = &[
+    (
+        "rdzv-conf",
+        "accel's rendezvous has no such settings; --join-timeout bounds the machines' join",
+    ),
+    (
+        "rdzv-timeout",
+        "use --join-timeout for the machines' join and --timeout for every blocking call",
+    ),
+    (
+        "start-method",
+        "accel always starts workers as new processes (fork and exec)",
+    ),
+    (
+        "role",
+        "accel runs one role; ROLE_RANK and ROLE_WORLD_SIZE equal RANK and WORLD_SIZE",
+    ),
+    (
+        "local-addr",
+        "machines are addressed through --master-addr only",
+    ),
+    (
+        "local-ranks-filter",
+        "use --ranks to choose whose output is shown",
+    ),
+    (
+        "logs-specs",
+        "use --tee DIR (or --log-dir DIR) to write each rank's output to DIR/rank-N.log",
+    ),
+    (
+        "redirects",
+        "accel always prefixes and shows every rank's output; --tee DIR also writes it to files",
+    ),
+    ("max-restarts-per-node", "use --max-restarts"),
+    (
+        "multi-gpu",
+        "accel launches one process per -n; devices follow LOCAL_RANK",
+    ),
+    (
+        "cpu",
+        "accel launches -n processes on CPU backends already; choose one with --backend",
+    ),
+    (
+        "use-deepspeed",
+        "accel has its own ZeRO (--sharding); DeepSpeed is not driven",
+    ),
+    ("use-fsdp", "use --sharding full (ZeRO stage 3)"),
+    (
+        "dynamo-backend",
+        "torch.compile settings are the program's own",
+    ),
+];
+
 /// A "program" that starts with `-` is a flag `accel launch` does not know
 /// (clap hands everything after the first unknown word to the program):
 /// say so, with the closest known flag.
@@ -355,6 +529,18 @@ fn unknown_flag(word: &std::ffi::OsStr) -> Option<Error> {
     }
     let name = w.trim_start_matches('-');
     let name = name.split_once('=').map_or(name, |(n, _)| n);
+    if let Some((_, why)) = NOT_MAPPED
+        .iter()
+        .find(|(f, _)| f.replace('_', "-") == name.replace('_', "-"))
+    {
+        return Some(
+            Error::new(
+                ErrorKind::InvalidArgument,
+                format!("`{w}` (torchrun's or accelerate launch's) has no counterpart in `accel launch`"),
+            )
+            .with_fix(why.to_string()),
+        );
+    }
     let cmd = <LaunchArgs as clap::Args>::augment_args(clap::Command::new("launch"));
     let mut known: Vec<String> = Vec::new();
     for a in cmd.get_arguments() {
@@ -372,8 +558,9 @@ fn unknown_flag(word: &std::ffi::OsStr) -> Option<Error> {
         .iter()
         .map(|k| (distance(&name.replace('_', "-"), &k.replace('_', "-")), k))
         .min();
+    // Only near misses (a typo), never a flag that merely shares a word.
     let hint = match best {
-        Some((d, k)) if d <= name.len().max(4) / 2 => format!("did you mean `--{k}`? "),
+        Some((d, k)) if d <= 2.min(name.len() / 3) => format!("did you mean `--{k}`? "),
         _ => String::new(),
     };
     Some(
@@ -423,7 +610,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
             accel::ProcessModel::Processes => Box::new(LocalGroup {
                 program,
                 local_world_size: s.nproc,
-                extra_env: Vec::new(),
+                extra_env: omp_policy(s.nproc),
                 remove_env: Vec::new(),
                 die_with_parent: true,
             }),

@@ -5,6 +5,8 @@
 
 pub mod dir_store;
 
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -99,4 +101,21 @@ pub fn must_fail<T>(r: Result<T>, what: &str) -> accel_api::Error {
         Ok(_) => panic!("{what} should have failed"),
         Err(e) => e,
     }
+}
+
+/// Start a copy of this test binary running only `test` as rank `rank` of
+/// `world` in worker `mode` (ACCEL_GLOO_TEST_WORKER), rendezvousing through
+/// the directory store `dir` on loopback; output piped.
+pub fn spawn_worker(test: &str, mode: &str, rank: usize, world: usize, dir: &Path) -> Child {
+    Command::new(std::env::current_exe().expect("test binary path"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("ACCEL_GLOO_TEST_WORKER", mode)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("ACCEL_GLOO_TEST_STORE", dir)
+        .env("ACCEL_GLOO_HOSTNAME", "127.0.0.1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start a worker")
 }

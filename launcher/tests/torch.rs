@@ -1,0 +1,277 @@
+//! torch programs under `accel launch`, against the same programs under
+//! torchrun, with the real torch 2.13 (`make torch-venv`). Without it the
+//! tests print why and skip; under CI they fail.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+/// The venv's bin folder (python3, torchrun, accelerate).
+fn venv_bin() -> Option<PathBuf> {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.accel-cache/torch-venv/bin");
+    if bin.join("torchrun").exists() {
+        return Some(bin);
+    }
+    let why = format!(
+        "skipping: no torch venv at {} (`make torch-venv`)",
+        bin.display()
+    );
+    assert!(std::env::var_os("CI").is_none(), "{why}; CI must not skip");
+    eprintln!("{why}");
+    None
+}
+
+/// `cmd` with the venv's python3 first on PATH (torchrun's "current Python").
+fn in_venv(mut cmd: Command, bin: &Path) -> Command {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut dirs = vec![bin.to_path_buf()];
+    dirs.extend(std::env::split_paths(&path));
+    cmd.env("PATH", std::env::join_paths(dirs).unwrap());
+    cmd.env_remove("OMP_NUM_THREADS");
+    cmd
+}
+
+fn script(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+const DDP: &str = r#"
+import sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+dist.init_process_group("gloo")
+r = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+ddp = DDP(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(1234 + r)
+for step in range(20):
+    x = torch.randn(4, 8, generator=g)
+    y = x.sum(1, keepdim=True)
+    opt.zero_grad()
+    loss = ((ddp(x) - y) ** 2).mean()
+    loss.backward()
+    opt.step()
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+print(f"PARAMS rank={r} " + flat.numpy().tobytes().hex(), flush=True)
+dist.destroy_process_group()
+"#;
+
+fn params(out: &str, rank: usize) -> String {
+    let tag = format!("PARAMS rank={rank} ");
+    out.lines()
+        .find_map(|l| l.find(&tag).map(|i| l[i + tag.len()..].trim().to_string()))
+        .unwrap_or_else(|| panic!("no parameters of rank {rank} in:\n{out}"))
+}
+
+#[test]
+fn a_torch_ddp_script_ends_bit_for_bit_as_under_torchrun() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let ddp = script(dir.path(), "ddp.py", DDP);
+
+    let ours = start(in_venv(command(&["launch", "-n", "2", &ddp]), &bin))
+        .finish(Duration::from_secs(120));
+    ours.code_is(0);
+    let mut theirs = Command::new(bin.join("torchrun"));
+    theirs
+        .args(["--standalone", "--nproc-per-node", "2", &ddp])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let theirs = start(in_venv(theirs, &bin)).finish(Duration::from_secs(120));
+    theirs.code_is(0);
+    let p = params(&ours.stdout, 0);
+    assert_eq!(p, params(&ours.stdout, 1), "DDP keeps the ranks equal");
+    assert_eq!(
+        p,
+        params(&theirs.stdout, 0),
+        "accel launch and torchrun end on other parameters"
+    );
+    // torchrun's OMP_NUM_THREADS policy.
+    assert!(
+        ours.stderr.is_empty() || !ours.stderr.contains("Traceback"),
+        "{}",
+        ours.all()
+    );
+}
+
+const RAISE: &str = r#"
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+@record
+def main():
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("rank one gives up")
+    dist.barrier()
+
+main()
+"#;
+
+#[test]
+fn a_raising_torch_rank_is_the_root_cause_with_its_python_exception() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let raise = script(dir.path(), "raise.py", RAISE);
+    let r = start(in_venv(command(&["launch", "-n", "2", &raise]), &bin))
+        .finish(Duration::from_secs(120));
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    let block = r
+        .stderr
+        .split("root cause")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no root-cause block:\n{}", r.all()));
+    assert!(block.contains("rank:      1"), "{block}");
+    assert!(block.contains("ValueError: rank one gives up"), "{block}");
+    assert!(block.contains("raise.py:9 (in main)"), "{block}");
+}
+
+#[test]
+fn module_and_no_python_run_as_under_torchrun() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    script(dir.path(), "hello_mod.py", "import os\nprint('hello from', os.environ['RANK'], os.environ['TORCHELASTIC_USE_AGENT_STORE'], os.environ.get('OMP_NUM_THREADS'))\n");
+    let mut cmd = in_venv(command(&["launch", "-n", "2", "-m", "hello_mod"]), &bin);
+    cmd.current_dir(dir.path()).env("PYTHONPATH", dir.path());
+    let r = start(cmd).finish(Duration::from_secs(60));
+    r.code_is(0);
+    for rank in 0..2 {
+        assert!(
+            rank_lines(&r.stdout, rank).contains(&format!("hello from {rank} True 1")),
+            "{}",
+            r.all()
+        );
+    }
+    // --no-python runs a .py file as a program (here: not executable).
+    let py = script(dir.path(), "plain.py", "print('x')\n");
+    let r = accel(&["launch", "-n", "1", "--no-python", &py]);
+    assert_ne!(r.code, Some(0), "{}", r.all());
+}
+
+#[test]
+fn torchruns_flags_map_and_the_ones_that_do_not_are_refused_with_a_reason() {
+    let r = accel(&[
+        "launch",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:0",
+        "-n",
+        "1",
+        "--",
+        "true",
+    ]);
+    assert!(r.stderr.contains("port is not in 1-65535"), "{}", r.all());
+    let r = accel(&[
+        "launch",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "localhost",
+        "--monitor-interval",
+        "5",
+        "-n",
+        "2",
+        "--",
+        "true",
+    ]);
+    r.code_is(0);
+    for (flag, why) in [
+        ("--rdzv-conf", "join-timeout"),
+        ("--start-method", "fork and exec"),
+        ("--local-ranks-filter", "--ranks"),
+        ("--use-deepspeed", "--sharding"),
+    ] {
+        let r = accel(&["launch", "-n", "1", flag, "x", "--", "true"]);
+        r.code_is(2);
+        assert!(
+            r.stderr.contains("has no counterpart") && r.stderr.contains(why),
+            "{flag}: {}",
+            r.all()
+        );
+        assert!(!r.stderr.contains("did you mean"), "{flag}: {}", r.all());
+    }
+}
+
+const ACCELERATE: &str = r#"
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+acc = Accelerator(gradient_accumulation_steps=2)
+set_seed(0)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = torch.utils.data.TensorDataset(
+    torch.arange(40, dtype=torch.float32).reshape(10, 4) / 40,
+    torch.arange(10, dtype=torch.float32).reshape(10, 1) / 10)
+dl = torch.utils.data.DataLoader(data, batch_size=2)
+model, opt, dl = acc.prepare(model, opt, dl)
+for x, y in dl:
+    with acc.accumulate(model):
+        loss = ((model(x) - y) ** 2).mean()
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+preds = acc.gather_for_metrics(model(torch.ones(3, 4)).detach())
+w = acc.unwrap_model(model).weight.detach().flatten().tolist()
+acc.print("ACC", acc.distributed_type, acc.num_processes, [round(v, 6) for v in preds.flatten().tolist()], [round(v, 6) for v in w])
+"#;
+
+/// The `ACC ...` lines a run printed, rank prefixes removed, sorted.
+fn acc_lines(out: &str) -> Vec<String> {
+    let mut v: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.find("ACC ").map(|i| l[i..].to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn an_accelerate_script_prints_what_it_prints_under_accelerate_launch() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let s = script(dir.path(), "acc.py", ACCELERATE);
+    let ours =
+        start(in_venv(command(&["launch", "-n", "2", &s]), &bin)).finish(Duration::from_secs(120));
+    ours.code_is(0);
+    let mut theirs = Command::new(bin.join("accelerate"));
+    theirs
+        .args(["launch", "--multi_gpu", "--num_processes", "2", &s])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let theirs = start(in_venv(theirs, &bin)).finish(Duration::from_secs(120));
+    theirs.code_is(0);
+    assert!(!acc_lines(&ours.stdout).is_empty(), "{}", ours.all());
+    assert_eq!(
+        acc_lines(&ours.stdout),
+        acc_lines(&theirs.stdout),
+        "{}\n{}",
+        ours.all(),
+        theirs.all()
+    );
+    // Accelerate's own multi-process CPU mode meets through accel's torch
+    // endpoint: one process group of 2, the gathered metrics of both.
+    let mut cmd = in_venv(command(&["launch", "-n", "2", &s]), &bin);
+    cmd.env("ACCELERATE_USE_CPU", "1");
+    let multi = start(cmd).finish(Duration::from_secs(120));
+    multi.code_is(0);
+    let l = acc_lines(&multi.stdout);
+    assert_eq!(l.len(), 1, "only the main process prints: {}", multi.all());
+    assert!(
+        l[0].starts_with("ACC DistributedType.MULTI_CPU 2 ["),
+        "{}",
+        l[0]
+    );
+    let preds = l[0].split('[').nth(1).unwrap().split(']').next().unwrap();
+    assert_eq!(preds.split(',').count(), 6, "{}", l[0]);
+}
