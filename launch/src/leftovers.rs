@@ -9,22 +9,47 @@
 //! and is left alone, as is one that cleared its environment.
 
 use std::path::Path;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::{getpid, getsid, Pid};
 
+/// How long [`end`] looks: reading another process's environment can
+/// block (a process frozen or stuck in the kernel holds its memory map), and
+/// the launcher must not wait on it.
+pub const SCAN_LIMIT: Duration = Duration::from_secs(1);
+
 /// SIGKILL every process of this session that carries `error_dir` in its
-/// `ACCEL_ERROR_FILE`; returns their pids.
+/// `ACCEL_ERROR_FILE`; returns their pids. The scan runs on its own thread
+/// and is abandoned after [`SCAN_LIMIT`] (what it found by then is ended).
 pub fn end(error_dir: &Path) -> Vec<u32> {
-    let Ok(session) = getsid(None) else {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = error_dir.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("accel-leftovers".into())
+        .spawn(move || scan(&dir, &tx));
+    if spawned.is_err() {
         return Vec::new();
+    }
+    let deadline = Instant::now() + SCAN_LIMIT;
+    let mut ended = Vec::new();
+    while let Ok(pid) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        ended.push(pid);
+    }
+    ended
+}
+
+/// [`end`]'s scan: each process ended is sent on `tx`.
+fn scan(error_dir: &Path, tx: &Sender<u32>) {
+    let Ok(session) = getsid(None) else {
+        return;
     };
     let marker = format!("ACCEL_ERROR_FILE={}/", error_dir.display()).into_bytes();
     let me = getpid().as_raw();
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+        return;
     };
-    let mut ended = Vec::new();
     for entry in dir.flatten() {
         let Some(pid) = entry
             .file_name()
@@ -33,17 +58,18 @@ pub fn end(error_dir: &Path) -> Vec<u32> {
         else {
             continue;
         };
-        if pid == me || !carries(pid, &marker) {
+        // The session first (no memory map involved), the environment only
+        // of this session's processes.
+        if pid == me || getsid(Some(Pid::from_raw(pid))).ok() != Some(session) {
             continue;
         }
-        if getsid(Some(Pid::from_raw(pid))).ok() != Some(session) {
-            continue;
-        }
-        if kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok() {
-            ended.push(pid as u32);
+        if carries(pid, &marker)
+            && kill(Pid::from_raw(pid), Signal::SIGKILL).is_ok()
+            && tx.send(pid as u32).is_err()
+        {
+            return;
         }
     }
-    ended
 }
 
 /// `true` when process `pid`'s environment holds a variable starting with
