@@ -72,7 +72,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
-KillWait=2
+KillWait=10
 InactiveLimit=0
 MinJobAge=10
 NodeName=$host NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN

@@ -25,6 +25,7 @@
 //! | [`OffloadStore`] | named tensors for big-model offload |
 //! | [`Error`], [`ErrorKind`] | the one public error type |
 //! | [`files`] | opening files named by other files: regular files inside their folder only, reads bounded by size |
+//! | [`durable::write_atomic`] | the one durable file write (temporary file, fsync, rename, directory fsync) |
 //!
 //! ## Rules every backend follows
 //!
@@ -69,6 +70,7 @@ pub mod check;
 mod comm;
 mod device;
 mod dtype;
+pub mod durable;
 mod error;
 pub mod files;
 mod group;

@@ -1,5 +1,6 @@
+use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use accel_api::{Communicator, CommunicatorExt, ConnectContext, ReduceOp, Result, Store};
 use accel_rendezvous::PrefixStore;
@@ -15,7 +16,9 @@ pub struct Accelerator {
     state: Arc<ProcessState>,
     comm: Arc<dyn Communicator>,
     store: Arc<dyn Store>,
-    train: Arc<crate::train::TrainShared>,
+    /// The state of the layer above the runtime (the training loop's),
+    /// made on its first use: the runtime does not know its type.
+    extension: OnceLock<Box<dyn Any + Send + Sync>>,
 }
 
 impl fmt::Debug for Accelerator {
@@ -100,7 +103,7 @@ impl Accelerator {
             "accel connected"
         );
         Ok(Accelerator {
-            train: Arc::new(crate::train::TrainShared::new(state.world_size)),
+            extension: OnceLock::new(),
             state,
             comm: Arc::from(comm),
             store,
@@ -135,15 +138,24 @@ impl Accelerator {
             .collect();
         let state = Arc::new(ProcessState::from_vars(vars)?);
         Ok(Accelerator {
-            train: Arc::new(crate::train::TrainShared::new(state.world_size)),
+            extension: OnceLock::new(),
             state,
             comm,
             store,
         })
     }
 
-    pub(crate) fn train_shared(&self) -> &Arc<crate::train::TrainShared> {
-        &self.train
+    /// The extension state, made by `make` on first use. One type owns
+    /// the slot (the training loop's shared state).
+    ///
+    /// # Panics
+    /// When the slot holds another type: a bug of this crate, not of the
+    /// caller's input.
+    pub(crate) fn extension<T: Any + Send + Sync>(&self, make: impl FnOnce() -> T) -> &T {
+        self.extension
+            .get_or_init(|| Box::new(make()))
+            .downcast_ref::<T>()
+            .expect("one type owns the accelerator's extension slot")
     }
 
     /// The process state.

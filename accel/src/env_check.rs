@@ -72,11 +72,57 @@ pub fn check_environment(
         }
     }
     check_backend_vars(backend.name(), var).map_err(|e| e.with_backend(backend.name()))?;
+    if backend.name() == "mpi" && state.mpi_launched && state.world_size > 1 {
+        check_mpi_launcher(var).map_err(|e| e.with_backend("mpi").with_rank(state.rank))?;
+    }
     Ok(CheckedEnv {
         backend,
         device,
         store,
     })
+}
+
+/// Variables only a running MPI launcher sets (Open MPI's mpirun, srun
+/// --mpi=pmix: PMIx; MPICH's hydra, srun --mpi=pmi2: a PMI socket): rank
+/// variables without any of them were set by hand or inherited, and MPI_Init
+/// would start a one-process world (a singleton) instead of joining the run.
+const MPI_RUNTIME_VARS: &[&str] = &[
+    "PMIX_RANK",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_orte_hnp_uri",
+    "OMPI_MCA_ess_base_jobid",
+    "PMI_FD",
+    "PMI_PORT",
+    "HYDI_CONTROL_FD",
+    "MPIRUN_RANK",
+];
+
+fn check_mpi_launcher(var: &dyn Fn(&str) -> Option<String>) -> Result<()> {
+    if MPI_RUNTIME_VARS.iter().any(|k| var(k).is_some()) {
+        return Ok(());
+    }
+    let named: Vec<&str> = [
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "MV2_COMM_WORLD_RANK",
+        "PMIX_RANK",
+    ]
+    .into_iter()
+    .filter(|k| var(k).is_some())
+    .collect();
+    Err(Error::new(
+        accel_api::ErrorKind::InvalidConfig,
+        format!(
+            "MPI rank variables are set ({}) but no MPI launcher started this process (none of {} \
+             is set), so MPI would start a world of one instead of joining the run",
+            named.join(", "),
+            MPI_RUNTIME_VARS.join(", ")
+        ),
+    )
+    .with_fix(
+        "start the program with mpirun or srun --mpi=pmix, or unset the inherited MPI variables, \
+         or choose another backend with ACCEL_BACKEND (e.g. cpu-gloo)",
+    ))
 }
 
 /// The variables a backend reads at connect, checked here with the same

@@ -21,6 +21,7 @@ mod bench;
 mod config_cmd;
 mod env_cmd;
 mod launch_cmd;
+mod plan_cmd;
 mod probe_cmd;
 mod test_cmd;
 
@@ -70,9 +71,9 @@ enum Command {
     /// sizes and print the matrix.
     Test(test_cmd::TestArgs),
     /// Plan a device map for a model under per-device memory budgets.
-    Plan(accel_offload::cli::PlanArgs),
+    Plan(plan_cmd::PlanArgs),
     /// Model size, largest layer and training-memory estimate per dtype.
-    EstimateMemory(accel_offload::cli::EstimateArgs),
+    EstimateMemory(plan_cmd::EstimateArgs),
 }
 
 /// Write to stdout; on a broken pipe (the reader went away), exit 0: the
@@ -119,11 +120,11 @@ fn main() -> ExitCode {
             let code = accel_launch::guard::run(&command[0], &command[1..]);
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
         }
-        Command::Plan(args) => accel_offload::cli::plan(&args).map(|out| {
+        Command::Plan(args) => plan_cmd::plan(&args).map(|out| {
             out!("{out}");
             ExitCode::SUCCESS
         }),
-        Command::EstimateMemory(args) => accel_offload::cli::estimate_memory(&args).map(|out| {
+        Command::EstimateMemory(args) => plan_cmd::estimate_memory(&args).map(|out| {
             out!("{out}");
             ExitCode::SUCCESS
         }),

@@ -242,7 +242,12 @@ fn scancel_ends_every_rank_and_the_launcher_says_why() {
         processes_with(&marker)
     );
     // The launcher's own stderr, as slurmstepd wrote it.
-    let said = || std::fs::read_to_string(c.dir.join("step.err")).unwrap_or_default();
+    let said = || {
+        ["step.err", "job.out"]
+            .iter()
+            .map(|f| std::fs::read_to_string(c.dir.join(f)).unwrap_or_default())
+            .collect::<String>()
+    };
     assert!(
         eventually(Duration::from_secs(10), || said()
             .contains("received SIGTERM")),

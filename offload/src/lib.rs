@@ -9,8 +9,12 @@
 //! | safetensors reading/writing, sharded checkpoints | [`safetensors`] |
 //! | loading a checkpoint into a plan, with progress | [`load`] |
 //! | layer-by-layer execution with prefetch | [`exec`] |
-//! | `accel plan` / `accel estimate-memory` logic | [`cli`] |
+//! | a model's layout from a checkpoint or a layout file, for `accel plan` | [`source`] |
+//! | model size, largest layer, Adam training memory per dtype (`accel estimate-memory`) | [`estimate`] |
 //! | synthetic layouts and checkpoints (tests, benchmarks) | [`synth`] |
+//!
+//! The command line (`accel plan`, `accel estimate-memory`) lives in the
+//! launcher crate; this one has no CLI dependencies.
 //!
 //! The crate's only `unsafe` is the read-only `mmap` call in one private
 //! module, documented there.
@@ -18,14 +22,15 @@
 #![warn(missing_docs)]
 
 mod arena;
-pub mod cli;
 mod convert;
+pub mod estimate;
 pub mod exec;
 pub mod layout;
 pub mod load;
 mod mmap;
 pub mod plan;
 pub mod safetensors;
+pub mod source;
 pub mod store;
 pub mod synth;
 pub mod util;

@@ -47,11 +47,29 @@ pub struct LoadReport {
 pub enum Progress {
     /// Nothing.
     Silent,
-    /// An indicatif bar on stderr (tensors, bytes, throughput).
+    /// A bar on stderr, redrawn in place (bytes, tensors).
     Bar,
     /// One JSON object per line on stdout (`{"event":"load_progress",...}`)
     /// about every 200 ms and at the end, for machines.
     Json,
+}
+
+/// One redraw of the stderr bar: 40 cells, bytes, throughput and tensors
+/// so far.
+fn bar_line(p: &LoadProgress) -> String {
+    const CELLS: u64 = 40;
+    let filled = p.bytes.min(p.total_bytes) * CELLS / p.total_bytes.max(1);
+    let filled = if p.total_bytes == 0 { CELLS } else { filled } as usize;
+    format!(
+        "[{}{}] {}/{} {}/s {}/{} tensors",
+        "#".repeat(filled),
+        "-".repeat(CELLS as usize - filled),
+        crate::util::format_bytes(p.bytes),
+        crate::util::format_bytes(p.total_bytes),
+        crate::util::format_bytes(p.bytes_per_s as u64),
+        p.tensors,
+        p.total_tensors
+    )
 }
 
 /// Build a progress callback for `mode`.
@@ -59,22 +77,15 @@ pub fn reporter(mode: Progress) -> Box<dyn FnMut(&LoadProgress) + Send> {
     match mode {
         Progress::Silent => Box::new(|_| {}),
         Progress::Bar => {
-            let mut bar: Option<indicatif::ProgressBar> = None;
+            let mut last = None::<Instant>;
             Box::new(move |p: &LoadProgress| {
-                let b = bar.get_or_insert_with(|| {
-                    let b = indicatif::ProgressBar::new(p.total_bytes);
-                    b.set_style(
-                        indicatif::ProgressStyle::with_template(
-                            "{bar:40} {bytes}/{total_bytes} {bytes_per_sec} {msg} eta {eta}",
-                        )
-                        .expect("template"),
-                    );
-                    b
-                });
-                b.set_position(p.bytes);
-                b.set_message(format!("{}/{} tensors", p.tensors, p.total_tensors));
-                if p.done {
-                    b.finish();
+                if p.done || last.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
+                    last = Some(Instant::now());
+                    let mut err = std::io::stderr().lock();
+                    let _ = write!(err, "\r{}", bar_line(p));
+                    if p.done {
+                        let _ = writeln!(err);
+                    }
                 }
             })
         }

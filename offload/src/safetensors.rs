@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use accel_api::{DType, Error, ErrorKind, Result, TensorMeta};
 use memmap2::Mmap;
 
-use crate::util::atomic_write;
+use accel_api::durable::write_atomic;
 
 /// Upper bound on a header, as in the reference implementation (100 MB).
 const MAX_HEADER: u64 = 100_000_000;
@@ -350,7 +350,7 @@ pub fn write_file<'a>(
     let mut h = serde_json::to_vec(&header).expect("json");
     let pad = (8 - h.len() % 8) % 8;
     h.resize(h.len() + pad, b' ');
-    atomic_write(path, |w| {
+    write_atomic(path, |w| {
         w.write_all(&(h.len() as u64).to_le_bytes())?;
         w.write_all(&h)?;
         for (_, _, d) in &tensors {
@@ -552,7 +552,7 @@ pub fn write_sharded<'a>(
         paths.push(p);
     }
     let idx = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-    atomic_write(&dir.join(INDEX_FILE), |w| {
+    write_atomic(&dir.join(INDEX_FILE), |w| {
         serde_json::to_writer_pretty(w, &idx).map_err(std::io::Error::other)
     })?;
     Ok(paths)

@@ -1,12 +1,12 @@
 //! The adapter traits a framework implements to plug into the training loop.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use accel_api::{Buf, BufMut, DType, Device, Element, Error, ErrorKind, HostBuf, Result};
 use serde::{de::DeserializeOwned, Serialize};
 
-use super::grads::GradKernels;
+use super::kernels::{no_kernels, GradKernels};
 
 /// One parameter seen read-only: its name, values and gradient, as views of
 /// the framework's own memory (host or device, any element type).
@@ -298,7 +298,7 @@ pub trait Optimizer {
 
     /// Clear the gradients.
     fn zero_grad(&mut self, params: &mut dyn Parameters) {
-        super::grads::zero_grads(params);
+        zero_grads(params);
     }
 
     /// The learning rate in use.
@@ -501,6 +501,10 @@ impl StateDict {
     }
 }
 
+/// A registered custom object (see
+/// [`Accelerator::register_for_checkpointing`](crate::Accelerator::register_for_checkpointing)).
+pub type SharedStateful = Arc<Mutex<dyn Stateful + Send>>;
+
 /// Anything whose state can be saved and restored: what
 /// [`Accelerator::register_for_checkpointing`](crate::Accelerator::register_for_checkpointing)
 /// takes (Accelerate's "custom objects" with `state_dict` / `load_state_dict`).
@@ -516,4 +520,31 @@ pub trait Stateful {
     /// # Errors
     /// [`ErrorKind::Corrupt`] when the state does not fit.
     fn load_state_dict(&mut self, state: StateDict) -> Result<()>;
+}
+
+/// Set every gradient to zero (the default
+/// [`Optimizer::zero_grad`](Optimizer::zero_grad)).
+///
+/// # Panics
+/// When a device gradient has no kernels: a model that hands out device
+/// views without [`Parameters::grad_kernels`] breaks the trait's contract
+/// (`Accelerator::prepare` refuses such a model with `Unsupported`).
+pub fn zero_grads(model: &mut dyn Parameters) {
+    let k = model.grad_kernels();
+    let mut failed = None;
+    model.visit_params_mut(&mut |p| match p.grad {
+        BufMut::Host(mut h) => h.bytes_mut().fill(0),
+        BufMut::Device(d) => {
+            let r = match &k {
+                Some(k) => k.fill(d, 0.0),
+                None => Err(no_kernels("zero_grad", p.name, d.device())),
+            };
+            if let Err(e) = r {
+                failed.get_or_insert(e);
+            }
+        }
+    });
+    if let Some(e) = failed {
+        panic!("zero_grad: {e}");
+    }
 }

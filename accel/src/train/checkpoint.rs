@@ -5,7 +5,6 @@
 //! The layout is documented on [`Checkpointed`].
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 
 use accel_api::{BufMut, Error, ErrorKind, Result};
 use accel_sharding::{
@@ -16,7 +15,9 @@ use accel_sharding::{
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
 
-use super::adapters::{Dataset, Optimizer, Parameters, Scheduler, StateDict, Stateful, Tensor};
+use super::adapters::{
+    Dataset, Optimizer, Parameters, Scheduler, SharedStateful, StateDict, Tensor,
+};
 use super::grads;
 use super::prepare::{PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler};
 use super::rng::Rng;
@@ -24,10 +25,6 @@ use crate::{Accelerator, CollectivesExt};
 
 /// Name of the accelerator's own state file inside a checkpoint.
 pub const CHECKPOINT_STATE_FILE: &str = "accelerator.json";
-
-/// A registered custom object (see
-/// [`Accelerator::register_for_checkpointing`]).
-pub type SharedStateful = Arc<Mutex<dyn Stateful + Send>>;
 
 const GRAD_PREFIX: &str = "__grad__.";
 

@@ -3,57 +3,8 @@
 use accel_api::{CommunicatorExt, Error, ReduceOp, Result};
 
 use super::rng::Rng;
-use super::{TrainConfig, TrainShared};
+use super::shared::{held, TrainConfig, TrainShared};
 use crate::{Accelerator, CollectivesExt};
-
-/// Where the accelerator keeps its [`Rng`]: out of the slot while an
-/// [`RngGuard`] has it, so no lock is held while the guard lives.
-#[derive(Debug)]
-pub(crate) struct RngSlot {
-    rng: Option<Rng>,
-    /// Bumped whenever the generator is replaced (set_seed, load_state,
-    /// synchronize_rng_states), so a guard taken before does not put a
-    /// stale generator back.
-    generation: u64,
-}
-
-impl RngSlot {
-    pub(crate) fn new() -> RngSlot {
-        RngSlot {
-            rng: Some(Rng::seed_from_u64(0)),
-            generation: 0,
-        }
-    }
-}
-
-fn held(op: &str) -> Error {
-    Error::invalid_argument(
-        op,
-        "the accelerator's RNG is held by a guard from acc.rng() that is still alive",
-    )
-    .with_fix(
-        "drop the guard (let it go out of scope) before calling this; take it again afterwards",
-    )
-}
-
-impl TrainShared {
-    fn rng_slot(&self) -> std::sync::MutexGuard<'_, RngSlot> {
-        self.rng.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// A copy of the generator, or an immediate error while a guard has it.
-    pub(crate) fn rng_state(&self, op: &str) -> Result<Rng> {
-        self.rng_slot().rng.clone().ok_or_else(|| held(op))
-    }
-
-    /// Replace the generator (even while a guard has it: the guard's copy is
-    /// then dropped, the new one wins).
-    pub(crate) fn replace_rng(&self, rng: Rng) {
-        let mut slot = self.rng_slot();
-        slot.rng = Some(rng);
-        slot.generation += 1;
-    }
-}
 
 /// Exclusive use of the accelerator's [`Rng`]; see [`Accelerator::rng`].
 ///

@@ -1,13 +1,12 @@
 //! Gradient accumulation and bucketed gradient averaging.
 
-use accel_api::{Communicator, CommunicatorExt, Error, ReduceOp, Result};
+use accel_api::{Error, ReduceOp, Result};
 use accel_sharding::StepDecision;
 
 use super::adapters::Parameters;
 use super::amp::MixedPrecision;
 use super::grads::{self, BucketPlan, Reduce};
 use super::prepare::{Batch, PreparedModel};
-use super::TrainShared;
 use crate::Accelerator;
 
 impl<M: Parameters> PreparedModel<M> {
@@ -66,44 +65,6 @@ impl<M: Parameters> PreparedModel<M> {
         self.last_in_place = report.in_place;
         Ok(())
     }
-}
-
-/// Unscale the gradients once per optimizer step in fp16 and agree on the
-/// overflow flag across ranks; `false` without a loss scaler.
-pub(crate) fn unscale_once(
-    shared: &TrainShared,
-    comm: &dyn Communicator,
-    model: &mut dyn Parameters,
-) -> Result<bool> {
-    let (scaler, done) = {
-        let st = shared.lock();
-        (st.amp.scaler, st.amp.unscaled)
-    };
-    let Some(scaler) = scaler else {
-        return Ok(false);
-    };
-    if let Some(found) = done {
-        return Ok(found);
-    }
-    let scale = scaler.scale;
-    // torch multiplies by the f32 reciprocal, also for f64 gradients.
-    let local = grads::scale_and_check(model, f64::from(scaler.inv_scale()))?;
-    // Agreed across ranks, whatever the gradients' synchronisation did.
-    // f32 Sum: the one reduction every backend declares (as check_trigger).
-    let mut flag = [if local { 1.0f32 } else { 0.0 }];
-    if comm.world_size() > 1 {
-        comm.all_reduce_slice(&mut flag, ReduceOp::Sum)?;
-    }
-    let found = flag[0] > 0.0;
-    if found {
-        tracing::debug!(
-            scale,
-            local_overflow = local,
-            "fp16: gradients overflowed; the step will be skipped"
-        );
-    }
-    shared.lock().amp.unscaled = Some(found);
-    Ok(found)
 }
 
 impl Accelerator {
@@ -219,7 +180,7 @@ impl Accelerator {
     /// # Errors
     /// The communicator's; device gradients without kernels.
     pub fn unscale_gradients<M: Parameters>(&self, model: &mut PreparedModel<M>) -> Result<bool> {
-        unscale_once(super::shared(self), &**self.comm(), &mut model.model)
+        super::shared(self).unscale_once(&**self.comm(), &mut model.model)
     }
 
     /// Clip the gradients to a total `norm_type`-norm of at most
@@ -256,7 +217,7 @@ impl Accelerator {
             )
             .with_fix("e.g. clip_grad_norm(&mut model, 1.0, 2.0)"));
         }
-        unscale_once(super::shared(self), &**self.comm(), &mut model.model)?;
+        super::shared(self).unscale_once(&**self.comm(), &mut model.model)?;
         let total = grads::total_norm(&model.model, norm_type)?;
         let coef = max_norm / (total + 1e-6);
         if total.is_finite() && coef < 1.0 {
@@ -283,7 +244,7 @@ impl Accelerator {
                 format!("clip_value {clip_value} must be a number at least 0"),
             ));
         }
-        unscale_once(super::shared(self), &**self.comm(), &mut model.model)?;
+        super::shared(self).unscale_once(&**self.comm(), &mut model.model)?;
         grads::clamp_all(&mut model.model, clip_value)
     }
 }

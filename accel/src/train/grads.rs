@@ -8,97 +8,14 @@
 //! copies into bucket buffers, to the model's [`GradKernels`].
 
 use accel_api::{
-    with_float, Buf, BufMut, Communicator, DType, Device, DeviceBuf, DeviceBufMut, Error,
-    ErrorKind, HostBuf, HostBufMut, ReduceOp, Result,
+    with_float, Buf, BufMut, Communicator, DType, Device, Error, ErrorKind, HostBuf, HostBufMut,
+    ReduceOp, Result,
 };
 use half::{bf16, f16};
 use std::borrow::Cow;
 
 use super::adapters::Parameters;
-
-/// What [`GradKernels::stats`] measures over one buffer.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct GradStats {
-    /// `sum |x|^p` over the elements for a finite `p`; `max |x|` for
-    /// `p = inf`. Computed in (at least) f64 from the stored values.
-    pub norm_part: f64,
-    /// Some element is infinite or NaN.
-    pub non_finite: bool,
-}
-
-/// Scratch device memory a [`GradKernels`] allocated: one gradient bucket.
-pub trait DeviceScratch: Send {
-    /// A writable view of the whole allocation.
-    fn view_mut(&mut self) -> DeviceBufMut<'_>;
-}
-
-/// Arithmetic and copies on a framework's device memory, for the gradient
-/// views a [`Parameters`] hands out (return it from
-/// [`Parameters::grad_kernels`]).
-///
-/// # Behavior
-/// Every method works on floating-point views (f16, bf16, f32, f64) and
-/// finishes its work before returning (or orders it on the view's stream
-/// so that a following collective on that stream sees the result). Host
-/// views never reach [`scale`](Self::scale), [`stats`](Self::stats),
-/// [`clamp`](Self::clamp) and [`fill`](Self::fill); [`copy`](Self::copy)
-/// gets host memory on one side when the loop stages a device gradient
-/// through the host (checkpoints) and device memory on both sides for
-/// bucket buffers.
-pub trait GradKernels: Send + Sync {
-    /// A zero-filled buffer of `len` elements of `dtype` on `device`
-    /// (a gradient bucket).
-    ///
-    /// # Errors
-    /// The framework's (out of memory).
-    fn alloc(&self, device: Device, dtype: DType, len: usize) -> Result<Box<dyn DeviceScratch>>;
-
-    /// Copy `len` elements from `src[src_offset..]` to `dst[dst_offset..]`
-    /// (same dtype).
-    ///
-    /// # Errors
-    /// The framework's.
-    fn copy(
-        &self,
-        src: Buf<'_>,
-        src_offset: usize,
-        dst: BufMut<'_>,
-        dst_offset: usize,
-        len: usize,
-    ) -> Result<()>;
-
-    /// Multiply every element by `factor` in place.
-    ///
-    /// # Errors
-    /// The framework's.
-    fn scale(&self, buf: DeviceBufMut<'_>, factor: f64) -> Result<()>;
-
-    /// Set every element to `value`.
-    ///
-    /// # Errors
-    /// The framework's.
-    fn fill(&self, buf: DeviceBufMut<'_>, value: f64) -> Result<()>;
-
-    /// The norm part and the non-finite flag of `buf` for `norm_type`.
-    ///
-    /// # Errors
-    /// The framework's.
-    fn stats(&self, buf: DeviceBuf<'_>, norm_type: f64) -> Result<GradStats>;
-
-    /// Clamp every element into `[-limit, limit]` in place.
-    ///
-    /// # Errors
-    /// The framework's.
-    fn clamp(&self, buf: DeviceBufMut<'_>, limit: f64) -> Result<()>;
-}
-
-fn no_kernels(op: &str, name: &str, device: Device) -> Error {
-    Error::new(
-        ErrorKind::Unsupported,
-        format!("{op}: the gradient of parameter {name:?} is on {device}, and the model has no device kernels"),
-    )
-    .with_fix("return the framework's GradKernels from Parameters::grad_kernels")
-}
+use super::kernels::{no_kernels, DeviceScratch, GradKernels, GradStats};
 
 fn not_float(op: &str, name: &str, dtype: DType) -> Error {
     Error::invalid_argument(
@@ -326,33 +243,6 @@ pub(crate) fn check_kernels(model: &dyn Parameters, op: &str) -> Result<()> {
         }
     });
     bad.map_or(Ok(()), Err)
-}
-
-/// Set every gradient to zero (the default
-/// [`Optimizer::zero_grad`](super::Optimizer::zero_grad)).
-///
-/// # Panics
-/// When a device gradient has no kernels: a model that hands out device
-/// views without [`Parameters::grad_kernels`] breaks the trait's contract
-/// (`Accelerator::prepare` refuses such a model with `Unsupported`).
-pub fn zero_grads(model: &mut dyn Parameters) {
-    let k = model.grad_kernels();
-    let mut failed = None;
-    model.visit_params_mut(&mut |p| match p.grad {
-        BufMut::Host(mut h) => h.bytes_mut().fill(0),
-        BufMut::Device(d) => {
-            let r = match &k {
-                Some(k) => k.fill(d, 0.0),
-                None => Err(no_kernels("zero_grad", p.name, d.device())),
-            };
-            if let Err(e) = r {
-                failed.get_or_insert(e);
-            }
-        }
-    });
-    if let Some(e) = failed {
-        panic!("zero_grad: {e}");
-    }
 }
 
 /// Multiply every gradient by `factor`; returns whether some element was

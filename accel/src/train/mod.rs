@@ -77,27 +77,26 @@ mod control;
 mod grad_sync;
 mod grads;
 mod iterable;
+mod kernels;
 mod metrics;
 mod model_io;
 pub(crate) mod optim;
 mod prepare;
 mod rng;
+mod shared;
+mod tracker;
 mod trackers;
 
-use std::sync::{Arc, Mutex, MutexGuard};
-
-use accel_api::{Error, Result};
-use accel_sharding::{AccumulationConfig, GradientAccumulator, StepDecision};
-
 pub use adapters::{
-    try_visit_params, try_visit_params_mut, DataLoader, Dataset, Optimizer, ParamMut, ParamRef,
-    Parameters, Scheduler, StateDict, Stateful, Tensor,
+    try_visit_params, try_visit_params_mut, zero_grads, DataLoader, Dataset, Optimizer, ParamMut,
+    ParamRef, Parameters, Scheduler, SharedStateful, StateDict, Stateful, Tensor,
 };
 pub use amp::{GradScaler, GradScalerConfig, MixedPrecision, MIXED_PRECISION_ENV};
-pub use checkpoint::{Checkpointed, SharedStateful, CHECKPOINT_STATE_FILE};
+pub use checkpoint::{Checkpointed, CHECKPOINT_STATE_FILE};
 pub use control::{RngGuard, STRICT_ENV};
-pub use grads::{host_from_f32, host_to_f32, zero_grads, DeviceScratch, GradKernels, GradStats};
+pub use grads::{host_from_f32, host_to_f32};
 pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
+pub use kernels::{DeviceScratch, GradKernels, GradStats};
 pub use model_io::{
     parse_shard_size, shard_plan, MaxShardSize, DEFAULT_MAX_SHARD_SIZE, DIGEST_KEY,
     SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
@@ -108,321 +107,12 @@ pub use prepare::{
     ScheduledOptimizer,
 };
 pub use rng::Rng;
-pub use trackers::{JsonlTracker, TensorBoardTracker, Tracker, TRACKER_NAMES};
+pub(crate) use shared::{shared, Kind, TrainShared};
+pub use shared::{TrainConfig, DEFAULT_BUCKET_CAP_BYTES};
+pub use tracker::Tracker;
+pub use trackers::{JsonlTracker, TensorBoardTracker, TRACKER_NAMES};
 
 /// The per-batch decision of the accumulation cadence (re-exported from
 /// `accel-sharding`).
 pub use accel_sharding::StepDecision as Step;
 pub use accel_sharding::{LoaderConfig, SamplerState};
-
-/// DDP's default gradient bucket size: 25 MiB.
-pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
-
-/// How the training loop behaves; set once, before anything is prepared,
-/// with [`Accelerator::with_training`](crate::Accelerator::with_training).
-///
-/// Every field has Accelerate's default.
-#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct TrainConfig {
-    /// `k`: batches per optimizer step (Accelerate's
-    /// `gradient_accumulation_steps`); at least 1.
-    pub gradient_accumulation_steps: usize,
-    /// Synchronise and step at the end of the loader even inside an
-    /// accumulation group (default `true`).
-    pub sync_with_dataloader: bool,
-    /// All-reduce gradients on every batch, not only on synchronising ones
-    /// (less memory, more traffic; default `false`).
-    pub sync_each_batch: bool,
-    /// Each loader batch is the global batch, cut into one piece per rank
-    /// (default `false`: each rank reads whole batches).
-    pub split_batches: bool,
-    /// Top up the last round so every rank reads the same number of batches
-    /// (default `true`).
-    pub even_batches: bool,
-    /// The main process reads every step and sends each rank its slice
-    /// (Accelerate's `dispatch_batches`). `None` (the default) means what
-    /// Accelerate does: dispatch for iterable loaders
-    /// ([`IterableLoader`]), not for map-style ones. Map-style loaders
-    /// read by index on every rank; `Some(true)` is refused for them.
-    #[serde(default)]
-    pub dispatch_batches: Option<bool>,
-    /// The scheduler steps with the optimizer (`num_processes` times per
-    /// optimizer step, once with `split_batches`); otherwise once per batch
-    /// (default `true`).
-    pub step_scheduler_with_optimizer: bool,
-    /// Gradient all-reduce bucket size in bytes (default 25 MiB, as DDP).
-    pub bucket_cap_bytes: usize,
-    /// Keep at most this many automatically named checkpoints (default: all).
-    pub total_limit: Option<usize>,
-    /// Mixed precision (Accelerate's `mixed_precision`). `None` (the
-    /// default) takes what `accel launch --mixed-precision` set
-    /// ([`MIXED_PRECISION_ENV`]), else [`MixedPrecision::No`]. In fp16 the
-    /// loss scale handed to [`Accelerator::backward`](crate::Accelerator::backward)
-    /// includes the [`GradScaler`]'s scale, gradients are unscaled before
-    /// clipping and stepping, and a step with an infinite or NaN gradient
-    /// on any rank is skipped on every rank.
-    #[serde(default)]
-    pub mixed_precision: Option<MixedPrecision>,
-    /// The fp16 loss scaler's settings (torch's `GradScaler` defaults).
-    #[serde(default)]
-    pub grad_scaler: GradScalerConfig,
-    /// Communicate f32 host gradients as `bf16` (or `f16`) and average in
-    /// f32 (DDP's bf16 compression hook): half the traffic, gradients
-    /// rounded to 8 significant bits. `None` (default): in their own dtype.
-    #[serde(default)]
-    pub gradient_compression: Option<accel_api::DType>,
-    /// ZeRO sharding ([`crate::zero`]; DeepSpeed's stage, FSDP's
-    /// `sharding_strategy`). `None` (the default) takes
-    /// [`SHARDING_ENV`](crate::zero::SHARDING_ENV), else
-    /// [`Stage::None`](crate::zero::Stage::None). Used by
-    /// [`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero).
-    #[serde(default)]
-    pub sharding: Option<crate::zero::Stage>,
-    /// A `mixed_precision` or `sharding` setting the program cannot use (a
-    /// model that computes in f32 only; a model no
-    /// [`prepare_zero`](crate::Accelerator::prepare_zero) shards) is an
-    /// error instead of a warning on rank 0 (default `false`; also
-    /// [`STRICT_ENV`]`=1`). See
-    /// [`settings_not_applied`](crate::Accelerator::settings_not_applied).
-    #[serde(default)]
-    pub strict: bool,
-}
-
-impl Default for TrainConfig {
-    fn default() -> TrainConfig {
-        TrainConfig {
-            gradient_accumulation_steps: 1,
-            sync_with_dataloader: true,
-            sync_each_batch: false,
-            split_batches: false,
-            even_batches: true,
-            dispatch_batches: None,
-            step_scheduler_with_optimizer: true,
-            bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
-            total_limit: None,
-            mixed_precision: None,
-            grad_scaler: GradScalerConfig::default(),
-            gradient_compression: None,
-            sharding: None,
-            strict: false,
-        }
-    }
-}
-
-impl TrainConfig {
-    fn accumulation(&self, num_processes: usize) -> AccumulationConfig {
-        AccumulationConfig {
-            steps: self.gradient_accumulation_steps,
-            sync_with_dataloader: self.sync_with_dataloader,
-            sync_each_batch: self.sync_each_batch,
-            num_processes,
-            split_batches: self.split_batches,
-            step_scheduler_with_optimizer: self.step_scheduler_with_optimizer,
-        }
-    }
-}
-
-/// Which kind of object a prepared wrapper holds; names its checkpoint key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
-    Model,
-    Optimizer,
-    Scheduler,
-    Loader,
-}
-
-impl Kind {
-    fn index(self) -> usize {
-        self as usize
-    }
-    pub(crate) fn prefix(self) -> &'static str {
-        match self {
-            Kind::Model => "model",
-            Kind::Optimizer => "optimizer",
-            Kind::Scheduler => "scheduler",
-            Kind::Loader => "loader",
-        }
-    }
-}
-
-/// Training state shared by the [`Accelerator`](crate::Accelerator) and the
-/// wrappers it prepared (Accelerate's `GradientState` plus the checkpoint
-/// counter, RNG, trigger and registered objects).
-pub(crate) struct TrainShared {
-    world_size: usize,
-    inner: Mutex<TrainState>,
-    /// Kept apart from `inner` so a live `RngGuard` blocks nothing else.
-    rng: Mutex<control::RngSlot>,
-    /// Experiment trackers (main process only).
-    trackers: Mutex<Vec<Box<dyn trackers::Tracker>>>,
-}
-
-pub(crate) struct TrainState {
-    pub(crate) config: TrainConfig,
-    pub(crate) accumulator: GradientAccumulator,
-    /// The decision for the batch in flight; `None` before the first
-    /// `accumulate` (then every batch synchronises).
-    pub(crate) decision: Option<StepDecision>,
-    /// Number of the next automatically named checkpoint.
-    pub(crate) iteration: u64,
-    pub(crate) trigger: bool,
-    pub(crate) prepared: [usize; 4],
-    pub(crate) registered: Vec<SharedStateful>,
-    /// Mixed precision and the fp16 loss scaler.
-    pub(crate) amp: amp::AmpState,
-    /// The sharding stage resolved against the environment.
-    pub(crate) sharding: crate::zero::Stage,
-    /// The first rate of scheduler `n`, for optimizer `n`'s first step
-    /// (see `Accelerator::prepare_scheduler`).
-    pub(crate) initial_lr: std::collections::BTreeMap<usize, f64>,
-    /// Where the settings came from and which did not apply.
-    pub(crate) applied: control::Applied,
-}
-
-impl std::fmt::Debug for TrainShared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TrainShared")
-            .field("world_size", &self.world_size)
-            .finish_non_exhaustive()
-    }
-}
-
-impl TrainShared {
-    /// Defaults for a world of `world_size` ranks.
-    pub(crate) fn new(world_size: usize) -> TrainShared {
-        let config = TrainConfig::default();
-        let accumulator = GradientAccumulator::new(config.accumulation(world_size.max(1)))
-            .expect("the default accumulation config is valid");
-        let sharding = crate::zero::Stage::from_env()
-            .unwrap_or_else(|e| {
-                tracing::warn!("{e}; training without sharding");
-                None
-            })
-            .unwrap_or_default();
-        let mode = MixedPrecision::from_env().unwrap_or_else(|e| {
-            tracing::warn!("{e}; training without mixed precision");
-            MixedPrecision::No
-        });
-        let strict = control::strict_from_env().unwrap_or_else(|e| {
-            tracing::warn!("{e}; ignored settings are warnings");
-            false
-        });
-        let applied = control::Applied {
-            mixed_precision: control::env_source(MIXED_PRECISION_ENV),
-            sharding: control::env_source(crate::zero::SHARDING_ENV),
-            strict,
-            ..control::Applied::default()
-        };
-        TrainShared {
-            world_size: world_size.max(1),
-            inner: Mutex::new(TrainState {
-                config,
-                accumulator,
-                decision: None,
-                iteration: 0,
-                trigger: false,
-                prepared: [0; 4],
-                registered: Vec::new(),
-                amp: amp::AmpState::new(mode, GradScalerConfig::default()),
-                sharding,
-                initial_lr: std::collections::BTreeMap::new(),
-                applied,
-            }),
-            rng: Mutex::new(control::RngSlot::new()),
-            trackers: Mutex::new(Vec::new()),
-        }
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, TrainState> {
-        // A panic while holding the lock leaves plain data behind; keep going.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn trackers(&self) -> MutexGuard<'_, Vec<Box<dyn trackers::Tracker>>> {
-        self.trackers.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn set_config(&self, config: TrainConfig) -> Result<()> {
-        let accumulator = GradientAccumulator::new(config.accumulation(self.world_size))?;
-        if config.bucket_cap_bytes == 0 {
-            return Err(Error::invalid_argument(
-                "with_training",
-                "bucket_cap_bytes is 0; use at least 4 (one f32)",
-            ));
-        }
-        config.grad_scaler.check()?;
-        if let Some(c) = config.gradient_compression {
-            if !matches!(c, accel_api::DType::BF16 | accel_api::DType::F16) {
-                return Err(Error::invalid_config(
-                    "gradient_compression",
-                    c.name(),
-                    "gradients are communicated compressed as bf16 or f16 only",
-                )
-                .with_fix("use Some(DType::BF16), Some(DType::F16) or None"));
-            }
-        }
-        let mode = match config.mixed_precision {
-            Some(m) => m,
-            None => MixedPrecision::from_env()?,
-        };
-        let sharding = match config.sharding {
-            Some(s) => s,
-            None => crate::zero::Stage::from_env()?.unwrap_or_default(),
-        };
-        let strict = config.strict || control::strict_from_env()?;
-        let source = |set: bool, env: &str| {
-            if set {
-                control::Source::Config
-            } else {
-                control::env_source(env)
-            }
-        };
-        let mp_source = source(config.mixed_precision.is_some(), MIXED_PRECISION_ENV);
-        let sharding_source = source(config.sharding.is_some(), crate::zero::SHARDING_ENV);
-        let mut st = self.lock();
-        st.applied.mixed_precision = mp_source;
-        st.applied.sharding = sharding_source;
-        st.applied.strict = strict;
-        st.sharding = sharding;
-        if st.amp.mode != mode || st.amp.scaler.map(|s| s.config) != Some(config.grad_scaler) {
-            st.amp = amp::AmpState::new(mode, config.grad_scaler);
-        }
-        st.config = config;
-        st.accumulator = accumulator;
-        st.decision = None;
-        Ok(())
-    }
-
-    /// The decision in force: the last `accumulate` result, or "synchronise"
-    /// when the loop never called it.
-    pub(crate) fn decision(&self) -> StepDecision {
-        let st = self.lock();
-        st.decision.unwrap_or_else(|| {
-            let c = &st.config;
-            StepDecision {
-                sync_gradients: true,
-                all_reduce: true,
-                optimizer_step: true,
-                zero_grad: true,
-                scheduler_steps: if !c.step_scheduler_with_optimizer || c.split_batches {
-                    1
-                } else {
-                    self.world_size
-                },
-                loss_divisor: c.gradient_accumulation_steps,
-            }
-        })
-    }
-
-    /// A fresh checkpoint key for a newly prepared object of `kind`.
-    pub(crate) fn next_key(&self, kind: Kind) -> String {
-        let mut st = self.lock();
-        let n = st.prepared[kind.index()];
-        st.prepared[kind.index()] += 1;
-        format!("{}_{n}", kind.prefix())
-    }
-}
-
-pub(crate) fn shared(acc: &crate::Accelerator) -> &Arc<TrainShared> {
-    acc.train_shared()
-}

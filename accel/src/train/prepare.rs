@@ -327,8 +327,7 @@ impl<O: Optimizer> PreparedOptimizer<O> {
             // The paired scheduler's first rate (see `prepare_scheduler`).
             self.optimizer.set_lr(lr);
         }
-        let found_inf =
-            super::grad_sync::unscale_once(&self.shared, &*self.comm, &mut model.model)?;
+        let found_inf = self.shared.unscale_once(&*self.comm, &mut model.model)?;
         {
             let mut st = self.shared.lock();
             let amp = &mut st.amp;

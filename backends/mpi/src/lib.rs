@@ -269,22 +269,20 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
     };
     // A fresh prefix per connect on this store (a process may connect more
     // than once), for the progress records (see `progress`).
-    let generation = ctx
-        .store
-        .add(&format!("mpi/connects/{}", ctx.rank), 1)
-        .map_err(|e| e.with_op("connect").with_backend(NAME).with_rank(ctx.rank))?;
-    let record = progress::Progress::start(
-        ctx.store.clone(),
-        format!("mpi/{generation}"),
-        ctx.rank,
-        ctx.world_size,
-    );
+    // A run that names no store (plain mpirun, srun) keeps no records: MPI
+    // bootstraps without one, and the timeouts still apply (ADR 0021).
+    let record = match ctx.store.add(&format!("mpi/connects/{}", ctx.rank), 1) {
+        Ok(generation) => Some(progress::Progress::start(
+            ctx.store.clone(),
+            format!("mpi/{generation}"),
+            ctx.rank,
+            ctx.world_size,
+        )),
+        Err(_) => None,
+    };
     let info = accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities());
     Ok(accel_api::Group::new(MpiEngine::new(
-        comm,
-        info,
-        shared,
-        Some(record),
+        comm, info, shared, record,
     )))
 }
 

@@ -1,3 +1,7 @@
+use accel_api::{DType, ErrorKind};
+
+use super::place::MaskedMax;
+use super::validate::validate;
 use super::*;
 use crate::layout::{LayoutJson, ModuleJson, TensorJson, LAYOUT_FORMAT};
 

@@ -9,7 +9,7 @@ use memmap2::Mmap;
 
 use crate::arena::Arena;
 use crate::safetensors::SafetensorsFile;
-use crate::util::atomic_write;
+use accel_api::durable::write_atomic;
 
 /// numpy's spelling of `d` in Accelerate's `index.json` (bf16 is written
 /// `bfloat16` and its bytes stored as int16, which numpy lacks).
@@ -228,7 +228,7 @@ impl AccelerateFolder {
             .iter()
             .filter_map(|(n, &i)| self.slots.get(i).map(|s| (n.as_str(), &s.entry)))
             .collect();
-        atomic_write(&self.dir.join("index.json"), |w| {
+        write_atomic(&self.dir.join("index.json"), |w| {
             serde_json::to_writer_pretty(&mut *w, &out).map_err(std::io::Error::other)?;
             w.write_all(b"\n")
         })?;
@@ -306,7 +306,7 @@ impl OffloadStore for AccelerateFolder {
             ));
         }
         let path = self.dir.join(format!("{name}.dat"));
-        atomic_write(&path, |w| {
+        write_atomic(&path, |w| {
             if data.is_empty() {
                 w.write_all(&vec![0u8; meta.dtype.size()])
             } else {

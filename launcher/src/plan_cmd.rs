@@ -1,19 +1,17 @@
-//! The logic of `accel plan` and `accel estimate-memory`, kept here so the
-//! launcher only has to forward its arguments (see the crate docs).
+//! `accel plan` and `accel estimate-memory`: the command line over
+//! accel-offload's planner (the library has no CLI dependencies).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use accel_api::{DType, Error, ErrorKind, Result};
-
-use crate::layout::Layout;
-use crate::plan::{
-    compute_sizes, plan as make_plan, MaxMemory, Plan, PlanOptions, Reserve, Strategy,
-};
-use crate::safetensors::Checkpoint;
-use crate::util::format_bytes;
+use accel_api::{DType, Error, Result};
+use accel_offload::estimate::estimate;
+use accel_offload::layout::Layout;
+use accel_offload::plan::{plan as make_plan, MaxMemory, Plan, PlanOptions, Reserve, Strategy};
+use accel_offload::source;
+use accel_offload::util::format_bytes;
 
 /// Where the model layout comes from.
 #[derive(Debug, Clone, clap::Args)]
@@ -41,142 +39,68 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    /// Read the layout.
+    /// Read the layout, with notes for the user on what was inferred
+    /// ([`source::load_layout`]).
     ///
     /// # Errors
-    /// See [`ModelArgs::load_with_notes`].
-    pub fn load(&self) -> Result<Layout> {
-        self.load_with_notes().map(|(l, _)| l)
-    }
-
-    /// Read the layout, with notes for the user on what was inferred: the
-    /// module order of a bare checkpoint, and tied weights read from the
-    /// `config.json` next to it (`tie_word_embeddings`, true when absent as
-    /// in transformers, ties `lm_head.weight` to the input embedding for
-    /// models with a language-model head).
-    ///
-    /// # Errors
-    /// Checkpoint and layout errors as they come; [`ErrorKind::InvalidArgument`]
-    /// for an unreadable `config.json` or bad tied names.
+    /// As [`source::load_layout`].
     pub fn load_with_notes(&self) -> Result<(Layout, Vec<String>)> {
-        let mut tied: Vec<Vec<String>> = self
-            .tied
-            .iter()
-            .map(|g| g.split(',').map(|s| s.trim().to_string()).collect())
-            .collect();
-        let mut notes = vec![];
-        match (&self.checkpoint, &self.layout) {
-            (Some(c), None) => {
-                let ck = Checkpoint::open(c)?;
-                if let Some(g) = config_tie(c, &ck, &tied)? {
-                    notes.push(format!(
-                        "tied from config.json (tie_word_embeddings): {}",
-                        g.join(" = ")
-                    ));
-                    tied.push(g);
-                }
-                let layout = Layout::from_checkpoint(&ck, &tied)?;
-                notes.push(
-                    "module order inferred from tensor names (a checkpoint does not record it): \
-                     embeddings first, output heads last; pass --layout from tools/export_layout.py \
-                     for the model's own order"
-                        .into(),
-                );
-                Ok((layout, notes))
-            }
-            (None, Some(l)) => {
-                let layout = Layout::from_json_file(l)?;
-                if tied.is_empty() {
-                    Ok((layout, notes))
-                } else {
-                    let mut doc = layout.to_json();
-                    doc.tied.extend(tied);
-                    Ok((Layout::from_json(&doc)?, notes))
-                }
-            }
-            _ => Err(Error::new(
-                ErrorKind::InvalidConfig,
-                "give exactly one of --checkpoint and --layout",
-            )),
+        source::load_layout(
+            self.checkpoint.as_deref(),
+            self.layout.as_deref(),
+            &self.tied,
+        )
+    }
+}
+
+/// `--strategy`: [`Strategy`]'s values on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StrategyArg {
+    /// Fill devices in order (`device_map="sequential"` / `"auto"`).
+    Sequential,
+    /// Even share per accelerator (`"balanced"`).
+    Balanced,
+    /// Even share, keeping the first accelerator as empty as possible
+    /// (`"balanced_low_0"`, for generation outputs).
+    #[value(name = "balanced-low-0", alias = "balanced_low_0")]
+    BalancedLow0,
+}
+
+impl From<StrategyArg> for Strategy {
+    fn from(s: StrategyArg) -> Strategy {
+        match s {
+            StrategyArg::Sequential => Strategy::Sequential,
+            StrategyArg::Balanced => Strategy::Balanced,
+            StrategyArg::BalancedLow0 => Strategy::BalancedLow0,
         }
     }
 }
 
-/// Names of input embeddings in Hugging Face models, the partner of a tied
-/// `lm_head.weight`.
-const INPUT_EMBEDDINGS: [&str; 6] = [
-    "embed_tokens.weight",
-    "wte.weight",
-    "word_embeddings.weight",
-    "tok_embeddings.weight",
-    "shared.weight",
-    "embed_in.weight",
-];
+/// `--reserve`: [`Reserve`]'s values on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReserveArg {
+    /// The first accelerator and cpu (Accelerate's `main_devices`).
+    MainDevices,
+    /// Every accelerator and cpu.
+    EveryAccelerator,
+    /// Nowhere (no offload expected).
+    None,
+}
 
-/// The tied group `config.json` implies for checkpoint `path`, if any.
-fn config_tie(path: &Path, ck: &Checkpoint, given: &[Vec<String>]) -> Result<Option<Vec<String>>> {
-    let dir = if path.is_dir() {
-        path
-    } else {
-        path.parent().unwrap_or(Path::new("."))
-    };
-    let cfg_path = dir.join("config.json");
-    if !cfg_path.exists() {
-        return Ok(None);
-    }
-    let text = crate::util::read_regular(&cfg_path, "model config")?;
-    let cfg: serde_json::Value = serde_json::from_slice(&text).map_err(|e| {
-        Error::new(
-            ErrorKind::InvalidArgument,
-            format!("{}: not a JSON model config: {e}", cfg_path.display()),
-        )
-    })?;
-    let tie = cfg
-        .get("tie_word_embeddings")
-        .and_then(serde_json::Value::as_bool)
-        .unwrap_or(true);
-    let lm_head = cfg
-        .get("architectures")
-        .and_then(serde_json::Value::as_array)
-        .is_some_and(|a| {
-            a.iter().filter_map(serde_json::Value::as_str).any(|n| {
-                n.ends_with("ForCausalLM")
-                    || n.ends_with("LMHeadModel")
-                    || n.ends_with("ForConditionalGeneration")
-            })
-        });
-    const OUT: &str = "lm_head.weight";
-    if !tie || !lm_head || given.iter().flatten().any(|n| n == OUT) {
-        return Ok(None);
-    }
-    let metas: HashMap<&str, &accel_api::TensorMeta> = ck.iter().collect();
-    let input = metas
-        .keys()
-        .filter(|n| {
-            INPUT_EMBEDDINGS
-                .iter()
-                .any(|s| **n == *s || n.ends_with(&format!(".{s}")))
-        })
-        .min_by_key(|n| (n.len(), **n));
-    let Some(&input) = input else {
-        return Ok(None);
-    };
-    if given.iter().flatten().any(|n| n == input) {
-        return Ok(None);
-    }
-    if let Some(out) = metas.get(OUT) {
-        if out.numel() != metas[input].numel() {
-            return Ok(None);
+impl From<ReserveArg> for Reserve {
+    fn from(r: ReserveArg) -> Reserve {
+        match r {
+            ReserveArg::MainDevices => Reserve::MainDevices,
+            ReserveArg::EveryAccelerator => Reserve::EveryAccelerator,
+            ReserveArg::None => Reserve::None,
         }
     }
-    Ok(Some(vec![input.to_string(), OUT.to_string()]))
 }
 
 /// `accel plan`: a device map for a model under memory budgets.
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
     #[command(flatten)]
-    #[allow(missing_docs)]
     pub model: ModelArgs,
     /// Budgets in fill order, e.g. `cuda:0=40GiB,cuda:1=40GiB,cpu=200GiB,disk`
     /// (GiB GB MiB MB KiB KB bytes; `disk` without a size is unbounded).
@@ -189,11 +113,11 @@ pub struct PlanArgs {
     #[arg(long = "tensor-dtype", value_name = "NAME=DTYPE")]
     pub tensor_dtype: Vec<String>,
     /// How accelerator budgets are derived.
-    #[arg(long, value_enum, default_value_t = Strategy::Sequential)]
-    pub strategy: Strategy,
+    #[arg(long, value_enum, default_value_t = StrategyArg::Sequential)]
+    pub strategy: StrategyArg,
     /// Where the largest layer's size is kept free.
-    #[arg(long, value_enum, default_value_t = Reserve::MainDevices)]
-    pub reserve: Reserve,
+    #[arg(long, value_enum, default_value_t = ReserveArg::MainDevices)]
+    pub reserve: ReserveArg,
     /// When the reservation would leave a device empty, place the first
     /// module further on that fits there (Accelerate's fallback_allocation).
     #[arg(long)]
@@ -220,8 +144,8 @@ pub fn plan_options(args: &PlanArgs) -> Result<PlanOptions> {
         no_split: args.model.no_split.clone(),
         dtype: args.dtype,
         special_dtypes: special,
-        strategy: args.strategy,
-        reserve: args.reserve,
+        strategy: args.strategy.into(),
+        reserve: args.reserve.into(),
         fallback_allocation: args.fallback_allocation,
     })
 }
@@ -241,9 +165,9 @@ pub struct PlanDoc<'a> {
     /// What was inferred or why a device is empty, in words.
     pub notes: &'a [String],
     /// Per device, in fill order.
-    pub devices: &'a [crate::plan::DevicePlan],
+    pub devices: &'a [accel_offload::plan::DevicePlan],
     /// The merged map in module order.
-    pub device_map: crate::plan::DeviceMap<'a>,
+    pub device_map: accel_offload::plan::DeviceMap<'a>,
 }
 
 /// Build the document `accel plan --json` prints.
@@ -275,7 +199,7 @@ pub fn plan(args: &PlanArgs) -> Result<String> {
     let p = make_plan(&layout, &opts)?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     if let Some(out) = &args.output {
-        crate::util::atomic_write(out, |w| {
+        accel_api::durable::write_atomic(out, |w| {
             serde_json::to_writer_pretty(w, &p.device_map()).map_err(std::io::Error::other)
         })?;
     }
@@ -338,7 +262,6 @@ pub fn plan(args: &PlanArgs) -> Result<String> {
 #[derive(Debug, Clone, clap::Args)]
 pub struct EstimateArgs {
     #[command(flatten)]
-    #[allow(missing_docs)]
     pub model: ModelArgs,
     /// Dtypes to estimate: f32, f16, bf16, i8, i4 (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "f32,f16,i8,i4")]
@@ -348,121 +271,9 @@ pub struct EstimateArgs {
     pub json: bool,
 }
 
-/// One row of the estimate.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Estimate {
-    /// The dtype floating-point tensors are counted in.
-    pub dtype: String,
-    /// Bytes of the largest layer.
-    pub largest_layer: u64,
-    /// Its name(s).
-    pub largest_layer_names: Vec<String>,
-    /// Bytes of the whole model.
-    pub total: u64,
-    /// Adam training estimate in bytes (`None` for integer dtypes).
-    pub adam_training: Option<u64>,
-    /// What `accelerate estimate-memory` shows in its "Training using Adam"
-    /// column for this dtype (`None` where it shows N/A), for comparison:
-    /// the largest single part (weights, gradients, optimizer states or
-    /// step) rather than their sum, so 8 bytes per parameter for f16/bf16
-    /// against 16 for f32.
-    pub adam_training_accelerate: Option<u64>,
-}
-
-/// Compute the estimate rows.
-///
-/// Floating-point tensors are counted at the dtype's size (i4 = half a
-/// byte), integer tensors at their own. Adam training = weights + gradients
-/// in the dtype + two f32 moments (8 bytes/param) + an f32 master copy for
-/// half dtypes, i.e. 16 bytes per parameter for f32 and for f16/bf16 mixed
-/// precision (the ZeRO paper's 16 bytes per parameter); activations are not
-/// included.
-///
-/// This deliberately differs from `accelerate estimate-memory` for f16 and
-/// bf16: Accelerate reports the largest of its four parts (model 4, gradients
-/// 6, optimizer 8, step 8 bytes per parameter), 8 bytes per parameter, half
-/// its f32 figure, although the weights, gradients and moments all live at
-/// once during the optimizer step. Its figure is kept in
-/// [`Estimate::adam_training_accelerate`] for comparison.
-pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Result<Vec<Estimate>> {
-    let s = compute_sizes(
-        layout,
-        &PlanOptions {
-            no_split: no_split.to_vec(),
-            ..Default::default()
-        },
-    );
-    let nodes = layout.nodes();
-    let mut rows = vec![];
-    for name in dtypes {
-        let (label, num, den, train): (String, u64, u64, Option<u64>) =
-            match name.trim().to_ascii_lowercase().as_str() {
-                "i4" | "int4" => ("i4".into(), 1, 2, None),
-                other => {
-                    let d: DType = other.parse()?;
-                    let train = match d {
-                        DType::F32 | DType::F64 => Some(2 * d.size() as u64 + 8),
-                        DType::F16 | DType::BF16 => Some(2 * d.size() as u64 + 8 + 4),
-                        _ => None,
-                    };
-                    (d.name().into(), d.size() as u64, 1, train)
-                }
-            };
-        // Per-tensor bytes in this dtype, then prefix sums over preorder.
-        let mut prefix = vec![0u64; nodes.len() + 1];
-        let mut float_params = 0u64;
-        let mut f32_bytes = 0u64;
-        for (i, n) in nodes.iter().enumerate() {
-            // A tied group counts once, on its first member (as the planner).
-            let counted = n.is_tensor() && s.owned[i] == 1;
-            let b = match &n.meta {
-                Some(m) if counted && m.dtype.is_float() => {
-                    let numel = m.numel() as u64;
-                    float_params += numel;
-                    f32_bytes = f32_bytes.saturating_add(numel.saturating_mul(4));
-                    numel.saturating_mul(num).div_ceil(den)
-                }
-                Some(m) if counted => {
-                    f32_bytes = f32_bytes.saturating_add(m.byte_len() as u64);
-                    m.byte_len() as u64
-                }
-                _ => 0,
-            };
-            prefix[i + 1] = prefix[i].saturating_add(b);
-        }
-        let accelerate = match label.as_str() {
-            "f32" => Some(4 * f32_bytes),
-            "f16" | "bf16" => Some(2 * f32_bytes),
-            _ => None,
-        };
-        let size = |id: u32| prefix[nodes[id as usize].end as usize] - prefix[id as usize];
-        let max = s.layers.iter().map(|&l| size(l)).max().unwrap_or(0);
-        let names = s
-            .layers
-            .iter()
-            .filter(|&&l| size(l) == max)
-            .map(|&l| nodes[l as usize].name.clone())
-            .collect();
-        let total = prefix[nodes.len()];
-        rows.push(Estimate {
-            dtype: label,
-            largest_layer: max,
-            largest_layer_names: names,
-            total,
-            adam_training: train.map(|per| {
-                float_params
-                    .saturating_mul(per)
-                    .saturating_add(total - (float_params * num).div_ceil(den))
-            }),
-            adam_training_accelerate: accelerate,
-        });
-    }
-    Ok(rows)
-}
-
 /// Run `accel estimate-memory`; returns what to print on stdout.
 pub fn estimate_memory(args: &EstimateArgs) -> Result<String> {
-    let layout = args.model.load()?;
+    let (layout, _) = args.model.load_with_notes()?;
     let rows = estimate(&layout, &args.model.no_split, &args.dtypes)?;
     if args.json {
         return Ok(format!(
@@ -500,6 +311,8 @@ pub fn estimate_memory(args: &EstimateArgs) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
+    use accel_api::ErrorKind;
+
     use super::*;
     use clap::Parser;
 
@@ -511,9 +324,12 @@ mod tests {
 
     #[test]
     fn plan_and_estimate_from_a_checkpoint() {
-        let layout = crate::synth::llama_layout(crate::synth::LlamaShape::tiny(4, 0), DType::F32);
+        let layout = accel_offload::synth::llama_layout(
+            accel_offload::synth::LlamaShape::tiny(4, 0),
+            DType::F32,
+        );
         let d = tempfile::tempdir().unwrap();
-        crate::synth::write_checkpoint(&layout, d.path(), 8 << 10).unwrap();
+        accel_offload::synth::write_checkpoint(&layout, d.path(), 8 << 10).unwrap();
         let dir = d.path().to_str().unwrap();
         let out_file = d.path().join("map.json");
         let Cmd::Plan(a) = Cmd::parse_from([
@@ -577,11 +393,11 @@ mod tests {
 
     #[test]
     fn config_json_ties_word_embeddings_and_order_is_reported() {
-        let mut shape = crate::synth::LlamaShape::tiny(3, 0);
+        let mut shape = accel_offload::synth::LlamaShape::tiny(3, 0);
         shape.tied = true;
-        let layout = crate::synth::llama_layout(shape, DType::F32);
+        let layout = accel_offload::synth::llama_layout(shape, DType::F32);
         let d = tempfile::tempdir().unwrap();
-        crate::synth::write_checkpoint(&layout, d.path(), 1 << 20).unwrap();
+        accel_offload::synth::write_checkpoint(&layout, d.path(), 1 << 20).unwrap();
         let dir = d.path().to_str().unwrap();
         let total = layout.tensor_count();
         // No config: lm_head is simply absent.
@@ -697,25 +513,5 @@ mod tests {
             e.to_string().contains("`lin.weight`") && e.to_string().contains("2^64"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn adam_estimate_for_half_dtypes_and_accelerates_figure() {
-        let layout = crate::synth::llama_layout(crate::synth::LlamaShape::tiny(2, 0), DType::F32);
-        let rows = estimate(
-            &layout,
-            &[],
-            &["f32".into(), "f16".into(), "bf16".into(), "i8".into()],
-        )
-        .unwrap();
-        let params = rows[0].total / 4;
-        // 16 bytes per parameter for f32 and for mixed precision alike.
-        assert_eq!(rows[0].adam_training, Some(16 * params));
-        assert_eq!(rows[1].adam_training, Some(16 * params));
-        assert_eq!(rows[2].adam_training, Some(16 * params));
-        // Accelerate's column: the largest part, 16 vs 8 bytes per parameter.
-        assert_eq!(rows[0].adam_training_accelerate, Some(16 * params));
-        assert_eq!(rows[1].adam_training_accelerate, Some(8 * params));
-        assert_eq!(rows[3].adam_training_accelerate, None);
     }
 }

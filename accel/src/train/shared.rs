@@ -1,0 +1,413 @@
+//! The training loop's configuration and the state the accelerator shares
+//! with the wrappers it prepared.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use accel_api::{Communicator, CommunicatorExt, Error, ReduceOp, Result};
+use accel_sharding::{AccumulationConfig, GradientAccumulator, Stage, StepDecision};
+
+use super::adapters::{Parameters, SharedStateful};
+use super::amp::{AmpState, GradScalerConfig, MixedPrecision};
+use super::grads;
+use super::rng::Rng;
+use super::tracker::Tracker;
+
+/// DDP's default gradient bucket size: 25 MiB.
+pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
+
+/// How the training loop behaves; set once, before anything is prepared,
+/// with [`Accelerator::with_training`](crate::Accelerator::with_training).
+///
+/// Every field has Accelerate's default.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TrainConfig {
+    /// `k`: batches per optimizer step (Accelerate's
+    /// `gradient_accumulation_steps`); at least 1.
+    pub gradient_accumulation_steps: usize,
+    /// Synchronise and step at the end of the loader even inside an
+    /// accumulation group (default `true`).
+    pub sync_with_dataloader: bool,
+    /// All-reduce gradients on every batch, not only on synchronising ones
+    /// (less memory, more traffic; default `false`).
+    pub sync_each_batch: bool,
+    /// Each loader batch is the global batch, cut into one piece per rank
+    /// (default `false`: each rank reads whole batches).
+    pub split_batches: bool,
+    /// Top up the last round so every rank reads the same number of batches
+    /// (default `true`).
+    pub even_batches: bool,
+    /// The main process reads every step and sends each rank its slice
+    /// (Accelerate's `dispatch_batches`). `None` (the default) means what
+    /// Accelerate does: dispatch for iterable loaders
+    /// ([`IterableLoader`]), not for map-style ones. Map-style loaders
+    /// read by index on every rank; `Some(true)` is refused for them.
+    #[serde(default)]
+    pub dispatch_batches: Option<bool>,
+    /// The scheduler steps with the optimizer (`num_processes` times per
+    /// optimizer step, once with `split_batches`); otherwise once per batch
+    /// (default `true`).
+    pub step_scheduler_with_optimizer: bool,
+    /// Gradient all-reduce bucket size in bytes (default 25 MiB, as DDP).
+    pub bucket_cap_bytes: usize,
+    /// Keep at most this many automatically named checkpoints (default: all).
+    pub total_limit: Option<usize>,
+    /// Mixed precision (Accelerate's `mixed_precision`). `None` (the
+    /// default) takes what `accel launch --mixed-precision` set
+    /// ([`MIXED_PRECISION_ENV`]), else [`MixedPrecision::No`]. In fp16 the
+    /// loss scale handed to [`Accelerator::backward`](crate::Accelerator::backward)
+    /// includes the [`GradScaler`]'s scale, gradients are unscaled before
+    /// clipping and stepping, and a step with an infinite or NaN gradient
+    /// on any rank is skipped on every rank.
+    #[serde(default)]
+    pub mixed_precision: Option<MixedPrecision>,
+    /// The fp16 loss scaler's settings (torch's `GradScaler` defaults).
+    #[serde(default)]
+    pub grad_scaler: GradScalerConfig,
+    /// Communicate f32 host gradients as `bf16` (or `f16`) and average in
+    /// f32 (DDP's bf16 compression hook): half the traffic, gradients
+    /// rounded to 8 significant bits. `None` (default): in their own dtype.
+    #[serde(default)]
+    pub gradient_compression: Option<accel_api::DType>,
+    /// ZeRO sharding ([`crate::zero`]; DeepSpeed's stage, FSDP's
+    /// `sharding_strategy`). `None` (the default) takes
+    /// [`SHARDING_ENV`](crate::zero::SHARDING_ENV), else
+    /// [`Stage::None`](Stage::None). Used by
+    /// [`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero).
+    #[serde(default)]
+    pub sharding: Option<Stage>,
+    /// A `mixed_precision` or `sharding` setting the program cannot use (a
+    /// model that computes in f32 only; a model no
+    /// [`prepare_zero`](crate::Accelerator::prepare_zero) shards) is an
+    /// error instead of a warning on rank 0 (default `false`; also
+    /// [`STRICT_ENV`](super::STRICT_ENV)`=1`). See
+    /// [`settings_not_applied`](crate::Accelerator::settings_not_applied).
+    #[serde(default)]
+    pub strict: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> TrainConfig {
+        TrainConfig {
+            gradient_accumulation_steps: 1,
+            sync_with_dataloader: true,
+            sync_each_batch: false,
+            split_batches: false,
+            even_batches: true,
+            dispatch_batches: None,
+            step_scheduler_with_optimizer: true,
+            bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
+            total_limit: None,
+            mixed_precision: None,
+            grad_scaler: GradScalerConfig::default(),
+            gradient_compression: None,
+            sharding: None,
+            strict: false,
+        }
+    }
+}
+
+impl TrainConfig {
+    fn accumulation(&self, num_processes: usize) -> AccumulationConfig {
+        AccumulationConfig {
+            steps: self.gradient_accumulation_steps,
+            sync_with_dataloader: self.sync_with_dataloader,
+            sync_each_batch: self.sync_each_batch,
+            num_processes,
+            split_batches: self.split_batches,
+            step_scheduler_with_optimizer: self.step_scheduler_with_optimizer,
+        }
+    }
+}
+
+/// Which kind of object a prepared wrapper holds; names its checkpoint key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Model,
+    Optimizer,
+    Scheduler,
+    Loader,
+}
+
+impl Kind {
+    fn index(self) -> usize {
+        self as usize
+    }
+    pub(crate) fn prefix(self) -> &'static str {
+        match self {
+            Kind::Model => "model",
+            Kind::Optimizer => "optimizer",
+            Kind::Scheduler => "scheduler",
+            Kind::Loader => "loader",
+        }
+    }
+}
+
+/// Training state shared by the [`Accelerator`](crate::Accelerator) and the
+/// wrappers it prepared (Accelerate's `GradientState` plus the checkpoint
+/// counter, RNG, trigger and registered objects).
+pub(crate) struct TrainShared {
+    world_size: usize,
+    inner: Mutex<TrainState>,
+    /// Kept apart from `inner` so a live `RngGuard` blocks nothing else.
+    rng: Mutex<RngSlot>,
+    /// Experiment trackers (main process only).
+    trackers: Mutex<Vec<Box<dyn Tracker>>>,
+}
+
+pub(crate) struct TrainState {
+    pub(crate) config: TrainConfig,
+    pub(crate) accumulator: GradientAccumulator,
+    /// The decision for the batch in flight; `None` before the first
+    /// `accumulate` (then every batch synchronises).
+    pub(crate) decision: Option<StepDecision>,
+    /// Number of the next automatically named checkpoint.
+    pub(crate) iteration: u64,
+    pub(crate) trigger: bool,
+    pub(crate) prepared: [usize; 4],
+    pub(crate) registered: Vec<SharedStateful>,
+    /// Mixed precision and the fp16 loss scaler.
+    pub(crate) amp: AmpState,
+    /// The sharding stage resolved against the environment.
+    pub(crate) sharding: Stage,
+    /// The first rate of scheduler `n`, for optimizer `n`'s first step
+    /// (see `Accelerator::prepare_scheduler`).
+    pub(crate) initial_lr: std::collections::BTreeMap<usize, f64>,
+    /// Where the settings came from and which did not apply.
+    pub(crate) applied: super::control::Applied,
+}
+
+impl std::fmt::Debug for TrainShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrainShared")
+            .field("world_size", &self.world_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TrainShared {
+    /// Defaults for a world of `world_size` ranks.
+    pub(crate) fn new(world_size: usize) -> TrainShared {
+        let config = TrainConfig::default();
+        let accumulator = GradientAccumulator::new(config.accumulation(world_size.max(1)))
+            .expect("the default accumulation config is valid");
+        let sharding = Stage::from_env()
+            .unwrap_or_else(|e| {
+                tracing::warn!("{e}; training without sharding");
+                None
+            })
+            .unwrap_or_default();
+        let mode = MixedPrecision::from_env().unwrap_or_else(|e| {
+            tracing::warn!("{e}; training without mixed precision");
+            MixedPrecision::No
+        });
+        let strict = super::control::strict_from_env().unwrap_or_else(|e| {
+            tracing::warn!("{e}; ignored settings are warnings");
+            false
+        });
+        let applied = super::control::Applied {
+            mixed_precision: super::control::env_source(super::MIXED_PRECISION_ENV),
+            sharding: super::control::env_source(crate::zero::SHARDING_ENV),
+            strict,
+            ..super::control::Applied::default()
+        };
+        TrainShared {
+            world_size: world_size.max(1),
+            inner: Mutex::new(TrainState {
+                config,
+                accumulator,
+                decision: None,
+                iteration: 0,
+                trigger: false,
+                prepared: [0; 4],
+                registered: Vec::new(),
+                amp: AmpState::new(mode, GradScalerConfig::default()),
+                sharding,
+                initial_lr: std::collections::BTreeMap::new(),
+                applied,
+            }),
+            rng: Mutex::new(RngSlot::new()),
+            trackers: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, TrainState> {
+        // A panic while holding the lock leaves plain data behind; keep going.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn trackers(&self) -> MutexGuard<'_, Vec<Box<dyn Tracker>>> {
+        self.trackers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn set_config(&self, config: TrainConfig) -> Result<()> {
+        let accumulator = GradientAccumulator::new(config.accumulation(self.world_size))?;
+        if config.bucket_cap_bytes == 0 {
+            return Err(Error::invalid_argument(
+                "with_training",
+                "bucket_cap_bytes is 0; use at least 4 (one f32)",
+            ));
+        }
+        config.grad_scaler.check()?;
+        if let Some(c) = config.gradient_compression {
+            if !matches!(c, accel_api::DType::BF16 | accel_api::DType::F16) {
+                return Err(Error::invalid_config(
+                    "gradient_compression",
+                    c.name(),
+                    "gradients are communicated compressed as bf16 or f16 only",
+                )
+                .with_fix("use Some(DType::BF16), Some(DType::F16) or None"));
+            }
+        }
+        let mode = match config.mixed_precision {
+            Some(m) => m,
+            None => MixedPrecision::from_env()?,
+        };
+        let sharding = match config.sharding {
+            Some(s) => s,
+            None => Stage::from_env()?.unwrap_or_default(),
+        };
+        let strict = config.strict || super::control::strict_from_env()?;
+        let source = |set: bool, env: &str| {
+            if set {
+                super::control::Source::Config
+            } else {
+                super::control::env_source(env)
+            }
+        };
+        let mp_source = source(config.mixed_precision.is_some(), super::MIXED_PRECISION_ENV);
+        let sharding_source = source(config.sharding.is_some(), crate::zero::SHARDING_ENV);
+        let mut st = self.lock();
+        st.applied.mixed_precision = mp_source;
+        st.applied.sharding = sharding_source;
+        st.applied.strict = strict;
+        st.sharding = sharding;
+        if st.amp.mode != mode || st.amp.scaler.map(|s| s.config) != Some(config.grad_scaler) {
+            st.amp = AmpState::new(mode, config.grad_scaler);
+        }
+        st.config = config;
+        st.accumulator = accumulator;
+        st.decision = None;
+        Ok(())
+    }
+
+    /// The decision in force: the last `accumulate` result, or "synchronise"
+    /// when the loop never called it.
+    pub(crate) fn decision(&self) -> StepDecision {
+        let st = self.lock();
+        st.decision.unwrap_or_else(|| {
+            let c = &st.config;
+            StepDecision {
+                sync_gradients: true,
+                all_reduce: true,
+                optimizer_step: true,
+                zero_grad: true,
+                scheduler_steps: if !c.step_scheduler_with_optimizer || c.split_batches {
+                    1
+                } else {
+                    self.world_size
+                },
+                loss_divisor: c.gradient_accumulation_steps,
+            }
+        })
+    }
+
+    /// Unscale the gradients once per optimizer step in fp16 and agree on the
+    /// overflow flag across ranks; `false` without a loss scaler.
+    pub(crate) fn unscale_once(
+        &self,
+        comm: &dyn Communicator,
+        model: &mut dyn Parameters,
+    ) -> Result<bool> {
+        let (scaler, done) = {
+            let st = self.lock();
+            (st.amp.scaler, st.amp.unscaled)
+        };
+        let Some(scaler) = scaler else {
+            return Ok(false);
+        };
+        if let Some(found) = done {
+            return Ok(found);
+        }
+        let scale = scaler.scale;
+        // torch multiplies by the f32 reciprocal, also for f64 gradients.
+        let local = grads::scale_and_check(model, f64::from(scaler.inv_scale()))?;
+        // Agreed across ranks, whatever the gradients' synchronisation did.
+        // f32 Sum: the one reduction every backend declares (as check_trigger).
+        let mut flag = [if local { 1.0f32 } else { 0.0 }];
+        if comm.world_size() > 1 {
+            comm.all_reduce_slice(&mut flag, ReduceOp::Sum)?;
+        }
+        let found = flag[0] > 0.0;
+        if found {
+            tracing::debug!(
+                scale,
+                local_overflow = local,
+                "fp16: gradients overflowed; the step will be skipped"
+            );
+        }
+        self.lock().amp.unscaled = Some(found);
+        Ok(found)
+    }
+
+    /// A fresh checkpoint key for a newly prepared object of `kind`.
+    pub(crate) fn next_key(&self, kind: Kind) -> String {
+        let mut st = self.lock();
+        let n = st.prepared[kind.index()];
+        st.prepared[kind.index()] += 1;
+        format!("{}_{n}", kind.prefix())
+    }
+}
+
+/// The training state of `acc`, made on first use.
+pub(crate) fn shared(acc: &crate::Accelerator) -> &Arc<TrainShared> {
+    acc.extension(|| Arc::new(TrainShared::new(acc.world_size())))
+}
+
+/// Where the accelerator keeps its [`Rng`]: out of the slot while an
+/// [`RngGuard`] has it, so no lock is held while the guard lives.
+#[derive(Debug)]
+pub(crate) struct RngSlot {
+    pub(super) rng: Option<Rng>,
+    /// Bumped whenever the generator is replaced (set_seed, load_state,
+    /// synchronize_rng_states), so a guard taken before does not put a
+    /// stale generator back.
+    pub(super) generation: u64,
+}
+
+impl RngSlot {
+    pub(crate) fn new() -> RngSlot {
+        RngSlot {
+            rng: Some(Rng::seed_from_u64(0)),
+            generation: 0,
+        }
+    }
+}
+
+pub(super) fn held(op: &str) -> Error {
+    Error::invalid_argument(
+        op,
+        "the accelerator's RNG is held by a guard from acc.rng() that is still alive",
+    )
+    .with_fix(
+        "drop the guard (let it go out of scope) before calling this; take it again afterwards",
+    )
+}
+
+impl TrainShared {
+    pub(super) fn rng_slot(&self) -> std::sync::MutexGuard<'_, RngSlot> {
+        self.rng.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A copy of the generator, or an immediate error while a guard has it.
+    pub(crate) fn rng_state(&self, op: &str) -> Result<Rng> {
+        self.rng_slot().rng.clone().ok_or_else(|| held(op))
+    }
+
+    /// Replace the generator (even while a guard has it: the guard's copy is
+    /// then dropped, the new one wins).
+    pub(crate) fn replace_rng(&self, rng: Rng) {
+        let mut slot = self.rng_slot();
+        slot.rng = Some(rng);
+        slot.generation += 1;
+    }
+}

@@ -1,0 +1,204 @@
+//! [`ZeroOptimizer`]'s sharded state: per-rank checkpoints and the full
+//! parameters gathered from the shards.
+
+use accel_api::{Error, ErrorKind, Result};
+use accel_sharding::Stage;
+
+use super::optimizer::ShardOptimizer;
+use super::step::ZeroOptimizer;
+use crate::train::{try_visit_params, Checkpointed, ParamMut, ParamRef, Parameters, StateDict};
+
+/// Every parameter's full values, gathered from the shards: what
+/// [`Accelerator::save_model`](crate::Accelerator::save_model) writes
+/// (it is a [`Parameters`] whose gradients are empty).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FullParameters {
+    /// `(name, values)` in the model's order.
+    pub params: Vec<(String, Vec<f32>)>,
+}
+
+impl Parameters for FullParameters {
+    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        for (name, v) in &self.params {
+            f(ParamRef::host(name, v, &[] as &[f32]));
+        }
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        for (name, v) in &mut self.params {
+            f(ParamMut::host(name, v, &mut [] as &mut [f32]));
+        }
+    }
+}
+
+impl<O: ShardOptimizer> ZeroOptimizer<O> {
+    /// Every parameter's full current values (collective at stage 3: one
+    /// all-gather per unit), e.g. for
+    /// [`Accelerator::save_model`](crate::Accelerator::save_model), which
+    /// then writes the Hugging Face layout that loads at any world size.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] when a value of `model` is not `f32`
+    /// host memory (stages 0-2: the model's values are the parameters);
+    /// the communicator's errors.
+    pub fn full_parameters(&mut self, model: &dyn Parameters) -> Result<FullParameters> {
+        let mut out = FullParameters::default();
+        if self.stage != Stage::Full {
+            try_visit_params(model, |_, p| {
+                out.params
+                    .push((p.name.to_string(), p.value_f32()?.to_vec()));
+                Ok(())
+            })?;
+            return Ok(out);
+        }
+        for u in 0..self.plan.units().len() {
+            let (_, at) = self.unit_span(u)?;
+            self.gather_unit(u, at)?;
+            for s in &self.plan.units()[u].slots {
+                let v = self.values[s.offset..s.offset + s.numel].to_vec();
+                out.params.push((s.name.clone(), v));
+            }
+        }
+        Ok(out)
+    }
+
+    fn unit_layout(&self) -> Vec<(String, usize)> {
+        let units = self.plan.units().iter();
+        units.map(|u| (u.name.clone(), u.numel)).collect()
+    }
+
+    /// This rank's shard of the optimizer state (and at stage 3 of the
+    /// parameters, tensor `zero.params`), with the layout it was made for
+    /// (stage, world size, rank, units), for a sharded checkpoint. Take it
+    /// between steps: gradients are not part of it.
+    pub fn state_dict(&self) -> StateDict {
+        let mut s = self.opt.state_dict();
+        s.put("zero.stage", &self.stage.as_str());
+        s.put("zero.world_size", &self.comm.world_size());
+        s.put("zero.rank", &self.comm.rank());
+        s.put("zero.units", &self.unit_layout());
+        if self.stage == Stage::Full {
+            s.put_tensor("zero.params", self.params.clone());
+        }
+        s
+    }
+
+    /// Restore a state written by [`state_dict`](Self::state_dict) on the
+    /// same rank of a run with the same stage, world size and units.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for a state of another stage, world
+    /// size, rank or unit layout (naming both); [`ErrorKind::Corrupt`]
+    /// for a parameter shard of the wrong size; the optimizer's own.
+    pub fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
+        let stage: String = state.get("zero.stage")?;
+        let world: usize = state.get("zero.world_size")?;
+        let rank: usize = state.get("zero.rank")?;
+        let units: Vec<(String, usize)> = state.get("zero.units")?;
+        let mine = self.unit_layout();
+        if stage != self.stage.as_str()
+            || world != self.comm.world_size()
+            || rank != self.comm.rank()
+            || units != mine
+        {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "this sharded optimizer state belongs to stage {stage}, rank {rank} of {world} \
+                     with {} units; this is stage {}, rank {} of {} with {} units",
+                    units.len(),
+                    self.stage,
+                    self.comm.rank(),
+                    self.comm.world_size(),
+                    mine.len()
+                ),
+            )
+            .with_fix("resume at the stage and world size the checkpoint was written with"));
+        }
+        let mut inner = state.clone();
+        inner.values.retain(|k, _| !k.starts_with("zero."));
+        let params = inner.tensors.remove("zero.params");
+        if self.stage == Stage::Full {
+            let p = params.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    "the stage-3 state holds no parameter shard `zero.params`",
+                )
+            })?;
+            if p.data.len() != self.plan.shard_numel() {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "the parameter shard holds {} elements; this rank's shard has {}",
+                        p.data.len(),
+                        self.plan.shard_numel()
+                    ),
+                ));
+            }
+            self.load_opt(&inner)?;
+            self.drain_prefetch()?;
+            self.pos = 0;
+            self.params = p.data;
+            self.fresh.fill(false);
+            self.shard.fill(0.0);
+            self.reduced.fill(false);
+            return Ok(());
+        }
+        self.load_opt(&inner)
+    }
+
+    fn load_opt(&mut self, state: &StateDict) -> Result<()> {
+        self.opt.load_state_dict(state)?;
+        self.opt.check_shards(&self.plan.shard_lens())
+    }
+}
+
+impl<O: ShardOptimizer> Checkpointed for ZeroOptimizer<O> {
+    fn checkpoint_key(&self) -> String {
+        self.key.clone()
+    }
+
+    /// Every rank saves its own shard.
+    fn per_rank(&self) -> bool {
+        true
+    }
+
+    fn checkpoint_state(&self) -> Result<StateDict> {
+        Ok(self.state_dict())
+    }
+
+    fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
+        self.load_state_dict(&state)
+    }
+
+    /// The shards must be ranks `0..W` of one layout, in order.
+    fn check_rank_states(&self, states: &[StateDict]) -> Result<()> {
+        /// Stage, world size, rank, units.
+        type Head = (String, usize, usize, Vec<(String, usize)>);
+        let head = |s: &StateDict| -> Result<Head> {
+            Ok((
+                s.get("zero.stage")?,
+                s.get("zero.world_size")?,
+                s.get("zero.rank")?,
+                s.get("zero.units")?,
+            ))
+        };
+        let first = states.first().map(head).transpose()?;
+        for (r, s) in states.iter().enumerate() {
+            let (stage, world, rank, units) = head(s)?;
+            let same_run = first.as_ref().is_some_and(|f| f.0 == stage && f.3 == units);
+            if world != states.len() || rank != r || !same_run {
+                return Err(Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "the sharded optimizer state loaded by rank {r} is rank {rank} of {world} \
+                         (stage {stage}, {} units); {} ranks are loading",
+                        units.len(),
+                        states.len()
+                    ),
+                )
+                .with_fix("load a checkpoint written by a run of this world size, every rank from the same folder"));
+            }
+        }
+        Ok(())
+    }
+}

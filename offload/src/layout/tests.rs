@@ -1,0 +1,244 @@
+use super::*;
+
+fn m(shape: &[usize]) -> TensorMeta {
+    TensorMeta {
+        dtype: DType::F32,
+        shape: shape.to_vec(),
+    }
+}
+
+#[test]
+fn tree_from_names_orders_numbers_numerically() {
+    let names = [
+        "model.layers.10.w",
+        "model.layers.2.w",
+        "lm_head.weight",
+        "model.embed.weight",
+        "model.layers.2.b",
+    ];
+    let l = Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[2]))), &[]).unwrap();
+    let order: Vec<&str> = l.nodes().iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(
+        order,
+        [
+            "",
+            "model",
+            "model.embed",
+            "model.embed.weight",
+            "model.layers",
+            "model.layers.2",
+            "model.layers.2.b",
+            "model.layers.2.w",
+            "model.layers.10",
+            "model.layers.10.w",
+            "lm_head",
+            "lm_head.weight",
+        ]
+    );
+    assert!(l.order_inferred());
+    let layers = l.id("model.layers").unwrap();
+    assert_eq!(l.node(layers).end, l.id("lm_head").unwrap());
+    assert_eq!(l.tensors_under("model.layers").unwrap().len(), 3);
+}
+
+#[test]
+fn tied_alias_added_when_checkpoint_stores_it_once() {
+    let names = ["embed.weight", "body.w"];
+    let tied = vec![vec!["embed.weight".to_string(), "head.weight".to_string()]];
+    let l = Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[4, 2]))), &tied).unwrap();
+    let head = l.id("head.weight").unwrap();
+    let embed = l.id("embed.weight").unwrap();
+    assert_eq!(l.node(head).alias_of, Some(embed));
+    // The stored member owns the storage even when it sorts later.
+    let names = ["z.weight", "body.w"];
+    let tied = vec![vec!["z.weight".to_string(), "a.weight".to_string()]];
+    let l2 =
+        Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[4, 2]))), &tied).unwrap();
+    assert_eq!(
+        l2.node(l2.id("a.weight").unwrap()).alias_of,
+        l2.id("z.weight")
+    );
+    assert_eq!(l.tied(), &[vec![embed, head]]);
+}
+
+#[test]
+fn json_round_trip_and_errors() {
+    let text = r#"{"format":"accel-layout/1","root":{"name":"","class":"Net","children":[
+        {"name":"a","class":"Linear","params":[{"name":"weight","dtype":"float16","shape":[3,3]}],
+         "buffers":[{"name":"scale","dtype":"f32","shape":[]}]},
+        {"name":"b","class":"Linear","params":[{"name":"weight","dtype":"f16","shape":[3,3]}]}]},
+        "tied":[["a.weight","b.weight"]]}"#;
+    let doc: LayoutJson = serde_json::from_str(text).unwrap();
+    let l = Layout::from_json(&doc).unwrap();
+    assert_eq!(l.node(l.id("a").unwrap()).class.as_deref(), Some("Linear"));
+    assert_eq!(l.node(l.id("a.scale").unwrap()).kind, NodeKind::Buffer);
+    assert_eq!(l.tied().len(), 1);
+    let back = Layout::from_json(&l.to_json()).unwrap();
+    assert_eq!(back.nodes().len(), l.nodes().len());
+    let mut bad = doc.clone();
+    bad.tied = vec![vec!["a.weight".into(), "nope".into()]];
+    assert!(Layout::from_json(&bad)
+        .unwrap_err()
+        .to_string()
+        .contains("nope"));
+    assert!(Layout::from_tensors(
+        [("a".to_string(), m(&[1])), ("a.b".to_string(), m(&[1]))],
+        &[]
+    )
+    .is_err());
+}
+
+#[test]
+fn inferred_order_puts_embeddings_first_and_heads_last() {
+    // GPT-2's names: alphabetically `h` < `ln_f` < `wpe` < `wte`.
+    let names = ["h.10.w", "h.2.w", "ln_f.weight", "wpe.weight", "wte.weight"];
+    let l = Layout::from_tensors(names.iter().map(|n| (n.to_string(), m(&[2]))), &[]).unwrap();
+    let mods: Vec<&str> = l
+        .node(0)
+        .children
+        .iter()
+        .map(|&c| l.node(c).name.as_str())
+        .collect();
+    assert_eq!(mods, ["wte", "wpe", "h", "ln_f"]);
+    let h = l.node(l.id("h").unwrap());
+    let layers: Vec<&str> = h
+        .children
+        .iter()
+        .map(|&c| l.node(c).name.as_str())
+        .collect();
+    assert_eq!(layers, ["h.2", "h.10"]);
+    // A layout from the model keeps the model's order and says so.
+    let back = Layout::from_json(&l.to_json()).unwrap();
+    assert!(!back.order_inferred());
+}
+
+#[test]
+fn sizes_that_overflow_64_bits_are_refused() {
+    // 2^62 + 1 f32 elements: 2^64 + 4 bytes, which wraps to 4.
+    let huge = TensorMeta {
+        dtype: DType::F32,
+        shape: vec![(1usize << 62) + 1],
+    };
+    assert_eq!(checked_bytes(&huge), None);
+    let e = Layout::from_tensors([("w".to_string(), huge.clone())], &[]).unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::InvalidArgument);
+    assert!(
+        e.to_string().contains("`w`") && e.to_string().contains("2^64"),
+        "{e}"
+    );
+    let text = format!(
+        r#"{{"format":"accel-layout/1","root":{{"params":[{{"name":"w","dtype":"f32","shape":[{}]}}]}}}}"#,
+        (1u64 << 62) + 1
+    );
+    let doc: LayoutJson = serde_json::from_str(&text).unwrap();
+    assert!(Layout::from_json(&doc)
+        .unwrap_err()
+        .to_string()
+        .contains("2^64"));
+    // Each fits, the sum does not.
+    let half = TensorMeta {
+        dtype: DType::F32,
+        shape: vec![1usize << 61],
+    };
+    let e = Layout::from_tensors(
+        [("a".to_string(), half.clone()), ("b".to_string(), half)],
+        &[],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("in all"), "{e}");
+}
+
+#[test]
+fn non_persistent_buffers_round_trip() {
+    let text = r#"{"format":"accel-layout/1","root":{"children":[
+        {"name":"rope","buffers":[{"name":"inv_freq","dtype":"f32","shape":[64],"persistent":false},
+                                  {"name":"kept","dtype":"f32","shape":[2]}]}]}}"#;
+    let l = Layout::from_json(&serde_json::from_str(text).unwrap()).unwrap();
+    assert!(!l.node(l.id("rope.inv_freq").unwrap()).persistent);
+    assert!(l.node(l.id("rope.kept").unwrap()).persistent);
+    let j = serde_json::to_string(&l.to_json()).unwrap();
+    assert_eq!(j.matches("\"persistent\":false").count(), 1, "{j}");
+}
+
+fn same(a: &Layout, b: &Layout) {
+    assert_eq!(a.nodes().len(), b.nodes().len());
+    for (x, y) in a.nodes().iter().zip(b.nodes()) {
+        assert_eq!(
+            (
+                &x.name,
+                &x.class,
+                x.kind,
+                &x.meta,
+                x.parent,
+                &x.children,
+                x.end,
+                x.alias_of,
+                x.persistent
+            ),
+            (
+                &y.name,
+                &y.class,
+                y.kind,
+                &y.meta,
+                y.parent,
+                &y.children,
+                y.end,
+                y.alias_of,
+                y.persistent
+            )
+        );
+    }
+    assert_eq!(a.tied(), b.tied());
+}
+
+#[test]
+fn file_parse_matches_the_tree_path_in_any_key_order() {
+    let l = crate::synth::llama_layout(crate::synth::LlamaShape::tiny(3, 2), DType::BF16);
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("l.json");
+    std::fs::write(&f, serde_json::to_vec(&l.to_json()).unwrap()).unwrap();
+    same(&Layout::from_json_file(&f).unwrap(), &l);
+    assert!(l.id("model.layers.2.mlp.experts.1.w3.weight").is_some());
+    // Keys in another order (name last, children before params,
+    // escaped strings): the same layout through the fallback.
+    let text = r#"{"tied":[["a.weight","b.weight"]],"root":{"children":[
+        {"params":[{"shape":[3],"dtype":"torch.float32","name":"weight"}],"class":"Lin\u0065ar","name":"a"},
+        {"children":[{"name":"act"}],"params":[{"name":"weight","dtype":"f32","shape":[3]}],"name":"b",
+         "buffers":[{"name":"m","dtype":"u8","shape":[2],"persistent":false}]}],"name":""},
+        "format":"accel-layout/1"}"#;
+    std::fs::write(&f, text).unwrap();
+    let a = Layout::from_json_file(&f).unwrap();
+    let b = Layout::from_json(&serde_json::from_str(text).unwrap()).unwrap();
+    same(&a, &b);
+    assert_eq!(a.node(a.id("a").unwrap()).class.as_deref(), Some("Linear"));
+    assert_eq!(a.node(a.id("b.weight").unwrap()).alias_of, a.id("a.weight"));
+    assert!(!a.node(a.id("b.m").unwrap()).persistent);
+}
+
+#[test]
+fn duplicate_and_dotted_names_are_refused_on_both_paths() {
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("l.json");
+    for (text, want) in [
+        (
+            r#"{"format":"accel-layout/1","root":{"children":[{"name":"a","params":[{"name":"w","dtype":"f32","shape":[1]}]},{"name":"a"}]}}"#,
+            "`a` is both a module and a tensor, or appears twice",
+        ),
+        (
+            r#"{"format":"accel-layout/1","root":{"children":[{"name":"a.b","params":[{"name":"w","dtype":"f32","shape":[1]}]}]}}"#,
+            "hold no `.`",
+        ),
+        (
+            r#"{"format":"accel-layout/1","root":{"params":[{"name":"w","dtype":"f32","shape":[1]},{"name":"w","dtype":"f32","shape":[1]}]}}"#,
+            "`w` is both",
+        ),
+    ] {
+        std::fs::write(&f, text).unwrap();
+        let e = Layout::from_json_file(&f).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+        let e = Layout::from_json(&serde_json::from_str(text).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+    }
+}

@@ -1,0 +1,129 @@
+//! Per-node sizes, dtypes and layer facts, computed once per plan.
+
+use accel_api::DType;
+
+use super::types::PlanOptions;
+use crate::layout::{Layout, NodeId};
+use crate::util::glob_match;
+
+/// Per-node planning facts computed once.
+pub(crate) struct Sizes {
+    pub size: Vec<u64>,
+    pub dtype: Vec<Option<DType>>,
+    /// Owned (non-alias) tensors in the subtree.
+    pub owned: Vec<u32>,
+    pub has_module_child: Vec<bool>,
+    /// A child module holding at least one owned tensor (Accelerate's
+    /// `get_balanced_memory` sees only such modules).
+    pub has_tensor_module_child: Vec<bool>,
+    pub no_split: Vec<bool>,
+    /// Layer ids in tree order.
+    pub layers: Vec<NodeId>,
+}
+
+/// The [`Sizes`] of `layout` under `opts` (dtype overrides, no-split
+/// modules).
+pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
+    let nodes = layout.nodes();
+    let n = nodes.len();
+    let mut size = vec![0u64; n];
+    let mut dtype = vec![None; n];
+    let mut owned = vec![0u32; n];
+    let mut has_module_child = vec![false; n];
+    let mut has_tensor_module_child = vec![false; n];
+    let mut no_split = vec![false; n];
+    // A tied group's bytes are counted on its first member in tree order,
+    // as `named_parameters()` (which drops later duplicates) counts them in
+    // Accelerate, whichever member the checkpoint stores.
+    let mut free = vec![false; n];
+    for g in layout.tied() {
+        let first = g.iter().copied().min().unwrap_or(0);
+        for &m in g {
+            free[m as usize] = m != first;
+        }
+    }
+    // Parents and ends copied into compact arrays on the one pass over the
+    // nodes, so the later passes do not stream the whole node array again.
+    let mut parent = vec![0u32; n];
+    let mut end = vec![0u32; n];
+    let patterns: Vec<(&str, bool)> = opts
+        .no_split
+        .iter()
+        .map(|p| (p.as_str(), p.contains('*')))
+        .collect();
+    for (i, node) in nodes.iter().enumerate() {
+        parent[i] = node.parent.unwrap_or(0);
+        end[i] = node.end;
+        if let Some(meta) = &node.meta {
+            let own = meta.dtype;
+            let d = if let Some(&s) = opts.special_dtypes.get(&node.name) {
+                s
+            } else if let Some(o) = opts
+                .dtype
+                .filter(|o| own.is_float() && o.is_float() && o.size() <= own.size())
+            {
+                o
+            } else {
+                own
+            };
+            dtype[i] = Some(d);
+            if !free[i] {
+                // The layout checked that the tensor's own size fits in 64
+                // bits; a per-tensor override may widen it, so saturate.
+                size[i] = crate::layout::checked_bytes(meta)
+                    .map(|b| b / own.size() as u64)
+                    .and_then(|numel| numel.checked_mul(d.size() as u64))
+                    .unwrap_or(u64::MAX);
+                owned[i] = 1;
+            }
+        } else if !patterns.is_empty() {
+            no_split[i] = patterns.iter().any(|&(p, star)| {
+                node.class.as_deref() == Some(p)
+                    || (!node.name.is_empty()
+                        && if star {
+                            glob_match(p, &node.name)
+                        } else {
+                            node.name == p
+                        })
+            });
+        }
+    }
+    for i in (1..n).rev() {
+        let p = parent[i] as usize;
+        size[p] = size[p].saturating_add(size[i]);
+        owned[p] += owned[i];
+        if dtype[i].is_none() {
+            has_module_child[p] = true;
+            if owned[i] > 0 {
+                has_tensor_module_child[p] = true;
+            }
+        }
+    }
+    // Layers: descend from the root's entries through splittable modules.
+    let mut layers = vec![];
+    let mut i = 0usize;
+    while i < n {
+        let is_layer = if i == 0 {
+            false
+        } else if dtype[i].is_none() {
+            !has_module_child[i] || no_split[i]
+        } else {
+            parent[i] == 0
+        };
+        if is_layer {
+            layers.push(i as NodeId);
+            i = end[i] as usize;
+        } else {
+            i += 1;
+        }
+    }
+    Sizes {
+        size,
+        dtype,
+        owned,
+        has_module_child,
+        has_tensor_module_child,
+        no_split,
+        layers,
+    }
+}
