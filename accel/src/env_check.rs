@@ -68,7 +68,7 @@ pub fn check_environment(
         // Only the mpi backend bootstraps without a store.
         if backend.name() != "mpi" {
             let what = format!("the {} backend", backend.name());
-            return Err(crate::state::no_store_error(why, &what));
+            return Err(crate::no_store::no_store_error(why, &what));
         }
     }
     check_backend_vars(backend.name(), var).map_err(|e| e.with_backend(backend.name()))?;

@@ -76,6 +76,30 @@ impl StallVerdict {
         let v = store.try_get(VERDICT_KEY).ok()??;
         serde_json::from_slice(&v).ok()
     }
+
+    /// [`read`](Self::read), with each missing rank's record read again
+    /// now: its last collective as of this moment (the verdict's is as of
+    /// the timeout), and a rank that has since entered the collective the
+    /// verdict waited in is no longer missing.
+    pub fn read_fresh(store: &dyn Store) -> Option<StallVerdict> {
+        let mut v = Self::read(store)?;
+        let waited = v
+            .waiting_in
+            .rsplit_once('#')
+            .and_then(|(_, n)| n.parse::<u64>().ok());
+        v.missing.retain_mut(|m| {
+            let now = store.try_get(&rank_key(m.rank)).ok().flatten();
+            match now.as_deref().and_then(parse_record) {
+                Some((seq, _)) if waited.is_some_and(|w| seq >= w) => false,
+                Some((seq, op)) => {
+                    m.last = Some(label(seq, &op));
+                    true
+                }
+                None => true,
+            }
+        });
+        Some(v)
+    }
 }
 
 /// A rank's record: `<seq> <op>`.
@@ -423,6 +447,44 @@ mod tests {
             "{e}"
         );
         assert!(StallVerdict::read(&*store).is_none());
+    }
+
+    /// The verdict as the launcher reads it is fresh at that moment: a
+    /// missing rank's later record replaces the one seen at the timeout,
+    /// and a rank that has since arrived is no longer missing.
+    #[test]
+    fn a_verdict_read_later_carries_the_records_of_that_moment() {
+        let store = MemoryStore::new();
+        let stale = StallVerdict {
+            seen_by: 0,
+            waiting_in: "all_reduce#7".into(),
+            missing: vec![
+                MissingRank {
+                    rank: 1,
+                    last: None,
+                },
+                MissingRank {
+                    rank: 2,
+                    last: None,
+                },
+                MissingRank {
+                    rank: 3,
+                    last: None,
+                },
+            ],
+        };
+        store
+            .set(VERDICT_KEY, &serde_json::to_vec(&stale).unwrap())
+            .unwrap();
+        store
+            .set("rank/1", record(5, Op::AllReduce).as_bytes())
+            .unwrap();
+        store
+            .set("rank/2", record(7, Op::AllReduce).as_bytes())
+            .unwrap();
+        let v = StallVerdict::read_fresh(&store).unwrap();
+        assert_eq!(v.missing_text(), "1 (last: all_reduce#5), 3 (last: none)");
+        assert_eq!(StallVerdict::read(&store).unwrap(), stale);
     }
 
     #[test]

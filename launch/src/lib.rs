@@ -28,6 +28,7 @@
 pub mod ffi;
 pub mod group;
 pub mod guard;
+pub mod leftovers;
 pub mod mpirun;
 pub mod output;
 pub mod program;

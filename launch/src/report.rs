@@ -35,6 +35,15 @@ pub enum Exit {
         /// That rank's exit code.
         code: i32,
     },
+    /// It exited with code 0 while other ranks still ran, and rank
+    /// `noticed_by` then failed: in a distributed job, a rank that ends
+    /// before the others is a failure (its peers lose it mid-job).
+    EarlyExit {
+        /// The rank that failed after it.
+        noticed_by: usize,
+        /// That rank's exit code.
+        code: i32,
+    },
 }
 
 /// `SIGSEGV` for 11.
@@ -67,7 +76,9 @@ impl Exit {
             Exit::Code { code } => u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1),
             Exit::Signal { signal } => u8::try_from(128 + signal).unwrap_or(255),
             Exit::Hung { .. } => 124,
-            Exit::Stalled { code, .. } => Exit::Code { code }.launcher_code(),
+            Exit::Stalled { code, .. } | Exit::EarlyExit { code, .. } => {
+                Exit::Code { code }.launcher_code()
+            }
         }
     }
 
@@ -83,6 +94,9 @@ impl Exit {
             }
             Exit::Stalled { seen_by, code } => format!(
                 "did not arrive at a collective: rank {seen_by} timed out waiting for it (and exited with code {code})"
+            ),
+            Exit::EarlyExit { noticed_by, code } => format!(
+                "exited early (code 0 while the other ranks still ran; rank {noticed_by} failed after it with code {code})"
             ),
         }
     }
@@ -159,6 +173,9 @@ impl Failure {
             Exit::Stalled { seen_by, code } => format!(
                 "did not arrive: rank {seen_by} timed out waiting for it (rank {seen_by} exited with code {code}; this rank was stopped)"
             ),
+            Exit::EarlyExit { noticed_by, code } => format!(
+                "exited early: code 0 while the other ranks still ran (exit code 0 mid-job is a failure of a distributed job); rank {noticed_by} failed after it with code {code}"
+            ),
         };
         lines.push(format!("exit:      {exit}"));
         if !self.also_hung.is_empty() {
@@ -184,6 +201,7 @@ impl Failure {
         }
         let whose = match self.exit {
             Exit::Stalled { seen_by, .. } => format!(" of rank {seen_by}"),
+            Exit::EarlyExit { noticed_by, .. } => format!(" of rank {noticed_by}"),
             _ => String::new(),
         };
         if self.stderr_tail.is_empty() {
@@ -232,18 +250,7 @@ impl Failure {
         if stall.missing.iter().any(|(r, _)| *r == victim.rank) {
             return victim;
         }
-        let code = match victim.exit {
-            Exit::Code { code } => code,
-            other => i32::from(other.launcher_code()),
-        };
-        // Its panic message, else its last line that reports an error.
-        let tail = &victim.stderr_tail;
-        let said = victim
-            .error
-            .clone()
-            .or_else(|| tail.iter().rev().find(|l| l.contains("error")).cloned())
-            .or_else(|| tail.last().cloned())
-            .unwrap_or_else(|| victim.exit.describe());
+        let (code, said) = victim.what_it_said();
         let (local_rank, machine, host) =
             place.unwrap_or((victim.local_rank, victim.machine, victim.host.clone()));
         Failure {
@@ -266,6 +273,56 @@ impl Failure {
             stderr_tail: victim.stderr_tail,
             also_hung: stall.missing.iter().skip(1).map(|(r, _)| *r).collect(),
             interrupted: false,
+        }
+    }
+}
+
+impl Failure {
+    /// This failure's exit code, and what it said: its panic message, else
+    /// its last stderr line that reports an error, else its last line.
+    fn what_it_said(&self) -> (i32, String) {
+        let code = match self.exit {
+            Exit::Code { code } => code,
+            other => i32::from(other.launcher_code()),
+        };
+        let tail = &self.stderr_tail;
+        let said = self
+            .error
+            .clone()
+            .or_else(|| tail.iter().rev().find(|l| l.contains("error")).cloned())
+            .or_else(|| tail.last().cloned())
+            .unwrap_or_else(|| self.exit.describe());
+        (code, said)
+    }
+
+    /// `true` when this failure says it lost `rank` as a peer (accel's
+    /// `PeerLost` error naming it, or naming no peer).
+    pub fn lost_peer(&self, rank: usize) -> bool {
+        let named = format!("lost peer rank {rank}:");
+        let says = |t: &str| t.contains(&named) || t.contains("lost a peer:");
+        self.error.as_deref().is_some_and(says) || self.stderr_tail.iter().any(|l| says(l))
+    }
+
+    /// Point the root cause at `early`, a rank that exited 0 while the
+    /// others still ran, instead of `noticer`, the rank that failed after
+    /// it (typically losing it as a peer): what `noticer` said becomes the
+    /// evidence.
+    pub fn blame_early_exit(early: Failure, noticer: Failure) -> Failure {
+        let (code, said) = noticer.what_it_said();
+        Failure {
+            exit: Exit::EarlyExit {
+                noticed_by: noticer.rank,
+                code,
+            },
+            error: Some(format!(
+                "rank {} exited with code 0 while the other ranks still ran, and rank {} failed \
+                 after it; a rank of a distributed job that ends before the others is a failure. \
+                 Rank {} said:\n{said}",
+                early.rank, noticer.rank, noticer.rank
+            )),
+            location: None,
+            stderr_tail: noticer.stderr_tail,
+            ..early
         }
     }
 }

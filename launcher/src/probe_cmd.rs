@@ -28,6 +28,12 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "RANK")]
     absent_rank: Option<usize>,
 
+    /// With --accelerator: this rank exits 0 right after connecting while
+    /// the others enter the all-reduce (a rank that returns early; tests
+    /// the root cause).
+    #[arg(long, value_name = "RANK")]
+    exit_early_rank: Option<usize>,
+
     /// With --accelerator: the number of f64 elements all-reduced.
     #[arg(long, value_name = "N", default_value_t = 1)]
     elements: usize,
@@ -138,6 +144,9 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
                 &own
             }
         };
+        if args.exit_early_rank == Some(state.rank) {
+            std::process::exit(0);
+        }
         if args.absent_rank == Some(state.rank) {
             std::thread::sleep(std::time::Duration::from_secs(120));
             std::process::exit(1);

@@ -118,12 +118,11 @@ fn every_op_runs_on_three_ranks() {
 
 #[test]
 fn bad_flags_fail_before_launching() {
-    let r = accel(&["bench", "--sizes", "64K:4K"]);
-    r.code_is(2);
-    r.has_stderr("MIN <= MAX");
-    let r = accel_words("bench --op all_gather -n 4 --sizes 8 --dtype f64");
-    r.code_is(2);
-    r.has_stderr("hold no whole f64 element per rank");
+    refused(&["bench", "--sizes", "64K:4K"], "MIN <= MAX");
+    refused_words(
+        "bench --op all_gather -n 4 --sizes 8 --dtype f64",
+        "hold no whole f64 element per rank",
+    );
 }
 
 #[test]

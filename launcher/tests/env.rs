@@ -209,54 +209,18 @@ mod env_cases;
 /// Environments the probing found `accel env` calling OK while the worker
 /// refused them (issue 32 item 4), and the decided edge cases: (case,
 /// variables, what the refusal must say; empty: accepted).
+#[rustfmt::skip]
 const WHOLE: &[(&str, env_cases::Env, &str)] = &[
-    (
-        "unknown backend",
-        &[("ACCEL_BACKEND", "nonexistent")],
-        "nonexistent",
-    ),
-    (
-        "empty MASTER_ADDR",
-        &[
-            ("RANK", "0"),
-            ("WORLD_SIZE", "2"),
-            ("MASTER_ADDR", ""),
-            ("MASTER_PORT", "29500"),
-        ],
-        "MASTER_ADDR is set but empty",
-    ),
-    (
-        "empty MASTER_ADDR, one process",
-        &[("MASTER_ADDR", " ")],
-        "MASTER_ADDR is set but empty",
-    ),
-    (
-        "http store",
-        &[("ACCEL_STORE_URL", "http://x")],
-        "unknown scheme",
-    ),
-    (
-        "store port out of range",
-        &[("ACCEL_STORE_URL", "tcp://127.0.0.1:99999")],
-        "not in 1..=65535",
-    ),
-    (
-        "relative file store",
-        &[("ACCEL_STORE_URL", "file://tmp/x")],
-        "absolute path",
-    ),
-    (
-        "timeout of 100 ns",
-        &[("ACCEL_TIMEOUT", "100ns")],
-        "below the shortest timeout",
-    ),
+    ("unknown backend", &[("ACCEL_BACKEND", "nonexistent")], "nonexistent"),
+    ("empty MASTER_ADDR", &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", ""), ("MASTER_PORT", "29500")], "MASTER_ADDR is set but empty"),
+    ("empty MASTER_ADDR, one process", &[("MASTER_ADDR", " ")], "MASTER_ADDR is set but empty"),
+    ("http store", &[("ACCEL_STORE_URL", "http://x")], "unknown scheme"),
+    ("store port out of range", &[("ACCEL_STORE_URL", "tcp://127.0.0.1:99999")], "not in 1..=65535"),
+    ("relative file store", &[("ACCEL_STORE_URL", "file://tmp/x")], "absolute path"),
+    ("timeout of 100 ns", &[("ACCEL_TIMEOUT", "100ns")], "below the shortest timeout"),
     ("timeout of 1 ms", &[("ACCEL_TIMEOUT", "1ms")], ""),
     // Read by the mpi backend only; the others ignore it.
-    (
-        "mpi staging, no mpi",
-        &[("ACCEL_MPI_STAGING_BYTES", "abc")],
-        "",
-    ),
+    ("mpi staging, no mpi", &[("ACCEL_MPI_STAGING_BYTES", "abc")], ""),
     ("memory store", &[("ACCEL_STORE_URL", "memory:")], ""),
 ];
 
@@ -348,6 +312,48 @@ fn env_verdict(kv: &[(&str, &str)]) -> (Verdict, String) {
     (v, all)
 }
 
+/// How `accel env` and a worker (`accel probe-worker --accelerator`,
+/// which runs `Accelerator::new`) disagree on environment `kv`, if they
+/// do; `says`: what the refusal must say (empty: accepted; `*`: either).
+fn disagreement(case: &str, kv: &[(&str, &str)], says: &str) -> Option<String> {
+    let (env, env_all) = env_verdict(kv);
+    let worker_args = ["probe-worker", "--no-barrier", "--accelerator"];
+    let (worker, worker_all) = judged(kv, &worker_args, Duration::from_secs(8));
+    match (&env, &worker) {
+        (Some((code, msg)), Some((wcode, wall))) => {
+            if msg.is_empty() || !wall.contains(msg.as_str()) || code != wcode {
+                return Some(format!(
+                    "{case}: env refused (exit {code}: {msg}), the worker said (exit {wcode}):\n{wall}"
+                ));
+            }
+        }
+        (Some((code, msg)), None) => {
+            return Some(format!(
+                "{case}: env refused (exit {code}: {msg}), the worker accepted:\n{worker_all}"
+            ))
+        }
+        // Accepted by the check; a worker may still fail to connect (no
+        // peers), but not refuse the configuration (exit 2).
+        (None, Some((2, wall))) => {
+            return Some(format!(
+                "{case}: env accepted, the worker refused its configuration:\n{wall}\n{env_all}"
+            ))
+        }
+        (None, _) => {}
+    }
+    match (&env, says) {
+        (_, "*") => None,
+        (Some((_, msg)), "") => Some(format!("{case}: refused: {msg}")),
+        (Some((_, msg)), says) if !msg.contains(says) => {
+            Some(format!("{case}: the refusal does not say {says:?}: {msg}"))
+        }
+        (None, says) if !says.is_empty() => {
+            Some(format!("{case}: accepted, expected {says:?}:\n{env_all}"))
+        }
+        _ => None,
+    }
+}
+
 /// Every case of the environment tests, through `accel env` and through a
 /// worker's `Accelerator::new` (`accel probe-worker --accelerator`): the
 /// same verdict, and for a refusal the same exit code and message.
@@ -359,46 +365,45 @@ fn accel_env_and_the_worker_give_the_same_verdict_on_every_case() {
     let good = env_cases::GOOD.iter().map(|(c, kv, ..)| (*c, *kv, "*"));
     let cases: Vec<(&str, env_cases::Env, &str)> =
         bad.chain(good).chain(WHOLE.iter().copied()).collect();
-    let mut wrong = Vec::new();
-    for (case, kv, says) in &cases {
-        let (env, env_all) = env_verdict(kv);
-        let worker_args = ["probe-worker", "--no-barrier", "--accelerator"];
-        let (worker, worker_all) = judged(kv, &worker_args, Duration::from_secs(8));
-        match (&env, &worker) {
-            (Some((code, msg)), Some((wcode, wall))) => {
-                if msg.is_empty() || !wall.contains(msg.as_str()) || code != wcode {
-                    wrong.push(format!(
-                        "{case}: env refused (exit {code}: {msg}), the worker said (exit {wcode}):\n{wall}"
-                    ));
-                }
-            }
-            (Some((code, msg)), None) => wrong.push(format!(
-                "{case}: env refused (exit {code}: {msg}), the worker accepted:\n{worker_all}"
-            )),
-            // Accepted by the check; a worker may still fail to connect
-            // (no peers), but not refuse the configuration (exit 2).
-            (None, Some((2, wall))) => wrong.push(format!(
-                "{case}: env accepted, the worker refused its configuration:\n{wall}\n{env_all}"
-            )),
-            (None, _) => {}
-        }
-        if *says == "*" {
-            continue;
-        }
-        match (&env, says.is_empty()) {
-            (Some((_, msg)), false) if !msg.contains(says) => {
-                wrong.push(format!("{case}: the refusal does not say {says:?}: {msg}"))
-            }
-            (None, false) => wrong.push(format!("{case}: accepted, expected {says:?}:\n{env_all}")),
-            (Some((_, msg)), true) => wrong.push(format!("{case}: refused: {msg}")),
-            _ => {}
-        }
-    }
+    let wrong: Vec<String> = cases
+        .iter()
+        .filter_map(|(case, kv, says)| disagreement(case, kv, says))
+        .collect();
     assert!(
         wrong.is_empty(),
         "{} of {} cases:\n{}",
         wrong.len(),
         cases.len(),
+        wrong.join("\n\n")
+    );
+}
+
+/// A fixed sample of the facade's fuzzed environments (the same
+/// generator, a deterministic seed), through both entries: the same
+/// verdict on each.
+#[test]
+fn accel_env_and_the_worker_agree_on_fuzzed_environments() {
+    use proptest::strategy::{Strategy, ValueTree};
+    use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+    let rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let reach = env_cases::generate::Reach {
+        known_crashes: false,
+    };
+    let strategy = env_cases::generate::vars(reach);
+    let mut wrong = Vec::new();
+    const SAMPLE: usize = 40;
+    for i in 0..SAMPLE {
+        let vars = strategy.new_tree(&mut runner).unwrap().current();
+        let kv: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        if let Some(w) = disagreement(&format!("sample {i} {vars:?}"), &kv, "*") {
+            wrong.push(w);
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {SAMPLE}:\n{}",
+        wrong.len(),
         wrong.join("\n\n")
     );
 }

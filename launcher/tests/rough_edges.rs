@@ -45,13 +45,12 @@ fn torchrun_s_tee_selector_is_refused_and_creates_nothing() {
 #[test]
 fn accelerate_s_num_processes_counts_all_machines() {
     // 3 processes over 2 machines cannot be split evenly.
-    let r = accel_words("launch --num_processes 3 --num_machines 2 --main-process-ip 127.0.0.1 --join-timeout 1s -- true");
-    r.code_is(2);
-    r.has_stderr("does not divide");
+    refused_words("launch --num_processes 3 --num_machines 2 --main-process-ip 127.0.0.1 --join-timeout 1s -- true", "does not divide");
     // Per machine and in total at once is ambiguous.
-    let r = accel(&["launch", "-n", "2", "--num-processes", "2", "--", "true"]);
-    r.code_is(2);
-    r.has_stderr("both -n/--nproc-per-node");
+    refused(
+        &["launch", "-n", "2", "--num-processes", "2", "--", "true"],
+        "both -n/--nproc-per-node",
+    );
     // One machine: the total is the local count.
     let r = accel(&["launch", "--num_processes", "2", "--json", "--", "true"]);
     r.code_is(0);
@@ -77,9 +76,10 @@ fn a_closed_stdout_is_a_normal_exit() {
 
 #[test]
 fn a_huge_timeout_is_an_error_naming_it_not_a_panic() {
-    let r = accel(&["launch", "--timeout", "100000000000000000000", "--", "true"]);
-    r.code_is(2);
-    r.has_stderr("365 days");
+    refused(
+        &["launch", "--timeout", "100000000000000000000", "--", "true"],
+        "365 days",
+    );
     let mut c = command(&["env"]);
     c.env("ACCEL_TIMEOUT", "100000000000000000000");
     let r = start(c).finish(LIMIT);
@@ -93,9 +93,10 @@ fn a_huge_timeout_is_an_error_naming_it_not_a_panic() {
 
 #[test]
 fn a_huge_process_count_is_an_error_not_a_sigkill() {
-    let r = accel(&["launch", "-n", "100000", "--", "true"]);
-    r.code_is(2);
-    r.has_stderr("at most 1024 processes");
+    refused(
+        &["launch", "-n", "100000", "--", "true"],
+        "at most 1024 processes",
+    );
 }
 
 #[test]
@@ -173,7 +174,7 @@ fn values_that_cannot_apply_are_refused_with_the_reason() {
         }
         assert!(!marker.exists(), "a worker ran: {}", r.all());
     };
-    let cases: [(&str, &[&str]); 8] = [
+    let cases: [(&str, &[&str]); 9] = [
         (
             "-n 2 --ranks 7",
             &["--ranks", "rank 7 is not in this run", "0 to 1"],
@@ -199,6 +200,10 @@ fn values_that_cannot_apply_are_refused_with_the_reason() {
         ),
         ("-n 1 --run-id .hidden", &["must not start with"]),
         ("-n 1 --mpi-hosts=", &["--mpi-hosts", "names no machine"]),
+        (
+            "-n 1 --timeout 100ns",
+            &["--timeout", "below the shortest timeout"],
+        ),
         ("-n 1 --backend mpi --mpi-hosts=,", &["names no machine"]),
     ];
     for (args, says) in cases {

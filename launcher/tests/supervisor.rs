@@ -137,3 +137,64 @@ fn tee_writes_one_file_per_rank_and_the_filter_hides_ranks() {
         assert!(!r.stdout.contains("[rank 0]"), "{g}: {}", r.all());
     }
 }
+
+/// A rank that starts a child and exits 0: after a successful run the
+/// launcher ends each rank's process group, so nothing of the run is left
+/// (issue 32 item 9). A child that left the group with `setsid` is the
+/// program's own and outlives the run, as documented.
+#[test]
+fn a_successful_run_leaves_no_grandchild() {
+    let setsid = std::process::Command::new("setsid")
+        .arg("--version")
+        .output()
+        .is_ok();
+    for g in groups() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        // Under mpirun a child holding the rank's output keeps mpirun
+        // itself waiting, so there it lets go of it.
+        let quiet = if g == "mpi" {
+            "</dev/null >/dev/null 2>&1"
+        } else {
+            ""
+        };
+        let mut script = format!("sleep 300 {quiet} & echo $! > {d}/child-{MY_RANK}.pid; ");
+        if setsid {
+            // The file is written once the child has left the group; like
+            // a daemon, it lets go of the rank's output.
+            let own = format!("{d}/own-{MY_RANK}.txt");
+            script += &format!(
+                "setsid sh -c 'echo $$ > {own}.tmp && mv {own}.tmp {own}; exec sleep 300' \
+                 </dev/null >/dev/null 2>&1 & \
+                 while [ ! -s {own} ]; do sleep 0.05; done; "
+            );
+        }
+        script += "exit 0";
+        let r = launch(g, &["-n", "2", "--", "sh", "-c", &script]);
+        assert_eq!(r.code, Some(0), "{g}: {}", r.all());
+        let children = pids_in(dir.path());
+        assert_eq!(children.len(), 2, "{g}: {}", r.all());
+        for pid in children {
+            assert_gone(
+                pid,
+                &format!("{g}: a rank's child outlived a successful run"),
+            );
+        }
+        let own: Vec<u32> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter_map(|e| {
+                let p = e.unwrap().path();
+                (p.extension()? == "txt")
+                    .then(|| std::fs::read_to_string(p).ok()?.trim().parse().ok())?
+            })
+            .collect();
+        for pid in own {
+            let survived = alive(pid);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            assert!(survived, "{g}: the setsid child {pid} was killed");
+        }
+    }
+}

@@ -6,6 +6,8 @@
 
 use accel::LaunchSource;
 
+pub mod generate;
+
 /// (case, variables, the variable the message must name)
 /// Variables of one case.
 pub type Env = &'static [(&'static str, &'static str)];

@@ -146,6 +146,10 @@ pub trait ProcessGroup {
     fn finish(&self) {}
 }
 
+/// Send `sig` to the process group of `pid` (the process and whatever it
+/// started that stayed in its group), and to the process itself while it
+/// lives. A process that left the group (`setsid`, `setpgid`) is not
+/// reached: it is the program's own, and outlives the run.
 pub(crate) fn signal_group(pid: u32, sig: Signal, leader_alive: bool) {
     let p = Pid::from_raw(pid as i32);
     // The whole group: the process and whatever it started.

@@ -198,11 +198,14 @@ impl ProcessGroup for MpirunGroup {
         Ok(vec![s])
     }
 
-    fn signal(&self, pid: u32, sig: Signal, _alive: bool) {
+    fn signal(&self, pid: u32, sig: Signal, alive: bool) {
         let p = Pid::from_raw(pid as i32);
         if sig == Signal::SIGKILL {
-            // Whatever is left in mpirun's process group goes too.
-            let _ = kill(p, sig);
+            // Whatever is left in mpirun's process group goes too (a
+            // reaped mpirun's pid is never signalled: it may be reused).
+            if alive {
+                let _ = kill(p, sig);
+            }
             let _ = killpg(p, sig);
         } else {
             // mpirun stops its ranks (and reaps them) on SIGTERM.

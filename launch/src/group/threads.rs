@@ -156,16 +156,36 @@ impl ProcessGroup for ThreadsGroup {
         sinks: &Sinks,
     ) -> Option<Failure> {
         // The error file names the rank thread that failed first; without
-        // one (killed, exited early) the process's first rank is blamed.
+        // one, the rank thread the process's last words name (Rust names
+        // the thread in a panic or an abort: `thread 'rank 1' has
+        // overflowed its stack`; accel names rank threads `rank N`);
+        // without either (a bare abort(), a kill) the process's first
+        // rank stands for it, and the block says so.
         let rec = record(&attempt.error_dir.join("error.json"));
-        let index = rec
+        let untagged = self
+            .out
+            .as_ref()
+            .map(|o| o.untagged_tail())
+            .unwrap_or_default();
+        let named = rec
             .as_ref()
             .and_then(|r| r.rank)
+            .or_else(|| thread_named(&untagged));
+        let index = named
             .and_then(|r| r.checked_sub(attempt.rank_offset))
-            .filter(|&i| i < self.workers.local_world_size)
-            .unwrap_or(0);
-        let mut f = self.rank_failure(attempt, index, exit, sinks);
+            .filter(|&i| i < self.workers.local_world_size);
+        let mut f = self.rank_failure(attempt, index.unwrap_or(0), exit, sinks);
         f.pid = Some(pid);
+        if index.is_none() && f.error.is_none() {
+            let last = attempt.rank_offset + self.workers.local_world_size - 1;
+            f.error = Some(format!(
+                "the process hosting ranks {}-{last} as threads {}, and no rank thread said \
+                 which it was: rank {} stands for the process",
+                attempt.rank_offset,
+                exit.describe(),
+                attempt.rank_offset
+            ));
+        }
         Some(f)
     }
 
@@ -195,8 +215,19 @@ impl ProcessGroup for ThreadsGroup {
     }
 }
 
+/// The rank of the last rank thread a line names as Rust names threads in
+/// its panic and abort messages (`thread 'rank 3' panicked at`, `thread
+/// 'rank 3' has overflowed its stack`).
+fn thread_named(lines: &[String]) -> Option<usize> {
+    lines.iter().rev().find_map(|l| {
+        let rest = l.split("thread 'rank ").nth(1)?;
+        rest.split('\'').next()?.trim().parse().ok()
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::fixtures::program;
     use super::*;
     use std::path::PathBuf;
     use std::time::Instant;
@@ -219,14 +250,7 @@ mod tests {
 
     #[test]
     fn the_runtime_reads_one_state_per_rank_thread() {
-        let g = ThreadsGroup::new(
-            Program {
-                path: "/bin/true".into(),
-                argv0: "true".into(),
-                args: Vec::new(),
-            },
-            3,
-        );
+        let g = ThreadsGroup::new(program(), 3);
         let vars = g
             .process_env(&attempt())
             .to_vars()
@@ -244,13 +268,41 @@ mod tests {
         assert_eq!(s.error_file, Some(PathBuf::from("/tmp/e/error.json")));
     }
 
-    #[test]
-    fn tagged_lines_reach_their_rank_and_the_rest_the_first() {
+    /// The sinks and output of a process whose ranks are 3, 4 and 5.
+    fn three_ranks_from_3() -> (Vec<Arc<RankSink>>, Arc<ThreadsOutput>) {
         let start = Instant::now();
         let sinks: Vec<_> = (3..6)
             .map(|r| RankSink::new(r, false, None, start))
             .collect();
         let out = ThreadsOutput::new(sinks.clone(), 3);
+        (sinks, out)
+    }
+
+    /// An abort in a rank thread is blamed on the rank thread its message
+    /// names, not on the process's first rank (issue 32 item 8).
+    #[test]
+    fn an_abort_is_blamed_on_the_rank_thread_that_says_it() {
+        let (sinks, out) = three_ranks_from_3();
+        let mut g = ThreadsGroup::new(program(), 3);
+        g.out = Some(out.clone());
+        let aborted = Exit::Signal { signal: 6 };
+        let f = g.failure(&attempt(), (0, 42), aborted, &sinks).unwrap();
+        assert_eq!(f.rank, 3);
+        assert!(f.error.unwrap().contains("no rank thread said which"));
+        out.line(Stream::Stderr, b"thread 'rank 4' has overflowed its stack");
+        out.line(Stream::Stderr, b"fatal runtime error: stack overflow");
+        let f = g.failure(&attempt(), (0, 42), aborted, &sinks).unwrap();
+        assert_eq!((f.rank, f.local_rank, f.pid), (4, 1, Some(42)));
+        assert_eq!(
+            thread_named(&["thread 'rank 12' panicked at x".into()]),
+            Some(12)
+        );
+        assert_eq!(thread_named(&["thread 'main' panicked".into()]), None);
+    }
+
+    #[test]
+    fn tagged_lines_reach_their_rank_and_the_rest_the_first() {
+        let (sinks, out) = three_ranks_from_3();
         out.line(
             Stream::Stderr,
             accel::threads::tag_line(5, "five").as_bytes(),

@@ -6,8 +6,9 @@
 //! interruption fixes the outcome and moves it to **stopping** (the group
 //! is signalled, SIGKILL follows after the grace period, and again every
 //! second while anything survives). It is **done** when every started
-//! process has ended; then the leftovers are cleaned up and the pipes
-//! drained.
+//! process has ended; then whatever is left in their process groups
+//! (grandchildren), after a success as after a failure, is killed and the
+//! pipes drained.
 
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -148,6 +149,10 @@ struct Supervisor<'a> {
     phase: Phase,
     killed: Vec<usize>,
     began: Instant,
+    /// The first process that exited 0 while others still ran (one process
+    /// per rank): the root cause if another fails after it saying that it
+    /// lost that peer.
+    early: Option<usize>,
 }
 
 /// Run one attempt of `group`: start it, supervise it until every process
@@ -212,6 +217,7 @@ impl<'a> Supervisor<'a> {
             phase: Phase::Running,
             killed: Vec::new(),
             began: Instant::now(),
+            early: None,
         })
     }
 
@@ -302,7 +308,13 @@ impl<'a> Supervisor<'a> {
         }
         self.alive -= 1;
         m.exit = Some(exit);
-        if exit.is_success() || !matches!(self.phase, Phase::Running) {
+        if exit.is_success() {
+            if self.alive > 0 && self.early.is_none() && self.one_per_rank() {
+                self.early = Some(index);
+            }
+            return;
+        }
+        if !matches!(self.phase, Phase::Running) {
             return;
         }
         m.stopped = false;
@@ -312,9 +324,16 @@ impl<'a> Supervisor<'a> {
         wait_pumps(&m.pumps, Duration::from_secs(1));
         let pid = m.pid;
         self.group.finish();
-        let root = self
+        let mut root = self
             .group
             .failure(self.attempt, (index, pid), exit, &self.sinks);
+        if let Some(early) = self.early {
+            let first = self.first_rank();
+            root = root.map(|noticer| match noticer.lost_peer(first + early) {
+                true => self.blame_early_exit(early, noticer),
+                false => noticer,
+            });
+        }
         if let Some(f) = &root {
             (self.on_local_failure)(f);
         }
@@ -324,6 +343,18 @@ impl<'a> Supervisor<'a> {
             exit,
         };
         self.stop(outcome, Signal::SIGTERM);
+    }
+
+    /// The root cause when process `early` exited 0 before `noticer`'s
+    /// process failed: the early one (exit code 0 mid-job is a failure of
+    /// a distributed job).
+    fn blame_early_exit(&self, early: usize, noticer: Failure) -> Failure {
+        let code0 = Exit::Code { code: 0 };
+        let mut f = self
+            .group
+            .rank_failure(self.attempt, early, code0, &self.sinks);
+        f.pid = Some(self.members[early].pid);
+        Failure::blame_early_exit(f, noticer)
     }
 
     /// Forward the launcher's signal; a second one kills everything.
@@ -461,11 +492,18 @@ impl<'a> Supervisor<'a> {
             Phase::Running => LocalOutcome::Succeeded,
             Phase::Stopping { outcome, .. } => outcome,
         };
-        if !matches!(outcome, LocalOutcome::Succeeded) {
-            // Whatever the processes started and left behind goes too.
-            for m in &self.members {
-                self.group.signal(m.pid, Signal::SIGKILL, false);
-            }
+        // Whatever the processes started and left behind in their process
+        // groups goes too, after a success as after a failure: a run leaves
+        // nothing running. (A child that left the group, with setsid, is
+        // the program's own.)
+        for m in &self.members {
+            self.group.signal(m.pid, Signal::SIGKILL, false);
+        }
+        // And what left those groups without leaving the session (the
+        // ranks mpirun starts in groups of their own, and their children).
+        let left = crate::leftovers::end(&self.attempt.error_dir);
+        if !left.is_empty() {
+            tracing::debug!(?left, "ended processes the attempt left behind");
         }
         // Output still in the pipes; a grandchild holding a pipe open must
         // not keep the launcher waiting.

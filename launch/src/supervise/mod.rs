@@ -388,7 +388,8 @@ pub fn read_stall(store: Arc<dyn accel_api::Store>, attempt: &Attempt) -> Option
         store,
         accel::stall::store_prefix(run_id, attempt.number),
     );
-    let v = accel::stall::StallVerdict::read(&store)?;
+    // Fresh at the moment of the report, not as of the first timeout.
+    let v = accel::stall::StallVerdict::read_fresh(&store)?;
     Some(report::Stall {
         seen_by: v.seen_by,
         waiting_in: v.waiting_in,

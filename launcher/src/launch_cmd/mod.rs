@@ -8,8 +8,8 @@
 //! | [`config`] | the TOML config file (read, check, render) |
 //! | [`machines`] | how several machines' launchers agree on a run |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
-//! | [`threads`] | `--backend xla`: one process, its ranks as threads |
-//! | [`engine`] | the default engine when no backend is named (mpi for programs that link MPI, where an MPI launcher exists) |
+//! | [`process_model`] | `--backend xla`: one process, its ranks as threads |
+//! | [`default_backend`] | the default backend when no backend is named (mpi for programs that link MPI, where an MPI launcher exists) |
 //!
 //! Starting, supervising and restarting the processes is the launch
 //! library's ([`accel_launch`]): a [`LocalGroup`] of workers here, an
@@ -94,13 +94,19 @@
 //!   launcher of the same family exists, takes the `--backend mpi` path by
 //!   default, saying so in the banner (`accel: backend mpi (default):
 //!   ...`); otherwise the local launch, quietly (the reason at `--log
-//!   info`). Rules in [`engine`] (ADR 0017).
+//!   info`). Rules in [`default_backend`] (ADR 0017).
 //! * Only a run of a single process inherits the terminal's stdin; with
 //!   several, stdin is /dev/null.
 //! * Workers run in their own process groups, so stopping one also stops
-//!   what it started. If the launcher itself is SIGKILLed, the kernel sends
-//!   each worker SIGKILL and mpirun SIGTERM (which stops its ranks):
-//!   `PR_SET_PDEATHSIG`, set by the launch library's `ffi` module.
+//!   what it started. When an attempt ends, successful or not, whatever the
+//!   ranks started and left running is killed: each rank's process group,
+//!   and every process of the launcher's session that inherited the
+//!   attempt's `ACCEL_ERROR_FILE` (the ranks mpirun starts sit in groups of
+//!   their own). A child that started its own session (`setsid`) is the
+//!   program's, and outlives the run. If the launcher itself is SIGKILLed,
+//!   the kernel sends each worker SIGKILL and mpirun SIGTERM (which stops
+//!   its ranks): `PR_SET_PDEATHSIG`, set by the launch library's `ffi`
+//!   module.
 
 pub mod config;
 pub mod default_backend;

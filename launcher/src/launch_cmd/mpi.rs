@@ -1,7 +1,7 @@
 //! The MPI launch path: with `--backend mpi`, `accel launch` delegates to the
 //! system's `mpirun` / `mpiexec` instead of spawning workers itself, because
 //! MPI ranks must be started by MPI's own launcher. With no backend named,
-//! programs that link MPI take this path too ([`super::engine`]).
+//! programs that link MPI take this path too ([`super::default_backend`]).
 //!
 //! # What it does
 //!

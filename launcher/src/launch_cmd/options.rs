@@ -452,6 +452,15 @@ impl Settings {
             .with_fix("pass --machine-rank between 0 and --num-machines minus 1"));
         }
         let timeout = o.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout < accel::state::MIN_TIMEOUT {
+            // The workers would refuse it (ACCEL_TIMEOUT): say so once, here.
+            return Err(bad(
+                "--timeout",
+                &format_dur(timeout),
+                "below the shortest timeout accel takes, 1ms (its waits poll at millisecond \
+                 steps, so a shorter one is refused, not rounded up)",
+            ));
+        }
         let token = match (o.token, &o.token_file) {
             (Some(_), Some(_)) => {
                 return Err(Error::new(
@@ -638,6 +647,22 @@ mod tests {
         Options::from_env(|k| (k == key).then(|| value.to_string()))
     }
 
+    /// `key=value` read from the environment, a malformed `key` refused
+    /// naming it, and `flag` resolved over the environment's options.
+    fn flag_over_env(
+        key: &str,
+        value: &str,
+        set_flag: impl FnOnce(&mut Options),
+    ) -> (Options, Settings) {
+        let mut flag = Options::default();
+        set_flag(&mut flag);
+        let env = one_var(key, value).unwrap();
+        let e = one_var(key, "x").unwrap_err();
+        assert!(e.to_string().contains(key), "{e}");
+        let s = Settings::resolve(flag.overlay(env.clone())).unwrap();
+        (env, s)
+    }
+
     #[test]
     fn counts_refuse_zero_and_negative() {
         assert_eq!(parse_count("4"), Ok(4));
@@ -722,15 +747,10 @@ mod tests {
     fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
         assert_eq!(parse_mixed_precision("BF16"), Ok(MixedPrecision::Bf16));
         assert!(parse_mixed_precision("fp8").unwrap_err().contains("fp8"));
-        let env = one_var("ACCEL_MIXED_PRECISION", "fp16").unwrap();
+        let (env, s) = flag_over_env("ACCEL_MIXED_PRECISION", "fp16", |o| {
+            o.mixed_precision = Some(MixedPrecision::Bf16)
+        });
         assert_eq!(env.mixed_precision, Some(MixedPrecision::Fp16));
-        let e = one_var("ACCEL_MIXED_PRECISION", "x").unwrap_err();
-        assert!(e.to_string().contains("ACCEL_MIXED_PRECISION"), "{e}");
-        let flag = Options {
-            mixed_precision: Some(MixedPrecision::Bf16),
-            ..Options::default()
-        };
-        let s = Settings::resolve(flag.overlay(env)).unwrap();
         assert_eq!(s.mixed_precision, Some(MixedPrecision::Bf16));
     }
 
@@ -739,15 +759,10 @@ mod tests {
         use accel::zero::Stage;
         assert_eq!(parse_sharding("FULL_SHARD"), Ok(Stage::Full));
         assert!(parse_sharding("zero9").unwrap_err().contains("zero9"));
-        let env = one_var("ACCEL_SHARDING", "zero2").unwrap();
+        let (env, s) = flag_over_env("ACCEL_SHARDING", "zero2", |o| {
+            o.sharding = Some(Stage::Full)
+        });
         assert_eq!(env.sharding, Some(Stage::Gradients));
-        let e = one_var("ACCEL_SHARDING", "x").unwrap_err();
-        assert!(e.to_string().contains("ACCEL_SHARDING"), "{e}");
-        let flag = Options {
-            sharding: Some(Stage::Full),
-            ..Options::default()
-        };
-        let s = Settings::resolve(flag.overlay(env)).unwrap();
         assert_eq!(s.sharding, Some(Stage::Full));
         let vars = accel::worker_env::WorkerEnv {
             sharding: s.sharding,

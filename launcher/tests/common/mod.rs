@@ -165,6 +165,21 @@ pub fn accel(args: &[&str]) -> Run {
     start(command(args)).finish(LIMIT)
 }
 
+/// `accel ARGS...`, which must refuse with exit code 2 saying `says`.
+#[track_caller]
+pub fn refused(args: &[&str], says: &str) -> Run {
+    let r = accel(args);
+    r.code_is(2);
+    r.has_stderr(says);
+    r
+}
+
+/// [`refused`] with the arguments as one string of words.
+#[track_caller]
+pub fn refused_words(words: &str, says: &str) -> Run {
+    refused(&argv(words, &[]), says)
+}
+
 /// A port that was free a moment ago (for runs over several machines, which
 /// need a fixed port).
 pub fn free_port() -> u16 {
