@@ -16,14 +16,7 @@ DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-d
 .PHONY: setup build demo demo-light test lint fmt-check unit pjrt-setup
 
 setup:
-	@missing=""; for p in $(DEB_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "setup: installing$$missing"; \
-	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
-	else echo "setup: system packages present"; fi
+	@./scripts/apt_ensure.sh setup $(DEB_PACKAGES)
 	@command -v $(CARGO) >/dev/null || { echo "setup: cargo not found: install Rust with rustup (https://rustup.rs)"; exit 1; }
 
 # The XLA CPU PJRT plugin the xla backend's tests run on (lammps-jax-pjrt-cpu
@@ -88,14 +81,7 @@ torch-venv: tch-setup
 SLURM_PACKAGES := slurmd slurmctld slurm-client munge
 .PHONY: slurm-setup
 slurm-setup:
-	@missing=""; for p in $(SLURM_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  echo "slurm-setup: installing$$missing"; \
-	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q $$missing; \
-	else echo "slurm-setup: present"; fi
+	@./scripts/apt_ensure.sh slurm-setup $(SLURM_PACKAGES)
 
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
 unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data
