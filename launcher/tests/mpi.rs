@@ -204,6 +204,38 @@ fn a_rank_that_never_enters_the_all_reduce_is_in_the_root_cause_block() {
     r.has_stderr("rank 1 did not arrive at all_reduce#0");
 }
 
+/// Rank 1 exits 0 right after connecting while rank 0 enters an all_reduce:
+/// the job ends at once (the progress records, ADR 0021) and the root cause
+/// is rank 1, not rank 0 that noticed and called MPI_Abort (issue 32 items
+/// 2 and 8).
+#[test]
+fn a_rank_that_exits_early_on_mpi_is_the_root_cause_within_seconds() {
+    need_mpirun!();
+    let r = run(
+        &owned(&argv(
+            "launch -n 2 --backend mpi --timeout 60s --",
+            &[
+                ACCEL,
+                "probe-worker",
+                "--accelerator",
+                "--exit-early-rank",
+                "1",
+            ],
+        )),
+        LIMIT,
+    );
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    // Far inside the 60 s timeout (0.7 s measured; slack for a loaded box).
+    assert!(
+        r.elapsed < Duration::from_secs(20),
+        "{:?}\n{}",
+        r.elapsed,
+        r.all()
+    );
+    r.has_stderr("rank:      1");
+    r.has_stderr("exited early");
+}
+
 /// Without debug mode, mismatched all_reduce calls end with the call
 /// check's error on mpi (mismatched counts are undefined inside MPI: a
 /// segfault on one rank and data read past a buffer on the other).

@@ -225,12 +225,21 @@ impl ProcessGroup for MpirunGroup {
         sinks: &Sinks,
     ) -> Option<Failure> {
         let c = culprit(&self.explain());
-        let rank = c.rank.filter(|&r| r < self.total)?;
+        let named = c.rank.filter(|&r| r < self.total);
+        // A record that names its rank is the cause (a panic, a rank another
+        // saw end early, a rank the watchdog saw frozen: ADR 0021); mpirun
+        // names the rank that called MPI_Abort, often the one that noticed.
+        let recorded = super::record(&attempt.error_dir.join("error.json"))
+            .and_then(|r| r.rank)
+            .filter(|&r| r < self.total);
+        let rank = recorded.or(named)?;
         let mut f = self.rank_failure(attempt, rank, c.exit.unwrap_or(exit), sinks);
-        if let Some(h) = c.host {
-            f.host = h;
+        if named == Some(rank) {
+            if let Some(h) = c.host {
+                f.host = h;
+            }
+            f.pid = c.pid.or(f.pid);
         }
-        f.pid = c.pid.or(f.pid);
         Some(f)
     }
 
