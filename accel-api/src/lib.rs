@@ -78,6 +78,7 @@ mod layer;
 mod offload;
 mod op;
 mod store;
+pub mod worker;
 mod wrapper;
 
 pub use backend::{

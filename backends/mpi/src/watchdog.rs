@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use accel_api::Op;
 
+use accel_api::worker::{error_file_from_env, ErrorRecord};
+
 use crate::progress::{self, Progress};
 use crate::{ffi, NAME};
 
@@ -219,36 +221,28 @@ impl Watch {
     }
 }
 
-/// Write `message` as accel's error record (`{rank, pid, message,
-/// location, timestamp}`, what the facade's panic hook writes) to
-/// `ACCEL_ERROR_FILE` (or `TORCHELASTIC_ERROR_FILE`), unless a record is
-/// there already (the first failure is the root cause). Best effort: the
-/// job is ending.
+/// Write `message` as accel's error record ([`ErrorRecord`], what the
+/// facade's panic hook writes) to the process's error file
+/// ([`error_file_from_env`]), unless a record is there already (the first
+/// failure is the root cause). Best effort: the job is ending.
 pub(crate) fn write_error_file(message: &str, world_rank: usize) {
-    let Some(path) = std::env::var_os("ACCEL_ERROR_FILE")
-        .or_else(|| std::env::var_os("TORCHELASTIC_ERROR_FILE"))
-        .filter(|p| !p.is_empty())
-        .map(std::path::PathBuf::from)
-    else {
+    let Some(path) = error_file_from_env() else {
         return;
     };
     if path.exists() {
         return;
     }
-    let record = serde_json::json!({
-        "rank": world_rank,
-        "pid": std::process::id(),
-        "message": message,
-        "location": null,
-        "timestamp": std::time::SystemTime::now()
+    let record = ErrorRecord {
+        rank: Some(world_rank),
+        pid: std::process::id(),
+        message: message.to_string(),
+        location: None,
+        timestamp: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-    });
-    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    if std::fs::write(&tmp, record.to_string()).is_ok() {
-        let _ = std::fs::rename(&tmp, &path);
-    }
+    };
+    let _ = accel_api::worker::write_error_file(&path, &record);
 }
 
 /// Every live watch of the process, and the thread that looks at them.

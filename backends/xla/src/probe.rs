@@ -9,7 +9,7 @@ use crate::runtime::Runtime;
 
 /// What must be in the environment for ranks to be threads of one process
 /// (set by the launcher for the threads process model, ADR 0012).
-pub const PROCESS_MODEL_VAR: &str = "ACCEL_PROCESS_MODEL";
+pub const PROCESS_MODEL_VAR: &str = accel_api::worker::keys::ACCEL_PROCESS_MODEL;
 
 thread_local! {
     static RANK_THREADS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
