@@ -59,15 +59,16 @@ for step in range(20):
     loss.backward()
     opt.step()
 flat = torch.cat([p.detach().flatten() for p in model.parameters()])
-print(f"PARAMS rank={r} " + flat.numpy().tobytes().hex(), flush=True)
+# A file per rank: torchrun's ranks share one stdout, where unbuffered
+# writes of two ranks interleave inside a line.
+with open(f"{sys.argv[1]}/params-{r}.hex", "w") as f:
+    f.write(flat.numpy().tobytes().hex())
 dist.destroy_process_group()
 "#;
 
-fn params(out: &str, rank: usize) -> String {
-    let tag = format!("PARAMS rank={rank} ");
-    out.lines()
-        .find_map(|l| l.find(&tag).map(|i| l[i + tag.len()..].trim().to_string()))
-        .unwrap_or_else(|| panic!("no parameters of rank {rank} in:\n{out}"))
+fn params(dir: &Path, rank: usize) -> String {
+    std::fs::read_to_string(dir.join(format!("params-{rank}.hex")))
+        .unwrap_or_else(|e| panic!("no parameters of rank {rank} in {}: {e}", dir.display()))
 }
 
 #[test]
@@ -76,22 +77,31 @@ fn a_torch_ddp_script_ends_bit_for_bit_as_under_torchrun() {
     let dir = tempfile::tempdir().unwrap();
     let ddp = script(dir.path(), "ddp.py", DDP);
 
-    let ours = start(in_venv(command(&["launch", "-n", "2", &ddp]), &bin))
-        .finish(Duration::from_secs(120));
+    let (ours_dir, theirs_dir) = (dir.path().join("ours"), dir.path().join("theirs"));
+    std::fs::create_dir_all(&ours_dir).unwrap();
+    std::fs::create_dir_all(&theirs_dir).unwrap();
+    let ours_arg = ours_dir.to_string_lossy().into_owned();
+    let ours = start(in_venv(
+        command(&["launch", "-n", "2", &ddp, &ours_arg]),
+        &bin,
+    ))
+    .finish(Duration::from_secs(120));
     ours.code_is(0);
     let mut theirs = Command::new(bin.join("torchrun"));
     theirs
         .args(["--standalone", "--nproc-per-node", "2", &ddp])
+        .arg(&theirs_dir)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped());
     let theirs = start(in_venv(theirs, &bin)).finish(Duration::from_secs(120));
     theirs.code_is(0);
-    let p = params(&ours.stdout, 0);
-    assert_eq!(p, params(&ours.stdout, 1), "DDP keeps the ranks equal");
+    let p = params(&ours_dir, 0);
+    assert_eq!(p.len(), 2 * 4 * 161, "161 f32 parameters");
+    assert_eq!(p, params(&ours_dir, 1), "DDP keeps the ranks equal");
     assert_eq!(
         p,
-        params(&theirs.stdout, 0),
+        params(&theirs_dir, 0),
         "accel launch and torchrun end on other parameters"
     );
     // torchrun's OMP_NUM_THREADS policy.
