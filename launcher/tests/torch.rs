@@ -233,6 +233,11 @@ for x, y in dl:
 preds = acc.gather_for_metrics(model(torch.ones(3, 4)).detach())
 w = acc.unwrap_model(model).weight.detach().flatten().tolist()
 acc.print("ACC", acc.distributed_type, acc.num_processes, [round(v, 6) for v in preds.flatten().tolist()], [round(v, 6) for v in w])
+# Without it, gloo's threads can abort the interpreter's exit
+# ("terminate called without an active exception").
+acc.end_training()
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
 "#;
 
 /// The `ACC ...` lines a run printed, rank prefixes removed, sorted.
