@@ -3,6 +3,8 @@
 //! the test instead of hanging the suite).
 #![allow(dead_code)]
 
+pub mod netns;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
