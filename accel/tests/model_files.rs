@@ -546,3 +546,43 @@ fn a_model_with_shapes_is_saved_in_its_shape_and_dtype_and_checked_on_load() {
     let e = acc.save_model(&m, dir.path(), 1u64 << 30).unwrap_err();
     assert!(e.to_string().contains("6 values"), "{e}");
 }
+
+#[test]
+fn save_state_keeps_the_models_shapes_and_load_state_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let shaped = |shape: Vec<usize>| Shaped {
+        w: (0..6).map(|i| half::bf16::from_f32(i as f32)).collect(),
+        g: vec![half::bf16::ZERO; 6],
+        shape,
+    };
+    let acc = accel::Accelerator::new()
+        .unwrap()
+        .with_training(accel::train::TrainConfig::default())
+        .unwrap();
+    let model = acc.prepare_model(shaped(vec![2, 3])).unwrap();
+    let ckpt = acc.save_state(dir.path(), &[&model]).unwrap();
+    let bytes = std::fs::read(ckpt.join("model_0.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("w").unwrap().shape(), &[2, 3]);
+    // The same values under another shape are refused, naming both.
+    let acc = accel::Accelerator::new()
+        .unwrap()
+        .with_training(accel::train::TrainConfig::default())
+        .unwrap();
+    let mut other = acc.prepare_model(shaped(vec![3, 2])).unwrap();
+    let e = acc.load_state(&ckpt, &mut [&mut other]).unwrap_err();
+    assert_eq!(*e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(
+        e.to_string().contains("[2, 3]") && e.to_string().contains("[3, 2]"),
+        "{e}"
+    );
+    // The model of the saved shape loads it.
+    let acc = accel::Accelerator::new()
+        .unwrap()
+        .with_training(accel::train::TrainConfig::default())
+        .unwrap();
+    let mut same = acc.prepare_model(shaped(vec![2, 3])).unwrap();
+    same.w.fill(half::bf16::ONE);
+    acc.load_state(&ckpt, &mut [&mut same]).unwrap();
+    assert_eq!(same.w, shaped(vec![2, 3]).w);
+}

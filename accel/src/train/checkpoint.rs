@@ -44,8 +44,11 @@ const GRAD_PREFIX: &str = "__grad__.";
 /// | `custom_I.safetensors` / `.json` | main | objects from `register_for_checkpointing`, in registration order |
 /// | `manifest.json` | main, last | size and SHA-256 of every file |
 ///
-/// Tensors are `f32` safetensors (1-D for parameters); everything else is
-/// JSON. The directory is assembled as `.checkpoint_N.partial`, every file
+/// Tensors are `f32` safetensors (the exact master values; a bf16 or f16
+/// parameter widens losslessly), each parameter in the model's own shape
+/// when it gives [`Parameters::param_shape`], else 1-D; everything else is
+/// JSON. Loading checks a parameter's shape against the model's (a 1-D
+/// tensor of the right length, as older checkpoints hold, passes). The directory is assembled as `.checkpoint_N.partial`, every file
 /// fsynced, then renamed; ranks other than the main one write their files
 /// into the same temporary directory, so checkpoints need a file system all
 /// ranks share (as Accelerate's do).
@@ -101,11 +104,30 @@ impl<M: Parameters> Checkpointed for PreparedModel<M> {
                 return;
             }
             let r = (|| {
-                s.put_tensor(p.name, grads::read_f32(k, p.name, p.value)?);
+                // The model's own shape where it gives one (and it fits).
+                let shape = self
+                    .model
+                    .param_shape(p.name)
+                    .filter(|s| s.iter().product::<usize>() == p.value.len())
+                    .unwrap_or_else(|| vec![p.value.len()]);
+                let value = grads::read_f32(k, p.name, p.value)?;
+                s.tensors.insert(
+                    p.name.to_string(),
+                    Tensor {
+                        shape: shape.clone(),
+                        data: value,
+                    },
+                );
                 if mid_group {
-                    s.put_tensor(
+                    let grad = grads::read_f32(k, p.name, p.grad)?;
+                    let shape = if grad.len() == p.value.len() {
+                        shape
+                    } else {
+                        vec![grad.len()]
+                    };
+                    s.tensors.insert(
                         format!("{GRAD_PREFIX}{}", p.name),
-                        grads::read_f32(k, p.name, p.grad)?,
+                        Tensor { shape, data: grad },
                     );
                 }
                 Ok(())
@@ -119,13 +141,33 @@ impl<M: Parameters> Checkpointed for PreparedModel<M> {
     fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
         let k = self.model.grad_kernels();
         let k = k.as_deref();
+        let mut shapes = std::collections::BTreeMap::new();
+        self.model.visit_params(&mut |p| {
+            if let Some(s) = self.model.param_shape(p.name) {
+                shapes.insert(p.name.to_string(), s);
+            }
+        });
         let mut err = None;
         self.model.visit_params_mut(&mut |p| {
             if err.is_some() {
                 return;
             }
             let name = p.name;
+            let model_shape = shapes.get(name);
             let fill = |dst: BufMut<'_>, t: &Tensor, what: &str| {
+                // A 1-D tensor (older checkpoints, models without shapes)
+                // fits any shape of its length.
+                if let Some(want) = model_shape.filter(|_| t.shape.len() > 1) {
+                    if &t.shape != want {
+                        return Err(Error::new(
+                            ErrorKind::Corrupt,
+                            format!(
+                                "{what} {name:?} has shape {:?} in the checkpoint, the model's is {want:?}",
+                                t.shape
+                            ),
+                        ));
+                    }
+                }
                 if t.data.len() != dst.len() {
                     return Err(Error::new(
                         ErrorKind::Corrupt,

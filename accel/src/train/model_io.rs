@@ -20,10 +20,12 @@
 //! `{"format": "pt"}` as `transformers` writes it, plus [`DIGEST_KEY`]: the
 //! SHA-256 of the file's data section, which the index's metadata also
 //! records per shard; [`load_model`](crate::Accelerator::load_model)
-//! checks both when present. Tensors are `f32`, 1-D
-//! (the [`Parameters`] view is flat), named as the model names them; a
-//! model that gives [`Parameters::param_shape`] gets each tensor in that
-//! shape and in its values' own element type (f16, bf16, f32, f64).
+//! checks both when present. Tensors are named as the model names them; a
+//! model that gives [`Parameters::param_shape`] (accel-tch's and
+//! accel-candle's adapters, ZeRO's consolidated
+//! [`FullParameters`](crate::zero::FullParameters)) gets each tensor in
+//! that shape and in its values' own element type (f16, bf16, f32, f64),
+//! others get 1-D `f32` (the [`Parameters`] view is flat).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
