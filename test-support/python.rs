@@ -5,6 +5,17 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Where the torch venv's Python may be, first choice first:
+/// `$ACCEL_TORCH_PYTHON`, then the venv `make torch-venv` makes under
+/// `repo` (the workspace root).
+pub fn torch_python_candidates(repo: &Path) -> Vec<PathBuf> {
+    std::env::var_os("ACCEL_TORCH_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([repo.join(".accel-cache/torch-venv/bin/python")])
+        .collect()
+}
+
 /// The first of `candidates` that can `import` (Python's statement, e.g.
 /// `import torch, huggingface_hub`). `None` prints why; under CI a missing
 /// one fails the test instead (the Makefile makes it). `how` says how to

@@ -367,13 +367,8 @@ fn cases() -> Vec<Case> {
 /// torch venv `make torch-venv` makes. `None` prints why (under CI it fails).
 fn python_with_hub() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let candidates: Vec<PathBuf> = std::env::var_os("ACCEL_TORCH_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([root.join(".accel-cache/torch-venv/bin/python")])
-        .collect();
     common::python_from(
-        candidates,
+        common::torch_python_candidates(&root),
         "import torch, huggingface_hub",
         "`make torch-venv` makes one",
     )

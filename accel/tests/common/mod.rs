@@ -132,4 +132,4 @@ pub fn ranks<T: Send + 'static>(
 #[path = "../../../test-support/python.rs"]
 mod python;
 #[allow(unused_imports)]
-pub use python::{python_from, run_python};
+pub use python::{python_from, run_python, torch_python_candidates};

@@ -24,7 +24,7 @@ mod common;
 use common::det;
 #[path = "../../../test-support/python.rs"]
 mod python;
-use python::{python_with, run_python};
+use python::{python_with, run_python, torch_python_candidates};
 
 fn acc() -> Accelerator {
     // No launcher variables: one process, the exact `single` backend.
@@ -82,13 +82,8 @@ fn file_layout(path: &Path) -> Vec<(String, Vec<i64>, Kind)> {
 /// (under CI: a failure).
 fn python() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let candidates: Vec<PathBuf> = std::env::var_os("ACCEL_TORCH_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([root.join(".accel-cache/torch-venv/bin/python")])
-        .collect();
     python_with(
-        candidates,
+        torch_python_candidates(&root),
         &["torch", "safetensors"],
         "`make torch-venv` makes one",
     )
