@@ -528,6 +528,16 @@ impl Optimizer for RateLog {
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
     }
+    /// The rate, as torch's `param_groups` save it.
+    fn state_dict(&self) -> StateDict {
+        let mut s = StateDict::default();
+        s.put("lr", &self.lr);
+        s
+    }
+    fn load_state_dict(&mut self, s: &StateDict) -> accel::Result<()> {
+        self.lr = s.get("lr")?;
+        Ok(())
+    }
 }
 
 impl accel::zero::ShardOptimizer for RateLog {
@@ -660,4 +670,102 @@ fn a_prepared_scheduler_drives_a_zero_optimizer_from_its_first_step() {
         .map(|i| torch_linear_warmup_lr(base, warmup, total, 2 * i))
         .collect();
     assert_eq!(used, vec![want.clone(), want]);
+}
+
+/// The rate at the end of `resume_run`'s warm-up.
+const RESUME_BASE: f64 = 0.1;
+
+/// Batches `from..` of a 2-epoch run with 2 batches per optimizer step;
+/// when `stop` is `Some(n)`, saves a checkpoint into `dir` after `n`
+/// batches and ends there; when `resume`, loads the latest one first.
+/// Returns the rates of the optimizer steps taken.
+fn resume_run(
+    with_optimizer: bool,
+    dir: &std::path::Path,
+    stop: Option<usize>,
+    resume: bool,
+) -> Vec<f64> {
+    let acc = single();
+    acc.set_training_config(TrainConfig {
+        gradient_accumulation_steps: 2,
+        step_scheduler_with_optimizer: with_optimizer,
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    let mut model = acc.prepare_model(Linear::new(2)).unwrap();
+    let mut opt = acc
+        .prepare_optimizer(RateLog {
+            lr: RESUME_BASE,
+            ..RateLog::default()
+        })
+        .unwrap();
+    let mut sched = acc
+        .prepare_scheduler(LinearSchedule::new(RESUME_BASE, 4, 12))
+        .unwrap();
+    let mut loader = acc
+        .prepare_loader(DataLoader::new(Data { len: 16, d: 2 }, 2))
+        .unwrap();
+    if resume {
+        let latest = acc.latest_checkpoint(dir).unwrap().expect("a checkpoint");
+        acc.load_state(
+            &latest,
+            &mut [&mut model, &mut opt, &mut sched, &mut loader],
+        )
+        .unwrap();
+    }
+    let mut batches = 0;
+    for _ in 0..2 {
+        if stop == Some(batches) {
+            break;
+        }
+        while let Some(b) = loader.next_batch() {
+            acc.accumulate(&b);
+            acc.backward(&mut model, |m, s| m.grad(&b.items, s))
+                .unwrap();
+            opt.step(&mut model).unwrap();
+            sched.step(&mut opt);
+            opt.zero_grad(&mut model);
+            batches += 1;
+            if stop == Some(batches) {
+                break;
+            }
+        }
+    }
+    if stop.is_some() {
+        acc.save_state(dir, &[&model, &opt, &sched, &loader])
+            .unwrap();
+    }
+    opt.used.clone()
+}
+
+/// A checkpoint taken before the first optimizer step resumes on the
+/// uninterrupted run's rates: with `step_scheduler_with_optimizer = false`
+/// the schedule moves on every batch, also inside the first accumulation
+/// group, so the rate the first step takes is the restored schedule's, not
+/// the one a fresh `prepare_scheduler` noted.
+#[test]
+fn a_checkpoint_before_the_first_step_resumes_on_the_same_rates() {
+    for with_optimizer in [false, true] {
+        let whole = resume_run(
+            with_optimizer,
+            std::path::Path::new("/nonexistent"),
+            None,
+            false,
+        );
+        assert_eq!(whole.len(), 8, "16 batches, 2 per optimizer step");
+        // Before any batch, inside the first accumulation group, and inside
+        // a later one.
+        for stop in [0, 1, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let before = resume_run(with_optimizer, dir.path(), Some(stop), false);
+            let after = resume_run(with_optimizer, dir.path(), None, true);
+            let mut rates = before.clone();
+            rates.extend(&after);
+            assert_eq!(
+                rates, whole,
+                "step_scheduler_with_optimizer {with_optimizer}, saved after {stop} batches: \
+                 {before:?} then {after:?}"
+            );
+        }
+    }
 }

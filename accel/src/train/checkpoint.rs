@@ -225,7 +225,9 @@ impl<S: Scheduler> Checkpointed for PreparedScheduler<S> {
         Ok(self.scheduler.state_dict())
     }
     fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
-        self.scheduler.load_state_dict(&state)
+        self.scheduler.load_state_dict(&state)?;
+        self.note_restored_rate();
+        Ok(())
     }
 }
 
