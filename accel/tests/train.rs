@@ -564,30 +564,48 @@ impl accel::zero::ShardOptimizer for RateLog {
     }
 }
 
+/// One process, 2 batches per optimizer step: a `RateLog` starting at the
+/// schedule's peak, the schedule, and a loader of `len` samples in batches
+/// of 2.
+#[allow(clippy::type_complexity)]
+fn scheduled(
+    with_optimizer: bool,
+    schedule: LinearSchedule,
+    len: usize,
+) -> (
+    accel::Accelerator,
+    PreparedModel<Linear>,
+    PreparedOptimizer<RateLog>,
+    PreparedScheduler<LinearSchedule>,
+    PreparedLoader<Data>,
+) {
+    let acc = single();
+    acc.set_training_config(TrainConfig {
+        gradient_accumulation_steps: 2,
+        step_scheduler_with_optimizer: with_optimizer,
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    let model = acc.prepare_model(Linear::new(2)).unwrap();
+    let opt = acc
+        .prepare_optimizer(RateLog {
+            lr: schedule.peak,
+            ..RateLog::default()
+        })
+        .unwrap();
+    let sched = acc.prepare_scheduler(schedule).unwrap();
+    let loader = acc
+        .prepare_loader(DataLoader::new(Data { len, d: 2 }, 2))
+        .unwrap();
+    (acc, model, opt, sched, loader)
+}
+
 #[test]
 fn a_warmup_schedule_gives_torchs_rate_at_every_optimizer_step() {
     let (base, warmup, total) = (0.1, 4, 15);
     for with_optimizer in [true, false] {
-        let acc = single();
-        acc.set_training_config(TrainConfig {
-            gradient_accumulation_steps: 2,
-            step_scheduler_with_optimizer: with_optimizer,
-            ..TrainConfig::default()
-        })
-        .unwrap();
-        let mut model = acc.prepare_model(Linear::new(2)).unwrap();
-        let mut opt = acc
-            .prepare_optimizer(RateLog {
-                lr: base,
-                ..RateLog::default()
-            })
-            .unwrap();
-        let mut sched = acc
-            .prepare_scheduler(LinearSchedule::new(base, warmup, total))
-            .unwrap();
-        let mut loader = acc
-            .prepare_loader(DataLoader::new(Data { len: 40, d: 2 }, 2))
-            .unwrap();
+        let (acc, mut model, mut opt, mut sched, mut loader) =
+            scheduled(with_optimizer, LinearSchedule::new(base, warmup, total), 40);
         // The scheduler steps that came before each optimizer step.
         let (mut sched_steps, mut want) = (0, Vec::new());
         for _ in 0..2 {
@@ -672,9 +690,6 @@ fn a_prepared_scheduler_drives_a_zero_optimizer_from_its_first_step() {
     assert_eq!(used, vec![want.clone(), want]);
 }
 
-/// The rate at the end of `resume_run`'s warm-up.
-const RESUME_BASE: f64 = 0.1;
-
 /// Batches `from..` of a 2-epoch run with 2 batches per optimizer step;
 /// when `stop` is `Some(n)`, saves a checkpoint into `dir` after `n`
 /// batches and ends there; when `resume`, loads the latest one first.
@@ -685,26 +700,8 @@ fn resume_run(
     stop: Option<usize>,
     resume: bool,
 ) -> Vec<f64> {
-    let acc = single();
-    acc.set_training_config(TrainConfig {
-        gradient_accumulation_steps: 2,
-        step_scheduler_with_optimizer: with_optimizer,
-        ..TrainConfig::default()
-    })
-    .unwrap();
-    let mut model = acc.prepare_model(Linear::new(2)).unwrap();
-    let mut opt = acc
-        .prepare_optimizer(RateLog {
-            lr: RESUME_BASE,
-            ..RateLog::default()
-        })
-        .unwrap();
-    let mut sched = acc
-        .prepare_scheduler(LinearSchedule::new(RESUME_BASE, 4, 12))
-        .unwrap();
-    let mut loader = acc
-        .prepare_loader(DataLoader::new(Data { len: 16, d: 2 }, 2))
-        .unwrap();
+    let (acc, mut model, mut opt, mut sched, mut loader) =
+        scheduled(with_optimizer, LinearSchedule::new(0.1, 4, 12), 16);
     if resume {
         let latest = acc.latest_checkpoint(dir).unwrap().expect("a checkpoint");
         acc.load_state(
