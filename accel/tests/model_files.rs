@@ -581,3 +581,33 @@ fn save_state_keeps_the_models_shapes_and_load_state_checks_them() {
     acc.load_state(&ckpt, &mut [&mut same]).unwrap();
     assert_eq!(same.w, shaped(vec![2, 3]).w);
 }
+
+#[test]
+fn another_element_type_is_refused_unless_converting() {
+    let acc = accel::Accelerator::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // `w` as f32 in the model's shape; the model holds bf16.
+    let values: Vec<f32> = (0..6).map(|i| 0.5 + i as f32).collect();
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &raw).unwrap();
+    let bytes = safetensors::serialize([("w", view)], None).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
+    let mut m = Shaped {
+        w: vec![half::bf16::ZERO; 6],
+        g: vec![half::bf16::ZERO; 6],
+        shape: vec![2, 3],
+    };
+    let e = acc.load_model(&mut m, dir.path()).unwrap_err();
+    assert_eq!(*e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(
+        e.to_string().contains("\"w\" is stored as F32")
+            && e.to_string().contains("BF16")
+            && e.to_string().contains("load_model_converting"),
+        "{e}"
+    );
+    assert!(m.w.iter().all(|v| *v == half::bf16::ZERO), "nothing loaded");
+    acc.load_model_converting(&mut m, dir.path()).unwrap();
+    let want: Vec<half::bf16> = values.iter().map(|v| half::bf16::from_f32(*v)).collect();
+    assert_eq!(m.w, want);
+}
