@@ -543,7 +543,7 @@ fn a_model_with_shapes_is_saved_in_its_shape_and_dtype_and_checked_on_load() {
 }
 
 #[test]
-fn save_state_keeps_the_models_shapes_and_load_state_checks_them() {
+fn save_state_keeps_the_models_shapes_and_dtypes_and_load_state_checks_them() {
     let dir = tempfile::tempdir().unwrap();
     let shaped = |shape: Vec<usize>| Shaped {
         w: (0..6).map(|i| half::bf16::from_f32(i as f32)).collect(),
@@ -559,6 +559,8 @@ fn save_state_keeps_the_models_shapes_and_load_state_checks_them() {
     let bytes = std::fs::read(ckpt.join("model_0.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     assert_eq!(st.tensor("w").unwrap().shape(), &[2, 3]);
+    // In the parameter's own type: bf16.
+    assert_eq!(st.tensor("w").unwrap().dtype(), safetensors::Dtype::BF16);
     // The same values under another shape are refused, naming both.
     let acc = accel::Accelerator::new()
         .unwrap()
