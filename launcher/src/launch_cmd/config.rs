@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use accel_api::{Error, ErrorKind, Result};
 
-use super::options::{format_dur, parse_count, parse_dur, parse_index, Options};
+use super::options::{format_dur, parse_count, parse_dur, parse_index, parse_machines, Options};
 
 /// Every key the file may hold, with the type it takes (for messages and for
 /// the commented template `accel config` writes).
@@ -19,7 +19,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "integer >= 1",
         "worker processes on each machine",
     ),
-    ("num_machines", "integer >= 1", "machines in the run"),
+    (
+        "num_machines",
+        "integer >= 1, or \"MIN:MAX\"",
+        "machines in the run (MIN:MAX: elastic)",
+    ),
     (
         "machine_rank",
         "integer >= 0",
@@ -122,7 +126,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
         let ctx = Ctx { path, key: raw_key };
         match key.as_str() {
             "num_processes" => o.num_processes = Some(ctx.int_with(value, parse_count)?),
-            "num_machines" => o.num_machines = Some(ctx.int_with(value, parse_count)?),
+            "num_machines" => {
+                o.num_machines = Some(match value {
+                    toml::Value::String(v) => parse_machines(v).map_err(|why| ctx.wrong(&why))?,
+                    _ => ctx.int_with(value, parse_count)?.into(),
+                })
+            }
             "machine_rank" => o.machine_rank = Some(ctx.int_with(value, parse_index)?),
             "main_process_ip" => o.main_process_ip = Some(ctx.string(value)?),
             "main_process_port" => {
@@ -277,7 +286,14 @@ pub fn render(o: &Options) -> String {
         set.push(("num_processes", i(v as i64)));
     }
     if let Some(v) = o.num_machines {
-        set.push(("num_machines", i(v as i64)));
+        set.push((
+            "num_machines",
+            if v.min == v.max {
+                i(v.max as i64)
+            } else {
+                s(&v.to_string())
+            },
+        ));
     }
     if let Some(v) = o.machine_rank {
         set.push(("machine_rank", i(v as i64)));
@@ -382,7 +398,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.num_processes, Some(4));
-        assert_eq!(o.num_machines, Some(2));
+        assert_eq!(o.num_machines, Some(2.into()));
         assert_eq!(o.machine_rank, Some(1));
         assert_eq!(o.main_process_port, Some(29501));
         assert_eq!(o.backend.unwrap().0, vec!["cpu-gloo", "mpi"]);

@@ -44,11 +44,11 @@ use serde::{Deserialize, Serialize};
 use accel_launch::report::Failure;
 use accel_launch::supervise::{Event, LAST_SIGNAL};
 
-const ROOT: &str = "accel-launch";
+pub(super) const ROOT: &str = "accel-launch";
 /// Poll step of the waiting loops (they also watch for signals).
-const STEP: Duration = Duration::from_millis(200);
+pub(super) const STEP: Duration = Duration::from_millis(200);
 
-fn key(attempt: u32, rest: &str) -> String {
+pub(super) fn key(attempt: u32, rest: &str) -> String {
     format!("{ROOT}/a{attempt}/{rest}")
 }
 
@@ -71,6 +71,14 @@ pub struct Registration {
     pub pid: u32,
     /// accel version.
     pub version: String,
+    /// This launcher's identity across rounds (elastic runs): host, pid and
+    /// a random tag.
+    #[serde(default)]
+    pub id: String,
+    /// The fewest machines (`MIN` of `--num-machines MIN:MAX`; equal to
+    /// `num_machines` when the run is not elastic).
+    #[serde(default)]
+    pub min_machines: usize,
 }
 
 /// One machine in the [`Plan`].
@@ -84,6 +92,9 @@ pub struct MachineSlot {
     pub nproc: usize,
     /// Global rank of its local rank 0.
     pub rank_offset: usize,
+    /// Its launcher's identity ([`Registration::id`]).
+    #[serde(default)]
+    pub id: String,
 }
 
 /// What the machines agreed on.
@@ -101,16 +112,16 @@ pub struct Plan {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Reply {
+pub(super) enum Reply {
     Accepted(Plan),
     Refused(String),
 }
 
-fn json<T: Serialize>(v: &T) -> Vec<u8> {
+pub(super) fn json<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(what: &str, v: &[u8]) -> Result<T> {
+pub(super) fn parse<T: for<'de> Deserialize<'de>>(what: &str, v: &[u8]) -> Result<T> {
     serde_json::from_slice(v).map_err(|e| {
         Error::new(
             ErrorKind::Corrupt,
@@ -119,7 +130,7 @@ fn parse<T: for<'de> Deserialize<'de>>(what: &str, v: &[u8]) -> Result<T> {
     })
 }
 
-fn interrupted() -> Result<()> {
+pub(super) fn interrupted() -> Result<()> {
     match LAST_SIGNAL.load(Ordering::SeqCst) {
         0 => Ok(()),
         s => Err(Error::new(
@@ -132,13 +143,13 @@ fn interrupted() -> Result<()> {
     }
 }
 
-fn is_timeout(e: &Error) -> bool {
+pub(super) fn is_timeout(e: &Error) -> bool {
     matches!(e.kind(), ErrorKind::Timeout { .. })
 }
 
 /// Wait for `k`, at most until `deadline`, in short steps that watch for
 /// signals. `Ok(None)` when the deadline passed.
-fn wait_key(store: &dyn Store, k: &str, deadline: Instant) -> Result<Option<Vec<u8>>> {
+pub(super) fn wait_key(store: &dyn Store, k: &str, deadline: Instant) -> Result<Option<Vec<u8>>> {
     loop {
         interrupted()?;
         let left = deadline.saturating_duration_since(Instant::now());
@@ -238,6 +249,7 @@ pub fn host_join(
             host: r.host.clone(),
             nproc: r.nproc,
             rank_offset: offset,
+            id: r.id.clone(),
         });
         offset += r.nproc;
     }
@@ -310,7 +322,7 @@ fn check(
     None
 }
 
-fn abort(store: &dyn Store, attempt: u32, accepted: &[(usize, usize)], why: &str) {
+pub(super) fn abort(store: &dyn Store, attempt: u32, accepted: &[(usize, usize)], why: &str) {
     for (i, _) in accepted {
         let _ = store.set(
             &key(attempt, &format!("reply/{i}")),
@@ -536,6 +548,8 @@ mod tests {
             host: format!("host{machine_rank}"),
             pid: 100 + machine_rank as u32,
             version: "0".into(),
+            id: format!("host{machine_rank}:{}", 100 + machine_rank),
+            min_machines: num_machines,
         }
     }
 
