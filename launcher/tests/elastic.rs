@@ -139,7 +139,8 @@ fn three_machines_lose_one_and_finish_on_two_with_every_sample_once() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    let nn = "2:3";
+    // Up to 4: round 0 closes with the 3 after the join window.
+    let nn = "2:4";
     let extra = ["--max-restarts", "2", "--join-timeout", "30s"];
     let w = ["--step-delay-ms", "150", "--save-every", "2"];
     let m0 = start(machine(0, port, nn, dir.path(), &extra, &w));
