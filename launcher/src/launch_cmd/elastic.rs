@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use accel_api::{Error, ErrorKind, Result, Store};
 
 use super::machines::{
-    abort, interrupted, is_timeout, json, key, parse, wait_key, MachineSlot, Plan, Registration,
-    Reply, ROOT, STEP,
+    self, abort, interrupted, is_timeout, json, key, parse, wait_key, Plan, Registration, Reply,
+    ROOT, STEP,
 };
 use accel_launch::output::say;
 
@@ -161,34 +161,11 @@ pub fn host_round(
             .unwrap_or(usize::MAX)
     };
     regs.sort_by_key(|(i, r)| (place(r), *i));
-    let mut machines = Vec::with_capacity(1 + regs.len());
-    let mut offset = 0;
-    for (k, r) in std::iter::once(me)
+    let members: Vec<&Registration> = std::iter::once(me)
         .chain(regs.iter().map(|(_, r)| r))
-        .enumerate()
-    {
-        machines.push(MachineSlot {
-            machine_rank: k,
-            host: r.host.clone(),
-            nproc: r.nproc,
-            rank_offset: offset,
-            id: r.id.clone(),
-        });
-        offset += r.nproc;
-    }
-    let plan = Plan {
-        run_id: run_id.to_string(),
-        world_size: offset,
-        max_restarts,
-        machines,
-    };
-    for (i, _) in &regs {
-        store.set(
-            &key(round, &format!("reply/{i}")),
-            &json(&Reply::Accepted(plan.clone())),
-        )?;
-    }
-    store.set(&key(round, "closed"), b"started")?;
+        .collect();
+    let replies: Vec<usize> = regs.iter().map(|(i, _)| *i).collect();
+    let plan = machines::close(store, round, (run_id, max_restarts), &members, &replies)?;
     say(&format!(
         "round {round}: {} machine(s), world size {}: {}",
         plan.machines.len(),

@@ -235,15 +235,35 @@ pub fn host_join(
         let slot = r.machine_rank;
         regs[slot] = Some(r);
     }
-    let mut machines = Vec::with_capacity(m);
+    let members = regs
+        .iter()
+        .enumerate()
+        .map(|(k, r)| {
+            r.as_ref().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("machine {k} missing after the join"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let replies: Vec<usize> = arrivals.iter().map(|(i, _)| *i).collect();
+    close(store, attempt, (run_id, max_restarts), &members, &replies)
+}
+
+/// Fix the membership of `attempt`: `members` in machine-rank order get
+/// their first global ranks, the arrivals `replies` are told the plan, and
+/// `closed` is written (the barrier on who is in).
+pub(super) fn close(
+    store: &dyn Store,
+    attempt: u32,
+    (run_id, max_restarts): (&str, u32),
+    members: &[&Registration],
+    replies: &[usize],
+) -> Result<Plan> {
+    let mut machines = Vec::with_capacity(members.len());
     let mut offset = 0;
-    for (k, r) in regs.iter().enumerate() {
-        let r = r.as_ref().ok_or_else(|| {
-            Error::new(
-                ErrorKind::Backend,
-                format!("machine {k} missing after the join"),
-            )
-        })?;
+    for (k, r) in members.iter().enumerate() {
         machines.push(MachineSlot {
             machine_rank: k,
             host: r.host.clone(),
@@ -259,7 +279,7 @@ pub fn host_join(
         max_restarts,
         machines,
     };
-    for (i, _) in &arrivals {
+    for i in replies {
         store.set(
             &key(attempt, &format!("reply/{i}")),
             &json(&Reply::Accepted(plan.clone())),
