@@ -47,8 +47,6 @@ fn machine(
         "cpu-gloo".into(),
         "--timeout".into(),
         "20s".into(),
-        "--join-window".into(),
-        "2s".into(),
         "--grace-period".into(),
         "2s".into(),
     ];
@@ -139,9 +137,17 @@ fn three_machines_lose_one_and_finish_on_two_with_every_sample_once() {
     let port = free_port();
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
-    // Up to 4: round 0 closes with the 3 after the join window.
+    // Up to 4: round 0 closes with the 3 after the join window (5 s from
+    // the second machine's arrival: time enough for the third to start).
     let nn = "2:4";
-    let extra = ["--max-restarts", "2", "--join-timeout", "30s"];
+    let extra = [
+        "--max-restarts",
+        "2",
+        "--join-timeout",
+        "30s",
+        "--join-window",
+        "5s",
+    ];
     let w = ["--step-delay-ms", "150", "--save-every", "2"];
     let m0 = start(machine(0, port, nn, dir.path(), &extra, &w));
     let m1 = start(machine(1, port, nn, dir.path(), &extra, &w));
@@ -176,12 +182,42 @@ fn three_machines_lose_one_and_finish_on_two_with_every_sample_once() {
         "{resumed}\n{context}"
     );
     let (_, ranks) = committed(&log);
+    resumed_inside_epoch_0(&log, 8, &context);
     assert_eq!(ranks.get(&0), Some(&3), "{context}");
     assert_eq!(ranks.get(&1), Some(&2), "{context}");
     every_sample_once(&log, &context);
     assert!(
         r0.stdout.contains("final: ") && r0.stdout.contains("world size 2"),
         "{context}"
+    );
+    no_worker_left(dir.path());
+}
+
+/// Attempt 1 resumed from a checkpoint inside epoch 0 (of `steps` steps at
+/// attempt 0's world size), so that the every-sample-once check covers a
+/// resharded position.
+#[track_caller]
+fn resumed_inside_epoch_0(log: &Path, steps: u64, context: &str) {
+    let at: u64 = std::fs::read_to_string(log.join("a1.resumed"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(
+        at > 0 && at < steps,
+        "attempt 1 resumed after step {at}, not inside epoch 0\n{context}"
+    );
+}
+
+/// No process of this test's run is left (the killed launcher's worker
+/// included): their command lines name the test's folder.
+#[track_caller]
+fn no_worker_left(dir: &Path) {
+    let marker = dir.to_string_lossy().into_owned();
+    assert!(
+        eventually(Duration::from_secs(5), || processes_with(&marker) == 0),
+        "{} process(es) of the run left",
+        processes_with(&marker)
     );
 }
 
@@ -191,18 +227,43 @@ fn a_machine_that_joins_later_grows_the_world_at_the_next_restart() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
     let nn = "2:3";
-    let extra = ["--max-restarts", "2", "--join-timeout", "60s"];
-    let w = ["--step-delay-ms", "150", "--save-every", "3"];
+    let extra = [
+        "--max-restarts",
+        "2",
+        "--join-timeout",
+        "60s",
+        "--join-window",
+        "2s",
+    ];
+    let w = ["--step-delay-ms", "300", "--save-every", "3"];
     let m0 = start(machine(0, port, nn, dir.path(), &extra, &w));
     let m1 = start(machine(1, port, nn, dir.path(), &extra, &w));
     assert!(
-        eventually(Duration::from_secs(60), || reached(&log, 2)),
+        eventually(Duration::from_secs(60), || reached(&log, 1)),
         "the run did not start on 2 machines"
     );
-    // The third machine arrives while round 0 runs: it waits.
-    let m2 = start(machine(2, port, nn, dir.path(), &extra, &w));
-    std::thread::sleep(Duration::from_secs(2));
-    // A worker of machine 1 fails (killed): the run restarts, with 3.
+    // The third machine arrives while round 0 runs: it waits (its stderr
+    // goes to a file, to see when).
+    let m2_err = dir.path().join("m2.err");
+    let mut cmd = machine(2, port, nn, dir.path(), &extra, &w);
+    cmd.stderr(std::fs::File::create(&m2_err).unwrap());
+    let m2 = start(cmd);
+    let waiting = || {
+        std::fs::read_to_string(&m2_err)
+            .unwrap_or_default()
+            .contains("waits for the next round")
+    };
+    assert!(
+        eventually(Duration::from_secs(60), waiting),
+        "machine 2 does not wait for the next round: {}",
+        std::fs::read_to_string(&m2_err).unwrap_or_default()
+    );
+    // After the checkpoint of step 3 (of 12 in epoch 0), a worker of
+    // machine 1 fails (killed): the run restarts, with 3.
+    assert!(
+        eventually(Duration::from_secs(60), || reached(&log, 4)),
+        "the run did not reach step 4"
+    );
     let worker = children(m1.pid());
     assert!(!worker.is_empty(), "machine 1 has no worker");
     for w in worker {
@@ -212,10 +273,11 @@ fn a_machine_that_joins_later_grows_the_world_at_the_next_restart() {
     let r1 = m1.finish(ELASTIC_LIMIT);
     let r2 = m2.finish(ELASTIC_LIMIT);
     let context = format!(
-        "machine 0:\n{}\nmachine 1:\n{}\nmachine 2:\n{}",
+        "machine 0:\n{}\nmachine 1:\n{}\nmachine 2:\n{}{}",
         r0.all(),
         r1.all(),
-        r2.all()
+        r2.all(),
+        std::fs::read_to_string(&m2_err).unwrap_or_default()
     );
     for r in [&r0, &r1, &r2] {
         assert_eq!(r.code, Some(0), "{context}");
@@ -228,11 +290,12 @@ fn a_machine_that_joins_later_grows_the_world_at_the_next_restart() {
         r0.stderr.contains("round 1: 3 machine(s), world size 3"),
         "{context}"
     );
-    assert!(r2.stderr.contains("waits for the next round"), "{context}");
     let (_, ranks) = committed(&log);
     assert_eq!(ranks.get(&0), Some(&2), "{context}");
     assert_eq!(ranks.get(&1), Some(&3), "{context}");
+    resumed_inside_epoch_0(&log, 12, &context);
     every_sample_once(&log, &context);
+    no_worker_left(dir.path());
 }
 
 #[test]
