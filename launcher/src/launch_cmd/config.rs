@@ -88,6 +88,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "duration or seconds",
         "how long machines wait for each other",
     ),
+    (
+        "join_window",
+        "duration or seconds",
+        "elastic runs: how long a round stays open once MIN machines joined",
+    ),
     ("run_id", "string", "name of the run"),
 ];
 
@@ -171,6 +176,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
             "grace_period" => o.grace_period = Some(ctx.duration(value)?),
             "hang_timeout" => o.hang_timeout = Some(ctx.duration(value)?),
             "join_timeout" => o.join_timeout = Some(ctx.duration(value)?),
+            "join_window" => o.join_window = Some(ctx.duration(value)?),
             "run_id" => o.run_id = Some(ctx.string(value)?),
             _ => {
                 let known: Vec<&str> = KEYS.iter().map(|k| k.0).collect();
@@ -343,6 +349,9 @@ pub fn render(o: &Options) -> String {
     if let Some(v) = o.join_timeout {
         set.push(("join_timeout", s(&format_dur(v))));
     }
+    if let Some(v) = o.join_window {
+        set.push(("join_window", s(&format_dur(v))));
+    }
     if let Some(v) = &o.run_id {
         set.push(("run_id", s(v)));
     }
@@ -392,6 +401,7 @@ mod tests {
             grace_period = "500ms"
             hang_timeout = "10m"
             join_timeout = 1.5
+            join_window = "3s"
             run_id = "exp1"
             "#,
             p(),
@@ -409,6 +419,7 @@ mod tests {
         assert_eq!(o.ranks.unwrap().to_string(), "0,2");
         assert_eq!(o.grace_period, Some(Duration::from_millis(500)));
         assert_eq!(o.join_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(o.join_window, Some(Duration::from_secs(3)));
         assert_eq!(o.run_id.as_deref(), Some("exp1"));
     }
 
@@ -451,9 +462,12 @@ mod tests {
             debug: true,
             mixed_precision: Some(accel::train::MixedPrecision::Fp16),
             ranks: Some("0-1".parse().unwrap()),
+            num_machines: Some(super::super::options::MachineCount { min: 2, max: 4 }),
+            join_window: Some(Duration::from_secs(3)),
             ..Options::default()
         };
         let text = render(&o);
+        assert!(text.contains("num_machines = \"2:4\""), "{text}");
         assert!(text.contains("# max_restarts ="), "{text}");
         assert_eq!(parse(&text, p()).unwrap(), o);
     }

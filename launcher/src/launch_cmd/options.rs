@@ -747,6 +747,26 @@ mod tests {
     }
 
     #[test]
+    fn machine_counts_are_exact_or_elastic_ranges() {
+        assert_eq!(parse_machines("3"), Ok(MachineCount::exact(3)));
+        assert_eq!(parse_machines("2:4"), Ok(MachineCount { min: 2, max: 4 }));
+        assert_eq!(MachineCount { min: 2, max: 4 }.to_string(), "2:4");
+        assert!(parse_machines("4:2").unwrap_err().contains("MIN <= MAX"));
+        assert!(parse_machines("0:2").unwrap_err().contains("at least 1"));
+        let s = Settings::resolve(Options {
+            num_machines: Some(MachineCount { min: 2, max: 4 }),
+            machine_rank: Some(3),
+            main_process_ip: Some("10.0.0.1".into()),
+            token: Some("t".into()),
+            ..Options::default()
+        })
+        .unwrap();
+        assert!(s.elastic() && s.multi_machine());
+        assert_eq!((s.min_machines, s.num_machines), (2, 4));
+        assert_eq!(s.join_window, DEFAULT_JOIN_WINDOW);
+    }
+
+    #[test]
     fn counts_refuse_zero_and_negative() {
         assert_eq!(parse_count("4"), Ok(4));
         assert!(parse_count("0").unwrap_err().contains("at least 1, got 0"));
