@@ -340,3 +340,74 @@ fn children(pid: u32) -> Vec<u32> {
         .filter_map(|p| p.parse().ok())
         .collect()
 }
+
+#[test]
+fn a_machine_frozen_after_its_workers_ended_is_left_behind_within_the_timeout() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "touch {d}/started-$RANK-$ACCEL_RESTART_COUNT; \
+         if [ $RANK = 2 ]; then sleep 1; exit 0; fi; \
+         sleep 3; echo done $ACCEL_RESTART_COUNT $WORLD_SIZE",
+        d = dir.path().display()
+    );
+    let launcher = |rank: usize| {
+        command(&argv(
+            "launch --nnodes 2:3 --master-addr 127.0.0.1 --token t --timeout 3s \
+             --join-window 2s --join-timeout 30s --max-restarts 1 --node-rank",
+            &[
+                &rank.to_string(),
+                "--master-port",
+                &port.to_string(),
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        ))
+    };
+    let m0 = start(launcher(0));
+    let m1 = start(launcher(1));
+    let mut m2 = start(launcher(2));
+    // Machine 2's launcher freezes (SIGSTOP) while its worker runs: the
+    // worker ends, and the launcher never reports it.
+    assert!(
+        eventually(Duration::from_secs(30), || dir
+            .path()
+            .join("started-2-0")
+            .exists()),
+        "machine 2's worker did not start"
+    );
+    let stopped = Command::new("kill")
+        .args(["-STOP", &m2.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let r0 = m0.finish(ELASTIC_LIMIT);
+    let r1 = m1.finish(ELASTIC_LIMIT);
+    m2.child.kill().unwrap();
+    let _ = m2.child.wait();
+    let context = format!("machine 0:\n{}\nmachine 1:\n{}", r0.all(), r1.all());
+    for r in [&r0, &r1] {
+        assert_eq!(r.code, Some(0), "{context}");
+        assert!(
+            r.stderr.contains("machine 2 (")
+                && r.stderr.contains("did not report the end of its workers"),
+            "{context}"
+        );
+    }
+    assert!(
+        r0.stderr.contains("round 1: 2 machine(s), world size 2"),
+        "{context}"
+    );
+    assert_eq!(
+        rank_lines(&r0.stdout, 0),
+        ["done 0 3", "done 1 2"],
+        "{context}"
+    );
+    assert_eq!(
+        rank_lines(&r1.stdout, 1),
+        ["done 0 3", "done 1 2"],
+        "{context}"
+    );
+}

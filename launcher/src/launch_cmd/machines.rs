@@ -503,11 +503,28 @@ pub enum Global {
     Failed(Box<Failure>),
     /// The store went away (machine 0 stopped).
     StoreLost(String),
+    /// These machines did not report within the limit of
+    /// [`settle_within`] (and no root cause was published).
+    Missing(Vec<usize>),
 }
 
 /// After this machine's workers ended: publish `ok`/`failed` and wait for
 /// the outcome of the whole attempt (every machine ok, or a root cause).
 pub fn settle(store: &dyn Store, attempt: u32, me: usize, num_machines: usize, ok: bool) -> Global {
+    settle_within(store, attempt, (me, num_machines), ok, None)
+}
+
+/// [`settle`], waiting at most `limit` for the other machines' results
+/// (elastic runs: a machine that froze or was lost after its workers'
+/// last collective would otherwise hold the others forever).
+pub fn settle_within(
+    store: &dyn Store,
+    attempt: u32,
+    (me, num_machines): (usize, usize),
+    ok: bool,
+    limit: Option<Duration>,
+) -> Global {
+    let t0 = Instant::now();
     let _ = store.set(
         &key(attempt, &format!("result/{me}")),
         if ok { b"ok" } else { b"failed" },
@@ -532,6 +549,14 @@ pub fn settle(store: &dyn Store, attempt: u32, me: usize, num_machines: usize, o
                     return Global::StoreLost(
                         "interrupted while waiting for the other machines".into(),
                     );
+                }
+                if limit.is_some_and(|l| t0.elapsed() >= l) {
+                    let missing = (0..num_machines)
+                        .filter(|k| matches!(store.try_get(&results[*k]), Ok(None)))
+                        .collect::<Vec<_>>();
+                    if !missing.is_empty() {
+                        return Global::Missing(missing);
+                    }
                 }
             }
             Err(e) => return Global::StoreLost(e.to_string()),

@@ -675,6 +675,8 @@ struct Machines<'a> {
     lag: u32,
     /// The ids of the last round's machines, in rank order (machine 0).
     members: Vec<String>,
+    /// The last round's machines.
+    slots: Vec<machines::MachineSlot>,
 }
 
 impl<'a> Machines<'a> {
@@ -744,6 +746,7 @@ impl<'a> Machines<'a> {
             count: s.num_machines,
             lag: 0,
             members: Vec::new(),
+            slots: Vec::new(),
         })
     }
 
@@ -817,6 +820,36 @@ impl<'a> Machines<'a> {
         }
         self.count = plan.machines.len();
         self.members = plan.machines.iter().map(|m| m.id.clone()).collect();
+        self.slots = plan.machines.clone();
+    }
+
+    /// The root cause when machines `missing` of an elastic round did not
+    /// report the end of their workers within `--timeout`.
+    fn silent(&self, missing: &[usize]) -> Failure {
+        let k = missing[0];
+        let slot = self.slots.get(k);
+        let host = slot.map_or_else(|| "?".to_string(), |m| m.host.clone());
+        Failure {
+            rank: slot.map_or(0, |m| m.rank_offset),
+            local_rank: 0,
+            machine: k,
+            host: host.clone(),
+            pid: None,
+            exit: Exit::Code { code: 1 },
+            error: Some(format!(
+                "machine {k} ({host}) did not report the end of its workers within {:?} of this                  machine's: its launcher froze or was lost (machine(s) {} silent)",
+                self.s.timeout,
+                missing
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            location: None,
+            stderr_tail: Vec::new(),
+            also_hung: Vec::new(),
+            interrupted: false,
+        }
     }
 
     /// The record a launcher publishes when it is interrupted, so that the
@@ -901,7 +934,13 @@ impl Coordinator for Machines<'_> {
             LocalOutcome::StoreLost(why) => lost(why),
             local => {
                 let ok = matches!(local, LocalOutcome::Succeeded);
-                match (machines::settle(st, n, me, m, ok), local) {
+                let limit = self.s.elastic().then_some(self.s.timeout);
+                match (machines::settle_within(st, n, (me, m), ok, limit), local) {
+                    (Global::Missing(missing), _) => {
+                        // Everyone agrees on one root cause: the first published.
+                        let f = self.silent(&missing);
+                        failed(machines::publish_failure(st, n, &f).unwrap_or(f))
+                    }
                     (Global::Succeeded, _) => Settled::alone(LocalOutcome::Succeeded),
                     (Global::Failed(f), _) if f.interrupted => {
                         say(&format!(
