@@ -7,6 +7,7 @@
 //! | [`options`] | flags, environment and config layers → [`options::Settings`] |
 //! | [`config`] | the TOML config file (read, check, render) |
 //! | [`machines`] | how several machines' launchers agree on a run |
+//! | [`elastic`] | `--num-machines MIN:MAX`: rounds of machines, re-formed at every restart |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
 //! | [`process_model`] | `--backend xla`: one process, its ranks as threads |
 //! | [`default_backend`] | the default backend when no backend is named (mpi for programs that link MPI, where an MPI launcher exists) |
