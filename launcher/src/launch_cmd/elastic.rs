@@ -8,7 +8,8 @@
 //!   window has passed since the `MIN`-th arrived. Fewer than `MIN` after
 //!   the join timeout is an error naming the machines that are in.
 //! * Machine ranks per round: machine 0 first, then the previous round's
-//!   members in their order, then newcomers in arrival order.
+//!   members in their order, then newcomers by their `--machine-rank`, then
+//!   in arrival order.
 //! * A machine whose registration comes after `closed` waits for the next
 //!   round (the next restart), up to its join timeout, or until machine 0
 //!   writes `done`.
@@ -153,14 +154,15 @@ pub fn host_round(
         }
     }
     // Stable ranks: machine 0, the previous round's machines that came
-    // back in their order, then the newcomers as they arrived.
+    // back in their order, then the newcomers by their --machine-rank, then
+    // as they arrived.
     let place = |r: &Registration| {
         previous
             .iter()
             .position(|id| *id == r.id)
             .unwrap_or(usize::MAX)
     };
-    regs.sort_by_key(|(i, r)| (place(r), *i));
+    regs.sort_by_key(|(i, r)| (place(r), r.machine_rank, *i));
     let members: Vec<&Registration> = std::iter::once(me)
         .chain(regs.iter().map(|(_, r)| r))
         .collect();
