@@ -19,8 +19,7 @@ use std::time::{Duration, Instant};
 use accel_api::{Error, ErrorKind, Result, Store};
 
 use super::machines::{
-    self, abort, interrupted, is_timeout, json, key, parse, wait_key, Plan, Registration, Reply,
-    ROOT, STEP,
+    self, abort, interrupted, json, key, parse, wait_key, Plan, Registration, Reply, ROOT, STEP,
 };
 use accel_launch::output::say;
 
@@ -281,20 +280,13 @@ fn register(
     round: u32,
     deadline: Instant,
 ) -> Result<Option<Plan>> {
-    let i = store.add(&key(round, "arrivals"), 1)?;
-    store.set(&key(round, &format!("arrival/{i}")), &json(me))?;
+    let i = machines::arrive(store, me, round)?;
     let reply_key = key(round, &format!("reply/{i}"));
     loop {
-        interrupted()?;
+        let got = machines::reply(store, round, i, deadline)?;
         let left = deadline.saturating_duration_since(Instant::now());
-        let got = match store.get(&reply_key, left.min(STEP).max(Duration::from_millis(1))) {
-            Ok(v) => Some(v),
-            Err(e) if is_timeout(&e) => None,
-            Err(e) => return Err(e),
-        };
-        if let Some(raw) = got {
-            let _ = store.set(&key(round, &format!("ack/{i}")), b"1");
-            return match parse::<Reply>("join reply", &raw)? {
+        if let Some(got) = got {
+            return match got {
                 Reply::Accepted(plan) => Ok(Some(plan)),
                 Reply::Refused(why) => Err(Error::new(
                     ErrorKind::InvalidConfig,

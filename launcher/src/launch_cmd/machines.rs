@@ -367,20 +367,13 @@ pub fn member_join(
     timeout: Duration,
 ) -> Result<Plan> {
     let deadline = Instant::now() + timeout;
-    let i = store.add(&key(attempt, "arrivals"), 1)?;
-    store.set(&key(attempt, &format!("arrival/{i}")), &json(me))?;
+    let i = arrive(store, me, attempt)?;
     let reply_key = key(attempt, &format!("reply/{i}"));
     loop {
-        interrupted()?;
+        let got = reply(store, attempt, i, deadline)?;
         let left = deadline.saturating_duration_since(Instant::now());
-        let got = match store.get(&reply_key, left.min(STEP).max(Duration::from_millis(1))) {
-            Ok(v) => Some(v),
-            Err(e) if is_timeout(&e) => None,
-            Err(e) => return Err(e),
-        };
-        if let Some(raw) = got {
-            let _ = store.set(&key(attempt, &format!("ack/{i}")), b"1");
-            return match parse::<Reply>("join reply", &raw)? {
+        if let Some(got) = got {
+            return match got {
                 Reply::Accepted(plan) => Ok(plan),
                 Reply::Refused(why) => Err(Error::new(
                     ErrorKind::InvalidConfig,
@@ -417,6 +410,38 @@ pub fn member_join(
             .with_fix("start every machine of the run, with the same --num-machines"));
         }
     }
+}
+
+/// Register `me` as an arrival of `attempt`: its arrival number.
+pub(super) fn arrive(store: &dyn Store, me: &Registration, attempt: u32) -> Result<usize> {
+    let i = store.add(&key(attempt, "arrivals"), 1)?;
+    store.set(&key(attempt, &format!("arrival/{i}")), &json(me))?;
+    usize::try_from(i).map_err(|_| {
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("the store's arrival counter is {i} (is another program using it?)"),
+        )
+    })
+}
+
+/// Wait a short step (until `deadline` at most) for machine 0's reply to
+/// arrival `i` of `attempt`; acknowledge it when it came.
+pub(super) fn reply(
+    store: &dyn Store,
+    attempt: u32,
+    i: usize,
+    deadline: Instant,
+) -> Result<Option<Reply>> {
+    interrupted()?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let k = key(attempt, &format!("reply/{i}"));
+    let raw = match store.get(&k, left.min(STEP).max(Duration::from_millis(1))) {
+        Ok(v) => v,
+        Err(e) if is_timeout(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let _ = store.set(&key(attempt, &format!("ack/{i}")), b"1");
+    parse("join reply", &raw).map(Some)
 }
 
 /// Publish a local root cause. Returns the failure that was first anywhere:
