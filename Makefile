@@ -13,7 +13,7 @@ export CARGO_INCREMENTAL ?= 0
 # iproute2: the launcher's two-network-namespace test (ip netns).
 DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2
 
-.PHONY: setup build demo demo-light test lint fmt-check unit pjrt-setup
+.PHONY: setup build demo demo-light elastic-demo test lint fmt-check unit pjrt-setup
 
 setup:
 	@./scripts/apt_ensure.sh setup $(DEB_PACKAGES)
@@ -31,6 +31,13 @@ build: setup
 # ranks over cpu-gloo; fetches libtorch on first use (make tch-setup).
 # ARGS=--resume continues from the newest checkpoint.
 demo: tch-demo
+
+# Elastic membership: 3 machines (launchers on 127.0.0.1) train with
+# --nnodes 2:3, one is killed at step KILL_AT_STEP (default 5), the other 2
+# finish; every sample once, and the final loss beside an uninterrupted
+# 2-machine run's (docs/multi-machine.md).
+elastic-demo:
+	./scripts/elastic_demo.sh
 
 # The light demo: pure Rust (examples/train), no libtorch download.
 # ARGS="--stop-after 23" / ARGS=--resume.

@@ -19,6 +19,7 @@ macro_rules! outln {
 
 mod bench;
 mod config_cmd;
+mod elastic_worker;
 mod env_cmd;
 mod launch_cmd;
 mod plan_cmd;
@@ -59,6 +60,10 @@ enum Command {
     /// store, run a store barrier, print one JSON line (tests, benchmarks).
     #[command(hide = true, name = "probe-worker")]
     ProbeWorker(probe_cmd::ProbeArgs),
+    /// A small training run that resumes at any world size and logs the
+    /// samples of every step (elastic launches' tests and demo).
+    #[command(hide = true, name = "elastic-worker")]
+    ElasticWorker(elastic_worker::ElasticWorkerArgs),
     /// The single-threaded parent of mpirun under `accel launch --backend
     /// mpi` (accel_launch::guard).
     #[command(hide = true, name = "mpirun-guard")]
@@ -115,6 +120,7 @@ fn main() -> ExitCode {
         Command::Config(args) => config_cmd::run(args),
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
+        Command::ElasticWorker(args) => elastic_worker::run(args),
         Command::Test(args) => test_cmd::run(args),
         Command::MpirunGuard { command } => {
             let code = accel_launch::guard::run(&command[0], &command[1..]);

@@ -163,9 +163,56 @@ pub struct SamplerState {
     pub split_batches: bool,
     /// `even_batches` in force.
     pub even_batches: bool,
+    /// Samples of `epoch`'s order read before the world size changed
+    /// (0 unless the run was resumed at another world size inside this
+    /// epoch): `batches_consumed` counts from there. See
+    /// [`SamplerState::resharded`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch_offset: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 impl SamplerState {
+    /// Samples of the current epoch that every rank together has read:
+    /// the offset plus the full steps consumed since.
+    ///
+    /// # Behavior
+    /// Exact while the epoch is not over: the ranks read in lock-step, and
+    /// every step before the last one of an epoch is a full global batch
+    /// (a position taken after the last step has already rolled over to
+    /// the next epoch). Rank 0 reads the first batch of every step, so its
+    /// state is the one to ask.
+    pub fn samples_consumed(&self) -> usize {
+        let total = if self.split_batches {
+            self.batch_size
+        } else {
+            self.batch_size * self.num_processes
+        };
+        (self.epoch_offset + self.batches_consumed * total).min(self.dataset_len)
+    }
+
+    /// This position (rank 0's, taken at `num_processes` ranks) for a run
+    /// of `num_processes` ranks: the same epoch, continuing at the first
+    /// sample not read yet, so that no sample of the epoch is skipped or
+    /// read twice (within the limits of [`samples_consumed`](Self::samples_consumed);
+    /// the end of the epoch is topped up or dropped as at any world size).
+    pub fn resharded(&self, num_processes: usize) -> SamplerState {
+        SamplerState {
+            epoch_offset: self.samples_consumed(),
+            batches_consumed: 0,
+            num_processes,
+            ..self.clone()
+        }
+    }
+
+    /// The samples left in the epoch after the offset.
+    fn epoch_len(&self) -> usize {
+        self.dataset_len.saturating_sub(self.epoch_offset)
+    }
+
     /// The state as JSON bytes.
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec_pretty(self).expect("SamplerState serialises")
@@ -203,6 +250,9 @@ pub struct ShardedLoader {
     len: usize,
     end_of_dataloader: bool,
     cache: Option<(u64, Vec<Vec<usize>>)>,
+    /// `(epoch, offset, batches)`: the epoch resumed at another world size
+    /// reads its order from `offset`, in `batches` batches for this rank.
+    resumed: Option<(u64, usize, usize)>,
 }
 
 impl ShardedLoader {
@@ -227,6 +277,7 @@ impl ShardedLoader {
             len,
             end_of_dataloader: false,
             cache: None,
+            resumed: None,
         })
     }
 
@@ -254,14 +305,29 @@ impl ShardedLoader {
         self.rank
     }
 
-    /// Batches this rank reads per epoch.
+    /// Batches this rank reads per epoch (in the current epoch, when it
+    /// was resumed at another world size: the batches of its rest).
     pub fn len(&self) -> usize {
-        self.len
+        self.len_of(self.epoch)
     }
 
     /// `true` when an epoch has no batch for this rank.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
+    }
+
+    fn len_of(&self, epoch: u64) -> usize {
+        match self.resumed {
+            Some((e, _, n)) if e == epoch => n,
+            _ => self.len,
+        }
+    }
+
+    fn offset_of(&self, epoch: u64) -> usize {
+        match self.resumed {
+            Some((e, o, _)) if e == epoch => o,
+            _ => 0,
+        }
     }
 
     /// The epoch of the next batch.
@@ -290,13 +356,16 @@ impl ShardedLoader {
         self.epoch = epoch;
         self.consumed = 0;
         self.end_of_dataloader = false;
+        if self.resumed.take().is_some() {
+            self.cache = None;
+        }
     }
 
     /// Skip the next `n` batches of the current epoch (Accelerate's
     /// `skip_first_batches` on a fresh epoch). Never crosses into the next
     /// epoch; returns how many were skipped.
     pub fn skip_first_batches(&mut self, n: usize) -> usize {
-        let k = n.min(self.len - self.consumed);
+        let k = n.min(self.len() - self.consumed);
         self.consumed += k;
         k
     }
@@ -310,7 +379,8 @@ impl ShardedLoader {
             epoch,
         };
         let order = sampler.indices();
-        let global = batch_indices(&order, self.config.batch_size, self.config.drop_last);
+        let order = &order[self.offset_of(epoch).min(order.len())..];
+        let global = batch_indices(order, self.config.batch_size, self.config.drop_last);
         if !self.config.is_sharded() {
             return global;
         }
@@ -337,6 +407,7 @@ impl ShardedLoader {
             shuffle: self.config.shuffle,
             split_batches: self.config.split_batches,
             even_batches: self.config.even_batches,
+            epoch_offset: self.offset_of(self.epoch),
         }
     }
 
@@ -402,19 +473,31 @@ impl ShardedLoader {
                 ));
             }
         }
-        if state.batches_consumed > self.len {
+        let resumed = (state.epoch_offset > 0)
+            .then(|| {
+                shard_len(
+                    state.epoch_len(),
+                    self.config.layout(),
+                    self.config.shard_options(self.rank),
+                )
+                .map(|n| (state.epoch, state.epoch_offset, n))
+            })
+            .transpose()?;
+        let len = resumed.map_or(self.len, |r| r.2);
+        if state.batches_consumed > len || state.epoch_offset > state.dataset_len {
             return Err(Error::new(
                 ErrorKind::Corrupt,
                 format!(
-                    "sampler state says {} batches consumed but an epoch has {} for rank {}",
-                    state.batches_consumed, self.len, self.rank
+                    "sampler state says {} batches consumed after {} samples but an epoch has {} batches for rank {}",
+                    state.batches_consumed, state.epoch_offset, len, self.rank
                 ),
             ));
         }
-        if self.config.seed != state.seed {
+        if self.config.seed != state.seed || resumed != self.resumed {
             self.config.seed = state.seed;
             self.cache = None;
         }
+        self.resumed = resumed;
         self.epoch = state.epoch;
         self.consumed = state.batches_consumed;
         self.end_of_dataloader = false;
@@ -456,7 +539,8 @@ impl Iterator for EpochIter<'_> {
         if l.epoch != self.epoch {
             return None;
         }
-        if l.consumed >= l.len {
+        let len = l.len_of(self.epoch);
+        if l.consumed >= len {
             // Only an epoch with no batch (or a position restored at its
             // end) gets here: close it.
             l.epoch += 1;
@@ -465,7 +549,7 @@ impl Iterator for EpochIter<'_> {
         }
         let index = l.consumed;
         let indices = l.batch_at(self.epoch, index);
-        let last = index + 1 == l.len;
+        let last = index + 1 == len;
         l.end_of_dataloader = last;
         if last {
             l.epoch += 1;
@@ -483,7 +567,7 @@ impl Iterator for EpochIter<'_> {
 
     fn size_hint(&self) -> (usize, Option<usize>) {
         let n = if self.loader.epoch == self.epoch {
-            self.loader.len - self.loader.consumed
+            self.loader.len_of(self.epoch) - self.loader.consumed
         } else {
             0
         };
@@ -549,7 +633,7 @@ pub fn check_rank_states(states: &[SamplerState]) -> Result<()> {
     // (rank, epoch, consumed, len) after normalisation.
     let mut pos = Vec::new();
     for (r, s) in states.iter().enumerate() {
-        let len = shard_len(config.dataset_len, config.layout(), config.shard_options(r))?;
+        let len = shard_len(s.epoch_len(), config.layout(), config.shard_options(r))?;
         if len == 0 {
             continue;
         }

@@ -254,3 +254,90 @@ fn rank_states_of_one_moment_agree_and_a_tampered_epoch_is_named() {
         }
     }
 }
+
+/// Read `steps` lock-step steps of the current epoch on every rank.
+fn read_steps(loaders: &mut [ShardedLoader], steps: usize, seen: &mut Vec<usize>) {
+    for _ in 0..steps {
+        for l in loaders.iter_mut() {
+            let b = l.epoch_iter().next().expect("a batch");
+            seen.extend(b.indices);
+        }
+    }
+}
+
+fn ranks(config: &LoaderConfig, state: Option<&SamplerState>) -> Vec<ShardedLoader> {
+    (0..config.num_processes)
+        .map(|r| match state {
+            Some(s) => ShardedLoader::from_state(config.clone(), r, s).unwrap(),
+            None => ShardedLoader::new(config.clone(), r).unwrap(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_position_resharded_from_3_to_2_ranks_reads_every_sample_once() {
+    let at = |n: usize| LoaderConfig {
+        shuffle: true,
+        seed: 5,
+        ..LoaderConfig::new(96, 4, n)
+    };
+    // World 3: 8 steps of 12 samples per epoch; stop after 2 steps of
+    // epoch 1.
+    let mut three = ranks(&at(3), None);
+    let mut epoch0 = Vec::new();
+    read_steps(&mut three, 8, &mut epoch0);
+    let mut epoch1 = Vec::new();
+    read_steps(&mut three, 2, &mut epoch1);
+    let saved = three[0].state();
+    assert_eq!((saved.epoch, saved.samples_consumed()), (1, 24));
+    // World 2 continues at sample 24 of epoch 1's order: 72 left, 9 steps.
+    let moved = saved.resharded(2);
+    assert_eq!((moved.epoch, moved.epoch_offset), (1, 24));
+    let mut two = ranks(&at(2), Some(&moved));
+    assert_eq!(two[0].len(), 9);
+    // And a state taken at world 2 inside that epoch reshards again, to 3.
+    read_steps(&mut two, 3, &mut epoch1);
+    let again = two[1].state();
+    assert_eq!(again.samples_consumed(), 48);
+    let json = again.to_json();
+    assert_eq!(SamplerState::from_json(&json).unwrap(), again);
+    let mut three = ranks(&at(3), Some(&again.resharded(3)));
+    while three[0].epoch() == 1 {
+        read_steps(&mut three, 1, &mut epoch1);
+    }
+    for (e, seen) in [(0, &mut epoch0), (1, &mut epoch1)] {
+        seen.sort_unstable();
+        assert_eq!(*seen, (0..96).collect::<Vec<_>>(), "epoch {e}");
+    }
+    // The epoch after is whole again, at the new world size.
+    assert_eq!(three[0].len(), 8);
+    assert_eq!(three[0].state().epoch_offset, 0);
+    let mut epoch2 = Vec::new();
+    read_steps(&mut three, 8, &mut epoch2);
+    epoch2.sort_unstable();
+    assert_eq!(epoch2, (0..96).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_resharded_position_in_the_epochs_order_matches_the_unbroken_order() {
+    // The samples after the offset are those the old world would have read
+    // next, in the same order: the epoch's permutation does not depend on
+    // the world size.
+    let config = |n: usize| LoaderConfig {
+        shuffle: true,
+        seed: 11,
+        ..LoaderConfig::new(40, 2, n)
+    };
+    let mut one = ShardedLoader::new(config(1), 0).unwrap();
+    let order: Vec<usize> = one.epoch_iter().flat_map(|b| b.indices).collect();
+    let mut four = ranks(&config(4), None);
+    let mut seen = Vec::new();
+    read_steps(&mut four, 2, &mut seen);
+    assert_eq!(seen, order[..16]);
+    let two = ranks(&config(2), Some(&four[0].state().resharded(2)));
+    let first: Vec<usize> = two
+        .into_iter()
+        .flat_map(|mut l| l.epoch_iter().next().unwrap().indices)
+        .collect();
+    assert_eq!(first, order[16..20]);
+}

@@ -87,6 +87,29 @@ pub trait Checkpointed {
         let _ = states;
         Ok(())
     }
+
+    /// For a [`per_rank`](Self::per_rank) object: the state rank `rank` of
+    /// a run of `world` ranks loads from a checkpoint saved by
+    /// `saved.len()` ranks (element `r` from rank `r`), when the world
+    /// size changed (an elastic restart). The default refuses: the object's
+    /// state belongs to the world size it was saved with.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] naming the object and both world sizes
+    /// (the default); the object's own when the states do not fit.
+    fn reshard_state(&self, saved: &[StateDict], rank: usize, world: usize) -> Result<StateDict> {
+        let _ = rank;
+        Err(Error::invalid_config(
+            "WORLD_SIZE",
+            &world.to_string(),
+            format!(
+                "{} was saved by {} processes and cannot be resharded to another world size",
+                self.checkpoint_key(),
+                saved.len()
+            ),
+        )
+        .with_fix("resume at the saved world size, or load only the model, optimizer and scheduler with load_weights"))
+    }
 }
 
 impl<M: Parameters> Checkpointed for PreparedModel<M> {
@@ -257,6 +280,17 @@ impl<D: Dataset> Checkpointed for PreparedLoader<D> {
             .map(|s| s.get::<SamplerState>("sampler"))
             .collect::<Result<Vec<_>>>()?;
         accel_sharding::check_rank_states(&all)
+    }
+    /// Rank 0's position as samples consumed in its epoch, continued over
+    /// the new world's ranks (ADR 0026): every rank gets the same state.
+    fn reshard_state(&self, saved: &[StateDict], _rank: usize, world: usize) -> Result<StateDict> {
+        let first = saved.first().ok_or_else(|| {
+            Error::new(ErrorKind::Corrupt, "the checkpoint holds no loader state")
+        })?;
+        let st: SamplerState = first.get("sampler")?;
+        let mut s = StateDict::default();
+        s.put("sampler", &st.resharded(world));
+        Ok(s)
     }
 }
 
@@ -685,15 +719,24 @@ impl Accelerator {
     /// (use [`load_latest_intact`](Self::load_latest_intact) to fall back to
     /// an older one).
     ///
+    /// A checkpoint saved at another world size (an elastic restart, ADR
+    /// 0026) is resharded: map-style loaders continue at the first sample
+    /// of the epoch's order not read yet (no sample of the epoch skipped or
+    /// read twice; the last step of the epoch is topped up or dropped as at
+    /// any world size), rank `r` continues rank `r`'s RNG stream (a new
+    /// rank a stream derived from rank `r mod` the saved world size's), and
+    /// other per-rank objects through [`Checkpointed::reshard_state`].
+    ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] when there is no checkpoint at `path`;
     /// [`ErrorKind::Corrupt`] naming the file when one is missing, truncated
     /// or altered (the manifest included), has no state for one of
     /// `objects`, or when the ranks' loader positions disagree;
-    /// [`ErrorKind::InvalidConfig`] when it was saved with another world
-    /// size (loader positions and RNG states are per world size: use
-    /// [`load_weights`](Self::load_weights)) or data layout. A failure on
-    /// any rank fails every rank.
+    /// [`ErrorKind::InvalidConfig`] when it was saved with another data
+    /// layout, or with another world size by a per-rank object that cannot
+    /// be resharded (iterable loaders, ZeRO shards: use
+    /// [`load_weights`](Self::load_weights)). A failure on any rank fails
+    /// every rank.
     pub fn load_state(
         &self,
         path: impl AsRef<Path>,
@@ -847,23 +890,23 @@ impl Accelerator {
                     ),
                 )
             })?;
-            if full && meta.world_size != world {
-                return Err(Error::invalid_config(
-                    "WORLD_SIZE",
-                    &world.to_string(),
-                    format!(
-                        "{} was saved by {} processes: loader positions and RNG states are per world size, so an exact resume needs the same number",
-                        dir.display(),
-                        meta.world_size
-                    ),
-                )
-                .with_fix("run with the saved world size, or load only the model, optimizer and scheduler with load_weights and start the loaders fresh"));
-            }
+            // Another world size (an elastic restart): per-rank states are
+            // resharded from every saved rank's (ADR 0026).
+            let resharding = full && meta.world_size != world;
             let mut states = Vec::with_capacity(objects.len());
             for o in objects.iter() {
                 let key = o.checkpoint_key();
                 let stem = if !o.per_rank() {
                     key
+                } else if resharding {
+                    let saved = (0..meta.world_size)
+                        .map(|r| decode_state(&dir, &manifest, &format!("{key}/rank_{r}")))
+                        .collect::<Result<Vec<_>>>()?;
+                    states.push(o.reshard_state(&saved, rank, world).map_err(|e| {
+                        let m = format!("{}: {}", dir.join(&key).display(), e.message());
+                        Error::new(e.kind().clone(), m)
+                    })?);
+                    continue;
                 } else if full {
                     format!("{key}/rank_{rank}")
                 } else {
@@ -893,14 +936,22 @@ impl Accelerator {
                 .map(|i| decode_state(&dir, &manifest, &format!("custom_{i}")))
                 .collect::<Result<Vec<_>>>()?;
             let rng = if full {
-                let name = format!("random_states/rank_{rank}.json");
+                // A rank the saved run did not have continues from a
+                // stream derived from an existing rank's.
+                let from = rank % meta.world_size.max(1);
+                let name = format!("random_states/rank_{from}.json");
                 let bytes = read_verified(&dir, &manifest, &name)?;
-                Some(serde_json::from_slice(&bytes).map_err(|e| {
+                let saved: Rng = serde_json::from_slice(&bytes).map_err(|e| {
                     Error::new(
                         ErrorKind::Corrupt,
                         format!("{} is not valid: {e}", dir.join(&name).display()),
                     )
-                })?)
+                })?;
+                Some(if from == rank {
+                    saved
+                } else {
+                    saved.derived(rank as u64)
+                })
             } else {
                 None
             };

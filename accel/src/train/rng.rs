@@ -76,6 +76,19 @@ impl Rng {
     pub fn from_state(s: [u64; 4]) -> Rng {
         Rng { s }
     }
+
+    /// A generator for a rank a resumed run has and the saved one had not
+    /// (an elastic restart that grew the world): seeded from this state and
+    /// `salt`, so distinct from every saved rank's stream and the same in
+    /// every resume.
+    pub fn derived(&self, salt: u64) -> Rng {
+        let mut x = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        for w in self.s {
+            x ^= w;
+            x = splitmix(&mut x);
+        }
+        Rng::seed_from_u64(x)
+    }
 }
 
 #[cfg(test)]

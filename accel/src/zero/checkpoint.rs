@@ -163,6 +163,115 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         self.load_opt(&inner)
     }
 
+    /// The state rank `rank` of this run loads from the shards of `saved`
+    /// (ranks `0..W` of a run of another world size `W`): every unit's
+    /// slices joined, the old padding cut, the unit padded again for this
+    /// world size and this rank's slice taken. Optimizer tensors named
+    /// `….unit{U}` are slices of unit `U` (as [`ShardedSgd`](super::ShardedSgd)'s
+    /// momentum buffers are); `zero.params` holds every unit's slice in
+    /// order. Values (learning rate, steps) are rank 0's.
+    fn reshard(&self, saved: &[StateDict], rank: usize) -> Result<StateDict> {
+        fn bad<T>(m: String) -> Result<T> {
+            Err(Error::new(ErrorKind::Corrupt, m).with_fix(
+                "resume from a checkpoint of this model and stage, every rank's shard present",
+            ))
+        }
+        let Some(first) = saved.first() else {
+            return bad("the checkpoint holds no ZeRO shard".into());
+        };
+        let stage: String = first.get("zero.stage")?;
+        let units: Vec<(String, usize)> = first.get("zero.units")?;
+        let mine = self.unit_layout();
+        if stage != self.stage.as_str() || units != mine {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "the sharded state is of stage {stage} with {} units; this is stage {} with {} units",
+                    units.len(),
+                    self.stage,
+                    mine.len()
+                ),
+            )
+            .with_fix("resume with the model and stage the checkpoint was written with"));
+        }
+        let old_world = saved.len();
+        let old_len = |u: usize| units[u].1.div_ceil(old_world);
+        let new_len = |u: usize| self.plan.shard_len(u);
+        // Unit `u` whole (no padding) from every saved rank's `slice(r)`.
+        let whole = |u: usize,
+                     slice: &dyn Fn(&StateDict) -> Option<Vec<f32>>|
+         -> Result<Vec<f32>> {
+            let mut v = Vec::with_capacity(old_len(u) * old_world);
+            for (r, st) in saved.iter().enumerate() {
+                match slice(st) {
+                    Some(x) if x.len() == old_len(u) => v.extend(x),
+                    Some(x) => {
+                        return bad(format!(
+                            "rank {r}'s slice of unit {u} holds {} elements; {old_world} ranks give {} each",
+                            x.len(),
+                            old_len(u)
+                        ))
+                    }
+                    None => return bad(format!("rank {r}'s shard has no slice of unit {u}")),
+                }
+            }
+            v.truncate(units[u].1);
+            Ok(v)
+        };
+        let mine_of = |u: usize, mut v: Vec<f32>| {
+            let n = new_len(u);
+            v.resize(n * self.comm.world_size(), 0.0);
+            v[rank * n..(rank + 1) * n].to_vec()
+        };
+        let mut out = StateDict {
+            tensors: Default::default(),
+            values: first.values.clone(),
+        };
+        out.put("zero.world_size", &self.comm.world_size());
+        out.put("zero.rank", &rank);
+        for name in first.tensors.keys() {
+            if name == "zero.params" {
+                continue;
+            }
+            let unit = name
+                .rsplit_once(".unit")
+                .and_then(|(_, u)| u.parse::<usize>().ok())
+                .filter(|u| *u < units.len());
+            let Some(u) = unit else {
+                return Err(Error::invalid_config(
+                    "WORLD_SIZE",
+                    &self.comm.world_size().to_string(),
+                    format!(
+                        "the sharded optimizer state `{name}` is not a slice of a unit (`….unitN`), so it cannot be resharded from {old_world} ranks"
+                    ),
+                ));
+            };
+            let v = whole(u, &|st| st.tensors.get(name).map(|t| t.data.clone()))?;
+            out.put_tensor(name.clone(), mine_of(u, v));
+        }
+        if first.tensors.contains_key("zero.params") {
+            let starts: Vec<usize> = (0..units.len())
+                .scan(0, |at, u| {
+                    let s = *at;
+                    *at += old_len(u);
+                    Some(s)
+                })
+                .collect();
+            let mut params = Vec::with_capacity(self.plan.shard_numel());
+            for (u, start) in starts.iter().enumerate() {
+                let v = whole(u, &|st| {
+                    st.tensors
+                        .get("zero.params")
+                        .and_then(|t| t.data.get(*start..start + old_len(u)))
+                        .map(<[f32]>::to_vec)
+                })?;
+                params.extend(mine_of(u, v));
+            }
+            out.put_tensor("zero.params", params);
+        }
+        Ok(out)
+    }
+
     fn load_opt(&mut self, state: &StateDict) -> Result<()> {
         self.opt.load_state_dict(state)?;
         self.opt.check_shards(&self.plan.shard_lens())
@@ -185,6 +294,13 @@ impl<O: ShardOptimizer> Checkpointed for ZeroOptimizer<O> {
 
     fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
         self.load_state_dict(&state)
+    }
+
+    /// The shards of another world size, resharded for this rank (an
+    /// elastic restart): see [`ZeroOptimizer::reshard`].
+    fn reshard_state(&self, saved: &[StateDict], rank: usize, _world: usize) -> Result<StateDict> {
+        self.check_rank_states(saved)?;
+        self.reshard(saved, rank)
     }
 
     /// The shards must be ranks `0..W` of one layout, in order.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use accel_api::{Error, ErrorKind, Result};
 
-use super::options::{format_dur, parse_count, parse_dur, parse_index, Options};
+use super::options::{format_dur, parse_count, parse_dur, parse_index, parse_machines, Options};
 
 /// Every key the file may hold, with the type it takes (for messages and for
 /// the commented template `accel config` writes).
@@ -19,7 +19,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "integer >= 1",
         "worker processes on each machine",
     ),
-    ("num_machines", "integer >= 1", "machines in the run"),
+    (
+        "num_machines",
+        "integer >= 1, or \"MIN:MAX\"",
+        "machines in the run (MIN:MAX: elastic)",
+    ),
     (
         "machine_rank",
         "integer >= 0",
@@ -84,6 +88,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "duration or seconds",
         "how long machines wait for each other",
     ),
+    (
+        "join_window",
+        "duration or seconds",
+        "elastic runs: how long a round stays open once MIN machines joined",
+    ),
     ("run_id", "string", "name of the run"),
 ];
 
@@ -122,7 +131,12 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
         let ctx = Ctx { path, key: raw_key };
         match key.as_str() {
             "num_processes" => o.num_processes = Some(ctx.int_with(value, parse_count)?),
-            "num_machines" => o.num_machines = Some(ctx.int_with(value, parse_count)?),
+            "num_machines" => {
+                o.num_machines = Some(match value {
+                    toml::Value::String(v) => parse_machines(v).map_err(|why| ctx.wrong(&why))?,
+                    _ => ctx.int_with(value, parse_count)?.into(),
+                })
+            }
             "machine_rank" => o.machine_rank = Some(ctx.int_with(value, parse_index)?),
             "main_process_ip" => o.main_process_ip = Some(ctx.string(value)?),
             "main_process_port" => {
@@ -162,6 +176,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
             "grace_period" => o.grace_period = Some(ctx.duration(value)?),
             "hang_timeout" => o.hang_timeout = Some(ctx.duration(value)?),
             "join_timeout" => o.join_timeout = Some(ctx.duration(value)?),
+            "join_window" => o.join_window = Some(ctx.duration(value)?),
             "run_id" => o.run_id = Some(ctx.string(value)?),
             _ => {
                 let known: Vec<&str> = KEYS.iter().map(|k| k.0).collect();
@@ -277,7 +292,14 @@ pub fn render(o: &Options) -> String {
         set.push(("num_processes", i(v as i64)));
     }
     if let Some(v) = o.num_machines {
-        set.push(("num_machines", i(v as i64)));
+        set.push((
+            "num_machines",
+            if v.min == v.max {
+                i(v.max as i64)
+            } else {
+                s(&v.to_string())
+            },
+        ));
     }
     if let Some(v) = o.machine_rank {
         set.push(("machine_rank", i(v as i64)));
@@ -326,6 +348,9 @@ pub fn render(o: &Options) -> String {
     }
     if let Some(v) = o.join_timeout {
         set.push(("join_timeout", s(&format_dur(v))));
+    }
+    if let Some(v) = o.join_window {
+        set.push(("join_window", s(&format_dur(v))));
     }
     if let Some(v) = &o.run_id {
         set.push(("run_id", s(v)));
@@ -376,13 +401,14 @@ mod tests {
             grace_period = "500ms"
             hang_timeout = "10m"
             join_timeout = 1.5
+            join_window = "3s"
             run_id = "exp1"
             "#,
             p(),
         )
         .unwrap();
         assert_eq!(o.num_processes, Some(4));
-        assert_eq!(o.num_machines, Some(2));
+        assert_eq!(o.num_machines, Some(2.into()));
         assert_eq!(o.machine_rank, Some(1));
         assert_eq!(o.main_process_port, Some(29501));
         assert_eq!(o.backend.unwrap().0, vec!["cpu-gloo", "mpi"]);
@@ -393,6 +419,7 @@ mod tests {
         assert_eq!(o.ranks.unwrap().to_string(), "0,2");
         assert_eq!(o.grace_period, Some(Duration::from_millis(500)));
         assert_eq!(o.join_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(o.join_window, Some(Duration::from_secs(3)));
         assert_eq!(o.run_id.as_deref(), Some("exp1"));
     }
 
@@ -435,9 +462,12 @@ mod tests {
             debug: true,
             mixed_precision: Some(accel::train::MixedPrecision::Fp16),
             ranks: Some("0-1".parse().unwrap()),
+            num_machines: Some(super::super::options::MachineCount { min: 2, max: 4 }),
+            join_window: Some(Duration::from_secs(3)),
             ..Options::default()
         };
         let text = render(&o);
+        assert!(text.contains("num_machines = \"2:4\""), "{text}");
         assert!(text.contains("# max_restarts ="), "{text}");
         assert_eq!(parse(&text, p()).unwrap(), o);
     }

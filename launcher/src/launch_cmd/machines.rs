@@ -44,11 +44,11 @@ use serde::{Deserialize, Serialize};
 use accel_launch::report::Failure;
 use accel_launch::supervise::{Event, LAST_SIGNAL};
 
-const ROOT: &str = "accel-launch";
+pub(super) const ROOT: &str = "accel-launch";
 /// Poll step of the waiting loops (they also watch for signals).
-const STEP: Duration = Duration::from_millis(200);
+pub(super) const STEP: Duration = Duration::from_millis(200);
 
-fn key(attempt: u32, rest: &str) -> String {
+pub(super) fn key(attempt: u32, rest: &str) -> String {
     format!("{ROOT}/a{attempt}/{rest}")
 }
 
@@ -71,6 +71,14 @@ pub struct Registration {
     pub pid: u32,
     /// accel version.
     pub version: String,
+    /// This launcher's identity across rounds (elastic runs): host, pid and
+    /// a random tag.
+    #[serde(default)]
+    pub id: String,
+    /// The fewest machines (`MIN` of `--num-machines MIN:MAX`; equal to
+    /// `num_machines` when the run is not elastic).
+    #[serde(default)]
+    pub min_machines: usize,
 }
 
 /// One machine in the [`Plan`].
@@ -84,6 +92,9 @@ pub struct MachineSlot {
     pub nproc: usize,
     /// Global rank of its local rank 0.
     pub rank_offset: usize,
+    /// Its launcher's identity ([`Registration::id`]).
+    #[serde(default)]
+    pub id: String,
 }
 
 /// What the machines agreed on.
@@ -101,16 +112,16 @@ pub struct Plan {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-enum Reply {
+pub(super) enum Reply {
     Accepted(Plan),
     Refused(String),
 }
 
-fn json<T: Serialize>(v: &T) -> Vec<u8> {
+pub(super) fn json<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec(v).unwrap_or_default()
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(what: &str, v: &[u8]) -> Result<T> {
+pub(super) fn parse<T: for<'de> Deserialize<'de>>(what: &str, v: &[u8]) -> Result<T> {
     serde_json::from_slice(v).map_err(|e| {
         Error::new(
             ErrorKind::Corrupt,
@@ -119,7 +130,7 @@ fn parse<T: for<'de> Deserialize<'de>>(what: &str, v: &[u8]) -> Result<T> {
     })
 }
 
-fn interrupted() -> Result<()> {
+pub(super) fn interrupted() -> Result<()> {
     match LAST_SIGNAL.load(Ordering::SeqCst) {
         0 => Ok(()),
         s => Err(Error::new(
@@ -132,13 +143,13 @@ fn interrupted() -> Result<()> {
     }
 }
 
-fn is_timeout(e: &Error) -> bool {
+pub(super) fn is_timeout(e: &Error) -> bool {
     matches!(e.kind(), ErrorKind::Timeout { .. })
 }
 
 /// Wait for `k`, at most until `deadline`, in short steps that watch for
 /// signals. `Ok(None)` when the deadline passed.
-fn wait_key(store: &dyn Store, k: &str, deadline: Instant) -> Result<Option<Vec<u8>>> {
+pub(super) fn wait_key(store: &dyn Store, k: &str, deadline: Instant) -> Result<Option<Vec<u8>>> {
     loop {
         interrupted()?;
         let left = deadline.saturating_duration_since(Instant::now());
@@ -224,20 +235,41 @@ pub fn host_join(
         let slot = r.machine_rank;
         regs[slot] = Some(r);
     }
-    let mut machines = Vec::with_capacity(m);
+    let members = regs
+        .iter()
+        .enumerate()
+        .map(|(k, r)| {
+            r.as_ref().ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("machine {k} missing after the join"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let replies: Vec<usize> = arrivals.iter().map(|(i, _)| *i).collect();
+    close(store, attempt, (run_id, max_restarts), &members, &replies)
+}
+
+/// Fix the membership of `attempt`: `members` in machine-rank order get
+/// their first global ranks, the arrivals `replies` are told the plan, and
+/// `closed` is written (the barrier on who is in).
+pub(super) fn close(
+    store: &dyn Store,
+    attempt: u32,
+    (run_id, max_restarts): (&str, u32),
+    members: &[&Registration],
+    replies: &[usize],
+) -> Result<Plan> {
+    let mut machines = Vec::with_capacity(members.len());
     let mut offset = 0;
-    for (k, r) in regs.iter().enumerate() {
-        let r = r.as_ref().ok_or_else(|| {
-            Error::new(
-                ErrorKind::Backend,
-                format!("machine {k} missing after the join"),
-            )
-        })?;
+    for (k, r) in members.iter().enumerate() {
         machines.push(MachineSlot {
             machine_rank: k,
             host: r.host.clone(),
             nproc: r.nproc,
             rank_offset: offset,
+            id: r.id.clone(),
         });
         offset += r.nproc;
     }
@@ -247,7 +279,7 @@ pub fn host_join(
         max_restarts,
         machines,
     };
-    for (i, _) in &arrivals {
+    for i in replies {
         store.set(
             &key(attempt, &format!("reply/{i}")),
             &json(&Reply::Accepted(plan.clone())),
@@ -310,7 +342,7 @@ fn check(
     None
 }
 
-fn abort(store: &dyn Store, attempt: u32, accepted: &[(usize, usize)], why: &str) {
+pub(super) fn abort(store: &dyn Store, attempt: u32, accepted: &[(usize, usize)], why: &str) {
     for (i, _) in accepted {
         let _ = store.set(
             &key(attempt, &format!("reply/{i}")),
@@ -335,20 +367,13 @@ pub fn member_join(
     timeout: Duration,
 ) -> Result<Plan> {
     let deadline = Instant::now() + timeout;
-    let i = store.add(&key(attempt, "arrivals"), 1)?;
-    store.set(&key(attempt, &format!("arrival/{i}")), &json(me))?;
+    let i = arrive(store, me, attempt)?;
     let reply_key = key(attempt, &format!("reply/{i}"));
     loop {
-        interrupted()?;
+        let got = reply(store, attempt, i, deadline)?;
         let left = deadline.saturating_duration_since(Instant::now());
-        let got = match store.get(&reply_key, left.min(STEP).max(Duration::from_millis(1))) {
-            Ok(v) => Some(v),
-            Err(e) if is_timeout(&e) => None,
-            Err(e) => return Err(e),
-        };
-        if let Some(raw) = got {
-            let _ = store.set(&key(attempt, &format!("ack/{i}")), b"1");
-            return match parse::<Reply>("join reply", &raw)? {
+        if let Some(got) = got {
+            return match got {
                 Reply::Accepted(plan) => Ok(plan),
                 Reply::Refused(why) => Err(Error::new(
                     ErrorKind::InvalidConfig,
@@ -385,6 +410,38 @@ pub fn member_join(
             .with_fix("start every machine of the run, with the same --num-machines"));
         }
     }
+}
+
+/// Register `me` as an arrival of `attempt`: its arrival number.
+pub(super) fn arrive(store: &dyn Store, me: &Registration, attempt: u32) -> Result<usize> {
+    let i = store.add(&key(attempt, "arrivals"), 1)?;
+    store.set(&key(attempt, &format!("arrival/{i}")), &json(me))?;
+    usize::try_from(i).map_err(|_| {
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("the store's arrival counter is {i} (is another program using it?)"),
+        )
+    })
+}
+
+/// Wait a short step (until `deadline` at most) for machine 0's reply to
+/// arrival `i` of `attempt`; acknowledge it when it came.
+pub(super) fn reply(
+    store: &dyn Store,
+    attempt: u32,
+    i: usize,
+    deadline: Instant,
+) -> Result<Option<Reply>> {
+    interrupted()?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let k = key(attempt, &format!("reply/{i}"));
+    let raw = match store.get(&k, left.min(STEP).max(Duration::from_millis(1))) {
+        Ok(v) => v,
+        Err(e) if is_timeout(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let _ = store.set(&key(attempt, &format!("ack/{i}")), b"1");
+    parse("join reply", &raw).map(Some)
 }
 
 /// Publish a local root cause. Returns the failure that was first anywhere:
@@ -471,11 +528,28 @@ pub enum Global {
     Failed(Box<Failure>),
     /// The store went away (machine 0 stopped).
     StoreLost(String),
+    /// These machines did not report within the limit of
+    /// [`settle_within`] (and no root cause was published).
+    Missing(Vec<usize>),
 }
 
 /// After this machine's workers ended: publish `ok`/`failed` and wait for
 /// the outcome of the whole attempt (every machine ok, or a root cause).
 pub fn settle(store: &dyn Store, attempt: u32, me: usize, num_machines: usize, ok: bool) -> Global {
+    settle_within(store, attempt, (me, num_machines), ok, None)
+}
+
+/// [`settle`], waiting at most `limit` for the other machines' results
+/// (elastic runs: a machine that froze or was lost after its workers'
+/// last collective would otherwise hold the others forever).
+pub fn settle_within(
+    store: &dyn Store,
+    attempt: u32,
+    (me, num_machines): (usize, usize),
+    ok: bool,
+    limit: Option<Duration>,
+) -> Global {
+    let t0 = Instant::now();
     let _ = store.set(
         &key(attempt, &format!("result/{me}")),
         if ok { b"ok" } else { b"failed" },
@@ -500,6 +574,14 @@ pub fn settle(store: &dyn Store, attempt: u32, me: usize, num_machines: usize, o
                     return Global::StoreLost(
                         "interrupted while waiting for the other machines".into(),
                     );
+                }
+                if limit.is_some_and(|l| t0.elapsed() >= l) {
+                    let missing = (0..num_machines)
+                        .filter(|k| matches!(store.try_get(&results[*k]), Ok(None)))
+                        .collect::<Vec<_>>();
+                    if !missing.is_empty() {
+                        return Global::Missing(missing);
+                    }
                 }
             }
             Err(e) => return Global::StoreLost(e.to_string()),
@@ -536,6 +618,8 @@ mod tests {
             host: format!("host{machine_rank}"),
             pid: 100 + machine_rank as u32,
             version: "0".into(),
+            id: format!("host{machine_rank}:{}", 100 + machine_rank),
+            min_machines: num_machines,
         }
     }
 

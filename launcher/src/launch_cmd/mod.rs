@@ -7,6 +7,7 @@
 //! | [`options`] | flags, environment and config layers → [`options::Settings`] |
 //! | [`config`] | the TOML config file (read, check, render) |
 //! | [`machines`] | how several machines' launchers agree on a run |
+//! | [`elastic`] | `--num-machines MIN:MAX`: rounds of machines, re-formed at every restart |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
 //! | [`process_model`] | `--backend xla`: one process, its ranks as threads |
 //! | [`default_backend`] | the default backend when no backend is named (mpi for programs that link MPI, where an MPI launcher exists) |
@@ -110,6 +111,7 @@
 
 pub mod config;
 pub mod default_backend;
+pub mod elastic;
 pub mod machines;
 pub mod mpi;
 pub mod options;
@@ -269,13 +271,13 @@ fn layered(args: &LaunchArgs) -> Result<Settings> {
         }
     }
     if args.standalone {
-        if o.num_machines.is_some_and(|m| m > 1) {
+        if o.num_machines.is_some_and(|m| m.max > 1) {
             return Err(Error::new(
                 ErrorKind::InvalidConfig,
                 "--standalone runs on one machine, but --num-machines is more than 1",
             ));
         }
-        o.num_machines = Some(1);
+        o.num_machines = Some(1.into());
         o.machine_rank = Some(0);
     }
     if args.options.token.is_some() {
@@ -581,6 +583,14 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
     }
     let s = layered(args)?;
     mpi::check_host_list(args.mpi_hosts.as_deref())?;
+    if s.elastic() && mpi::requested(&s) {
+        return Err(Error::invalid_config(
+            "--num-machines",
+            &format!("{}:{}", s.min_machines, s.num_machines),
+            "an elastic run re-forms its world at every restart, and mpirun's world is fixed",
+        )
+        .with_fix("use a fixed --num-machines with --backend mpi, or another backend (cpu-gloo) for an elastic run"));
+    }
     if mpi::requested(&s) {
         return mpi::launch(&s, args, None);
     }
@@ -588,7 +598,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    if s.backend.is_none() {
+    if s.backend.is_none() && !s.elastic() {
         let choice = default_backend::choose(&program.path, s.world_size_claim(), s.num_machines);
         if choice.is_mpi() {
             say(&format!("backend mpi (default): {}", choice.reason));
@@ -654,6 +664,20 @@ struct Machines<'a> {
     host: String,
     base: WorkerEnv,
     watcher: Option<Watcher>,
+    /// The round (attempt) whose keys this machine uses: its attempt number,
+    /// or in an elastic run the round it joined.
+    round: u32,
+    /// This machine's rank in the round.
+    rank: usize,
+    /// Machines in the round.
+    count: usize,
+    /// Rounds this machine missed (it joined late): its attempt number is
+    /// `round - lag`.
+    lag: u32,
+    /// The ids of the last round's machines, in rank order (machine 0).
+    members: Vec<String>,
+    /// The last round's machines.
+    slots: Vec<machines::MachineSlot>,
 }
 
 impl<'a> Machines<'a> {
@@ -668,6 +692,8 @@ impl<'a> Machines<'a> {
             host: host.clone(),
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            id: format!("{host}:{}:{}", std::process::id(), store::random_hex(4)?),
+            min_machines: s.min_machines,
         };
         let (server, store): (Option<TcpStoreServer>, Arc<dyn Store>) = if s.machine_rank == 0 {
             let (server, _) = store::host(&s.main_addr, s.main_port, true, token)?;
@@ -716,7 +742,115 @@ impl<'a> Machines<'a> {
             host,
             base,
             watcher: None,
+            round: 0,
+            rank: s.machine_rank,
+            count: s.num_machines,
+            lag: 0,
+            members: Vec::new(),
+            slots: Vec::new(),
         })
+    }
+
+    /// Join round `n` (or, elastic and not machine 0, the first open round
+    /// from `n + lag` on): `(rank offset, world size)`.
+    fn join_round(&mut self, n: u32) -> Result<(usize, usize)> {
+        let s = self.s;
+        if !s.elastic() {
+            let plan = if s.machine_rank == 0 {
+                machines::host_join(
+                    &*self.store,
+                    &self.me,
+                    &self.run_id,
+                    s.max_restarts,
+                    n,
+                    s.join_timeout,
+                )?
+            } else {
+                machines::member_join(&*self.store, &self.me, n, s.join_timeout)?
+            };
+            self.round = n;
+            self.take_plan(&plan);
+            let off = plan
+                .machines
+                .get(s.machine_rank)
+                .map(|m| m.rank_offset)
+                .unwrap_or(s.machine_rank * s.nproc);
+            return Ok((off, plan.world_size));
+        }
+        let bounds = elastic::Bounds {
+            min: s.min_machines,
+            max: s.num_machines,
+            window: s.join_window,
+            timeout: s.join_timeout,
+        };
+        let (round, plan) = if s.machine_rank == 0 {
+            let previous = std::mem::take(&mut self.members);
+            let plan = elastic::host_round(
+                &*self.store,
+                &self.me,
+                (&self.run_id, s.max_restarts),
+                n,
+                &previous,
+                bounds,
+            )?;
+            (n, plan)
+        } else {
+            elastic::member_round(&*self.store, &self.me, n + self.lag, s.join_timeout)?
+        };
+        self.round = round;
+        self.lag = round - n;
+        self.take_plan(&plan);
+        let slot = plan
+            .machines
+            .iter()
+            .find(|m| m.id == self.me.id)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("round {round}'s plan does not hold this machine"),
+                )
+            })?;
+        self.rank = slot.machine_rank;
+        Ok((slot.rank_offset, plan.world_size))
+    }
+
+    fn take_plan(&mut self, plan: &machines::Plan) {
+        if self.s.machine_rank != 0 {
+            self.run_id = plan.run_id.clone();
+            self.max_restarts = plan.max_restarts;
+        }
+        self.count = plan.machines.len();
+        self.members = plan.machines.iter().map(|m| m.id.clone()).collect();
+        self.slots = plan.machines.clone();
+    }
+
+    /// The root cause when machines `missing` of an elastic round did not
+    /// report the end of their workers within `--timeout`.
+    fn silent(&self, missing: &[usize]) -> Failure {
+        let k = missing[0];
+        let slot = self.slots.get(k);
+        let host = slot.map_or_else(|| "?".to_string(), |m| m.host.clone());
+        Failure {
+            rank: slot.map_or(0, |m| m.rank_offset),
+            local_rank: 0,
+            machine: k,
+            host: host.clone(),
+            pid: None,
+            exit: Exit::Code { code: 1 },
+            error: Some(format!(
+                "machine {k} ({host}) did not report the end of its workers within {:?} of this                  machine's: its launcher froze or was lost (machine(s) {} silent)",
+                self.s.timeout,
+                missing
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            location: None,
+            stderr_tail: Vec::new(),
+            also_hung: Vec::new(),
+            interrupted: false,
+        }
     }
 
     /// The record a launcher publishes when it is interrupted, so that the
@@ -725,13 +859,13 @@ impl<'a> Machines<'a> {
         Failure {
             rank: rank_offset,
             local_rank: 0,
-            machine: self.s.machine_rank,
+            machine: self.rank,
             host: self.host.clone(),
             pid: Some(std::process::id()),
             exit: Exit::Signal { signal: sig },
             error: Some(format!(
                 "the launcher on machine {} ({}) received {}",
-                self.s.machine_rank,
+                self.rank,
                 self.host,
                 report::signal_name(sig)
             )),
@@ -745,41 +879,22 @@ impl<'a> Machines<'a> {
 
 impl Coordinator for Machines<'_> {
     fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt> {
-        let s = self.s;
-        let (rank_offset, world_size) = if s.machine_rank == 0 {
-            let plan = machines::host_join(
-                &*self.store,
-                &self.me,
-                &self.run_id,
-                s.max_restarts,
-                n,
-                s.join_timeout,
-            )?;
-            (0, plan.world_size)
-        } else {
-            let plan = machines::member_join(&*self.store, &self.me, n, s.join_timeout)?;
-            self.run_id = plan.run_id.clone();
-            self.max_restarts = plan.max_restarts;
-            let off = plan
-                .machines
-                .get(s.machine_rank)
-                .map(|m| m.rank_offset)
-                .unwrap_or(s.machine_rank * s.nproc);
-            (off, plan.world_size)
-        };
+        let (rank_offset, world_size) = self.join_round(n)?;
         self.watcher = Some(Watcher::start(
             self.store.clone(),
-            n,
-            s.machine_rank,
+            self.round,
+            self.rank,
             tx.clone(),
         ));
         let mut env = self.base.clone();
         env.run_id = Some(self.run_id.clone());
         env.world_size = Some(world_size);
-        env.restart_count = Some(n);
+        env.group_rank = Some(self.rank);
+        env.group_world_size = Some(self.count);
+        env.restart_count = Some(self.round);
         env.max_restarts = Some(self.max_restarts);
         Ok(Attempt {
-            number: n,
+            number: self.round,
             env,
             rank_offset,
             error_dir: self.scratch.join(format!("attempt-{n}")),
@@ -787,15 +902,15 @@ impl Coordinator for Machines<'_> {
         })
     }
 
-    fn publish(&self, n: u32, f: &Failure) {
-        machines::publish_failure(&*self.store, n, f);
+    fn publish(&self, _n: u32, f: &Failure) {
+        machines::publish_failure(&*self.store, self.round, f);
     }
 
-    fn settle(&mut self, n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
+    fn settle(&mut self, _n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
         if let Some(w) = self.watcher.take() {
             w.stop();
         }
-        let (st, me, m) = (&*self.store, self.s.machine_rank, self.s.num_machines);
+        let (st, me, m, n) = (&*self.store, self.rank, self.count, self.round);
         let failed = |root: Failure| Settled {
             status: Status::Failed,
             code: root.exit.launcher_code(),
@@ -820,7 +935,13 @@ impl Coordinator for Machines<'_> {
             LocalOutcome::StoreLost(why) => lost(why),
             local => {
                 let ok = matches!(local, LocalOutcome::Succeeded);
-                match (machines::settle(st, n, me, m, ok), local) {
+                let limit = self.s.elastic().then_some(self.s.timeout);
+                match (machines::settle_within(st, n, (me, m), ok, limit), local) {
+                    (Global::Missing(missing), _) => {
+                        // Everyone agrees on one root cause: the first published.
+                        let f = self.silent(&missing);
+                        failed(machines::publish_failure(st, n, &f).unwrap_or(f))
+                    }
                     (Global::Succeeded, _) => Settled::alone(LocalOutcome::Succeeded),
                     (Global::Failed(f), _) if f.interrupted => {
                         say(&format!(
@@ -866,16 +987,23 @@ impl Coordinator for Machines<'_> {
         }
     }
 
+    /// In rounds: a machine that joined late has `lag` fewer attempts.
     fn max_restarts(&self) -> u32 {
-        self.max_restarts
+        self.max_restarts.saturating_sub(self.lag)
     }
 
-    fn end(&mut self, last: u32) {
+    fn end(&mut self, _last: u32) {
+        if self.s.machine_rank == 0 && self.s.elastic() {
+            // Machines waiting for a round stop.
+            let _ = self
+                .store
+                .set(&elastic::done_key(), b"machine 0's launcher ended the run");
+        }
         machines::farewell(
             &*self.store,
-            last,
-            self.s.machine_rank,
-            self.s.num_machines,
+            self.round,
+            self.rank,
+            self.count,
             Duration::from_secs(5),
         );
         if let Some(server) = self.server.take() {

@@ -259,7 +259,7 @@ mod tests {
     fn settings(machines: usize, machine_rank: usize) -> Settings {
         let mut o = super::super::options::Options {
             num_processes: Some(2),
-            num_machines: Some(machines),
+            num_machines: Some(machines.into()),
             machine_rank: Some(machine_rank),
             ..Default::default()
         };

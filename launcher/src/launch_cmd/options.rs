@@ -18,6 +18,9 @@ use accel_api::{Error, ErrorKind, Result};
 pub const DEFAULT_MULTI_MACHINE_PORT: u16 = 29500;
 /// Time between SIGTERM and SIGKILL when the launcher stops its workers.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// How long an elastic round stays open for more machines once the fewest
+/// have joined (`--join-window`).
+pub const DEFAULT_JOIN_WINDOW: Duration = Duration::from_secs(10);
 /// Default bound for blocking calls, as in the runtime (`ACCEL_TIMEOUT`).
 pub const DEFAULT_TIMEOUT: Duration = accel::state::DEFAULT_TIMEOUT;
 
@@ -47,6 +50,55 @@ impl fmt::Display for Backends {
 }
 
 pub use accel_launch::output::RankFilter;
+
+/// `--num-machines M`, or `MIN:MAX` (torchrun's `--nnodes MIN:MAX`): an
+/// elastic run (docs/adr/0026-elastic-membership.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MachineCount {
+    /// The fewest machines the run goes on with.
+    pub min: usize,
+    /// The most machines a round takes.
+    pub max: usize,
+}
+
+impl MachineCount {
+    /// Exactly `n` machines.
+    pub fn exact(n: usize) -> MachineCount {
+        MachineCount { min: n, max: n }
+    }
+}
+
+impl From<usize> for MachineCount {
+    fn from(n: usize) -> MachineCount {
+        MachineCount::exact(n)
+    }
+}
+
+impl fmt::Display for MachineCount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.max)
+        } else {
+            write!(f, "{}:{}", self.min, self.max)
+        }
+    }
+}
+
+/// `M` or `MIN:MAX`, each at least 1, `MIN <= MAX`.
+pub fn parse_machines(s: &str) -> std::result::Result<MachineCount, String> {
+    match s.split_once(':') {
+        None => parse_count(s).map(MachineCount::exact),
+        Some((a, b)) => {
+            let (min, max) = (parse_count(a)?, parse_count(b)?);
+            if min > max {
+                return Err(format!(
+                    "MIN:MAX needs MIN <= MAX, got {min}:{max} (--nnodes 2:4 runs on 2 to 4 machines)"
+                ));
+            }
+            Ok(MachineCount { min, max })
+        }
+    }
+}
 
 /// A count of at least one (`-n`, `--num-machines`); negative numbers are
 /// accepted by the parser so that the message can say what is wrong.
@@ -127,10 +179,13 @@ pub struct Options {
           allow_negative_numbers = true, value_parser = parse_count)]
     pub total_processes: Option<usize>,
 
-    /// Machines taking part in the run [default: 1].
+    /// Machines taking part in the run [default: 1]; `MIN:MAX` (as
+    /// torchrun's --nnodes) makes it elastic: a lost machine restarts the
+    /// others at a smaller world while MIN remain, a new one joins at the
+    /// next restart (docs/multi-machine.md).
     #[arg(long = "num-machines", visible_alias = "nnodes", aliases = ["num_machines"],
-          value_name = "M", allow_negative_numbers = true, value_parser = parse_count)]
-    pub num_machines: Option<usize>,
+          value_name = "M|MIN:MAX", allow_negative_numbers = true, value_parser = parse_machines)]
+    pub num_machines: Option<MachineCount>,
 
     /// Rank of this machine, 0 to M-1; machine 0 hosts the store [default: 0].
     #[arg(long = "machine-rank", visible_alias = "node-rank",
@@ -222,6 +277,11 @@ pub struct Options {
     #[arg(long = "join-timeout", value_name = "DUR", value_parser = parse_dur)]
     pub join_timeout: Option<Duration>,
 
+    /// Elastic runs: how long a round stays open for more machines once
+    /// MIN have joined [default: 10s].
+    #[arg(long = "join-window", value_name = "DUR", value_parser = parse_dur)]
+    pub join_window: Option<Duration>,
+
     /// Name of the run (ACCEL_RUN_ID): up to 64 letters, digits, `.`, `_`,
     /// `-`, starting with a letter or digit [default: a random one, chosen
     /// by machine 0].
@@ -254,6 +314,7 @@ impl Options {
             grace_period: self.grace_period.or(lower.grace_period),
             hang_timeout: self.hang_timeout.or(lower.hang_timeout),
             join_timeout: self.join_timeout.or(lower.join_timeout),
+            join_window: self.join_window.or(lower.join_window),
             run_id: self.run_id.or(lower.run_id),
         }
     }
@@ -306,8 +367,13 @@ impl Options {
 pub struct Settings {
     /// Workers on this machine.
     pub nproc: usize,
-    /// Machines in the run.
+    /// Machines in the run (the most, in an elastic run).
     pub num_machines: usize,
+    /// The fewest machines an elastic run goes on with (`num_machines`
+    /// when it is not elastic).
+    pub min_machines: usize,
+    /// How long an elastic round stays open once `min_machines` joined.
+    pub join_window: Duration,
     /// This machine's rank.
     pub machine_rank: usize,
     /// Where the store listens (machine 0 binds it; others connect to it).
@@ -346,6 +412,11 @@ impl Settings {
     /// `true` when the run spans several machines.
     pub fn multi_machine(&self) -> bool {
         self.num_machines > 1
+    }
+
+    /// `true` for `--num-machines MIN:MAX` with `MIN < MAX`.
+    pub fn elastic(&self) -> bool {
+        self.min_machines < self.num_machines
     }
 
     /// Total processes of the run, assuming every machine runs [`nproc`]
@@ -387,7 +458,17 @@ impl Settings {
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] with the flag to fix.
     pub fn resolve(o: Options) -> Result<Settings> {
-        let num_machines = o.num_machines.unwrap_or(1);
+        let machines = o.num_machines.unwrap_or(MachineCount::exact(1));
+        let num_machines = machines.max;
+        if machines.min < machines.max && o.total_processes.is_some() {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "--num-processes counts all machines together, but an elastic run                      (--num-machines {machines}) has no fixed number of machines"
+                ),
+            )
+            .with_fix("pass -n / --nproc-per-node, the processes of each machine"));
+        }
         let nproc = match (o.num_processes, o.total_processes) {
             (Some(n), Some(t)) => {
                 return Err(Error::new(
@@ -533,6 +614,8 @@ impl Settings {
         Ok(Settings {
             nproc,
             num_machines,
+            min_machines: machines.min,
+            join_window: o.join_window.unwrap_or(DEFAULT_JOIN_WINDOW),
             machine_rank,
             main_addr,
             main_port,
@@ -664,6 +747,26 @@ mod tests {
     }
 
     #[test]
+    fn machine_counts_are_exact_or_elastic_ranges() {
+        assert_eq!(parse_machines("3"), Ok(MachineCount::exact(3)));
+        assert_eq!(parse_machines("2:4"), Ok(MachineCount { min: 2, max: 4 }));
+        assert_eq!(MachineCount { min: 2, max: 4 }.to_string(), "2:4");
+        assert!(parse_machines("4:2").unwrap_err().contains("MIN <= MAX"));
+        assert!(parse_machines("0:2").unwrap_err().contains("at least 1"));
+        let s = Settings::resolve(Options {
+            num_machines: Some(MachineCount { min: 2, max: 4 }),
+            machine_rank: Some(3),
+            main_process_ip: Some("10.0.0.1".into()),
+            token: Some("t".into()),
+            ..Options::default()
+        })
+        .unwrap();
+        assert!(s.elastic() && s.multi_machine());
+        assert_eq!((s.min_machines, s.num_machines), (2, 4));
+        assert_eq!(s.join_window, DEFAULT_JOIN_WINDOW);
+    }
+
+    #[test]
     fn counts_refuse_zero_and_negative() {
         assert_eq!(parse_count("4"), Ok(4));
         assert!(parse_count("0").unwrap_err().contains("at least 1, got 0"));
@@ -679,7 +782,7 @@ mod tests {
             Settings::resolve(Options {
                 num_processes: n,
                 total_processes: t,
-                num_machines: Some(m),
+                num_machines: Some(m.into()),
                 main_process_ip: Some("10.0.0.1".into()),
                 token: Some("t".into()),
                 ..Options::default()
@@ -802,7 +905,7 @@ mod tests {
             assert!(e.to_string().contains(what), "{e}");
         };
         let two = Options {
-            num_machines: Some(2),
+            num_machines: Some(2.into()),
             ..Options::default()
         };
         refused(
@@ -821,7 +924,7 @@ mod tests {
             "token",
         );
         let s = Settings::resolve(Options {
-            num_machines: Some(2),
+            num_machines: Some(2.into()),
             main_process_ip: Some("10.0.0.1".into()),
             token: Some("t".into()),
             quiet_ranks: true,

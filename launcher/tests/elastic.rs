@@ -1,0 +1,420 @@
+//! Elastic membership (`--nnodes MIN:MAX`, docs/adr/0026-elastic-membership.md):
+//! several launchers on 127.0.0.1, one rank each, running `accel
+//! elastic-worker` (a real training run on cpu-gloo that checkpoints and
+//! logs the samples of every step). Every launcher runs under a hard limit.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+/// Hard limit of one elastic launcher.
+const ELASTIC_LIMIT: Duration = Duration::from_secs(120);
+/// Samples, batch per rank (4) and epochs of the worker: 96 divides by the
+/// global batch at 3 ranks (12) and at 2 (8), and the tests checkpoint
+/// every 24 samples (2 steps at 3 ranks, 3 at 2), which leaves a multiple
+/// of both: no step at the end of an epoch is topped up.
+const LEN: usize = 96;
+const EPOCHS: u64 = 2;
+
+fn machine(
+    rank: usize,
+    port: u16,
+    nnodes: &str,
+    dir: &Path,
+    extra: &[&str],
+    worker: &[&str],
+) -> Command {
+    let ck = dir.join("ck");
+    let log = dir.join("log");
+    let mut args = vec![
+        "launch".to_string(),
+        "--nnodes".into(),
+        nnodes.into(),
+        "--node-rank".into(),
+        rank.to_string(),
+        "--master-addr".into(),
+        "127.0.0.1".into(),
+        "--master-port".into(),
+        port.to_string(),
+        "--token".into(),
+        "elastic".into(),
+        "--backend".into(),
+        "cpu-gloo".into(),
+        "--timeout".into(),
+        "20s".into(),
+        "--grace-period".into(),
+        "2s".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(
+        [
+            "--",
+            ACCEL,
+            "elastic-worker",
+            "--checkpoint-dir",
+            ck.to_str().unwrap(),
+            "--sample-log",
+            log.to_str().unwrap(),
+            "--train-len",
+            &LEN.to_string(),
+            "--epochs",
+            &EPOCHS.to_string(),
+        ]
+        .map(String::from),
+    );
+    args.extend(worker.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    command(&refs)
+}
+
+/// No process of this test's run is left (the killed launcher's worker
+/// included): their command lines name the test's folder.
+#[track_caller]
+fn no_worker_left(dir: &Path) {
+    let marker = dir.to_string_lossy().into_owned();
+    assert!(
+        eventually(Duration::from_secs(5), || processes_with(&marker) == 0),
+        "{} process(es) of the run left",
+        processes_with(&marker)
+    );
+}
+
+#[test]
+fn fewer_than_min_machines_is_an_error_naming_who_is_in() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let r = start(machine(
+        0,
+        port,
+        "2:3",
+        dir.path(),
+        &["--join-timeout", "2s"],
+        &[],
+    ))
+    .finish(Duration::from_secs(30));
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    r.has_stderr("1 machine(s) joined within 2s, fewer than the minimum of 2 (--num-machines 2:3)");
+    r.has_stderr("in: ");
+}
+
+#[test]
+fn elastic_ranges_are_checked() {
+    refused_words(
+        "launch --nnodes 3:2 --master-addr 127.0.0.1 --token t -- true",
+        "MIN <= MAX",
+    );
+    refused_words(
+        "launch --nnodes 2:3 --num-processes 4 --master-addr 127.0.0.1 --token t -- true",
+        "elastic run",
+    );
+    refused_words(
+        "launch --nnodes 1:2 --backend mpi --master-addr 127.0.0.1 --token t -- true",
+        "mpirun's world is fixed",
+    );
+}
+
+#[test]
+fn a_machine_frozen_after_its_workers_ended_is_left_behind_within_the_timeout() {
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!(
+        "touch {d}/started-$RANK-$ACCEL_RESTART_COUNT; \
+         if [ $RANK = 2 ]; then sleep 1; exit 0; fi; \
+         sleep 3; echo done $ACCEL_RESTART_COUNT $WORLD_SIZE",
+        d = dir.path().display()
+    );
+    let launcher = |rank: usize| {
+        command(&argv(
+            "launch --nnodes 2:3 --master-addr 127.0.0.1 --token t --timeout 3s \
+             --join-window 2s --join-timeout 30s --max-restarts 1 --node-rank",
+            &[
+                &rank.to_string(),
+                "--master-port",
+                &port.to_string(),
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ],
+        ))
+    };
+    let m0 = start(launcher(0));
+    let m1 = start(launcher(1));
+    let mut m2 = start(launcher(2));
+    // Machine 2's launcher freezes (SIGSTOP) while its worker runs: the
+    // worker ends, and the launcher never reports it.
+    assert!(
+        eventually(Duration::from_secs(30), || dir
+            .path()
+            .join("started-2-0")
+            .exists()),
+        "machine 2's worker did not start"
+    );
+    let stopped = Command::new("kill")
+        .args(["-STOP", &m2.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    let r0 = m0.finish(ELASTIC_LIMIT);
+    let r1 = m1.finish(ELASTIC_LIMIT);
+    m2.child.kill().unwrap();
+    let _ = m2.child.wait();
+    let context = format!("machine 0:\n{}\nmachine 1:\n{}", r0.all(), r1.all());
+    for r in [&r0, &r1] {
+        assert_eq!(r.code, Some(0), "{context}");
+        assert!(
+            r.stderr.contains("machine 2 (")
+                && r.stderr.contains("did not report the end of its workers"),
+            "{context}"
+        );
+    }
+    assert!(
+        r0.stderr.contains("round 1: 2 machine(s), world size 2"),
+        "{context}"
+    );
+    assert_eq!(
+        rank_lines(&r0.stdout, 0),
+        ["done 0 3", "done 1 2"],
+        "{context}"
+    );
+    assert_eq!(
+        rank_lines(&r1.stdout, 1),
+        ["done 0 3", "done 1 2"],
+        "{context}"
+    );
+    no_worker_left(dir.path());
+}
+
+/// The runs that train (on cpu-gloo).
+#[cfg(feature = "cpu-gloo")]
+mod training {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// The committed steps of every attempt, from the sample logs: attempt `a`
+    /// counts up to the step attempt `a + 1` resumed after. Returns how often
+    /// each `(epoch, sample)` was trained on, and each attempt's ranks.
+    fn committed(log: &Path) -> (BTreeMap<(u64, usize), usize>, BTreeMap<u32, usize>) {
+        let mut resumed: BTreeMap<u32, u64> = BTreeMap::new();
+        let mut files: Vec<(u32, std::path::PathBuf)> = Vec::new();
+        for e in std::fs::read_dir(log).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            if let Some(a) = name.strip_suffix(".resumed") {
+                let a: u32 = a[1..].parse().unwrap();
+                resumed.insert(
+                    a,
+                    std::fs::read_to_string(&p).unwrap().trim().parse().unwrap(),
+                );
+            } else if let Some((a, _)) = name.split_once("-rank") {
+                files.push((a[1..].parse().unwrap(), p));
+            }
+        }
+        let mut ranks: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut seen: BTreeMap<(u64, usize), usize> = BTreeMap::new();
+        for (a, p) in files {
+            *ranks.entry(a).or_default() += 1;
+            let upto = resumed.range(a + 1..).next().map_or(u64::MAX, |(_, s)| *s);
+            for line in std::fs::read_to_string(&p).unwrap().lines() {
+                let w: Vec<&str> = line.split_whitespace().collect();
+                let (step, epoch): (u64, u64) = (w[1].parse().unwrap(), w[3].parse().unwrap());
+                if step > upto {
+                    continue;
+                }
+                for i in w[4].split(',') {
+                    *seen.entry((epoch, i.parse().unwrap())).or_default() += 1;
+                }
+            }
+        }
+        (seen, ranks)
+    }
+
+    #[track_caller]
+    fn every_sample_once(log: &Path, context: &str) {
+        let (seen, _) = committed(log);
+        for epoch in 0..EPOCHS {
+            for i in 0..LEN {
+                let n = seen.get(&(epoch, i)).copied().unwrap_or(0);
+                assert_eq!(
+                    n, 1,
+                    "sample {i} of epoch {epoch} trained on {n} times\n{context}"
+                );
+            }
+        }
+    }
+
+    /// Wait until the run's sample log has step `step` on some rank of
+    /// attempt 0.
+    fn reached(log: &Path, step: u64) -> bool {
+        std::fs::read_to_string(log.join("a0-rank0.log"))
+            .map(|t| t.lines().count() as u64 >= step)
+            .unwrap_or(false)
+    }
+
+    #[test]
+    fn three_machines_lose_one_and_finish_on_two_with_every_sample_once() {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        // Up to 4: round 0 closes with the 3 after the join window (5 s from
+        // the second machine's arrival: time enough for the third to start).
+        let nn = "2:4";
+        let extra = [
+            "--max-restarts",
+            "2",
+            "--join-timeout",
+            "30s",
+            "--join-window",
+            "5s",
+        ];
+        let w = ["--step-delay-ms", "150", "--save-every", "2"];
+        let m0 = start(machine(0, port, nn, dir.path(), &extra, &w));
+        let m1 = start(machine(1, port, nn, dir.path(), &extra, &w));
+        let mut m2 = start(machine(2, port, nn, dir.path(), &extra, &w));
+        // Kill machine 2's launcher (SIGKILL) after step 5 of 16: its worker
+        // dies with it; the last checkpoint is at step 4.
+        assert!(
+            eventually(Duration::from_secs(60), || reached(&log, 5)),
+            "the run did not reach step 5"
+        );
+        m2.child.kill().unwrap();
+        let _ = m2.child.wait();
+        let r0 = m0.finish(ELASTIC_LIMIT);
+        let r1 = m1.finish(ELASTIC_LIMIT);
+        let context = format!("machine 0:\n{}\nmachine 1:\n{}", r0.all(), r1.all());
+        assert_eq!(r0.code, Some(0), "{context}");
+        assert_eq!(r1.code, Some(0), "{context}");
+        assert!(
+            r0.stderr.contains("round 0: 3 machine(s), world size 3"),
+            "{context}"
+        );
+        assert!(
+            r0.stderr.contains("round 1: 2 machine(s), world size 2"),
+            "{context}"
+        );
+        let resumed = rank_lines(&r0.stdout, 0)
+            .into_iter()
+            .find(|l| l.starts_with("resumed from"))
+            .unwrap_or_default();
+        assert!(
+            resumed.contains("at world size 2: epoch 0"),
+            "{resumed}\n{context}"
+        );
+        let (_, ranks) = committed(&log);
+        resumed_inside_epoch_0(&log, 8, &context);
+        assert_eq!(ranks.get(&0), Some(&3), "{context}");
+        assert_eq!(ranks.get(&1), Some(&2), "{context}");
+        every_sample_once(&log, &context);
+        assert!(
+            r0.stdout.contains("final: ") && r0.stdout.contains("world size 2"),
+            "{context}"
+        );
+        no_worker_left(dir.path());
+    }
+
+    /// Attempt 1 resumed from a checkpoint inside epoch 0 (of `steps` steps at
+    /// attempt 0's world size), so that the every-sample-once check covers a
+    /// resharded position.
+    #[track_caller]
+    fn resumed_inside_epoch_0(log: &Path, steps: u64, context: &str) {
+        let at: u64 = std::fs::read_to_string(log.join("a1.resumed"))
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        assert!(
+            at > 0 && at < steps,
+            "attempt 1 resumed after step {at}, not inside epoch 0\n{context}"
+        );
+    }
+
+    #[test]
+    fn a_machine_that_joins_later_grows_the_world_at_the_next_restart() {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        let nn = "2:3";
+        let extra = [
+            "--max-restarts",
+            "2",
+            "--join-timeout",
+            "60s",
+            "--join-window",
+            "2s",
+        ];
+        let w = ["--step-delay-ms", "300", "--save-every", "3"];
+        let m0 = start(machine(0, port, nn, dir.path(), &extra, &w));
+        let m1 = start(machine(1, port, nn, dir.path(), &extra, &w));
+        assert!(
+            eventually(Duration::from_secs(60), || reached(&log, 1)),
+            "the run did not start on 2 machines"
+        );
+        // The third machine arrives while round 0 runs: it waits (its stderr
+        // goes to a file, to see when).
+        let m2_err = dir.path().join("m2.err");
+        let mut cmd = machine(2, port, nn, dir.path(), &extra, &w);
+        cmd.stderr(std::fs::File::create(&m2_err).unwrap());
+        let m2 = start(cmd);
+        let waiting = || {
+            std::fs::read_to_string(&m2_err)
+                .unwrap_or_default()
+                .contains("waits for the next round")
+        };
+        assert!(
+            eventually(Duration::from_secs(60), waiting),
+            "machine 2 does not wait for the next round: {}",
+            std::fs::read_to_string(&m2_err).unwrap_or_default()
+        );
+        // After the checkpoint of step 3 (of 12 in epoch 0), a worker of
+        // machine 1 fails (killed): the run restarts, with 3.
+        assert!(
+            eventually(Duration::from_secs(60), || reached(&log, 4)),
+            "the run did not reach step 4"
+        );
+        let worker = children(m1.pid());
+        assert!(!worker.is_empty(), "machine 1 has no worker");
+        for w in worker {
+            let _ = Command::new("kill").args(["-9", &w.to_string()]).status();
+        }
+        let r0 = m0.finish(ELASTIC_LIMIT);
+        let r1 = m1.finish(ELASTIC_LIMIT);
+        let r2 = m2.finish(ELASTIC_LIMIT);
+        let context = format!(
+            "machine 0:\n{}\nmachine 1:\n{}\nmachine 2:\n{}{}",
+            r0.all(),
+            r1.all(),
+            r2.all(),
+            std::fs::read_to_string(&m2_err).unwrap_or_default()
+        );
+        for r in [&r0, &r1, &r2] {
+            assert_eq!(r.code, Some(0), "{context}");
+        }
+        assert!(
+            r0.stderr.contains("round 0: 2 machine(s), world size 2"),
+            "{context}"
+        );
+        assert!(
+            r0.stderr.contains("round 1: 3 machine(s), world size 3"),
+            "{context}"
+        );
+        let (_, ranks) = committed(&log);
+        assert_eq!(ranks.get(&0), Some(&2), "{context}");
+        assert_eq!(ranks.get(&1), Some(&3), "{context}");
+        resumed_inside_epoch_0(&log, 12, &context);
+        every_sample_once(&log, &context);
+        no_worker_left(dir.path());
+    }
+
+    /// The pids of `pid`'s children.
+    fn children(pid: u32) -> Vec<u32> {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
+    }
+}
