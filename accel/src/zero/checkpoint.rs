@@ -223,9 +223,10 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             v.resize(n * self.comm.world_size(), 0.0);
             v[rank * n..(rank + 1) * n].to_vec()
         };
+        // ZeRO's units and optimizer state are f32: nothing stored narrower.
         let mut out = StateDict {
-            tensors: Default::default(),
             values: first.values.clone(),
+            ..StateDict::default()
         };
         out.put("zero.world_size", &self.comm.world_size());
         out.put("zero.rank", &rank);
