@@ -13,6 +13,7 @@
 //! | [`AdamW`] | candle-nn's AdamW, bit for bit, with its moments in checkpoints (exact resume) |
 //! | [`init_uniform`] | seeded initial weights (candle cannot seed its CPU generator) |
 //! | [`compute_var_builder`], [`compute_dtype`] | mixed precision: the layers built on bf16/f16 compute copies of the f32 master `Var`s (differentiable casts: the gradients land on the masters) |
+//! | [`sequential_loss_and_grad`] | ZeRO stages 1-3 ([`accel::zero`]): a chain of modules run module by module through the sharding optimizer's gate; `CandleModel` frees and restores its `Var`s' storage as stage 3 releases and gathers them |
 //!
 //! Gradient accumulation, `clip_grad_norm` / `clip_grad_value`, the fp16
 //! loss scaler (its scale is in the loss scale the backward closure gets;
@@ -60,10 +61,12 @@
 mod amp;
 mod model;
 mod optim;
+pub mod zero;
 
 pub use amp::{compute_dtype, compute_var_builder};
 pub use model::CandleModel;
 pub use optim::{AdamW, CandleOptimizer, OptimizerState};
+pub use zero::{sequential_loss_and_grad, Link};
 
 use accel_api::{Error, ErrorKind, Result};
 
