@@ -11,7 +11,8 @@
 //! by the harness (`ACCEL_CONFORMANCE_OUT` set) it runs one rank of the
 //! candle scenarios; started by `cargo test` it runs the columns, each
 //! world under the harness's hard timeout (300 s), and fails on any
-//! failure. The suite itself does not depend on candle, so no other
+//! failure (one test, `candle_conformance_matrix`, for libtest's `--list`
+//! and name filters). The suite itself does not depend on candle, so no other
 //! backend's tests compile it.
 
 use std::path::{Path, PathBuf};
@@ -153,10 +154,25 @@ impl Parameters for CandleMlp {
     }
 }
 
+/// The one test's name, for libtest's arguments: `--list` lists it, and a
+/// filter that is not part of it skips it (`cargo test -p accel-candle
+/// zero` runs every test binary with the filter `zero`).
+const NAME: &str = "candle_conformance_matrix";
+
 fn main() -> ExitCode {
     let scenarios = model_scenarios::<CandleMlp>();
     if std::env::var_os(worker::OUT_ENV).is_some() {
         return worker::main_with(&scenarios);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("{NAME}: test");
+        return ExitCode::SUCCESS;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if !filters.is_empty() && !filters.iter().any(|f| NAME.contains(f.as_str())) {
+        println!("{NAME}: filtered out");
+        return ExitCode::SUCCESS;
     }
     let me = std::env::current_exe().expect("the test binary's path");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
