@@ -59,11 +59,13 @@
 //! feature forwards to candle's own; CUDA variables are not trained yet.
 
 mod amp;
+pub mod dispatch;
 mod model;
 mod optim;
 pub mod zero;
 
 pub use amp::{compute_dtype, compute_var_builder};
+pub use dispatch::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched};
 pub use model::CandleModel;
 pub use optim::{AdamW, CandleOptimizer, OptimizerState};
 pub use zero::{sequential_loss_and_grad, Link};

@@ -365,14 +365,47 @@ fn span(layout: &Layout, held: usize) -> (usize, usize) {
     }
 }
 
-fn storage_len(s: &CpuStorage) -> usize {
+/// Elements of `s` (of the dtypes accel-candle stores).
+pub(crate) fn storage_len(s: &CpuStorage) -> usize {
     match s {
         CpuStorage::F32(v) => v.len(),
         CpuStorage::F64(v) => v.len(),
         CpuStorage::F16(v) => v.len(),
         CpuStorage::BF16(v) => v.len(),
+        CpuStorage::I64(v) => v.len(),
+        CpuStorage::U32(v) => v.len(),
+        CpuStorage::U8(v) => v.len(),
         _ => 0,
     }
+}
+
+/// Put `new` in place of `t`'s storage (same dtype; a length of 0 empties
+/// it, the element count fills it), under the storage's lock: the tensor
+/// keeps its shape and identity, and every tensor sharing its storage
+/// sees the change.
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for another dtype or a length that is
+/// neither 0 nor the tensor's element count.
+pub(crate) fn replace_storage(t: &Tensor, new: CpuStorage) -> Result<()> {
+    let n = storage_len(&new);
+    if new.dtype() != t.dtype() || (n != 0 && n != t.layout().start_offset() + t.elem_count()) {
+        return Err(Error::invalid_argument(
+            "accel-candle storage swap",
+            format!(
+                "{:?} storage of {n} elements for a {:?} tensor of shape {:?}",
+                new.dtype(),
+                t.dtype(),
+                t.dims()
+            ),
+        ));
+    }
+    let mut new = Some(new);
+    with_storage_mut(t, &mut |s, _| {
+        if let Some(n) = new.take() {
+            *s = n;
+        }
+    })
 }
 
 fn host_buf<'a>(s: &'a CpuStorage, layout: &Layout) -> Buf<'a> {
