@@ -132,12 +132,14 @@ fn storage_for(name: &str, meta: &TensorMeta) -> Result<CpuStorage> {
         DType::BF16 => CpuStorage::BF16(vec![half::bf16::ZERO; n]),
         DType::I64 => CpuStorage::I64(vec![0; n]),
         DType::U8 => CpuStorage::U8(vec![0; n]),
-        other => return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
+        other => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
                 "dispatch: tensor `{name}` is {other}, which candle has no CPU storage for here"
             ),
-        )),
+            ))
+        }
     })
 }
 

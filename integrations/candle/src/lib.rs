@@ -14,6 +14,7 @@
 //! | [`init_uniform`] | seeded initial weights (candle cannot seed its CPU generator) |
 //! | [`compute_var_builder`], [`compute_dtype`] | mixed precision: the layers built on bf16/f16 compute copies of the f32 master `Var`s (differentiable casts: the gradients land on the masters) |
 //! | [`sequential_loss_and_grad`] | ZeRO stages 1-3 ([`accel::zero`]): a chain of modules run module by module through the sharding optimizer's gate; `CandleModel` frees and restores its `Var`s' storage as stage 3 releases and gathers them |
+//! | [`load_checkpoint_and_dispatch`] | big-model inference on accel-offload: a `VarBuilder` over the planned tensors (resident, or served from the checkpoint on disk), each block's storage filled just before it runs, the next one prefetched ([`dispatch`]) |
 //!
 //! Gradient accumulation, `clip_grad_norm` / `clip_grad_value`, the fp16
 //! loss scaler (its scale is in the loss scale the backward closure gets;
