@@ -58,9 +58,18 @@ fn run(args: &Args) -> accel_api::Result<()> {
     let out = serde_json::json!({
         "resident_bytes": r.resident_bytes,
         "disk_bytes": r.disk_bytes,
+        "peak_rss_kib": peak_rss_kib(),
         "sentences": sentences,
         "similarities": similarities(&emb),
     });
     println!("{out}");
     Ok(())
+}
+
+/// This process's peak resident set size (`VmHWM` in `/proc/self/status`),
+/// in KiB; `None` where there is no such file.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }

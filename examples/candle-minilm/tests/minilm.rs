@@ -3,7 +3,8 @@
 //! split between the CPU and disk, are the embeddings with everything
 //! resident, bit for bit; the cosine similarities are sentence-transformers'
 //! and `tools/minilm_reference.py`'s (NumPy, float64; docs/inference.md),
-//! to their four decimals.
+//! to their four decimals; with the layers on disk the process's peak
+//! resident memory stays under the model's size.
 //!
 //! Needs the model (`make minilm-setup`, part of `make test`'s `unit`).
 //! Without it the test says so and passes, except under CI (`CI` set),
@@ -91,4 +92,50 @@ fn offloaded_embeddings_equal_resident_ones_and_match_the_reference() {
     for (i, row) in sims.iter().enumerate() {
         assert!((row[i] - 1.0).abs() < 1e-5, "cos(s{i}, s{i}) = {}", row[i]);
     }
+}
+
+/// Peak resident memory of `candle-minilm` (the binary, one process per
+/// run) under `args`, in KiB.
+fn peak_kib(args: &[&str]) -> u64 {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_candle-minilm"))
+        .args(args)
+        .output()
+        .expect("candle-minilm runs");
+    assert!(
+        out.status.success(),
+        "candle-minilm {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    v["peak_rss_kib"].as_u64().expect("a peak on Linux")
+}
+
+/// With the layers on disk the process stays under the model's size (87
+/// MiB: the largest block, the 45 MiB word embeddings, is in memory while
+/// it runs, with the next block and the runtime), well below the resident
+/// run, which holds the whole model.
+#[test]
+fn offloading_keeps_peak_memory_under_the_model_size() {
+    let dir = default_model_dir();
+    if !dir.join("model.safetensors").exists() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "no MiniLM model at {}",
+            dir.display()
+        );
+        eprintln!("skipped: no MiniLM model at {}", dir.display());
+        return;
+    }
+    let d = dir.to_string_lossy();
+    let resident = peak_kib(&["--model-dir", &d]);
+    let offloaded = peak_kib(&["--model-dir", &d, "--max-memory", "cpu=20MiB,disk"]);
+    println!("peak RSS: {resident} KiB resident, {offloaded} KiB with cpu=20MiB,disk");
+    assert!(
+        offloaded < 87 * 1024,
+        "peak RSS with the layers on disk is {offloaded} KiB, over the model's 87 MiB"
+    );
+    assert!(
+        offloaded + 20 * 1024 < resident,
+        "offloading saved less than 20 MiB: {offloaded} KiB against {resident} KiB resident"
+    );
 }
