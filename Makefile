@@ -91,7 +91,8 @@ slurm-setup:
 	@./scripts/apt_ensure.sh slurm-setup $(SLURM_PACKAGES)
 
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
-unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data
+# minilm-setup: the candle MiniLM example's test (examples/candle-minilm).
+unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data minilm-setup
 	$(CARGO) test --workspace --no-fail-fast
 	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
 

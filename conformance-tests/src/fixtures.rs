@@ -3,7 +3,7 @@
 //! regression dataset and a small MLP with hand-derived gradients (the
 //! pure-Rust demo, `examples/train`, trains the same model).
 
-use accel::train::{Dataset, ParamMut, ParamRef, Parameters};
+use accel::train::{try_visit_params_mut, Dataset, MixedPrecision, ParamMut, ParamRef, Parameters};
 use accel::zero::{resize_host_storage, NoGate, UnitGate};
 
 /// Input features per sample.
@@ -76,7 +76,107 @@ pub struct Mlp {
     pub grads: [Vec<f32>; 4],
 }
 
-const NAMES: [&str; 4] = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
+/// The fixture MLP's parameter names, in its visiting order.
+pub const NAMES: [&str; 4] = ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"];
+
+/// A model the training and sharding scenarios can train: the fixture
+/// [`Mlp`] (`FEATURES → hidden (tanh) → 1`, mean squared error) written in
+/// some framework, with parameters named as [`NAMES`] (in any visiting
+/// order) and starting from [`Mlp::new`]'s values. The scenarios compare
+/// what it trains against the fixture [`Mlp`] on one process (the oracle),
+/// so a framework's model is checked against accel's hand-derived
+/// gradients. [`model_scenarios`](crate::model_scenarios) gives the
+/// scenarios for a model type; a framework's integration runs them on
+/// every column through [`worker::main_with`](crate::worker::main_with)
+/// (accel-candle's `tests/conformance.rs` does).
+pub trait ScenarioModel: Parameters + Send + 'static {
+    /// Prefix of the scenario names for this model (`"candle_"`; the
+    /// fixture itself has none).
+    const PREFIX: &'static str;
+
+    /// The model with [`Mlp::new(hidden, seed)`](Mlp::new)'s initial values.
+    fn build(hidden: usize, seed: u64) -> Self;
+
+    /// Mean squared error over `batch`: add `scale ×` its gradient to the
+    /// model's gradients, computed module by module (`fc1`, `fc2`;
+    /// backward in reverse) with the [`UnitGate`] calls around each, the
+    /// forward pass in `precision`'s compute type where the model has one
+    /// (the fixture computes in f32). Returns the unscaled loss.
+    ///
+    /// # Errors
+    /// The gate's; the framework's.
+    fn loss_and_grad_gated(
+        &mut self,
+        batch: &[Sample],
+        scale: f32,
+        precision: MixedPrecision,
+        gate: &mut dyn UnitGate,
+    ) -> accel_api::Result<f32>;
+}
+
+impl ScenarioModel for Mlp {
+    const PREFIX: &'static str = "";
+
+    fn build(hidden: usize, seed: u64) -> Mlp {
+        Mlp::new(hidden, seed)
+    }
+
+    fn loss_and_grad_gated(
+        &mut self,
+        batch: &[Sample],
+        scale: f32,
+        _: MixedPrecision,
+        gate: &mut dyn UnitGate,
+    ) -> accel_api::Result<f32> {
+        self.loss_and_grad_units(batch, scale, gate)
+    }
+}
+
+/// A model's `f32` parameter values, flattened in the fixture's order
+/// ([`NAMES`]; names it does not know after them, in visiting order):
+/// [`Mlp::flat_values`] for any [`ScenarioModel`].
+///
+/// # Panics
+/// When a parameter is not `f32` host memory.
+pub fn fixture_values(model: &dyn Parameters) -> Vec<f32> {
+    let mut named: Vec<(usize, Vec<f32>)> = Vec::new();
+    model.visit_params(&mut |p| {
+        let rank = NAMES
+            .iter()
+            .position(|n| *n == p.name)
+            .unwrap_or(NAMES.len());
+        let v = p.value_f32().expect("scenario models hold f32 host values");
+        named.push((rank, v.to_vec()));
+    });
+    named.sort_by_key(|(r, _)| *r);
+    named.into_iter().flat_map(|(_, v)| v).collect()
+}
+
+/// Elements of parameter values and gradients `model` holds now (its views'
+/// lengths): [`Mlp::resident_numel`] for any model.
+pub fn resident_numel(model: &dyn Parameters) -> usize {
+    let mut n = 0;
+    model.visit_params(&mut |p| n += p.value.len() + p.grad.len());
+    n
+}
+
+/// Elements of gradient `model` holds now.
+pub fn grad_numel(model: &dyn Parameters) -> usize {
+    let mut n = 0;
+    model.visit_params(&mut |p| n += p.grad.len());
+    n
+}
+
+/// Set every gradient element to 0.
+///
+/// # Errors
+/// A gradient that is not `f32` host memory.
+pub fn zero_grads(model: &mut dyn Parameters) -> accel_api::Result<()> {
+    try_visit_params_mut(model, |_, mut p| {
+        p.f32_mut()?.1.fill(0.0);
+        Ok(())
+    })
+}
 
 impl Mlp {
     /// A model with deterministic small initial weights from `seed`.

@@ -299,6 +299,27 @@ impl Matrix {
             .find(|k| k.backend == backend && k.scenario == scenario)
     }
 
+    /// Run `specs` one world after another ([`run_world`]: each under its
+    /// hard bound), printing each world's label, wall time and error, if
+    /// any, on stderr.
+    pub fn run(specs: &[RunSpec]) -> Matrix {
+        let mut matrix = Matrix::default();
+        for spec in specs {
+            let w = run_world(spec);
+            eprintln!(
+                "{}: {} ms{}",
+                w.label,
+                w.millis,
+                w.error
+                    .as_deref()
+                    .map(|e| format!(" ERROR {e}"))
+                    .unwrap_or_default()
+            );
+            matrix.worlds.push(w);
+        }
+        matrix
+    }
+
     /// Count the cells.
     pub fn summary(&self) -> Summary {
         let mut s = Summary::default();
@@ -394,6 +415,87 @@ impl Matrix {
         }
         out
     }
+}
+
+/// The matrix's CPU columns for `worker`, in the matrix's order:
+/// `single@1`, `vendor-single@1` (the vendor plugin example), with
+/// cpu-gloo compiled in `cpu-gloo@1-4` and `cpu-gloo-plugin@1-4`, and with
+/// mpi compiled in `mpi@1-4` under `mpirun` (left out, with a line on
+/// stderr, where `mpirun` does not run; outside CI only, see
+/// [`mpirun_available`]). Builds the two plugins with
+/// [`build_cdylibs`] into `target_dir`.
+///
+/// # Errors
+/// A plugin that does not build.
+pub fn cpu_columns(
+    worker: &Path,
+    workspace: &Path,
+    target_dir: &Path,
+) -> Result<Vec<RunSpec>, String> {
+    let mut packages = vec!["accel-vendor-plugin"];
+    if cfg!(feature = "cpu-gloo") {
+        packages.push("accel-cpu-gloo-plugin");
+    }
+    let built = build_cdylibs(workspace, target_dir, &packages)?;
+    let find = |stem: &str| {
+        built
+            .iter()
+            .find(|p| {
+                p.file_name()
+                    .and_then(|f| f.to_str())
+                    .is_some_and(|f| f.contains(stem))
+            })
+            .cloned()
+            .ok_or_else(|| format!("no {stem} plugin was built"))
+    };
+    let worker = worker.to_path_buf();
+    let mut specs = vec![RunSpec::new("single", 1, worker.clone())];
+    specs.push(
+        RunSpec::new("vendor-single", 1, worker.clone())
+            .with_plugin(Some(find("accel_vendor_plugin")?)),
+    );
+    if cfg!(feature = "cpu-gloo") {
+        let gloo_plugin = find("accel_cpu_gloo_plugin")?;
+        for n in 1..=4 {
+            specs.push(RunSpec::new("cpu-gloo", n, worker.clone()));
+        }
+        for n in 1..=4 {
+            specs.push(
+                RunSpec::new("cpu-gloo-plugin", n, worker.clone())
+                    .with_plugin(Some(gloo_plugin.clone())),
+            );
+        }
+    }
+    if cfg!(feature = "mpi") {
+        if mpirun_available() {
+            for n in 1..=4 {
+                specs.push(RunSpec::new("mpi", n, worker.clone()).with_launcher(Launcher::Mpirun));
+            }
+        } else {
+            eprintln!("mpi columns skipped: mpirun not found (make setup installs Open MPI)");
+        }
+    }
+    Ok(specs)
+}
+
+/// `mpirun --version` runs (Open MPI or MPICH installed).
+///
+/// # Panics
+/// When it does not run under CI (the `CI` variable set): CI runs
+/// `make setup`, which installs Open MPI, and a missing column is not a
+/// pass.
+pub fn mpirun_available() -> bool {
+    let ok = Command::new("mpirun")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok || std::env::var_os("CI").is_none(),
+        "mpirun not found, but CI runs `make setup`, which installs Open MPI"
+    );
+    ok
 }
 
 /// Build workspace cdylib packages and return their `.so` paths, using the

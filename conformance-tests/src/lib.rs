@@ -24,11 +24,15 @@
 //! ## Layout
 //!
 //! `ctx` (what a scenario sees and returns), one module per area
-//! (`collectives`, `runtime`, `failures`, `train_scenarios`), the registry
-//! ([`all_scenarios`]) here, and three ways to run it: [`threads`] (ranks as
-//! threads of one process, over any [`Backend`](accel_api::Backend): what a
-//! backend's own `#[test]` calls), [`harness`] (one process per rank, for
-//! backends that need it, like mpi, and for plugins) and the worker binary.
+//! (`collectives`, `runtime`, `failures`, `train_scenarios`,
+//! `zero_scenarios`), the registry ([`all_scenarios`], and
+//! [`model_scenarios`] for another framework's model of the fixture) here,
+//! and three ways to run it: [`threads`] (ranks as threads of one process,
+//! over any [`Backend`](accel_api::Backend): what a backend's own `#[test]`
+//! calls), [`harness`] (one process per rank, for backends that need it,
+//! like mpi, and for plugins) and the worker ([`worker`], the
+//! `accel-conformance-worker` binary, or a framework's test binary with its
+//! own scenarios).
 
 mod collectives;
 mod ctx;
@@ -41,11 +45,13 @@ mod prop;
 mod runtime;
 pub mod threads;
 mod train_scenarios;
+pub mod worker;
 mod zero_scenarios;
 
 use std::time::Duration;
 
 pub use ctx::{Ctx, Outcome, Scenario, ScenarioResult};
+pub use fixtures::ScenarioModel;
 pub use prop::{agree, Seed};
 pub use threads::{assert_conformance, run_in_process, run_spec_in_process, run_world_in_process};
 
@@ -56,7 +62,29 @@ pub fn all_scenarios() -> Vec<Scenario> {
     all.extend(runtime::scenarios());
     all.extend(failures::scenarios());
     all.extend(train_scenarios::train_scenarios());
-    all.extend(zero_scenarios::zero_scenarios());
+    all.extend(model_scenarios::<fixtures::Mlp>());
+    all
+}
+
+/// The scenarios that train a model, for model type `M`: accumulation
+/// cadence, W×k equivalence with one process, the fp16 skip, bf16
+/// equivalence, clipping, and the ZeRO stages (equivalence, clipping, the
+/// fp16 skip). Each is named with [`ScenarioModel::PREFIX`] before the
+/// fixture's name (`candle_train_equivalence`); the oracles are the
+/// fixture [`Mlp`](fixtures::Mlp) on one process. A framework's
+/// integration runs them on every column with
+/// [`worker::main_with`] (a model type's names are made once per call and
+/// live as long as the process).
+pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
+    let name = |base: &'static str| -> &'static str {
+        if M::PREFIX.is_empty() {
+            base
+        } else {
+            Box::leak(format!("{}{base}", M::PREFIX).into_boxed_str())
+        }
+    };
+    let mut all = train_scenarios::model_train_scenarios::<M>(name);
+    all.extend(zero_scenarios::zero_scenarios::<M>(name));
     all
 }
 
@@ -64,8 +92,18 @@ pub fn all_scenarios() -> Vec<Scenario> {
 /// exactly one) on this rank and agree on each verdict with the other
 /// ranks. Every rank returns the same list.
 pub fn run_all(ctx: &Ctx, filter: Option<&str>) -> Vec<ScenarioResult> {
+    run_scenarios(ctx, &all_scenarios(), filter)
+}
+
+/// [`run_all`] over the given scenarios (a framework's
+/// [`model_scenarios`]).
+pub fn run_scenarios(
+    ctx: &Ctx,
+    scenarios: &[Scenario],
+    filter: Option<&str>,
+) -> Vec<ScenarioResult> {
     let mut out = Vec::new();
-    for s in all_scenarios() {
+    for s in scenarios.iter().copied() {
         if filter.is_some_and(|f| !matches_filter(s.name, f)) {
             continue;
         }

@@ -7,11 +7,12 @@
 
 use std::sync::Arc;
 
-use crate::fixtures::{Mlp, Synthetic};
+use crate::fixtures::{fixture_values, Mlp, ScenarioModel, Synthetic};
 use accel::train::{
-    DataLoader, Dataset, IterableDataset, IterableLoader, MixedPrecision, Parameters, Sgd,
-    TrainConfig,
+    try_visit_params_mut, DataLoader, Dataset, IterableDataset, IterableLoader, MixedPrecision,
+    Parameters, Sgd, TrainConfig,
 };
+use accel::zero::NoGate;
 use accel::{Accelerator, CollectivesExt};
 use accel_api::Op;
 use accel_sharding::reference;
@@ -35,16 +36,6 @@ pub(crate) fn train_scenarios() -> Vec<Scenario> {
             run: train_accelerate_golden,
         },
         Scenario {
-            name: "train_accumulation_cadence",
-            gate: gate_train,
-            run: train_accumulation_cadence,
-        },
-        Scenario {
-            name: "train_equivalence",
-            gate: gate_train,
-            run: train_equivalence,
-        },
-        Scenario {
             name: "train_resume",
             gate: gate_train,
             run: train_resume,
@@ -54,20 +45,40 @@ pub(crate) fn train_scenarios() -> Vec<Scenario> {
             gate: gate_train,
             run: train_streams,
         },
+    ]
+}
+
+/// The training scenarios that train a model, for model type `M` (the
+/// fixture's are in the matrix as they are named; another model's carry
+/// its [`ScenarioModel::PREFIX`]).
+pub(crate) fn model_train_scenarios<M: ScenarioModel>(
+    name: impl Fn(&'static str) -> &'static str,
+) -> Vec<Scenario> {
+    vec![
         Scenario {
-            name: "train_fp16_skip_agreed",
+            name: name("train_accumulation_cadence"),
             gate: gate_train,
-            run: train_fp16_skip_agreed,
+            run: train_accumulation_cadence::<M>,
         },
         Scenario {
-            name: "train_bf16_equivalence",
+            name: name("train_equivalence"),
             gate: gate_train,
-            run: train_bf16_equivalence,
+            run: train_equivalence::<M>,
         },
         Scenario {
-            name: "train_clip_norm_agreed",
+            name: name("train_fp16_skip_agreed"),
             gate: gate_train,
-            run: train_clip_norm_agreed,
+            run: train_fp16_skip_agreed::<M>,
+        },
+        Scenario {
+            name: name("train_bf16_equivalence"),
+            gate: gate_train,
+            run: train_bf16_equivalence::<M>,
+        },
+        Scenario {
+            name: name("train_clip_norm_agreed"),
+            gate: gate_train,
+            run: train_clip_norm_agreed::<M>,
         },
     ]
 }
@@ -330,7 +341,7 @@ fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
 /// Random (k, batches, split, sync_each_batch): the decisions equal the
 /// reference on every rank, and gradients are all-reduced exactly when the
 /// decision says so.
-fn train_accumulation_cadence(ctx: &Ctx) -> Outcome {
+fn train_accumulation_cadence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     let strat = (1usize..6, 1usize..10, any::<bool>(), any::<bool>());
     property(
@@ -347,7 +358,7 @@ fn train_accumulation_cadence(ctx: &Ctx) -> Outcome {
                     ..TrainConfig::default()
                 },
             )?;
-            let mut model = acc.prepare_model(Mlp::new(2, 1)).map_err(err)?;
+            let mut model = acc.prepare_model(M::build(2, 1)).map_err(err)?;
             let mut got = Vec::new();
             for i in 0..batches {
                 let d = acc.accumulate_step(i + 1 == batches);
@@ -376,7 +387,7 @@ fn train_accumulation_cadence(ctx: &Ctx) -> Outcome {
 
 /// W ranks × k accumulation steps of the demo model give the parameters of
 /// one process stepping on the global batch, within f32 tolerance.
-fn train_equivalence(ctx: &Ctx) -> Outcome {
+fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     let (bs, steps, hidden) = (3, 3, 6);
     for k in [1, 2, 3] {
@@ -393,19 +404,22 @@ fn train_equivalence(ctx: &Ctx) -> Outcome {
                     ..TrainConfig::default()
                 },
             )?;
-            let mut model = acc.prepare_model(Mlp::new(hidden, 3)).map_err(err)?;
+            let mut model = acc.prepare_model(M::build(hidden, 3)).map_err(err)?;
             let mut opt = acc
                 .prepare_optimizer(Sgd::new(0.2).with_momentum(0.5))
                 .map_err(err)?;
             let mut loader = acc.prepare_loader(DataLoader::new(data, bs)).map_err(err)?;
             while let Some(b) = loader.next_batch() {
                 acc.accumulate(&b);
-                acc.backward(&mut model, |m, s| m.loss_and_grad(&b.items, s))
-                    .map_err(err)?;
+                acc.backward(&mut model, |m, s| {
+                    m.loss_and_grad_gated(&b.items, s, MixedPrecision::No, &mut NoGate)
+                })
+                .map_err(err)?
+                .map_err(err)?;
                 opt.step(&mut model).map_err(err)?;
                 opt.zero_grad(&mut model);
             }
-            Ok(model.flat_values())
+            Ok(fixture_values(&*model))
         };
         let got = match run() {
             Ok(v) => v,
@@ -615,7 +629,11 @@ fn resume_in(
 /// fp16: the last rank's gradients overflow at one step *after* the
 /// gradient all-reduce, so only its own check sees it; every rank must skip
 /// that step, back off the same scale and keep identical parameters.
-fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
+///
+/// The forward pass computes in f32 (a model's f16 compute copies would
+/// overflow by themselves at the scaler's initial scale, and the scenario
+/// plants the only overflow).
+fn train_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let run = || -> Result<Option<String>, String> {
         let n = ctx.world_size();
         let acc = acc(
@@ -629,7 +647,7 @@ fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
             len: n * 2 * 5,
             seed: 13,
         };
-        let mut model = acc.prepare_model(Mlp::new(4, 3)).map_err(err)?;
+        let mut model = acc.prepare_model(M::build(4, 3)).map_err(err)?;
         let mut opt = acc.prepare_optimizer(Sgd::new(0.1)).map_err(err)?;
         let mut loader = acc.prepare_loader(DataLoader::new(data, 2)).map_err(err)?;
         let (bad_rank, bad_step) = (n - 1, 2);
@@ -637,12 +655,21 @@ fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
         let mut skips = Vec::new();
         while let Some(b) = loader.next_batch() {
             acc.accumulate(&b);
-            acc.backward(&mut model, |m, s| m.loss_and_grad(&b.items, s))
-                .map_err(err)?;
+            acc.backward(&mut model, |m, s| {
+                m.loss_and_grad_gated(&b.items, s, MixedPrecision::No, &mut NoGate)
+            })
+            .map_err(err)?
+            .map_err(err)?;
             if acc.rank() == bad_rank && step == bad_step {
-                model.grads[0][0] = f32::INFINITY;
+                try_visit_params_mut(&mut *model, |i, mut p| {
+                    if i == 0 {
+                        p.f32_mut()?.1[0] = f32::INFINITY;
+                    }
+                    Ok(())
+                })
+                .map_err(err)?;
             }
-            let before = model.flat_values();
+            let before = fixture_values(&*model);
             let stepped = opt.step(&mut model).map_err(err)?;
             opt.zero_grad(&mut model);
             let skipped = acc.optimizer_step_was_skipped();
@@ -651,7 +678,7 @@ fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
                     "step {step}: stepped {stepped} and skipped {skipped}"
                 ));
             }
-            if skipped && model.flat_values() != before {
+            if skipped && fixture_values(&*model) != before {
                 return Err(format!("step {step} was skipped but the parameters moved"));
             }
             skips.push(skipped);
@@ -668,7 +695,7 @@ fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
         if scales.iter().any(|s| *s != 32768.0) {
             return Err(format!("loss scales after one overflow: {scales:?}"));
         }
-        let p = model.flat_values();
+        let p = fixture_values(&*model);
         let all = acc.gather(&p).map_err(err)?;
         if all.chunks(p.len()).any(|c| c != p.as_slice()) {
             return Err("the ranks' parameters differ after the skipped step".into());
@@ -685,7 +712,7 @@ fn train_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
 /// gradient communication (averaged in f32) give the parameters of one f32
 /// process on the global batch within the stated tolerance
 /// `|a - b| <= 1e-2 * (1 + |b|)` (bf16 keeps 8 significant bits).
-fn train_bf16_equivalence(ctx: &Ctx) -> Outcome {
+fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     let (bs, steps, hidden) = (3, 3, 6);
     for k in [1, 2] {
@@ -704,17 +731,20 @@ fn train_bf16_equivalence(ctx: &Ctx) -> Outcome {
                     ..TrainConfig::default()
                 },
             )?;
-            let mut model = acc.prepare_model(Mlp::new(hidden, 3)).map_err(err)?;
+            let mut model = acc.prepare_model(M::build(hidden, 3)).map_err(err)?;
             let mut opt = acc.prepare_optimizer(Sgd::new(0.2)).map_err(err)?;
             let mut loader = acc.prepare_loader(DataLoader::new(data, bs)).map_err(err)?;
             while let Some(b) = loader.next_batch() {
                 acc.accumulate(&b);
-                acc.backward(&mut model, |m, s| m.loss_and_grad(&b.items, s))
-                    .map_err(err)?;
+                acc.backward(&mut model, |m, s| {
+                    m.loss_and_grad_gated(&b.items, s, MixedPrecision::Bf16, &mut NoGate)
+                })
+                .map_err(err)?
+                .map_err(err)?;
                 opt.step(&mut model).map_err(err)?;
                 opt.zero_grad(&mut model);
             }
-            Ok(model.flat_values())
+            Ok(fixture_values(&*model))
         };
         let got = match run() {
             Ok(v) => v,
@@ -747,25 +777,30 @@ fn train_bf16_equivalence(ctx: &Ctx) -> Outcome {
 /// Clipping on synchronised gradients: every rank gets the same total norm
 /// (bit for bit), equal to the norm of the averaged gradients, and after
 /// clipping the norm is the limit.
-fn train_clip_norm_agreed(ctx: &Ctx) -> Outcome {
+fn train_clip_norm_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let run = || -> Result<(), String> {
         let n = ctx.world_size();
         let acc = acc(ctx, TrainConfig::default())?;
-        let mut model = acc.prepare_model(Mlp::new(3, 5)).map_err(err)?;
+        let mut model = acc.prepare_model(M::build(3, 5)).map_err(err)?;
         let grad_of = |rank: usize, t: usize, i: usize| -> f32 {
             ((rank * 31 + t * 7 + i * 3) % 11) as f32 - 5.0 + 0.25 * rank as f32
         };
         let rank = acc.rank();
-        for (t, g) in model.grads.iter_mut().enumerate() {
+        let mut lens = Vec::new();
+        try_visit_params_mut(&mut *model, |t, mut p| {
+            let g = p.f32_mut()?.1;
             for (i, x) in g.iter_mut().enumerate() {
                 *x = grad_of(rank, t, i);
             }
-        }
+            lens.push(g.len());
+            Ok(())
+        })
+        .map_err(err)?;
         acc.accumulate_step(false);
         acc.backward(&mut model, |_, _| ()).map_err(err)?;
         let mut want = 0.0f64;
-        for (t, g) in model.grads.iter().enumerate() {
-            for i in 0..g.len() {
+        for (t, len) in lens.iter().enumerate() {
+            for i in 0..*len {
                 let avg = (0..n).map(|r| f64::from(grad_of(r, t, i))).sum::<f64>() / n as f64;
                 want += avg * avg;
             }
@@ -781,13 +816,14 @@ fn train_clip_norm_agreed(ctx: &Ctx) -> Outcome {
                 "norm {norm}, the averaged gradients' norm is {want}"
             ));
         }
-        let after = model
-            .grads
-            .iter()
-            .flatten()
-            .map(|g| f64::from(*g).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        let mut after = 0.0f64;
+        model.visit_params(&mut |p| {
+            let g = p
+                .grad_f32()
+                .expect("scenario models hold f32 host gradients");
+            after += g.iter().map(|g| f64::from(*g).powi(2)).sum::<f64>();
+        });
+        let after = after.sqrt();
         if (after - 1.0).abs() > 1e-4 {
             return Err(format!("after clipping to 1 the norm is {after}"));
         }

@@ -6,31 +6,34 @@
 //! gate no gradients. Named `zero_*` so that
 //! `--filter zero` runs them.
 
-use accel::train::{try_visit_params_mut, Parameters};
+use accel::train::{try_visit_params_mut, MixedPrecision, Parameters};
 use accel::train::{Dataset, GradScaler, GradScalerConfig, Optimizer, Sgd};
-use accel::zero::{ShardedSgd, Stage, StepOptions, UnitGate, WrapPolicy, ZeroOptimizer};
+use accel::zero::{NoGate, ShardedSgd, Stage, StepOptions, UnitGate, WrapPolicy, ZeroOptimizer};
 use accel_api::{BufMut, CommunicatorExt, Op};
 
-use crate::fixtures::{Mlp, Synthetic};
+use crate::fixtures::{grad_numel, resident_numel, zero_grads, Mlp, ScenarioModel, Synthetic};
 use crate::{Ctx, Outcome, Scenario};
 
-/// The sharding scenarios, appended to the matrix.
-pub(crate) fn zero_scenarios() -> Vec<Scenario> {
+/// The sharding scenarios for model type `M`, appended to the matrix for
+/// the fixture (names as [`model_train_scenarios`](crate::train_scenarios::model_train_scenarios)').
+pub(crate) fn zero_scenarios<M: ScenarioModel>(
+    name: impl Fn(&'static str) -> &'static str,
+) -> Vec<Scenario> {
     vec![
         Scenario {
-            name: "zero_equivalence",
+            name: name("zero_equivalence"),
             gate: gate_zero,
-            run: zero_equivalence,
+            run: zero_equivalence::<M>,
         },
         Scenario {
-            name: "zero_clipping",
+            name: name("zero_clipping"),
             gate: gate_zero,
-            run: zero_clipping,
+            run: zero_clipping::<M>,
         },
         Scenario {
-            name: "zero_fp16_skip_agreed",
+            name: name("zero_fp16_skip_agreed"),
             gate: gate_zero,
-            run: zero_fp16_skip_agreed,
+            run: zero_fp16_skip_agreed::<M>,
         },
     ]
 }
@@ -52,7 +55,7 @@ const STEPS: usize = 3;
 /// module by module through the optimizer's gate (`gated`) or in one pass
 /// (stages 0-2 only); returns the parameters and the norms `step_clipped`
 /// reported.
-fn sharded_run(
+fn sharded_run<M: ScenarioModel>(
     ctx: &Ctx,
     stage: Stage,
     policy: &WrapPolicy,
@@ -64,7 +67,7 @@ fn sharded_run(
         len: n * k * BS * STEPS,
         seed: 7,
     };
-    let mut model = Mlp::new(HIDDEN, 3);
+    let mut model = M::build(HIDDEN, 3);
     let opt = ShardedSgd::new(0.2).with_momentum(0.5);
     let mut zero = ZeroOptimizer::new(ctx.comm.clone(), &model, stage, policy, opt)
         .map_err(|e| e.to_string())?;
@@ -74,13 +77,10 @@ fn sharded_run(
         for j in 0..k {
             let start = s * global + (j * n + rank) * BS;
             let batch: Vec<_> = (start..start + BS).map(|i| data.get(i)).collect();
-            if gated {
-                model
-                    .loss_and_grad_units(&batch, 1.0 / k as f32, &mut zero)
-                    .map_err(|e| e.to_string())?;
-            } else {
-                model.loss_and_grad(&batch, 1.0 / k as f32);
-            }
+            let gate: &mut dyn UnitGate = if gated { &mut zero } else { &mut NoGate };
+            model
+                .loss_and_grad_gated(&batch, 1.0 / k as f32, MixedPrecision::No, gate)
+                .map_err(|e| e.to_string())?;
         }
         match clip {
             Some(max) => norms.push(
@@ -89,14 +89,14 @@ fn sharded_run(
             ),
             None => zero.step(&mut model).map_err(|e| e.to_string())?,
         }
-        model.grads.iter_mut().for_each(|g| g.fill(0.0));
-        if stage == Stage::Full && model.resident_numel() != 0 {
+        zero_grads(&mut model).map_err(|e| e.to_string())?;
+        if stage == Stage::Full && resident_numel(&model) != 0 {
             return Err(format!(
                 "stage 3: the model still holds {} parameter and gradient elements after step {s}",
-                model.resident_numel()
+                resident_numel(&model)
             ));
         }
-        let grads: usize = model.grads.iter().map(Vec::len).sum();
+        let grads = grad_numel(&model);
         if stage == Stage::Gradients && gated && grads != 0 {
             return Err(format!(
                 "stage 2: the model still holds {grads} gradient elements after step {s}"
@@ -104,8 +104,24 @@ fn sharded_run(
         }
     }
     let full = zero.full_parameters(&model).map_err(|e| e.to_string())?;
-    let values = full.params.into_iter().flat_map(|(_, v)| v).collect();
-    Ok((values, norms, zero.state_numel(), zero.prefetched_gathers()))
+    Ok((
+        in_fixture_order(full.params),
+        norms,
+        zero.state_numel(),
+        zero.prefetched_gathers(),
+    ))
+}
+
+/// Named values flattened in the fixture's order.
+fn in_fixture_order(mut params: Vec<(String, Vec<f32>)>) -> Vec<f32> {
+    let at = |n: &str| {
+        crate::fixtures::NAMES
+            .iter()
+            .position(|x| *x == n)
+            .unwrap_or(usize::MAX)
+    };
+    params.sort_by_key(|(n, _)| at(n));
+    params.into_iter().flat_map(|(_, v)| v).collect()
 }
 
 /// One process on the global batches, clipping as torch's
@@ -156,7 +172,7 @@ fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
     Ok(())
 }
 
-fn zero_equivalence(ctx: &Ctx) -> Outcome {
+fn zero_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     for stage in STAGES {
         for policy in [WrapPolicy::Depth(1), WrapPolicy::Whole] {
@@ -170,7 +186,7 @@ fn zero_equivalence(ctx: &Ctx) -> Outcome {
                     "in one pass"
                 };
                 let what = format!("stage {stage}, {policy:?}, {k} micro-steps {how}");
-                let r = sharded_run(ctx, stage, &policy, (k, gated), None).and_then(
+                let r = sharded_run::<M>(ctx, stage, &policy, (k, gated), None).and_then(
                     |(got, _, state, prefetched)| {
                         let (want, _) = reference(n, k, None)?;
                         close(&what, &got, &want)?;
@@ -212,12 +228,12 @@ fn zero_equivalence(ctx: &Ctx) -> Outcome {
     Outcome::Pass
 }
 
-fn zero_clipping(ctx: &Ctx) -> Outcome {
+fn zero_clipping<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     // Small enough that every step clips.
     let max = 0.05;
     for stage in STAGES {
-        let r = sharded_run(ctx, stage, &WrapPolicy::Depth(1), (2, true), Some(max)).and_then(
+        let r = sharded_run::<M>(ctx, stage, &WrapPolicy::Depth(1), (2, true), Some(max)).and_then(
             |(got, norms, _, _)| {
                 let (want, want_norms) = reference(n, 2, Some(max))?;
                 close(&format!("stage {stage}: norms"), &norms, &want_norms)?;
@@ -276,7 +292,7 @@ impl<G: UnitGate> UnitGate for OverflowGate<'_, G> {
     }
 }
 
-fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
+fn zero_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let (n, rank) = (ctx.world_size(), ctx.comm.rank());
     let data = Synthetic {
         len: n * BS * STEPS,
@@ -302,7 +318,7 @@ fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
     };
     for stage in STAGES {
         let r = (|| -> Result<(), String> {
-            let mut model = Mlp::new(HIDDEN, 3);
+            let mut model = M::build(HIDDEN, 3);
             let opt = ShardedSgd::new(0.2).with_momentum(0.5);
             let mut zero =
                 ZeroOptimizer::new(ctx.comm.clone(), &model, stage, &WrapPolicy::Depth(1), opt)
@@ -320,7 +336,7 @@ fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
                     armed: s == OVERFLOW_STEP && rank + 1 == n,
                 };
                 model
-                    .loss_and_grad_units(&batch, scaler.scale, &mut gate)
+                    .loss_and_grad_gated(&batch, scaler.scale, MixedPrecision::No, &mut gate)
                     .map_err(|e| e.to_string())?;
                 let opts = StepOptions {
                     max_norm: None,
@@ -330,7 +346,7 @@ fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
                     .step_with(&mut model, opts)
                     .map_err(|e| e.to_string())?;
                 skipped.push(report.skipped);
-                model.grads.iter_mut().for_each(|g| g.fill(0.0));
+                zero_grads(&mut model).map_err(|e| e.to_string())?;
             }
             let expect: Vec<bool> = (0..STEPS).map(|s| s == OVERFLOW_STEP).collect();
             if skipped != expect {
@@ -347,7 +363,7 @@ fn zero_fp16_skip_agreed(ctx: &Ctx) -> Outcome {
                 ));
             }
             let full = zero.full_parameters(&model).map_err(|e| e.to_string())?;
-            let got: Vec<f32> = full.params.into_iter().flat_map(|(_, v)| v).collect();
+            let got = in_fixture_order(full.params);
             close(&format!("stage {stage}: parameters"), &got, &want)
         })();
         if let Err(m) = r {

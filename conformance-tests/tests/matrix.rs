@@ -6,71 +6,21 @@
 
 use std::path::{Path, PathBuf};
 
-use accel_conformance::harness::{build_cdylibs, run_world, Launcher, Matrix, RunSpec};
+use accel_conformance::harness::{cpu_columns, Matrix, RunSpec};
 
 fn worker() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_accel-conformance-worker"))
 }
 
-fn plugin(packages: &[&str], stem: &str) -> PathBuf {
+#[test]
+fn conformance_matrix() {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");
     let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("target dir");
-    let found = build_cdylibs(workspace, target, packages).unwrap_or_else(|e| panic!("{e}"));
-    found
-        .into_iter()
-        .find(|p| {
-            p.file_name()
-                .and_then(|f| f.to_str())
-                .is_some_and(|f| f.contains(stem))
-        })
-        .unwrap_or_else(|| panic!("no {stem} plugin was built"))
-}
-
-/// `mpirun --version` runs (Open MPI or MPICH installed).
-fn mpirun_available() -> bool {
-    let ok = std::process::Command::new("mpirun")
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    // Missing columns are not passes: where the project's set-up ran, fail.
-    assert!(
-        ok || std::env::var_os("CI").is_none(),
-        "mpirun not found, but CI runs `make setup`, which installs Open MPI"
-    );
-    ok
-}
-
-#[test]
-fn conformance_matrix() {
-    let mut specs = vec![RunSpec::new("single", 1, worker())];
-    let vendor = plugin(&["accel-vendor-plugin"], "accel_vendor_plugin");
-    specs.push(RunSpec::new("vendor-single", 1, worker()).with_plugin(Some(vendor)));
-    if cfg!(feature = "cpu-gloo") {
-        let gloo_plugin = plugin(&["accel-cpu-gloo-plugin"], "accel_cpu_gloo_plugin");
-        for n in 1..=4 {
-            specs.push(RunSpec::new("cpu-gloo", n, worker()));
-        }
-        for n in 1..=4 {
-            specs.push(
-                RunSpec::new("cpu-gloo-plugin", n, worker()).with_plugin(Some(gloo_plugin.clone())),
-            );
-        }
-    }
-    if cfg!(feature = "mpi") {
-        if mpirun_available() {
-            for n in 1..=4 {
-                specs.push(RunSpec::new("mpi", n, worker()).with_launcher(Launcher::Mpirun));
-            }
-        } else {
-            eprintln!("mpi columns skipped: mpirun not found (make setup installs Open MPI)");
-        }
-    }
+    let mut specs = cpu_columns(&worker(), workspace, target).unwrap_or_else(|e| panic!("{e}"));
     // Device backends compiled in: probed here as the worker would; a
     // column runs only where the hardware is, otherwise it is listed as not
     // run with the probe's reason (never counted as a pass).
@@ -91,20 +41,7 @@ fn conformance_matrix() {
             }
         }
     }
-    let mut matrix = Matrix::default();
-    for spec in &specs {
-        let w = run_world(spec);
-        eprintln!(
-            "{}: {} ms{}",
-            w.label,
-            w.millis,
-            w.error
-                .as_deref()
-                .map(|e| format!(" ERROR {e}"))
-                .unwrap_or_default()
-        );
-        matrix.worlds.push(w);
-    }
+    let matrix = Matrix::run(&specs);
     let text = matrix.render();
     println!("{text}");
     let s = matrix.summary();

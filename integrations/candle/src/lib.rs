@@ -13,6 +13,8 @@
 //! | [`AdamW`] | candle-nn's AdamW, bit for bit, with its moments in checkpoints (exact resume) |
 //! | [`init_uniform`] | seeded initial weights (candle cannot seed its CPU generator) |
 //! | [`compute_var_builder`], [`compute_dtype`] | mixed precision: the layers built on bf16/f16 compute copies of the f32 master `Var`s (differentiable casts: the gradients land on the masters) |
+//! | [`sequential_loss_and_grad`] | ZeRO stages 1-3 ([`accel::zero`]): a chain of modules run module by module through the sharding optimizer's gate; `CandleModel` frees and restores its `Var`s' storage as stage 3 releases and gathers them |
+//! | [`load_checkpoint_and_dispatch`] | big-model inference on accel-offload: a `VarBuilder` over the planned tensors (resident, or served from the checkpoint on disk), each block's storage filled just before it runs, the next one prefetched ([`dispatch`]) |
 //!
 //! Gradient accumulation, `clip_grad_norm` / `clip_grad_value`, the fp16
 //! loss scaler (its scale is in the loss scale the backward closure gets;
@@ -58,12 +60,16 @@
 //! feature forwards to candle's own; CUDA variables are not trained yet.
 
 mod amp;
+pub mod dispatch;
 mod model;
 mod optim;
+pub mod zero;
 
 pub use amp::{compute_dtype, compute_var_builder};
+pub use dispatch::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched};
 pub use model::CandleModel;
 pub use optim::{AdamW, CandleOptimizer, OptimizerState};
+pub use zero::{sequential_loss_and_grad, Link};
 
 use accel_api::{Error, ErrorKind, Result};
 

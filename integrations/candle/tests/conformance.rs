@@ -1,0 +1,210 @@
+//! The conformance suite's model scenarios with a candle model, on every
+//! CPU column of the matrix (single, the vendor plugin, cpu-gloo and its
+//! plugin at 1-4 ranks, mpi at 1-4 ranks under mpirun): accumulation
+//! cadence, W×k equivalence with one process, the fp16 skip agreed by
+//! every rank, bf16 equivalence, clipping, and ZeRO stages 0-3
+//! (equivalence, clipping, the fp16 skip). The oracle is the suite's own:
+//! the fixture MLP with hand-derived gradients on one process, so candle's
+//! autograd is checked against it too.
+//!
+//! This binary is its own conformance worker (no libtest harness): started
+//! by the harness (`ACCEL_CONFORMANCE_OUT` set) it runs one rank of the
+//! candle scenarios; started by `cargo test` it runs the columns, each
+//! world under the harness's hard timeout (300 s), and fails on any
+//! failure (one test, `candle_conformance_matrix`, for libtest's `--list`
+//! and name filters). The suite itself does not depend on candle, so no other
+//! backend's tests compile it.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use accel::train::{MixedPrecision, ParamMut, ParamRef, Parameters};
+use accel::zero::UnitGate;
+use accel_candle::{compute_var_builder, sequential_loss_and_grad, CandleModel, Link};
+use accel_conformance::fixtures::{Mlp, Sample, FEATURES, NAMES};
+use accel_conformance::harness::{cpu_columns, Matrix};
+use accel_conformance::{model_scenarios, worker, ScenarioModel};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{Linear, Module, VarBuilder, VarMap};
+
+/// The fixture MLP in candle: candle-nn `Linear` layers `fc1`
+/// (`FEATURES → hidden`, tanh) and `fc2` (`hidden → 1`) over a `VarMap`,
+/// trained through [`CandleModel`].
+struct CandleMlp {
+    varmap: VarMap,
+    model: CandleModel,
+    hidden: usize,
+}
+
+fn layers(vb: &VarBuilder<'_>, hidden: usize) -> candle_core::Result<(Linear, Linear)> {
+    Ok((
+        candle_nn::linear(FEATURES, hidden, vb.pp("fc1"))?,
+        candle_nn::linear(hidden, 1, vb.pp("fc2"))?,
+    ))
+}
+
+fn candle(e: candle_core::Error) -> accel::Error {
+    accel::Error::new(accel_api::ErrorKind::Backend, format!("candle: {e}"))
+}
+
+impl ScenarioModel for CandleMlp {
+    const PREFIX: &'static str = "candle_";
+
+    fn build(hidden: usize, seed: u64) -> CandleMlp {
+        let mut varmap = VarMap::new();
+        layers(
+            &VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu),
+            hidden,
+        )
+        .expect("candle-nn builds the layers");
+        // The fixture's initial values (fc1.weight is hidden × FEATURES,
+        // row-major: candle-nn's (out, in) layout).
+        let fixture = Mlp::new(hidden, seed);
+        let shapes = [
+            vec![hidden, FEATURES],
+            vec![hidden],
+            vec![1, hidden],
+            vec![1],
+        ];
+        for ((name, values), shape) in NAMES.iter().zip(fixture.values).zip(shapes) {
+            let t = Tensor::from_vec(values, shape, &Device::Cpu).expect("fixture values");
+            varmap.set_one(name, t).expect("the layer's variable");
+        }
+        let model = CandleModel::new(&varmap).expect("a CPU f32 VarMap");
+        CandleMlp {
+            varmap,
+            model,
+            hidden,
+        }
+    }
+
+    /// Through [`sequential_loss_and_grad`]: fc1's forward, release; fc2's
+    /// forward and backward, its gradient reduction; then fc1's backward
+    /// from the gradient its output received (the module order a ZeRO-3
+    /// gate needs, candle's autograd doing each module's backward). The
+    /// layers on compute copies in bf16 or f16 under mixed precision; the
+    /// masters and their gradients stay f32.
+    fn loss_and_grad_gated(
+        &mut self,
+        batch: &[Sample],
+        scale: f32,
+        precision: MixedPrecision,
+        gate: &mut dyn UnitGate,
+    ) -> accel::Result<f32> {
+        let dt = match precision {
+            MixedPrecision::Bf16 => DType::BF16,
+            MixedPrecision::Fp16 => DType::F16,
+            MixedPrecision::No => DType::F32,
+        };
+        let n = batch.len();
+        let x: Vec<f32> = batch.iter().flat_map(|s| s.x).collect();
+        let y: Vec<f32> = batch.iter().map(|s| s.y).collect();
+        let x = Tensor::from_vec(x, (n, FEATURES), &Device::Cpu).map_err(candle)?;
+        let y = Tensor::from_vec(y, (n, 1), &Device::Cpu).map_err(candle)?;
+        let vb = compute_var_builder(&self.varmap, dt);
+        let hidden = self.hidden;
+        let fc1 = |x: &Tensor| {
+            let layer = candle_nn::linear(FEATURES, hidden, vb.pp("fc1"))?;
+            layer
+                .forward(&x.to_dtype(dt)?)?
+                .tanh()?
+                .to_dtype(DType::F32)
+        };
+        let fc2 = |h: &Tensor| {
+            let layer = candle_nn::linear(hidden, 1, vb.pp("fc2"))?;
+            layer.forward(&h.to_dtype(dt)?)?.to_dtype(DType::F32)
+        };
+        let mse = |p: &Tensor| (p - &y)?.sqr()?.mean_all();
+        let links = [
+            Link {
+                module: "fc1",
+                forward: &fc1,
+            },
+            Link {
+                module: "fc2",
+                forward: &fc2,
+            },
+        ];
+        sequential_loss_and_grad(&mut self.model, gate, &x, &links, &mse, scale)
+    }
+}
+
+impl Parameters for CandleMlp {
+    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        self.model.visit_params(f)
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        self.model.visit_params_mut(f)
+    }
+    fn num_params(&self) -> usize {
+        self.model.num_params()
+    }
+    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.model.param_shape(name)
+    }
+    /// The forward pass computes in the mixed precision's type.
+    fn uses_mixed_precision(&self) -> bool {
+        true
+    }
+    fn set_param_storage(&mut self, name: &str, numel: usize) -> accel::Result<()> {
+        self.model.set_param_storage(name, numel)
+    }
+    fn release_grad(&mut self, name: &str) -> accel::Result<()> {
+        self.model.release_grad(name)
+    }
+}
+
+/// The one test's name, for libtest's arguments: `--list` lists it, and a
+/// filter that is not part of it skips it (`cargo test -p accel-candle
+/// zero` runs every test binary with the filter `zero`).
+const NAME: &str = "candle_conformance_matrix";
+
+fn main() -> ExitCode {
+    let scenarios = model_scenarios::<CandleMlp>();
+    if std::env::var_os(worker::OUT_ENV).is_some() {
+        return worker::main_with(&scenarios);
+    }
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("{NAME}: test");
+        return ExitCode::SUCCESS;
+    }
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if !filters.is_empty() && !filters.iter().any(|f| NAME.contains(f.as_str())) {
+        println!("{NAME}: filtered out");
+        return ExitCode::SUCCESS;
+    }
+    let me = std::env::current_exe().expect("the test binary's path");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root");
+    let target: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target dir")
+        .to_path_buf();
+    let specs = cpu_columns(&me, &workspace, &target).unwrap_or_else(|e| panic!("{e}"));
+    let matrix = Matrix::run(&specs);
+    let text = matrix.render();
+    println!("{text}");
+    let s = matrix.summary();
+    let names = scenarios.len();
+    let ok = s.failed == 0 && s.passed > 0;
+    // Every column ran every candle scenario (a world that did not run
+    // would count nothing, neither pass nor failure).
+    let complete = matrix.worlds.iter().all(|w| w.results.len() == names);
+    if !ok || !complete {
+        eprintln!(
+            "candle conformance: {} failed, {} passed; every column ran all {names} scenarios: {complete}",
+            s.failed, s.passed
+        );
+        return ExitCode::FAILURE;
+    }
+    println!(
+        "candle conformance: {} passed, {} skipped over {} columns",
+        s.passed,
+        s.skipped,
+        specs.len()
+    );
+    ExitCode::SUCCESS
+}
