@@ -13,8 +13,8 @@ use accel_api::{
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
 use crate::ffi::{self, Call, DTypeCode, OpCode};
+use crate::name::NAME;
 use crate::rendezvous::StoreAdapter;
-use crate::NAME;
 
 /// Element types Gloo reduces (it has no bfloat16).
 pub(crate) const REDUCE_DTYPES: [DType; 7] = [

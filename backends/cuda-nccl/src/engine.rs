@@ -23,7 +23,7 @@ use cudarc::driver::CudaContext;
 
 use crate::error::NcclFailure;
 use crate::ffi::{Call, Comm, DeviceMem, NcclOp, NcclType, OwnedStream, Progress, Stream};
-use crate::NAME;
+use crate::name::NAME;
 
 /// The communicator of the `cuda-nccl` backend.
 pub type NcclCommunicator = Group<NcclEngine>;

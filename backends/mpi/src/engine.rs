@@ -12,10 +12,11 @@ use accel_api::{
     ErrorKind, Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
 };
 
+use crate::error::timeout_error;
 use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
+use crate::name::NAME;
 use crate::progress::{self, Progress};
 use crate::watchdog::{self, Watch};
-use crate::NAME;
 
 /// What every mpi communicator declares: every operation, element type and
 /// reduction on host memory. f16 and bf16 reductions are computed in f32
@@ -189,34 +190,6 @@ pub(crate) enum Waited<'a> {
     /// The check of [`poll_checked`] said to stop; the request is still
     /// pending.
     Stopped(Request<'a>, Error),
-}
-
-/// The `Timeout` error of `op` on rank `rank` of a group of `world`: the
-/// text both paths report (returned, or printed by the watchdog).
-/// `culprits`: the ranks that hold it up and why, when the progress
-/// records tell (see [`progress`]).
-pub(crate) fn timeout_error(
-    op: &str,
-    timeout: Duration,
-    world: usize,
-    rank: usize,
-    culprits: &[(usize, String)],
-) -> Error {
-    let who = if culprits.is_empty() {
-        format!("at least one of the {world} ranks of this group has not entered it (or is stuck)")
-    } else {
-        culprits
-            .iter()
-            .map(|(r, why)| format!("rank {r} {why}"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    Error::timeout(op, timeout, format!("{op} did not complete: {who}"))
-        .with_backend(NAME)
-        .with_rank(rank)
-        .with_fix(
-            "check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT",
-        )
 }
 
 /// The `Timeout` error of `op`, and what happens to a request MPI cannot

@@ -137,6 +137,7 @@ mod error;
 // Every raw MPI call lives here, behind handle newtypes.
 #[allow(unsafe_code)]
 mod ffi;
+mod name;
 pub mod probe;
 mod progress;
 mod watchdog;
@@ -149,12 +150,10 @@ use accel_api::{
 };
 
 pub use engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
+pub use name::NAME;
 pub use probe::engine_version;
 
 use engine::{poll, timed_out, Shared, Waited};
-
-/// The registered name.
-pub const NAME: &str = "mpi";
 
 /// The `mpi` backend.
 pub const BACKEND: StaticBackend =

@@ -26,8 +26,9 @@ use accel_api::Op;
 
 use accel_api::worker::{error_file_from_env, ErrorRecord};
 
+use crate::ffi;
+use crate::name::NAME;
 use crate::progress::{self, Progress};
-use crate::{ffi, NAME};
 
 /// The watch of one communicator.
 #[derive(Debug)]
@@ -202,7 +203,7 @@ impl Watch {
             return;
         }
         let err =
-            crate::engine::timeout_error(op.name(), self.timeout, self.size, self.rank, &culprits);
+            crate::error::timeout_error(op.name(), self.timeout, self.size, self.rank, &culprits);
         let message = format!(
             "{err}\n[{NAME} rank {r}] {op} has been blocked in MPI for {elapsed:.2?} on this rank; \
              MPI cannot cancel a collective, so the watchdog is aborting the MPI job \

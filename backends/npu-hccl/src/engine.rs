@@ -20,7 +20,7 @@ use accel_api::{
 
 use crate::error::{HcclError, HCCL_E_TIMEOUT};
 use crate::ffi::{self, dtype, Call, Comm, DevMem, DevPtr, NpuBuffer, Runtime, Stream};
-use crate::NAME;
+use crate::name::NAME;
 
 /// The communicator of the `npu-hccl` backend.
 pub type NpuCommunicator = Group<NpuEngine>;
