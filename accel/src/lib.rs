@@ -44,6 +44,7 @@ pub mod env_check;
 mod lifeline;
 mod no_store;
 mod panic_hook;
+mod rank_output;
 mod registry;
 mod scalar;
 pub mod stall;
