@@ -41,6 +41,8 @@ mod accelerator;
 mod collectives;
 mod debug;
 pub mod env_check;
+#[cfg(test)]
+mod layering;
 mod lifeline;
 mod no_store;
 mod panic_hook;
