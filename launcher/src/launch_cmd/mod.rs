@@ -116,7 +116,6 @@ pub mod mpi;
 pub mod options;
 pub mod process_model;
 
-use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -126,12 +125,11 @@ use std::time::Duration;
 
 use accel::worker_env::WorkerEnv;
 use accel_api::{Error, ErrorKind, Result, Store};
-use accel_launch::output::{print_stdout, say};
+use accel_launch::output::say;
 use accel_launch::report::{self, Exit, Failure, Status};
 use accel_launch::supervise::{Event, LocalOutcome, Settled, LAST_SIGNAL};
 use accel_launch::{
-    program, store, Attempt, Coordinator, HostedStore, LocalGroup, ProcessGroup, Supervision,
-    ThreadsGroup,
+    store, Attempt, Coordinator, HostedStore, LocalGroup, ProcessGroup, ThreadsGroup,
 };
 use accel_rendezvous::{TcpStore, TcpStoreServer};
 
