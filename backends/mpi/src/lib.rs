@@ -80,9 +80,10 @@
 //!   than the non-blocking ones (`coll/libnbc`), and zero-copy. Each
 //!   communicator has a watchdog; when a call outlives the timeout, it
 //!   prints the same `Timeout` text with how long the call has been
-//!   blocked, writes it to `ACCEL_ERROR_FILE` (which `accel launch` shows
-//!   in its root-cause block), and ends the job with `MPI_Abort` (exit
-//!   code 124; mpirun then names the rank). It cannot return: the calling
+//!   blocked, writes it to
+//!   [`ACCEL_ERROR_FILE`](accel_api::worker::keys::ACCEL_ERROR_FILE) (which
+//!   `accel launch` shows in its root-cause block), and ends the job with
+//!   `MPI_Abort` (exit code 124; mpirun then names the rank). It cannot return: the calling
 //!   thread is inside MPI, and MPI cannot cancel the call.
 //!
 //! The blocking path needs `MPI_THREAD_MULTIPLE` (a blocking call holds no

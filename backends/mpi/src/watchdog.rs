@@ -7,7 +7,8 @@
 //! looks at every live watch a few times per timeout. A call that has been
 //! running for longer than its communicator's timeout is reported (the same
 //! `Timeout` text the non-blocking path returns, plus how long the call has
-//! been blocked) on stderr and in the error file (`ACCEL_ERROR_FILE`, read
+//! been blocked) on stderr and in the error file
+//! ([`ACCEL_ERROR_FILE`](accel_api::worker::keys::ACCEL_ERROR_FILE), read
 //! by `accel launch`'s root-cause block), and the MPI job is ended with
 //! `MPI_Abort` (exit code 124): MPI cannot cancel a collective, and the
 //! calling thread is inside it.
