@@ -49,5 +49,9 @@ fn the_runtime_names_the_training_stack_only_for_its_two_settings() {
             }
         }
     }
-    assert!(checked > 10, "found only {checked} runtime files in {}", src.display());
+    assert!(
+        checked > 10,
+        "found only {checked} runtime files in {}",
+        src.display()
+    );
 }
