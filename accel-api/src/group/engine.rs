@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use crate::{
-    Buf, BufMut, Capabilities, ConnectContext, Device, DeviceBufMut, Error, HostBuf, HostBufMut,
-    Op, ReduceOp, Result,
+    Buf, BufMut, Capabilities, ConnectContext, DType, Device, DeviceBufMut, Error, HostBuf,
+    HostBufMut, Op, ReduceOp, Result,
 };
 
 /// The calls into one collective engine (Gloo, MPI, NCCL, PJRT, HCCL, a
@@ -174,6 +174,33 @@ pub fn host(op: Op, b: Buf<'_>) -> Result<HostBuf<'_>> {
 /// [`ErrorKind::Internal`] for a device view.
 pub fn host_mut(op: Op, b: BufMut<'_>) -> Result<HostBufMut<'_>> {
     b.into_host().ok_or_else(|| not_host(op))
+}
+
+/// The error of a receive whose message does not fit the buffer, for
+/// engines that carry a type header on point-to-point messages: rank `src`
+/// sent `nbytes` bytes of `sent` elements (`None`: a type the header does
+/// not name) with `tag`; the receive buffer holds `len` elements of
+/// `dtype`. [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument):
+/// the engine drops the message, so the group stays in step.
+pub fn message_does_not_fit(
+    op: Op,
+    src: usize,
+    tag: u32,
+    sent: Option<DType>,
+    nbytes: usize,
+    dtype: DType,
+    len: usize,
+) -> Error {
+    let what = match sent {
+        Some(d) => format!("{} {d} elements", nbytes / d.size()),
+        None => format!("{nbytes} bytes of an unknown element type"),
+    };
+    Error::invalid_argument(
+        op.name(),
+        format!(
+            "rank {src} sent {what} with tag {tag}, the receive buffer holds {len} {dtype} elements (the message was dropped)"
+        ),
+    )
 }
 
 fn not_host(op: Op) -> Error {

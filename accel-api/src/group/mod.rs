@@ -42,7 +42,7 @@ mod split;
 #[cfg(test)]
 mod tests;
 
-pub use engine::{host, host_mut, Engine, EngineInfo};
+pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
 pub use split::SplitPlan;
 
 use std::collections::{HashMap, VecDeque};

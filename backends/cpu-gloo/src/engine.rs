@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, DType, Engine, EngineInfo, Error, ErrorKind, Group,
-    HostBuf, Op, ReduceOp, Result, SplitPlan, Store,
+    host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Engine, EngineInfo,
+    Error, ErrorKind, Group, HostBuf, Op, ReduceOp, Result, SplitPlan, Store,
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
@@ -82,13 +82,6 @@ pub(crate) struct Params {
 
 fn addr_key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/addr/{rank}")
-}
-
-fn err_at(kind: ErrorKind, rank: usize, op: Op, message: impl Into<String>) -> Error {
-    Error::new(kind, message)
-        .with_op(op.name())
-        .with_backend(NAME)
-        .with_rank(rank)
 }
 
 /// How long a rank that lost a peer waits for that peer's published root
@@ -461,20 +454,11 @@ impl Engine for GlooEngine {
         match mismatch {
             None => Ok(()),
             Some((dtype, nbytes)) => {
-                let what = match dtype {
-                    Some(d) => format!("{} {d} elements", nbytes / d.size()),
-                    None => format!("{nbytes} bytes of an unknown element type"),
-                };
-                Err(err_at(
-                    ErrorKind::InvalidArgument,
-                    self.info.rank,
-                    op,
-                    format!(
-                        "rank {src} sent {what} with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
-                        dst.len(),
-                        dst.dtype()
-                    ),
-                ))
+                Err(
+                    message_does_not_fit(op, src, tag, dtype, nbytes, dst.dtype(), dst.len())
+                        .with_backend(NAME)
+                        .with_rank(self.info.rank),
+                )
             }
         }
     }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    bf16, f16, host, host_mut, Buf, BufMut, Capabilities, DType, Engine, EngineInfo, Error,
-    ErrorKind, Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
+    bf16, f16, host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Engine,
+    EngineInfo, Error, ErrorKind, Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
 };
 
 use crate::error::timeout_error;
@@ -835,20 +835,11 @@ impl Engine for MpiEngine {
                 format!("rank {src}'s header announced {nbytes} bytes, its message holds {got}"),
             ));
         }
-        let what = match dtype {
-            Some(d) => format!("{} {d} elements", nbytes / d.size()),
-            None => format!("{nbytes} bytes of an unknown element type"),
-        };
-        Err(err_at(
-            ErrorKind::InvalidArgument,
-            self.info.rank,
-            op.name(),
-            format!(
-                "rank {src} sent {what} with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
-                dst.len(),
-                dst.dtype()
-            ),
-        ))
+        Err(
+            message_does_not_fit(op, src, tag, dtype, nbytes, dst.dtype(), dst.len())
+                .with_backend(NAME)
+                .with_rank(self.info.rank),
+        )
     }
 
     fn barrier(&self) -> Result<()> {
