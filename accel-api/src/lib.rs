@@ -92,7 +92,10 @@ pub use comm::{validate, Communicator, CommunicatorExt};
 pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
-pub use group::{host, host_mut, message_does_not_fit, Engine, EngineInfo, Group, SplitPlan};
+pub use group::{
+    host, host_mut, message_does_not_fit, Engine, EngineInfo, Group, P2pHeader, SplitPlan,
+    P2P_MAGIC,
+};
 pub use layer::{CallInfo, Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};
 pub use op::ReduceOp;

@@ -32,17 +32,20 @@
 //!   buffers, abort the process or return wrong answers).
 //!
 //! The files: [`Engine`] and [`EngineInfo`] in `engine.rs`, [`SplitPlan`]
-//! in `split.rs`, the group's state and its call machinery (poison, call
+//! in `split.rs`, the point-to-point header engines send ([`P2pHeader`]) in
+//! `p2p.rs`, the group's state and its call machinery (poison, call
 //! check, mailbox) here, and its [`Communicator`] methods in
 //! `communicator.rs`.
 
 mod communicator;
 mod engine;
+mod p2p;
 mod split;
 #[cfg(test)]
 mod tests;
 
 pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
+pub use p2p::{P2pHeader, P2P_MAGIC};
 pub use split::SplitPlan;
 
 use std::collections::{HashMap, VecDeque};

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use accel_api::{
     bf16, f16, host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Engine,
-    EngineInfo, Error, ErrorKind, Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
+    EngineInfo, Error, ErrorKind, Group, HostBuf, Op, P2pHeader, ReduceOp, Result, SplitPlan,
+    P2P_MAGIC,
 };
 
 use crate::error::timeout_error;
@@ -39,28 +40,16 @@ pub const DEFAULT_STAGING_BYTES: usize = 8 * 1024;
 /// receive, the size: the receiver reads the header first and refuses a
 /// payload of another type or size without touching its buffer, as
 /// cpu-gloo does.
-pub(crate) const P2P_HEADER: usize = 16;
-/// The header's magic number ("acc1").
-const P2P_MAGIC: u32 = 0x6163_6331;
-
-fn p2p_header(dtype: DType, nbytes: usize) -> [u8; P2P_HEADER] {
-    let mut h = [0u8; P2P_HEADER];
-    h[..8].copy_from_slice(&(nbytes as u64).to_le_bytes());
-    h[8..12].copy_from_slice(&dtype.code().to_le_bytes());
-    h[12..].copy_from_slice(&P2P_MAGIC.to_le_bytes());
-    h
-}
+pub(crate) const P2P_HEADER: usize = P2pHeader::BYTES;
 
 /// The element type (`None`: a code this build does not know) and byte
 /// count of a header; `None` when it is not one.
 fn p2p_parse(h: &[u8; P2P_HEADER]) -> Option<(Option<DType>, usize)> {
-    let word =
-        |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));
-    if word(12..16) != u64::from(P2P_MAGIC) {
+    let h = P2pHeader::decode(h);
+    if h.tag != P2P_MAGIC {
         return None;
     }
-    let nbytes = usize::try_from(word(0..8)).ok()?;
-    Some((DType::from_code(word(8..12) as u32), nbytes))
+    Some((h.element_type(), h.byte_len()?))
 }
 
 /// Settings shared by a communicator and the groups split from it.
@@ -773,7 +762,7 @@ impl Engine for MpiEngine {
             dst: dst as c_int,
             tag: self.tag(op, tag)?,
         };
-        let hdr = p2p_header(src.dtype(), src.bytes().len());
+        let hdr = P2pHeader::new(src.dtype(), src.len(), P2P_MAGIC).encode();
         let h = self.spec(op, call, DType::U8, P2P_HEADER)?;
         self.movement(h, Some(&hdr), None, P2P_HEADER)?;
         if src.bytes().is_empty() {
