@@ -8,7 +8,8 @@ A file "uses" another when it names an item defined there through a path
 (`use crate::a::B`, `super::B`, `self::b::C`, `b::C` for a child module `b`,
 also inside function bodies). Names re-exported by a `use` are followed to
 the file that defines them, so `pub use plan::ShardPlan;` in a mod.rs does
-not make its children depend on the mod.rs. `mod x;` declarations are not
+not make its children depend on the mod.rs; `crate::m` for a
+`#[macro_export]` macro names the file that defines the macro. `mod x;` declarations are not
 uses. Comments and string literals are ignored.
 
 Prints each cycle (a strongly connected group of files, with one
@@ -139,6 +140,12 @@ class Crate:
                     self.text[path] = strip_code(f.read())
         self.mods = {v: k for k, v in self.files.items()}
         self.imports = {f: self._imports(f) for f in self.text}
+        # `#[macro_export]` macros live at the crate root wherever they are
+        # written: `crate::m!` names the file that defines `m`.
+        self.macro_exports = {}
+        for path, text in self.text.items():
+            for m in re.finditer(r"#\[macro_export\]\s*macro_rules!\s*(" + IDENT + r")", text):
+                self.macro_exports.setdefault(m.group(1), path)
 
     def children(self, mod):
         return {m[-1] for m in self.files if len(m) == len(mod) + 1 and m[:-1] == mod}
@@ -193,6 +200,8 @@ class Crate:
             rest = segs[k:]
             if not rest:
                 return path
+            if not mod and rest[0] in self.macro_exports:
+                return self.macro_exports[rest[0]]
             key = (path, rest[0])
             if key in seen:
                 return path

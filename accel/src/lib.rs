@@ -41,9 +41,12 @@ mod accelerator;
 mod collectives;
 mod debug;
 pub mod env_check;
+#[cfg(test)]
+mod layering;
 mod lifeline;
 mod no_store;
 mod panic_hook;
+mod rank_output;
 mod registry;
 mod scalar;
 pub mod stall;

@@ -48,7 +48,7 @@ pub fn install_panic_hook() {
                     let _ = write_error_file(Path::new(&path), &record);
                 }
             }
-            if !crate::threads::report_rank_thread_panic(info) {
+            if !crate::rank_output::report_rank_thread_panic(info) {
                 previous(info);
             }
         }));

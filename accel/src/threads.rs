@@ -42,12 +42,18 @@
 //! [`Threads`], the macros prefix `[rank N] ` themselves.
 
 use std::fmt;
-use std::io::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{Communicator, Error, ErrorKind, Result, Store};
+
+pub use crate::rank_output::print_rank_line;
+/// The rank tag's format lives in the worker protocol
+/// ([`accel_api::worker`]); re-exported where it always was.
+pub use accel_api::worker::{tag_line, untag_line};
+
+use crate::rank_output::panic_message;
 
 use crate::state::{self, enter_rank_thread, ProcessModel, ProcessState, RankThread};
 use crate::{Accelerator, Registry, WorkerEnv};
@@ -56,90 +62,6 @@ use crate::{Accelerator, Registry, WorkerEnv};
 /// the root-cause failure before the process exits (their communicators are
 /// aborted first).
 pub const FAIL_FAST_GRACE: Duration = Duration::from_secs(3);
-
-/// The first byte of a rank-tagged output line: `\x1e<rank>\x1f<line>`.
-const TAG_START: u8 = 0x1e;
-/// The byte that ends a line's rank tag.
-const TAG_END: u8 = 0x1f;
-
-/// `line` tagged with `rank`, as a rank thread writes it under
-/// `accel launch` (the launcher strips the tag and prefixes `[rank N]`).
-pub fn tag_line(rank: usize, line: &str) -> String {
-    format!("{}{rank}{}{line}", TAG_START as char, TAG_END as char)
-}
-
-/// The rank and the text of a tagged line ([`tag_line`]); `None` for a line
-/// without a well-formed tag.
-pub fn untag_line(line: &[u8]) -> Option<(usize, &[u8])> {
-    let rest = line.strip_prefix(&[TAG_START])?;
-    let end = rest.iter().position(|&b| b == TAG_END)?;
-    let digits = &rest[..end];
-    if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let rank = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    Some((rank, &rest[end + 1..]))
-}
-
-/// Write `args` and a newline to stdout (`stderr`: to stderr) as the
-/// calling rank thread's output: tagged under `accel launch`, prefixed
-/// `[rank N] ` under [`Threads`], as is elsewhere. One write per call, so
-/// lines of different ranks do not interleave. What [`rank_println!`](crate::rank_println)
-/// expands to.
-pub fn print_rank_line(stderr: bool, args: fmt::Arguments<'_>) {
-    let text = args.to_string();
-    let mut out = String::with_capacity(text.len() + 16);
-    match state::current_rank_thread() {
-        Some(rt) => {
-            for line in text.split('\n') {
-                if rt.tagged {
-                    out.push_str(&tag_line(rt.state.rank, line));
-                } else {
-                    out.push_str(&format!("[rank {}] {line}", rt.state.rank));
-                }
-                out.push('\n');
-            }
-        }
-        None => {
-            out.push_str(&text);
-            out.push('\n');
-        }
-    }
-    // A closed stream is the reader's choice; nothing to report.
-    let _ = if stderr {
-        std::io::stderr().lock().write_all(out.as_bytes())
-    } else {
-        std::io::stdout().lock().write_all(out.as_bytes())
-    };
-}
-
-/// The panic hook's part on a tagged rank thread (under `accel launch`):
-/// write the panic's place and message with the rank's tag, so that the
-/// launcher shows them under that rank and in its root cause. `false`
-/// elsewhere, or when `RUST_BACKTRACE` asks for the default hook's report.
-pub(crate) fn report_rank_thread_panic(info: &std::panic::PanicHookInfo<'_>) -> bool {
-    let tagged = state::current_rank_thread().is_some_and(|rt| rt.tagged);
-    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0");
-    if !tagged || backtrace {
-        return false;
-    }
-    let name = std::thread::current()
-        .name()
-        .map(str::to_string)
-        .unwrap_or_else(|| "?".into());
-    let place = info
-        .location()
-        .map(|l| format!(" at {}:{}:{}", l.file(), l.line(), l.column()))
-        .unwrap_or_default();
-    print_rank_line(
-        true,
-        format_args!(
-            "thread '{name}' panicked{place}:\n{}",
-            panic_message(info.payload())
-        ),
-    );
-    true
-}
 
 /// `println!` for code on rank threads: the line carries the rank (see
 /// [`print_rank_line`]); on other threads, a plain `println!`.
@@ -412,13 +334,6 @@ struct Shared {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-string payload".into())
 }
 
 /// Run `f` on one thread per state; see [`Threads::run`] and [`run`].

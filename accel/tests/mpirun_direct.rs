@@ -5,52 +5,29 @@
 //! `MPIRUN_DIRECT_WORKER` is set and nothing otherwise.
 #![cfg(feature = "mpi")]
 
+#[path = "../../test-support/skips.rs"]
+mod skips;
+#[path = "common/two_ranks.rs"]
+mod two_ranks;
+
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[test]
 fn worker() {
-    if std::env::var_os("MPIRUN_DIRECT_WORKER").is_none() {
-        return;
+    if std::env::var_os("MPIRUN_DIRECT_WORKER").is_some() {
+        two_ranks::reduce_and_report();
     }
-    let acc = accel::Accelerator::new().expect("connect under plain mpirun");
-    let mut v = vec![(acc.rank() + 1) as f32; 4];
-    acc.all_reduce(&mut v, accel::ReduceOp::Sum)
-        .expect("all_reduce");
-    println!(
-        "RESULT rank={} world={} backend={} sum={}",
-        acc.rank(),
-        acc.world_size(),
-        acc.backend_name(),
-        v[0]
-    );
 }
 
 #[test]
 fn mpirun_alone_runs_an_accel_program_without_any_accel_variable() {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "mpirun not found under CI"
-        );
-        eprintln!("skipped: mpirun not found");
+    if !skips::mpirun_or_skip() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new("mpirun");
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-    if root {
-        cmd.arg("--allow-run-as-root");
-    }
+    skips::allow_root(&mut cmd);
     cmd.args(["--oversubscribe", "-n", "2"])
         .arg(&exe)
         .args(["--exact", "worker", "--nocapture", "--test-threads=1"])
@@ -66,26 +43,8 @@ fn mpirun_alone_runs_an_accel_program_without_any_accel_variable() {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let end = Instant::now() + Duration::from_secs(90);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > end {
-            let _ = child.kill();
-            panic!("mpirun did not finish within 90 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = two_ranks::finish(cmd.spawn().unwrap(), "mpirun", Duration::from_secs(90));
+    let text = two_ranks::text(&out);
     assert!(out.status.success(), "{text}");
-    for rank in 0..2 {
-        assert!(
-            text.contains(&format!("RESULT rank={rank} world=2 backend=mpi sum=3")),
-            "{text}"
-        );
-    }
+    two_ranks::assert_two_ranks_reduced(&text, "mpi");
 }

@@ -9,27 +9,22 @@
 //! `TORCH_RDZV_WORKER` is set and nothing otherwise.
 #![cfg(feature = "cpu-gloo")]
 
+#[path = "../../test-support/skips.rs"]
+mod skips;
+#[path = "common/two_ranks.rs"]
+mod two_ranks;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use two_ranks::{assert_two_ranks_reduced, finish, text};
 
 #[test]
 fn worker() {
-    if std::env::var_os("TORCH_RDZV_WORKER").is_none() {
-        return;
+    if std::env::var_os("TORCH_RDZV_WORKER").is_some() {
+        two_ranks::reduce_and_report();
     }
-    let acc = accel::Accelerator::new().expect("connect");
-    let mut v = vec![(acc.rank() + 1) as f32; 4];
-    acc.all_reduce(&mut v, accel::ReduceOp::Sum)
-        .expect("all_reduce");
-    acc.wait_for_everyone().expect("barrier");
-    println!(
-        "RESULT rank={} world={} backend={} sum={}",
-        acc.rank(),
-        acc.world_size(),
-        acc.backend_name(),
-        v[0]
-    );
 }
 
 fn free_port() -> u16 {
@@ -60,40 +55,6 @@ fn worker_args(cmd: &mut Command) -> &mut Command {
     cmd.args(["--exact", "worker", "--nocapture", "--test-threads=1"])
 }
 
-/// Wait for `child` with a hard deadline, killing it past that.
-fn finish(mut child: Child, what: &str, limit: Duration) -> Output {
-    let end = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > end {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "{what} did not finish within {limit:?}:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child.wait_with_output().unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Both ranks printed the all-reduced sum on cpu-gloo.
-fn assert_two_ranks_reduced(t: &str) {
-    for r in 0..2 {
-        let want = format!("RESULT rank={r} world=2 backend=cpu-gloo sum=3");
-        assert!(t.contains(&want), "missing `{want}` in:\n{t}");
-    }
-}
-
 #[test]
 fn variables_set_by_hand_meet_at_a_store_rank_0_hosts() {
     let exe = std::env::current_exe().unwrap();
@@ -116,7 +77,7 @@ fn variables_set_by_hand_meet_at_a_store_rank_0_hosts() {
         assert!(out.status.success(), "rank {r} failed:\n{t}");
         all.push_str(&t);
     }
-    assert_two_ranks_reduced(&all);
+    assert_two_ranks_reduced(&all, "cpu-gloo");
 }
 
 #[test]
@@ -144,35 +105,15 @@ fn a_busy_master_port_is_named_on_rank_0() {
     );
 }
 
-fn mpirun_available() -> bool {
-    Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 #[test]
 fn plain_mpirun_on_cpu_gloo_meets_at_a_store_rank_0_hosts() {
-    if !mpirun_available() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "mpirun not found under CI"
-        );
-        eprintln!("skipped: mpirun not found");
+    if !skips::mpirun_or_skip() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
     let mut cmd = Command::new("mpirun");
     bare(&mut cmd);
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(2) == Some("0"));
-    if root {
-        cmd.arg("--allow-run-as-root");
-    }
+    skips::allow_root(&mut cmd);
     let port = free_port().to_string();
     cmd.args([
         "--oversubscribe",
@@ -193,7 +134,7 @@ fn plain_mpirun_on_cpu_gloo_meets_at_a_store_rank_0_hosts() {
     let out = finish(cmd.spawn().unwrap(), "mpirun", Duration::from_secs(90));
     let t = text(&out);
     assert!(out.status.success(), "mpirun failed:\n{t}");
-    assert_two_ranks_reduced(&t);
+    assert_two_ranks_reduced(&t, "cpu-gloo");
 }
 
 /// torchrun from the torch venv (`make torch-venv`), or `None` with the reason.
@@ -206,12 +147,10 @@ fn torchrun() -> Option<PathBuf> {
     if t.exists() {
         return Some(t);
     }
-    let why = format!(
-        "skipping: no torchrun at {} (`make torch-venv` makes it)",
+    skips::skip(&format!(
+        "no torchrun at {} (`make torch-venv` makes it)",
         t.display()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{why}; CI must not skip");
-    eprintln!("{why}");
+    ));
     None
 }
 
@@ -227,5 +166,5 @@ fn an_accel_program_runs_under_torchrun_on_its_agent_store() {
     let out = finish(cmd.spawn().unwrap(), "torchrun", Duration::from_secs(120));
     let t = text(&out);
     assert!(out.status.success(), "torchrun failed:\n{t}");
-    assert_two_ranks_reduced(&t);
+    assert_two_ranks_reduced(&t, "cpu-gloo");
 }

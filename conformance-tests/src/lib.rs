@@ -43,6 +43,7 @@ pub mod harness;
 pub mod oracle;
 mod prop;
 mod runtime;
+mod seed;
 pub mod threads;
 mod train_scenarios;
 pub mod worker;
@@ -52,7 +53,8 @@ use std::time::Duration;
 
 pub use ctx::{Ctx, Outcome, Scenario, ScenarioResult};
 pub use fixtures::ScenarioModel;
-pub use prop::{agree, Seed};
+pub use prop::agree;
+pub use seed::Seed;
 pub use threads::{assert_conformance, run_in_process, run_spec_in_process, run_world_in_process};
 
 /// Every scenario, in the order the matrix lists them: the collectives, the
@@ -112,7 +114,7 @@ pub fn run_scenarios(
             Some(reason) => Outcome::Skip(reason),
             None => match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (s.run)(ctx))) {
                 Ok(o) => o,
-                Err(p) => Outcome::Fail(format!("panicked: {}", panic_text(&p))),
+                Err(p) => Outcome::Fail(format!("panicked: {}", prop::panic_text(&p))),
             },
         };
         let outcome = agree_outcome(ctx, s.name, local);
@@ -152,13 +154,6 @@ fn agree_outcome(ctx: &Ctx, name: &str, local: Outcome) -> Outcome {
         Ok(()) => local,
         Err(m) => Outcome::Fail(m),
     }
-}
-
-pub(crate) fn panic_text(p: &Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic".into())
 }
 
 /// Stamp one `#[test]` per scenario for a backend, for a backend's or a

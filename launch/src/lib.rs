@@ -25,6 +25,7 @@
 //! Unsafe code lives in [`ffi`] only (one `pre_exec` for the parent-death
 //! signal).
 
+mod event;
 pub mod ffi;
 pub mod group;
 pub mod guard;

@@ -204,11 +204,7 @@ pub fn plan(args: &PlanArgs) -> Result<String> {
         })?;
     }
     if args.json {
-        let doc = plan_json(&layout, &p, ms, &notes);
-        return Ok(format!(
-            "{}\n",
-            serde_json::to_string_pretty(&doc).expect("json")
-        ));
+        return Ok(pretty_json(&plan_json(&layout, &p, ms, &notes)));
     }
     let mut s = String::new();
     let _ = writeln!(
@@ -271,15 +267,17 @@ pub struct EstimateArgs {
     pub json: bool,
 }
 
+/// `doc` as indented JSON and a newline (`--json`).
+fn pretty_json(doc: &impl serde::Serialize) -> String {
+    format!("{}\n", serde_json::to_string_pretty(doc).expect("json"))
+}
+
 /// Run `accel estimate-memory`; returns what to print on stdout.
 pub fn estimate_memory(args: &EstimateArgs) -> Result<String> {
     let (layout, _) = args.model.load_with_notes()?;
     let rows = estimate(&layout, &args.model.no_split, &args.dtypes)?;
     if args.json {
-        return Ok(format!(
-            "{}\n",
-            serde_json::to_string_pretty(&rows).expect("json")
-        ));
+        return Ok(pretty_json(&rows));
     }
     let mut s = String::new();
     let _ = writeln!(

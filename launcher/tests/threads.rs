@@ -61,15 +61,21 @@ fn one_process_of_rank_threads(r: &Run, backend: &str, n: usize) {
     }
 }
 
+/// `accel launch -n 3 --backend xla -- ACCEL <worker_args>`; `None` (after
+/// saying why) where xla cannot run.
+fn launch_xla3(test: &str, worker_args: &[&str]) -> Option<Run> {
+    let args: Vec<&str> = std::iter::once(ACCEL)
+        .chain(worker_args.iter().copied())
+        .collect();
+    xla_or_skip(test).then(|| accel(&argv("launch -n 3 --backend xla --", &args)))
+}
+
 #[test]
 fn xla_ranks_are_threads_of_one_process() {
-    if !xla_or_skip("xla_ranks_are_threads_of_one_process") {
+    let test = "xla_ranks_are_threads_of_one_process";
+    let Some(r) = launch_xla3(test, &["probe-worker", "--accelerator"]) else {
         return;
-    }
-    let r = accel(&argv(
-        "launch -n 3 --backend xla --",
-        &[ACCEL, "probe-worker", "--accelerator"],
-    ));
+    };
     one_process_of_rank_threads(&r, "xla", 3);
 }
 
@@ -87,13 +93,10 @@ fn any_backend_runs_as_threads_when_asked() {
 
 #[test]
 fn a_rank_thread_panic_is_the_root_cause() {
-    if !xla_or_skip("a_rank_thread_panic_is_the_root_cause") {
+    let test = "a_rank_thread_panic_is_the_root_cause";
+    let Some(r) = launch_xla3(test, &["probe-worker", "--panic-on-rank", "1"]) else {
         return;
-    }
-    let r = accel(&argv(
-        "launch -n 3 --backend xla --",
-        &[ACCEL, "probe-worker", "--panic-on-rank", "1"],
-    ));
+    };
     assert_ne!(r.code, Some(0), "{}", r.all());
     r.has_stderr("rank:      1 (local rank 1)");
     r.has_stderr("error:     probe-worker: deliberate panic on rank 1");

@@ -466,65 +466,6 @@ impl Layout {
         }
     }
 
-    /// Read a layout JSON file.
-    ///
-    /// # Errors
-    /// As [`Layout::from_json`], naming the file; [`ErrorKind::Io`] when it
-    /// cannot be read; [`ErrorKind::InvalidArgument`] when it is not a
-    /// regular file (a FIFO would block forever) or not a layout.
-    pub fn from_json_file(path: &Path) -> Result<Layout> {
-        let text = crate::util::read_regular(path, "layout")?;
-        let named = |e: Error| {
-            Error::new(
-                e.kind().clone(),
-                format!("{}: {}", path.display(), e.message()),
-            )
-        };
-        let not_layout = |e: serde_json::Error| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("{}: not a layout file: {e}", path.display()),
-            )
-        };
-        // Fast path: straight into nodes.
-        // About 50 bytes of JSON per node in practice.
-        let mut l = Layout::empty(text.len() / 48, false);
-        let mut b = parse::Builder::new(&mut l);
-        // One UTF-8 check of the whole text instead of one per string.
-        let Ok(utf8) = std::str::from_utf8(&text) else {
-            return Err(named(Error::new(
-                ErrorKind::InvalidArgument,
-                "not a layout file: not UTF-8 text",
-            )));
-        };
-        let mut de = serde_json::Deserializer::from_str(utf8);
-        let res = serde::de::DeserializeSeed::deserialize(parse::DocSeed(&mut b), &mut de)
-            .and_then(|()| de.end());
-        match res {
-            Ok(()) => {
-                let (format, tied) = (
-                    b.format.take().unwrap_or_default(),
-                    std::mem::take(&mut b.tied),
-                );
-                if format != LAYOUT_FORMAT {
-                    return Err(named(Error::new(
-                        ErrorKind::InvalidArgument,
-                        format!("layout format `{format}`, expected `{LAYOUT_FORMAT}`"),
-                    )));
-                }
-                l.finish(&tied, &Default::default()).map_err(named)?;
-                Ok(l)
-            }
-            Err(_) if b.err.is_some() => Err(named(b.err.take().expect("layout error"))),
-            Err(e) if e.to_string().starts_with(parse::OUT_OF_ORDER) => {
-                // Valid JSON in another key order: the tree path.
-                let doc: RawDoc<'_> = serde_json::from_slice(&text).map_err(not_layout)?;
-                Self::from_raw(doc).map_err(named)
-            }
-            Err(e) => Err(not_layout(e)),
-        }
-    }
-
     /// `true` when the module order was inferred from tensor names (a
     /// layout built from a checkpoint) rather than given by the model.
     pub fn order_inferred(&self) -> bool {

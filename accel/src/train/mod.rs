@@ -72,6 +72,7 @@
 
 mod adapters;
 mod amp;
+mod applied;
 mod checkpoint;
 mod control;
 mod grad_sync;
@@ -92,8 +93,9 @@ pub use adapters::{
     ParamRef, Parameters, Scheduler, SharedStateful, StateDict, Stateful, Tensor,
 };
 pub use amp::{GradScaler, GradScalerConfig, MixedPrecision, MIXED_PRECISION_ENV};
+pub use applied::STRICT_ENV;
 pub use checkpoint::{Checkpointed, CHECKPOINT_STATE_FILE};
-pub use control::{RngGuard, STRICT_ENV};
+pub use control::RngGuard;
 pub use grads::{host_from_f32, host_to_f32};
 pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
 pub use kernels::{DeviceScratch, GradKernels, GradStats};

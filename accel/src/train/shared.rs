@@ -173,7 +173,7 @@ pub(crate) struct TrainState {
     /// (see `Accelerator::prepare_scheduler`).
     pub(crate) initial_lr: std::collections::BTreeMap<usize, f64>,
     /// Where the settings came from and which did not apply.
-    pub(crate) applied: super::control::Applied,
+    pub(crate) applied: super::applied::Applied,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -200,15 +200,15 @@ impl TrainShared {
             tracing::warn!("{e}; training without mixed precision");
             MixedPrecision::No
         });
-        let strict = super::control::strict_from_env().unwrap_or_else(|e| {
+        let strict = super::applied::strict_from_env().unwrap_or_else(|e| {
             tracing::warn!("{e}; ignored settings are warnings");
             false
         });
-        let applied = super::control::Applied {
-            mixed_precision: super::control::env_source(super::MIXED_PRECISION_ENV),
-            sharding: super::control::env_source(crate::zero::SHARDING_ENV),
+        let applied = super::applied::Applied {
+            mixed_precision: super::applied::env_source(super::MIXED_PRECISION_ENV),
+            sharding: super::applied::env_source(crate::zero::SHARDING_ENV),
             strict,
-            ..super::control::Applied::default()
+            ..super::applied::Applied::default()
         };
         TrainShared {
             world_size: world_size.max(1),
@@ -266,12 +266,12 @@ impl TrainShared {
             Some(s) => s,
             None => Stage::from_env()?.unwrap_or_default(),
         };
-        let strict = config.strict || super::control::strict_from_env()?;
+        let strict = config.strict || super::applied::strict_from_env()?;
         let source = |set: bool, env: &str| {
             if set {
-                super::control::Source::Config
+                super::applied::Source::Config
             } else {
-                super::control::env_source(env)
+                super::applied::env_source(env)
             }
         };
         let mp_source = source(config.mixed_precision.is_some(), super::MIXED_PRECISION_ENV);

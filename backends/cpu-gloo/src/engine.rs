@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, DType, Engine, EngineInfo, Error, ErrorKind, Group,
-    HostBuf, Op, ReduceOp, Result, SplitPlan, Store,
+    host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Engine, EngineInfo,
+    Error, ErrorKind, Group, HostBuf, Op, P2pHeader, ReduceOp, Result, SplitPlan, Store, P2P_MAGIC,
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
 use crate::ffi::{self, Call, DTypeCode, OpCode};
+use crate::name::NAME;
 use crate::rendezvous::StoreAdapter;
-use crate::NAME;
 
 /// Element types Gloo reduces (it has no bfloat16).
 pub(crate) const REDUCE_DTYPES: [DType; 7] = [
@@ -33,9 +33,9 @@ pub fn capabilities() -> Capabilities {
     Capabilities::all_host().with_reduce_dtypes(REDUCE_DTYPES)
 }
 
-/// Marks the header of a point-to-point message ("acc1").
-const P2P_MAGIC: u32 = 0x6163_6331;
-const P2P_HEADER: usize = 16;
+/// Bytes of the point-to-point header (the kit's [`P2pHeader`], whose last
+/// word is [`P2P_MAGIC`] here).
+const P2P_HEADER: usize = P2pHeader::BYTES;
 
 /// The Gloo context and the tag of the next collective, behind one lock.
 struct Context {
@@ -82,13 +82,6 @@ pub(crate) struct Params {
 
 fn addr_key(prefix: &str, rank: usize) -> String {
     format!("{prefix}/addr/{rank}")
-}
-
-fn err_at(kind: ErrorKind, rank: usize, op: Op, message: impl Into<String>) -> Error {
-    Error::new(kind, message)
-        .with_op(op.name())
-        .with_backend(NAME)
-        .with_rank(rank)
 }
 
 /// How long a rank that lost a peer waits for that peer's published root
@@ -304,29 +297,18 @@ impl GlooEngine {
     }
 }
 
-fn header(dtype: DType, nbytes: usize) -> [u8; P2P_HEADER] {
-    let mut h = [0u8; P2P_HEADER];
-    h[..8].copy_from_slice(&(nbytes as u64).to_le_bytes());
-    h[8..12].copy_from_slice(&dtype.code().to_le_bytes());
-    h[12..16].copy_from_slice(&P2P_MAGIC.to_le_bytes());
-    h
-}
-
 fn parse_header(h: &[u8; P2P_HEADER]) -> std::result::Result<(Option<DType>, usize), GlooError> {
-    let mut w8 = [0u8; 8];
-    let mut w4 = [0u8; 4];
-    w4.copy_from_slice(&h[12..16]);
-    if u32::from_le_bytes(w4) != P2P_MAGIC {
+    let h = P2pHeader::decode(h);
+    if h.tag != P2P_MAGIC {
         return Err(GlooError::new(
             Caught::Gloo,
             "point-to-point header is corrupt (the peer does not speak cpu-gloo's protocol)",
         ));
     }
-    w8.copy_from_slice(&h[..8]);
-    let nbytes = usize::try_from(u64::from_le_bytes(w8))
-        .map_err(|_| GlooError::new(Caught::Gloo, "point-to-point message too large"))?;
-    w4.copy_from_slice(&h[8..12]);
-    Ok((DType::from_code(u32::from_le_bytes(w4)), nbytes))
+    let nbytes = h
+        .byte_len()
+        .ok_or_else(|| GlooError::new(Caught::Gloo, "point-to-point message too large"))?;
+    Ok((h.element_type(), nbytes))
 }
 
 /// Point-to-point slots: two per tag (header, payload), below Gloo's
@@ -418,7 +400,7 @@ impl Engine for GlooEngine {
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
         let op = Op::Send;
         let src = host(op, buf)?;
-        let hdr = header(src.dtype(), src.bytes().len());
+        let hdr = P2pHeader::new(src.dtype(), src.len(), P2P_MAGIC).encode();
         let (slot_h, slot_p) = p2p_slots(tag);
         let timeout = self.info.timeout;
         self.engine_call(op, |e| {
@@ -461,20 +443,11 @@ impl Engine for GlooEngine {
         match mismatch {
             None => Ok(()),
             Some((dtype, nbytes)) => {
-                let what = match dtype {
-                    Some(d) => format!("{} {d} elements", nbytes / d.size()),
-                    None => format!("{nbytes} bytes of an unknown element type"),
-                };
-                Err(err_at(
-                    ErrorKind::InvalidArgument,
-                    self.info.rank,
-                    op,
-                    format!(
-                        "rank {src} sent {what} with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
-                        dst.len(),
-                        dst.dtype()
-                    ),
-                ))
+                Err(
+                    message_does_not_fit(op, src, tag, dtype, nbytes, dst.dtype(), dst.len())
+                        .with_backend(NAME)
+                        .with_rank(self.info.rank),
+                )
             }
         }
     }

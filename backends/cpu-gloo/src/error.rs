@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use accel_api::{Error, ErrorKind};
 
-use crate::NAME;
+use crate::name::NAME;
 
 /// What the shim caught (one variant per status code).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -121,6 +121,7 @@ mod error;
 // Every FFI call into the Gloo shim lives here, behind handle newtypes.
 #[allow(unsafe_code)]
 mod ffi;
+mod name;
 mod probe;
 mod rendezvous;
 
@@ -131,12 +132,10 @@ use accel_api::{
 };
 
 pub use engine::{capabilities, GlooCommunicator, GlooEngine};
+pub use name::NAME;
 pub use probe::{engine_version, probe, PACKAGE_VERSION};
 
 use engine::Params;
-
-/// The registered name.
-pub const NAME: &str = "cpu-gloo";
 
 /// The `cpu-gloo` backend.
 pub const BACKEND: StaticBackend =

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use accel_api::{Error, ErrorKind, Store};
 
 use crate::ffi::RendezvousStore;
-use crate::NAME;
+use crate::name::NAME;
 
 /// Serves Gloo's `set` / `get` / `wait` from an accel store, under a key
 /// prefix unique to one communicator, and within one deadline for the whole

@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 
 use accel_api::{
     Buf, BufMut, Capabilities, DType, Device, DeviceKind, Engine, EngineInfo, Error, Group, Op,
-    ReduceOp, Result, Store,
+    P2pHeader as Header, ReduceOp, Result, Store,
 };
 use cudarc::driver::CudaContext;
 
 use crate::error::NcclFailure;
 use crate::ffi::{Call, Comm, DeviceMem, NcclOp, NcclType, OwnedStream, Progress, Stream};
-use crate::NAME;
+use crate::name::NAME;
 
 /// The communicator of the `cuda-nccl` backend.
 pub type NcclCommunicator = Group<NcclEngine>;
@@ -801,49 +801,6 @@ impl Drop for NcclEngine {
     }
 }
 
-/// The 16 bytes sent before every point-to-point payload, so that a
-/// receive of the wrong size, type or tag is an error instead of a hang.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Header {
-    bytes: u64,
-    dtype: u32,
-    tag: u32,
-}
-
-impl Header {
-    const BYTES: usize = 16;
-
-    fn new(dtype: DType, count: usize, tag: u32) -> Header {
-        Header {
-            bytes: (count * dtype.size()) as u64,
-            dtype: dtype.code(),
-            tag,
-        }
-    }
-
-    fn encode(&self) -> [u8; 16] {
-        let mut b = [0u8; 16];
-        b[..8].copy_from_slice(&self.bytes.to_le_bytes());
-        b[8..12].copy_from_slice(&self.dtype.to_le_bytes());
-        b[12..].copy_from_slice(&self.tag.to_le_bytes());
-        b
-    }
-
-    fn decode(b: &[u8; 16]) -> Header {
-        let mut w8 = [0u8; 8];
-        w8.copy_from_slice(&b[..8]);
-        let mut w4 = [0u8; 4];
-        w4.copy_from_slice(&b[8..12]);
-        let dtype = u32::from_le_bytes(w4);
-        w4.copy_from_slice(&b[12..]);
-        Header {
-            bytes: u64::from_le_bytes(w8),
-            dtype,
-            tag: u32::from_le_bytes(w4),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -870,13 +827,5 @@ mod tests {
         assert_eq!(c.ops.len(), Op::ALL.len());
         assert_eq!(c.reduce_dtypes.len(), DType::ALL.len(), "bf16 reduces too");
         assert!(c.abort_interrupts);
-    }
-
-    #[test]
-    fn headers_round_trip() {
-        let h = Header::new(DType::F64, 3, 77);
-        assert_eq!(h.bytes, 24);
-        assert_eq!(Header::decode(&h.encode()), h);
-        assert_ne!(Header::new(DType::F32, 6, 77), h, "same bytes, other type");
     }
 }

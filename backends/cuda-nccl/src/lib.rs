@@ -111,6 +111,7 @@ mod error;
 // The FFI boundary: cudarc `sys` calls, owned handles, the Send/Sync impls.
 #[allow(unsafe_code)]
 mod ffi;
+mod name;
 mod probe;
 
 use std::sync::Arc;
@@ -126,6 +127,7 @@ pub use buffer::{cudarc_view, cudarc_view_mut, DeviceBuffer};
 /// through this path so that [`cudarc_view`] accepts your slices.
 pub use cudarc;
 pub use engine::{capabilities, NcclCommunicator, NcclEngine};
+pub use name::NAME;
 pub use probe::{candidate_dirs, inspect, prepare_link_dir, ProbeReport};
 
 /// The NCCL symbols the backend calls; the probe finds every one before
@@ -142,9 +144,6 @@ pub fn required_driver_symbols() -> &'static [&'static str] {
 
 use engine::Shared;
 use error::NcclFailure;
-
-/// The registered name.
-pub const NAME: &str = "cuda-nccl";
 
 /// The `cuda-nccl` backend: its registration record.
 pub const BACKEND: StaticBackend =

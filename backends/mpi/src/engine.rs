@@ -8,14 +8,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    bf16, f16, host, host_mut, Buf, BufMut, Capabilities, DType, Engine, EngineInfo, Error,
-    ErrorKind, Group, HostBuf, Op, ReduceOp, Result, SplitPlan,
+    bf16, f16, host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Engine,
+    EngineInfo, Error, ErrorKind, Group, HostBuf, Op, P2pHeader, ReduceOp, Result, SplitPlan,
+    P2P_MAGIC,
 };
 
+use crate::error::timeout_error;
 use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
+use crate::name::NAME;
 use crate::progress::{self, Progress};
 use crate::watchdog::{self, Watch};
-use crate::NAME;
 
 /// What every mpi communicator declares: every operation, element type and
 /// reduction on host memory. f16 and bf16 reductions are computed in f32
@@ -38,28 +40,16 @@ pub const DEFAULT_STAGING_BYTES: usize = 8 * 1024;
 /// receive, the size: the receiver reads the header first and refuses a
 /// payload of another type or size without touching its buffer, as
 /// cpu-gloo does.
-pub(crate) const P2P_HEADER: usize = 16;
-/// The header's magic number ("acc1").
-const P2P_MAGIC: u32 = 0x6163_6331;
-
-fn p2p_header(dtype: DType, nbytes: usize) -> [u8; P2P_HEADER] {
-    let mut h = [0u8; P2P_HEADER];
-    h[..8].copy_from_slice(&(nbytes as u64).to_le_bytes());
-    h[8..12].copy_from_slice(&dtype.code().to_le_bytes());
-    h[12..].copy_from_slice(&P2P_MAGIC.to_le_bytes());
-    h
-}
+pub(crate) const P2P_HEADER: usize = P2pHeader::BYTES;
 
 /// The element type (`None`: a code this build does not know) and byte
 /// count of a header; `None` when it is not one.
 fn p2p_parse(h: &[u8; P2P_HEADER]) -> Option<(Option<DType>, usize)> {
-    let word =
-        |r: std::ops::Range<usize>| h[r].iter().rev().fold(0u64, |a, &b| a << 8 | u64::from(b));
-    if word(12..16) != u64::from(P2P_MAGIC) {
+    let h = P2pHeader::decode(h);
+    if h.tag != P2P_MAGIC {
         return None;
     }
-    let nbytes = usize::try_from(word(0..8)).ok()?;
-    Some((DType::from_code(word(8..12) as u32), nbytes))
+    Some((h.element_type(), h.byte_len()?))
 }
 
 /// Settings shared by a communicator and the groups split from it.
@@ -189,34 +179,6 @@ pub(crate) enum Waited<'a> {
     /// The check of [`poll_checked`] said to stop; the request is still
     /// pending.
     Stopped(Request<'a>, Error),
-}
-
-/// The `Timeout` error of `op` on rank `rank` of a group of `world`: the
-/// text both paths report (returned, or printed by the watchdog).
-/// `culprits`: the ranks that hold it up and why, when the progress
-/// records tell (see [`progress`]).
-pub(crate) fn timeout_error(
-    op: &str,
-    timeout: Duration,
-    world: usize,
-    rank: usize,
-    culprits: &[(usize, String)],
-) -> Error {
-    let who = if culprits.is_empty() {
-        format!("at least one of the {world} ranks of this group has not entered it (or is stuck)")
-    } else {
-        culprits
-            .iter()
-            .map(|(r, why)| format!("rank {r} {why}"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    Error::timeout(op, timeout, format!("{op} did not complete: {who}"))
-        .with_backend(NAME)
-        .with_rank(rank)
-        .with_fix(
-            "check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT",
-        )
 }
 
 /// The `Timeout` error of `op`, and what happens to a request MPI cannot
@@ -800,7 +762,7 @@ impl Engine for MpiEngine {
             dst: dst as c_int,
             tag: self.tag(op, tag)?,
         };
-        let hdr = p2p_header(src.dtype(), src.bytes().len());
+        let hdr = P2pHeader::new(src.dtype(), src.len(), P2P_MAGIC).encode();
         let h = self.spec(op, call, DType::U8, P2P_HEADER)?;
         self.movement(h, Some(&hdr), None, P2P_HEADER)?;
         if src.bytes().is_empty() {
@@ -862,20 +824,11 @@ impl Engine for MpiEngine {
                 format!("rank {src}'s header announced {nbytes} bytes, its message holds {got}"),
             ));
         }
-        let what = match dtype {
-            Some(d) => format!("{} {d} elements", nbytes / d.size()),
-            None => format!("{nbytes} bytes of an unknown element type"),
-        };
-        Err(err_at(
-            ErrorKind::InvalidArgument,
-            self.info.rank,
-            op.name(),
-            format!(
-                "rank {src} sent {what} with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
-                dst.len(),
-                dst.dtype()
-            ),
-        ))
+        Err(
+            message_does_not_fit(op, src, tag, dtype, nbytes, dst.dtype(), dst.len())
+                .with_backend(NAME)
+                .with_rank(self.info.rank),
+        )
     }
 
     fn barrier(&self) -> Result<()> {

@@ -2,8 +2,11 @@
 //! [`accel_api::Error`].
 
 use std::ffi::c_int;
+use std::time::Duration;
 
 use accel_api::{Error, ErrorKind};
+
+use crate::name::NAME;
 
 /// An MPI error code with the library's text for it.
 #[derive(Debug, Clone)]
@@ -29,4 +32,32 @@ impl From<MpiError> for Error {
             .with_fix("see the MPI library's message above; mpirun's output names the failed rank")
             .with_source(e)
     }
+}
+
+/// The `Timeout` error of `op` on rank `rank` of a group of `world`: the
+/// text both paths report (returned, or printed by the watchdog).
+/// `culprits`: the ranks that hold it up and why, when the progress
+/// records tell (see [`progress`](crate::progress)).
+pub(crate) fn timeout_error(
+    op: &str,
+    timeout: Duration,
+    world: usize,
+    rank: usize,
+    culprits: &[(usize, String)],
+) -> Error {
+    let who = if culprits.is_empty() {
+        format!("at least one of the {world} ranks of this group has not entered it (or is stuck)")
+    } else {
+        culprits
+            .iter()
+            .map(|(r, why)| format!("rank {r} {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    Error::timeout(op, timeout, format!("{op} did not complete: {who}"))
+        .with_backend(NAME)
+        .with_rank(rank)
+        .with_fix(
+            "check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT",
+        )
 }

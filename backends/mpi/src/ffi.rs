@@ -20,7 +20,7 @@
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use mpi::ffi as sys;
@@ -33,6 +33,15 @@ static MPI_LOCK: Mutex<()> = Mutex::new(());
 
 /// Set once `MPI_Finalize` ran (or started): no MPI call may follow.
 static FINALIZED: AtomicBool = AtomicBool::new(false);
+
+/// Blocking calls in flight (`blocking`). The at-exit `MPI_Finalize` is
+/// skipped while any is (it would race with them); [`FINALIZED`] stops new
+/// ones.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Set by `init` when MPI granted `MPI_THREAD_MULTIPLE` (blocking calls
+/// then take no lock).
+static MULTIPLE: AtomicBool = AtomicBool::new(false);
 
 fn lock() -> MutexGuard<'static, ()> {
     MPI_LOCK.lock().unwrap_or_else(|p| p.into_inner())
@@ -126,7 +135,7 @@ fn finalize() {
     if FINALIZED.swap(true, Ordering::SeqCst) {
         return;
     }
-    if blocking::in_flight() {
+    if IN_FLIGHT.load(Ordering::SeqCst) > 0 {
         // Another thread is inside a blocking collective (FINALIZED, set
         // above, stops new ones): finalizing now would race with it.
         return;
@@ -217,7 +226,7 @@ pub(crate) fn init() -> Result<Init, MpiError> {
             // SAFETY: MPI is initialized; `provided` is a valid out-pointer.
             check(unsafe { sys::MPI_Query_thread(&mut provided) })?;
         }
-        blocking::set_multiple(is_multiple(provided));
+        MULTIPLE.store(is_multiple(provided), Ordering::SeqCst);
         // SAFETY: reading an immutable handle exported by rsmpi's C shim.
         let world = unsafe { sys::RSMPI_COMM_WORLD };
         let (mut rank, mut size): (c_int, c_int) = (0, 0);

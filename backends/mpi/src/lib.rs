@@ -80,9 +80,10 @@
 //!   than the non-blocking ones (`coll/libnbc`), and zero-copy. Each
 //!   communicator has a watchdog; when a call outlives the timeout, it
 //!   prints the same `Timeout` text with how long the call has been
-//!   blocked, writes it to `ACCEL_ERROR_FILE` (which `accel launch` shows
-//!   in its root-cause block), and ends the job with `MPI_Abort` (exit
-//!   code 124; mpirun then names the rank). It cannot return: the calling
+//!   blocked, writes it to
+//!   [`ACCEL_ERROR_FILE`](accel_api::worker::keys::ACCEL_ERROR_FILE) (which
+//!   `accel launch` shows in its root-cause block), and ends the job with
+//!   `MPI_Abort` (exit code 124; mpirun then names the rank). It cannot return: the calling
 //!   thread is inside MPI, and MPI cannot cancel the call.
 //!
 //! The blocking path needs `MPI_THREAD_MULTIPLE` (a blocking call holds no
@@ -137,6 +138,7 @@ mod error;
 // Every raw MPI call lives here, behind handle newtypes.
 #[allow(unsafe_code)]
 mod ffi;
+mod name;
 pub mod probe;
 mod progress;
 mod watchdog;
@@ -149,12 +151,10 @@ use accel_api::{
 };
 
 pub use engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
+pub use name::NAME;
 pub use probe::engine_version;
 
 use engine::{poll, timed_out, Shared, Waited};
-
-/// The registered name.
-pub const NAME: &str = "mpi";
 
 /// The `mpi` backend.
 pub const BACKEND: StaticBackend =

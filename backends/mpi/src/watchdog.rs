@@ -7,7 +7,8 @@
 //! looks at every live watch a few times per timeout. A call that has been
 //! running for longer than its communicator's timeout is reported (the same
 //! `Timeout` text the non-blocking path returns, plus how long the call has
-//! been blocked) on stderr and in the error file (`ACCEL_ERROR_FILE`, read
+//! been blocked) on stderr and in the error file
+//! ([`ACCEL_ERROR_FILE`](accel_api::worker::keys::ACCEL_ERROR_FILE), read
 //! by `accel launch`'s root-cause block), and the MPI job is ended with
 //! `MPI_Abort` (exit code 124): MPI cannot cancel a collective, and the
 //! calling thread is inside it.
@@ -26,8 +27,9 @@ use accel_api::Op;
 
 use accel_api::worker::{error_file_from_env, ErrorRecord};
 
+use crate::ffi;
+use crate::name::NAME;
 use crate::progress::{self, Progress};
-use crate::{ffi, NAME};
 
 /// The watch of one communicator.
 #[derive(Debug)]
@@ -202,7 +204,7 @@ impl Watch {
             return;
         }
         let err =
-            crate::engine::timeout_error(op.name(), self.timeout, self.size, self.rank, &culprits);
+            crate::error::timeout_error(op.name(), self.timeout, self.size, self.rank, &culprits);
         let message = format!(
             "{err}\n[{NAME} rank {r}] {op} has been blocked in MPI for {elapsed:.2?} on this rank; \
              MPI cannot cancel a collective, so the watchdog is aborting the MPI job \

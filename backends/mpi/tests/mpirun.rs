@@ -2,10 +2,14 @@
 //! (built by `mpirun_command`); `worker_process` does the work when
 //! ACCEL_MPI_TEST_WORKER is set and nothing otherwise.
 
+#[path = "../../../test-support/skips.rs"]
+mod skips;
+
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use accel_api::worker::keys;
 use accel_api::{
     bf16, f16, Backend, Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, ErrorKind,
     HostBuf, HostBufMut, ReduceOp,
@@ -13,21 +17,6 @@ use accel_api::{
 use accel_launch::mpirun::{mpirun_command, MpiFlavor, MpirunSpec};
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn have_mpirun() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    // A skip is not a pass: where the project's set-up ran, it is a failure.
-    assert!(
-        ok || std::env::var_os("CI").is_none(),
-        "mpirun not found, but CI runs `make setup`, which installs Open MPI"
-    );
-    ok
-}
 
 /// Run `mode` on `n` ranks under mpirun; (exit code, combined output).
 fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String) {
@@ -99,7 +88,7 @@ fn job_fails_within(mode: &str, n: usize, extra_env: &[(&str, &str)], bound: Dur
 /// `mode` on two ranks fails within `bound`, its output naming `text`
 /// (nothing to run without mpirun).
 fn job_ends_naming(mode: &str, bound: Duration, text: &str) {
-    if !have_mpirun() {
+    if !skips::mpirun_or_skip() {
         return;
     }
     let out = job_fails_within(mode, 2, &[], bound);
@@ -461,8 +450,7 @@ fn kill() {
 
 #[test]
 fn collectives_on_1_to_3_ranks() {
-    if !have_mpirun() {
-        eprintln!("skipped: no mpirun");
+    if !skips::mpirun_or_skip() {
         return;
     }
     for n in 1..=3 {
@@ -476,7 +464,7 @@ fn collectives_on_1_to_3_ranks() {
 /// the same answers as the default mix.
 #[test]
 fn collectives_on_every_path() {
-    if !have_mpirun() {
+    if !skips::mpirun_or_skip() {
         return;
     }
     for env in [
@@ -492,7 +480,7 @@ fn collectives_on_every_path() {
 /// the default and `ACCEL_MPI_BLOCKING=0` turns it off.
 #[test]
 fn the_thread_level_is_multiple_and_blocking_is_the_default() {
-    if !have_mpirun() {
+    if !skips::mpirun_or_skip() {
         return;
     }
     let out = job_ok("paths", 2, &[]);
@@ -521,7 +509,7 @@ fn the_thread_level_is_multiple_and_blocking_is_the_default() {
 /// error file gets the record, and the job ends.
 #[test]
 fn a_rank_that_never_enters_a_blocking_collective_ends_the_job_naming_it() {
-    if !have_mpirun() {
+    if !skips::mpirun_or_skip() {
         return;
     }
     for n in [2usize, 3] {
@@ -533,7 +521,7 @@ fn a_rank_that_never_enters_a_blocking_collective_ends_the_job_naming_it() {
             "absent_rank",
             n,
             &[
-                ("ACCEL_ERROR_FILE", file.to_str().unwrap()),
+                (keys::ACCEL_ERROR_FILE, file.to_str().unwrap()),
                 ("ACCEL_CHECK_CALLS", "0"),
             ],
         );
@@ -583,7 +571,7 @@ fn a_rank_that_never_enters_a_blocking_collective_ends_the_job_naming_it() {
 
 #[test]
 fn small_timeout_returns_and_the_job_goes_on() {
-    if !have_mpirun() {
+    if !skips::mpirun_or_skip() {
         return;
     }
     let out = job_ok("timeout_small", 2, &[]);
@@ -602,7 +590,7 @@ fn a_timed_out_rank_exits_and_the_job_ends() {
 /// On the blocking path (the default) and on the all-non-blocking one.
 #[test]
 fn large_timeout_aborts_the_job_with_the_error() {
-    if !have_mpirun() {
+    if !skips::mpirun_or_skip() {
         return;
     }
     for blocking in ["1", "0"] {
@@ -623,7 +611,7 @@ fn a_dead_rank_ends_the_job_naming_it() {
 /// contradicts a context of two ranks.
 #[test]
 fn world_mismatch_is_invalid_config() {
-    if !have_mpirun() || std::env::var_os("ACCEL_MPI_TEST_WORKER").is_some() {
+    if !skips::mpirun_or_skip() || std::env::var_os("ACCEL_MPI_TEST_WORKER").is_some() {
         return;
     }
     let exe = std::env::current_exe().unwrap();
@@ -685,7 +673,7 @@ fn job_dir(name: &str) -> std::path::PathBuf {
 /// rank that exited early.
 #[test]
 fn a_rank_that_exits_early_ends_the_job_at_once_naming_it() {
-    if !have_mpirun() {
+    if !skips::mpirun_or_skip() {
         return;
     }
     for (len, check) in [("8", "1"), ("300000", "0")] {
@@ -696,7 +684,7 @@ fn a_rank_that_exits_early_ends_the_job_at_once_naming_it() {
             2,
             &[
                 ("ACCEL_MPI_TEST_STORE", dir.join("store").to_str().unwrap()),
-                ("ACCEL_ERROR_FILE", file.to_str().unwrap()),
+                (keys::ACCEL_ERROR_FILE, file.to_str().unwrap()),
                 ("ACCEL_CHECK_CALLS", check),
                 ("ACCEL_MPI_TEST_LEN", len),
             ],
@@ -739,29 +727,11 @@ fn a_rank_that_exits_early_ends_the_job_at_once_naming_it() {
 /// record), not the rank that waited.
 #[test]
 fn the_watchdog_blames_the_rank_that_never_entered() {
-    if !have_mpirun() {
-        return;
-    }
-    let dir = job_dir("absent-store");
-    let file = dir.join("error.json");
-    let (code, out) = job(
+    watchdog_record_names_rank_1(
         "absent_rank",
-        2,
-        &[
-            ("ACCEL_MPI_TEST_STORE", dir.join("store").to_str().unwrap()),
-            ("ACCEL_ERROR_FILE", file.to_str().unwrap()),
-            ("ACCEL_CHECK_CALLS", "0"),
-        ],
+        "absent-store",
+        &["rank 1 is elsewhere after", "aborting the MPI job"],
     );
-    assert_ne!(code, Some(0), "{out}");
-    let record = std::fs::read_to_string(&file)
-        .unwrap_or_else(|e| panic!("no error file {}: {e}\n{out}", file.display()));
-    let v: serde_json::Value = serde_json::from_str(&record).unwrap();
-    assert_eq!(v["rank"], 1, "{record}");
-    let msg = v["message"].as_str().unwrap();
-    assert!(msg.contains("rank 1 is elsewhere after"), "{record}");
-    assert!(msg.contains("aborting the MPI job"), "{record}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Issue 32, item 8: a rank whose process froze inside a blocking
@@ -769,17 +739,28 @@ fn the_watchdog_blames_the_rank_that_never_entered() {
 /// names, not the rank that waited.
 #[test]
 fn the_watchdog_blames_a_rank_frozen_inside_the_collective() {
-    if !have_mpirun() {
+    watchdog_record_names_rank_1(
+        "frozen",
+        "frozen",
+        &["rank 1 entered this collective", "frozen"],
+    );
+}
+
+/// Run the 2-rank job `mode` with a shared store (in a fresh `dir`) and an
+/// error file: the job fails, and the watchdog's error record names rank 1
+/// with each of `says` in its message.
+fn watchdog_record_names_rank_1(mode: &str, dir: &str, says: &[&str]) {
+    if !skips::mpirun_or_skip() {
         return;
     }
-    let dir = job_dir("frozen");
+    let dir = job_dir(dir);
     let file = dir.join("error.json");
     let (code, out) = job(
-        "frozen",
+        mode,
         2,
         &[
             ("ACCEL_MPI_TEST_STORE", dir.join("store").to_str().unwrap()),
-            ("ACCEL_ERROR_FILE", file.to_str().unwrap()),
+            (keys::ACCEL_ERROR_FILE, file.to_str().unwrap()),
             ("ACCEL_CHECK_CALLS", "0"),
         ],
     );
@@ -789,7 +770,8 @@ fn the_watchdog_blames_a_rank_frozen_inside_the_collective() {
     let v: serde_json::Value = serde_json::from_str(&record).unwrap();
     assert_eq!(v["rank"], 1, "{record}");
     let msg = v["message"].as_str().unwrap();
-    assert!(msg.contains("rank 1 entered this collective"), "{record}");
-    assert!(msg.contains("frozen"), "{record}");
+    for s in says {
+        assert!(msg.contains(s), "{record}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -15,19 +15,19 @@ use std::time::{Duration, Instant};
 
 use accel_api::{
     Buf, BufMut, Capabilities, DType, Device, DeviceKind, Element, Engine, EngineInfo, Error,
-    Group, HostBufMut, ReduceOp, Result, SplitPlan, Store,
+    Group, HostBufMut, P2pHeader, ReduceOp, Result, SplitPlan, Store,
 };
 
 use crate::error::{HcclError, HCCL_E_TIMEOUT};
 use crate::ffi::{self, dtype, Call, Comm, DevMem, DevPtr, NpuBuffer, Runtime, Stream};
-use crate::NAME;
+use crate::name::NAME;
 
 /// The communicator of the `npu-hccl` backend.
 pub type NpuCommunicator = Group<NpuEngine>;
 
-/// Bytes of the header that precedes every point-to-point payload:
-/// payload length (u64), dtype code (u32), tag (u32), little-endian.
-const HEADER: usize = 16;
+/// Bytes of the header that precedes every point-to-point payload (the
+/// kit's [`P2pHeader`]: payload length, dtype code, tag).
+const HEADER: usize = P2pHeader::BYTES;
 
 /// What the engine declares: every operation; data movement for all eight
 /// element types (moved as bytes, exact); reductions for the types HCCL
@@ -170,27 +170,21 @@ impl Staged<'_> {
 }
 
 fn header(bytes: usize, dtype: DType, tag: u32) -> [u8; HEADER] {
-    let mut h = [0u8; HEADER];
-    h[..8].copy_from_slice(&(bytes as u64).to_le_bytes());
-    h[8..12].copy_from_slice(&dtype.code().to_le_bytes());
-    h[12..].copy_from_slice(&tag.to_le_bytes());
-    h
+    P2pHeader {
+        bytes: bytes as u64,
+        dtype: dtype.code(),
+        tag,
+    }
+    .encode()
 }
 
 fn parse_header(
     h: &[u8; HEADER],
     src: usize,
 ) -> std::result::Result<(usize, DType, u32), HcclError> {
-    let word = |r: std::ops::Range<usize>| {
-        let mut b = [0u8; 4];
-        b.copy_from_slice(&h[r]);
-        u32::from_le_bytes(b)
-    };
-    let mut len = [0u8; 8];
-    len.copy_from_slice(&h[..8]);
-    let len = usize::try_from(u64::from_le_bytes(len)).ok();
-    match (len, DType::from_code(word(8..12))) {
-        (Some(len), Some(d)) if len.is_multiple_of(d.size()) => Ok((len, d, word(12..16))),
+    let h = P2pHeader::decode(h);
+    match (h.byte_len(), h.element_type()) {
+        (Some(len), Some(d)) if len.is_multiple_of(d.size()) => Ok((len, d, h.tag)),
         _ => Err(HcclError::Corrupt {
             detail: format!("rank {src} sent a message header that no accel npu-hccl rank writes"),
         }),

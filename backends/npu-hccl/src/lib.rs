@@ -99,6 +99,7 @@ mod engine;
 mod error;
 #[allow(unsafe_code)] // the C boundary: every call into AscendCL and HCCL, nothing else
 mod ffi;
+mod name;
 mod probe;
 
 use std::path::{Path, PathBuf};
@@ -110,13 +111,11 @@ use accel_api::{
 
 pub use engine::{capabilities, hccl_timeouts, NpuCommunicator, NpuEngine};
 pub use ffi::NpuBuffer;
+pub use name::NAME;
 pub use probe::{ACL_LIBRARY, HCCL_LIBRARY};
 
 use error::HcclError;
 use probe::Search;
-
-/// The registered name.
-pub const NAME: &str = "npu-hccl";
 
 /// The AscendCL and HCCL symbols the backend resolves (all must exist).
 pub fn required_symbols() -> (&'static [&'static str], &'static [&'static str]) {

@@ -18,7 +18,7 @@ thread_local! {
 /// Says, while alive, that the calling thread is a rank thread of a run
 /// whose ranks are all threads of this process (what accel's in-process
 /// entry, `accel::Threads`, holds on each rank thread): the probe is then
-/// available for several ranks without `ACCEL_PROCESS_MODEL=threads` in
+/// available for several ranks without [`PROCESS_MODEL_VAR`]`=threads` in
 /// the environment. Not `Send`: it marks the thread that made it.
 #[derive(Debug)]
 pub struct RankThread {

@@ -16,9 +16,9 @@ use super::{
     error_file, failure_at, record, signal_group, spawn_member, Attempt, ProcessGroup, Program,
     Sinks, Started,
 };
+use crate::event::Event;
 use crate::output::Stream;
 use crate::report::{Exit, Failure};
-use crate::supervise::Event;
 
 /// N local workers, one process group each (torchrun's
 /// `SubprocessContext`).

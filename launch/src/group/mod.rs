@@ -36,9 +36,9 @@ use accel_api::{Error, Result};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
+use crate::event::Event;
 use crate::output::{pump_lines, RankSink};
 use crate::report::{Exit, Failure};
-use crate::supervise::Event;
 
 /// The program every rank runs.
 #[derive(Debug, Clone)]

@@ -17,10 +17,10 @@ use nix::unistd::Pid;
 use super::{
     failure_at, shared_record, spawn_member, Attempt, ProcessGroup, Program, Sinks, Started,
 };
+use crate::event::Event;
 use crate::mpirun::{culprit, mpirun_command, Hosts, MpiFlavor, MpirunSpec};
 use crate::output::MpirunOutput;
 use crate::report::{Exit, Failure};
-use crate::supervise::Event;
 
 /// One mpirun / mpiexec starting every rank (of every machine, from
 /// machine 0).

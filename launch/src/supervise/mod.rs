@@ -21,6 +21,7 @@ use accel_rendezvous::{TcpStoreServer, TorchStoreServer};
 
 mod attempt;
 
+pub use crate::event::Event;
 pub use attempt::{run_attempt, AttemptResult, LocalOutcome, Supervision};
 
 use crate::group::{Attempt, ProcessGroup};
@@ -30,36 +31,6 @@ use crate::report::{self, AttemptReport, Exit, Failure, Status, Summary, WorkerE
 /// The last signal the launcher received (0: none), for loops that do not
 /// read the event channel (the machines' join).
 pub static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-/// What the supervisor reacts to.
-#[derive(Debug)]
-pub enum Event {
-    /// A started process ended.
-    Exited {
-        /// Attempt it belongs to.
-        attempt: u32,
-        /// Its index among the group's started processes.
-        index: usize,
-        /// How it ended.
-        exit: Exit,
-    },
-    /// The launcher received a signal (SIGINT, SIGTERM, SIGHUP).
-    Signal(i32),
-    /// A worker on another machine failed first.
-    Remote {
-        /// Attempt it belongs to.
-        attempt: u32,
-        /// The root cause it published.
-        failure: Box<Failure>,
-    },
-    /// The store (machine 0) went away.
-    StoreLost {
-        /// Attempt it belongs to.
-        attempt: u32,
-        /// What the store client said.
-        message: String,
-    },
-}
 
 /// Forward SIGINT, SIGTERM and SIGHUP to `tx` as [`Event::Signal`] (and
 /// record them in [`LAST_SIGNAL`]).

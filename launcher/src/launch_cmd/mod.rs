@@ -109,6 +109,7 @@
 //!   its ranks): `PR_SET_PDEATHSIG`, set by the launch library's `ffi`
 //!   module.
 
+mod args;
 pub mod config;
 pub mod default_backend;
 pub mod elastic;
@@ -117,7 +118,6 @@ pub mod mpi;
 pub mod options;
 pub mod process_model;
 
-use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
@@ -127,120 +127,19 @@ use std::time::Duration;
 
 use accel::worker_env::WorkerEnv;
 use accel_api::{Error, ErrorKind, Result, Store};
-use accel_launch::output::{print_stdout, say};
+use accel_launch::output::say;
 use accel_launch::report::{self, Exit, Failure, Status};
 use accel_launch::supervise::{Event, LocalOutcome, Settled, LAST_SIGNAL};
 use accel_launch::{
-    program, store, Attempt, Coordinator, HostedStore, LocalGroup, ProcessGroup, Supervision,
-    ThreadsGroup,
+    store, Attempt, Coordinator, HostedStore, LocalGroup, ProcessGroup, ThreadsGroup,
 };
 use accel_rendezvous::{TcpStore, TcpStoreServer};
 
+pub use args::LaunchArgs;
+
+use args::{base_env, finish, resolve_program, scratch_dir, supervision};
 use machines::{Global, Registration, Watcher};
 use options::{Options, Settings};
-
-/// Arguments of `accel launch`.
-#[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Examples:\n  accel launch -n 4 -- ./train --epochs 3\n  \
-                  accel launch -n 4 --backend xla -- ./train   # one process, 4 rank threads (accel::run)\n  \
-                  accel launch --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --token-file ~/.accel-token -n 8 -- ./train\n\n\
-                  Each worker gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, \
-                  MASTER_PORT and the ACCEL_* variables (store URL and token, run id, timeout, backend, debug, \
-                  restart count, error file)."
-)]
-pub struct LaunchArgs {
-    #[command(flatten)]
-    options: Options,
-
-    /// TOML config file (write one with `accel config`); flags override it.
-    #[arg(long, env = "ACCEL_CONFIG_FILE", value_name = "FILE")]
-    config: Option<PathBuf>,
-
-    /// --backend mpi on several machines: the machines mpirun starts ranks
-    /// on, `host[:slots],...` (slots default to -n).
-    #[arg(long, env = "ACCEL_MPI_HOSTS", value_name = "HOSTS")]
-    mpi_hosts: Option<String>,
-
-    /// --backend mpi on several machines: a hostfile in mpirun's format
-    /// (instead of --mpi-hosts).
-    #[arg(long, env = "ACCEL_MPI_HOSTFILE", value_name = "FILE")]
-    hostfile: Option<PathBuf>,
-
-    /// Print a JSON summary of the run on stdout when it ends.
-    #[arg(long)]
-    json: bool,
-
-    /// torchrun's --standalone: one machine, a free port (the default).
-    #[arg(long)]
-    standalone: bool,
-
-    /// torchrun's: run PROGRAM as it is, even a `.py` file (otherwise a
-    /// `.py` PROGRAM runs under `python3`, the first on PATH).
-    #[arg(long, aliases = ["no_python"], conflicts_with_all = ["module", "run_path"])]
-    no_python: bool,
-
-    /// torchrun's -m: PROGRAM is a Python module, run as `python3 -m PROGRAM`.
-    #[arg(short = 'm', long, conflicts_with = "run_path")]
-    module: bool,
-
-    /// torchrun's --run-path: PROGRAM is a Python file, run as `python3 PROGRAM`
-    /// whatever its name.
-    #[arg(long, aliases = ["run_path"])]
-    run_path: bool,
-
-    /// torchrun's --rdzv-backend: `c10d` or `static`, both meaning that
-    /// machine 0 hosts the rendezvous at --rdzv-endpoint (accel's store).
-    #[arg(long = "rdzv-backend", aliases = ["rdzv_backend"], value_name = "c10d|static",
-          value_parser = ["c10d", "static"])]
-    rdzv_backend: Option<String>,
-
-    /// torchrun's --rdzv-endpoint `HOST[:PORT]`: where machine 0 hosts the
-    /// store (--main-process-ip / --main-process-port).
-    #[arg(long = "rdzv-endpoint", aliases = ["rdzv_endpoint"], value_name = "HOST[:PORT]")]
-    rdzv_endpoint: Option<String>,
-
-    /// torchrun's --monitor-interval: accepted for compatibility; accel
-    /// watches its workers continuously, so it changes nothing.
-    #[arg(long = "monitor-interval", aliases = ["monitor_interval"], value_name = "SECS", hide = true)]
-    monitor_interval: Option<f64>,
-
-    /// Show the workers' stdout on stderr (`accel bench`).
-    #[arg(skip)]
-    pub workers_stdout_to_stderr: bool,
-
-    /// The program to run and its arguments (after `--`).
-    #[arg(
-        required = true,
-        trailing_var_arg = true,
-        allow_hyphen_values = true,
-        value_name = "PROGRAM"
-    )]
-    command: Vec<OsString>,
-}
-
-impl LaunchArgs {
-    /// Arguments for `program args...` with `options`, as `accel bench`
-    /// builds them.
-    pub fn new(options: Options, command: Vec<OsString>) -> LaunchArgs {
-        LaunchArgs {
-            options,
-            config: None,
-            mpi_hosts: None,
-            hostfile: None,
-            json: false,
-            standalone: false,
-            no_python: false,
-            module: false,
-            run_path: false,
-            rdzv_backend: None,
-            rdzv_endpoint: None,
-            monitor_interval: None,
-            workers_stdout_to_stderr: false,
-            command,
-        }
-    }
-}
 
 fn layered(args: &LaunchArgs) -> Result<Settings> {
     let file = match &args.config {
@@ -315,52 +214,6 @@ pub fn run_code(args: &LaunchArgs) -> Result<u8> {
     }
 }
 
-/// What the supervisor watches, from the settings.
-fn supervision(s: &Settings, args: &LaunchArgs) -> Supervision {
-    Supervision {
-        ranks: s.ranks.clone(),
-        tee: s.tee.clone(),
-        grace: s.grace,
-        hang_timeout: s.hang_timeout,
-        wall_limit: None,
-        echo: true,
-        forward_signals: true,
-        stdout_to_stderr: args.workers_stdout_to_stderr,
-    }
-}
-
-/// The environment every worker of the run shares (store fields and the
-/// restart count are added per attempt).
-fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
-    WorkerEnv {
-        world_size: Some(s.world_size_claim()),
-        local_world_size: Some(s.nproc),
-        group_rank: Some(s.machine_rank),
-        group_world_size: Some(s.num_machines),
-        run_id: Some(run_id.to_string()),
-        timeout: Some(s.timeout),
-        backend: s.backend.clone(),
-        debug: Some(s.debug),
-        mixed_precision: s.mixed_precision,
-        sharding: s.sharding,
-        launcher: Some("accel".into()),
-        // Lets the runtime tie the worker's life to this process.
-        launcher_pid: Some(std::process::id()),
-        // Process workers say so, against an inherited ACCEL_PROCESS_MODEL;
-        // the threads group writes its own.
-        process_model: Some(accel::ProcessModel::Processes),
-        ..WorkerEnv::default()
-    }
-}
-
-fn scratch_dir() -> Result<PathBuf> {
-    Ok(std::env::temp_dir().join(format!(
-        "accel-{}-{}",
-        std::process::id(),
-        store::random_hex(4)?
-    )))
-}
-
 /// torchrun's OMP_NUM_THREADS policy: with several workers on a machine and
 /// no OMP_NUM_THREADS of the user's, each worker gets 1, so that N workers
 /// do not each start a thread per core.
@@ -399,53 +252,6 @@ fn split_endpoint(ep: &str) -> Result<(&str, Option<u16>)> {
         })
         .transpose()?;
     Ok((host, port))
-}
-
-/// The command to start, torchrun's way: a `.py` file (or with -m a module,
-/// with --run-path any file) under `python3`, unless --no-python.
-fn python_command(args: &LaunchArgs) -> Vec<OsString> {
-    let python = || OsString::from("python3");
-    let first_is_py = args.command[0].to_string_lossy().ends_with(".py");
-    if args.no_python {
-        args.command.clone()
-    } else if args.module {
-        [python(), "-m".into()]
-            .into_iter()
-            .chain(args.command.iter().cloned())
-            .collect()
-    } else if args.run_path || first_is_py {
-        std::iter::once(python())
-            .chain(args.command.iter().cloned())
-            .collect()
-    } else {
-        args.command.clone()
-    }
-}
-
-/// The program, resolved before anything starts; `Err(code)` after saying
-/// why.
-fn resolve_program(args: &LaunchArgs) -> std::result::Result<accel_launch::Program, u8> {
-    let command = python_command(args);
-    let argv0 = command[0].clone();
-    match program::resolve(&argv0, std::env::var_os("PATH").as_deref()) {
-        Ok(path) => Ok(accel_launch::Program {
-            path,
-            argv0,
-            args: command[1..].to_vec(),
-        }),
-        Err(e) => {
-            eprintln!("accel: error: {e}");
-            Err(e.exit_code())
-        }
-    }
-}
-
-/// Print the `--json` summary of a run when asked.
-fn finish(args: &LaunchArgs, out: &accel_launch::RunOutcome) -> u8 {
-    if args.json {
-        print_stdout(&serde_json::to_string(&out.summary).unwrap_or_default());
-    }
-    out.code
 }
 
 /// Levenshtein distance, for "did you mean".

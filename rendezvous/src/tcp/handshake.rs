@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use mio::net::{TcpListener as MioListener, TcpStream as MioStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::server::{serve_authenticated, token_eq, Shared};
+use super::conn::{serve_authenticated, token_eq, ServerLimits, Shared};
 use super::wire::{Request, Response, MAGIC, MAX_HELLO_FRAME, PROTOCOL_VERSION};
 
 pub(crate) const LISTENER: Token = Token(usize::MAX);
@@ -48,32 +48,6 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// The logging window of [`RejectLog`] and the lines it shows one by one.
 const LOG_WINDOW: Duration = Duration::from_secs(10);
 const LOG_BURST: u32 = 5;
-
-/// Bounds on what a [`TcpStoreServer`](super::TcpStoreServer) holds for its
-/// clients. The defaults suit runs of thousands of ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ServerLimits {
-    /// Authenticated connections served at once (default 4096); each has a
-    /// thread. A client past the cap is answered "busy" and retries until
-    /// its connect timeout.
-    pub max_connections: usize,
-    /// Connections still sending their hello at once (default 512); when
-    /// full, the oldest is dropped to make room for the newest.
-    pub max_handshakes: usize,
-    /// How long a new connection has, from its accept, to send its whole
-    /// hello (default 10 s).
-    pub handshake_timeout: Duration,
-}
-
-impl Default for ServerLimits {
-    fn default() -> ServerLimits {
-        ServerLimits {
-            max_connections: 4096,
-            max_handshakes: 512,
-            handshake_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// Why a connection was turned away, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 //! [`TcpStore`] in every rank.
 
 mod client;
+mod conn;
 mod handshake;
 mod server;
 mod wire;
@@ -10,5 +11,5 @@ mod wire;
 mod tests;
 
 pub use client::TcpStore;
-pub use handshake::ServerLimits;
+pub use conn::ServerLimits;
 pub use server::TcpStoreServer;

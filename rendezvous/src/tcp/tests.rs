@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use accel_api::{ErrorKind, Store, StoreExt};
 
-use super::server::token_eq;
+use super::conn::token_eq;
 use super::wire::{read_frame, Request, Response, MAX_FRAME, PROTOCOL_VERSION};
 use super::{ServerLimits, TcpStore, TcpStoreServer};
 use crate::scenarios::{store_scenarios, Fixture};

@@ -10,24 +10,7 @@
 //! for its whole duration, which is what `MPI_THREAD_SERIALIZED` requires;
 //! the engine then does not use this path at all (see `Shared::blocking`).
 
-use std::sync::atomic::AtomicUsize;
-
 use super::*;
-
-/// Blocking calls in flight. The at-exit `MPI_Finalize` is skipped while
-/// any is (it would race with them); [`FINALIZED`] stops new ones.
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-
-/// Set by `init` when MPI granted `MPI_THREAD_MULTIPLE`.
-static MULTIPLE: AtomicBool = AtomicBool::new(false);
-
-pub(super) fn set_multiple(on: bool) {
-    MULTIPLE.store(on, Ordering::SeqCst);
-}
-
-pub(super) fn in_flight() -> bool {
-    IN_FLIGHT.load(Ordering::SeqCst) > 0
-}
 
 /// Decrements [`IN_FLIGHT`] when the call is over.
 struct InFlight;

@@ -1,0 +1,199 @@
+//! [`Group`]'s [`Communicator`] methods: each checks its call, then runs
+//! the engine through the machinery in `mod.rs`.
+
+use std::time::Duration;
+
+use super::{lock, Engine, Group};
+use crate::check::Shape;
+use crate::{
+    validate, Buf, BufMut, Capabilities, Communicator, DType, Device, Error, ErrorKind, Op,
+    ReduceOp, Result,
+};
+
+impl<E: Engine> Communicator for Group<E> {
+    fn backend_name(&self) -> &str {
+        &self.info.backend
+    }
+
+    fn rank(&self) -> usize {
+        self.info.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.info.world_size
+    }
+
+    fn device(&self) -> Device {
+        self.info.device
+    }
+
+    fn timeout(&self) -> Duration {
+        self.info.timeout
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.info.capabilities
+    }
+
+    fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
+        self.reduce_common(Op::AllReduce, buf, op, None)
+    }
+
+    fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
+        self.reduce_common(Op::Reduce, buf, op, Some(root))
+    }
+
+    fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
+        let op = Op::Broadcast;
+        self.enter(op, buf.dtype(), None, buf.device())?;
+        validate::rank_in_group(self, op, "root", root)?;
+        let shape = Shape::new(op, buf.dtype(), buf.len()).root(root);
+        if buf.is_empty() {
+            return self.run_collective(shape, |_, _| Ok(()));
+        }
+        self.run_collective(shape, |e, _| e.broadcast(buf, root))
+    }
+
+    fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let op = Op::AllGather;
+        self.enter(op, send.dtype(), None, send.device())?;
+        self.same_place(op, send.device(), recv.device())?;
+        validate::lengths(
+            self,
+            op,
+            ("send", send.dtype(), send.len()),
+            ("recv", recv.dtype(), recv.len()),
+            self.info.world_size,
+        )?;
+        let shape = Shape::new(op, send.dtype(), send.len());
+        if send.is_empty() {
+            return self.run_collective(shape, |_, _| Ok(()));
+        }
+        self.run_collective(shape, |e, _| e.all_gather(send, recv))
+    }
+
+    fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
+        let op = Op::Gather;
+        self.enter(op, send.dtype(), None, send.device())?;
+        let recv = validate::gather(self, &send, recv, root)?;
+        if let Some(r) = &recv {
+            self.same_place(op, send.device(), r.device())?;
+        }
+        let shape = Shape::new(op, send.dtype(), send.len()).root(root);
+        if send.is_empty() {
+            return self.run_collective(shape, |_, _| Ok(()));
+        }
+        self.run_collective(shape, |e, _| e.gather(send, recv, root))
+    }
+
+    fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
+        let op = Op::Scatter;
+        self.enter(op, recv.dtype(), None, recv.device())?;
+        let send = validate::scatter(self, send, &recv, root)?;
+        if let Some(s) = &send {
+            self.same_place(op, s.device(), recv.device())?;
+        }
+        let shape = Shape::new(op, recv.dtype(), recv.len()).root(root);
+        if recv.is_empty() {
+            return self.run_collective(shape, |_, _| Ok(()));
+        }
+        self.run_collective(shape, |e, _| e.scatter(send, recv, root))
+    }
+
+    fn reduce_scatter(&self, send: Buf<'_>, mut recv: BufMut<'_>, reduce: ReduceOp) -> Result<()> {
+        let op = Op::ReduceScatter;
+        self.enter(op, send.dtype(), Some(reduce), send.device())?;
+        self.same_place(op, send.device(), recv.device())?;
+        validate::lengths(
+            self,
+            op,
+            ("recv", recv.dtype(), recv.len()),
+            ("send", send.dtype(), send.len()),
+            self.info.world_size,
+        )?;
+        let shape = Shape::new(op, recv.dtype(), recv.len()).reduce(reduce);
+        if recv.is_empty() {
+            return self.run_collective(shape, |_, _| Ok(()));
+        }
+        let (native, divide) = self.native(reduce);
+        self.run_collective(shape, |e, _| {
+            e.reduce_scatter(send, recv.reborrow(), native)
+        })?;
+        if divide {
+            self.divide(op, recv)?;
+        }
+        Ok(())
+    }
+
+    fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
+        let op = Op::AllToAll;
+        self.enter(op, send.dtype(), None, send.device())?;
+        self.same_place(op, send.device(), recv.device())?;
+        validate::all_to_all(self, &send, &recv)?;
+        let shape = Shape::new(op, send.dtype(), send.len());
+        if send.is_empty() {
+            return self.run_collective(shape, |_, _| Ok(()));
+        }
+        self.run_collective(shape, |e, _| e.all_to_all(send, recv))
+    }
+
+    fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
+        let op = Op::Send;
+        self.enter(op, buf.dtype(), None, buf.device())?;
+        validate::rank_in_group(self, op, "destination", dst)?;
+        if let (true, Buf::Host(h)) = (dst == self.info.rank, &buf) {
+            lock(&self.mailbox)
+                .entry(tag)
+                .or_default()
+                .push_back((h.dtype(), h.bytes().to_vec()));
+            self.mail.notify_all();
+            return Ok(());
+        }
+        self.run(op, |e| e.send(buf, dst, tag))
+    }
+
+    fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
+        let op = Op::Recv;
+        self.enter(op, buf.dtype(), None, buf.device())?;
+        validate::rank_in_group(self, op, "source", src)?;
+        let buf = match buf {
+            BufMut::Host(h) if src == self.info.rank => return self.recv_self(h, tag),
+            other => other,
+        };
+        self.run(op, |e| e.recv(buf, src, tag))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let op = Op::Barrier;
+        self.enter(op, DType::U8, None, Device::CPU)?;
+        // The check's exchange waits for every rank: it is the barrier.
+        self.run_collective(Shape::new(op, DType::U8, 0), |e, checked| {
+            if checked {
+                Ok(())
+            } else {
+                e.barrier()
+            }
+        })
+    }
+
+    fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>> {
+        let op = Op::Split;
+        self.enter(op, DType::U8, None, Device::CPU)?;
+        let sub = self.run_collective(Shape::new(op, DType::U8, 0), |e, _| e.split(color, key))?;
+        Ok(sub
+            .map(|e| Box::new(Group::new(e).with_call_check(self.check)) as Box<dyn Communicator>))
+    }
+
+    fn abort(&self, reason: &str) {
+        let err = Error::new(ErrorKind::Aborted, format!("aborted: {reason}"));
+        {
+            let mut p = lock(&self.poisoned);
+            if p.is_none() {
+                *p = Some(err.message().to_string());
+            }
+        }
+        self.engine.abort(reason);
+        // Wake a receive from self so that it sees the poison.
+        self.mail.notify_all();
+    }
+}

@@ -1,0 +1,404 @@
+//! The backend kit: a small static [`Engine`] trait that backends implement,
+//! and one generic [`Group`] that turns any engine into a [`Communicator`].
+//!
+//! wgpu-hal's rule applies: anything that can be handled in
+//! backend-independent code is. A backend's engine only drives its library,
+//! on arguments the group has already checked. The group owns, once for
+//! every engine (and for dlopen plugins):
+//!
+//! * identity (backend name, rank, world size, device, timeout) and the
+//!   [`Capabilities`], read once;
+//! * the capability check and every argument check, before any
+//!   communication: roots and peers in range, buffer lengths and dtypes, all
+//!   buffers of a call on the communicator's device;
+//! * zero-length collectives (no engine call but the call check: every rank
+//!   passes the same length, which the check confirms, so every rank skips);
+//! * [`ReduceOp::Avg`] for engines without a native average: the engine sums,
+//!   the group divides ([`HostBufMut::divide_by`]), so averages agree
+//!   everywhere;
+//! * the send-to-self mailbox (sends to self are buffered; the engine never
+//!   sees `dst == rank` for host memory);
+//! * one call at a time, in order, with failure poisoning: the first error
+//!   that [`Error::is_fatal_for_group`] poisons the group, the engine is told
+//!   ([`Engine::on_fatal`]), and every later call returns
+//!   [`ErrorKind::Poisoned`] naming that first failure;
+//! * error context: every error leaves with the backend, the rank and the
+//!   operation attached;
+//! * the call check ([`crate::check`], ADR 0016): before every collective
+//!   the ranks compare its operation, element type, length, root and
+//!   reduction with one tiny all-gather through the engine, so that a
+//!   mismatched call is an [`ErrorKind::Mismatch`] error on every rank and
+//!   never reaches the engine (where mismatched lengths read or write past
+//!   buffers, abort the process or return wrong answers).
+//!
+//! The files: [`Engine`] and [`EngineInfo`] in `engine.rs`, [`SplitPlan`]
+//! in `split.rs`, the point-to-point header engines send ([`P2pHeader`]) in
+//! `p2p.rs`, the group's state and its call machinery (poison, call
+//! check, mailbox) here, and its [`Communicator`] methods in
+//! `communicator.rs`.
+
+mod communicator;
+mod engine;
+mod p2p;
+mod split;
+#[cfg(test)]
+mod tests;
+
+pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
+pub use p2p::{P2pHeader, P2P_MAGIC};
+pub use split::SplitPlan;
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::check::{self, CallCheck, Digits, Plan, Shape, DIGITS};
+use crate::{validate, BufMut, DType, Device, Error, ErrorKind, HostBufMut, Op, ReduceOp, Result};
+
+/// A message sent to self, waiting for its `recv`.
+type Mail = (DType, Vec<u8>);
+
+/// Any [`Engine`] as a [`Communicator`]: the checks, poisoning, mailbox,
+/// average and error context described at the top of `accel-api/src/group/mod.rs`.
+///
+/// Backends name their communicator as an alias
+/// (`pub type GlooCommunicator = Group<GlooEngine>`); engine-specific
+/// accessors are reached through [`Group::engine`].
+pub struct Group<E: Engine> {
+    engine: E,
+    info: EngineInfo,
+    /// One engine call at a time, in program order.
+    serial: Mutex<()>,
+    /// The first group-fatal failure, rendered.
+    poisoned: Mutex<Option<String>>,
+    mailbox: Mutex<HashMap<u32, VecDeque<Mail>>>,
+    mail: Condvar,
+    /// This group's call-check setting and how its engine runs the check.
+    check: CallCheck,
+    plan: Option<Plan>,
+    /// Collectives entered so far (under `serial`: the same on every rank).
+    seq: AtomicU64,
+}
+
+/// The group's identity, then the engine (whose own `Debug` shows only its
+/// state: the identity is stated here, once).
+impl<E: Engine + fmt::Debug> fmt::Debug for Group<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Group")
+            .field("backend", &self.info.backend)
+            .field("rank", &self.info.rank)
+            .field("world_size", &self.info.world_size)
+            .field("device", &self.info.device)
+            .field("engine", &self.engine)
+            .field("poisoned", &self.poison_text())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl<E: Engine> Group<E> {
+    /// Wrap `engine`, reading its identity and capabilities once. The call
+    /// check follows [`CallCheck::scoped`] when set, else
+    /// [`CallCheck::from_env`] (`ACCEL_CHECK_CALLS`; a malformed value
+    /// keeps the check on: `accel::state()` reports it).
+    pub fn new(engine: E) -> Group<E> {
+        let info = engine.info().clone();
+        Group {
+            plan: check::plan(&info.capabilities),
+            info,
+            engine,
+            serial: Mutex::new(()),
+            poisoned: Mutex::new(None),
+            mailbox: Mutex::new(HashMap::new()),
+            mail: Condvar::new(),
+            check: CallCheck::for_new_group(),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// Builder: this group's call-check setting (sub-groups made by
+    /// `split` inherit it). Every rank of the group must use the same
+    /// setting; the first collective compares it.
+    pub fn with_call_check(mut self, check: CallCheck) -> Group<E> {
+        self.check = check;
+        self
+    }
+
+    /// Builder: no call check at all, not even on the first collective.
+    /// For glue tests against engine stubs that cannot run a collective
+    /// across ranks; a program that does this gives up the guarantee that
+    /// mismatched calls never reach the engine (ADR 0016).
+    pub fn without_call_check(mut self) -> Group<E> {
+        self.plan = None;
+        self
+    }
+
+    /// This group's call-check setting.
+    pub fn call_check(&self) -> CallCheck {
+        self.check
+    }
+
+    /// Collectives this group has entered (checked or not).
+    pub fn collectives_entered(&self) -> u64 {
+        self.seq.load(Ordering::SeqCst)
+    }
+
+    /// The engine, for backend-specific accessors.
+    pub fn engine(&self) -> &E {
+        &self.engine
+    }
+
+    /// The first failure that poisoned the group, if any.
+    pub fn poison_text(&self) -> Option<String> {
+        lock(&self.poisoned).clone()
+    }
+
+    fn context(&self, op: Op, e: Error) -> Error {
+        e.with_backend(self.info.backend.as_str())
+            .with_rank(self.info.rank)
+            .with_op(op.name())
+    }
+
+    fn poisoned_error(&self, op: Op, why: String) -> Error {
+        self.context(op, Error::new(ErrorKind::Poisoned, why)).with_fix(
+            "this group is unusable after that failure: shut down and restart the run (the launcher can restart it)",
+        )
+    }
+
+    fn check_poison(&self, op: Op) -> Result<()> {
+        match self.poison_text() {
+            Some(why) => Err(self.poisoned_error(op, why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Record `err` as the first failure (kept if one is recorded).
+    fn poison(&self, err: &Error) -> bool {
+        let mut p = lock(&self.poisoned);
+        let first = p.is_none();
+        if first {
+            *p = Some(err.to_string());
+        }
+        drop(p);
+        self.mail.notify_all();
+        first
+    }
+
+    /// Attach context to `e`; poison and tell the engine when it is fatal.
+    fn fail(&self, op: Op, e: Error) -> Error {
+        let e = self.context(op, e);
+        if e.is_fatal_for_group() && self.poison(&e) {
+            self.engine.on_fatal(&e);
+        }
+        e
+    }
+
+    /// The poison and capability check for one call on `device`.
+    fn enter(&self, op: Op, dtype: DType, reduce: Option<ReduceOp>, device: Device) -> Result<()> {
+        self.check_poison(op)?;
+        validate::call(self, op, dtype, reduce, device)?;
+        if !device.is_cpu() && device != self.info.device {
+            return Err(self.context(
+                op,
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "the buffer is on {device}, this communicator on {}",
+                        self.info.device
+                    ),
+                )
+                .with_fix("move the buffer to the communicator's device"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Both buffers of a call live in the same place.
+    fn same_place(&self, op: Op, a: Device, b: Device) -> Result<()> {
+        if a != b {
+            return Err(self.context(
+                op,
+                Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!("the send buffer is on {a}, the receive buffer on {b}"),
+                )
+                .with_fix("pass both buffers on the same device"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Run one engine call under the call lock.
+    fn run<T>(&self, op: Op, f: impl FnOnce(&E) -> Result<T>) -> Result<T> {
+        let _g = lock(&self.serial);
+        // Another thread may have failed (or aborted) while this one waited.
+        self.check_poison(op)?;
+        f(&self.engine).map_err(|e| self.fail(op, e))
+    }
+
+    /// Run one collective under the call lock: the call check first (every
+    /// collective with the check on, the first one always), then `f`,
+    /// told whether the check ran (the check synchronises every rank, so a
+    /// barrier needs nothing more). Check and call share one lock hold, so
+    /// another thread's collective cannot come between them.
+    fn run_collective<T>(&self, shape: Shape, f: impl FnOnce(&E, bool) -> Result<T>) -> Result<T> {
+        let op = shape.op;
+        let _g = lock(&self.serial);
+        self.check_poison(op)?;
+        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
+        let checked = match self.plan {
+            Some(plan) if self.info.world_size > 1 && (self.check == CallCheck::On || seq == 0) => {
+                self.exchange(plan, seq, &shape).map_err(|e| {
+                    // The engine named its own call; the caller's is `op`.
+                    let e = match e.kind() {
+                        ErrorKind::Mismatch { .. } => e,
+                        _ => e.replace_op(op.name()).with_detail(format!(
+                            "in the call check before {op} #{seq} (an exchange of every rank's call shape)"
+                        )),
+                    };
+                    self.fail(op, e)
+                })?;
+                true
+            }
+            _ => false,
+        };
+        f(&self.engine, checked).map_err(|e| self.fail(op, e))
+    }
+
+    /// The call check of collective `seq` (see [`crate::check`]).
+    fn exchange(&self, plan: Plan, seq: u64, shape: &Shape) -> Result<()> {
+        let mine = check::encode(shape, self.check);
+        match plan {
+            Plan::Max(t) => {
+                let mut d = Digits::new(t, &check::with_negation(&mine), 0);
+                self.engine.all_reduce(d.buf_mut(), ReduceOp::Max)?;
+                if check::agreed(&d.values()) {
+                    return Ok(());
+                }
+                // Every rank saw the disagreement (no all-gather here to
+                // name the ranks: this plan is for engines without one).
+                Err(check::mismatch_fields(
+                    seq,
+                    self.info.rank,
+                    self.info.world_size,
+                    &mine,
+                    &d.values(),
+                ))
+            }
+            Plan::Gather(t) => {
+                let all = self.gather_digits(t, &mine)?;
+                if check::all_equal(&all) {
+                    Ok(())
+                } else {
+                    Err(check::mismatch(seq, &all))
+                }
+            }
+        }
+    }
+
+    /// Every rank's digits, rank-major.
+    fn gather_digits(&self, t: DType, mine: &[i64; DIGITS]) -> Result<Vec<i64>> {
+        let send = Digits::new(t, mine, 0);
+        let mut all = Digits::new(t, &[], DIGITS * self.info.world_size);
+        self.engine.all_gather(send.buf(), all.buf_mut())?;
+        Ok(all.values())
+    }
+
+    /// The reduction the engine is asked for, and whether the group divides.
+    fn native(&self, op: ReduceOp) -> (ReduceOp, bool) {
+        if op == ReduceOp::Avg && !E::NATIVE_AVG {
+            (ReduceOp::Sum, true)
+        } else {
+            (op, false)
+        }
+    }
+
+    fn divide(&self, op: Op, buf: BufMut<'_>) -> Result<()> {
+        match buf {
+            BufMut::Host(mut h) => {
+                h.divide_by(self.info.world_size);
+                Ok(())
+            }
+            BufMut::Device(d) => self.run(op, |e| e.divide_device(d, self.info.world_size)),
+        }
+    }
+
+    fn reduce_common(
+        &self,
+        op: Op,
+        mut buf: BufMut<'_>,
+        reduce: ReduceOp,
+        root: Option<usize>,
+    ) -> Result<()> {
+        self.enter(op, buf.dtype(), Some(reduce), buf.device())?;
+        let mut shape = Shape::new(op, buf.dtype(), buf.len()).reduce(reduce);
+        if let Some(root) = root {
+            validate::rank_in_group(self, op, "root", root)?;
+            shape = shape.root(root);
+        }
+        if buf.is_empty() {
+            return self.run_collective(shape, |_, _| Ok(()));
+        }
+        let (native, divide) = self.native(reduce);
+        self.run_collective(shape, |e, _| match root {
+            None => e.all_reduce(buf.reborrow(), native),
+            Some(r) => e.reduce(buf.reborrow(), native, r),
+        })?;
+        if divide && root.is_none_or(|r| r == self.info.rank) {
+            self.divide(op, buf)?;
+        }
+        Ok(())
+    }
+
+    fn recv_self(&self, mut dst: HostBufMut<'_>, tag: u32) -> Result<()> {
+        let op = Op::Recv;
+        let deadline = Instant::now() + self.info.timeout;
+        let mut mb = lock(&self.mailbox);
+        loop {
+            if let Some((dtype, msg)) = mb.get_mut(&tag).and_then(VecDeque::pop_front) {
+                if dtype != dst.dtype() || msg.len() != dst.bytes().len() {
+                    return Err(self.context(
+                        op,
+                        Error::invalid_argument(
+                            op.name(),
+                            format!(
+                                "this rank sent itself {} {dtype} elements with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
+                                msg.len() / dtype.size(),
+                                dst.len(),
+                                dst.dtype()
+                            ),
+                        ),
+                    ));
+                }
+                dst.bytes_mut().copy_from_slice(&msg);
+                return Ok(());
+            }
+            drop(mb);
+            self.check_poison(op)?;
+            mb = lock(&self.mailbox);
+            let now = Instant::now();
+            if now >= deadline {
+                drop(mb);
+                // Nothing crossed the wire: the group is still in step.
+                let err = Error::timeout(
+                    op.name(),
+                    self.info.timeout,
+                    format!("no message with tag {tag} was sent to self"),
+                )
+                .with_fix("send to self before receiving from self")
+                .with_fatal(false);
+                return Err(self.fail(op, err));
+            }
+            mb = self
+                .mail
+                .wait_timeout(mb, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}

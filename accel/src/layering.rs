@@ -1,0 +1,57 @@
+//! The facade's layering (ADR 0028, "the training stack stays in the
+//! facade"): `train/` and `zero/` are built over the runtime, never the
+//! other way round, so that they can still become a crate of their own
+//! without a cycle. A runtime file (a file of `src/` outside `train/` and
+//! `zero/`, but `lib.rs`, which declares and re-exports) names the training
+//! stack only for the two settings the launcher hands every worker.
+
+use std::path::Path;
+
+/// What the runtime may name of the training stack: the settings carried
+/// by the worker environment (`ACCEL_MIXED_PRECISION`, `ACCEL_SHARDING`).
+const ALLOWED: [&str; 2] = ["train::MixedPrecision", "zero::Stage"];
+
+#[test]
+fn the_runtime_names_the_training_stack_only_for_its_two_settings() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() || !name.ends_with(".rs") || name == "lib.rs" || name == "layering.rs" {
+            continue;
+        }
+        checked += 1;
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for stack in ["train", "zero"] {
+                for (at, _) in code.match_indices(&format!("{stack}::")) {
+                    let before = &code[..at];
+                    if !(before.ends_with("crate::") || before.ends_with("super::")) {
+                        continue;
+                    }
+                    let item: String = code[at..]
+                        .chars()
+                        .skip(stack.len() + 2)
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    let named = format!("{stack}::{item}");
+                    assert!(
+                        ALLOWED.contains(&named.as_str()),
+                        "{}:{}: the runtime names `{named}`; the training stack sits over \
+                         the runtime (ADR 0028): move what both need below `train/` and \
+                         `zero/`, or add a setting to ALLOWED with its reason",
+                        path.display(),
+                        i + 1
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 10,
+        "found only {checked} runtime files in {}",
+        src.display()
+    );
+}
