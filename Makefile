@@ -50,6 +50,7 @@ fmt-check:
 # Clippy per feature set (rustls habit): the default workspace build, and the
 # facade and launcher without their optional backends.
 lint: setup
+	python3 scripts/import_cycles.py --no-tests
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
