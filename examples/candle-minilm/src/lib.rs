@@ -22,42 +22,15 @@
 //! The BERT pooler (`pooler.dense`) is not run: sentence embeddings do not
 //! use it (it is a block of its own, so that its weights have a place).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use accel_api::{Error, ErrorKind, Result};
 use accel_candle::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched};
+use accel_example_minilm_data::bad_model;
+pub use accel_example_minilm_data::{default_model_dir, REFERENCE, SENTENCES};
 use accel_offload::plan::MaxMemory;
 use candle_core::{DType, Device, Tensor, D};
 use candle_transformers::models::bert::{BertEncoder, BertModel, Config};
-
-/// The example sentences (the first two pairs are the ones whose
-/// sentence-transformers similarities are known).
-pub const SENTENCES: [&str; 6] = [
-    "A man is eating food.",
-    "A man is eating a piece of bread.",
-    "The new movie is awesome",
-    "The new movie is so great",
-    "A man is playing a guitar.",
-    "The cat sits outside",
-];
-
-/// Where `make minilm-setup` unpacks the model: `$ACCEL_MINILM_DIR`, else
-/// `<repo>/.accel-cache/minilm/model`.
-pub fn default_model_dir() -> PathBuf {
-    std::env::var_os("ACCEL_MINILM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.accel-cache/minilm/model")
-        })
-}
-
-fn bad_model(dir: &Path, what: impl std::fmt::Display) -> Error {
-    Error::new(
-        ErrorKind::InvalidConfig,
-        format!("MiniLM model in {}: {what}", dir.display()),
-    )
-    .with_fix("run `make minilm-setup` (scripts/fetch_minilm.sh)")
-}
 
 fn candle(e: candle_core::Error) -> Error {
     Error::new(ErrorKind::Backend, format!("candle: {e}"))

@@ -10,35 +10,15 @@
 //! Without it the test says so and passes, except under CI (`CI` set),
 //! where it fails.
 
-use accel_example_candle_minilm::{default_model_dir, similarities, Minilm, SENTENCES};
+use accel_example_candle_minilm::{similarities, Minilm, REFERENCE, SENTENCES};
+use accel_example_minilm_data::model_dir_for_test;
 use accel_offload::plan::MaxMemory;
-
-/// Cosine similarities of [`SENTENCES`]: (0, 1) and (2, 3) are
-/// sentence-transformers' values (issue 20); the others come from
-/// `tools/minilm_reference.py`, which gives those two as well.
-const REFERENCE: [(usize, usize, f32); 8] = [
-    (0, 1, 0.7553),
-    (2, 3, 0.8939),
-    (0, 2, -0.0402),
-    (0, 4, 0.2765),
-    (1, 4, 0.2747),
-    (1, 5, 0.1036),
-    (3, 4, -0.0134),
-    (4, 5, 0.0244),
-];
 
 #[test]
 fn offloaded_embeddings_equal_resident_ones_and_match_the_reference() {
-    let dir = default_model_dir();
-    if !dir.join("model.safetensors").exists() {
-        let msg = format!(
-            "no MiniLM model at {}: run `make minilm-setup` (scripts/fetch_minilm.sh)",
-            dir.display()
-        );
-        assert!(std::env::var_os("CI").is_none(), "{msg}");
-        eprintln!("skipped: {msg}");
+    let Some(dir) = model_dir_for_test() else {
         return;
-    }
+    };
     let run = |max_memory: Option<&str>| {
         let model =
             Minilm::load(&dir, max_memory.map(|m| MaxMemory::parse(m).unwrap()), 1).unwrap();
@@ -116,16 +96,9 @@ fn peak_kib(args: &[&str]) -> u64 {
 /// run, which holds the whole model.
 #[test]
 fn offloading_keeps_peak_memory_under_the_model_size() {
-    let dir = default_model_dir();
-    if !dir.join("model.safetensors").exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "no MiniLM model at {}",
-            dir.display()
-        );
-        eprintln!("skipped: no MiniLM model at {}", dir.display());
+    let Some(dir) = model_dir_for_test() else {
         return;
-    }
+    };
     let d = dir.to_string_lossy();
     let resident = peak_kib(&["--model-dir", &d]);
     let offloaded = peak_kib(&["--model-dir", &d, "--max-memory", "cpu=20MiB,disk"]);

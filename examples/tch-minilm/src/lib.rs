@@ -21,43 +21,16 @@
 //! The BERT pooler (`pooler.dense`) is not built: sentence embeddings do
 //! not use it, and its checkpoint tensors are reported as unexpected.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{Error, Result};
+use accel_example_minilm_data::bad_model;
+pub use accel_example_minilm_data::{default_model_dir, REFERENCE, SENTENCES};
 use accel_offload::exec::ExecStats;
 use accel_offload::plan::MaxMemory;
 use accel_tch::dispatch::{DispatchOptions, Dispatched, ModelSpec};
 use tch::nn::{self, VarStore};
 use tch::{Device, Kind, Tensor};
-
-/// The example sentences of `make infer-demo` (the first four pairs are the
-/// ones whose sentence-transformers similarities are known).
-pub const SENTENCES: [&str; 6] = [
-    "A man is eating food.",
-    "A man is eating a piece of bread.",
-    "The new movie is awesome",
-    "The new movie is so great",
-    "A man is playing a guitar.",
-    "The cat sits outside",
-];
-
-/// Where `scripts/fetch_minilm.sh` unpacks the model: `$ACCEL_MINILM_DIR`,
-/// else `<repo>/.accel-cache/minilm/model`.
-pub fn default_model_dir() -> PathBuf {
-    std::env::var_os("ACCEL_MINILM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.accel-cache/minilm/model")
-        })
-}
-
-fn bad_model(dir: &Path, what: impl std::fmt::Display) -> Error {
-    Error::new(
-        ErrorKind::InvalidConfig,
-        format!("MiniLM model in {}: {what}", dir.display()),
-    )
-    .with_fix("run scripts/fetch_minilm.sh (make minilm-setup) or set ACCEL_MINILM_DIR")
-}
 
 /// The BERT hyper-parameters read from `config.json`.
 #[derive(Debug, Clone, PartialEq)]

@@ -7,40 +7,19 @@
 //! it the test says so and passes, except under CI (`CI` set), where it
 //! fails.
 
+use accel_example_minilm_data::model_dir_for_test;
 use accel_example_tch_minilm::{
-    default_model_dir, embed, similarities, Bert, Config, Tokenizer, SENTENCES,
+    embed, similarities, Bert, Config, Tokenizer, REFERENCE, SENTENCES,
 };
 use accel_offload::plan::{MaxMemory, Target};
 use tch::nn::VarStore;
 use tch::Device;
 
-/// Cosine similarities of [`SENTENCES`]: (0, 1) and (2, 3) are
-/// sentence-transformers' values (issue 20); the others come from
-/// `tools/minilm_reference.py` (NumPy, Python `tokenizers`), which gives
-/// those two as well (docs/inference.md).
-const REFERENCE: [(usize, usize, f32); 8] = [
-    (0, 1, 0.7553),
-    (2, 3, 0.8939),
-    (0, 2, -0.0402),
-    (0, 4, 0.2765),
-    (1, 4, 0.2747),
-    (1, 5, 0.1036),
-    (3, 4, -0.0134),
-    (4, 5, 0.0244),
-];
-
 #[test]
 fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
-    let dir = default_model_dir();
-    if !dir.join("model.safetensors").exists() {
-        let msg = format!(
-            "no MiniLM model at {}: run `make minilm-setup` (scripts/fetch_minilm.sh)",
-            dir.display()
-        );
-        assert!(std::env::var_os("CI").is_none(), "{msg}");
-        eprintln!("skipped: {msg}");
+    let Some(dir) = model_dir_for_test() else {
         return;
-    }
+    };
     let cfg = Config::load(&dir).unwrap();
     let tok = Tokenizer::load(&dir).unwrap();
     let sentences = SENTENCES;
@@ -121,14 +100,7 @@ fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
 /// the bound.
 #[test]
 fn check_rss_allows_for_the_batch_it_runs() {
-    let dir = default_model_dir();
-    if !dir.join("model.safetensors").exists() {
-        let msg = format!(
-            "no MiniLM model at {}: run `make minilm-setup`",
-            dir.display()
-        );
-        assert!(std::env::var_os("CI").is_none(), "{msg}");
-        eprintln!("skipped: {msg}");
+    if model_dir_for_test().is_none() {
         return;
     }
     let sentences: Vec<String> = (1..=19)
