@@ -44,6 +44,13 @@ pub enum Exit {
         /// That rank's exit code.
         code: i32,
     },
+    /// Its machine was lost: that machine's launcher stopped answering
+    /// (its link, its launcher or the machine itself stopped) for this many
+    /// milliseconds. Every rank of that machine is lost with it.
+    Lost {
+        /// How long its launcher had been silent.
+        silent_ms: u64,
+    },
 }
 
 /// `SIGSEGV` for 11.
@@ -76,6 +83,7 @@ impl Exit {
             Exit::Code { code } => u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1),
             Exit::Signal { signal } => u8::try_from(128 + signal).unwrap_or(255),
             Exit::Hung { .. } => 124,
+            Exit::Lost { .. } => 1,
             Exit::Stalled { code, .. } | Exit::EarlyExit { code, .. } => {
                 Exit::Code { code }.launcher_code()
             }
@@ -97,6 +105,10 @@ impl Exit {
             ),
             Exit::EarlyExit { noticed_by, code } => format!(
                 "exited early (code 0 while the other ranks still ran; rank {noticed_by} failed after it with code {code})"
+            ),
+            Exit::Lost { silent_ms } => format!(
+                "was lost with its machine (its launcher silent for {:.1}s)",
+                silent_ms as f64 / 1e3
             ),
         }
     }
@@ -175,6 +187,10 @@ impl Failure {
             ),
             Exit::EarlyExit { noticed_by, code } => format!(
                 "exited early: code 0 while the other ranks still ran (exit code 0 mid-job is a failure of a distributed job); rank {noticed_by} failed after it with code {code}"
+            ),
+            Exit::Lost { silent_ms } => format!(
+                "machine lost: its launcher did not answer for {:.1}s",
+                silent_ms as f64 / 1e3
             ),
         };
         lines.push(format!("exit:      {exit}"));

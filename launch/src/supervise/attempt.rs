@@ -256,8 +256,12 @@ impl<'a> Supervisor<'a> {
             } if attempt == n => self.on_exit(index, exit),
             Event::Signal(sig) => self.on_signal(sig),
             Event::Remote { attempt, failure } if attempt == n => {
+                let what = match failure.exit {
+                    Exit::Lost { .. } => "was lost",
+                    _ => "failed",
+                };
                 let line = format!(
-                    "a worker on machine {} failed: {}; stopping this machine's {}",
+                    "a worker on machine {} {what}: {}; stopping this machine's {}",
                     failure.machine,
                     failure.headline(),
                     self.group.kind()

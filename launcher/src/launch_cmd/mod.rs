@@ -121,7 +121,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use accel::worker_env::WorkerEnv;
 use accel_api::{Error, ErrorKind, Result, Store};
@@ -134,7 +134,7 @@ use accel_launch::{
 };
 use accel_rendezvous::{TcpStore, TcpStoreServer};
 
-use machines::{Global, Registration, Watcher};
+use machines::{Global, Liveness, Plan, Registration, Watcher};
 use options::{Options, Settings};
 
 /// Arguments of `accel launch`.
@@ -654,6 +654,10 @@ struct Machines<'a> {
     host: String,
     base: WorkerEnv,
     watcher: Option<Watcher>,
+    /// The heartbeats' own connection to the store.
+    beat_store: Arc<dyn Store>,
+    liveness: Option<Liveness>,
+    plan: Option<Plan>,
 }
 
 impl<'a> Machines<'a> {
@@ -669,14 +673,15 @@ impl<'a> Machines<'a> {
             pid: std::process::id(),
             version: env!("CARGO_PKG_VERSION").to_string(),
         };
-        let (server, store): (Option<TcpStoreServer>, Arc<dyn Store>) = if s.machine_rank == 0 {
-            let (server, _) = store::host(&s.main_addr, s.main_port, true, token)?;
-            let st: Arc<dyn Store> = server.store().clone();
-            (Some(server), st)
-        } else {
-            let addr = accel::worker_env::tcp_url(&s.main_addr, s.main_port);
-            let addr = addr.trim_start_matches("tcp://").to_string();
-            let c = TcpStore::connect(addr.as_str(), Some(token), s.join_timeout).map_err(|e| {
+        let (server, store, beat_store): (Option<TcpStoreServer>, Arc<dyn Store>, Arc<dyn Store>) =
+            if s.machine_rank == 0 {
+                let (server, _) = store::host(&s.main_addr, s.main_port, true, token)?;
+                let st: Arc<dyn Store> = server.store().clone();
+                (Some(server), st.clone(), st)
+            } else {
+                let addr = accel::worker_env::tcp_url(&s.main_addr, s.main_port);
+                let addr = addr.trim_start_matches("tcp://").to_string();
+                let c = TcpStore::connect(addr.as_str(), Some(token), s.join_timeout).map_err(|e| {
                 if matches!(e.kind(), ErrorKind::Unauthorized) {
                     Error::new(
                         ErrorKind::Unauthorized,
@@ -693,8 +698,11 @@ impl<'a> Machines<'a> {
                     e.with_op("machine join")
                 }
             })?;
-            (None, Arc::new(c))
-        };
+                // Short: a beat must not outlive the lost threshold by much.
+                let beat = TcpStore::connect(addr.as_str(), Some(token), machines::SUSPECT)
+                    .map_err(|e| e.with_op("machine join"))?;
+                (None, Arc::new(c), Arc::new(beat))
+            };
         let run_id = match (s.machine_rank, &s.run_id) {
             (0, Some(id)) => id.clone(),
             (0, None) => store::random_hex(6)?,
@@ -716,6 +724,90 @@ impl<'a> Machines<'a> {
             host,
             base,
             watcher: None,
+            beat_store,
+            liveness: None,
+            plan: None,
+        })
+    }
+
+    /// Where machine 0's store listens (for messages).
+    fn store_at(&self) -> String {
+        accel::worker_env::tcp_url(&self.s.main_addr, self.s.main_port)
+            .trim_start_matches("tcp://")
+            .to_string()
+    }
+
+    /// `f` as the loss of a silent machine, when `f` speaks of a lost or
+    /// late peer and a machine went silent: waits up to
+    /// [`machines::SUSPECT`] (and two beats) for the silence to show, as
+    /// the ranks of a killed machine's peers fail at once.
+    fn attribute(&self, f: &Failure) -> Failure {
+        let (Some(live), Some(plan)) = (&self.liveness, &self.plan) else {
+            return f.clone();
+        };
+        if !machines::blames_a_peer(f) {
+            return f.clone();
+        }
+        let deadline = Instant::now() + machines::SUSPECT + 2 * machines::BEAT;
+        loop {
+            if !live.reaches_store() {
+                return f.clone();
+            }
+            let silent = live.silent(machines::SUSPECT);
+            if !silent.is_empty() {
+                return machines::lost_failure(
+                    plan,
+                    self.s.machine_rank,
+                    &silent,
+                    &self.store_at(),
+                    Some(f),
+                );
+            }
+            if Instant::now() > deadline {
+                return f.clone();
+            }
+            std::thread::sleep(machines::BEAT / 2);
+        }
+    }
+
+    /// `false` once this machine's heartbeat stopped reaching the store:
+    /// then nothing waits on the store any more.
+    fn reaches_store(&self) -> bool {
+        self.liveness.as_ref().is_none_or(Liveness::reaches_store)
+    }
+
+    /// The attempt's end on a machine that lost the store (and so the
+    /// others): named as this machine losing the others, without waiting
+    /// on the store. `None` without a plan (no attempt began).
+    fn settle_alone(&self, local: &LocalOutcome) -> Option<Settled> {
+        let (live, plan) = (self.liveness.as_ref()?, self.plan.as_ref()?);
+        let root = match local {
+            LocalOutcome::Interrupted(_) | LocalOutcome::Succeeded => return None,
+            LocalOutcome::Remote(f) if matches!(f.exit, Exit::Lost { .. }) => (**f).clone(),
+            other => {
+                let witness = match other {
+                    LocalOutcome::Failed { root: Some(f), .. } | LocalOutcome::Remote(f) => {
+                        Some((**f).clone())
+                    }
+                    _ => None,
+                };
+                let me = self.s.machine_rank;
+                let silent = vec![(me, live.own_silence())];
+                let mut f =
+                    machines::lost_failure(plan, me, &silent, &self.store_at(), witness.as_ref());
+                if let LocalOutcome::StoreLost(why) = other {
+                    let e = f.error.get_or_insert_with(String::new);
+                    e.push_str(&format!("\nthe store client said: {why}"));
+                }
+                f
+            }
+        };
+        Some(Settled {
+            status: Status::Failed,
+            code: root.exit.launcher_code(),
+            root: Some(root),
+            interrupted_by: None,
+            restartable: false,
         })
     }
 
@@ -755,6 +847,7 @@ impl Coordinator for Machines<'_> {
                 n,
                 s.join_timeout,
             )?;
+            self.plan = Some(plan.clone());
             (0, plan.world_size)
         } else {
             let plan = machines::member_join(&*self.store, &self.me, n, s.join_timeout)?;
@@ -765,8 +858,35 @@ impl Coordinator for Machines<'_> {
                 .get(s.machine_rank)
                 .map(|m| m.rank_offset)
                 .unwrap_or(s.machine_rank * s.nproc);
+            self.plan = Some(plan.clone());
             (off, plan.world_size)
         };
+        if let Some(l) = self.liveness.take() {
+            l.stop();
+        }
+        self.liveness = self.plan.clone().map(|plan| {
+            let (store, tx, me) = (self.beat_store.clone(), tx.clone(), s.machine_rank);
+            let at = self.store_at();
+            Liveness::start(
+                self.beat_store.clone(),
+                n,
+                me,
+                s.num_machines,
+                s.timeout + Duration::from_secs(2),
+                Box::new(move |lost| {
+                    let f = machines::lost_failure(&plan, me, &lost, &at, None);
+                    // This machine's own silence: the store cannot take it.
+                    let first = match lost.first() {
+                        Some((k, _)) if *k == me => f,
+                        _ => machines::publish_failure(&*store, n, &f).unwrap_or(f),
+                    };
+                    let _ = tx.send(Event::Remote {
+                        attempt: n,
+                        failure: Box::new(first),
+                    });
+                }),
+            )
+        });
         self.watcher = Some(Watcher::start(
             self.store.clone(),
             n,
@@ -788,12 +908,20 @@ impl Coordinator for Machines<'_> {
     }
 
     fn publish(&self, n: u32, f: &Failure) {
-        machines::publish_failure(&*self.store, n, f);
+        let f = self.attribute(f);
+        if self.reaches_store() {
+            machines::publish_failure(&*self.store, n, &f);
+        }
     }
 
     fn settle(&mut self, n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
         if let Some(w) = self.watcher.take() {
             w.stop();
+        }
+        if !self.reaches_store() || matches!(local, LocalOutcome::StoreLost(_)) {
+            if let Some(settled) = self.settle_alone(&local) {
+                return settled;
+            }
         }
         let (st, me, m) = (&*self.store, self.s.machine_rank, self.s.num_machines);
         let failed = |root: Failure| Settled {
@@ -871,13 +999,29 @@ impl Coordinator for Machines<'_> {
     }
 
     fn end(&mut self, last: u32) {
-        machines::farewell(
-            &*self.store,
-            last,
-            self.s.machine_rank,
-            self.s.num_machines,
-            Duration::from_secs(5),
-        );
+        // Wait for no goodbye of a silent machine, say none to a store
+        // this machine cannot reach.
+        let awaited: Vec<usize> = match &self.liveness {
+            Some(l) => {
+                let silent = l.silent(machines::SUSPECT);
+                (0..self.s.num_machines)
+                    .filter(|k| !silent.iter().any(|(s, _)| s == k))
+                    .collect()
+            }
+            None => (0..self.s.num_machines).collect(),
+        };
+        if self.reaches_store() {
+            machines::farewell(
+                &*self.store,
+                last,
+                self.s.machine_rank,
+                &awaited,
+                Duration::from_secs(5),
+            );
+        }
+        if let Some(l) = self.liveness.take() {
+            l.stop();
+        }
         if let Some(server) = self.server.take() {
             server.shutdown();
         }
@@ -888,6 +1032,9 @@ impl Coordinator for Machines<'_> {
     }
 
     fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
+        if !self.reaches_store() {
+            return None;
+        }
         accel_launch::supervise::read_stall(self.store.clone(), attempt)
     }
 }
