@@ -206,6 +206,13 @@ pub fn host_join(
                 m - missing.len()
             );
             abort(store, attempt, &arrivals, &why);
+            // Let the machines that joined read why before the store goes.
+            let acks: Vec<String> = arrivals
+                .iter()
+                .map(|(i, _)| key(attempt, &format!("ack/{i}")))
+                .collect();
+            let acks: Vec<&str> = acks.iter().map(String::as_str).collect();
+            let _ = store.wait(&acks, Duration::from_secs(2));
             return Err(Error::timeout("machine join", timeout, why).with_fix(
                 "start `accel launch --machine-rank K` on every other machine with the same \
                  --num-machines, --main-process-ip, --main-process-port and --token; a \
@@ -900,6 +907,115 @@ mod tests {
             e.to_string().contains("machine(s) 1, 2 did not join"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_member_whose_join_times_out_names_the_machines_still_awaited() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let s = store.clone();
+        let host = std::thread::spawn(move || {
+            host_join(&*s, &reg(0, 1, 3), "run", 0, 0, Duration::from_secs(2))
+        });
+        let e = member_join(&*store, &reg(1, 1, 3), 0, Duration::from_millis(500)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("machine(s) 2 did not join within 500ms: machine 0 still waits"),
+            "{e}"
+        );
+        let e = host.join().unwrap().unwrap_err();
+        assert!(e.to_string().contains("machine(s) 2 did not join"), "{e}");
+    }
+
+    fn plan3() -> Plan {
+        Plan {
+            run_id: "run".into(),
+            world_size: 6,
+            max_restarts: 0,
+            machines: (0..3)
+                .map(|k| MachineSlot {
+                    machine_rank: k,
+                    host: format!("host{k}"),
+                    nproc: 2,
+                    rank_offset: 2 * k,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_silent_machine_is_reported_lost_and_a_beating_one_is_not() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let lost_after = Duration::from_millis(700);
+        let watch = Liveness::start(
+            store.clone(),
+            0,
+            0,
+            3,
+            lost_after,
+            Box::new(move |lost| {
+                let _ = tx.send(lost);
+            }),
+        );
+        // Machine 1 beats throughout; machine 2 beats, then stops.
+        let one = Liveness::start(store.clone(), 0, 1, 3, T, Box::new(|_| {}));
+        let two = Liveness::start(store.clone(), 0, 2, 3, T, Box::new(|_| {}));
+        std::thread::sleep(3 * BEAT);
+        two.stop();
+        let lost = rx.recv_timeout(Duration::from_secs(5)).expect("a loss");
+        assert_eq!(lost.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![2]);
+        assert!(lost[0].1 > lost_after, "{lost:?}");
+        assert!(watch.reaches_store());
+        assert!(watch.silent(SUSPECT).iter().all(|(k, _)| *k == 2));
+        drop(one);
+    }
+
+    #[test]
+    fn a_lost_machine_is_named_with_its_ranks_and_the_witness() {
+        let plan = plan3();
+        let witness = Failure {
+            rank: 1,
+            local_rank: 1,
+            machine: 0,
+            host: "host0".into(),
+            pid: Some(9),
+            exit: accel_launch::report::Exit::Code { code: 1 },
+            error: None,
+            location: None,
+            stderr_tail: vec!["all_reduce: timed out; missing ranks: 4, 5".into()],
+            also_hung: vec![],
+            interrupted: false,
+        };
+        assert!(blames_a_peer(&witness));
+        let lost = vec![(2, Duration::from_millis(3100))];
+        let f = lost_failure(&plan, 0, &lost, "10.0.0.1:1", Some(&witness));
+        assert_eq!((f.machine, f.rank, f.host.as_str()), (2, 4, "host2"));
+        assert!(matches!(f.exit, Exit::Lost { silent_ms: 3100 }));
+        let e = f.error.unwrap();
+        assert!(e.starts_with("machine 2 (host host2, ranks 4-5) was lost: its launcher sent no heartbeat for 3.1s"), "{e}");
+        assert!(
+            e.contains("rank 1 (machine 0) noticed it: all_reduce: timed out"),
+            "{e}"
+        );
+        // Cut off from machine 0's store: machine 0 is named, and the others.
+        let f = lost_failure(
+            &plan,
+            2,
+            &vec![(2, Duration::from_secs(5))],
+            "10.0.0.1:1",
+            None,
+        );
+        assert_eq!((f.machine, f.rank), (0, 0));
+        assert!(f.error.unwrap().starts_with(
+            "machine 2 lost machine 0 (host host0, ranks 0-1) and with it the others"
+        ));
+        // Machine 0 hearing from nobody.
+        let all = vec![(1, Duration::from_secs(5)), (2, Duration::from_secs(5))];
+        let f = lost_failure(&plan, 0, &all, "10.0.0.1:1", None);
+        assert!(f
+            .error
+            .unwrap()
+            .starts_with("machine 0 lost the others: machines 1, 2"));
     }
 
     #[test]

@@ -1008,7 +1008,8 @@ impl Coordinator for Machines<'_> {
                     .filter(|k| !silent.iter().any(|(s, _)| s == k))
                     .collect()
             }
-            None => (0..self.s.num_machines).collect(),
+            // No attempt began: no machine joined to say goodbye.
+            None => Vec::new(),
         };
         if self.reaches_store() {
             machines::farewell(
