@@ -1,0 +1,470 @@
+//! Faults across machines: 3 machines (network namespaces on one bridge,
+//! `common::netns::Cluster`) × 2 ranks of the training demo (examples/train)
+//! on cpu-gloo, all-reducing in a loop with a short collective timeout and
+//! a checkpoint every 5 steps. In the middle of it, one machine's link is
+//! cut, its launcher is killed, or it is frozen; or a machine never joins.
+//! Each run must end everywhere with the lost machine named as the root
+//! cause (not a rank that timed out waiting for it), no process left, and
+//! the newest checkpoint intact. Needs root and `ip netns`; skips with the
+//! reason elsewhere, and must run in CI.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::netns::Cluster;
+use common::*;
+
+/// The ranks' collective timeout (`accel launch --timeout`), seconds.
+const T: u64 = 3;
+/// Machines, and ranks on each.
+const MACHINES: usize = 3;
+const NPROC: usize = 2;
+/// Hard limit of every launcher.
+const HARD: Duration = Duration::from_secs(90);
+
+/// `accel launch` of machine `i` (store on machine 0) running the demo,
+/// checkpointing into `ckpt`.
+fn launcher(c: &Cluster, i: usize, ckpt: &Path, join_timeout: &str) -> Command {
+    let train = train_bin();
+    let (rank, n, t) = (i.to_string(), NPROC.to_string(), format!("{T}s"));
+    let machines = MACHINES.to_string();
+    let mut cmd = c.command(
+        i,
+        ACCEL,
+        &[
+            "launch",
+            "--num-machines",
+            &machines,
+            "--machine-rank",
+            &rank,
+            "--main-process-ip",
+            c.addr(0),
+            "--main-process-port",
+            "29500",
+            "--join-timeout",
+            join_timeout,
+            "--timeout",
+            &t,
+            "-n",
+            &n,
+            "--",
+            train.to_str().expect("utf-8 path"),
+            "--epochs",
+            "1000",
+            "--train-len",
+            "4000",
+            "--step-delay-ms",
+            "30",
+            "--save-every",
+            "5",
+            "--checkpoint-dir",
+            ckpt.to_str().expect("utf-8 path"),
+        ],
+    );
+    cmd.env("ACCEL_RUN_TOKEN", "cluster-test")
+        .env_remove("ACCEL_TIMEOUT")
+        .env_remove("ACCEL_BACKEND")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// The newest `checkpoint_N` in `ckpt` (N), if any.
+fn newest_checkpoint(ckpt: &Path) -> Option<u64> {
+    std::fs::read_dir(ckpt)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()?
+                .strip_prefix("checkpoint_")?
+                .parse()
+                .ok()
+        })
+        .max()
+}
+
+/// A started cluster run, the moment of the fault, and where it saves.
+struct Run3 {
+    cluster: Cluster,
+    ckpt: tempfile::TempDir,
+    machines: Vec<Option<Running>>,
+}
+
+impl Run3 {
+    /// Start machines `which` and wait until two checkpoints were saved
+    /// (the loop is in full swing).
+    fn start(name: &str, which: &[usize]) -> Option<Run3> {
+        let cluster = Cluster::or_skip(MACHINES, name)?;
+        let ckpt = tempfile::tempdir().unwrap();
+        let mut machines: Vec<Option<Running>> = (0..MACHINES).map(|_| None).collect();
+        for &i in which {
+            machines[i] = Some(start(launcher(&cluster, i, ckpt.path(), "20s")));
+        }
+        Some(Run3 {
+            cluster,
+            ckpt,
+            machines,
+        })
+    }
+
+    /// Wait until checkpoint_1 exists (two saves: the loop is in full
+    /// swing); panics with every machine's output after 60 s.
+    fn wait_running(&mut self) {
+        let ok = eventually(Duration::from_secs(60), || {
+            newest_checkpoint(self.ckpt.path()).is_some_and(|n| n >= 1)
+        });
+        if !ok {
+            let all: Vec<String> = self.finish_all().iter().map(Run::all).collect();
+            panic!("the loop did not reach checkpoint_1:\n{}", all.join("\n"));
+        }
+    }
+
+    /// Wait for every started launcher (bounded by [`HARD`]).
+    fn finish_all(&mut self) -> Vec<Run> {
+        self.machines
+            .iter_mut()
+            .filter_map(Option::take)
+            .map(|r| r.finish(HARD))
+            .collect()
+    }
+
+    /// Wait for machine `i`'s launcher: its run and when it ended,
+    /// measured from `since`.
+    fn finish(&mut self, i: usize, since: Instant) -> (Run, Duration) {
+        let r = self.machines[i].take().expect("started").finish(HARD);
+        (r, since.elapsed())
+    }
+
+    fn pid(&self, i: usize) -> u32 {
+        self.machines[i].as_ref().expect("started").pid()
+    }
+}
+
+/// The root-cause block of `r` names machine `lost` as lost (not a rank
+/// that timed out waiting for it), and the launcher failed.
+#[track_caller]
+fn names_lost_machine(r: &Run, lost: usize, who: &str) {
+    assert!(
+        r.code.is_some_and(|c| c != 0),
+        "{who} must fail:\n{}",
+        r.all()
+    );
+    r.has_stderr("==================== root cause ====================");
+    r.has_stderr(&format!(" (machine {lost})\n"));
+    r.has_stderr("exit:      machine lost: its launcher did not answer for ");
+    assert!(
+        !r.stderr.contains("exit:      exit code"),
+        "{who}: a rank's exit is not the cause:\n{}",
+        r.all()
+    );
+}
+
+/// Survivors: the block says machine `lost` (with its ranks) was lost, and
+/// quotes the first surviving rank's error, which names a rank of it.
+#[track_caller]
+fn survivor_says(r: &Run, lost: usize, who: &str) {
+    names_lost_machine(r, lost, who);
+    let (a, b) = (lost * NPROC, lost * NPROC + 1);
+    r.has_stderr(&format!(
+        "machine {lost} (host {}, ranks {a}-{b}) was lost",
+        host()
+    ));
+    r.has_stderr("noticed it: ");
+    let rank_errors: Vec<&str> = r
+        .stderr
+        .lines()
+        .filter(|l| l.contains("[cpu-gloo rank "))
+        .filter(|l| {
+            l.contains(&format!("missing ranks: {a}"))
+                || l.contains(&format!("lost peer rank {a}"))
+                || l.contains(&format!("lost peer rank {b}"))
+        })
+        .collect();
+    assert!(
+        !rank_errors.is_empty(),
+        "{who}: no rank error naming rank {a} or {b}:\n{}",
+        r.all()
+    );
+}
+
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The newest checkpoint loads (every file checked against its manifest):
+/// the demo resumes from it on 6 ranks of one machine and stops after its
+/// next step.
+fn resumes_from_newest(ckpt: &Path) {
+    let n = newest_checkpoint(ckpt).expect("a checkpoint");
+    let step = (n + 1) * 5 + 1;
+    let r = start(command(&argv(
+        "launch -n 6 --timeout 20s --",
+        &[
+            train_bin().to_str().unwrap(),
+            "--epochs",
+            "1000",
+            "--train-len",
+            "4000",
+            "--save-every",
+            "0",
+            "--resume",
+            "--stop-after",
+            &step.to_string(),
+            "--checkpoint-dir",
+            ckpt.to_str().unwrap(),
+        ],
+    )))
+    .finish(Duration::from_secs(60));
+    r.code_is(0);
+    r.has_stdout(&format!(
+        "resumed from {}",
+        ckpt.join(format!("checkpoint_{n}")).display()
+    ));
+}
+
+/// No process left on any machine.
+#[track_caller]
+fn nothing_left(c: &Cluster) {
+    if let Err(left) = c.wait_empty(Duration::from_secs(5)) {
+        panic!("processes left:\n{left}");
+    }
+}
+
+/// The survivors' launchers ended within timeout + 2 s (their ranks' errors
+/// came before) plus 1 s to settle; the cut-off ones within 2 × (timeout +
+/// 2 s).
+#[track_caller]
+fn within(ends: &[(usize, Duration)], survivors: &[usize], cut_off: &[usize]) {
+    for (i, took) in ends {
+        let limit = if survivors.contains(i) {
+            Duration::from_secs(T + 2 + 1)
+        } else if cut_off.contains(i) {
+            Duration::from_secs(2 * (T + 2))
+        } else {
+            continue;
+        };
+        assert!(
+            *took < limit,
+            "machine {i} ended {took:?} after the fault (limit {limit:?})"
+        );
+    }
+}
+
+fn report(name: &str, t0: Instant, ends: &[(usize, Duration)]) {
+    let v: Vec<String> = ends
+        .iter()
+        .map(|(i, d)| format!("machine {i} after {:.1}s", d.as_secs_f64()))
+        .collect();
+    eprintln!(
+        "{name}: launchers ended {} (from the fault); test {:.1}s",
+        v.join(", "),
+        t0.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn a_cut_link_names_the_cut_machine_everywhere() {
+    let t0 = Instant::now();
+    let name = "a_cut_link_names_the_cut_machine_everywhere";
+    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+        return;
+    };
+    run.wait_running();
+    run.cluster.cut(2);
+    let fault = Instant::now();
+    let mut ends = Vec::new();
+    for i in [0, 1] {
+        let (r, took) = run.finish(i, fault);
+        survivor_says(&r, 2, &format!("machine {i}"));
+        ends.push((i, took));
+    }
+    let (r2, took) = run.finish(2, fault);
+    ends.push((2, took));
+    // The cut machine: it lost machine 0's store and with it the others.
+    names_lost_machine(&r2, 0, "the cut machine");
+    r2.has_stderr("machine 2 lost machine 0 (host ");
+    r2.has_stderr("and with it the others");
+    report(name, t0, &ends);
+    within(&ends, &[0, 1], &[2]);
+    run.cluster.reconnect(2);
+    nothing_left(&run.cluster);
+    resumes_from_newest(run.ckpt.path());
+}
+
+#[test]
+fn a_cut_link_to_the_store_host_names_machine_0_everywhere() {
+    let t0 = Instant::now();
+    let name = "a_cut_link_to_the_store_host_names_machine_0_everywhere";
+    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+        return;
+    };
+    run.wait_running();
+    run.cluster.cut(0);
+    let fault = Instant::now();
+    let mut ends = Vec::new();
+    for i in [1, 2] {
+        let (r, took) = run.finish(i, fault);
+        names_lost_machine(&r, 0, &format!("machine {i}"));
+        r.has_stderr(&format!(
+            "machine {i} lost machine 0 (host {}, ranks 0-1) and with it the others",
+            host()
+        ));
+        ends.push((i, took));
+    }
+    // Machine 0 hosts the store: it sees both others go silent.
+    let (r0, took) = run.finish(0, fault);
+    ends.push((0, took));
+    r0.has_stderr("machine 0 lost the others: machines 1, 2 sent no heartbeat for ");
+    assert!(r0.code.is_some_and(|c| c != 0), "{}", r0.all());
+    report(name, t0, &ends);
+    // Machines 1 and 2 lost the store too: all are cut off from someone.
+    within(&ends, &[], &[0, 1, 2]);
+    run.cluster.reconnect(0);
+    nothing_left(&run.cluster);
+    resumes_from_newest(run.ckpt.path());
+}
+
+#[test]
+fn a_killed_launcher_names_its_machine_everywhere() {
+    let t0 = Instant::now();
+    let name = "a_killed_launcher_names_its_machine_everywhere";
+    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+        return;
+    };
+    run.wait_running();
+    Cluster::sigkill(run.pid(2));
+    let fault = Instant::now();
+    let mut ends = Vec::new();
+    for i in [0, 1] {
+        let (r, took) = run.finish(i, fault);
+        survivor_says(&r, 2, &format!("machine {i}"));
+        ends.push((i, took));
+    }
+    let (r2, _) = run.finish(2, fault);
+    // `ip netns exec` execs the launcher: the pid killed is the launcher's.
+    assert_eq!(r2.code, None, "killed by SIGKILL:\n{}", r2.all());
+    report(name, t0, &ends);
+    within(&ends, &[0, 1], &[]);
+    // Its workers die with it (PR_SET_PDEATHSIG), the others are stopped.
+    nothing_left(&run.cluster);
+    resumes_from_newest(run.ckpt.path());
+}
+
+#[test]
+fn a_frozen_machine_is_named_and_ends_when_it_thaws() {
+    let t0 = Instant::now();
+    let name = "a_frozen_machine_is_named_and_ends_when_it_thaws";
+    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+        return;
+    };
+    run.wait_running();
+    run.cluster.freeze(2);
+    let fault = Instant::now();
+    let mut ends = Vec::new();
+    for i in [0, 1] {
+        let (r, took) = run.finish(i, fault);
+        survivor_says(&r, 2, &format!("machine {i}"));
+        ends.push((i, took));
+    }
+    // Thawed, it finds machine 0's store gone and says it lost the others.
+    run.cluster.thaw(2);
+    let thawed = Instant::now();
+    let (r2, took) = run.finish(2, thawed);
+    ends.push((2, took));
+    names_lost_machine(&r2, 0, "the thawed machine");
+    r2.has_stderr("machine 2 lost machine 0 (host ");
+    report(name, t0, &ends);
+    within(&ends, &[0, 1], &[2]);
+    nothing_left(&run.cluster);
+    resumes_from_newest(run.ckpt.path());
+}
+
+#[test]
+fn a_machine_that_never_joins_is_named_by_the_join_timeout_everywhere() {
+    let t0 = Instant::now();
+    let name = "a_machine_that_never_joins_is_named_by_the_join_timeout_everywhere";
+    let Some(c) = Cluster::or_skip(MACHINES, name) else {
+        return;
+    };
+    let ckpt = tempfile::tempdir().unwrap();
+    // Machine 1 first, so that its own join timeout ends first.
+    let m1 = start(launcher(&c, 1, ckpt.path(), "3s"));
+    std::thread::sleep(Duration::from_millis(300));
+    let m0 = start(launcher(&c, 0, ckpt.path(), "3s"));
+    let (r0, r1) = (m0.finish(HARD), m1.finish(HARD));
+    for (i, r) in [(0, &r0), (1, &r1)] {
+        assert!(r.code.is_some_and(|c| c != 0), "machine {i}:\n{}", r.all());
+        assert!(
+            r.stderr.contains("machine(s) 2 did not join within 3s"),
+            "machine {i} must name machine 2:\n{}",
+            r.all()
+        );
+        assert!(r.elapsed < Duration::from_secs(3 + 2), "{}", r.all());
+    }
+    eprintln!("{name}: test {:.1}s", t0.elapsed().as_secs_f64());
+    nothing_left(&c);
+}
+
+#[test]
+fn a_machine_that_joins_late_within_the_join_timeout_runs() {
+    let t0 = Instant::now();
+    let name = "a_machine_that_joins_late_within_the_join_timeout_runs";
+    let Some(c) = Cluster::or_skip(MACHINES, name) else {
+        return;
+    };
+    let probe = |i: usize| {
+        let (rank, machines) = (i.to_string(), MACHINES.to_string());
+        let mut cmd = c.command(
+            i,
+            ACCEL,
+            &[
+                "launch",
+                "--num-machines",
+                &machines,
+                "--machine-rank",
+                &rank,
+                "--main-process-ip",
+                c.addr(0),
+                "--main-process-port",
+                "29500",
+                "--join-timeout",
+                "20s",
+                "-n",
+                "2",
+                "--",
+                ACCEL,
+                "probe-worker",
+                "--accelerator",
+            ],
+        );
+        cmd.env("ACCEL_RUN_TOKEN", "late")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        start(cmd)
+    };
+    let (m0, m1) = (probe(0), probe(1));
+    // Machine 2 joins 2 s later.
+    std::thread::sleep(Duration::from_secs(2));
+    let m2 = probe(2);
+    let runs = [m0.finish(HARD), m1.finish(HARD), m2.finish(HARD)];
+    for (i, r) in runs.iter().enumerate() {
+        r.code_is(0);
+        for local in 0..2 {
+            let v = r.rank_json(i * 2 + local);
+            assert_eq!(v["world_size"], 6, "{}", r.all());
+            // 1 + 2 + ... + 6, across the three machines.
+            assert_eq!(v["all_reduce_sum"], 21.0, "{}", r.all());
+        }
+    }
+    eprintln!("{name}: test {:.1}s", t0.elapsed().as_secs_f64());
+    nothing_left(&c);
+}
