@@ -455,6 +455,14 @@ mod tests {
         assert_eq!(Exit::Signal { signal: 9 }.launcher_code(), 137);
         assert_eq!(Exit::Hung { silent_s: 5 }.launcher_code(), 124);
         assert_eq!(Exit::Code { code: 300 }.launcher_code(), 1);
+        let lost = Exit::Lost { silent_ms: 5100 };
+        assert_eq!(lost.launcher_code(), 1);
+        assert_eq!(
+            lost.describe(),
+            "was lost with its machine (its launcher silent for 5.1s)"
+        );
+        let back: Exit = serde_json::from_str(&serde_json::to_string(&lost).unwrap()).unwrap();
+        assert_eq!(back, lost);
         assert_eq!(
             Exit::Signal { signal: 11 }.describe(),
             "was killed by SIGSEGV (signal 11)"

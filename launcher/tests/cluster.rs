@@ -89,8 +89,13 @@ fn newest_checkpoint(ckpt: &Path) -> Option<u64> {
         .max()
 }
 
+/// One 6-rank loop at a time: four at once on CI's 2 cores could stall a
+/// collective past its 3 s timeout before any fault.
+static ONE_LOOP: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A started cluster run, the moment of the fault, and where it saves.
 struct Run3 {
+    _one: std::sync::MutexGuard<'static, ()>,
     cluster: Cluster,
     ckpt: tempfile::TempDir,
     machines: Vec<Option<Running>>,
@@ -100,6 +105,7 @@ impl Run3 {
     /// Start machines `which` and wait until two checkpoints were saved
     /// (the loop is in full swing).
     fn start(name: &str, which: &[usize]) -> Option<Run3> {
+        let one = ONE_LOOP.lock().unwrap_or_else(|p| p.into_inner());
         let cluster = Cluster::or_skip(MACHINES, name)?;
         let ckpt = tempfile::tempdir().unwrap();
         let mut machines: Vec<Option<Running>> = (0..MACHINES).map(|_| None).collect();
@@ -107,6 +113,7 @@ impl Run3 {
             machines[i] = Some(start(launcher(&cluster, i, ckpt.path(), "20s")));
         }
         Some(Run3 {
+            _one: one,
             cluster,
             ckpt,
             machines,
