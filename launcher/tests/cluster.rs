@@ -25,32 +25,47 @@ const NPROC: usize = 2;
 /// Hard limit of every launcher.
 const HARD: Duration = Duration::from_secs(90);
 
-/// `accel launch` of machine `i` (store on machine 0) running the demo,
-/// checkpointing into `ckpt`.
+/// `accel launch` of machine `i` of three (store on machine 0), 2 ranks
+/// each, with `flags`, running `program`.
+fn machine(c: &Cluster, i: usize, flags: &[&str], program: &[&str]) -> Command {
+    let (rank, n, machines) = (i.to_string(), NPROC.to_string(), MACHINES.to_string());
+    let mut args = vec![
+        "launch",
+        "--num-machines",
+        &machines,
+        "--machine-rank",
+        &rank,
+        "--main-process-ip",
+        c.addr(0),
+        "--main-process-port",
+        "29500",
+        "-n",
+        &n,
+    ];
+    args.extend_from_slice(flags);
+    args.push("--");
+    args.extend_from_slice(program);
+    let mut cmd = c.command(i, ACCEL, &args);
+    cmd.env("ACCEL_RUN_TOKEN", "cluster-test")
+        .env_remove("ACCEL_TIMEOUT")
+        .env_remove("ACCEL_BACKEND")
+        .env("RUST_BACKTRACE", "0")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Machine `i` running the demo with the collective timeout [`T`],
+/// checkpointing into `ckpt` every 5 steps.
 fn launcher(c: &Cluster, i: usize, ckpt: &Path, join_timeout: &str) -> Command {
     let train = train_bin();
-    let (rank, n, t) = (i.to_string(), NPROC.to_string(), format!("{T}s"));
-    let machines = MACHINES.to_string();
-    let mut cmd = c.command(
+    let t = format!("{T}s");
+    machine(
+        c,
         i,
-        ACCEL,
+        &["--join-timeout", join_timeout, "--timeout", &t],
         &[
-            "launch",
-            "--num-machines",
-            &machines,
-            "--machine-rank",
-            &rank,
-            "--main-process-ip",
-            c.addr(0),
-            "--main-process-port",
-            "29500",
-            "--join-timeout",
-            join_timeout,
-            "--timeout",
-            &t,
-            "-n",
-            &n,
-            "--",
             train.to_str().expect("utf-8 path"),
             "--epochs",
             "1000",
@@ -63,15 +78,7 @@ fn launcher(c: &Cluster, i: usize, ckpt: &Path, join_timeout: &str) -> Command {
             "--checkpoint-dir",
             ckpt.to_str().expect("utf-8 path"),
         ],
-    );
-    cmd.env("ACCEL_RUN_TOKEN", "cluster-test")
-        .env_remove("ACCEL_TIMEOUT")
-        .env_remove("ACCEL_BACKEND")
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
+    )
 }
 
 /// The newest `checkpoint_N` in `ckpt` (N), if any.
@@ -277,45 +284,66 @@ fn report(name: &str, t0: Instant, ends: &[(usize, Duration)]) {
     );
 }
 
+/// Start the three machines, wait for the loop, inject `fault`: the run
+/// and the moment of the fault.
+fn faulted(name: &str, fault: impl FnOnce(&Run3)) -> Option<(Run3, Instant)> {
+    let mut run = Run3::start(name, &[0, 1, 2])?;
+    run.wait_running();
+    fault(&run);
+    Some((run, Instant::now()))
+}
+
+/// The launchers of the machines `which` that lost machine `lost`: each
+/// names it (with a surviving rank's error), and when each ended.
+fn survivors(run: &mut Run3, which: &[usize], lost: usize, fault: Instant) -> Ends {
+    which
+        .iter()
+        .map(|&i| {
+            let (r, took) = run.finish(i, fault);
+            survivor_says(&r, lost, &format!("machine {i}"));
+            (i, took)
+        })
+        .collect()
+}
+
+type Ends = Vec<(usize, Duration)>;
+
+/// The end of every fault test: the times said and bounded, no process
+/// left, the newest checkpoint resumes.
+fn wrap_up(run: &Run3, name: &str, t0: Instant, ends: &Ends, bounds: (&[usize], &[usize])) {
+    report(name, t0, ends);
+    within(ends, bounds.0, bounds.1);
+    nothing_left(&run.cluster);
+    resumes_from_newest(run.ckpt.path());
+}
+
 #[test]
 fn a_cut_link_names_the_cut_machine_everywhere() {
-    let t0 = Instant::now();
-    let name = "a_cut_link_names_the_cut_machine_everywhere";
-    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+    let (t0, name) = (
+        Instant::now(),
+        "a_cut_link_names_the_cut_machine_everywhere",
+    );
+    let Some((mut run, fault)) = faulted(name, |r| r.cluster.cut(2)) else {
         return;
     };
-    run.wait_running();
-    run.cluster.cut(2);
-    let fault = Instant::now();
-    let mut ends = Vec::new();
-    for i in [0, 1] {
-        let (r, took) = run.finish(i, fault);
-        survivor_says(&r, 2, &format!("machine {i}"));
-        ends.push((i, took));
-    }
+    let mut ends = survivors(&mut run, &[0, 1], 2, fault);
     let (r2, took) = run.finish(2, fault);
     ends.push((2, took));
     // The cut machine: it lost machine 0's store and with it the others.
     names_lost_machine(&r2, 0, "the cut machine");
     r2.has_stderr("machine 2 lost machine 0 (host ");
     r2.has_stderr("and with it the others");
-    report(name, t0, &ends);
-    within(&ends, &[0, 1], &[2]);
     run.cluster.reconnect(2);
-    nothing_left(&run.cluster);
-    resumes_from_newest(run.ckpt.path());
+    wrap_up(&run, name, t0, &ends, (&[0, 1], &[2]));
 }
 
 #[test]
 fn a_cut_link_to_the_store_host_names_machine_0_everywhere() {
     let t0 = Instant::now();
     let name = "a_cut_link_to_the_store_host_names_machine_0_everywhere";
-    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+    let Some((mut run, fault)) = faulted(name, |r| r.cluster.cut(0)) else {
         return;
     };
-    run.wait_running();
-    run.cluster.cut(0);
-    let fault = Instant::now();
     let mut ends = Vec::new();
     for i in [1, 2] {
         let (r, took) = run.finish(i, fault);
@@ -331,67 +359,45 @@ fn a_cut_link_to_the_store_host_names_machine_0_everywhere() {
     ends.push((0, took));
     r0.has_stderr("machine 0 lost the others: machines 1, 2 sent no heartbeat for ");
     assert!(r0.code.is_some_and(|c| c != 0), "{}", r0.all());
-    report(name, t0, &ends);
-    // Machines 1 and 2 lost the store too: all are cut off from someone.
-    within(&ends, &[], &[0, 1, 2]);
     run.cluster.reconnect(0);
-    nothing_left(&run.cluster);
-    resumes_from_newest(run.ckpt.path());
+    // Machines 1 and 2 lost the store too: all are cut off from someone.
+    wrap_up(&run, name, t0, &ends, (&[], &[0, 1, 2]));
 }
 
 #[test]
 fn a_killed_launcher_names_its_machine_everywhere() {
-    let t0 = Instant::now();
-    let name = "a_killed_launcher_names_its_machine_everywhere";
-    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+    let (t0, name) = (
+        Instant::now(),
+        "a_killed_launcher_names_its_machine_everywhere",
+    );
+    let Some((mut run, fault)) = faulted(name, |r| Cluster::sigkill(r.pid(2))) else {
         return;
     };
-    run.wait_running();
-    Cluster::sigkill(run.pid(2));
-    let fault = Instant::now();
-    let mut ends = Vec::new();
-    for i in [0, 1] {
-        let (r, took) = run.finish(i, fault);
-        survivor_says(&r, 2, &format!("machine {i}"));
-        ends.push((i, took));
-    }
+    let ends = survivors(&mut run, &[0, 1], 2, fault);
     let (r2, _) = run.finish(2, fault);
     // `ip netns exec` execs the launcher: the pid killed is the launcher's.
     assert_eq!(r2.code, None, "killed by SIGKILL:\n{}", r2.all());
-    report(name, t0, &ends);
-    within(&ends, &[0, 1], &[]);
     // Its workers die with it (PR_SET_PDEATHSIG), the others are stopped.
-    nothing_left(&run.cluster);
-    resumes_from_newest(run.ckpt.path());
+    wrap_up(&run, name, t0, &ends, (&[0, 1], &[]));
 }
 
 #[test]
 fn a_frozen_machine_is_named_and_ends_when_it_thaws() {
-    let t0 = Instant::now();
-    let name = "a_frozen_machine_is_named_and_ends_when_it_thaws";
-    let Some(mut run) = Run3::start(name, &[0, 1, 2]) else {
+    let (t0, name) = (
+        Instant::now(),
+        "a_frozen_machine_is_named_and_ends_when_it_thaws",
+    );
+    let Some((mut run, fault)) = faulted(name, |r| r.cluster.freeze(2)) else {
         return;
     };
-    run.wait_running();
-    run.cluster.freeze(2);
-    let fault = Instant::now();
-    let mut ends = Vec::new();
-    for i in [0, 1] {
-        let (r, took) = run.finish(i, fault);
-        survivor_says(&r, 2, &format!("machine {i}"));
-        ends.push((i, took));
-    }
+    let mut ends = survivors(&mut run, &[0, 1], 2, fault);
     // Thawed, it finds machine 0's store gone and says it lost the others.
     run.cluster.thaw(2);
-    let thawed = Instant::now();
-    let (r2, took) = run.finish(2, thawed);
+    let (r2, took) = run.finish(2, Instant::now());
     ends.push((2, took));
     names_lost_machine(&r2, 0, "the thawed machine");
     r2.has_stderr("machine 2 lost machine 0 (host ");
-    report(name, t0, &ends);
-    within(&ends, &[0, 1], &[2]);
-    nothing_left(&run.cluster);
-    resumes_from_newest(run.ckpt.path());
+    wrap_up(&run, name, t0, &ends, (&[0, 1], &[2]));
 }
 
 #[test]
@@ -428,35 +434,8 @@ fn a_machine_that_joins_late_within_the_join_timeout_runs() {
         return;
     };
     let probe = |i: usize| {
-        let (rank, machines) = (i.to_string(), MACHINES.to_string());
-        let mut cmd = c.command(
-            i,
-            ACCEL,
-            &[
-                "launch",
-                "--num-machines",
-                &machines,
-                "--machine-rank",
-                &rank,
-                "--main-process-ip",
-                c.addr(0),
-                "--main-process-port",
-                "29500",
-                "--join-timeout",
-                "20s",
-                "-n",
-                "2",
-                "--",
-                ACCEL,
-                "probe-worker",
-                "--accelerator",
-            ],
-        );
-        cmd.env("ACCEL_RUN_TOKEN", "late")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        start(cmd)
+        let prog = [ACCEL, "probe-worker", "--accelerator"];
+        start(machine(&c, i, &["--join-timeout", "20s"], &prog))
     };
     let (m0, m1) = (probe(0), probe(1));
     // Machine 2 joins 2 s later.

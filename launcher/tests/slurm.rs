@@ -123,21 +123,26 @@ fn all_reduced_on(out: &str, n: usize, backend: &str) {
     }
 }
 
+/// `srun [FLAGS] -n 2 accel probe-worker --accelerator` with `env`.
+fn srun_probe(c: &Cluster, flags: &[&str], env: &[(&str, &str)]) -> Run {
+    let mut args = flags.to_vec();
+    args.extend_from_slice(&[
+        "-n",
+        "2",
+        "--kill-on-bad-exit=1",
+        ACCEL,
+        "probe-worker",
+        "--accelerator",
+    ]);
+    let mut cmd = c.cmd("srun", &args);
+    cmd.envs(env.iter().copied());
+    start(cmd).finish(Duration::from_secs(90))
+}
+
 #[test]
 fn srun_alone_runs_an_accel_program_rank_0_hosting_the_store() {
     let Some(c) = Cluster::start() else { return };
-    let r = start(c.cmd(
-        "srun",
-        &[
-            "-n",
-            "2",
-            "--kill-on-bad-exit=1",
-            ACCEL,
-            "probe-worker",
-            "--accelerator",
-        ],
-    ))
-    .finish(Duration::from_secs(90));
+    let r = srun_probe(&c, &[], &[]);
     r.code_is(0);
     all_reduced(&r.stdout, 2);
 }
@@ -262,20 +267,7 @@ fn scancel_ends_every_rank_and_leaves_no_process() {
 #[test]
 fn srun_mpi_pmix_runs_the_mpi_backend() {
     let Some(c) = Cluster::start() else { return };
-    let mut cmd = c.cmd(
-        "srun",
-        &[
-            "--mpi=pmix",
-            "-n",
-            "2",
-            "--kill-on-bad-exit=1",
-            ACCEL,
-            "probe-worker",
-            "--accelerator",
-        ],
-    );
-    cmd.env("ACCEL_BACKEND", "mpi");
-    let r = start(cmd).finish(Duration::from_secs(90));
+    let r = srun_probe(&c, &["--mpi=pmix"], &[("ACCEL_BACKEND", "mpi")]);
     r.code_is(0);
     all_reduced_on(&r.stdout, 2, "mpi");
 }
