@@ -741,7 +741,7 @@ impl<'a> Machines<'a> {
     /// late peer and a machine went silent: waits up to
     /// [`machines::SUSPECT`] (and two beats) for the silence to show, as
     /// the ranks of a killed machine's peers fail at once.
-    fn attribute(&self, f: &Failure) -> Failure {
+    fn attribute(&self, n: u32, f: &Failure) -> Failure {
         let (Some(live), Some(plan)) = (&self.liveness, &self.plan) else {
             return f.clone();
         };
@@ -750,7 +750,8 @@ impl<'a> Machines<'a> {
         }
         let deadline = Instant::now() + machines::SUSPECT + 2 * machines::BEAT;
         loop {
-            if !live.reaches_store() {
+            // Cut off, or another machine's cause is already out: no wait.
+            if !live.reaches_store() || machines::failure(&*self.beat_store, n).is_some() {
                 return f.clone();
             }
             let silent = live.silent(machines::SUSPECT);
@@ -908,7 +909,7 @@ impl Coordinator for Machines<'_> {
     }
 
     fn publish(&self, n: u32, f: &Failure) {
-        let f = self.attribute(f);
+        let f = self.attribute(n, f);
         if self.reaches_store() {
             machines::publish_failure(&*self.store, n, &f);
         }
