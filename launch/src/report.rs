@@ -311,6 +311,23 @@ impl Failure {
         (code, said)
     }
 
+    /// `true` when this failure speaks of a peer it lost or waited for in
+    /// vain (a lost peer, a timeout, missing ranks, a reset connection).
+    pub fn speaks_of_a_peer(&self) -> bool {
+        let says = |t: &str| {
+            [
+                "lost peer",
+                "lost a peer",
+                "timed out",
+                "missing ranks",
+                "Connection reset",
+            ]
+            .iter()
+            .any(|w| t.contains(w))
+        };
+        self.error.as_deref().is_some_and(says) || self.stderr_tail.iter().any(|l| says(l))
+    }
+
     /// `true` when this failure says it lost `rank` as a peer (accel's
     /// `PeerLost` error naming it, or naming no peer).
     pub fn lost_peer(&self, rank: usize) -> bool {

@@ -590,10 +590,13 @@ impl Liveness {
                 while !stop.load(Ordering::SeqCst) {
                     std::thread::sleep(BEAT);
                     let own = probe.own_silence();
-                    let lost = if own > lost_after {
+                    let others = probe.silent(lost_after);
+                    // Silent others while this machine's own beat fails
+                    // too: this machine is the one cut off.
+                    let lost = if own > lost_after || (own > SUSPECT && !others.is_empty()) {
                         vec![(me, own)]
                     } else {
-                        probe.silent(lost_after)
+                        others
                     };
                     if !lost.is_empty() && !stop.load(Ordering::SeqCst) {
                         on_lost(lost);
@@ -628,33 +631,11 @@ impl Liveness {
         self.own_silence() <= SUSPECT
     }
 
-    /// Stop beating (the threads end within a beat, unwaited).
+    /// Stop beating (the threads end within a beat, unwaited). Dropping
+    /// does not stop them: the thread that watches holds a copy.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
     }
-}
-
-impl Drop for Liveness {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// `true` when `f` speaks of a peer it lost or waited for in vain (the
-/// ranks of a lost machine are such peers).
-pub fn blames_a_peer(f: &Failure) -> bool {
-    let says = |t: &str| {
-        [
-            "lost peer",
-            "lost a peer",
-            "timed out",
-            "missing ranks",
-            "Connection reset",
-        ]
-        .iter()
-        .any(|w| t.contains(w))
-    };
-    f.error.as_deref().is_some_and(says) || f.stderr_tail.iter().any(|l| says(l))
 }
 
 /// The root cause of losing the machines `lost` (the first one is named)
@@ -966,8 +947,18 @@ mod tests {
         assert_eq!(lost.iter().map(|(k, _)| *k).collect::<Vec<_>>(), vec![2]);
         assert!(lost[0].1 > lost_after, "{lost:?}");
         assert!(watch.reaches_store());
-        assert!(watch.silent(SUSPECT).iter().all(|(k, _)| *k == 2));
-        drop(one);
+        assert_eq!(
+            watch
+                .silent(lost_after)
+                .iter()
+                .map(|(k, _)| *k)
+                .collect::<Vec<_>>(),
+            vec![2]
+        );
+        // Machine 0 still beats after reporting the loss.
+        assert!(one.silent(lost_after).iter().all(|(k, _)| *k == 2));
+        one.stop();
+        watch.stop();
     }
 
     #[test]
@@ -986,7 +977,7 @@ mod tests {
             also_hung: vec![],
             interrupted: false,
         };
-        assert!(blames_a_peer(&witness));
+        assert!(witness.speaks_of_a_peer());
         let lost = vec![(2, Duration::from_millis(3100))];
         let f = lost_failure(&plan, 0, &lost, "10.0.0.1:1", Some(&witness));
         assert_eq!((f.machine, f.rank, f.host.as_str()), (2, 4, "host2"));

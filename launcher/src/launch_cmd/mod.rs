@@ -324,6 +324,11 @@ fn supervision(s: &Settings, args: &LaunchArgs) -> Supervision {
         echo: true,
         forward_signals: true,
         stdout_to_stderr: args.workers_stdout_to_stderr,
+        // Across machines, the ranks that lost a machine's ranks say so
+        // themselves: they wait in the same collective, so they time out
+        // (or lose the peer) together; 2 s bounds a rank that printed its
+        // error but hangs on its way out.
+        peer_drain: s.multi_machine().then_some(Duration::from_secs(2)),
     }
 }
 
@@ -745,7 +750,7 @@ impl<'a> Machines<'a> {
         let (Some(live), Some(plan)) = (&self.liveness, &self.plan) else {
             return f.clone();
         };
-        if !machines::blames_a_peer(f) {
+        if !f.speaks_of_a_peer() {
             return f.clone();
         }
         let deadline = Instant::now() + machines::SUSPECT + 2 * machines::BEAT;
@@ -798,7 +803,7 @@ impl<'a> Machines<'a> {
                     machines::lost_failure(plan, me, &silent, &self.store_at(), witness.as_ref());
                 if let LocalOutcome::StoreLost(why) = other {
                     let e = f.error.get_or_insert_with(String::new);
-                    e.push_str(&format!("\nthe store client said: {why}"));
+                    e.push_str(&format!("\n{why}"));
                 }
                 f
             }
@@ -875,12 +880,20 @@ impl Coordinator for Machines<'_> {
                 s.num_machines,
                 s.timeout + Duration::from_secs(2),
                 Box::new(move |lost| {
+                    // This machine's own silence: the store is out of reach,
+                    // and so are the others; settle_alone names them.
+                    if let Some((k, silent)) = lost.first().filter(|(k, _)| *k == me) {
+                        let _ = tx.send(Event::StoreLost {
+                            attempt: n,
+                            message: format!(
+                                "machine {k}'s heartbeat has not reached the store at {at} for {:.1}s",
+                                silent.as_secs_f64()
+                            ),
+                        });
+                        return;
+                    }
                     let f = machines::lost_failure(&plan, me, &lost, &at, None);
-                    // This machine's own silence: the store cannot take it.
-                    let first = match lost.first() {
-                        Some((k, _)) if *k == me => f,
-                        _ => machines::publish_failure(&*store, n, &f).unwrap_or(f),
-                    };
+                    let first = machines::publish_failure(&*store, n, &f).unwrap_or(f);
                     let _ = tx.send(Event::Remote {
                         attempt: n,
                         failure: Box::new(first),
@@ -1000,13 +1013,19 @@ impl Coordinator for Machines<'_> {
     }
 
     fn end(&mut self, last: u32) {
-        // Wait for no goodbye of a silent machine, say none to a store
-        // this machine cannot reach.
+        // Wait for no goodbye of a silent machine, nor of the machine the
+        // root cause says was lost (it may have gone silent a moment ago);
+        // say none to a store this machine cannot reach.
+        let lost = (self.s.machine_rank == 0)
+            .then(|| machines::failure(&*self.store, last))
+            .flatten()
+            .filter(|f| matches!(f.exit, Exit::Lost { .. }))
+            .map(|f| f.machine);
         let awaited: Vec<usize> = match &self.liveness {
             Some(l) => {
                 let silent = l.silent(machines::SUSPECT);
                 (0..self.s.num_machines)
-                    .filter(|k| !silent.iter().any(|(s, _)| s == k))
+                    .filter(|k| !silent.iter().any(|(s, _)| s == k) && lost != Some(*k))
                     .collect()
             }
             // No attempt began: no machine joined to say goodbye.
