@@ -179,32 +179,38 @@ fn names_lost_machine(r: &Run, lost: usize, who: &str) {
     );
 }
 
-/// Survivors: the block says machine `lost` (with its ranks) was lost, and
-/// quotes the first surviving rank's error, which names a rank of it.
+/// Survivor machine `i`: the block says machine `lost` (with its ranks) was
+/// lost, quoting the first surviving rank's error; and each of its own ranks
+/// printed an error of its own naming a rank of the lost machine (the
+/// launcher let them end by themselves, within the collective timeout).
 #[track_caller]
-fn survivor_says(r: &Run, lost: usize, who: &str) {
-    names_lost_machine(r, lost, who);
+fn survivor_says(r: &Run, lost: usize, i: usize) {
+    let who = format!("machine {i}");
+    names_lost_machine(r, lost, &who);
     let (a, b) = (lost * NPROC, lost * NPROC + 1);
     r.has_stderr(&format!(
         "machine {lost} (host {}, ranks {a}-{b}) was lost",
         host()
     ));
     r.has_stderr("noticed it: ");
-    let rank_errors: Vec<&str> = r
-        .stderr
-        .lines()
-        .filter(|l| l.contains("[cpu-gloo rank "))
-        .filter(|l| {
-            l.contains(&format!("missing ranks: {a}"))
-                || l.contains(&format!("lost peer rank {a}"))
-                || l.contains(&format!("lost peer rank {b}"))
-        })
-        .collect();
-    assert!(
-        !rank_errors.is_empty(),
-        "{who}: no rank error naming rank {a} or {b}:\n{}",
-        r.all()
-    );
+    for rank in i * NPROC..(i + 1) * NPROC {
+        let says = r.stderr.lines().any(|l| {
+            l.starts_with(&format!("[rank {rank}] "))
+                && l.contains(&format!("[cpu-gloo rank {rank}] "))
+                && [
+                    format!("missing ranks: {a}"),
+                    format!("lost peer rank {a}"),
+                    format!("lost peer rank {b}"),
+                ]
+                .iter()
+                .any(|w| l.contains(w))
+        });
+        assert!(
+            says,
+            "{who}: rank {rank} printed no error naming rank {a} or {b}:\n{}",
+            r.all()
+        );
+    }
 }
 
 fn host() -> String {
@@ -256,8 +262,8 @@ fn nothing_left(c: &Cluster) {
 /// came before) plus 1 s to settle; the cut-off ones within 2 × (timeout +
 /// 2 s).
 #[track_caller]
-fn within(ends: &[(usize, Duration)], survivors: &[usize], cut_off: &[usize]) {
-    for (i, took) in ends {
+fn within(ends: &Ends, survivors: &[usize], cut_off: &[usize]) {
+    for (i, took, said) in ends {
         let limit = if survivors.contains(i) {
             Duration::from_secs(T + 2 + 1)
         } else if cut_off.contains(i) {
@@ -267,15 +273,15 @@ fn within(ends: &[(usize, Duration)], survivors: &[usize], cut_off: &[usize]) {
         };
         assert!(
             *took < limit,
-            "machine {i} ended {took:?} after the fault (limit {limit:?})"
+            "machine {i} ended {took:?} after the fault (limit {limit:?}):\n{said}"
         );
     }
 }
 
-fn report(name: &str, t0: Instant, ends: &[(usize, Duration)]) {
+fn report(name: &str, t0: Instant, ends: &Ends) {
     let v: Vec<String> = ends
         .iter()
-        .map(|(i, d)| format!("machine {i} after {:.1}s", d.as_secs_f64()))
+        .map(|(i, d, _)| format!("machine {i} after {:.1}s", d.as_secs_f64()))
         .collect();
     eprintln!(
         "{name}: launchers ended {} (from the fault); test {:.1}s",
@@ -300,13 +306,14 @@ fn survivors(run: &mut Run3, which: &[usize], lost: usize, fault: Instant) -> En
         .iter()
         .map(|&i| {
             let (r, took) = run.finish(i, fault);
-            survivor_says(&r, lost, &format!("machine {i}"));
-            (i, took)
+            survivor_says(&r, lost, i);
+            (i, took, r.all())
         })
         .collect()
 }
 
-type Ends = Vec<(usize, Duration)>;
+/// Per machine: when its launcher ended (from the fault), and all it said.
+type Ends = Vec<(usize, Duration, String)>;
 
 /// The end of every fault test: the times said and bounded, no process
 /// left, the newest checkpoint resumes.
@@ -328,7 +335,7 @@ fn a_cut_link_names_the_cut_machine_everywhere() {
     };
     let mut ends = survivors(&mut run, &[0, 1], 2, fault);
     let (r2, took) = run.finish(2, fault);
-    ends.push((2, took));
+    ends.push((2, took, r2.all()));
     // The cut machine: it lost machine 0's store and with it the others.
     names_lost_machine(&r2, 0, "the cut machine");
     r2.has_stderr("machine 2 lost machine 0 (host ");
@@ -352,11 +359,11 @@ fn a_cut_link_to_the_store_host_names_machine_0_everywhere() {
             "machine {i} lost machine 0 (host {}, ranks 0-1) and with it the others",
             host()
         ));
-        ends.push((i, took));
+        ends.push((i, took, r.all()));
     }
     // Machine 0 hosts the store: it sees both others go silent.
     let (r0, took) = run.finish(0, fault);
-    ends.push((0, took));
+    ends.push((0, took, r0.all()));
     r0.has_stderr("machine 0 lost the others: machines 1, 2 sent no heartbeat for ");
     assert!(r0.code.is_some_and(|c| c != 0), "{}", r0.all());
     run.cluster.reconnect(0);
@@ -394,7 +401,7 @@ fn a_frozen_machine_is_named_and_ends_when_it_thaws() {
     // Thawed, it finds machine 0's store gone and says it lost the others.
     run.cluster.thaw(2);
     let (r2, took) = run.finish(2, Instant::now());
-    ends.push((2, took));
+    ends.push((2, took, r2.all()));
     names_lost_machine(&r2, 0, "the thawed machine");
     r2.has_stderr("machine 2 lost machine 0 (host ");
     wrap_up(&run, name, t0, &ends, (&[0, 1], &[2]));
