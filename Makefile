@@ -10,7 +10,8 @@ CARGO ?= cargo
 export CARGO_INCREMENTAL ?= 0
 # Debian packages the workspace needs: Gloo for cpu-gloo, g++ for its shim;
 # Open MPI for the mpi backend, libclang for bindgen in its mpi-sys build.
-# iproute2: the launcher's two-network-namespace test (ip netns).
+# iproute2: the launcher's network-namespace machines (ip netns: tests/machines.rs,
+# tests/cluster.rs, torchrun across machines in tests/torch.rs).
 DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2
 
 .PHONY: setup build demo demo-light elastic-demo test lint fmt-check unit pjrt-setup
@@ -91,11 +92,13 @@ SLURM_PACKAGES := slurmd slurmctld slurm-client munge
 slurm-setup:
 	@./scripts/apt_ensure.sh slurm-setup $(SLURM_PACKAGES)
 
-# The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008).
+# The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008),
+# and so does the mpi backend under `srun --mpi=pmix` (tests/slurm.rs).
 # minilm-setup: the candle MiniLM example's test (examples/candle-minilm).
 unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data minilm-setup
 	$(CARGO) test --workspace --no-fail-fast
 	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
+	$(CARGO) test -p accel-launcher --features mpi --test slurm --no-fail-fast -- srun_mpi_pmix
 
 # tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
 # separate cargo step so the default build never needs libtorch.

@@ -44,6 +44,13 @@ pub enum Exit {
         /// That rank's exit code.
         code: i32,
     },
+    /// Its machine was lost: that machine's launcher stopped answering
+    /// (its link, its launcher or the machine itself stopped) for this many
+    /// milliseconds. Every rank of that machine is lost with it.
+    Lost {
+        /// How long its launcher had been silent.
+        silent_ms: u64,
+    },
 }
 
 /// `SIGSEGV` for 11.
@@ -76,6 +83,7 @@ impl Exit {
             Exit::Code { code } => u8::try_from(code).ok().filter(|&c| c != 0).unwrap_or(1),
             Exit::Signal { signal } => u8::try_from(128 + signal).unwrap_or(255),
             Exit::Hung { .. } => 124,
+            Exit::Lost { .. } => 1,
             Exit::Stalled { code, .. } | Exit::EarlyExit { code, .. } => {
                 Exit::Code { code }.launcher_code()
             }
@@ -97,6 +105,10 @@ impl Exit {
             ),
             Exit::EarlyExit { noticed_by, code } => format!(
                 "exited early (code 0 while the other ranks still ran; rank {noticed_by} failed after it with code {code})"
+            ),
+            Exit::Lost { silent_ms } => format!(
+                "was lost with its machine (its launcher silent for {:.1}s)",
+                silent_ms as f64 / 1e3
             ),
         }
     }
@@ -175,6 +187,10 @@ impl Failure {
             ),
             Exit::EarlyExit { noticed_by, code } => format!(
                 "exited early: code 0 while the other ranks still ran (exit code 0 mid-job is a failure of a distributed job); rank {noticed_by} failed after it with code {code}"
+            ),
+            Exit::Lost { silent_ms } => format!(
+                "machine lost: its launcher did not answer for {:.1}s",
+                silent_ms as f64 / 1e3
             ),
         };
         lines.push(format!("exit:      {exit}"));
@@ -293,6 +309,23 @@ impl Failure {
             .or_else(|| tail.last().cloned())
             .unwrap_or_else(|| self.exit.describe());
         (code, said)
+    }
+
+    /// `true` when this failure speaks of a peer it lost or waited for in
+    /// vain (a lost peer, a timeout, missing ranks, a reset connection).
+    pub fn speaks_of_a_peer(&self) -> bool {
+        let says = |t: &str| {
+            [
+                "lost peer",
+                "lost a peer",
+                "timed out",
+                "missing ranks",
+                "Connection reset",
+            ]
+            .iter()
+            .any(|w| t.contains(w))
+        };
+        self.error.as_deref().is_some_and(says) || self.stderr_tail.iter().any(|l| says(l))
     }
 
     /// `true` when this failure says it lost `rank` as a peer (accel's
@@ -439,6 +472,14 @@ mod tests {
         assert_eq!(Exit::Signal { signal: 9 }.launcher_code(), 137);
         assert_eq!(Exit::Hung { silent_s: 5 }.launcher_code(), 124);
         assert_eq!(Exit::Code { code: 300 }.launcher_code(), 1);
+        let lost = Exit::Lost { silent_ms: 5100 };
+        assert_eq!(lost.launcher_code(), 1);
+        assert_eq!(
+            lost.describe(),
+            "was lost with its machine (its launcher silent for 5.1s)"
+        );
+        let back: Exit = serde_json::from_str(&serde_json::to_string(&lost).unwrap()).unwrap();
+        assert_eq!(back, lost);
         assert_eq!(
             Exit::Signal { signal: 11 }.describe(),
             "was killed by SIGSEGV (signal 11)"

@@ -149,38 +149,10 @@ fn bench_runs_on_xla_rank_threads() {
 /// cpu-gloo in the launcher).
 #[cfg(feature = "cpu-gloo")]
 mod demo {
-    use std::path::{Path, PathBuf};
-    use std::process::{Command, Stdio};
+    use std::path::Path;
     use std::time::Duration;
 
     use super::*;
-
-    /// `target/<profile>/train` beside the `accel` under test, (re)built with
-    /// cargo first (a `cargo test -p accel-launcher` alone does not build it,
-    /// and a stale one would test old code).
-    fn train_bin() -> PathBuf {
-        let profile = Path::new(ACCEL).parent().expect("target/<profile>");
-        let bin = profile.join("train");
-        {
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .expect("root");
-            let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-            cmd.arg("build")
-                .arg("--manifest-path")
-                .arg(workspace.join("Cargo.toml"))
-                .arg("--target-dir")
-                .arg(profile.parent().expect("target"))
-                .args(["-p", "accel-example-train"]);
-            if profile.file_name().is_some_and(|f| f == "release") {
-                cmd.arg("--release");
-            }
-            cmd.stdin(Stdio::null());
-            let built = start(cmd).finish(Duration::from_secs(900));
-            built.code_is(0);
-        }
-        bin
-    }
 
     /// The demo on 2 ranks of `backend`: its final parameter checksum.
     fn train_checksum(backend: &str, dir: &Path) -> String {

@@ -287,3 +287,100 @@ fn an_accelerate_script_prints_what_it_prints_under_accelerate_launch() {
     let preds = l[0].split('[').nth(1).unwrap().split(']').next().unwrap();
     assert_eq!(preds.split(',').count(), 6, "{}", l[0]);
 }
+
+// ---- torchrun across two network-namespace machines (cluster) ----
+
+/// `torchrun --nnodes 2 --rdzv-backend c10d` in two network namespaces
+/// (machines 10.231.7.1 and .2), two accel ranks each: torchrun's c10d
+/// rendezvous on machine 0, the ranks on the agent store, a cpu-gloo
+/// all-reduce over 4 ranks. The namespaces share this box's host name,
+/// which resolves to 127.0.0.1, so each agent is told its address
+/// (`--local-addr`) and machine 0 that it hosts the rendezvous
+/// (`--rdzv-conf is_host=true`), as on machines whose host name does not
+/// resolve to their interface.
+#[test]
+fn accel_ranks_under_torchrun_across_two_namespace_machines() {
+    use common::netns::Cluster;
+    let t0 = std::time::Instant::now();
+    let name = "accel_ranks_under_torchrun_across_two_namespace_machines";
+    let Some(bin) = venv_bin() else { return };
+    let Some(c) = Cluster::or_skip(2, name) else {
+        return;
+    };
+    let torchrun = bin.join("torchrun");
+    let endpoint = format!("{}:29400", c.addr(0));
+    let node = |i: usize| {
+        let host = if i == 0 { "true" } else { "false" };
+        let conf = format!("is_host={host},join_timeout=60");
+        let rank = i.to_string();
+        let cmd = c.command(
+            i,
+            torchrun.to_str().expect("utf-8 path"),
+            &[
+                "--nnodes",
+                "2",
+                "--node-rank",
+                &rank,
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                &endpoint,
+                "--rdzv-id",
+                "cluster",
+                "--local-addr",
+                c.addr(i),
+                "--rdzv-conf",
+                &conf,
+                "--nproc-per-node",
+                "2",
+                "--no-python",
+                ACCEL,
+                "probe-worker",
+                "--accelerator",
+            ],
+        );
+        let mut cmd = in_venv(cmd, &bin);
+        cmd.env_remove("ACCEL_RUN_TOKEN")
+            .env_remove("ACCEL_BACKEND")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        start(cmd)
+    };
+    let (m0, m1) = (node(0), node(1));
+    let runs = [
+        m0.finish(Duration::from_secs(150)),
+        m1.finish(Duration::from_secs(150)),
+    ];
+    let mut seen: Vec<serde_json::Value> = Vec::new();
+    for r in &runs {
+        r.code_is(0);
+        seen.extend(
+            r.stdout
+                .lines()
+                .filter_map(|l| l.find('{').map(|i| &l[i..]))
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()),
+        );
+    }
+    let mut ranks: Vec<u64> = seen.iter().filter_map(|v| v["rank"].as_u64()).collect();
+    ranks.sort_unstable();
+    assert_eq!(ranks, [0, 1, 2, 3], "{}\n{}", runs[0].all(), runs[1].all());
+    for v in &seen {
+        assert_eq!(v["world_size"], 4, "{v}");
+        assert_eq!(v["backend"], "cpu-gloo", "{v}");
+        // 1 + 2 + 3 + 4 over both machines.
+        assert_eq!(v["all_reduce_sum"], 10.0, "{v}");
+        assert!(
+            v["store"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("torch://10.231.7."),
+            "{v}"
+        );
+    }
+    for node_rank in [0, 1] {
+        let n = seen.iter().filter(|v| v["node_rank"] == node_rank).count();
+        assert_eq!(n, 2, "two ranks on node {node_rank}");
+    }
+    eprintln!("{name}: {:.1}s", t0.elapsed().as_secs_f64());
+}

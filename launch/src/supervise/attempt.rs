@@ -44,6 +44,11 @@ pub struct Supervision {
     /// Show the ranks' stdout lines on stderr (the caller's stdout holds a
     /// result, as in `accel bench`).
     pub stdout_to_stderr: bool,
+    /// After a failure that speaks of a lost peer, or the loss of another
+    /// machine, leave the other workers this long to end by themselves
+    /// (their collectives time out and say which ranks they miss) before
+    /// SIGTERM. `None`: SIGTERM at once.
+    pub peer_drain: Option<Duration>,
 }
 
 impl Default for Supervision {
@@ -57,6 +62,7 @@ impl Default for Supervision {
             echo: true,
             forward_signals: true,
             stdout_to_stderr: false,
+            peer_drain: None,
         }
     }
 }
@@ -127,10 +133,12 @@ enum Phase {
     /// Every process runs (or ended with success).
     Running,
     /// The outcome is fixed; the group is being stopped, and SIGKILL
-    /// follows at `kill_at`.
+    /// follows at `kill_at`; SIGTERM at `term_at` when it was put off
+    /// ([`Supervision::peer_drain`]).
     Stopping {
         outcome: LocalOutcome,
         kill_at: Instant,
+        term_at: Option<Instant>,
     },
 }
 
@@ -240,9 +248,12 @@ impl<'a> Supervisor<'a> {
     fn wait(&self) -> Duration {
         match &self.phase {
             Phase::Running => TICK,
-            Phase::Stopping { kill_at, .. } => {
-                kill_at.saturating_duration_since(Instant::now()).min(TICK)
-            }
+            Phase::Stopping {
+                kill_at, term_at, ..
+            } => term_at
+                .unwrap_or(*kill_at)
+                .saturating_duration_since(Instant::now())
+                .min(TICK),
         }
     }
 
@@ -256,12 +267,23 @@ impl<'a> Supervisor<'a> {
             } if attempt == n => self.on_exit(index, exit),
             Event::Signal(sig) => self.on_signal(sig),
             Event::Remote { attempt, failure } if attempt == n => {
+                let what = match failure.exit {
+                    Exit::Lost { .. } => "was lost",
+                    _ => "failed",
+                };
                 let line = format!(
-                    "a worker on machine {} failed: {}; stopping this machine's {}",
+                    "a worker on machine {} {what}: {}; stopping this machine's {}",
                     failure.machine,
                     failure.headline(),
                     self.group.kind()
                 );
+                if matches!(failure.exit, Exit::Lost { .. }) {
+                    if let Some(d) = self.sup.peer_drain.filter(|_| self.running()) {
+                        self.tell(&format!("{line} in {:.1}s", d.as_secs_f64()));
+                        self.stop_later(LocalOutcome::Remote(failure), d);
+                        return;
+                    }
+                }
                 self.fail(&line, LocalOutcome::Remote(failure));
             }
             Event::StoreLost { attempt, message } if attempt == n => {
@@ -284,13 +306,50 @@ impl<'a> Supervisor<'a> {
         }
     }
 
+    fn running(&self) -> bool {
+        matches!(self.phase, Phase::Running)
+    }
+
+    /// Fix `outcome` (the first one wins) and SIGTERM every process after
+    /// `drain`, in which they may end by themselves; SIGKILL follows after
+    /// the grace period.
+    fn stop_later(&mut self, outcome: LocalOutcome, drain: Duration) {
+        if self.running() {
+            let term_at = Instant::now() + drain;
+            self.phase = Phase::Stopping {
+                outcome,
+                kill_at: term_at + self.sup.grace,
+                term_at: Some(term_at),
+            };
+        }
+    }
+
+    /// The SIGTERM that [`Self::stop_later`] put off, now.
+    fn stop_now(&mut self) {
+        if let Phase::Stopping { term_at, .. } = &mut self.phase {
+            if term_at.take().is_some() {
+                self.signal_all(Signal::SIGTERM);
+            }
+        }
+    }
+
     /// Fix `outcome` (the first one wins) and signal every process with
     /// `sig`; SIGKILL follows after the grace period.
     fn stop(&mut self, outcome: LocalOutcome, sig: Signal) {
-        if matches!(self.phase, Phase::Running) {
+        if self.running() {
             let kill_at = Instant::now() + self.sup.grace;
-            self.phase = Phase::Stopping { outcome, kill_at };
+            self.phase = Phase::Stopping {
+                outcome,
+                kill_at,
+                term_at: None,
+            };
         }
+        self.signal_all(sig);
+    }
+
+    /// Signal every process with `sig` (the ones still running are marked
+    /// as stopped by the launcher).
+    fn signal_all(&mut self, sig: Signal) {
         for m in self.members.iter_mut() {
             if m.exit.is_none() {
                 m.stopped = true;
@@ -337,12 +396,19 @@ impl<'a> Supervisor<'a> {
         if let Some(f) = &root {
             (self.on_local_failure)(f);
         }
+        let drain = self
+            .sup
+            .peer_drain
+            .filter(|_| root.as_ref().is_some_and(Failure::speaks_of_a_peer));
         let outcome = LocalOutcome::Failed {
             root: root.map(Box::new),
             code: exit.launcher_code(),
             exit,
         };
-        self.stop(outcome, Signal::SIGTERM);
+        match drain {
+            Some(d) => self.stop_later(outcome, d),
+            None => self.stop(outcome, Signal::SIGTERM),
+        }
     }
 
     /// The root cause when process `early` exited 0 before `noticer`'s
@@ -368,7 +434,8 @@ impl<'a> Supervisor<'a> {
                 self.tell("second signal: killing everything now");
                 self.stop(LocalOutcome::Interrupted(sig), Signal::SIGKILL);
             }
-            Phase::Stopping { .. } => {}
+            // A signal ends the drain: the SIGTERM goes now.
+            Phase::Stopping { .. } => self.stop_now(),
             Phase::Running => {
                 self.tell(&self.group.forwarding(signal.as_str()));
                 self.stop(LocalOutcome::Interrupted(sig), signal);
@@ -379,6 +446,9 @@ impl<'a> Supervisor<'a> {
     /// The clock's checks: SIGKILL when due, the wall limit, silent ranks.
     fn on_tick(&mut self, now: Instant) {
         match self.phase {
+            Phase::Stopping {
+                term_at: Some(t), ..
+            } if now >= t => self.stop_now(),
             Phase::Stopping { kill_at, .. } if now >= kill_at => self.escalate(now),
             Phase::Stopping { .. } => {}
             Phase::Running => {

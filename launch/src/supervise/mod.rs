@@ -163,6 +163,14 @@ fn blame_stall(
     if !matches!(settled.status, Status::Failed) {
         return;
     }
+    // A lost machine is the cause the stall only witnessed.
+    if settled
+        .root
+        .as_ref()
+        .is_some_and(|f| matches!(f.exit, Exit::Lost { .. }))
+    {
+        return;
+    }
     let Some(&(missing, _)) = stall.missing.first() else {
         return;
     };

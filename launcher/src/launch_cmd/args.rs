@@ -5,6 +5,7 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use accel::worker_env::WorkerEnv;
 use accel_api::Result;
@@ -127,6 +128,11 @@ pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Supervision {
         echo: true,
         forward_signals: true,
         stdout_to_stderr: args.workers_stdout_to_stderr,
+        // Across machines, the ranks that lost a machine's ranks say so
+        // themselves: they wait in the same collective, so they time out
+        // (or lose the peer) together; 2 s bounds a rank that printed its
+        // error but hangs on its way out.
+        peer_drain: s.multi_machine().then_some(Duration::from_secs(2)),
     }
 }
 

@@ -123,7 +123,7 @@ use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use accel::worker_env::WorkerEnv;
 use accel_api::{Error, ErrorKind, Result, Store};
@@ -138,7 +138,7 @@ use accel_rendezvous::{TcpStore, TcpStoreServer};
 pub use args::LaunchArgs;
 
 use args::{base_env, finish, resolve_program, scratch_dir, supervision};
-use machines::{Global, Registration, Watcher};
+use machines::{Global, Liveness, Plan, Registration, Watcher};
 use options::{Options, Settings};
 
 fn layered(args: &LaunchArgs) -> Result<Settings> {
@@ -484,6 +484,10 @@ struct Machines<'a> {
     members: Vec<String>,
     /// The last round's machines.
     slots: Vec<machines::MachineSlot>,
+    /// The heartbeats' own connection to the store.
+    beat_store: Arc<dyn Store>,
+    liveness: Option<Liveness>,
+    plan: Option<Plan>,
 }
 
 impl<'a> Machines<'a> {
@@ -501,14 +505,15 @@ impl<'a> Machines<'a> {
             id: format!("{host}:{}:{}", std::process::id(), store::random_hex(4)?),
             min_machines: s.min_machines,
         };
-        let (server, store): (Option<TcpStoreServer>, Arc<dyn Store>) = if s.machine_rank == 0 {
-            let (server, _) = store::host(&s.main_addr, s.main_port, true, token)?;
-            let st: Arc<dyn Store> = server.store().clone();
-            (Some(server), st)
-        } else {
-            let addr = accel::worker_env::tcp_url(&s.main_addr, s.main_port);
-            let addr = addr.trim_start_matches("tcp://").to_string();
-            let c = TcpStore::connect(addr.as_str(), Some(token), s.join_timeout).map_err(|e| {
+        let (server, store, beat_store): (Option<TcpStoreServer>, Arc<dyn Store>, Arc<dyn Store>) =
+            if s.machine_rank == 0 {
+                let (server, _) = store::host(&s.main_addr, s.main_port, true, token)?;
+                let st: Arc<dyn Store> = server.store().clone();
+                (Some(server), st.clone(), st)
+            } else {
+                let addr = accel::worker_env::tcp_url(&s.main_addr, s.main_port);
+                let addr = addr.trim_start_matches("tcp://").to_string();
+                let c = TcpStore::connect(addr.as_str(), Some(token), s.join_timeout).map_err(|e| {
                 if matches!(e.kind(), ErrorKind::Unauthorized) {
                     Error::new(
                         ErrorKind::Unauthorized,
@@ -525,8 +530,11 @@ impl<'a> Machines<'a> {
                     e.with_op("machine join")
                 }
             })?;
-            (None, Arc::new(c))
-        };
+                // Short: a beat must not outlive the lost threshold by much.
+                let beat = TcpStore::connect(addr.as_str(), Some(token), machines::SUSPECT)
+                    .map_err(|e| e.with_op("machine join"))?;
+                (None, Arc::new(c), Arc::new(beat))
+            };
         let run_id = match (s.machine_rank, &s.run_id) {
             (0, Some(id)) => id.clone(),
             (0, None) => store::random_hex(6)?,
@@ -554,6 +562,85 @@ impl<'a> Machines<'a> {
             lag: 0,
             members: Vec::new(),
             slots: Vec::new(),
+            beat_store,
+            liveness: None,
+            plan: None,
+        })
+    }
+
+    /// Where machine 0's store listens (for messages).
+    fn store_at(&self) -> String {
+        accel::worker_env::tcp_url(&self.s.main_addr, self.s.main_port)
+            .trim_start_matches("tcp://")
+            .to_string()
+    }
+
+    /// `f` as the loss of a silent machine, when `f` speaks of a lost or
+    /// late peer and a machine went silent: waits up to
+    /// [`machines::SUSPECT`] (and two beats) for the silence to show, as
+    /// the ranks of a killed machine's peers fail at once.
+    fn attribute(&self, f: &Failure) -> Failure {
+        let (Some(live), Some(plan)) = (&self.liveness, &self.plan) else {
+            return f.clone();
+        };
+        if !f.speaks_of_a_peer() {
+            return f.clone();
+        }
+        let deadline = Instant::now() + machines::SUSPECT + 2 * machines::BEAT;
+        loop {
+            // Cut off, or another machine's cause is already out: no wait.
+            if !live.reaches_store() || machines::failure(&*self.beat_store, self.round).is_some() {
+                return f.clone();
+            }
+            let silent = live.silent(machines::SUSPECT);
+            if !silent.is_empty() {
+                return machines::lost_failure(plan, self.rank, &silent, &self.store_at(), Some(f));
+            }
+            if Instant::now() > deadline {
+                return f.clone();
+            }
+            std::thread::sleep(machines::BEAT / 2);
+        }
+    }
+
+    /// `false` once this machine's heartbeat stopped reaching the store:
+    /// then nothing waits on the store any more.
+    fn reaches_store(&self) -> bool {
+        self.liveness.as_ref().is_none_or(Liveness::reaches_store)
+    }
+
+    /// The attempt's end on a machine that lost the store (and so the
+    /// others): named as this machine losing the others, without waiting
+    /// on the store. `None` without a plan (no attempt began).
+    fn settle_alone(&self, local: &LocalOutcome) -> Option<Settled> {
+        let (live, plan) = (self.liveness.as_ref()?, self.plan.as_ref()?);
+        let root = match local {
+            LocalOutcome::Interrupted(_) | LocalOutcome::Succeeded => return None,
+            LocalOutcome::Remote(f) if matches!(f.exit, Exit::Lost { .. }) => (**f).clone(),
+            other => {
+                let witness = match other {
+                    LocalOutcome::Failed { root: Some(f), .. } | LocalOutcome::Remote(f) => {
+                        Some((**f).clone())
+                    }
+                    _ => None,
+                };
+                let me = self.rank;
+                let silent = vec![(me, live.own_silence())];
+                let mut f =
+                    machines::lost_failure(plan, me, &silent, &self.store_at(), witness.as_ref());
+                if let LocalOutcome::StoreLost(why) = other {
+                    let e = f.error.get_or_insert_with(String::new);
+                    e.push_str(&format!("\n{why}"));
+                }
+                f
+            }
+        };
+        Some(Settled {
+            status: Status::Failed,
+            code: root.exit.launcher_code(),
+            root: Some(root),
+            interrupted_by: None,
+            restartable: false,
         })
     }
 
@@ -628,6 +715,7 @@ impl<'a> Machines<'a> {
         self.count = plan.machines.len();
         self.members = plan.machines.iter().map(|m| m.id.clone()).collect();
         self.slots = plan.machines.clone();
+        self.plan = Some(plan.clone());
     }
 
     /// The root cause when machines `missing` of an elastic round did not
@@ -686,6 +774,41 @@ impl<'a> Machines<'a> {
 impl Coordinator for Machines<'_> {
     fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt> {
         let (rank_offset, world_size) = self.join_round(n)?;
+        if let Some(l) = self.liveness.take() {
+            l.stop();
+        }
+        self.liveness = self.plan.clone().map(|plan| {
+            let (store, tx, me) = (self.beat_store.clone(), tx.clone(), self.rank);
+            let at = self.store_at();
+            let (attempt, round) = (n, self.round);
+            Liveness::start(
+                self.beat_store.clone(),
+                self.round,
+                me,
+                self.count,
+                self.s.timeout + Duration::from_secs(2),
+                Box::new(move |lost| {
+                    // This machine's own silence: the store is out of reach,
+                    // and so are the others; settle_alone names them.
+                    if let Some((k, silent)) = lost.first().filter(|(k, _)| *k == me) {
+                        let _ = tx.send(Event::StoreLost {
+                            attempt,
+                            message: format!(
+                                "machine {k}'s heartbeat has not reached the store at {at} for {:.1}s",
+                                silent.as_secs_f64()
+                            ),
+                        });
+                        return;
+                    }
+                    let f = machines::lost_failure(&plan, me, &lost, &at, None);
+                    let first = machines::publish_failure(&*store, round, &f).unwrap_or(f);
+                    let _ = tx.send(Event::Remote {
+                        attempt,
+                        failure: Box::new(first),
+                    });
+                }),
+            )
+        });
         self.watcher = Some(Watcher::start(
             self.store.clone(),
             self.round,
@@ -709,12 +832,20 @@ impl Coordinator for Machines<'_> {
     }
 
     fn publish(&self, _n: u32, f: &Failure) {
-        machines::publish_failure(&*self.store, self.round, f);
+        let f = self.attribute(f);
+        if self.reaches_store() {
+            machines::publish_failure(&*self.store, self.round, &f);
+        }
     }
 
     fn settle(&mut self, _n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
         if let Some(w) = self.watcher.take() {
             w.stop();
+        }
+        if !self.reaches_store() || matches!(local, LocalOutcome::StoreLost(_)) {
+            if let Some(settled) = self.settle_alone(&local) {
+                return settled;
+            }
         }
         let (st, me, m, n) = (&*self.store, self.rank, self.count, self.round);
         let failed = |root: Failure| Settled {
@@ -805,13 +936,36 @@ impl Coordinator for Machines<'_> {
                 .store
                 .set(&elastic::done_key(), b"machine 0's launcher ended the run");
         }
-        machines::farewell(
-            &*self.store,
-            self.round,
-            self.rank,
-            self.count,
-            Duration::from_secs(5),
-        );
+        // Wait for no goodbye of a silent machine, nor of the machine the
+        // root cause says was lost (it may have gone silent a moment ago);
+        // say none to a store this machine cannot reach.
+        let lost = (self.rank == 0)
+            .then(|| machines::failure(&*self.store, self.round))
+            .flatten()
+            .filter(|f| matches!(f.exit, Exit::Lost { .. }))
+            .map(|f| f.machine);
+        let awaited: Vec<usize> = match &self.liveness {
+            Some(l) => {
+                let silent = l.silent(machines::SUSPECT);
+                (0..self.count)
+                    .filter(|k| !silent.iter().any(|(s, _)| s == k) && lost != Some(*k))
+                    .collect()
+            }
+            // No attempt began: no machine joined to say goodbye.
+            None => Vec::new(),
+        };
+        if self.reaches_store() {
+            machines::farewell(
+                &*self.store,
+                self.round,
+                self.rank,
+                &awaited,
+                Duration::from_secs(5),
+            );
+        }
+        if let Some(l) = self.liveness.take() {
+            l.stop();
+        }
         if let Some(server) = self.server.take() {
             server.shutdown();
         }
@@ -822,6 +976,9 @@ impl Coordinator for Machines<'_> {
     }
 
     fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
+        if !self.reaches_store() {
+            return None;
+        }
         accel_launch::supervise::read_stall(self.store.clone(), attempt)
     }
 }

@@ -379,3 +379,32 @@ pub fn ended_naming_the_stalled_rank(r: &Run, backend: &str) {
     r.has_stderr("rank 1 did not arrive at all_reduce#");
     r.has_stderr("exit:      did not arrive: rank 0 timed out waiting for it");
 }
+
+/// `target/<profile>/train` (examples/train) beside the `accel` under test,
+/// (re)built with cargo first, once per test process (a `cargo test -p
+/// accel-launcher` alone does not build it, and a stale one would test old
+/// code).
+pub fn train_bin() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let profile = Path::new(ACCEL).parent().expect("target/<profile>");
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("root");
+            let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            cmd.arg("build")
+                .arg("--manifest-path")
+                .arg(workspace.join("Cargo.toml"))
+                .arg("--target-dir")
+                .arg(profile.parent().expect("target"))
+                .args(["-p", "accel-example-train"]);
+            if profile.file_name().is_some_and(|f| f == "release") {
+                cmd.arg("--release");
+            }
+            cmd.stdin(Stdio::null());
+            start(cmd).finish(Duration::from_secs(900)).code_is(0);
+            profile.join("train")
+        })
+        .clone()
+}
