@@ -208,6 +208,182 @@ fn torchruns_flags_map_and_the_ones_that_do_not_are_refused_with_a_reason() {
     }
 }
 
+// ---- Accelerate's config file and --gradient_accumulation_steps ----
+
+/// Prints what Accelerate's `Accelerator()` took from its launcher.
+const CONFIG_PROBE: &str = r#"
+import os
+from accelerate import Accelerator
+acc = Accelerator()
+print("CFG", acc.distributed_type, acc.num_processes, acc.process_index, acc.mixed_precision,
+      acc.gradient_accumulation_steps, flush=True)
+acc.end_training()
+"#;
+
+/// The lines a run printed from `tag` on, rank prefixes removed, sorted.
+fn tagged_lines(out: &str, tag: &str) -> Vec<String> {
+    let mut v: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.find(tag).map(|i| l[i..].to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The `CFG ...` lines a run printed.
+fn cfg_lines(out: &str) -> Vec<String> {
+    tagged_lines(out, "CFG ")
+}
+
+/// A config file written by Accelerate's own writer (what `accelerate
+/// config` saves after its questions).
+fn accelerate_writes(bin: &Path, file: &Path, fields: &str) {
+    let code = format!(
+        "from accelerate.commands.config.config_args import ClusterConfig\n\
+         ClusterConfig(compute_environment='LOCAL_MACHINE', use_cpu=False, debug=False, \
+         {fields}).to_yaml_file({:?})\n",
+        file.to_string_lossy()
+    );
+    let mut py = Command::new(bin.join("python3"));
+    py.args(["-c", &code])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    start(py).finish(Duration::from_secs(60)).code_is(0);
+}
+
+#[test]
+fn accelerates_config_file_launches_as_under_accelerate_launch() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let probe = script(dir.path(), "probe.py", CONFIG_PROBE);
+    let cfg = dir.path().join("accel_config.yaml");
+    accelerate_writes(
+        &bin,
+        &cfg,
+        "distributed_type='MULTI_GPU', num_processes=2, mixed_precision='bf16'",
+    );
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    assert!(yaml.contains("distributed_type: MULTI_GPU"), "{yaml}");
+    let cfg = cfg.to_string_lossy().into_owned();
+    let ours = start(in_venv(
+        command(&["launch", "--config_file", &cfg, &probe]),
+        &bin,
+    ))
+    .finish(Duration::from_secs(120));
+    ours.code_is(0);
+    let mut theirs = Command::new(bin.join("accelerate"));
+    theirs
+        .args(["launch", "--config_file", &cfg, &probe])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let theirs = start(in_venv(theirs, &bin)).finish(Duration::from_secs(120));
+    theirs.code_is(0);
+    let lines = cfg_lines(&ours.stdout);
+    // Two processes, each in bf16 (on a machine without GPUs Accelerate's
+    // MULTI_GPU leaves each process on its own, under accelerate launch
+    // too).
+    assert_eq!(lines.len(), 2, "two processes: {}", ours.all());
+    assert!(
+        lines.iter().all(|l| l.ends_with(" bf16 1")),
+        "{}",
+        ours.all()
+    );
+    assert_eq!(
+        lines,
+        cfg_lines(&theirs.stdout),
+        "{}\n{}",
+        ours.all(),
+        theirs.all()
+    );
+
+    // Flags override the file; --gradient_accumulation_steps reaches
+    // Accelerator() (ACCELERATE_GRADIENT_ACCUMULATION_STEPS).
+    let r = start(in_venv(
+        command(&[
+            "launch",
+            "--config_file",
+            &cfg,
+            "--mixed_precision",
+            "no",
+            "--gradient_accumulation_steps",
+            "3",
+            &probe,
+        ]),
+        &bin,
+    ))
+    .finish(Duration::from_secs(120));
+    r.code_is(0);
+    let lines = cfg_lines(&r.stdout);
+    assert_eq!(lines.len(), 2, "{}", r.all());
+    assert!(lines.iter().all(|l| l.ends_with(" no 3")), "{}", r.all());
+}
+
+#[test]
+fn accelerates_default_config_is_read_and_what_accel_cannot_honour_is_refused() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // `accelerate config default` (JSON, whatever the file's name).
+    let cfg = dir.path().join("default_config.yaml");
+    let mut acc = Command::new(bin.join("accelerate"));
+    acc.args(["config", "default", "--config_file"])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    start(in_venv(acc, &bin))
+        .finish(Duration::from_secs(60))
+        .code_is(0);
+    let cfg_s = cfg.to_string_lossy().into_owned();
+    // distributed_type NO, use_cpu true: one cpu-gloo process.
+    let r = accel(&[
+        "launch",
+        "--config_file",
+        &cfg_s,
+        "--",
+        "sh",
+        "-c",
+        "echo ws=$WORLD_SIZE backend=$ACCEL_BACKEND cpu=$ACCELERATE_USE_CPU",
+    ]);
+    r.code_is(0);
+    assert!(
+        r.stdout.contains("ws=1 backend=cpu-gloo cpu=True"),
+        "{}",
+        r.all()
+    );
+    for (extra, says) in [
+        (
+            "distributed_type: DEEPSPEED\n",
+            "`distributed_type: DEEPSPEED`",
+        ),
+        (
+            "distributed_type: MULTI_GPU\ngpu_ids: '0,1'\n",
+            "`gpu_ids: 0,1`",
+        ),
+        (
+            "distributed_type: MULTI_GPU\nnum_procs: 2\n",
+            "unknown key `num_procs`",
+        ),
+    ] {
+        let f = dir.path().join("bad.yml");
+        std::fs::write(&f, extra).unwrap();
+        let r = accel(&[
+            "launch",
+            "--config-file",
+            &f.to_string_lossy(),
+            "--",
+            "true",
+        ]);
+        r.code_is(2);
+        assert!(
+            r.stderr.contains(says) && r.stderr.contains("bad.yml"),
+            "{}",
+            r.all()
+        );
+    }
+}
+
 const ACCELERATE: &str = r#"
 import torch
 from accelerate import Accelerator
@@ -239,12 +415,7 @@ if torch.distributed.is_initialized():
 
 /// The `ACC ...` lines a run printed, rank prefixes removed, sorted.
 fn acc_lines(out: &str) -> Vec<String> {
-    let mut v: Vec<String> = out
-        .lines()
-        .filter_map(|l| l.find("ACC ").map(|i| l[i..].to_string()))
-        .collect();
-    v.sort();
-    v
+    tagged_lines(out, "ACC ")
 }
 
 #[test]

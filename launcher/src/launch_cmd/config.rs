@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use accel_api::{Error, ErrorKind, Result};
 
-use super::options::{format_dur, parse_count, parse_dur, parse_index, Options};
+use super::options::{format_dur, parse_count, parse_dur, parse_index, parse_steps, Options};
 
 /// Every key the file may hold, with the type it takes (for messages and for
 /// the commented template `accel config` writes).
@@ -52,6 +52,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "sharding",
         "string: none, optimizer, gradients or full",
         "ZeRO sharding stage of the workers' training loop",
+    ),
+    (
+        "gradient_accumulation_steps",
+        "integer >= 1",
+        "batches per optimizer step where the program leaves it at 1",
     ),
     (
         "tee",
@@ -145,6 +150,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
             "sharding" | "zero_stage" => {
                 let s = ctx.string(value)?;
                 o.sharding = Some(s.parse().map_err(|e: Error| ctx.wrong(e.message()))?);
+            }
+            "gradient_accumulation_steps" => {
+                o.gradient_accumulation_steps = Some(ctx.int_with(value, parse_steps)?)
             }
             "tee" | "log_dir" => o.tee = Some(PathBuf::from(ctx.string(value)?)),
             "ranks" => {
@@ -306,6 +314,9 @@ pub fn render(o: &Options) -> String {
     if let Some(z) = o.sharding {
         set.push(("sharding", s(z.as_str())));
     }
+    if let Some(v) = o.gradient_accumulation_steps {
+        set.push(("gradient_accumulation_steps", i(v as i64)));
+    }
     if let Some(v) = &o.tee {
         set.push(("tee", s(&v.to_string_lossy())));
     }
@@ -434,6 +445,7 @@ mod tests {
             backend: Some("cpu-gloo".parse().unwrap()),
             debug: true,
             mixed_precision: Some(accel::train::MixedPrecision::Fp16),
+            gradient_accumulation_steps: Some(4),
             ranks: Some("0-1".parse().unwrap()),
             ..Options::default()
         };

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`options`] | flags, environment and config layers → [`options::Settings`] |
 //! | [`config`] | the TOML config file (read, check, render) |
+//! | [`accelerate_config`] | Accelerate's YAML config file (`--config_file`), mapped or refused key by key |
 //! | [`machines`] | how several machines' launchers agree on a run |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
 //! | [`process_model`] | `--backend xla`: one process, its ranks as threads |
@@ -24,6 +25,9 @@
 //! `MASTER_PORT`, `ACCEL_LAUNCHER=accel`, `ACCEL_STORE_URL=tcp://addr:port`,
 //! `ACCEL_RUN_ID`, `ACCEL_RUN_TOKEN`, `ACCEL_TIMEOUT`, `ACCEL_DEBUG` (0/1),
 //! `ACCEL_RESTART_COUNT`, `ACCEL_ERROR_FILE`, `ACCEL_BACKEND` (when chosen),
+//! `ACCEL_MIXED_PRECISION`, `ACCEL_SHARDING` and
+//! `ACCEL_GRADIENT_ACCUMULATION_STEPS` (when set; the first and last also as
+//! Accelerate's `ACCELERATE_*`),
 //! and torchrun's `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_RESTART_COUNT`,
 //! `TORCHELASTIC_MAX_RESTARTS`, `TORCHELASTIC_ERROR_FILE`. A unit test feeds
 //! them to `accel::ProcessState::from_vars`, the runtime's own reader.
@@ -108,6 +112,7 @@
 //!   its ranks): `PR_SET_PDEATHSIG`, set by the launch library's `ffi`
 //!   module.
 
+pub mod accelerate_config;
 pub mod config;
 pub mod default_backend;
 pub mod machines;
@@ -151,8 +156,11 @@ pub struct LaunchArgs {
     #[command(flatten)]
     options: Options,
 
-    /// TOML config file (write one with `accel config`); flags override it.
-    #[arg(long, env = "ACCEL_CONFIG_FILE", value_name = "FILE")]
+    /// Config file: accel's TOML (write one with `accel config`), or
+    /// Accelerate's YAML/JSON (`accelerate config` writes one) when its name
+    /// ends in .yaml, .yml or .json; flags override it.
+    #[arg(long, env = "ACCEL_CONFIG_FILE", value_name = "FILE",
+          aliases = ["config_file", "config-file"])]
     config: Option<PathBuf>,
 
     /// --backend mpi on several machines: the machines mpirun starts ranks
@@ -241,9 +249,13 @@ impl LaunchArgs {
 }
 
 fn layered(args: &LaunchArgs) -> Result<Settings> {
-    let file = match &args.config {
-        Some(p) => config::read(p)?,
-        None => Options::default(),
+    let (file, extra_env) = match &args.config {
+        Some(p) if accelerate_config::is_accelerate_config(p) => {
+            let c = accelerate_config::read(p)?;
+            (c.options, c.env)
+        }
+        Some(p) => (config::read(p)?, Vec::new()),
+        None => (Options::default(), Vec::new()),
     };
     let env = Options::from_env(|k| std::env::var(k).ok())?;
     let mut o = args.options.clone().overlay(env).overlay(file);
@@ -284,7 +296,9 @@ fn layered(args: &LaunchArgs) -> Result<Settings> {
              (`ps`); use --token-file FILE or the ACCEL_RUN_TOKEN variable instead",
         );
     }
-    Settings::resolve(o)
+    let mut s = Settings::resolve(o)?;
+    s.extra_env = extra_env;
+    Ok(s)
 }
 
 /// Run `accel launch`.
@@ -341,6 +355,7 @@ fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
         debug: Some(s.debug),
         mixed_precision: s.mixed_precision,
         sharding: s.sharding,
+        gradient_accumulation_steps: s.gradient_accumulation_steps,
         launcher: Some("accel".into()),
         // Lets the runtime tie the worker's life to this process.
         launcher_pid: Some(std::process::id()),
@@ -610,7 +625,10 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
             accel::ProcessModel::Processes => Box::new(LocalGroup {
                 program,
                 local_world_size: s.nproc,
-                extra_env: omp_policy(s.nproc),
+                extra_env: omp_policy(s.nproc)
+                    .into_iter()
+                    .chain(s.extra_env.iter().cloned())
+                    .collect(),
                 remove_env: Vec::new(),
                 die_with_parent: true,
             }),

@@ -233,6 +233,7 @@ pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Resu
     group.hosts = hosts;
     group.nproc = s.nproc;
     group.die_with_parent = true;
+    group.extra_env = s.extra_env.clone();
     // A single-threaded parent for mpirun, so that a SIGKILLed launcher
     // leaves no rank behind (accel_launch::guard).
     if let Ok(me) = std::env::current_exe() {

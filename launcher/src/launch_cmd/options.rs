@@ -72,6 +72,11 @@ pub fn parse_mixed_precision(s: &str) -> std::result::Result<MixedPrecision, Str
     s.parse().map_err(|e: Error| e.message().to_string())
 }
 
+/// Gradient accumulation steps, at least 1, for clap.
+pub fn parse_steps(s: &str) -> std::result::Result<usize, String> {
+    parse_count(s).map_err(|why| format!("{why} (1 means no accumulation)"))
+}
+
 /// A ZeRO stage (`none`, `optimizer`, `gradients`, `full`, or DeepSpeed's
 /// and FSDP's spellings), for clap.
 pub fn parse_sharding(s: &str) -> std::result::Result<accel::zero::Stage, String> {
@@ -190,6 +195,13 @@ pub struct Options {
           value_name = "none|optimizer|gradients|full", value_parser = parse_sharding)]
     pub sharding: Option<accel::zero::Stage>,
 
+    /// Batches per optimizer step where the program leaves it at 1
+    /// (ACCEL_GRADIENT_ACCUMULATION_STEPS, and Accelerate's
+    /// ACCELERATE_GRADIENT_ACCUMULATION_STEPS for Accelerate scripts).
+    #[arg(long = "gradient-accumulation-steps", aliases = ["gradient_accumulation_steps"],
+          value_name = "K", allow_negative_numbers = true, value_parser = parse_steps)]
+    pub gradient_accumulation_steps: Option<usize>,
+
     /// Also write each rank's output to DIR/rank-N.log.
     #[arg(long = "tee", visible_alias = "log-dir", aliases = ["log_dir"], value_name = "DIR",
           value_parser = parse_tee)]
@@ -247,6 +259,9 @@ impl Options {
             debug: self.debug || lower.debug,
             mixed_precision: self.mixed_precision.or(lower.mixed_precision),
             sharding: self.sharding.or(lower.sharding),
+            gradient_accumulation_steps: self
+                .gradient_accumulation_steps
+                .or(lower.gradient_accumulation_steps),
             tee: self.tee.or(lower.tee),
             ranks: self.ranks.or(lower.ranks),
             quiet_ranks: self.quiet_ranks || lower.quiet_ranks,
@@ -287,6 +302,11 @@ impl Options {
         if let Some(s) = accel::zero::Stage::from_env_value(get("ACCEL_SHARDING").as_deref())? {
             o.sharding = Some(s);
         }
+        let steps = accel_api::worker::keys::ACCEL_GRADIENT_ACCUMULATION_STEPS;
+        if let Some(v) = get(steps).filter(|v| !v.trim().is_empty()) {
+            o.gradient_accumulation_steps =
+                Some(accel::worker_env::parse_accumulation_steps(steps, &v)?);
+        }
         if let Some(v) = get("ACCEL_DEBUG") {
             o.debug = match v.trim().to_ascii_lowercase().as_str() {
                 "" | "0" | "false" | "no" | "off" => false,
@@ -326,6 +346,9 @@ pub struct Settings {
     pub mixed_precision: Option<MixedPrecision>,
     /// ACCEL_SHARDING for the workers (unset: the program decides).
     pub sharding: Option<accel::zero::Stage>,
+    /// ACCEL_GRADIENT_ACCUMULATION_STEPS for the workers (unset: the
+    /// program decides).
+    pub gradient_accumulation_steps: Option<usize>,
     /// Directory for per-rank log files.
     pub tee: Option<PathBuf>,
     /// Ranks whose output is shown; `None` = all.
@@ -340,6 +363,9 @@ pub struct Settings {
     pub join_timeout: Duration,
     /// The run id asked for, if any.
     pub run_id: Option<String>,
+    /// Variables of Accelerate's config file for the workers
+    /// (ACCELERATE_USE_CPU, ACCELERATE_DEBUG_MODE).
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl Settings {
@@ -542,6 +568,7 @@ impl Settings {
             debug: o.debug,
             mixed_precision: o.mixed_precision,
             sharding: o.sharding,
+            gradient_accumulation_steps: o.gradient_accumulation_steps,
             tee: o.tee,
             ranks,
             max_restarts: o.max_restarts.unwrap_or(0),
@@ -549,6 +576,7 @@ impl Settings {
             hang_timeout: o.hang_timeout,
             join_timeout: o.join_timeout.unwrap_or(timeout),
             run_id: o.run_id,
+            extra_env: Vec::new(),
         })
     }
 }
