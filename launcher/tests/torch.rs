@@ -384,6 +384,122 @@ fn accelerates_default_config_is_read_and_what_accel_cannot_honour_is_refused() 
     }
 }
 
+// ---- torchrun's --tee / --redirects / --log-dir ----
+
+/// Every file under `dir`'s one run directory, by its path below it
+/// (`attempt_0/1/stderr.log`), with its text.
+fn run_logs(dir: &Path) -> Vec<(String, String)> {
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "one run directory in {}", dir.display());
+    let mut files = Vec::new();
+    let mut todo = vec![runs[0].clone()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "log") {
+                let rel = p
+                    .strip_prefix(&runs[0])
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                files.push((rel, std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `(local rank, line)` of the workers' lines a launcher showed, from
+/// accel's `[rank N] ` and torchrun's `[defaultN]:` prefixes.
+fn shown(out: &str) -> Vec<(usize, String)> {
+    let mut v: Vec<(usize, String)> = out
+        .lines()
+        .filter_map(|l| {
+            let (head, text) = l
+                .strip_prefix("[rank ")
+                .and_then(|r| r.split_once("] "))
+                .or_else(|| l.strip_prefix("[default").and_then(|r| r.split_once("]:")))?;
+            Some((head.parse().ok()?, text.to_string()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn torchruns_tee_and_redirects_write_and_show_what_torchrun_does() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (ours_dir, theirs_dir) = (dir.path().join("ours"), dir.path().join("theirs"));
+    // Local rank 0: both streams teed; rank 1: stdout teed, stderr
+    // redirected (to its file only).
+    let flags = |log_dir: &Path| -> Vec<String> {
+        [
+            "--nproc-per-node",
+            "2",
+            "--tee",
+            "0:3,1:1",
+            "--redirects",
+            "1:2",
+            "--log-dir",
+            &log_dir.to_string_lossy(),
+            "--no-python",
+            "sh",
+            "-c",
+            "echo out $LOCAL_RANK; echo err $LOCAL_RANK >&2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let ours_args = flags(&ours_dir);
+    let mut words = vec!["launch"];
+    words.extend(ours_args.iter().map(String::as_str));
+    let ours = start(command(&words)).finish(Duration::from_secs(60));
+    ours.code_is(0);
+    let mut theirs = Command::new(bin.join("torchrun"));
+    theirs
+        .arg("--standalone")
+        .args(flags(&theirs_dir))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let theirs = start(in_venv(theirs, &bin)).finish(Duration::from_secs(120));
+    theirs.code_is(0);
+    let logs = run_logs(&ours_dir);
+    assert_eq!(logs.len(), 4, "{logs:?}");
+    assert_eq!(logs, run_logs(&theirs_dir));
+    let both = |r: &common::Run| {
+        let mut v = shown(&r.stdout);
+        v.extend(shown(&r.stderr));
+        v.sort();
+        v
+    };
+    assert_eq!(
+        both(&ours),
+        vec![
+            (0, "err 0".to_string()),
+            (0, "out 0".to_string()),
+            (1, "out 1".to_string())
+        ],
+        "{}",
+        ours.all()
+    );
+    assert_eq!(
+        both(&ours),
+        both(&theirs),
+        "{}\n{}",
+        ours.all(),
+        theirs.all()
+    );
+}
+
 const ACCELERATE: &str = r#"
 import torch
 from accelerate import Accelerator

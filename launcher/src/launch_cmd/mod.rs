@@ -328,17 +328,56 @@ pub fn run_code(args: &LaunchArgs) -> Result<u8> {
 }
 
 /// What the supervisor watches, from the settings.
-fn supervision(s: &Settings, args: &LaunchArgs) -> Supervision {
-    Supervision {
+///
+/// # Errors
+/// The directory of torchrun's stream logs cannot be created.
+fn supervision(s: &Settings, args: &LaunchArgs) -> Result<Supervision> {
+    Ok(Supervision {
         ranks: s.ranks.clone(),
         tee: s.tee.clone(),
+        streams: s
+            .stream_logs
+            .as_ref()
+            .map(|l| stream_logs(l, s.run_id.as_deref()))
+            .transpose()?,
         grace: s.grace,
         hang_timeout: s.hang_timeout,
         wall_limit: None,
         echo: true,
         forward_signals: true,
         stdout_to_stderr: args.workers_stdout_to_stderr,
-    }
+    })
+}
+
+/// torchrun's log layout: a new run directory `RUN_ID_XXXXXXXX` (run id
+/// `none` when not given, as torchrun's --rdzv-id) in `base`, or in a new
+/// `torchelastic_XXXXXXXX` under the temporary directory, said on stderr.
+fn stream_logs(
+    (base, tee, redirects): &(Option<PathBuf>, options::StdStreams, options::StdStreams),
+    run_id: Option<&str>,
+) -> Result<accel_launch::output::StreamLogs> {
+    let base = match base {
+        Some(b) => b.clone(),
+        None => std::env::temp_dir().join(format!("torchelastic_{}", store::random_hex(4)?)),
+    };
+    let dir = base.join(format!(
+        "{}_{}",
+        run_id.unwrap_or("none"),
+        store::random_hex(4)?
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        Error::io(
+            format!("cannot create the log directory {}", dir.display()),
+            e,
+        )
+        .with_fix("pass --log-dir a directory you can write to")
+    })?;
+    say(&format!("log directory set to: {}", dir.display()));
+    Ok(accel_launch::output::StreamLogs {
+        dir,
+        tee: tee.clone(),
+        redirects: redirects.clone(),
+    })
 }
 
 /// The environment every worker of the run shares (store fields and the
@@ -510,10 +549,6 @@ const NOT_MAPPED: &[(&str, &str)] = &[
         "logs-specs",
         "use --tee DIR (or --log-dir DIR) to write each rank's output to DIR/rank-N.log",
     ),
-    (
-        "redirects",
-        "accel always prefixes and shows every rank's output; --tee DIR also writes it to files",
-    ),
     ("max-restarts-per-node", "use --max-restarts"),
     (
         "multi-gpu",
@@ -633,7 +668,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
                 die_with_parent: true,
             }),
         };
-    let sup = supervision(&s, args);
+    let sup = supervision(&s, args)?;
     let scratch = scratch_dir()?;
     let out = if s.multi_machine() {
         let mut coord = Machines::join(&s, &token, scratch.clone())?;
