@@ -500,6 +500,83 @@ fn torchruns_tee_and_redirects_write_and_show_what_torchrun_does() {
     );
 }
 
+// ---- torch programs under accel launch over several machines ----
+
+const ALL_REDUCE: &str = r#"
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+r, w = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(r + 1)])
+dist.all_reduce(t)
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+# A file per rank: PYTHONUNBUFFERED writes of ranks interleave on stdout.
+with open(f"{sys.argv[1]}/rank-{r}.txt", "w") as f:
+    f.write(f"{w} {t.item():g} {os.environ['LOCAL_RANK']} {os.environ['GROUP_RANK']} {attempt}")
+dist.destroy_process_group()
+# The first attempt fails on machine 1: the second must meet on a fresh
+# torch store (torch expects one per attempt).
+if attempt == "0" and r == 3:
+    sys.exit(3)
+"#;
+
+#[test]
+fn a_torch_program_runs_under_accel_launch_on_two_machines() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(dir.path(), "allreduce.py", ALL_REDUCE);
+    let out = dir.path().to_string_lossy().into_owned();
+    let port = free_port().to_string();
+    let machine = |rank: &str| {
+        let mut c = in_venv(
+            command(&[
+                "launch",
+                "--num-machines",
+                "2",
+                "--machine-rank",
+                rank,
+                "--main-process-ip",
+                "127.0.0.1",
+                "--main-process-port",
+                &port,
+                "--join-timeout",
+                "60s",
+                "--max-restarts",
+                "1",
+                "-n",
+                "2",
+                &prog,
+                &out,
+            ]),
+            &bin,
+        );
+        c.env("ACCEL_RUN_TOKEN", "torch-machines");
+        start(c)
+    };
+    let (m0, m1) = (machine("0"), machine("1"));
+    let (r0, r1) = (
+        m0.finish(Duration::from_secs(120)),
+        m1.finish(Duration::from_secs(120)),
+    );
+    r0.code_is(0);
+    r1.code_is(0);
+    for rank in 0..4 {
+        let got = std::fs::read_to_string(dir.path().join(format!("rank-{rank}.txt")))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "rank {rank} wrote nothing ({e}):\n{}\n{}",
+                    r0.all(),
+                    r1.all()
+                )
+            });
+        // World size 4; 1+2+3+4; local rank; machine; the second attempt.
+        assert_eq!(
+            got,
+            format!("4 10 {} {} 1", rank % 2, rank / 2),
+            "rank {rank}"
+        );
+    }
+}
+
 const ACCELERATE: &str = r#"
 import torch
 from accelerate import Accelerator

@@ -137,7 +137,7 @@ use accel_launch::{
     program, store, Attempt, Coordinator, HostedStore, LocalGroup, ProcessGroup, Supervision,
     ThreadsGroup,
 };
-use accel_rendezvous::{TcpStore, TcpStoreServer};
+use accel_rendezvous::{TcpStore, TcpStoreServer, TorchStoreServer};
 
 use machines::{Global, Registration, Watcher};
 use options::{Options, Settings};
@@ -693,13 +693,23 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
     Ok(finish(args, &out?))
 }
 
+/// The key under which machine 0 publishes the port of its torch endpoint
+/// of attempt `n` (in accel's store, which only the run's token reaches).
+fn torch_port_key(n: u32) -> String {
+    format!("accel-launch/a{n}/torch-port")
+}
+
 /// One of several machines: machine 0 hosts the store for the whole run,
 /// the others are its clients; every attempt starts with the machines'
-/// join ([`machines`]).
+/// join ([`machines`]). Machine 0 also hosts, for each attempt, a fresh
+/// torch endpoint on its --main-process-ip and a free port, which torch
+/// workers on every machine join (MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
+/// as torchrun's agent store; torch expects a new store per attempt).
 struct Machines<'a> {
     s: &'a Settings,
     me: Registration,
     server: Option<TcpStoreServer>,
+    torch: Option<TorchStoreServer>,
     store: Arc<dyn Store>,
     run_id: String,
     max_restarts: u32,
@@ -762,6 +772,7 @@ impl<'a> Machines<'a> {
             s,
             me,
             server,
+            torch: None,
             store,
             run_id,
             max_restarts: s.max_restarts,
@@ -770,6 +781,31 @@ impl<'a> Machines<'a> {
             base,
             watcher: None,
         })
+    }
+
+    /// Machine 0: a fresh torch endpoint for attempt `n`, its port
+    /// published before the join.
+    fn host_torch(&mut self, n: u32) -> Result<u16> {
+        if let Some(old) = self.torch.take() {
+            old.shutdown();
+        }
+        let (t, _) = store::host_torch(&self.s.main_addr, 0, true)?;
+        let port = t.local_addr().port();
+        self.torch = Some(t);
+        self.store
+            .set(&torch_port_key(n), port.to_string().as_bytes())?;
+        Ok(port)
+    }
+
+    /// Another machine, after the join of attempt `n`: the port machine 0
+    /// published (`None` from a machine 0 that hosts no torch endpoint, an
+    /// older accel).
+    fn joined_torch_port(&self, n: u32) -> Result<Option<u16>> {
+        Ok(self
+            .store
+            .try_get(&torch_port_key(n))?
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|p| p.trim().parse().ok()))
     }
 
     /// The record a launcher publishes when it is interrupted, so that the
@@ -799,7 +835,9 @@ impl<'a> Machines<'a> {
 impl Coordinator for Machines<'_> {
     fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt> {
         let s = self.s;
+        let torch_port;
         let (rank_offset, world_size) = if s.machine_rank == 0 {
+            torch_port = Some(self.host_torch(n)?);
             let plan = machines::host_join(
                 &*self.store,
                 &self.me,
@@ -811,6 +849,7 @@ impl Coordinator for Machines<'_> {
             (0, plan.world_size)
         } else {
             let plan = machines::member_join(&*self.store, &self.me, n, s.join_timeout)?;
+            torch_port = self.joined_torch_port(n)?;
             self.run_id = plan.run_id.clone();
             self.max_restarts = plan.max_restarts;
             let off = plan
@@ -827,6 +866,10 @@ impl Coordinator for Machines<'_> {
             tx.clone(),
         ));
         let mut env = self.base.clone();
+        if let Some(port) = torch_port {
+            env.master_port = Some(port);
+            env.agent_store = Some(true);
+        }
         env.run_id = Some(self.run_id.clone());
         env.world_size = Some(world_size);
         env.restart_count = Some(n);
@@ -933,6 +976,9 @@ impl Coordinator for Machines<'_> {
         );
         if let Some(server) = self.server.take() {
             server.shutdown();
+        }
+        if let Some(t) = self.torch.take() {
+            t.shutdown();
         }
     }
 
