@@ -219,7 +219,7 @@ pub struct Options {
     /// `--tee 0-3` (none, stdout, stderr, both; per local rank as
     /// `0:3,1:1`): those streams also to --log-dir's
     /// attempt_N/LOCAL_RANK/stdout.log and stderr.log.
-    #[arg(long = "tee", value_name = "DIR|0-3", value_parser = parse_tee)]
+    #[arg(short = 't', long = "tee", value_name = "DIR|0-3", value_parser = parse_tee)]
     pub tee: Option<TeeArg>,
 
     /// torchrun's --log-dir: where --tee 0-3 and --redirects write (a run
@@ -230,7 +230,7 @@ pub struct Options {
 
     /// torchrun's --redirects 0-3 (or `0:3,1:1`): those streams of each
     /// local rank to --log-dir's files only, not to the terminal.
-    #[arg(long = "redirects", value_name = "0-3", value_parser = parse_streams)]
+    #[arg(short = 'r', long = "redirects", value_name = "0-3", value_parser = parse_streams)]
     pub redirects: Option<StdStreams>,
 
     /// Show the output of these global ranks only (e.g. 0 or 0,2-3; each
