@@ -605,6 +605,38 @@ use_cpu: false
         .unwrap();
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+        /// A config `accelerate config` wrote, cut and spliced anywhere:
+        /// mapped or refused naming the file, never a panic.
+        #[test]
+        fn any_edit_of_a_config_is_mapped_or_refused_never_a_crash(
+            cut in 0usize..MULTI_GPU.len(),
+            insert in proptest::sample::select(vec![
+                "", ":", "- ", "{", "[", "'", "\"", "\n  ", "&a ", "*a", "!!int ", "? ", "\t",
+                "num_processes: 99999999999999999999\n", "distributed_type: [1]\n",
+            ]),
+            keep in 0usize..MULTI_GPU.len(),
+        ) {
+            let mut text = MULTI_GPU[..cut].to_string();
+            text.push_str(insert);
+            text.push_str(&MULTI_GPU[cut.min(keep)..]);
+            if let Err(e) = parse(&text, p()) {
+                proptest::prop_assert!(e.to_string().contains("default_config.yaml"), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        let deep = format!(
+            "distributed_type: MULTI_GPU\nfsdp_config: {}",
+            "[".repeat(100_000)
+        );
+        let m = err(&deep);
+        assert!(m.contains("default_config.yaml"), "{m}");
+    }
+
     #[test]
     fn yaml_json_and_toml_files_are_told_apart_by_name() {
         for (name, acc) in [
