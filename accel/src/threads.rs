@@ -437,6 +437,9 @@ where
     // tears its communicator down under a peer still finishing a call.
     let keep: Mutex<Vec<Accelerator>> = Mutex::new(Vec::with_capacity(n));
     let (tx, rx) = mpsc::channel::<(usize, Result<T>)>();
+    // An abort() in one rank thread ends every rank of the process: the
+    // thread says which rank it was, for the launcher's root cause.
+    accel_signals::name_aborting_rank_threads();
     std::thread::scope(|s| {
         for (i, st) in states.iter().enumerate() {
             let rt = RankThread {

@@ -367,13 +367,8 @@ fn cases() -> Vec<Case> {
 /// torch venv `make torch-venv` makes. `None` prints why (under CI it fails).
 fn python_with_hub() -> Option<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let candidates: Vec<PathBuf> = std::env::var_os("ACCEL_TORCH_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([root.join(".accel-cache/torch-venv/bin/python")])
-        .collect();
     common::python_from(
-        candidates,
+        common::torch_python_candidates(&root),
         "import torch, huggingface_hub",
         "`make torch-venv` makes one",
     )
@@ -545,4 +540,76 @@ fn a_model_with_shapes_is_saved_in_its_shape_and_dtype_and_checked_on_load() {
     m.shape = vec![4, 2];
     let e = acc.save_model(&m, dir.path(), 1u64 << 30).unwrap_err();
     assert!(e.to_string().contains("6 values"), "{e}");
+}
+
+#[test]
+fn save_state_keeps_the_models_shapes_and_dtypes_and_load_state_checks_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let shaped = |shape: Vec<usize>| Shaped {
+        w: (0..6).map(|i| half::bf16::from_f32(i as f32)).collect(),
+        g: vec![half::bf16::ZERO; 6],
+        shape,
+    };
+    let acc = accel::Accelerator::new()
+        .unwrap()
+        .with_training(accel::train::TrainConfig::default())
+        .unwrap();
+    let model = acc.prepare_model(shaped(vec![2, 3])).unwrap();
+    let ckpt = acc.save_state(dir.path(), &[&model]).unwrap();
+    let bytes = std::fs::read(ckpt.join("model_0.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.tensor("w").unwrap().shape(), &[2, 3]);
+    // In the parameter's own type: bf16.
+    assert_eq!(st.tensor("w").unwrap().dtype(), safetensors::Dtype::BF16);
+    // The same values under another shape are refused, naming both.
+    let acc = accel::Accelerator::new()
+        .unwrap()
+        .with_training(accel::train::TrainConfig::default())
+        .unwrap();
+    let mut other = acc.prepare_model(shaped(vec![3, 2])).unwrap();
+    let e = acc.load_state(&ckpt, &mut [&mut other]).unwrap_err();
+    assert_eq!(*e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(
+        e.to_string().contains("[2, 3]") && e.to_string().contains("[3, 2]"),
+        "{e}"
+    );
+    // The model of the saved shape loads it.
+    let acc = accel::Accelerator::new()
+        .unwrap()
+        .with_training(accel::train::TrainConfig::default())
+        .unwrap();
+    let mut same = acc.prepare_model(shaped(vec![2, 3])).unwrap();
+    same.w.fill(half::bf16::ONE);
+    acc.load_state(&ckpt, &mut [&mut same]).unwrap();
+    assert_eq!(same.w, shaped(vec![2, 3]).w);
+}
+
+#[test]
+fn another_element_type_is_refused_unless_converting() {
+    let acc = accel::Accelerator::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // `w` as f32 in the model's shape; the model holds bf16.
+    let values: Vec<f32> = (0..6).map(|i| 0.5 + i as f32).collect();
+    let raw: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 3], &raw).unwrap();
+    let bytes = safetensors::serialize([("w", view)], None).unwrap();
+    std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
+    let mut m = Shaped {
+        w: vec![half::bf16::ZERO; 6],
+        g: vec![half::bf16::ZERO; 6],
+        shape: vec![2, 3],
+    };
+    let e = acc.load_model(&mut m, dir.path()).unwrap_err();
+    assert_eq!(*e.kind(), ErrorKind::Corrupt, "{e}");
+    assert!(
+        e.to_string().contains("\"w\" is stored as F32")
+            && e.to_string().contains("BF16")
+            && e.to_string().contains("load_model_converting"),
+        "{e}"
+    );
+    assert!(m.w.iter().all(|v| *v == half::bf16::ZERO), "nothing loaded");
+    acc.load_model_converting(&mut m, dir.path()).unwrap();
+    let want: Vec<half::bf16> = values.iter().map(|v| half::bf16::from_f32(*v)).collect();
+    assert_eq!(m.w, want);
 }

@@ -5,13 +5,12 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use accel::train::*;
 use accel::{ErrorKind, ReduceOp};
 
 mod common;
-use common::{ranks, single, Data, Linear};
+use common::{ranks, run_python, single, Data, Linear};
 
 // ------------------------------------------------------------------ helpers
 
@@ -30,21 +29,6 @@ fn python_with(module: &str) -> Option<PathBuf> {
         &format!("import {module}"),
         "`make venv-tb` installs it",
     )
-}
-
-fn run_python(py: &Path, script: &str, args: &[&Path]) -> String {
-    let out = Command::new(py)
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// Rewrite the manifest of `dir` after its files were edited (what a

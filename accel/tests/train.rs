@@ -528,6 +528,16 @@ impl Optimizer for RateLog {
     fn set_lr(&mut self, lr: f64) {
         self.lr = lr;
     }
+    /// The rate, as torch's `param_groups` save it.
+    fn state_dict(&self) -> StateDict {
+        let mut s = StateDict::default();
+        s.put("lr", &self.lr);
+        s
+    }
+    fn load_state_dict(&mut self, s: &StateDict) -> accel::Result<()> {
+        self.lr = s.get("lr")?;
+        Ok(())
+    }
 }
 
 impl accel::zero::ShardOptimizer for RateLog {
@@ -554,30 +564,48 @@ impl accel::zero::ShardOptimizer for RateLog {
     }
 }
 
+/// One process, 2 batches per optimizer step: a `RateLog` starting at the
+/// schedule's peak, the schedule, and a loader of `len` samples in batches
+/// of 2.
+#[allow(clippy::type_complexity)]
+fn scheduled(
+    with_optimizer: bool,
+    schedule: LinearSchedule,
+    len: usize,
+) -> (
+    accel::Accelerator,
+    PreparedModel<Linear>,
+    PreparedOptimizer<RateLog>,
+    PreparedScheduler<LinearSchedule>,
+    PreparedLoader<Data>,
+) {
+    let acc = single();
+    acc.set_training_config(TrainConfig {
+        gradient_accumulation_steps: 2,
+        step_scheduler_with_optimizer: with_optimizer,
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    let model = acc.prepare_model(Linear::new(2)).unwrap();
+    let opt = acc
+        .prepare_optimizer(RateLog {
+            lr: schedule.peak,
+            ..RateLog::default()
+        })
+        .unwrap();
+    let sched = acc.prepare_scheduler(schedule).unwrap();
+    let loader = acc
+        .prepare_loader(DataLoader::new(Data { len, d: 2 }, 2))
+        .unwrap();
+    (acc, model, opt, sched, loader)
+}
+
 #[test]
 fn a_warmup_schedule_gives_torchs_rate_at_every_optimizer_step() {
     let (base, warmup, total) = (0.1, 4, 15);
     for with_optimizer in [true, false] {
-        let acc = single();
-        acc.set_training_config(TrainConfig {
-            gradient_accumulation_steps: 2,
-            step_scheduler_with_optimizer: with_optimizer,
-            ..TrainConfig::default()
-        })
-        .unwrap();
-        let mut model = acc.prepare_model(Linear::new(2)).unwrap();
-        let mut opt = acc
-            .prepare_optimizer(RateLog {
-                lr: base,
-                ..RateLog::default()
-            })
-            .unwrap();
-        let mut sched = acc
-            .prepare_scheduler(LinearSchedule::new(base, warmup, total))
-            .unwrap();
-        let mut loader = acc
-            .prepare_loader(DataLoader::new(Data { len: 40, d: 2 }, 2))
-            .unwrap();
+        let (acc, mut model, mut opt, mut sched, mut loader) =
+            scheduled(with_optimizer, LinearSchedule::new(base, warmup, total), 40);
         // The scheduler steps that came before each optimizer step.
         let (mut sched_steps, mut want) = (0, Vec::new());
         for _ in 0..2 {
@@ -660,4 +688,81 @@ fn a_prepared_scheduler_drives_a_zero_optimizer_from_its_first_step() {
         .map(|i| torch_linear_warmup_lr(base, warmup, total, 2 * i))
         .collect();
     assert_eq!(used, vec![want.clone(), want]);
+}
+
+/// Batches `from..` of a 2-epoch run with 2 batches per optimizer step;
+/// when `stop` is `Some(n)`, saves a checkpoint into `dir` after `n`
+/// batches and ends there; when `resume`, loads the latest one first.
+/// Returns the rates of the optimizer steps taken.
+fn resume_run(
+    with_optimizer: bool,
+    dir: &std::path::Path,
+    stop: Option<usize>,
+    resume: bool,
+) -> Vec<f64> {
+    let (acc, mut model, mut opt, mut sched, mut loader) =
+        scheduled(with_optimizer, LinearSchedule::new(0.1, 4, 12), 16);
+    if resume {
+        let latest = acc.latest_checkpoint(dir).unwrap().expect("a checkpoint");
+        acc.load_state(
+            &latest,
+            &mut [&mut model, &mut opt, &mut sched, &mut loader],
+        )
+        .unwrap();
+    }
+    let mut batches = 0;
+    for _ in 0..2 {
+        if stop == Some(batches) {
+            break;
+        }
+        while let Some(b) = loader.next_batch() {
+            acc.accumulate(&b);
+            acc.backward(&mut model, |m, s| m.grad(&b.items, s))
+                .unwrap();
+            opt.step(&mut model).unwrap();
+            sched.step(&mut opt);
+            opt.zero_grad(&mut model);
+            batches += 1;
+            if stop == Some(batches) {
+                break;
+            }
+        }
+    }
+    if stop.is_some() {
+        acc.save_state(dir, &[&model, &opt, &sched, &loader])
+            .unwrap();
+    }
+    opt.used.clone()
+}
+
+/// A checkpoint taken before the first optimizer step resumes on the
+/// uninterrupted run's rates: with `step_scheduler_with_optimizer = false`
+/// the schedule moves on every batch, also inside the first accumulation
+/// group, so the rate the first step takes is the restored schedule's, not
+/// the one a fresh `prepare_scheduler` noted.
+#[test]
+fn a_checkpoint_before_the_first_step_resumes_on_the_same_rates() {
+    for with_optimizer in [false, true] {
+        let whole = resume_run(
+            with_optimizer,
+            std::path::Path::new("/nonexistent"),
+            None,
+            false,
+        );
+        assert_eq!(whole.len(), 8, "16 batches, 2 per optimizer step");
+        // Before any batch, inside the first accumulation group, and inside
+        // a later one.
+        for stop in [0, 1, 3] {
+            let dir = tempfile::tempdir().unwrap();
+            let before = resume_run(with_optimizer, dir.path(), Some(stop), false);
+            let after = resume_run(with_optimizer, dir.path(), None, true);
+            let mut rates = before.clone();
+            rates.extend(&after);
+            assert_eq!(
+                rates, whole,
+                "step_scheduler_with_optimizer {with_optimizer}, saved after {stop} batches: \
+                 {before:?} then {after:?}"
+            );
+        }
+    }
 }

@@ -156,6 +156,7 @@ fn a_full_shard_run_resumes_exactly_and_saves_weights_one_process_loads() {
                     .zip(&model.values)
                     .map(|(n, v)| (n.to_string(), v.clone()))
                     .collect(),
+                ..Default::default()
             };
             Ok(full)
         })

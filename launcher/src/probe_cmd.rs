@@ -42,6 +42,11 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "RANK")]
     panic_on_rank: Option<usize>,
 
+    /// Call abort() on this rank after the barrier: a bare abort, with no
+    /// message of Rust's (tests the root cause of rank threads).
+    #[arg(long, value_name = "RANK", hide = true)]
+    abort_on_rank: Option<usize>,
+
     /// Stay alive this many seconds after printing (tests what happens to
     /// workers when the launcher dies).
     #[arg(long, value_name = "SECS")]
@@ -191,6 +196,9 @@ fn rank(args: &ProbeArgs, acc: Option<&accel::Accelerator>) -> Result<()> {
             Some(_) => a.all_reduce(&mut [1.0f32], accel_api::ReduceOp::Sum)?,
             None => {}
         }
+    }
+    if args.abort_on_rank == Some(state.rank) {
+        std::process::abort();
     }
     if args.panic_on_rank == Some(state.rank) {
         panic!("probe-worker: deliberate panic on rank {}", state.rank);

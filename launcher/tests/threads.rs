@@ -102,6 +102,33 @@ fn a_rank_thread_panic_is_the_root_cause() {
     r.has_stderr("at:        launcher/src/probe_cmd.rs:");
 }
 
+/// A bare abort() in one rank thread ends the process; the root cause
+/// names that rank, not the process's first (issue 32).
+#[cfg(feature = "cpu-gloo")]
+#[test]
+fn a_rank_thread_abort_is_blamed_on_its_rank() {
+    let mut c = command(&argv(
+        "launch -n 3 --backend cpu-gloo --",
+        &[
+            ACCEL,
+            "probe-worker",
+            "--accelerator",
+            "--abort-on-rank",
+            "2",
+        ],
+    ));
+    c.env("ACCEL_PROCESS_MODEL", "threads");
+    let r = start(c).finish(LIMIT);
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    r.has_stderr("rank:      2 (local rank 2)");
+    r.has_stderr("[rank 2] thread 'rank 2' aborted (SIGABRT)");
+    assert!(
+        !r.stderr.contains("no rank thread said which"),
+        "{}",
+        r.all()
+    );
+}
+
 #[test]
 fn bench_runs_on_xla_rank_threads() {
     if !xla_or_skip("bench_runs_on_xla_rank_threads") {

@@ -9,8 +9,11 @@
 //!   `named_parameters()` counts it in Accelerate), whichever member a
 //!   checkpoint stores; the other members cost nothing.
 //! * Modules are taken in tree order, starting from the root's entries
-//!   (parameters, child modules, buffers). Devices are filled in order:
-//!   accelerators in the order given, then `cpu`, then `disk` (unbounded).
+//!   (parameters, child modules, buffers). Devices are filled in
+//!   Accelerate's order, whatever order the keys were given in:
+//!   accelerators by number (`cuda:0`, `cuda:1`, ...), then `cpu`, then
+//!   `disk`, which is unbounded even when given a budget (Accelerate
+//!   ignores a disk budget; the plan keeps it as the device's `max`).
 //! * An entry that fits on the current device (together with the entries
 //!   holding its tied partners) is placed there. One that does not fit is
 //!   split into its own tensors and child modules, unless it has no child
@@ -25,7 +28,9 @@
 //!   would be left empty gets the first module further on that fits in its
 //!   budget minus the larger of the reserved layer and the entry that did
 //!   not fit (splitting modules to find one), as Accelerate's
-//!   `fallback_allocation`. A device passed over while empty reports the
+//!   `fallback_allocation`: again while the device stays empty (the module
+//!   found may hold no tensors, as an `act_fn`), and never when that budget
+//!   is below the reservation. A device passed over while empty reports the
 //!   bytes the entry needed ([`DevicePlan::min_needed`]) and why
 //!   ([`DevicePlan::empty_reason`]), e.g. because of the reservation.
 //! * The size of the largest remaining *layer* (a module with no child
@@ -42,10 +47,7 @@
 //!
 //! Deliberate differences from Accelerate: `disk` is used only when the
 //! spec lists it (Accelerate always appends it), so a model that does not
-//! fit is an error naming the entry instead of a silent disk offload; an
-//! explicit disk budget (`disk=100GB`) is honoured (Accelerate ignores it;
-//! here it is a real limit, the free space of the offload folder), and the
-//! error then says to raise it or write plain `disk`;
+//! fit is an error naming the entry instead of a silent disk offload;
 //! buffers of a split module stay in the map (Accelerate drops them from
 //! the split); the result is validated before it is returned.
 //!

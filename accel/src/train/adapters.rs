@@ -460,6 +460,11 @@ pub struct StateDict {
     pub tensors: BTreeMap<String, Tensor>,
     /// JSON values by name.
     pub values: BTreeMap<String, serde_json::Value>,
+    /// Tensors written in a narrower type than `f32` ([`DType::BF16`] or
+    /// [`DType::F16`]: a half-precision parameter, whose values `tensors`
+    /// holds widened, losslessly); the others are written as `f32`. Filled
+    /// on load from the types the file holds.
+    pub stored_as: BTreeMap<String, DType>,
 }
 
 impl StateDict {

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use accel_api::{BufMut, Error, ErrorKind, Result};
+use accel_api::{BufMut, DType, Error, ErrorKind, Result};
 use accel_sharding::{
     parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
     write_file_synced, AccumulatorState, CheckpointDir, CheckpointWriter, Manifest, SamplerState,
@@ -44,8 +44,11 @@ const GRAD_PREFIX: &str = "__grad__.";
 /// | `custom_I.safetensors` / `.json` | main | objects from `register_for_checkpointing`, in registration order |
 /// | `manifest.json` | main, last | size and SHA-256 of every file |
 ///
-/// Tensors are `f32` safetensors (1-D for parameters); everything else is
-/// JSON. The directory is assembled as `.checkpoint_N.partial`, every file
+/// Tensors are `f32` safetensors, except a bf16 or f16 parameter, which is
+/// stored in its own type ([`StateDict::stored_as`]); each parameter is in
+/// the model's own shape when it gives [`Parameters::param_shape`], else
+/// 1-D; everything else is JSON. Loading checks a parameter's shape against the model's (a 1-D
+/// tensor of the right length, as older checkpoints hold, passes). The directory is assembled as `.checkpoint_N.partial`, every file
 /// fsynced, then renamed; ranks other than the main one write their files
 /// into the same temporary directory, so checkpoints need a file system all
 /// ranks share (as Accelerate's do).
@@ -101,11 +104,34 @@ impl<M: Parameters> Checkpointed for PreparedModel<M> {
                 return;
             }
             let r = (|| {
-                s.put_tensor(p.name, grads::read_f32(k, p.name, p.value)?);
+                // The model's own shape where it gives one (and it fits).
+                let shape = self
+                    .model
+                    .param_shape(p.name)
+                    .filter(|s| s.iter().product::<usize>() == p.value.len())
+                    .unwrap_or_else(|| vec![p.value.len()]);
+                let value = grads::read_f32(k, p.name, p.value)?;
+                // A half-precision parameter is written in its own type.
+                if matches!(p.value.dtype(), DType::BF16 | DType::F16) {
+                    s.stored_as.insert(p.name.to_string(), p.value.dtype());
+                }
+                s.tensors.insert(
+                    p.name.to_string(),
+                    Tensor {
+                        shape: shape.clone(),
+                        data: value,
+                    },
+                );
                 if mid_group {
-                    s.put_tensor(
+                    let grad = grads::read_f32(k, p.name, p.grad)?;
+                    let shape = if grad.len() == p.value.len() {
+                        shape
+                    } else {
+                        vec![grad.len()]
+                    };
+                    s.tensors.insert(
                         format!("{GRAD_PREFIX}{}", p.name),
-                        grads::read_f32(k, p.name, p.grad)?,
+                        Tensor { shape, data: grad },
                     );
                 }
                 Ok(())
@@ -119,13 +145,33 @@ impl<M: Parameters> Checkpointed for PreparedModel<M> {
     fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
         let k = self.model.grad_kernels();
         let k = k.as_deref();
+        let mut shapes = std::collections::BTreeMap::new();
+        self.model.visit_params(&mut |p| {
+            if let Some(s) = self.model.param_shape(p.name) {
+                shapes.insert(p.name.to_string(), s);
+            }
+        });
         let mut err = None;
         self.model.visit_params_mut(&mut |p| {
             if err.is_some() {
                 return;
             }
             let name = p.name;
+            let model_shape = shapes.get(name);
             let fill = |dst: BufMut<'_>, t: &Tensor, what: &str| {
+                // A 1-D tensor (older checkpoints, models without shapes)
+                // fits any shape of its length.
+                if let Some(want) = model_shape.filter(|_| t.shape.len() > 1) {
+                    if &t.shape != want {
+                        return Err(Error::new(
+                            ErrorKind::Corrupt,
+                            format!(
+                                "{what} {name:?} has shape {:?} in the checkpoint, the model's is {want:?}",
+                                t.shape
+                            ),
+                        ));
+                    }
+                }
                 if t.data.len() != dst.len() {
                     return Err(Error::new(
                         ErrorKind::Corrupt,
@@ -183,7 +229,9 @@ impl<S: Scheduler> Checkpointed for PreparedScheduler<S> {
         Ok(self.scheduler.state_dict())
     }
     fn restore_checkpoint_state(&mut self, state: StateDict) -> Result<()> {
-        self.scheduler.load_state_dict(&state)
+        self.scheduler.load_state_dict(&state)?;
+        self.note_restored_rate();
+        Ok(())
     }
 }
 
@@ -226,24 +274,39 @@ struct Meta {
     scaler: Option<super::amp::GradScaler>,
 }
 
-/// `tensors` as a safetensors file of `f32` (with `metadata` in its header).
-pub(crate) fn encode_tensors_with(
-    tensors: &std::collections::BTreeMap<String, Tensor>,
-    metadata: Option<std::collections::HashMap<String, String>>,
-) -> Result<Vec<u8>> {
-    let bytes: Vec<(&str, Vec<u8>, &[usize])> = tensors
+/// The tensors of `s` as a safetensors file of `f32`, those named in
+/// `s.stored_as` in that type.
+fn encode_tensors(s: &StateDict) -> Result<Vec<u8>> {
+    let bytes: Vec<(&str, Dtype, Vec<u8>, &[usize])> = s
+        .tensors
         .iter()
         .map(|(n, t)| {
-            (
-                n.as_str(),
-                t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                t.shape.as_slice(),
-            )
+            let (dtype, b): (Dtype, Vec<u8>) = match s.stored_as.get(n) {
+                Some(DType::BF16) => (
+                    Dtype::BF16,
+                    t.data
+                        .iter()
+                        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                        .collect(),
+                ),
+                Some(DType::F16) => (
+                    Dtype::F16,
+                    t.data
+                        .iter()
+                        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                        .collect(),
+                ),
+                _ => (
+                    Dtype::F32,
+                    t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                ),
+            };
+            (n.as_str(), dtype, b, t.shape.as_slice())
         })
         .collect();
     let mut views = Vec::with_capacity(bytes.len());
-    for (name, b, shape) in &bytes {
-        let v = TensorView::new(Dtype::F32, shape.to_vec(), b).map_err(|e| {
+    for (name, dtype, b, shape) in &bytes {
+        let v = TensorView::new(*dtype, shape.to_vec(), b).map_err(|e| {
             Error::invalid_argument(
                 "save_state",
                 format!("tensor {name:?}: shape {shape:?} does not fit its data: {e}"),
@@ -251,13 +314,24 @@ pub(crate) fn encode_tensors_with(
         })?;
         views.push((*name, v));
     }
-    safetensors::serialize(views, metadata).map_err(|e| {
+    safetensors::serialize(views, None).map_err(|e| {
         Error::invalid_argument("save_state", format!("cannot encode safetensors: {e}"))
     })
 }
 
-fn encode_tensors(tensors: &std::collections::BTreeMap<String, Tensor>) -> Result<Vec<u8>> {
-    encode_tensors_with(tensors, None)
+/// The tensors of a decoded file stored in a half type.
+fn half_types(bytes: &[u8]) -> std::collections::BTreeMap<String, DType> {
+    let Ok((_, meta)) = SafeTensors::read_metadata(bytes) else {
+        return Default::default(); // decoding reports it
+    };
+    meta.tensors()
+        .into_iter()
+        .filter_map(|(n, i)| match i.dtype {
+            Dtype::BF16 => Some((n, DType::BF16)),
+            Dtype::F16 => Some((n, DType::F16)),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Decode a safetensors file into `f32` tensors (`f16`, `bf16` and `f64`
@@ -317,7 +391,7 @@ fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
 fn encode_state(stem: &str, s: &StateDict) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = vec![(format!("{stem}.json"), to_json(&s.values))];
     if !s.tensors.is_empty() {
-        files.push((format!("{stem}.safetensors"), encode_tensors(&s.tensors)?));
+        files.push((format!("{stem}.safetensors"), encode_tensors(s)?));
     }
     Ok(files)
 }
@@ -344,12 +418,17 @@ fn decode_state(dir: &Path, manifest: &Manifest, stem: &str) -> Result<StateDict
         .with_op("load_state")
     })?;
     let st = format!("{stem}.safetensors");
-    let tensors = if manifest.files.contains_key(&st) {
-        decode_tensors(&read_verified(dir, manifest, &st)?, &dir.join(&st))?
+    let (tensors, stored_as) = if manifest.files.contains_key(&st) {
+        let bytes = read_verified(dir, manifest, &st)?;
+        (decode_tensors(&bytes, &dir.join(&st))?, half_types(&bytes))
     } else {
         Default::default()
     };
-    Ok(StateDict { tensors, values })
+    Ok(StateDict {
+        tensors,
+        values,
+        stored_as,
+    })
 }
 
 /// Finish a folder swap that a killed save left half done at `dir`
@@ -844,8 +923,8 @@ impl Accelerator {
                     let per_rank: Vec<StateDict> = all
                         .iter()
                         .map(|r| StateDict {
-                            tensors: Default::default(),
                             values: r[i].clone(),
+                            ..Default::default()
                         })
                         .collect();
                     o.check_rank_states(&per_rank).map_err(|e| {

@@ -20,10 +20,12 @@
 //! `{"format": "pt"}` as `transformers` writes it, plus [`DIGEST_KEY`]: the
 //! SHA-256 of the file's data section, which the index's metadata also
 //! records per shard; [`load_model`](crate::Accelerator::load_model)
-//! checks both when present. Tensors are `f32`, 1-D
-//! (the [`Parameters`] view is flat), named as the model names them; a
-//! model that gives [`Parameters::param_shape`] gets each tensor in that
-//! shape and in its values' own element type (f16, bf16, f32, f64).
+//! checks both when present. Tensors are named as the model names them; a
+//! model that gives [`Parameters::param_shape`] (accel-tch's and
+//! accel-candle's adapters, ZeRO's consolidated
+//! [`FullParameters`](crate::zero::FullParameters)) gets each tensor in
+//! that shape and in its values' own element type (f16, bf16, f32, f64),
+//! others get 1-D `f32` (the [`Parameters`] view is flat).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -134,7 +136,7 @@ fn stored(
     value: accel_api::Buf<'_>,
     shape: Option<Vec<usize>>,
 ) -> Result<Stored> {
-    use accel_api::{Buf, DType};
+    use accel_api::Buf;
     use safetensors::Dtype;
     let n = value.len();
     let Some(shape) = shape else {
@@ -152,17 +154,14 @@ fn stored(
         )
         .with_fix("param_shape must give the shape of the parameter's values"));
     }
-    let dtype = match value.dtype() {
-        DType::F16 => Dtype::F16,
-        DType::BF16 => Dtype::BF16,
-        DType::F32 => Dtype::F32,
-        DType::F64 => Dtype::F64,
-        other => {
-            return Err(Error::invalid_argument(
-                "save_model",
-                format!("parameter {name:?} is {other}; weights are floating point"),
-            ))
-        }
+    let Some(dtype) = file_dtype(value.dtype()) else {
+        return Err(Error::invalid_argument(
+            "save_model",
+            format!(
+                "parameter {name:?} is {}; weights are floating point",
+                value.dtype()
+            ),
+        ));
     };
     let bytes = match value {
         Buf::Host(h) => h.bytes().to_vec(),
@@ -190,6 +189,31 @@ fn stored(
         dtype,
         bytes,
     })
+}
+
+/// The safetensors element type of a floating-point parameter.
+fn file_dtype(t: accel_api::DType) -> Option<safetensors::Dtype> {
+    use accel_api::DType;
+    use safetensors::Dtype;
+    match t {
+        DType::F16 => Some(Dtype::F16),
+        DType::BF16 => Some(Dtype::BF16),
+        DType::F32 => Some(Dtype::F32),
+        DType::F64 => Some(Dtype::F64),
+        _ => None,
+    }
+}
+
+/// Each tensor's element type as a (checked) file stores it.
+fn dtypes_of(bytes: &[u8]) -> BTreeMap<String, safetensors::Dtype> {
+    let Ok((_, meta)) = safetensors::SafeTensors::read_metadata(bytes) else {
+        return BTreeMap::new(); // decoding reports it
+    };
+    let mut out = BTreeMap::new();
+    for (name, info) in meta.tensors() {
+        out.insert(name, info.dtype);
+    }
+    out
 }
 
 /// Check a file's data against the digest in its own header and, for a
@@ -418,8 +442,12 @@ impl Accelerator {
     /// [`save_model`](Self::save_model) (or by `transformers`'
     /// `save_pretrained` with safetensors), at any world size: the index and
     /// every shard it names, or the single `model.safetensors`. Every rank
-    /// reads the files itself. `f16`, `bf16` and `f64` tensors are
-    /// converted to `f32`. A save killed between its two renames (no
+    /// reads the files itself. A model that gives
+    /// [`Parameters::param_shape`](super::Parameters::param_shape) gets
+    /// each tensor checked against its parameter's shape and element type
+    /// (converting is [`load_model_converting`](Self::load_model_converting));
+    /// for a model without shapes, `f16`, `bf16`, `f32` and `f64` tensors are
+    /// converted to its values' type. A save killed between its two renames (no
     /// `dir`, the old folder at `.dir.old`) is first completed by the main
     /// process, with a warning in the log. Collective.
     ///
@@ -427,7 +455,8 @@ impl Accelerator {
     /// [`ErrorKind::Corrupt`] naming the file or tensor when a file is not
     /// valid safetensors, the index does not match the shards (a missing
     /// tensor, a wrong `total_size`), or a parameter is missing, has another
-    /// length (or another shape than the model's `param_shape`), or the files hold a tensor the model does not have (strict,
+    /// length (or another shape or element type than the model's
+    /// `param_shape` and values), or the files hold a tensor the model does not have (strict,
     /// as PyTorch's `load_state_dict`), or a file's data does not match the
     /// [`DIGEST_KEY`] recorded in its header or the index;
     /// [`ErrorKind::Io`] when the folder has neither file. A failure on any rank fails every rank.
@@ -436,8 +465,31 @@ impl Accelerator {
         model: &mut P,
         dir: impl AsRef<Path>,
     ) -> Result<()> {
+        self.load_model_impl(model, dir.as_ref(), false)
+    }
+
+    /// [`load_model`](Self::load_model), converting a tensor stored in
+    /// another floating-point type than its parameter's (`f32` weights
+    /// into a `bf16` model, say) instead of refusing it. Shapes are still
+    /// checked. Collective.
+    ///
+    /// # Errors
+    /// As [`load_model`](Self::load_model), less the element-type check.
+    pub fn load_model_converting<P: Parameters + ?Sized>(
+        &self,
+        model: &mut P,
+        dir: impl AsRef<Path>,
+    ) -> Result<()> {
+        self.load_model_impl(model, dir.as_ref(), true)
+    }
+
+    fn load_model_impl<P: Parameters + ?Sized>(
+        &self,
+        model: &mut P,
+        dir: &Path,
+        convert: bool,
+    ) -> Result<()> {
         const OP: &str = "load_model";
-        let dir = dir.as_ref();
         // A save killed between its two renames: finish it once, on the
         // main process, before anyone reads.
         let recovered = if self.is_main_process() {
@@ -447,7 +499,7 @@ impl Accelerator {
         };
         self.agree(OP, recovered)?;
         let tensors = read_model(dir);
-        let loaded = tensors.and_then(|t| fill_model(model, t, dir));
+        let loaded = tensors.and_then(|(t, dtypes)| fill_model(model, t, &dtypes, dir, convert));
         self.agree(OP, loaded)
     }
 }
@@ -592,7 +644,13 @@ fn read_safetensors(path: &Path, f: fs::File) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
+/// The tensors of a model folder (as `f32`) and each one's stored type.
+type ReadModel = (
+    BTreeMap<String, Tensor>,
+    BTreeMap<String, safetensors::Dtype>,
+);
+
+fn read_model(dir: &Path) -> Result<ReadModel> {
     let index_path = dir.join(SAFE_WEIGHTS_INDEX_NAME);
     if !index_path.exists() {
         let path = dir.join(SAFE_WEIGHTS_NAME);
@@ -609,7 +667,7 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
         }
         let bytes = read_safetensors(&path, files::open_regular(&path, "model file")?)?;
         check_digest(&path, &bytes, None)?;
-        return decode_tensors(&bytes, &path);
+        return Ok((decode_tensors(&bytes, &path)?, dtypes_of(&bytes)));
     }
     let index_bytes = files::read_regular(&index_path, "model index")?;
     let index: Index = serde_json::from_slice(&index_bytes).map_err(|e| {
@@ -622,6 +680,7 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
     files.sort();
     files.dedup();
     let mut out = BTreeMap::new();
+    let mut dtypes = BTreeMap::new();
     let mut total = 0u64;
     for file in files {
         // A name read from the index: a regular file inside the folder.
@@ -637,6 +696,7 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
         let indexed = index.metadata.digests.as_ref().and_then(|d| d.get(file));
         check_digest(&path, &bytes, indexed.map(String::as_str))?;
         let tensors = decode_tensors(&bytes, &path)?;
+        dtypes.extend(dtypes_of(&bytes));
         // Stored bytes, whatever the dtype (decode_tensors checked the file).
         if let Ok(st) = safetensors::SafeTensors::deserialize(&bytes) {
             total += st
@@ -674,16 +734,25 @@ fn read_model(dir: &Path) -> Result<BTreeMap<String, Tensor>> {
             index.metadata.total_size
         )));
     }
-    Ok(out)
+    Ok((out, dtypes))
 }
 
 fn fill_model<P: Parameters + ?Sized>(
     model: &mut P,
     mut tensors: BTreeMap<String, Tensor>,
+    stored: &BTreeMap<String, safetensors::Dtype>,
     dir: &Path,
+    convert: bool,
 ) -> Result<()> {
     // A model that gives its shapes gets them checked (a flat tensor of
-    // the right length, as a model without shapes saves, passes too).
+    // the right length, as a model without shapes saves, passes too), and
+    // its element types unless converting.
+    let mut own = BTreeMap::new();
+    model.visit_params(&mut |p| {
+        if let Some(t) = file_dtype(p.value.dtype()) {
+            own.insert(p.name.to_string(), t);
+        }
+    });
     for (name, t) in &tensors {
         if let Some(shape) = model.param_shape(name) {
             if t.shape != shape && t.shape.len() > 1 {
@@ -692,6 +761,16 @@ fn fill_model<P: Parameters + ?Sized>(
                     dir.display(),
                     t.shape
                 )));
+            }
+            let (want, got) = (own.get(name), stored.get(name));
+            if let (false, Some(want), Some(got)) = (convert, want, got) {
+                if want != got {
+                    return Err(corrupt(format!(
+                        "{}: tensor {name:?} is stored as {got:?}, the model's parameter is {want:?}",
+                        dir.display()
+                    ))
+                    .with_fix("load with Accelerator::load_model_converting to convert it, or save the model in the parameter's type"));
+                }
             }
         }
     }

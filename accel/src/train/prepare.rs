@@ -100,7 +100,8 @@ impl Accelerator {
         optimizer: &mut T,
         scheduler: impl Prepare<PreparedScheduler<S>>,
     ) -> Result<PreparedScheduler<S>> {
-        let sched = scheduler.prepare_with(self)?;
+        let mut sched = scheduler.prepare_with(self)?;
+        sched.by_number = false;
         super::shared(self)
             .lock()
             .initial_lr
@@ -387,6 +388,9 @@ pub struct PreparedScheduler<S: Scheduler> {
     pub(crate) scheduler: S,
     pub(crate) key: String,
     pub(crate) shared: Arc<TrainShared>,
+    /// Hands its first rate to the optimizer of the same number
+    /// (`prepare_scheduler`), not to one given (`prepare_scheduler_for`).
+    pub(crate) by_number: bool,
 }
 
 impl<S: Scheduler> std::fmt::Debug for PreparedScheduler<S> {
@@ -411,6 +415,7 @@ impl<S: Scheduler> Prepare<PreparedScheduler<S>> for S {
             scheduler: self,
             key,
             shared,
+            by_number: true,
         })
     }
 }
@@ -487,6 +492,22 @@ impl<S: Scheduler> PreparedScheduler<S> {
     /// The checkpoint key.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// After a restore: the rate the paired optimizer's first step takes
+    /// (see [`Accelerator::prepare_scheduler`]) is the restored schedule's,
+    /// not the one noted when this scheduler was prepared. A checkpoint
+    /// taken inside the first accumulation group, after the schedule moved
+    /// (`step_scheduler_with_optimizer = false`), resumes on the same rates.
+    pub(crate) fn note_restored_rate(&self) {
+        if !self.by_number {
+            return; // `prepare_scheduler_for`: the optimizer's state has it
+        }
+        let lr = self.scheduler.lr();
+        self.shared
+            .lock()
+            .initial_lr
+            .insert(key_index(&self.key), lr);
     }
 }
 

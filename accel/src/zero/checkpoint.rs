@@ -1,6 +1,8 @@
 //! [`ZeroOptimizer`]'s sharded state: per-rank checkpoints and the full
 //! parameters gathered from the shards.
 
+use std::collections::BTreeMap;
+
 use accel_api::{Error, ErrorKind, Result};
 use accel_sharding::Stage;
 
@@ -10,14 +12,24 @@ use crate::train::{try_visit_params, Checkpointed, ParamMut, ParamRef, Parameter
 
 /// Every parameter's full values, gathered from the shards: what
 /// [`Accelerator::save_model`](crate::Accelerator::save_model) writes
-/// (it is a [`Parameters`] whose gradients are empty).
+/// (it is a [`Parameters`] whose gradients are empty), in the model's
+/// shapes where the model gives them ([`Parameters::param_shape`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FullParameters {
     /// `(name, values)` in the model's order.
     pub params: Vec<(String, Vec<f32>)>,
+    /// Each parameter's shape as the model gives it
+    /// ([`Parameters::param_shape`]); a parameter without one is saved 1-D.
+    pub shapes: BTreeMap<String, Vec<usize>>,
 }
 
 impl Parameters for FullParameters {
+    /// The model's shape, recorded by
+    /// [`ZeroOptimizer::full_parameters`].
+    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.shapes.get(name).cloned()
+    }
+
     fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
         for (name, v) in &self.params {
             f(ParamRef::host(name, v, &[] as &[f32]));
@@ -42,6 +54,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// the communicator's errors.
     pub fn full_parameters(&mut self, model: &dyn Parameters) -> Result<FullParameters> {
         let mut out = FullParameters::default();
+        model.visit_params(&mut |p| {
+            if let Some(shape) = model.param_shape(p.name) {
+                out.shapes.insert(p.name.to_string(), shape);
+            }
+        });
         if self.stage != Stage::Full {
             try_visit_params(model, |_, p| {
                 out.params

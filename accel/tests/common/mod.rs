@@ -129,27 +129,7 @@ pub fn ranks<T: Send + 'static>(
     out.into_iter().map(Option::unwrap).collect()
 }
 
-/// The first of `candidates` that can `import` (Python's statement, e.g.
-/// `import torch, huggingface_hub`). `None` prints why; under CI a missing
-/// one fails the test instead (the Makefile makes it). `how` says how to
-/// get one.
-pub fn python_from(
-    candidates: Vec<std::path::PathBuf>,
-    import: &str,
-    how: &str,
-) -> Option<std::path::PathBuf> {
-    for py in &candidates {
-        let ok = std::process::Command::new(py)
-            .args(["-c", import])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(py.clone());
-        }
-    }
-    let why = format!("skipping: no Python that can `{import}` (tried {candidates:?}; {how})");
-    assert!(std::env::var_os("CI").is_none(), "{why}");
-    println!("{why}");
-    eprintln!("{why}");
-    None
-}
+#[path = "../../../test-support/python.rs"]
+mod python;
+#[allow(unused_imports)]
+pub use python::{python_from, run_python, torch_python_candidates};

@@ -20,10 +20,24 @@ use clap::Parser;
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
-/// Activations, libtorch's scratch buffers and allocator slack of one
-/// forward pass over a few short sentences, allowed on top of the budget and
-/// the blocks in flight by `--check-rss` (measured: well under this).
-const ACTIVATION_SLACK: u64 = 16 << 20;
+/// libtorch's scratch buffers and allocator slack of one forward pass,
+/// allowed on top of the budget, the blocks in flight and the batch's
+/// activations by `--check-rss`.
+const BASE_SLACK: u64 = 16 << 20;
+
+/// What one forward pass over a padded `[n, t]` batch may hold at once,
+/// generously: per token, a dozen hidden-size rows and three feed-forward
+/// rows (the block's input, its attention's q, k, v, context and output,
+/// residuals and norms; the feed-forward's up projection and GELU); per
+/// head, three `t x t` score matrices (scores, softmax, dropout-free
+/// copy); f32 throughout; twice that, for the freed activations of the
+/// blocks before that the allocator keeps for reuse (glibc's dynamic mmap
+/// threshold keeps them on the heap). 19 sentences of ~20 tokens: ~28 MiB.
+fn activation_bytes(cfg: &Config, n: u64, t: u64) -> u64 {
+    let per_token = (12 * cfg.hidden_size as u64 + 3 * cfg.intermediate_size as u64) * 4;
+    let scores = 3 * cfg.num_attention_heads as u64 * t * t * 4;
+    2 * n * (t * per_token + scores)
+}
 
 #[derive(Parser, Debug)]
 #[command(about = "Sentence embeddings with all-MiniLM-L6-v2, dispatched with accel-tch")]
@@ -40,7 +54,8 @@ struct Args {
     lookahead: usize,
     /// Fail when the peak resident memory of the run exceeds the baseline
     /// plus the cpu budget, the blocks in flight (the largest `lookahead + 1`
-    /// consecutive ones) and a 16 MiB slack.
+    /// consecutive ones), the batch's activations (from the number of
+    /// sentences and their padded length) and a 16 MiB slack.
     #[arg(long)]
     check_rss: bool,
     /// Forward passes to run (timings of each are printed; the embeddings
@@ -167,7 +182,10 @@ fn run() -> accel_api::Result<ExitCode> {
         })
         .max()
         .unwrap_or(0);
-    let bound = cpu_budget.map(|b| b + in_flight + ACTIVATION_SLACK);
+    let shape = tok.batch(&sentences)?.ids.size();
+    let activations = activation_bytes(&cfg, shape[0] as u64, shape[1] as u64);
+    let slack = BASE_SLACK + activations;
+    let bound = cpu_budget.map(|b| b + in_flight + slack);
     let r = d.report();
     let devices: Vec<serde_json::Value> = d
         .plan()
@@ -245,11 +263,14 @@ fn run() -> accel_api::Result<ExitCode> {
             format_bytes(peak),
             format_bytes(over),
             bound.map_or(String::new(), |b| format!(
-                "; bound {} = cpu budget + {} in flight (the largest {} consecutive blocks) + {} slack",
+                "; bound {} = cpu budget + {} in flight (the largest {} consecutive blocks) + {} activations ({} x {} tokens) + {} slack",
                 format_bytes(b),
                 format_bytes(in_flight),
                 args.lookahead + 1,
-                format_bytes(ACTIVATION_SLACK)
+                format_bytes(activations),
+                shape[0],
+                shape[1],
+                format_bytes(BASE_SLACK)
             ))
         );
     }

@@ -190,4 +190,17 @@ impl Parameters for TchModel {
     fn uses_mixed_precision(&self) -> bool {
         true
     }
+
+    /// The variable's own size, so `save_model` writes each tensor in the
+    /// shape (and dtype) PyTorch's `load_state_dict` and `transformers`
+    /// expect.
+    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+        let (_, t) = self.params.iter().find(|(n, _)| n == name)?;
+        Some(dims(&t.size()))
+    }
+}
+
+/// A libtorch size as `usize` dimensions.
+pub(crate) fn dims(size: &[i64]) -> Vec<usize> {
+    size.iter().map(|&d| d.max(0) as usize).collect()
 }

@@ -84,6 +84,14 @@ impl Parameters for Zero3TchModel {
         self.inner.uses_mixed_precision()
     }
 
+    /// The shape noted at wrapping, released or not (a released parameter
+    /// holds an empty tensor, but the consolidated weights have this shape).
+    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+        let params = self.inner.named_parameters();
+        let i = params.iter().position(|(n, _)| n == name)?;
+        Some(crate::model::dims(&self.shapes[i]))
+    }
+
     /// `numel == 0`: the data and gradient become empty tensors.
     /// Otherwise `numel` must be the parameter's element count: both
     /// become zero-filled tensors of its shape (dtype and device kept).

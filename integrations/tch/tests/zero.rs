@@ -23,6 +23,9 @@ use accel_tch::{TchModel, Zero3TchModel};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
+mod common;
+use common::det;
+
 const IN: usize = 4;
 const HIDDEN: usize = 8;
 const BS: usize = 3;
@@ -30,15 +33,6 @@ const STEPS: usize = 3;
 const LR: f64 = 0.1;
 const MOMENTUM: f32 = 0.9;
 const TOL: f32 = 1e-5;
-
-/// A fixed, rank-independent value in `[-1, 1)` for `(a, b)`.
-fn det(a: usize, b: usize) -> f32 {
-    let h = (a as u64)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
-        .wrapping_add((b as u64).wrapping_mul(0xBF58_476D_1CE4_E5B9));
-    let h = (h ^ (h >> 29)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    ((h >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-}
 
 /// `a` (IN → HIDDEN, tanh) then `b` (HIDDEN → 1), with fixed weights (no
 /// draw from libtorch's global generator, which the rank threads share).

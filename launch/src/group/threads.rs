@@ -62,14 +62,20 @@ impl ThreadsOutput {
         match routed {
             Some((sink, text)) => sink.line(stream, text),
             None => {
+                let text = String::from_utf8_lossy(raw).into_owned();
+                // Rust's and accel-signals' words about a rank thread
+                // (`thread 'rank 2' aborted`) are that rank's output.
+                let named = thread_named(std::slice::from_ref(&text))
+                    .and_then(|r| r.checked_sub(self.first))
+                    .and_then(|i| self.sinks.get(i));
                 if stream == Stream::Stderr {
                     let mut t = self.untagged.lock().unwrap_or_else(|p| p.into_inner());
                     if t.len() == TAIL_LINES {
                         t.pop_front();
                     }
-                    t.push_back(String::from_utf8_lossy(raw).into_owned());
+                    t.push_back(text);
                 }
-                if let Some(s) = self.sinks.first() {
+                if let Some(s) = named.or(self.sinks.first()) {
                     s.line(stream, raw);
                 }
             }
@@ -217,7 +223,8 @@ impl ProcessGroup for ThreadsGroup {
 
 /// The rank of the last rank thread a line names as Rust names threads in
 /// its panic and abort messages (`thread 'rank 3' panicked at`, `thread
-/// 'rank 3' has overflowed its stack`).
+/// 'rank 3' has overflowed its stack`), and as accel-signals names a rank
+/// thread that calls abort() (`thread 'rank 3' aborted (SIGABRT)`).
 fn thread_named(lines: &[String]) -> Option<usize> {
     lines.iter().rev().find_map(|l| {
         let rest = l.split("thread 'rank ").nth(1)?;

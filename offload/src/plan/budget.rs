@@ -12,7 +12,8 @@ use crate::layout::{Layout, NodeKind};
 use crate::util::glob_match;
 
 /// The devices to fill, in order, with their budgets (`None`:
-/// unbounded), and whether each keeps the largest layer's size free.
+/// unbounded, as disk always is), and whether each keeps the largest
+/// layer's size free.
 #[derive(Debug)]
 pub(super) struct Budgets {
     /// What the caller gave.
@@ -28,10 +29,13 @@ pub(super) struct Budgets {
 /// # Errors
 /// [`ErrorKind::InvalidConfig`] when there is none.
 pub(super) fn max_memory(opts: &PlanOptions) -> Result<MaxMemory> {
-    opts.max_memory.clone().ok_or_else(|| {
-        Error::new(ErrorKind::InvalidConfig, "no max_memory given")
-            .with_fix("pass --max-memory cuda:0=40GiB,cpu=100GiB,disk")
-    })
+    opts.max_memory
+        .clone()
+        .map(MaxMemory::in_fill_order)
+        .ok_or_else(|| {
+            Error::new(ErrorKind::InvalidConfig, "no max_memory given")
+                .with_fix("pass --max-memory cuda:0=40GiB,cpu=100GiB,disk")
+        })
 }
 
 /// The budgets of a plan of `layout` under `opts` within `max_memory`.
@@ -41,7 +45,13 @@ pub(super) fn budgets(
     max_memory: MaxMemory,
     opts: &PlanOptions,
 ) -> Budgets {
-    let mut budgets = max_memory.devices.clone();
+    // Disk takes whatever is left, whatever its budget says (Accelerate
+    // ignores a disk budget too).
+    let mut budgets: Vec<(Target, Option<u64>)> = max_memory
+        .devices
+        .iter()
+        .map(|(t, b)| (t.clone(), if *t == Target::Disk { None } else { *b }))
+        .collect();
     if opts.strategy != Strategy::Sequential {
         balanced_budgets(layout, s, &mut budgets, opts);
     }

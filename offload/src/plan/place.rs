@@ -73,7 +73,6 @@ pub(super) fn place(
 
     let mut used = vec![0u64; ndev];
     let mut reserved = vec![0u64; ndev];
-    let mut fallback_tried = vec![false; ndev];
     let mut empty: Vec<Option<Passed>> = vec![None; ndev];
     let mut placed: Vec<(NodeId, usize)> = vec![];
     let mut cur = 0usize;
@@ -165,9 +164,11 @@ pub(super) fn place(
         }
         if used[cur] == 0 && budgets[cur].0 != Target::Disk {
             if let Some(m) = max {
-                if opts.fallback_allocation && !fallback_tried[cur] {
-                    fallback_tried[cur] = true;
-                    let limit = m.saturating_sub(largest.size.max(with_ties));
+                // As Accelerate: again while the device stays empty (a
+                // module without tensors leaves it so), and nothing when
+                // the budget is below the reservation.
+                let limit = m.checked_sub(largest.size.max(with_ties));
+                if let Some(limit) = limit.filter(|_| opts.fallback_allocation) {
                     if let Some(x) = find_fallback(layout, s, &state, &stack, &tied_of, limit) {
                         put_back(&mut state, &mut stack, &mut largest);
                         stack.pop();
@@ -306,13 +307,7 @@ fn no_fit_error(
             )
         })
         .collect();
-    let fix = match budgets.iter().find(|(t, _)| *t == Target::Disk) {
-        Some((_, Some(b))) => format!(
-            "raise --max-memory: disk is limited to {} here (write plain `disk` for an unbounded disk), or allow splitting (fewer --no-split)",
-            format_bytes(*b)
-        ),
-        _ => "raise --max-memory, add `disk`, or allow splitting (fewer --no-split)".into(),
-    };
+    let fix = "raise --max-memory, add `disk`, or allow splitting (fewer --no-split)";
     Error::new(
         ErrorKind::InvalidConfig,
         format!(

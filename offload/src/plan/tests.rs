@@ -556,20 +556,58 @@ fn balanced_leaves_ignore_tensorless_children() {
 }
 
 #[test]
-fn an_explicit_disk_budget_is_honoured_and_the_hint_says_so() {
-    // Accelerate ignores a disk budget; accel keeps it (a real limit: free
-    // space) and, when it is too small, says to raise it, not to add disk.
-    let e = plan(&tiny(), &opts("cuda:0=350,cpu=250,disk=150"))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("disk is limited to 150 B"), "{e}");
-    assert!(!e.contains("add `disk`"), "{e}");
-    let p = plan(&tiny(), &opts("cuda:0=350,cpu=250,disk=200")).unwrap();
-    assert_eq!(p.devices[2].used, 200);
+fn an_explicit_disk_budget_takes_the_rest_as_in_accelerate() {
+    // Accelerate's infer_auto_device_map ignores a disk budget: disk takes
+    // whatever the other devices leave. The budget stays in the plan.
+    let p = plan(&tiny(), &opts("cuda:0=350,cpu=250,disk=150")).unwrap();
+    let disk = &p.devices[2];
+    assert_eq!((disk.max, disk.budget), (Some(150), None));
+    assert_eq!(
+        disk.used, 200,
+        "over the 150 given, as Accelerate places it"
+    );
     let e = plan(&tiny(), &opts("cuda:0=350,cpu=250"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("add `disk`"), "{e}");
+}
+
+#[test]
+fn accelerators_fill_in_number_order_whatever_the_key_order() {
+    // Accelerate's get_max_memory sorts the GPU numbers, then cpu, disk:
+    // cuda:0 is the main device (it keeps the largest layer free).
+    let given = MaxMemory::parse("cpu=1000,cuda:1=150,cuda:0=300,disk").unwrap();
+    let order: Vec<String> = given.devices.iter().map(|d| d.0.to_string()).collect();
+    assert_eq!(order, ["cuda:0", "cuda:1", "cpu", "disk"]);
+    let two_digits = MaxMemory::parse("cuda:10=1,cuda:9=1,cuda:2=1").unwrap();
+    let order: Vec<String> = two_digits.devices.iter().map(|d| d.0.to_string()).collect();
+    assert_eq!(order, ["cuda:2", "cuda:9", "cuda:10"]);
+    // A MaxMemory built in another order is planned in this one.
+    let mut o = opts("cuda:0=300,cuda:1=150,cpu=1000,disk");
+    let want = map_of(&plan(&tiny(), &o).unwrap());
+    o.max_memory.as_mut().unwrap().devices.reverse();
+    assert_eq!(map_of(&plan(&tiny(), &o).unwrap()), want);
+}
+
+#[test]
+fn fallback_allocation_needs_a_budget_above_the_reservation() {
+    // cuda:0 = 500 is below the 600 kept for layers.1: Accelerate's limit
+    // (500 - 600) is negative, so not even `act_fn`, a module of 0 bytes,
+    // is moved up; the device stays empty (Accelerate 1.15 gives this map).
+    let doc: LayoutJson = serde_json::from_str(
+        r#"{"format":"accel-layout/1","root":{"children":[
+        {"name":"embed","params":[{"name":"w","dtype":"u8","shape":[700]}]},
+        {"name":"layers","children":[
+          {"name":"0","params":[{"name":"w","dtype":"u8","shape":[600]}],
+           "children":[{"name":"act_fn","class":"SiLU"}]},
+          {"name":"1","params":[{"name":"w","dtype":"u8","shape":[600]}]}]}]}}"#,
+    )
+    .unwrap();
+    let l = Layout::from_json(&doc).unwrap();
+    let mut o = opts("cuda:0=500,cpu=5000");
+    o.fallback_allocation = true;
+    let p = plan(&l, &o).unwrap();
+    assert_eq!(map_of(&p), pairs(&[("", "cpu")]));
 }
 
 #[test]

@@ -67,7 +67,10 @@ impl Serialize for Target {
 /// Per-device budgets, in fill order (accelerators, cpu, disk).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MaxMemory {
-    /// (device, budget in bytes; `None` = unbounded, only for disk).
+    /// (device, budget in bytes; `None` = unbounded, only for disk). The
+    /// planner fills them in [`in_fill_order`](Self::in_fill_order); a
+    /// disk budget is recorded but does not limit placement (as in
+    /// Accelerate).
     pub devices: Vec<(Target, Option<u64>)>,
 }
 
@@ -123,7 +126,27 @@ impl MaxMemory {
         if devices.is_empty() {
             return Err(bad(spec, "no device"));
         }
-        Ok(MaxMemory { devices })
+        Ok(MaxMemory { devices }.in_fill_order())
+    }
+
+    /// The devices in the order Accelerate's `get_max_memory` fills them,
+    /// whatever order the keys were given in: accelerators by kind, then
+    /// by number (`cuda:0` before `cuda:1` before `cuda:10`), then `cpu`,
+    /// then `disk`. The first accelerator of this order is the main one
+    /// that keeps the largest layer's size free.
+    pub fn in_fill_order(mut self) -> MaxMemory {
+        fn rank(t: &Target) -> (u8, &str, u64) {
+            match t {
+                Target::Accelerator(n) => {
+                    let (kind, index) = n.rsplit_once(':').unwrap_or((n, ""));
+                    (0, kind, index.parse().unwrap_or(0))
+                }
+                Target::Cpu => (1, "", 0),
+                Target::Disk => (2, "", 0),
+            }
+        }
+        self.devices.sort_by(|a, b| rank(&a.0).cmp(&rank(&b.0)));
+        self
     }
 }
 
