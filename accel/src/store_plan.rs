@@ -246,8 +246,12 @@ mod tests {
             ("MASTER_PORT", "29500".to_string()),
             ("TORCHELASTIC_USE_AGENT_STORE", "True".to_string()),
         ];
-        ProcessState::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())
-            .unwrap()
+        ProcessState::from_vars(
+            vars.iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        )
+        .unwrap()
     }
 
     /// torchrun in a container writes MASTER_ADDR=localhost on every node;
