@@ -215,8 +215,10 @@ const CONFIG_PROBE: &str = r#"
 import os
 from accelerate import Accelerator
 acc = Accelerator()
-print("CFG", acc.distributed_type, acc.num_processes, acc.process_index, acc.mixed_precision,
-      acc.gradient_accumulation_steps, flush=True)
+# One write per line: under accelerate launch the ranks share one unbuffered
+# stdout, where print's pieces of two ranks interleave.
+line = f"CFG {str(acc.distributed_type)} {acc.num_processes} {acc.process_index} {acc.mixed_precision} {acc.gradient_accumulation_steps}\n"
+os.write(1, line.encode())
 acc.end_training()
 "#;
 
