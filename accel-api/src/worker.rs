@@ -56,6 +56,17 @@ pub mod keys {
     /// ZeRO sharding stage of the training loop (`none`, `optimizer`,
     /// `gradients`, `full`).
     pub const ACCEL_SHARDING: &str = "ACCEL_SHARDING";
+    /// Gradient accumulation steps of the training loop, where the program
+    /// leaves them at 1 (`accel launch --gradient-accumulation-steps`).
+    pub const ACCEL_GRADIENT_ACCUMULATION_STEPS: &str = "ACCEL_GRADIENT_ACCUMULATION_STEPS";
+    /// Accelerate's mixed precision, which its `Accelerator()` reads where
+    /// the script passes none (written alongside ACCEL_MIXED_PRECISION).
+    pub const ACCELERATE_MIXED_PRECISION: &str = "ACCELERATE_MIXED_PRECISION";
+    /// Accelerate's gradient accumulation steps, read by its
+    /// `Accelerator()` where the script passes none (written alongside
+    /// ACCEL_GRADIENT_ACCUMULATION_STEPS).
+    pub const ACCELERATE_GRADIENT_ACCUMULATION_STEPS: &str =
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS";
     /// The attempt number, 0 first.
     pub const ACCEL_RESTART_COUNT: &str = "ACCEL_RESTART_COUNT";
     /// Where a crashing worker writes its root cause.

@@ -53,6 +53,20 @@ pub fn parse_number<T: std::str::FromStr>(name: &str, v: &str) -> Result<T> {
     })
 }
 
+/// Parse a gradient accumulation step count: a whole number, at least 1.
+///
+/// # Errors
+/// [`accel_api::ErrorKind::InvalidConfig`] naming `name` and the value.
+pub fn parse_accumulation_steps(name: &str, v: &str) -> Result<usize> {
+    match parse_number::<usize>(name, v)? {
+        0 => Err(
+            Error::invalid_config(name, v, "gradients accumulate over at least 1 step")
+                .with_fix(format!("set {name} to 1 (no accumulation) or more")),
+        ),
+        n => Ok(n),
+    }
+}
+
 /// Parse a boolean: `1/0`, `true/false`, `yes/no`, `on/off` (empty = off).
 ///
 /// # Errors
@@ -232,6 +246,9 @@ pub struct WorkerEnv {
     pub mixed_precision: Option<crate::train::MixedPrecision>,
     /// ACCEL_SHARDING (`accel launch --sharding`).
     pub sharding: Option<crate::zero::Stage>,
+    /// ACCEL_GRADIENT_ACCUMULATION_STEPS (`accel launch
+    /// --gradient-accumulation-steps`), at least 1.
+    pub gradient_accumulation_steps: Option<usize>,
     /// ACCEL_RESTART_COUNT (also TORCHELASTIC_RESTART_COUNT).
     pub restart_count: Option<u32>,
     /// TORCHELASTIC_MAX_RESTARTS.
@@ -294,6 +311,15 @@ impl WorkerEnv {
             ACCEL_SHARDING,
             self.sharding.map(|s| s.as_str().to_string()),
         );
+        let steps = self.gradient_accumulation_steps.map(|n| n.to_string());
+        put(ACCEL_GRADIENT_ACCUMULATION_STEPS, steps.clone());
+        // The same settings under Accelerate's names, for Accelerate
+        // scripts under `accel launch` (as `accelerate launch` sets them).
+        put(
+            ACCELERATE_MIXED_PRECISION,
+            self.mixed_precision.map(|m| m.name().to_string()),
+        );
+        put(ACCELERATE_GRADIENT_ACCUMULATION_STEPS, steps);
         put(
             ACCEL_RESTART_COUNT,
             self.restart_count.map(|n| n.to_string()),
@@ -389,6 +415,9 @@ impl WorkerEnv {
                 })
                 .transpose()?,
             sharding: crate::zero::Stage::from_env_value(get(ACCEL_SHARDING))?,
+            gradient_accumulation_steps: get(ACCEL_GRADIENT_ACCUMULATION_STEPS)
+                .map(|v| parse_accumulation_steps(ACCEL_GRADIENT_ACCUMULATION_STEPS, v))
+                .transpose()?,
             restart_count,
             max_restarts: u32_of(TORCHELASTIC_MAX_RESTARTS)?,
             error_file: either(ACCEL_ERROR_FILE, TORCHELASTIC_ERROR_FILE)
@@ -455,6 +484,7 @@ mod tests {
                 crate::train::MixedPrecision::Bf16,
                 crate::train::MixedPrecision::Fp16,
             ])),
+            steps in opt(1usize..1 << 20),
             sharding in opt(prop::sample::select(vec![
                 crate::zero::Stage::None,
                 crate::zero::Stage::Optimizer,
@@ -470,6 +500,7 @@ mod tests {
                 backend, debug: flags.0, share_devices: flags.1,
                 restart_count: counts.0, max_restarts: counts.1, launcher_pid: counts.2,
                 error_file: error_file.map(PathBuf::from), launcher, mixed_precision, sharding,
+                gradient_accumulation_steps: steps,
                 process_model: threads
                     .map(|t| if t { ProcessModel::Threads } else { ProcessModel::Processes }),
                 agent_store,

@@ -520,3 +520,56 @@ fn the_launchers_mixed_precision_is_recorded_and_named_by_its_variable() {
         "{config}"
     );
 }
+
+/// Child half of the test below: the launcher's accumulation steps, and a
+/// program that sets its own.
+#[test]
+fn launcher_child_reports_its_accumulation_steps() {
+    if std::env::var_os("ACCEL_TEST_STEPS_CHILD").is_none() {
+        return; // only as the child of the test below
+    }
+    let acc = single();
+    let from_env = acc.training_config().gradient_accumulation_steps;
+    acc.set_training_config(TrainConfig::default()).unwrap();
+    let left_at_1 = acc.training_config().gradient_accumulation_steps;
+    acc.set_training_config(TrainConfig {
+        gradient_accumulation_steps: 4,
+        ..TrainConfig::default()
+    })
+    .unwrap();
+    let own = acc.training_config().gradient_accumulation_steps;
+    println!("STEPS {from_env} {left_at_1} {own}");
+}
+
+#[test]
+fn the_launchers_accumulation_steps_apply_where_the_program_leaves_them_at_1() {
+    let child = |steps: &str| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "launcher_child_reports_its_accumulation_steps",
+                "--exact",
+                "--nocapture",
+            ])
+            .env("ACCEL_TEST_STEPS_CHILD", "1")
+            .env("ACCEL_GRADIENT_ACCUMULATION_STEPS", steps)
+            .output()
+            .unwrap()
+    };
+    let out = child("3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("STEPS 3 3 4"), "{stdout}");
+    // A malformed value is an error naming the variable where the program
+    // sets its configuration.
+    let out = child("0");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("ACCEL_GRADIENT_ACCUMULATION_STEPS") && text.contains("at least 1"),
+        "{text}"
+    );
+}

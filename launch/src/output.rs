@@ -65,6 +65,111 @@ impl fmt::Display for RankFilter {
     }
 }
 
+/// torchrun's stream selector (`--tee`, `--redirects`): `0` none, `1`
+/// stdout, `2` stderr, `3` both, for every local rank, or per local rank as
+/// `0:3,1:1` (ranks not named: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StdStreams {
+    /// The same streams for every local rank (bit 1 stdout, bit 2 stderr).
+    All(u8),
+    /// Streams per local rank.
+    PerRank(std::collections::BTreeMap<usize, u8>),
+}
+
+impl StdStreams {
+    /// The streams of `local_rank` (bit 1 stdout, bit 2 stderr).
+    pub fn of(&self, local_rank: usize) -> u8 {
+        match self {
+            StdStreams::All(v) => *v,
+            StdStreams::PerRank(m) => m.get(&local_rank).copied().unwrap_or(0),
+        }
+    }
+
+    /// `true` when `s` has torchrun's form (`0`-`3` or `N:V,...`), which is
+    /// how `--tee` tells torchrun's selector from accel's directory.
+    pub fn looks_like(s: &str) -> bool {
+        s.parse::<StdStreams>().is_ok()
+    }
+}
+
+impl FromStr for StdStreams {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<StdStreams, String> {
+        let value = |v: &str| match v.trim() {
+            "0" => Ok(0u8),
+            "1" => Ok(1),
+            "2" => Ok(2),
+            "3" => Ok(3),
+            other => Err(format!(
+                "`{other}` is not a stream selector: 0 none, 1 stdout, 2 stderr, 3 both"
+            )),
+        };
+        let s = s.trim();
+        if !s.contains(':') {
+            return value(s).map(StdStreams::All);
+        }
+        let mut m = std::collections::BTreeMap::new();
+        for part in s.split(',') {
+            let (r, v) = part
+                .split_once(':')
+                .ok_or_else(|| format!("`{part}` is not LOCAL_RANK:STREAMS, e.g. 0:3"))?;
+            let r: usize = r
+                .trim()
+                .parse()
+                .map_err(|_| format!("`{r}` in `{part}` is not a local rank"))?;
+            m.insert(r, value(v)?);
+        }
+        Ok(StdStreams::PerRank(m))
+    }
+}
+
+/// torchrun's per-stream log files (`--tee` and `--redirects` with
+/// `--log-dir`): `DIR/attempt_N/LOCAL_RANK/stdout.log` and `stderr.log`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamLogs {
+    /// The run's log directory (torchrun's `<log_dir>/<run_id>_<random>`).
+    pub dir: std::path::PathBuf,
+    /// Streams written to the files and shown (`--tee`).
+    pub tee: StdStreams,
+    /// Streams written to the files and not shown (`--redirects`; `--tee`
+    /// wins where both name a stream).
+    pub redirects: StdStreams,
+}
+
+impl StreamLogs {
+    /// The files of `local_rank` in `attempt` (stdout's, stderr's; `None`
+    /// for a stream not logged), and which streams are hidden.
+    ///
+    /// # Errors
+    /// [`accel_api::ErrorKind::Io`] naming the directory or file.
+    pub fn open(&self, local_rank: usize, attempt: u32) -> Result<([Option<File>; 2], [bool; 2])> {
+        let (tee, redir) = (self.tee.of(local_rank), self.redirects.of(local_rank));
+        let dir = self
+            .dir
+            .join(format!("attempt_{attempt}"))
+            .join(local_rank.to_string());
+        let mut files = [None, None];
+        let mut hidden = [false, false];
+        for (i, (bit, name)) in [(1u8, "stdout.log"), (2, "stderr.log")].iter().enumerate() {
+            if (tee | redir) & bit == 0 {
+                continue;
+            }
+            hidden[i] = tee & bit == 0;
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                Error::io(
+                    format!("cannot create the log directory {}", dir.display()),
+                    e,
+                )
+            })?;
+            let path = dir.join(name);
+            files[i] = Some(File::create(&path).map_err(|e| {
+                Error::io(format!("cannot open the log file {}", path.display()), e)
+            })?);
+        }
+        Ok((files, hidden))
+    }
+}
+
 /// Open (attempt 0: truncate; later: append) the `--tee` file of `rank`.
 ///
 /// # Errors
@@ -144,6 +249,10 @@ pub struct RankSink {
     start: Instant,
     last_output_ms: AtomicU64,
     stdout_to_stderr: bool,
+    /// torchrun's per-stream files (stdout's, stderr's).
+    streams: [Option<Mutex<File>>; 2],
+    /// Streams written to their file only (torchrun's `--redirects`).
+    hidden: [bool; 2],
 }
 
 impl RankSink {
@@ -170,7 +279,33 @@ impl RankSink {
             tail: Mutex::new(VecDeque::with_capacity(TAIL_LINES)),
             start,
             last_output_ms: AtomicU64::new(start.elapsed().as_millis() as u64),
+            streams: [None, None],
+            hidden: [false, false],
         })
+    }
+
+    /// [`with_streams`](Self::with_streams), also writing the streams that
+    /// `files` name to them (torchrun's stdout.log and stderr.log), and
+    /// showing a `hidden` stream nowhere else.
+    pub fn with_stream_files(
+        rank: usize,
+        show: bool,
+        tee: Option<File>,
+        start: Instant,
+        stdout_to_stderr: bool,
+        (files, hidden): ([Option<File>; 2], [bool; 2]),
+    ) -> Arc<RankSink> {
+        let mut sink = Arc::into_inner(RankSink::with_streams(
+            rank,
+            show,
+            tee,
+            start,
+            stdout_to_stderr,
+        ))
+        .expect("a new sink has no other owner");
+        sink.streams = files.map(|f| f.map(Mutex::new));
+        sink.hidden = hidden;
+        Arc::new(sink)
     }
 
     /// The last [`TAIL_LINES`] lines the worker wrote to stderr.
@@ -204,6 +339,12 @@ impl RankSink {
             let _ = f.write_all(line);
             let _ = f.write_all(b"\n");
         }
+        let i = usize::from(stream == Stream::Stderr);
+        if let Some(f) = &self.streams[i] {
+            let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = f.write_all(line);
+            let _ = f.write_all(b"\n");
+        }
         if stream == Stream::Stderr {
             let mut t = self.tail.lock().unwrap_or_else(|p| p.into_inner());
             if t.len() == TAIL_LINES {
@@ -211,7 +352,7 @@ impl RankSink {
             }
             t.push_back(String::from_utf8_lossy(line).into_owned());
         }
-        if self.show {
+        if self.show && !self.hidden[i] {
             let mut buf = Vec::with_capacity(line.len() + 16);
             buf.extend_from_slice(format!("[rank {}] ", self.rank).as_bytes());
             buf.extend_from_slice(line);
@@ -403,6 +544,41 @@ mod tests {
         assert!("3-1".parse::<RankFilter>().unwrap_err().contains("empty"));
         assert!("x".parse::<RankFilter>().unwrap_err().contains("`x`"));
         assert!("".parse::<RankFilter>().is_err());
+    }
+
+    #[test]
+    fn torchruns_stream_selectors_parse_and_name_what_is_wrong() {
+        assert_eq!("3".parse(), Ok(StdStreams::All(3)));
+        let m: StdStreams = "0:1, 1:2".parse().unwrap();
+        assert_eq!((m.of(0), m.of(1), m.of(2)), (1, 2, 0));
+        assert!("4".parse::<StdStreams>().unwrap_err().contains("0 none"));
+        assert!("0:1,x".parse::<StdStreams>().unwrap_err().contains("`x`"));
+        assert!("a:1"
+            .parse::<StdStreams>()
+            .unwrap_err()
+            .contains("local rank"));
+        assert!(StdStreams::looks_like("0:3") && !StdStreams::looks_like("logs"));
+    }
+
+    #[test]
+    fn stream_files_get_their_stream_and_redirected_streams_are_hidden() {
+        let dir = tempfile::tempdir().unwrap();
+        let logs = StreamLogs {
+            dir: dir.path().to_path_buf(),
+            tee: StdStreams::All(1),
+            redirects: StdStreams::PerRank([(0, 2)].into_iter().collect()),
+        };
+        let opened = logs.open(0, 1).unwrap();
+        assert_eq!(opened.1, [false, true], "stdout teed, stderr redirected");
+        let sink = RankSink::with_stream_files(0, false, None, Instant::now(), false, opened);
+        sink.line(Stream::Stdout, b"out");
+        sink.line(Stream::Stderr, b"err");
+        let read = |f: &str| std::fs::read_to_string(dir.path().join("attempt_1/0").join(f));
+        assert_eq!(read("stdout.log").unwrap(), "out\n");
+        assert_eq!(read("stderr.log").unwrap(), "err\n");
+        // Local rank 1: only stdout is logged.
+        let (files, hidden) = logs.open(1, 1).unwrap();
+        assert!(files[0].is_some() && files[1].is_none() && hidden == [false, false]);
     }
 
     #[test]

@@ -35,6 +35,7 @@ const KEYS: &[&str] = &[
     "backend",
     "timeout",
     "debug",
+    "gradient_accumulation_steps",
     "tee",
     "log_dir",
     "ranks",
@@ -108,8 +109,12 @@ fn value_for(key: &str) -> BoxedStrategy<String> {
         Just("[]".to_string()),
     ];
     let typed = match key {
-        "num_processes" | "num_machines" | "machine_rank" | "main_process_port"
-        | "max_restarts" => toml_int().boxed(),
+        "num_processes"
+        | "num_machines"
+        | "machine_rank"
+        | "main_process_port"
+        | "max_restarts"
+        | "gradient_accumulation_steps" => toml_int().boxed(),
         "debug" | "quiet_ranks" => proptest::sample::select(vec!["true", "false"])
             .prop_map(str::to_string)
             .boxed(),

@@ -1,5 +1,6 @@
 //! What a new user trips over, each with its message (every test here
-//! failed before the launch library): unknown flags, torchrun's `--tee N`,
+//! failed before the launch library): unknown flags, torchrun's `--tee N`
+//! (once taken for a directory named N),
 //! Accelerate's `--num_processes`, a closed stdout, huge timeouts, huge
 //! process counts, the token on the command line.
 
@@ -29,16 +30,65 @@ fn an_unknown_flag_is_named_with_the_closest_known_one() {
 }
 
 #[test]
-fn torchrun_s_tee_selector_is_refused_and_creates_nothing() {
+fn torchrun_s_tee_selector_writes_torchruns_files_not_a_directory_named_3() {
+    // torchrun's meaning (tests/torch.rs compares with torchrun itself):
+    // without --log-dir, a new torchelastic_* directory in the temporary
+    // directory, said on stderr.
     let dir = tempfile::tempdir().unwrap();
-    let mut c = command(&["launch", "--tee", "3", "-n", "1", "--", "true"]);
-    c.current_dir(dir.path());
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = command(&[
+        "launch", "--tee", "3", "-n", "1", "--", "sh", "-c", "echo hi",
+    ]);
+    c.current_dir(dir.path()).env("TMPDIR", tmp.path());
     let r = start(c).finish(LIMIT);
-    r.code_is(2);
-    r.has_stderr("torchrun's stream selector");
+    r.code_is(0);
+    r.has_stderr("log directory set to: ");
+    assert!(
+        rank_lines(&r.stdout, 0).contains(&"hi".to_string()),
+        "{}",
+        r.all()
+    );
     assert!(
         !dir.path().join("3").exists(),
         "a directory named 3 was created"
+    );
+    let logs: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("torchelastic_")
+        })
+        .collect();
+    assert_eq!(logs.len(), 1, "{}", r.all());
+    let run = std::fs::read_dir(&logs[0])
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert!(run
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .starts_with("none_"));
+    let out = std::fs::read_to_string(run.join("attempt_0/0/stdout.log")).unwrap();
+    assert_eq!(out, "hi\n");
+    // accel's own spelling still names a directory; --log-dir does not
+    // contradict it silently.
+    refused(
+        &[
+            "launch",
+            "--tee",
+            "logs",
+            "--log-dir",
+            "other",
+            "--",
+            "true",
+        ],
+        "--tee logs already names the log directory",
     );
 }
 

@@ -208,6 +208,376 @@ fn torchruns_flags_map_and_the_ones_that_do_not_are_refused_with_a_reason() {
     }
 }
 
+// ---- Accelerate's config file and --gradient_accumulation_steps ----
+
+/// Prints what Accelerate's `Accelerator()` took from its launcher.
+const CONFIG_PROBE: &str = r#"
+import os
+from accelerate import Accelerator
+acc = Accelerator()
+# One write per line: under accelerate launch the ranks share one unbuffered
+# stdout, where print's pieces of two ranks interleave.
+line = f"CFG {str(acc.distributed_type)} {acc.num_processes} {acc.process_index} {acc.mixed_precision} {acc.gradient_accumulation_steps}\n"
+os.write(1, line.encode())
+acc.end_training()
+"#;
+
+/// The lines a run printed from `tag` on, rank prefixes removed, sorted.
+fn tagged_lines(out: &str, tag: &str) -> Vec<String> {
+    let mut v: Vec<String> = out
+        .lines()
+        .filter_map(|l| l.find(tag).map(|i| l[i..].to_string()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The `CFG ...` lines a run printed.
+fn cfg_lines(out: &str) -> Vec<String> {
+    tagged_lines(out, "CFG ")
+}
+
+/// A config file written by Accelerate's own writer (what `accelerate
+/// config` saves after its questions).
+fn accelerate_writes(bin: &Path, file: &Path, fields: &str) {
+    let code = format!(
+        "from accelerate.commands.config.config_args import ClusterConfig\n\
+         ClusterConfig(compute_environment='LOCAL_MACHINE', use_cpu=False, debug=False, \
+         {fields}).to_yaml_file({:?})\n",
+        file.to_string_lossy()
+    );
+    let mut py = Command::new(bin.join("python3"));
+    py.args(["-c", &code])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    start(py).finish(Duration::from_secs(60)).code_is(0);
+}
+
+#[test]
+fn accelerates_config_file_launches_as_under_accelerate_launch() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let probe = script(dir.path(), "probe.py", CONFIG_PROBE);
+    let cfg = dir.path().join("accel_config.yaml");
+    accelerate_writes(
+        &bin,
+        &cfg,
+        "distributed_type='MULTI_GPU', num_processes=2, mixed_precision='bf16'",
+    );
+    let yaml = std::fs::read_to_string(&cfg).unwrap();
+    assert!(yaml.contains("distributed_type: MULTI_GPU"), "{yaml}");
+    let cfg = cfg.to_string_lossy().into_owned();
+    // --gradient_accumulation_steps reaches Accelerator() through
+    // ACCELERATE_GRADIENT_ACCUMULATION_STEPS (accelerate launch sets it for
+    // DeepSpeed only, so its processes keep 1).
+    let ours = start(in_venv(
+        command(&[
+            "launch",
+            "--config_file",
+            &cfg,
+            "--gradient_accumulation_steps",
+            "3",
+            &probe,
+        ]),
+        &bin,
+    ))
+    .finish(Duration::from_secs(120));
+    ours.code_is(0);
+    let mut theirs = Command::new(bin.join("accelerate"));
+    theirs
+        .args(["launch", "--config_file", &cfg, &probe])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let theirs = start(in_venv(theirs, &bin)).finish(Duration::from_secs(120));
+    theirs.code_is(0);
+    let (lines, their_lines) = (cfg_lines(&ours.stdout), cfg_lines(&theirs.stdout));
+    // Two processes, each in bf16 (on a machine without GPUs Accelerate's
+    // MULTI_GPU leaves each process on its own, under accelerate launch
+    // too).
+    assert_eq!(lines.len(), 2, "two processes: {}", ours.all());
+    assert!(
+        lines.iter().all(|l| l.ends_with(" bf16 3")),
+        "{}",
+        ours.all()
+    );
+    assert!(
+        their_lines.iter().all(|l| l.ends_with(" bf16 1")),
+        "{}",
+        theirs.all()
+    );
+    let but_steps = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|l| l.rsplit_once(' ').unwrap().0.to_string())
+            .collect()
+    };
+    assert_eq!(
+        but_steps(&lines),
+        but_steps(&their_lines),
+        "{}\n{}",
+        ours.all(),
+        theirs.all()
+    );
+}
+
+#[test]
+fn accelerates_default_config_is_read_and_what_accel_cannot_honour_is_refused() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // `accelerate config default` (JSON, whatever the file's name).
+    let cfg = dir.path().join("default_config.yaml");
+    let mut acc = Command::new(bin.join("accelerate"));
+    acc.args(["config", "default", "--config_file"])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    start(in_venv(acc, &bin))
+        .finish(Duration::from_secs(60))
+        .code_is(0);
+    let cfg_s = cfg.to_string_lossy().into_owned();
+    // distributed_type NO, use_cpu true: one cpu-gloo process.
+    let r = accel(&[
+        "launch",
+        "--config_file",
+        &cfg_s,
+        "--",
+        "sh",
+        "-c",
+        "echo ws=$WORLD_SIZE backend=$ACCEL_BACKEND cpu=$ACCELERATE_USE_CPU",
+    ]);
+    r.code_is(0);
+    assert!(
+        r.stdout.contains("ws=1 backend=cpu-gloo cpu=True"),
+        "{}",
+        r.all()
+    );
+    for (extra, says) in [
+        (
+            "distributed_type: DEEPSPEED\n",
+            "`distributed_type: DEEPSPEED`",
+        ),
+        (
+            "distributed_type: MULTI_GPU\ngpu_ids: '0,1'\n",
+            "`gpu_ids: 0,1`",
+        ),
+        (
+            "distributed_type: MULTI_GPU\nnum_procs: 2\n",
+            "unknown key `num_procs`",
+        ),
+    ] {
+        let f = dir.path().join("bad.yml");
+        std::fs::write(&f, extra).unwrap();
+        let r = accel(&[
+            "launch",
+            "--config-file",
+            &f.to_string_lossy(),
+            "--",
+            "true",
+        ]);
+        r.code_is(2);
+        assert!(
+            r.stderr.contains(says) && r.stderr.contains("bad.yml"),
+            "{}",
+            r.all()
+        );
+    }
+}
+
+// ---- torchrun's --tee / --redirects / --log-dir ----
+
+/// Every file under `dir`'s one run directory, by its path below it
+/// (`attempt_0/1/stderr.log`), with its text.
+fn run_logs(dir: &Path) -> Vec<(String, String)> {
+    let runs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "one run directory in {}", dir.display());
+    let mut files = Vec::new();
+    let mut todo = vec![runs[0].clone()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if p.extension().is_some_and(|x| x == "log") {
+                let rel = p
+                    .strip_prefix(&runs[0])
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned();
+                files.push((rel, std::fs::read_to_string(&p).unwrap()));
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+/// `(local rank, line)` of the workers' lines a launcher showed, from
+/// accel's `[rank N] ` and torchrun's `[defaultN]:` prefixes.
+fn shown(out: &str) -> Vec<(usize, String)> {
+    let mut v: Vec<(usize, String)> = out
+        .lines()
+        .filter_map(|l| {
+            let (head, text) = l
+                .strip_prefix("[rank ")
+                .and_then(|r| r.split_once("] "))
+                .or_else(|| l.strip_prefix("[default").and_then(|r| r.split_once("]:")))?;
+            Some((head.parse().ok()?, text.to_string()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn torchruns_tee_and_redirects_write_and_show_what_torchrun_does() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (ours_dir, theirs_dir) = (dir.path().join("ours"), dir.path().join("theirs"));
+    // Local rank 0: both streams teed; rank 1: stdout teed, stderr
+    // redirected (to its file only).
+    let flags = |log_dir: &Path| -> Vec<String> {
+        [
+            "--nproc-per-node",
+            "2",
+            "--tee",
+            "0:3,1:1",
+            "-r", // torchrun's short --redirects
+            "1:2",
+            "--log-dir",
+            &log_dir.to_string_lossy(),
+            "--no-python",
+            "sh",
+            "-c",
+            "echo out $LOCAL_RANK; echo err $LOCAL_RANK >&2",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let ours_args = flags(&ours_dir);
+    let mut words = vec!["launch"];
+    words.extend(ours_args.iter().map(String::as_str));
+    let ours = start(command(&words)).finish(Duration::from_secs(60));
+    ours.code_is(0);
+    let mut theirs = Command::new(bin.join("torchrun"));
+    theirs
+        .arg("--standalone")
+        .args(flags(&theirs_dir))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let theirs = start(in_venv(theirs, &bin)).finish(Duration::from_secs(120));
+    theirs.code_is(0);
+    let logs = run_logs(&ours_dir);
+    assert_eq!(logs.len(), 4, "{logs:?}");
+    assert_eq!(logs, run_logs(&theirs_dir));
+    let both = |r: &common::Run| {
+        let mut v = shown(&r.stdout);
+        v.extend(shown(&r.stderr));
+        v.sort();
+        v
+    };
+    assert_eq!(
+        both(&ours),
+        vec![
+            (0, "err 0".to_string()),
+            (0, "out 0".to_string()),
+            (1, "out 1".to_string())
+        ],
+        "{}",
+        ours.all()
+    );
+    assert_eq!(
+        both(&ours),
+        both(&theirs),
+        "{}\n{}",
+        ours.all(),
+        theirs.all()
+    );
+}
+
+// ---- torch programs under accel launch over several machines ----
+
+const ALL_REDUCE: &str = r#"
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+r, w = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(r + 1)])
+dist.all_reduce(t)
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+# A file per rank: PYTHONUNBUFFERED writes of ranks interleave on stdout.
+with open(f"{sys.argv[1]}/rank-{r}.txt", "w") as f:
+    f.write(f"{w} {t.item():g} {os.environ['LOCAL_RANK']} {os.environ['GROUP_RANK']} {attempt}")
+dist.destroy_process_group()
+# The first attempt fails on machine 1: the second must meet on a fresh
+# torch store (torch expects one per attempt).
+if attempt == "0" and r == 3:
+    sys.exit(3)
+"#;
+
+#[test]
+fn a_torch_program_runs_under_accel_launch_on_two_machines() {
+    let Some(bin) = venv_bin() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let prog = script(dir.path(), "allreduce.py", ALL_REDUCE);
+    let out = dir.path().to_string_lossy().into_owned();
+    let port = free_port().to_string();
+    let machine = |rank: &str| {
+        let mut c = in_venv(
+            command(&[
+                "launch",
+                "--num-machines",
+                "2",
+                "--machine-rank",
+                rank,
+                "--main-process-ip",
+                "127.0.0.1",
+                "--main-process-port",
+                &port,
+                "--join-timeout",
+                "60s",
+                "--max-restarts",
+                "1",
+                "-n",
+                "2",
+                &prog,
+                &out,
+            ]),
+            &bin,
+        );
+        c.env("ACCEL_RUN_TOKEN", "torch-machines");
+        start(c)
+    };
+    let (m0, m1) = (machine("0"), machine("1"));
+    let (r0, r1) = (
+        m0.finish(Duration::from_secs(120)),
+        m1.finish(Duration::from_secs(120)),
+    );
+    r0.code_is(0);
+    r1.code_is(0);
+    for rank in 0..4 {
+        let got = std::fs::read_to_string(dir.path().join(format!("rank-{rank}.txt")))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "rank {rank} wrote nothing ({e}):\n{}\n{}",
+                    r0.all(),
+                    r1.all()
+                )
+            });
+        // World size 4; 1+2+3+4; local rank; machine; the second attempt.
+        assert_eq!(
+            got,
+            format!("4 10 {} {} 1", rank % 2, rank / 2),
+            "rank {rank}"
+        );
+    }
+}
+
 const ACCELERATE: &str = r#"
 import torch
 from accelerate import Accelerator
@@ -239,12 +609,7 @@ if torch.distributed.is_initialized():
 
 /// The `ACC ...` lines a run printed, rank prefixes removed, sorted.
 fn acc_lines(out: &str) -> Vec<String> {
-    let mut v: Vec<String> = out
-        .lines()
-        .filter_map(|l| l.find("ACC ").map(|i| l[i..].to_string()))
-        .collect();
-    v.sort();
-    v
+    tagged_lines(out, "ACC ")
 }
 
 #[test]

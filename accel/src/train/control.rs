@@ -200,11 +200,14 @@ impl Accelerator {
 
     /// Set the training-loop configuration. Call it before preparing
     /// loaders (they read `split_batches` / `even_batches` when prepared);
-    /// it restarts the accumulation cadence.
+    /// it restarts the accumulation cadence. Accumulation steps left at 1
+    /// take the launcher's `ACCEL_GRADIENT_ACCUMULATION_STEPS` when set.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
-    /// for 0 accumulation steps or a 0-byte bucket.
+    /// for 0 accumulation steps or a 0-byte bucket;
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig)
+    /// naming `ACCEL_GRADIENT_ACCUMULATION_STEPS` for a malformed value.
     pub fn set_training_config(&self, config: TrainConfig) -> Result<()> {
         super::shared(self).set_config(config)
     }

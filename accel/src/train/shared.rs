@@ -22,7 +22,10 @@ pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TrainConfig {
     /// `k`: batches per optimizer step (Accelerate's
-    /// `gradient_accumulation_steps`); at least 1.
+    /// `gradient_accumulation_steps`); at least 1. Left at 1, the launcher's
+    /// `ACCEL_GRADIENT_ACCUMULATION_STEPS` (`accel launch
+    /// --gradient-accumulation-steps`) applies, as Accelerate's
+    /// `ACCELERATE_GRADIENT_ACCUMULATION_STEPS` does.
     pub gradient_accumulation_steps: usize,
     /// Synchronise and step at the end of the loader even inside an
     /// accumulation group (default `true`).
@@ -119,6 +122,18 @@ impl TrainConfig {
     }
 }
 
+/// The launcher's gradient accumulation steps
+/// (`ACCEL_GRADIENT_ACCUMULATION_STEPS`); `None` when unset or empty.
+fn accumulation_steps_from_env() -> Result<Option<usize>> {
+    let key = accel_api::worker::keys::ACCEL_GRADIENT_ACCUMULATION_STEPS;
+    match std::env::var(key) {
+        Ok(v) if !v.trim().is_empty() => {
+            crate::worker_env::parse_accumulation_steps(key, &v).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
 /// Which kind of object a prepared wrapper holds; names its checkpoint key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
@@ -187,7 +202,12 @@ impl std::fmt::Debug for TrainShared {
 impl TrainShared {
     /// Defaults for a world of `world_size` ranks.
     pub(crate) fn new(world_size: usize) -> TrainShared {
-        let config = TrainConfig::default();
+        let mut config = TrainConfig::default();
+        match accumulation_steps_from_env() {
+            Ok(Some(k)) => config.gradient_accumulation_steps = k,
+            Ok(None) => {}
+            Err(e) => tracing::warn!("{e}; training without gradient accumulation"),
+        }
         let accumulator = GradientAccumulator::new(config.accumulation(world_size.max(1)))
             .expect("the default accumulation config is valid");
         let sharding = Stage::from_env()
@@ -239,7 +259,12 @@ impl TrainShared {
         self.trackers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn set_config(&self, config: TrainConfig) -> Result<()> {
+    pub(crate) fn set_config(&self, mut config: TrainConfig) -> Result<()> {
+        if config.gradient_accumulation_steps == 1 {
+            if let Some(k) = accumulation_steps_from_env()? {
+                config.gradient_accumulation_steps = k;
+            }
+        }
         let accumulator = GradientAccumulator::new(config.accumulation(self.world_size))?;
         if config.bucket_cap_bytes == 0 {
             return Err(Error::invalid_argument(

@@ -264,16 +264,28 @@ pub(crate) fn sinks_for(
     attempt: u32,
     show: impl Fn(usize) -> bool,
     tee: Option<&Path>,
+    streams: Option<&crate::output::StreamLogs>,
     start: std::time::Instant,
     stdout_to_stderr: bool,
 ) -> Result<Vec<Arc<RankSink>>> {
     let mut v = Vec::with_capacity(ranks.len());
+    let first = ranks.start;
     for rank in ranks {
         let file = match tee {
             Some(d) => Some(crate::output::open_log(d, rank, attempt)?),
             None => None,
         };
-        let sink = RankSink::with_streams(rank, show(rank), file, start, stdout_to_stderr);
+        let sink = match streams {
+            Some(logs) => RankSink::with_stream_files(
+                rank,
+                show(rank),
+                file,
+                start,
+                stdout_to_stderr,
+                logs.open(rank - first, attempt)?,
+            ),
+            None => RankSink::with_streams(rank, show(rank), file, start, stdout_to_stderr),
+        };
         if attempt > 0 {
             sink.tee_marker(&format!(
                 "==== accel: attempt {attempt} (ACCEL_RESTART_COUNT={attempt}) ===="

@@ -31,6 +31,8 @@ pub struct Supervision {
     pub ranks: Option<RankFilter>,
     /// Directory of per-rank log files (`--tee`).
     pub tee: Option<PathBuf>,
+    /// torchrun's per-stream log files (`--tee 0-3`, `--redirects`).
+    pub streams: Option<crate::output::StreamLogs>,
     /// SIGTERM → SIGKILL delay.
     pub grace: Duration,
     /// Silence after which a rank is hung.
@@ -56,6 +58,7 @@ impl Default for Supervision {
         Supervision {
             ranks: None,
             tee: None,
+            streams: None,
             grace: Duration::from_secs(5),
             hang_timeout: None,
             wall_limit: None,
@@ -208,7 +211,8 @@ impl<'a> Supervisor<'a> {
         let show = |r: usize| sup.echo && sup.ranks.as_ref().is_none_or(|f| f.shows(r));
         let ranks = group.ranks(attempt);
         let (tee, err_only) = (sup.tee.as_deref(), sup.stdout_to_stderr);
-        let sinks = sinks_for(ranks, attempt.number, show, tee, start, err_only)?;
+        let streams = sup.streams.as_ref();
+        let sinks = sinks_for(ranks, attempt.number, show, tee, streams, start, err_only)?;
         let members: Vec<Member> = group
             .start(attempt, &sinks, tx)?
             .into_iter()

@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use accel::worker_env::WorkerEnv;
-use accel_api::Result;
-use accel_launch::output::print_stdout;
+use accel_api::{Error, Result};
+use accel_launch::output::{print_stdout, say};
 use accel_launch::{program, store, Supervision};
 
-use super::options::{Options, Settings};
+use super::options::{Options, Settings, StdStreams};
 
 /// Arguments of `accel launch`.
 #[derive(Debug, clap::Args)]
@@ -28,8 +28,11 @@ pub struct LaunchArgs {
     #[command(flatten)]
     pub(super) options: Options,
 
-    /// TOML config file (write one with `accel config`); flags override it.
-    #[arg(long, env = "ACCEL_CONFIG_FILE", value_name = "FILE")]
+    /// Config file: accel's TOML (write one with `accel config`), or
+    /// Accelerate's YAML/JSON (`accelerate config` writes one) when its name
+    /// ends in .yaml, .yml or .json; flags override it.
+    #[arg(long, env = "ACCEL_CONFIG_FILE", value_name = "FILE",
+          aliases = ["config_file", "config-file"])]
     pub(super) config: Option<PathBuf>,
 
     /// --backend mpi on several machines: the machines mpirun starts ranks
@@ -118,10 +121,15 @@ impl LaunchArgs {
 }
 
 /// What the supervisor watches, from the settings.
-pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Supervision {
-    Supervision {
+pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Result<Supervision> {
+    Ok(Supervision {
         ranks: s.ranks.clone(),
         tee: s.tee.clone(),
+        streams: s
+            .stream_logs
+            .as_ref()
+            .map(|l| stream_logs(l, s.run_id.as_deref()))
+            .transpose()?,
         grace: s.grace,
         hang_timeout: s.hang_timeout,
         wall_limit: None,
@@ -133,7 +141,38 @@ pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Supervision {
         // (or lose the peer) together; 2 s bounds a rank that printed its
         // error but hangs on its way out.
         peer_drain: s.multi_machine().then_some(Duration::from_secs(2)),
-    }
+    })
+}
+
+/// torchrun's log layout: a new run directory `RUN_ID_XXXXXXXX` (run id
+/// `none` when not given, as torchrun's --rdzv-id) in `base`, or in a new
+/// `torchelastic_XXXXXXXX` under the temporary directory, said on stderr.
+fn stream_logs(
+    (base, tee, redirects): &(Option<PathBuf>, StdStreams, StdStreams),
+    run_id: Option<&str>,
+) -> Result<accel_launch::output::StreamLogs> {
+    let base = match base {
+        Some(b) => b.clone(),
+        None => std::env::temp_dir().join(format!("torchelastic_{}", store::random_hex(4)?)),
+    };
+    let dir = base.join(format!(
+        "{}_{}",
+        run_id.unwrap_or("none"),
+        store::random_hex(4)?
+    ));
+    std::fs::create_dir_all(&dir).map_err(|e| {
+        Error::io(
+            format!("cannot create the log directory {}", dir.display()),
+            e,
+        )
+        .with_fix("pass --log-dir a directory you can write to")
+    })?;
+    say(&format!("log directory set to: {}", dir.display()));
+    Ok(accel_launch::output::StreamLogs {
+        dir,
+        tee: tee.clone(),
+        redirects: redirects.clone(),
+    })
 }
 
 /// The environment every worker of the run shares (store fields and the
@@ -150,6 +189,7 @@ pub(super) fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
         debug: Some(s.debug),
         mixed_precision: s.mixed_precision,
         sharding: s.sharding,
+        gradient_accumulation_steps: s.gradient_accumulation_steps,
         launcher: Some("accel".into()),
         // Lets the runtime tie the worker's life to this process.
         launcher_pid: Some(std::process::id()),

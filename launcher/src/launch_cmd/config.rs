@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use accel_api::{Error, ErrorKind, Result};
 
-use super::options::{format_dur, parse_count, parse_dur, parse_index, parse_machines, Options};
+use super::options::{
+    format_dur, parse_count, parse_dur, parse_index, parse_machines, parse_steps, Options, TeeArg,
+};
 
 /// Every key the file may hold, with the type it takes (for messages and for
 /// the commented template `accel config` writes).
@@ -56,6 +58,11 @@ pub const KEYS: &[(&str, &str, &str)] = &[
         "sharding",
         "string: none, optimizer, gradients or full",
         "ZeRO sharding stage of the workers' training loop",
+    ),
+    (
+        "gradient_accumulation_steps",
+        "integer >= 1",
+        "batches per optimizer step where the program leaves it at 1",
     ),
     (
         "tee",
@@ -160,7 +167,10 @@ pub fn parse(text: &str, path: &Path) -> Result<Options> {
                 let s = ctx.string(value)?;
                 o.sharding = Some(s.parse().map_err(|e: Error| ctx.wrong(e.message()))?);
             }
-            "tee" | "log_dir" => o.tee = Some(PathBuf::from(ctx.string(value)?)),
+            "gradient_accumulation_steps" => {
+                o.gradient_accumulation_steps = Some(ctx.int_with(value, parse_steps)?)
+            }
+            "tee" | "log_dir" => o.tee = Some(TeeArg::Dir(PathBuf::from(ctx.string(value)?))),
             "ranks" => {
                 let s = ctx.string_or_list(value)?;
                 o.ranks = Some(s.parse().map_err(|why: String| ctx.wrong(&why))?);
@@ -328,7 +338,10 @@ pub fn render(o: &Options) -> String {
     if let Some(z) = o.sharding {
         set.push(("sharding", s(z.as_str())));
     }
-    if let Some(v) = &o.tee {
+    if let Some(v) = o.gradient_accumulation_steps {
+        set.push(("gradient_accumulation_steps", i(v as i64)));
+    }
+    if let Some(TeeArg::Dir(v)) = &o.tee {
         set.push(("tee", s(&v.to_string_lossy())));
     }
     if let Some(v) = &o.ranks {
@@ -415,7 +428,7 @@ mod tests {
         assert_eq!(o.timeout, Some(Duration::from_secs(90)));
         assert!(o.debug && o.quiet_ranks);
         assert_eq!(o.mixed_precision, Some(accel::train::MixedPrecision::Bf16));
-        assert_eq!(o.tee, Some(PathBuf::from("logs")));
+        assert_eq!(o.tee, Some(TeeArg::Dir(PathBuf::from("logs"))));
         assert_eq!(o.ranks.unwrap().to_string(), "0,2");
         assert_eq!(o.grace_period, Some(Duration::from_millis(500)));
         assert_eq!(o.join_timeout, Some(Duration::from_millis(1500)));
@@ -461,6 +474,7 @@ mod tests {
             backend: Some("cpu-gloo".parse().unwrap()),
             debug: true,
             mixed_precision: Some(accel::train::MixedPrecision::Fp16),
+            gradient_accumulation_steps: Some(4),
             ranks: Some("0-1".parse().unwrap()),
             num_machines: Some(super::super::options::MachineCount { min: 2, max: 4 }),
             join_window: Some(Duration::from_secs(3)),

@@ -6,6 +6,7 @@
 //! |---|---|
 //! | [`options`] | flags, environment and config layers → [`options::Settings`] |
 //! | [`config`] | the TOML config file (read, check, render) |
+//! | [`accelerate_config`] | Accelerate's YAML config file (`--config_file`), mapped or refused key by key |
 //! | [`machines`] | how several machines' launchers agree on a run |
 //! | [`elastic`] | `--num-machines MIN:MAX`: rounds of machines, re-formed at every restart |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
@@ -25,6 +26,9 @@
 //! `MASTER_PORT`, `ACCEL_LAUNCHER=accel`, `ACCEL_STORE_URL=tcp://addr:port`,
 //! `ACCEL_RUN_ID`, `ACCEL_RUN_TOKEN`, `ACCEL_TIMEOUT`, `ACCEL_DEBUG` (0/1),
 //! `ACCEL_RESTART_COUNT`, `ACCEL_ERROR_FILE`, `ACCEL_BACKEND` (when chosen),
+//! `ACCEL_MIXED_PRECISION`, `ACCEL_SHARDING` and
+//! `ACCEL_GRADIENT_ACCUMULATION_STEPS` (when set; the first and last also as
+//! Accelerate's `ACCELERATE_*`),
 //! and torchrun's `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_RESTART_COUNT`,
 //! `TORCHELASTIC_MAX_RESTARTS`, `TORCHELASTIC_ERROR_FILE`. A unit test feeds
 //! them to `accel::ProcessState::from_vars`, the runtime's own reader.
@@ -109,6 +113,7 @@
 //!   its ranks): `PR_SET_PDEATHSIG`, set by the launch library's `ffi`
 //!   module.
 
+pub mod accelerate_config;
 mod args;
 pub mod config;
 pub mod default_backend;
@@ -133,7 +138,7 @@ use accel_launch::supervise::{Event, LocalOutcome, Settled, LAST_SIGNAL};
 use accel_launch::{
     store, Attempt, Coordinator, HostedStore, LocalGroup, ProcessGroup, ThreadsGroup,
 };
-use accel_rendezvous::{TcpStore, TcpStoreServer};
+use accel_rendezvous::{TcpStore, TcpStoreServer, TorchStoreServer};
 
 pub use args::LaunchArgs;
 
@@ -142,9 +147,13 @@ use machines::{Global, Liveness, Plan, Registration, Watcher};
 use options::{Options, Settings};
 
 fn layered(args: &LaunchArgs) -> Result<Settings> {
-    let file = match &args.config {
-        Some(p) => config::read(p)?,
-        None => Options::default(),
+    let (file, extra_env) = match &args.config {
+        Some(p) if accelerate_config::is_accelerate_config(p) => {
+            let c = accelerate_config::read(p)?;
+            (c.options, c.env)
+        }
+        Some(p) => (config::read(p)?, Vec::new()),
+        None => (Options::default(), Vec::new()),
     };
     let env = Options::from_env(|k| std::env::var(k).ok())?;
     let mut o = args.options.clone().overlay(env).overlay(file);
@@ -185,7 +194,9 @@ fn layered(args: &LaunchArgs) -> Result<Settings> {
              (`ps`); use --token-file FILE or the ACCEL_RUN_TOKEN variable instead",
         );
     }
-    Settings::resolve(o)
+    let mut s = Settings::resolve(o)?;
+    s.extra_env = extra_env;
+    Ok(s)
 }
 
 /// Run `accel launch`.
@@ -302,10 +313,6 @@ const NOT_MAPPED: &[(&str, &str)] = &[
     (
         "logs-specs",
         "use --tee DIR (or --log-dir DIR) to write each rank's output to DIR/rank-N.log",
-    ),
-    (
-        "redirects",
-        "accel always prefixes and shows every rank's output; --tee DIR also writes it to files",
     ),
     ("max-restarts-per-node", "use --max-restarts"),
     (
@@ -426,12 +433,15 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
             accel::ProcessModel::Processes => Box::new(LocalGroup {
                 program,
                 local_world_size: s.nproc,
-                extra_env: omp_policy(s.nproc),
+                extra_env: omp_policy(s.nproc)
+                    .into_iter()
+                    .chain(s.extra_env.iter().cloned())
+                    .collect(),
                 remove_env: Vec::new(),
                 die_with_parent: true,
             }),
         };
-    let sup = supervision(&s, args);
+    let sup = supervision(&s, args)?;
     let scratch = scratch_dir()?;
     let out = if s.multi_machine() {
         let mut coord = Machines::join(&s, &token, scratch.clone())?;
@@ -456,13 +466,23 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
     Ok(finish(args, &out?))
 }
 
+/// The key under which machine 0 publishes the port of its torch endpoint
+/// of attempt `n` (in accel's store, which only the run's token reaches).
+fn torch_port_key(n: u32) -> String {
+    format!("accel-launch/a{n}/torch-port")
+}
+
 /// One of several machines: machine 0 hosts the store for the whole run,
 /// the others are its clients; every attempt starts with the machines'
-/// join ([`machines`]).
+/// join ([`machines`]). Machine 0 also hosts, for each attempt, a fresh
+/// torch endpoint on its --main-process-ip and a free port, which torch
+/// workers on every machine join (MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE,
+/// as torchrun's agent store; torch expects a new store per attempt).
 struct Machines<'a> {
     s: &'a Settings,
     me: Registration,
     server: Option<TcpStoreServer>,
+    torch: Option<TorchStoreServer>,
     store: Arc<dyn Store>,
     run_id: String,
     max_restarts: u32,
@@ -549,6 +569,7 @@ impl<'a> Machines<'a> {
             s,
             me,
             server,
+            torch: None,
             store,
             run_id,
             max_restarts: s.max_restarts,
@@ -732,7 +753,7 @@ impl<'a> Machines<'a> {
             pid: None,
             exit: Exit::Code { code: 1 },
             error: Some(format!(
-                "machine {k} ({host}) did not report the end of its workers within {:?} of this                  machine's: its launcher froze or was lost (machine(s) {} silent)",
+                "machine {k} ({host}) did not report the end of its workers within {:?} of this machine's: its launcher froze or was lost (machine(s) {} silent)",
                 self.s.timeout,
                 missing
                     .iter()
@@ -745,6 +766,31 @@ impl<'a> Machines<'a> {
             also_hung: Vec::new(),
             interrupted: false,
         }
+    }
+
+    /// Machine 0: a fresh torch endpoint for attempt `n`, its port
+    /// published before the join.
+    fn host_torch(&mut self, n: u32) -> Result<u16> {
+        if let Some(old) = self.torch.take() {
+            old.shutdown();
+        }
+        let (t, _) = store::host_torch(&self.s.main_addr, 0, true)?;
+        let port = t.local_addr().port();
+        self.torch = Some(t);
+        self.store
+            .set(&torch_port_key(n), port.to_string().as_bytes())?;
+        Ok(port)
+    }
+
+    /// Another machine, after the join of attempt `n`: the port machine 0
+    /// published (`None` from a machine 0 that hosts no torch endpoint, an
+    /// older accel).
+    fn joined_torch_port(&self, n: u32) -> Result<Option<u16>> {
+        Ok(self
+            .store
+            .try_get(&torch_port_key(n))?
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|p| p.trim().parse().ok()))
     }
 
     /// The record a launcher publishes when it is interrupted, so that the
@@ -773,7 +819,18 @@ impl<'a> Machines<'a> {
 
 impl Coordinator for Machines<'_> {
     fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt> {
+        // Machine 0 hosts a fresh torch endpoint for each attempt (torch
+        // expects a new store on a retry) and publishes its port before
+        // the join; the others read it after.
+        let mut torch_port = if self.s.machine_rank == 0 {
+            Some(self.host_torch(n)?)
+        } else {
+            None
+        };
         let (rank_offset, world_size) = self.join_round(n)?;
+        if self.s.machine_rank != 0 {
+            torch_port = self.joined_torch_port(self.round)?;
+        }
         if let Some(l) = self.liveness.take() {
             l.stop();
         }
@@ -816,6 +873,10 @@ impl Coordinator for Machines<'_> {
             tx.clone(),
         ));
         let mut env = self.base.clone();
+        if let Some(port) = torch_port {
+            env.master_port = Some(port);
+            env.agent_store = Some(true);
+        }
         env.run_id = Some(self.run_id.clone());
         env.world_size = Some(world_size);
         env.group_rank = Some(self.rank);
@@ -968,6 +1029,9 @@ impl Coordinator for Machines<'_> {
         }
         if let Some(server) = self.server.take() {
             server.shutdown();
+        }
+        if let Some(t) = self.torch.take() {
+            t.shutdown();
         }
     }
 

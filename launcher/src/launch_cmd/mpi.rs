@@ -233,6 +233,7 @@ pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Resu
     group.hosts = hosts;
     group.nproc = s.nproc;
     group.die_with_parent = true;
+    group.extra_env = s.extra_env.clone();
     // A single-threaded parent for mpirun, so that a SIGKILLed launcher
     // leaves no rank behind (accel_launch::guard).
     if let Ok(me) = std::env::current_exe() {
@@ -247,7 +248,7 @@ pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Resu
     let scratch = scratch_dir()?;
     coord.scratch = scratch.clone();
     let label = format!("run {run_id} (mpirun, {total} ranks)");
-    let out = accel_launch::run(&mut group, &mut coord, &supervision(s, args), &label);
+    let out = accel_launch::run(&mut group, &mut coord, &supervision(s, args)?, &label);
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(finish(args, &out?))
 }

@@ -49,7 +49,7 @@ impl fmt::Display for Backends {
     }
 }
 
-pub use accel_launch::output::RankFilter;
+pub use accel_launch::output::{RankFilter, StdStreams};
 
 /// `--num-machines M`, or `MIN:MAX` (torchrun's `--nnodes MIN:MAX`): an
 /// elastic run (docs/adr/0026-elastic-membership.md).
@@ -124,6 +124,11 @@ pub fn parse_mixed_precision(s: &str) -> std::result::Result<MixedPrecision, Str
     s.parse().map_err(|e: Error| e.message().to_string())
 }
 
+/// Gradient accumulation steps, at least 1, for clap.
+pub fn parse_steps(s: &str) -> std::result::Result<usize, String> {
+    parse_count(s).map_err(|why| format!("{why} (1 means no accumulation)"))
+}
+
 /// A ZeRO stage (`none`, `optimizer`, `gradients`, `full`, or DeepSpeed's
 /// and FSDP's spellings), for clap.
 pub fn parse_sharding(s: &str) -> std::result::Result<accel::zero::Stage, String> {
@@ -146,17 +151,30 @@ pub fn format_dur(d: Duration) -> String {
     accel::worker_env::format_duration(d)
 }
 
-/// A `--tee` directory; torchrun's `--tee 0..3` (which streams to tee) is
-/// refused with what to write instead.
-pub fn parse_tee(s: &str) -> std::result::Result<PathBuf, String> {
-    if matches!(s.trim(), "0" | "1" | "2" | "3") {
-        return Err(format!(
-            "`--tee {s}` is torchrun's stream selector; accel's --tee takes a directory and \
-             writes each rank's stdout and stderr to DIR/rank-N.log: pass --tee DIR (or \
-             --log-dir DIR), or --tee ./{s} for a directory named {s}"
-        ));
+/// What `--tee` says: accel's directory, or torchrun's stream selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TeeArg {
+    /// accel's `--tee DIR`: each rank's stdout and stderr in DIR/rank-N.log.
+    Dir(PathBuf),
+    /// torchrun's `--tee 0-3` or `--tee 0:3,1:1`: these streams of each
+    /// local rank also in `--log-dir`'s stdout.log / stderr.log files.
+    Streams(StdStreams),
+}
+
+/// `--tee`: torchrun's selector when it has torchrun's form (`0`-`3`,
+/// `LOCAL_RANK:STREAMS,...`), a directory otherwise (`./3` for a directory
+/// named 3).
+pub fn parse_tee(s: &str) -> std::result::Result<TeeArg, String> {
+    match s.parse::<StdStreams>() {
+        Ok(streams) => Ok(TeeArg::Streams(streams)),
+        Err(_) if s.trim().is_empty() => Err("name a directory (or torchrun's 0-3)".into()),
+        Err(_) => Ok(TeeArg::Dir(PathBuf::from(s))),
     }
-    Ok(PathBuf::from(s))
+}
+
+/// torchrun's `--redirects` selector, for clap.
+pub fn parse_streams(s: &str) -> std::result::Result<StdStreams, String> {
+    s.parse()
 }
 
 /// The options that `accel launch` takes as flags and the config file holds
@@ -245,10 +263,30 @@ pub struct Options {
           value_name = "none|optimizer|gradients|full", value_parser = parse_sharding)]
     pub sharding: Option<accel::zero::Stage>,
 
-    /// Also write each rank's output to DIR/rank-N.log.
-    #[arg(long = "tee", visible_alias = "log-dir", aliases = ["log_dir"], value_name = "DIR",
-          value_parser = parse_tee)]
-    pub tee: Option<PathBuf>,
+    /// Batches per optimizer step where the program leaves it at 1
+    /// (ACCEL_GRADIENT_ACCUMULATION_STEPS, and Accelerate's
+    /// ACCELERATE_GRADIENT_ACCUMULATION_STEPS for Accelerate scripts).
+    #[arg(long = "gradient-accumulation-steps", aliases = ["gradient_accumulation_steps"],
+          value_name = "K", allow_negative_numbers = true, value_parser = parse_steps)]
+    pub gradient_accumulation_steps: Option<usize>,
+
+    /// Also write each rank's output to DIR/rank-N.log; or torchrun's
+    /// `--tee 0-3` (none, stdout, stderr, both; per local rank as
+    /// `0:3,1:1`): those streams also to --log-dir's
+    /// attempt_N/LOCAL_RANK/stdout.log and stderr.log.
+    #[arg(short = 't', long = "tee", value_name = "DIR|0-3", value_parser = parse_tee)]
+    pub tee: Option<TeeArg>,
+
+    /// torchrun's --log-dir: where --tee 0-3 and --redirects write (a run
+    /// directory RUN_ID_XXXX in it, as torchrun's); alone, the same as
+    /// --tee DIR.
+    #[arg(long = "log-dir", aliases = ["log_dir"], value_name = "DIR")]
+    pub log_dir: Option<PathBuf>,
+
+    /// torchrun's --redirects 0-3 (or `0:3,1:1`): those streams of each
+    /// local rank to --log-dir's files only, not to the terminal.
+    #[arg(short = 'r', long = "redirects", value_name = "0-3", value_parser = parse_streams)]
+    pub redirects: Option<StdStreams>,
 
     /// Show the output of these global ranks only (e.g. 0 or 0,2-3; each
     /// below the world size); the others still go to --tee files and
@@ -307,7 +345,12 @@ impl Options {
             debug: self.debug || lower.debug,
             mixed_precision: self.mixed_precision.or(lower.mixed_precision),
             sharding: self.sharding.or(lower.sharding),
+            gradient_accumulation_steps: self
+                .gradient_accumulation_steps
+                .or(lower.gradient_accumulation_steps),
             tee: self.tee.or(lower.tee),
+            log_dir: self.log_dir.or(lower.log_dir),
+            redirects: self.redirects.or(lower.redirects),
             ranks: self.ranks.or(lower.ranks),
             quiet_ranks: self.quiet_ranks || lower.quiet_ranks,
             max_restarts: self.max_restarts.or(lower.max_restarts),
@@ -347,6 +390,11 @@ impl Options {
         }
         if let Some(s) = accel::zero::Stage::from_env_value(get("ACCEL_SHARDING").as_deref())? {
             o.sharding = Some(s);
+        }
+        let steps = accel_api::worker::keys::ACCEL_GRADIENT_ACCUMULATION_STEPS;
+        if let Some(v) = get(steps).filter(|v| !v.trim().is_empty()) {
+            o.gradient_accumulation_steps =
+                Some(accel::worker_env::parse_accumulation_steps(steps, &v)?);
         }
         if let Some(v) = get("ACCEL_DEBUG") {
             o.debug = match v.trim().to_ascii_lowercase().as_str() {
@@ -392,8 +440,14 @@ pub struct Settings {
     pub mixed_precision: Option<MixedPrecision>,
     /// ACCEL_SHARDING for the workers (unset: the program decides).
     pub sharding: Option<accel::zero::Stage>,
+    /// ACCEL_GRADIENT_ACCUMULATION_STEPS for the workers (unset: the
+    /// program decides).
+    pub gradient_accumulation_steps: Option<usize>,
     /// Directory for per-rank log files.
     pub tee: Option<PathBuf>,
+    /// torchrun's per-stream logs: the base directory (`None`: a new
+    /// temporary one), the teed and the redirected streams.
+    pub stream_logs: Option<(Option<PathBuf>, StdStreams, StdStreams)>,
     /// Ranks whose output is shown; `None` = all.
     pub ranks: Option<RankFilter>,
     /// Restarts of the whole group after a failure.
@@ -406,6 +460,9 @@ pub struct Settings {
     pub join_timeout: Duration,
     /// The run id asked for, if any.
     pub run_id: Option<String>,
+    /// Variables of Accelerate's config file for the workers
+    /// (ACCELERATE_USE_CPU, ACCELERATE_DEBUG_MODE).
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl Settings {
@@ -606,6 +663,36 @@ impl Settings {
         if let Some(b) = &o.backend {
             check_backends(&b.0)?;
         }
+        let (tee, stream_logs) = match (o.tee, o.log_dir, o.redirects) {
+            (Some(TeeArg::Dir(d)), Some(l), _) => {
+                return Err(bad(
+                    "--log-dir",
+                    &l.to_string_lossy(),
+                    &format!(
+                        "--tee {} already names the log directory; --log-dir goes with \
+                         torchrun's --tee 0-3 or --redirects",
+                        d.display()
+                    ),
+                )
+                .with_fix("give --tee DIR alone, or torchrun's --tee 3 --log-dir DIR"))
+            }
+            (Some(TeeArg::Dir(_)), _, Some(_)) => {
+                return Err(Error::new(
+                    ErrorKind::InvalidConfig,
+                    "--redirects is torchrun's and goes with its --tee 0-3 and --log-dir, \
+                     not with accel's --tee DIR",
+                )
+                .with_fix("give --redirects 3 --log-dir DIR (or --tee DIR alone)"))
+            }
+            (Some(TeeArg::Dir(d)), None, None) => (Some(d), None),
+            (Some(TeeArg::Streams(t)), base, r) => {
+                (None, Some((base, t, r.unwrap_or(StdStreams::All(0)))))
+            }
+            (None, base, Some(r)) => (None, Some((base, StdStreams::All(0), r))),
+            // --log-dir alone: accel's --tee DIR (torchrun logs no stream
+            // without --tee or --redirects).
+            (None, base, None) => (base, None),
+        };
         let ranks = if o.quiet_ranks && o.ranks.is_none() {
             Some(RankFilter([0].into_iter().collect()))
         } else {
@@ -625,13 +712,16 @@ impl Settings {
             debug: o.debug,
             mixed_precision: o.mixed_precision,
             sharding: o.sharding,
-            tee: o.tee,
+            gradient_accumulation_steps: o.gradient_accumulation_steps,
+            tee,
+            stream_logs,
             ranks,
             max_restarts: o.max_restarts.unwrap_or(0),
             grace: o.grace_period.unwrap_or(DEFAULT_GRACE),
             hang_timeout: o.hang_timeout,
             join_timeout: o.join_timeout.unwrap_or(timeout),
             run_id: o.run_id,
+            extra_env: Vec::new(),
         })
     }
 }
@@ -827,11 +917,46 @@ mod tests {
     }
 
     #[test]
-    fn torchrun_tee_selectors_are_refused() {
-        assert!(parse_tee("3")
+    fn tee_takes_torchruns_selectors_and_accels_directories() {
+        assert_eq!(parse_tee("3"), Ok(TeeArg::Streams(StdStreams::All(3))));
+        assert!(matches!(parse_tee("0:1,1:2"), Ok(TeeArg::Streams(_))));
+        assert_eq!(parse_tee("./3"), Ok(TeeArg::Dir(PathBuf::from("./3"))));
+        let r = |tee: Option<&str>, log_dir: Option<&str>, redirects: Option<&str>| {
+            Settings::resolve(Options {
+                tee: tee.map(|t| parse_tee(t).unwrap()),
+                log_dir: log_dir.map(PathBuf::from),
+                redirects: redirects.map(|r| r.parse().unwrap()),
+                ..Options::default()
+            })
+        };
+        let s = r(Some("1"), Some("logs"), Some("2")).unwrap();
+        assert_eq!(
+            s.stream_logs,
+            Some((
+                Some(PathBuf::from("logs")),
+                StdStreams::All(1),
+                StdStreams::All(2)
+            ))
+        );
+        assert_eq!(s.tee, None);
+        // --log-dir alone is accel's --tee DIR.
+        assert_eq!(
+            r(None, Some("logs"), None).unwrap().tee,
+            Some("logs".into())
+        );
+        let s = r(None, None, Some("3")).unwrap();
+        assert_eq!(
+            s.stream_logs,
+            Some((None, StdStreams::All(0), StdStreams::All(3)))
+        );
+        assert!(r(Some("logs"), Some("x"), None)
             .unwrap_err()
-            .contains("torchrun's stream selector"));
-        assert_eq!(parse_tee("./3").unwrap(), PathBuf::from("./3"));
+            .to_string()
+            .contains("--tee logs already names"));
+        assert!(r(Some("logs"), None, Some("3"))
+            .unwrap_err()
+            .to_string()
+            .contains("--redirects is torchrun's"));
     }
 
     #[test]
