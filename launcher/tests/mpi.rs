@@ -201,6 +201,7 @@ fn a_rank_that_never_enters_the_all_reduce_is_in_the_root_cause_block() {
 /// the job ends at once (the progress records, ADR 0021) and the root cause
 /// is rank 1, not rank 0 that noticed and called MPI_Abort (issue 32 items
 /// 2 and 8).
+#[cfg(feature = "mpi")]
 #[test]
 fn a_rank_that_exits_early_on_mpi_is_the_root_cause_within_seconds() {
     need_mpirun!();
