@@ -6,9 +6,12 @@
 # epoch trained on exactly once, and the final loss is printed beside an
 # uninterrupted 2-machine run's.
 #
-# The machines are launchers on this box talking over 127.0.0.1 (loopback),
-# one rank each, running `accel elastic-worker` on cpu-gloo; the network
-# namespace cluster of the launcher's fault tests is not used here.
+# The machines are network namespaces on a bridge (10.231.9.1-3, as root
+# with iproute2: `make setup`), one launcher and one rank each, running
+# `accel elastic-worker` on cpu-gloo; their traffic stays inside the
+# namespaces, which the script removes at the end. Not root: launchers on
+# this box over 127.0.0.1 instead (said at the start). The checkpoint folder
+# is shared, as a cluster's shared file system would be.
 #
 #   scripts/elastic_demo.sh                 # ACCEL=path/to/accel to pick a build
 #   KILL_AT_STEP=9 scripts/elastic_demo.sh
@@ -23,20 +26,53 @@ kill_at=${KILL_AT_STEP:-5}
 len=96
 epochs=2
 work=$(mktemp -d "${TMPDIR:-/tmp}/accel-elastic-demo.XXXXXX")
+ns=accel-ed$$
+netns=false
+if [[ $(id -u) == 0 ]] && command -v ip >/dev/null; then netns=true; fi
 cleanup() {
   jobs -p | xargs -r kill -9 2>/dev/null || true
-  [[ -f $work/e2.pid ]] && kill -9 "$(cat "$work/e2.pid")" 2>/dev/null
+  [[ -f $work/e2.pid ]] && kill -9 "$(cat "$work/e2.pid")" 2>/dev/null || true
+  if $netns; then
+    for n in ${ns}m0 ${ns}m1 ${ns}m2 ${ns}sw; do
+      ip netns pids "$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+      ip netns del "$n" 2>/dev/null || true
+    done
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 od -An -tx1 -N16 /dev/urandom | tr -d ' \n' > "$work/token"
 base=$((20000 + RANDOM % 20000))
 
+# Three machines: namespaces m0-m2 with 10.231.9.1-3 on a bridge that sits in
+# a namespace of its own (nothing touches this box's interfaces).
+if $netns; then
+  ip netns add ${ns}sw
+  ip -n ${ns}sw link add br0 type bridge
+  ip -n ${ns}sw link set br0 up
+  for i in 0 1 2; do
+    ip netns add ${ns}m$i
+    ip link add eth0 netns ${ns}m$i type veth peer name p$i netns ${ns}sw
+    ip -n ${ns}sw link set p$i master br0
+    ip -n ${ns}sw link set p$i up
+    ip -n ${ns}m$i addr add 10.231.9.$((i + 1))/24 dev eth0
+    ip -n ${ns}m$i link set eth0 up
+    ip -n ${ns}m$i link set lo up
+  done
+  main_addr=10.231.9.1
+  echo "== machines: network namespaces ${ns}m0-2 (10.231.9.1-3) on a bridge"
+else
+  main_addr=127.0.0.1
+  echo "== machines: launchers on this box over 127.0.0.1 (not root: no network namespaces)"
+fi
+
 # machine RANK NNODES PORT DIR: one launcher under a 300 s bound; `timeout`
 # is $!, the launcher its child.
 machine() {
-  exec timeout 300 "$accel" launch --nnodes "$2" --node-rank "$1" \
-    --master-addr 127.0.0.1 --master-port "$3" --token-file "$work/token" \
+  local in=()
+  $netns && in=(ip netns exec "${ns}m$1")
+  exec timeout 300 "${in[@]}" "$accel" launch --nnodes "$2" --node-rank "$1" \
+    --master-addr $main_addr --master-port "$3" --token-file "$work/token" \
     --backend cpu-gloo --timeout 20s --join-window 2s --join-timeout 60s \
     --max-restarts 2 --quiet-ranks -- \
     "$accel" elastic-worker --train-len $len --epochs $epochs --save-every 2 \
