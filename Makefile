@@ -33,8 +33,8 @@ build: setup
 # ARGS=--resume continues from the newest checkpoint.
 demo: tch-demo
 
-# Elastic membership: 3 machines (launchers on 127.0.0.1) train with
-# --nnodes 2:3, one is killed at step KILL_AT_STEP (default 5), the other 2
+# Elastic membership: 3 machines (network namespaces when root, else launchers
+# on 127.0.0.1) train with --nnodes 2:3, one is killed at step KILL_AT_STEP (default 5), the other 2
 # finish; every sample once, and the final loss beside an uninterrupted
 # 2-machine run's (docs/multi-machine.md).
 elastic-demo:
