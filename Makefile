@@ -57,15 +57,16 @@ lint: setup
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
 
 # Python packages the tests read accel's files back with: TensorBoard's
-# event reader (the tensorboard tracker) and safetensors (save_model), in a
-# venv kept out of git. The tests find it at .venv-tb (or ACCEL_PYTHON);
+# event reader (the tensorboard tracker), safetensors (save_model), and
+# tokenizers for tools/minilm_reference.py (the MiniLM examples' reference
+# embeddings), in a venv kept out of git. The tests find it at .venv-tb (or ACCEL_PYTHON);
 # outside CI they skip with the reason when it is missing.
 VENV_TB := $(CURDIR)/.venv-tb
-VENV_TB_PACKAGES := tensorboard==2.21.0 safetensors==0.8.0 numpy==2.4.6
+VENV_TB_PACKAGES := tensorboard==2.21.0 safetensors==0.8.0 numpy==2.4.6 tokenizers==0.23.3
 
 .PHONY: venv-tb
 venv-tb:
-	@if $(VENV_TB)/bin/python -c "import tensorboard, safetensors, numpy" 2>/dev/null; then \
+	@if $(VENV_TB)/bin/python -c "import tensorboard, safetensors, numpy, tokenizers" 2>/dev/null; then \
 	  echo "venv-tb: present"; \
 	else \
 	  python3 -m venv $(VENV_TB) 2>/dev/null || { \
@@ -131,7 +132,7 @@ gpu-check-build:
 tch-setup: setup
 	ACCEL_TCH_CACHE=$(TCH_CACHE) ./scripts/tch_setup.sh
 
-tch-test: tch-setup minilm-setup torch-venv
+tch-test: tch-setup minilm-setup torch-venv venv-tb
 	$(TCH_CARGO) fmt --manifest-path integrations/Cargo.toml --all -- --check
 	$(TCH_CARGO) clippy $(TCH_PACKAGES) --all-targets -- -D warnings
 	$(TCH_CARGO) test $(TCH_PACKAGES) --no-fail-fast

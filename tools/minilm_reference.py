@@ -9,9 +9,11 @@ sentence-transformers' Pooling(mean) + Normalize, with Hugging Face's Python
 sentence-transformers gives (0.7553 and 0.8939, quoted in issue 20), which
 checks it; the other pairs in docs/inference.md come from it.
 
-Usage (a venv with tokenizers, numpy, safetensors):
-    python tools/minilm_reference.py [MODEL_DIR]   # default .accel-cache/minilm/model
-Prints one JSON object: sentences and their similarity matrix.
+Usage (a venv with tokenizers, numpy, safetensors: `make venv-tb` makes .venv-tb):
+    python tools/minilm_reference.py [--embeddings] [MODEL_DIR]   # default .accel-cache/minilm/model
+Prints one JSON object: sentences and their similarity matrix (with
+--embeddings also the unit-length sentence embeddings, float64, which the
+tch and candle MiniLM examples' tests compare theirs with).
 """
 import json
 import math
@@ -84,11 +86,14 @@ def embed(model_dir, sentences):
 
 
 def main():
-    model_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else (
+    args = [a for a in sys.argv[1:] if a != "--embeddings"]
+    model_dir = Path(args[0]) if args else (
         Path(__file__).resolve().parent.parent / ".accel-cache/minilm/model")
     e = embed(model_dir, SENTENCES)
-    sims = (e @ e.T).round(4).tolist()
-    print(json.dumps({"sentences": SENTENCES, "similarities": sims}))
+    out = {"sentences": SENTENCES, "similarities": (e @ e.T).round(4).tolist()}
+    if "--embeddings" in sys.argv[1:]:
+        out["embeddings"] = e.tolist()
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

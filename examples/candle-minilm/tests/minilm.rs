@@ -11,7 +11,9 @@
 //! where it fails.
 
 use accel_example_candle_minilm::{similarities, Minilm, REFERENCE, SENTENCES};
-use accel_example_minilm_data::model_dir_for_test;
+use accel_example_minilm_data::{
+    against_reference, model_dir_for_test, reference_embeddings_for_test,
+};
 use accel_offload::plan::MaxMemory;
 
 #[test]
@@ -111,4 +113,27 @@ fn offloading_keeps_peak_memory_under_the_model_size() {
         offloaded + 20 * 1024 < resident,
         "offloading saved less than 20 MiB: {offloaded} KiB against {resident} KiB resident"
     );
+}
+
+/// Every sentence's embedding is the NumPy reference's
+/// (`tools/minilm_reference.py`, float64, unpadded): cosine at least 0.9999
+/// and no coordinate further than 1e-5 off.
+#[test]
+fn embeddings_match_the_numpy_reference() {
+    let Some(dir) = model_dir_for_test() else {
+        return;
+    };
+    let Some(reference) = reference_embeddings_for_test(&dir) else {
+        return;
+    };
+    let model = Minilm::load(&dir, None, 1).unwrap();
+    let ours = model.embed(&SENTENCES).unwrap();
+    for (i, (cos, max)) in against_reference(&ours, &reference).into_iter().enumerate() {
+        println!("sentence {i}: cosine {cos:.9}, largest difference {max:.2e}");
+        assert!(
+            cos >= 0.9999 && max <= 1e-5,
+            "sentence {i} {:?}: cosine {cos}, largest difference {max}",
+            SENTENCES[i]
+        );
+    }
 }

@@ -71,3 +71,82 @@ pub fn model_dir_for_test() -> Option<PathBuf> {
     eprintln!("skipped: {msg}");
     None
 }
+
+/// `tools/minilm_reference.py --embeddings` (NumPy, float64, Hugging Face's
+/// Python `tokenizers`): the reference embeddings of [`SENTENCES`], one unit
+/// row each. Runs the first Python of `$ACCEL_PYTHON` and `.venv-tb` (`make
+/// venv-tb`) that has numpy, safetensors and tokenizers; `None` after saying
+/// why when there is none (a failure under CI, where `make test` makes it).
+///
+/// # Panics
+/// When the script fails or prints something else than its JSON.
+pub fn reference_embeddings_for_test(model_dir: &Path) -> Option<Vec<Vec<f64>>> {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let candidates: Vec<PathBuf> = std::env::var_os("ACCEL_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([repo.join(".venv-tb/bin/python")])
+        .collect();
+    let has = |py: &PathBuf| {
+        std::process::Command::new(py)
+            .args(["-c", "import numpy, safetensors, tokenizers"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let Some(py) = candidates.iter().find(|p| has(p)) else {
+        let msg = format!(
+            "no Python with numpy, safetensors and tokenizers (tried {candidates:?}): run `make venv-tb`"
+        );
+        assert!(std::env::var_os("CI").is_none(), "{msg}");
+        eprintln!("skipped: {msg}");
+        return None;
+    };
+    let out = std::process::Command::new(py)
+        .arg(repo.join("tools/minilm_reference.py"))
+        .arg("--embeddings")
+        .arg(model_dir)
+        .output()
+        .expect("python runs");
+    assert!(
+        out.status.success(),
+        "tools/minilm_reference.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the script's JSON");
+    let rows = v["embeddings"].as_array().expect("an embeddings list");
+    Some(
+        rows.iter()
+            .map(|r| {
+                r.as_array()
+                    .expect("a row")
+                    .iter()
+                    .map(|x| x.as_f64().expect("a number"))
+                    .collect()
+            })
+            .collect(),
+    )
+}
+
+/// Per sentence, the cosine of `ours` with `reference` and the largest
+/// difference of one coordinate (both are unit rows).
+///
+/// # Panics
+/// When the two have other shapes.
+pub fn against_reference(ours: &[Vec<f32>], reference: &[Vec<f64>]) -> Vec<(f64, f64)> {
+    assert_eq!(ours.len(), reference.len(), "sentences");
+    ours.iter()
+        .zip(reference)
+        .map(|(a, b)| {
+            assert_eq!(a.len(), b.len(), "embedding width");
+            let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * y).sum();
+            let na = a.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            let nb = b.iter().map(|y| y * y).sum::<f64>().sqrt();
+            let max = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (f64::from(*x) - y).abs())
+                .fold(0.0, f64::max);
+            (dot / (na * nb), max)
+        })
+        .collect()
+}

@@ -7,7 +7,9 @@
 //! it the test says so and passes, except under CI (`CI` set), where it
 //! fails.
 
-use accel_example_minilm_data::model_dir_for_test;
+use accel_example_minilm_data::{
+    against_reference, model_dir_for_test, reference_embeddings_for_test,
+};
 use accel_example_tch_minilm::{
     embed, similarities, Bert, Config, Tokenizer, REFERENCE, SENTENCES,
 };
@@ -121,4 +123,34 @@ fn check_rss_allows_for_the_batch_it_runs() {
     );
     assert!(out.status.success(), "{text}");
     assert!(text.contains("activations (19 x "), "{text}");
+}
+
+/// Every sentence's embedding is the NumPy reference's
+/// (`tools/minilm_reference.py`, float64, unpadded): cosine at least 0.9999
+/// and no coordinate further than 1e-5 off.
+#[test]
+fn embeddings_match_the_numpy_reference() {
+    let Some(dir) = model_dir_for_test() else {
+        return;
+    };
+    let Some(reference) = reference_embeddings_for_test(&dir) else {
+        return;
+    };
+    let cfg = Config::load(&dir).unwrap();
+    let tok = Tokenizer::load(&dir).unwrap();
+    let vs = VarStore::new(Device::Cpu);
+    let model = Bert::new(&vs, &cfg);
+    let d = model.dispatch(&vs, &dir, None, 1).unwrap();
+    let emb = embed(&tok, &model, &d, &SENTENCES).unwrap();
+    let ours: Vec<Vec<f32>> = (0..SENTENCES.len() as i64)
+        .map(|i| Vec::<f32>::try_from(emb.get(i)).unwrap())
+        .collect();
+    for (i, (cos, max)) in against_reference(&ours, &reference).into_iter().enumerate() {
+        println!("sentence {i}: cosine {cos:.9}, largest difference {max:.2e}");
+        assert!(
+            cos >= 0.9999 && max <= 1e-5,
+            "sentence {i} {:?}: cosine {cos}, largest difference {max}",
+            SENTENCES[i]
+        );
+    }
 }
