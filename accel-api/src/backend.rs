@@ -88,6 +88,15 @@ pub struct ProbeContext {
     /// `true` when an MPI launcher (mpirun, mpiexec, srun with PMI) started
     /// the process.
     pub mpi_launched: bool,
+    /// How many of the run's ranks this process hosts (as threads: the
+    /// threads process model, or `accel::Threads`); 1 when each rank is a
+    /// process. Absent in older serialized contexts: 1.
+    #[serde(default = "one")]
+    pub ranks_in_process: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl ProbeContext {
@@ -97,6 +106,7 @@ impl ProbeContext {
             world_size: 1,
             local_world_size: 1,
             mpi_launched: false,
+            ranks_in_process: 1,
         }
     }
 }

@@ -93,8 +93,8 @@ pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
 pub use group::{
-    host, host_mut, message_does_not_fit, Engine, EngineInfo, Group, P2pHeader, SplitPlan,
-    P2P_MAGIC,
+    host, host_mut, message_does_not_fit, Backoff, Clock, Deadline, Engine, EngineInfo, Expired,
+    Group, Growth, P2pHeader, Pause, Polled, Poller, SplitPlan, SystemClock, Until, P2P_MAGIC,
 };
 pub use layer::{CallInfo, Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};

@@ -533,6 +533,7 @@ mod tests {
             world_size: 2,
             local_world_size: 2,
             mpi_launched: false,
+            ranks_in_process: 1,
         };
         assert_eq!(r.select(&two, None).unwrap().name(), "mid");
         let forced = ["low".to_string()];

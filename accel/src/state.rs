@@ -103,6 +103,10 @@ pub struct ProcessState {
     /// its machine's ranks as threads ([`crate::run`] starts them; in a
     /// rank thread, [`state`] is that rank's).
     pub process_model: ProcessModel,
+    /// The local rank of this process's first rank: LOCAL_RANK, also in its
+    /// rank threads' states (whose `local_rank` is their own).
+    #[serde(skip)]
+    process_local_rank: usize,
 }
 
 mod duration_secs {
@@ -549,6 +553,7 @@ impl ProcessState {
             error_file: env.error_file.filter(|p| !p.as_os_str().is_empty()),
             share_devices: env.share_devices.unwrap_or(false),
             process_model: env.process_model.unwrap_or_default(),
+            process_local_rank: local_rank,
         })
     }
 
@@ -582,6 +587,14 @@ impl ProcessState {
         Ok(s)
     }
 
+    /// This state, for a rank thread of a process whose first rank has
+    /// local rank `first` (what [`ProcessState::probe_context`] counts the
+    /// process's ranks from).
+    pub(crate) fn in_process_of_local_rank(mut self, first: usize) -> ProcessState {
+        self.process_local_rank = first;
+        self
+    }
+
     /// The number of rank threads this process hosts: LOCAL_WORLD_SIZE −
     /// LOCAL_RANK under the threads model, else 1.
     pub fn ranks_in_process(&self) -> usize {
@@ -608,10 +621,18 @@ impl ProcessState {
 
     /// The probe context for a run shaped like this one.
     pub fn probe_context(&self) -> accel_api::ProbeContext {
+        let ranks_in_process = match self.process_model {
+            ProcessModel::Processes => 1,
+            ProcessModel::Threads => self
+                .local_world_size
+                .saturating_sub(self.process_local_rank)
+                .max(1),
+        };
         accel_api::ProbeContext {
             world_size: self.world_size,
             local_world_size: self.local_world_size,
             mpi_launched: self.mpi_launched,
+            ranks_in_process,
         }
     }
 

@@ -190,7 +190,8 @@ impl Threads {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
             .collect();
-        ProcessState::from_vars(vars)
+        // Every rank of the run is a thread of this process.
+        Ok(ProcessState::from_vars(vars)?.in_process_of_local_rank(0))
     }
 
     /// Call `f` on every rank, each on its own thread with its own
@@ -367,8 +368,6 @@ where
                 let rank = rt.state.rank;
                 let state = rt.state.clone();
                 let _me = enter_rank_thread(rt);
-                #[cfg(feature = "xla")]
-                let _xla = accel_backend_xla::enter_rank_thread();
                 let out = catch_unwind(AssertUnwindSafe(|| -> Result<T> {
                     let acc = Accelerator::connect(state, registry)?;
                     {

@@ -34,6 +34,7 @@ fn conformance_matrix() {
                 world_size: n,
                 local_world_size: n,
                 mpi_launched: false,
+                ranks_in_process: 1,
             });
             match probe.reason() {
                 Some(reason) => eprintln!("{name}@{n}: not run: {reason}"),

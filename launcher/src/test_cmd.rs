@@ -128,6 +128,7 @@ pub fn run(args: TestArgs) -> Result<ExitCode> {
                 world_size: n,
                 local_world_size: n,
                 mpi_launched: mpi,
+                ranks_in_process: 1,
             });
             if let Some(reason) = probe.reason() {
                 not_run.push(format!("{name}@{n}: not run: {reason}"));

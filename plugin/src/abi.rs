@@ -1,4 +1,4 @@
-//! The accel plugin C ABI, version 1.0: the one thing a plugin and a host
+//! The accel plugin C ABI, version 1.1: the one thing a plugin and a host
 //! agree on.
 //!
 //! Everything in this module is `#[repr(C)]` data or `extern "C"` function
@@ -85,8 +85,8 @@ use std::ffi::c_void;
 pub const ACCEL_PLUGIN_ABI_MAJOR: u32 = 1;
 
 /// The minor version of this ABI: the number of append-only revisions made
-/// to major 1.
-pub const ACCEL_PLUGIN_ABI_MINOR: u32 = 0;
+/// to major 1. 1.1: [`AccelProbeContext::ranks_in_process`].
+pub const ACCEL_PLUGIN_ABI_MINOR: u32 = 1;
 
 /// The name of the symbol a plugin exports (type [`AccelPluginEntryV1`]).
 pub const ENTRY_SYMBOL: &str = "accel_plugin_entry_v1";
@@ -274,6 +274,10 @@ pub struct AccelProbeContext {
     pub local_world_size: usize,
     /// 1 when an MPI launcher started the process, else 0.
     pub mpi_launched: u32,
+    /// ABI 1.1: how many of the run's ranks this process hosts (as
+    /// threads); 1 when each rank is a process. A plugin reads it only when
+    /// `struct_size` covers it (a 1.0 host's context does not: 1).
+    pub ranks_in_process: usize,
 }
 
 /// The outcome of `probe` ([`accel_api::Probe`]); the host sets
@@ -643,8 +647,11 @@ pub mod min_size {
     pub const ERROR: usize = std::mem::size_of::<AccelError>();
     /// [`AccelStoreV1`] as of ABI 1.0.
     pub const STORE: usize = std::mem::size_of::<AccelStoreV1>();
-    /// [`AccelProbeContext`] as of ABI 1.0.
-    pub const PROBE_CONTEXT: usize = std::mem::size_of::<AccelProbeContext>();
+    /// [`AccelProbeContext`] as of ABI 1.0 (up to `mpi_launched`, with
+    /// its padding).
+    pub const PROBE_CONTEXT: usize = std::mem::offset_of!(AccelProbeContext, ranks_in_process);
+    /// [`AccelProbeContext`] as of ABI 1.1 (with `ranks_in_process`).
+    pub const PROBE_CONTEXT_1_1: usize = std::mem::size_of::<AccelProbeContext>();
     /// [`AccelProbeResult`] as of ABI 1.0.
     pub const PROBE_RESULT: usize = std::mem::size_of::<AccelProbeResult>();
     /// [`AccelConnectContext`] as of ABI 1.0.
@@ -653,6 +660,18 @@ pub mod min_size {
     pub const CAPABILITIES: usize = std::mem::size_of::<AccelCapabilities>();
     /// [`AccelPluginHeader`], common to every major.
     pub const HEADER: usize = std::mem::size_of::<AccelPluginHeader>();
+}
+
+impl AccelProbeResult {
+    /// What a host passes: its size set, nothing else.
+    pub fn unset() -> AccelProbeResult {
+        AccelProbeResult {
+            struct_size: min_size::PROBE_RESULT,
+            available: 0,
+            has_engine_version: 0,
+            device_count: 0,
+        }
+    }
 }
 
 impl AccelStr {

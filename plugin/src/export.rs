@@ -167,12 +167,27 @@ unsafe extern "C" fn probe<P: Exported>(
                 min_size::PROBE_RESULT,
             ));
         }
-        // SAFETY: the 1.0 layout is readable (checked above).
-        let c = unsafe { ctx.read() };
+        // SAFETY: the 1.0 fields are readable (checked above); each read
+        // stays inside them.
+        let (world_size, local_world_size, mpi_launched) = unsafe {
+            (
+                std::ptr::addr_of!((*ctx).world_size).read(),
+                std::ptr::addr_of!((*ctx).local_world_size).read(),
+                std::ptr::addr_of!((*ctx).mpi_launched).read(),
+            )
+        };
+        // A 1.0 host's context ends before the 1.1 field.
+        let ranks_in_process = if size >= min_size::PROBE_CONTEXT_1_1 {
+            // SAFETY: `struct_size` covers the 1.1 field.
+            unsafe { std::ptr::addr_of!((*ctx).ranks_in_process).read() }
+        } else {
+            1
+        };
         let probe = P::backend().probe(&ProbeContext {
-            world_size: c.world_size,
-            local_world_size: c.local_world_size,
-            mpi_launched: c.mpi_launched != 0,
+            world_size,
+            local_world_size,
+            mpi_launched: mpi_launched != 0,
+            ranks_in_process,
         });
         if let Some(r) = probe.reason() {
             // SAFETY: `reason` is valid for this call (ABI contract).

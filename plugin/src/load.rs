@@ -347,17 +347,13 @@ impl PluginBackend {
     fn try_probe(&self, ctx: &ProbeContext) -> Result<Probe> {
         let f = self.lib.func(self.lib.table.probe, "probe")?;
         let c = AccelProbeContext {
-            struct_size: min_size::PROBE_CONTEXT,
+            struct_size: min_size::PROBE_CONTEXT_1_1,
             world_size: ctx.world_size,
             local_world_size: ctx.local_world_size,
             mpi_launched: u32::from(ctx.mpi_launched),
+            ranks_in_process: ctx.ranks_in_process,
         };
-        let mut out = AccelProbeResult {
-            struct_size: min_size::PROBE_RESULT,
-            available: 0,
-            has_engine_version: 0,
-            device_count: 0,
-        };
+        let mut out = AccelProbeResult::unset();
         let mut reason = VecSink::default();
         let mut version = VecSink::default();
         // SAFETY: a function of the loaded plugin; every pointer and sink
@@ -1014,6 +1010,55 @@ mod tests {
         unsafe { PluginBackend::from_table(Path::new("<in-process>"), &TABLE) }.unwrap()
     }
 
+    /// A plugin whose probe says which `ranks_in_process` it saw.
+    struct Echo;
+
+    impl Exported for Echo {
+        const PLUGIN_VERSION: &'static str = "1.1.0";
+
+        fn backend() -> &'static dyn Backend {
+            static B: accel_api::StaticBackend = accel_api::StaticBackend::new(
+                "echo",
+                0,
+                DeviceKind::Cpu,
+                |ctx| Probe::unavailable(format!("ranks_in_process={}", ctx.ranks_in_process)),
+                |_| Err(Error::unsupported("connect", "a probe-only test plugin")),
+            );
+            &B
+        }
+    }
+
+    #[test]
+    fn the_probe_context_carries_ranks_in_process_and_a_1_0_host_means_one() {
+        static ECHO: AccelPluginV1 = table::<Echo>();
+        // SAFETY: a static table built by `export::table`, valid forever.
+        let b = unsafe { PluginBackend::from_table(Path::new("<echo>"), &ECHO) }.unwrap();
+        let ctx = ProbeContext {
+            ranks_in_process: 4,
+            ..ProbeContext::single_process()
+        };
+        let reason = b.probe(&ctx).reason().unwrap().to_string();
+        assert!(reason.contains("ranks_in_process=4"), "{reason}");
+
+        // A 1.0 host's context ends before the field: the plugin reads 1,
+        // never the bytes past `struct_size`.
+        let c = AccelProbeContext {
+            struct_size: min_size::PROBE_CONTEXT,
+            world_size: 1,
+            local_world_size: 1,
+            mpi_launched: 0,
+            ranks_in_process: 9,
+        };
+        let mut out = AccelProbeResult::unset();
+        let mut reason = VecSink::default();
+        let mut version = VecSink::default();
+        let f = ECHO.probe.unwrap();
+        // SAFETY: the exported probe; every pointer and sink outlives the call.
+        let status = unsafe { f(&c, &mut out, reason.sink(), version.sink()) };
+        assert_eq!(status, ACCEL_OK);
+        assert_eq!(reason.into_string(), "ranks_in_process=1");
+    }
+
     #[test]
     fn a_newer_minor_with_a_longer_table_loads() {
         /// A table from a future 1.x: the 1.0 fields, then fields we do
@@ -1045,7 +1090,7 @@ mod tests {
         let b = backend();
         assert_eq!(
             (b.name(), b.plugin_version(), b.abi_version()),
-            ("single", "9.9.9", (1, 0))
+            ("single", "9.9.9", (1, ACCEL_PLUGIN_ABI_MINOR))
         );
         let c = b
             .connect(ConnectContext {

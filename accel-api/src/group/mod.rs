@@ -33,17 +33,22 @@
 //!
 //! The files: [`Engine`] and [`EngineInfo`] in `engine.rs`, [`SplitPlan`]
 //! in `split.rs`, the point-to-point header engines send ([`P2pHeader`]) in
-//! `p2p.rs`, the group's state and its call machinery (poison, call
+//! `p2p.rs`, the poll loop against a timeout ([`Deadline`], [`Backoff`])
+//! in `deadline.rs`, the group's state and its call machinery (poison, call
 //! check, mailbox) here, and its [`Communicator`] methods in
 //! `communicator.rs`.
 
 mod communicator;
+mod deadline;
 mod engine;
 mod p2p;
 mod split;
 #[cfg(test)]
 mod tests;
 
+pub use deadline::{
+    Backoff, Clock, Deadline, Expired, Growth, Pause, Polled, Poller, SystemClock, Until,
+};
 pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
 pub use p2p::{P2pHeader, P2P_MAGIC};
 pub use split::SplitPlan;

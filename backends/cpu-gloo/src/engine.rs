@@ -4,11 +4,12 @@
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use accel_api::{
-    host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Engine, EngineInfo,
-    Error, ErrorKind, Group, HostBuf, Op, P2pHeader, ReduceOp, Result, SplitPlan, Store, P2P_MAGIC,
+    host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Deadline, Engine,
+    EngineInfo, Error, ErrorKind, Group, HostBuf, Op, P2pHeader, ReduceOp, Result, SplitPlan,
+    Store, P2P_MAGIC,
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};
@@ -318,10 +319,10 @@ fn p2p_slots(tag: u32) -> (u64, u64) {
     (h, h | 1)
 }
 
-fn remaining(start: Instant, timeout: Duration) -> Duration {
-    timeout
-        .saturating_sub(start.elapsed())
-        .max(Duration::from_millis(1))
+/// What is left of a call's `deadline` for its next Gloo call: at least
+/// 1 ms (Gloo reads zero as "no timeout").
+pub(crate) fn remaining(deadline: &Deadline) -> Duration {
+    deadline.remaining().max(Duration::from_millis(1))
 }
 
 impl Engine for GlooEngine {
@@ -404,11 +405,11 @@ impl Engine for GlooEngine {
         let (slot_h, slot_p) = p2p_slots(tag);
         let timeout = self.info.timeout;
         self.engine_call(op, |e| {
-            let start = Instant::now();
+            let deadline = Deadline::after(timeout);
             e.ctx.run(Call::Send(&hdr, dst, slot_h), timeout)?;
             if !src.is_empty() {
                 let payload = Call::Send(src.bytes(), dst, slot_p);
-                e.ctx.run(payload, remaining(start, timeout))?;
+                e.ctx.run(payload, remaining(&deadline))?;
             }
             Ok(())
         })
@@ -421,14 +422,14 @@ impl Engine for GlooEngine {
         let timeout = self.info.timeout;
         let want = dst.dtype();
         let mismatch = self.engine_call(op, |e| {
-            let start = Instant::now();
+            let deadline = Deadline::after(timeout);
             let mut hdr = [0u8; P2P_HEADER];
             e.ctx.run(Call::Recv(&mut hdr, src, slot_h), timeout)?;
             let (dtype, nbytes) = parse_header(&hdr)?;
             if dtype == Some(want) && nbytes == dst.bytes().len() {
                 if nbytes > 0 {
                     let payload = Call::Recv(dst.bytes_mut(), src, slot_p);
-                    e.ctx.run(payload, remaining(start, timeout))?;
+                    e.ctx.run(payload, remaining(&deadline))?;
                 }
                 return Ok(None);
             }
@@ -436,7 +437,7 @@ impl Engine for GlooEngine {
             if nbytes > 0 {
                 let mut sink = vec![0u8; nbytes];
                 let drain = Call::Recv(&mut sink, src, slot_p);
-                e.ctx.run(drain, remaining(start, timeout))?;
+                e.ctx.run(drain, remaining(&deadline))?;
             }
             Ok(Some((dtype, nbytes)))
         })?;

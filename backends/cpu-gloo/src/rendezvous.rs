@@ -3,9 +3,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use accel_api::{Error, ErrorKind, Store};
+use accel_api::{Deadline, Error, ErrorKind, Store};
 
 use crate::ffi::RendezvousStore;
 use crate::name::NAME;
@@ -17,8 +17,7 @@ pub(crate) struct StoreAdapter<'a> {
     store: &'a dyn Store,
     prefix: String,
     rank: usize,
-    timeout: Duration,
-    start: Instant,
+    deadline: Deadline,
     error: Mutex<Option<Error>>,
 }
 
@@ -33,8 +32,7 @@ impl<'a> StoreAdapter<'a> {
             store,
             prefix: prefix.to_string(),
             rank,
-            timeout,
-            start: Instant::now(),
+            deadline: Deadline::after(timeout),
             error: Mutex::new(None),
         }
     }
@@ -49,9 +47,7 @@ impl<'a> StoreAdapter<'a> {
     }
 
     fn remaining(&self) -> Duration {
-        self.timeout
-            .saturating_sub(self.start.elapsed())
-            .max(Duration::from_millis(1))
+        crate::engine::remaining(&self.deadline)
     }
 
     fn record(&self, e: Error) {
@@ -84,7 +80,7 @@ impl<'a> StoreAdapter<'a> {
         };
         Error::timeout(
             "connect",
-            self.timeout,
+            self.deadline.timeout(),
             format!(
                 "{who} did not join the Gloo rendezvous under `{}` on {} ({})",
                 self.prefix,

@@ -3,11 +3,11 @@
 //! Framework adapters (accel-tch, cudarc slices) build device views of
 //! their own memory instead.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use accel_api::{
-    DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Element, Error, ErrorKind, HostBuf,
-    HostBufMut, Result,
+    Backoff, DType, Deadline, Device, DeviceBuf, DeviceBufMut, DeviceKind, Element, Error,
+    ErrorKind, HostBuf, HostBufMut, Polled, Result,
 };
 
 use crate::error::NcclFailure;
@@ -15,6 +15,9 @@ use crate::ffi::{self, DeviceMem, OwnedStream};
 
 /// How long a host<->device copy of a [`DeviceBuffer`] may take.
 const COPY_BOUND: Duration = Duration::from_secs(120);
+
+/// The pause between two looks at a copy's stream.
+const COPY_PAUSE: Backoff = Backoff::sleep(Duration::from_micros(50));
 
 /// `len` elements of `dtype` in device memory on a CUDA device, with the
 /// stream its copies are ordered on. Views of it ([`DeviceBuffer::view`],
@@ -128,30 +131,27 @@ impl DeviceBuffer {
     }
 
     fn wait(&self, what: &str) -> Result<()> {
-        let deadline = Instant::now() + COPY_BOUND;
-        loop {
-            match self.stream.is_idle() {
-                Ok(true) => return Ok(()),
-                Ok(false) if Instant::now() >= deadline => {
-                    return Err(Error::timeout(
-                        what,
-                        COPY_BOUND,
-                        format!(
-                            "copying {} bytes on {} did not finish",
-                            self.mem.bytes(),
-                            self.device
-                        ),
-                    ))
-                }
-                Ok(false) => std::thread::sleep(Duration::from_micros(50)),
-                Err(code) => {
-                    return Err(NcclFailure::Driver {
-                        call: "cuStreamQuery",
-                        code: format!("{code:?}"),
-                    }
-                    .into())
-                }
-            }
+        let idle = Deadline::after(COPY_BOUND).poll(&COPY_PAUSE, || {
+            self.stream
+                .is_idle()
+                .map(|idle| idle.then_some(()))
+                .map_err(|code| NcclFailure::Driver {
+                    call: "cuStreamQuery",
+                    code: format!("{code:?}"),
+                })
+        });
+        match idle {
+            Ok(()) => Ok(()),
+            Err(Polled::Failed(e)) => Err(e.into()),
+            Err(Polled::TimedOut) => Err(Error::timeout(
+                what,
+                COPY_BOUND,
+                format!(
+                    "copying {} bytes on {} did not finish",
+                    self.mem.bytes(),
+                    self.device
+                ),
+            )),
         }
     }
 

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    Buf, BufMut, Capabilities, DType, Device, DeviceKind, Engine, EngineInfo, Error, Group, Op,
-    P2pHeader as Header, ReduceOp, Result, Store,
+    Backoff, Buf, BufMut, Capabilities, DType, Deadline, Device, DeviceKind, Engine, EngineInfo,
+    Error, Group, Growth, Op, P2pHeader as Header, Polled, ReduceOp, Result, Store, Until,
 };
 use cudarc::driver::CudaContext;
 
@@ -123,15 +123,13 @@ enum Place<'a> {
 /// The poll loop's wait between two looks: spin first (a small collective
 /// finishes in microseconds), then yield, then sleep 1 us more each time up
 /// to 250 us (a long collective is overshot by at most that).
-fn pause(i: u32) {
-    if i < 64 {
-        std::hint::spin_loop();
-    } else if i < 256 {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_micros(u64::from((i - 255).min(250))));
-    }
-}
+const PAUSE: Backoff = Backoff::sleep(Duration::from_micros(1))
+    .spin(Until::Looks(64))
+    .then_yield(Until::Looks(256))
+    .grow(
+        Growth::Add(Duration::from_micros(1)),
+        Duration::from_micros(250),
+    );
 
 impl NcclEngine {
     /// Connect one rank of a new communicator with the 128-byte `id`;
@@ -174,21 +172,23 @@ impl NcclEngine {
         deadline: Instant,
         what: &str,
     ) -> std::result::Result<NcclEngine, NcclFailure> {
-        let mut i = 0;
-        loop {
-            match comm.async_error()? {
-                Progress::Done => break,
-                Progress::InProgress if Instant::now() >= deadline => {
-                    comm.abort();
-                    return Err(NcclFailure::Timeout {
-                        what: format!("{what} on {device}"),
-                        after: timeout,
-                        culprit: None,
-                    });
-                }
-                Progress::InProgress => pause(i),
+        let ready = Deadline::until(deadline, timeout).poll(&PAUSE, || {
+            Ok(match comm.async_error()? {
+                Progress::Done => Some(()),
+                Progress::InProgress => None,
+            })
+        });
+        match ready {
+            Ok(()) => {}
+            Err(Polled::Failed(e)) => return Err(e),
+            Err(Polled::TimedOut) => {
+                comm.abort();
+                return Err(NcclFailure::Timeout {
+                    what: format!("{what} on {device}"),
+                    after: timeout,
+                    culprit: None,
+                });
             }
-            i += 1;
         }
         let (world_size, rank) = comm.count_and_rank()?;
         let stream =
@@ -366,42 +366,31 @@ impl NcclEngine {
     /// Poll until the communicator and the stream are done, the deadline
     /// passes (abort, timeout) or someone aborted.
     fn wait(&self, op: Op, what: &str, deadline: Instant) -> std::result::Result<(), NcclFailure> {
-        let mut i = 0u32;
-        loop {
+        let done = Deadline::until(deadline, self.info.timeout).poll(&PAUSE, || {
             if self.aborted.load(Ordering::SeqCst) {
-                self.comm.abort();
                 return Err(NcclFailure::Aborted);
             }
-            let nccl = match self.comm.async_error() {
-                Ok(p) => p,
-                Err(e) => {
-                    self.comm.abort();
-                    return Err(e);
-                }
-            };
-            let idle = match self.stream.is_idle() {
-                Ok(b) => b,
-                Err(code) => {
-                    self.comm.abort();
-                    return Err(NcclFailure::Driver {
-                        call: "cuStreamQuery",
-                        code: format!("{code:?}"),
-                    });
-                }
-            };
-            if nccl == Progress::Done && idle {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
+            let nccl = self.comm.async_error()?;
+            let idle = self.stream.is_idle().map_err(|code| NcclFailure::Driver {
+                call: "cuStreamQuery",
+                code: format!("{code:?}"),
+            })?;
+            Ok((nccl == Progress::Done && idle).then_some(()))
+        });
+        match done {
+            Ok(()) => Ok(()),
+            Err(Polled::Failed(e)) => {
                 self.comm.abort();
-                return Err(NcclFailure::Timeout {
+                Err(e)
+            }
+            Err(Polled::TimedOut) => {
+                self.comm.abort();
+                Err(NcclFailure::Timeout {
                     what: format!("the NCCL {} ({what}) on {}", op.name(), self.info.device),
                     after: self.info.timeout,
                     culprit: self.culprit(),
-                });
+                })
             }
-            pause(i);
-            i = i.saturating_add(1);
         }
     }
 

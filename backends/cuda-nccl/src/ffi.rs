@@ -439,16 +439,14 @@ impl Comm {
         if self.is_dead() {
             return;
         }
-        let deadline = std::time::Instant::now() + budget;
         let mut ok = self.finalize().is_ok();
-        while ok && std::time::Instant::now() < deadline {
-            match self.async_error() {
-                Ok(Progress::Done) => break,
-                Ok(Progress::InProgress) => {
-                    std::thread::sleep(std::time::Duration::from_micros(200))
-                }
-                Err(_) => ok = false,
-            }
+        if ok {
+            let pause = accel_api::Backoff::sleep(std::time::Duration::from_micros(200));
+            let finished = accel_api::Deadline::after(budget).poll(&pause, || {
+                self.async_error()
+                    .map(|p| (p == Progress::Done).then_some(()))
+            });
+            ok = !matches!(finished, Err(accel_api::Polled::Failed(_)));
         }
         if ok && matches!(self.async_error(), Ok(Progress::Done)) {
             self.dead.store(true, std::sync::atomic::Ordering::SeqCst);

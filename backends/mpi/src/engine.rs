@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    bf16, f16, host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Engine,
-    EngineInfo, Error, ErrorKind, Group, HostBuf, Op, P2pHeader, ReduceOp, Result, SplitPlan,
-    P2P_MAGIC,
+    bf16, f16, host, host_mut, message_does_not_fit, Backoff, Buf, BufMut, Capabilities, DType,
+    Deadline, Engine, EngineInfo, Error, ErrorKind, Group, HostBuf, Op, P2pHeader, Polled, Poller,
+    ReduceOp, Result, SplitPlan, Until, P2P_MAGIC,
 };
 
 use crate::error::timeout_error;
@@ -117,15 +117,9 @@ fn err_at(kind: ErrorKind, rank: usize, op: &str, message: impl Into<String>) ->
 
 /// Pause between two `MPI_Test`s: spin first (latency), then yield, then
 /// sleep briefly (oversubscribed runs, long waits).
-fn pause(elapsed: Duration) {
-    if elapsed < Duration::from_micros(200) {
-        std::hint::spin_loop();
-    } else if elapsed < Duration::from_millis(20) {
-        std::thread::yield_now();
-    } else {
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
+const PAUSE: Backoff = Backoff::sleep(Duration::from_micros(200))
+    .spin(Until::Elapsed(Duration::from_micros(200)))
+    .then_yield(Until::Elapsed(Duration::from_millis(20)));
 
 /// Poll `req` until it completes (returned, complete) or `timeout` after
 /// `start` (returned, still pending, in [`Waited::TimedOut`]).
@@ -150,23 +144,26 @@ fn poll_checked<'a>(
     check: &mut dyn FnMut(Duration) -> Option<Error>,
 ) -> std::result::Result<Request<'a>, Waited<'a>> {
     let mut next_check = PEER_CHECK;
+    let mut poller = Poller::new(Deadline::since(start, timeout), PAUSE);
     loop {
         match req.test() {
             Ok(true) => return Ok(req),
             Ok(false) => {}
             Err(e) => return Err(Waited::Failed(e)),
         }
-        let elapsed = start.elapsed();
-        if elapsed >= timeout {
+        if poller.deadline().passed() {
             return Err(Waited::TimedOut(req));
         }
+        let elapsed = start.elapsed();
         if elapsed >= next_check {
             if let Some(e) = check(elapsed) {
                 return Err(Waited::Stopped(req, e));
             }
             next_check = elapsed + PEER_CHECK;
         }
-        pause(elapsed);
+        if poller.wait().is_err() {
+            return Err(Waited::TimedOut(req));
+        }
     }
 }
 
@@ -615,22 +612,18 @@ impl MpiEngine {
     /// Match the next message from `src` with `tag` (`t` as MPI sees it),
     /// polling until the timeout counted from `start`.
     fn next_message(&self, src: usize, t: c_int, tag: u32, start: Instant) -> Result<ffi::Matched> {
-        loop {
-            if let Some(m) = ffi::improbe(&self.comm, src as c_int, t)? {
-                return Ok(m);
-            }
-            let elapsed = start.elapsed();
-            if elapsed >= self.info.timeout {
-                return Err(Error::timeout(
-                    Op::Recv.name(),
-                    self.info.timeout,
-                    format!("no message from rank {src} with tag {tag}"),
-                )
-                .with_fix(format!(
-                    "check that rank {src} sends with tag {tag}, or raise ACCEL_TIMEOUT"
-                )));
-            }
-            pause(elapsed);
+        let deadline = Deadline::since(start, self.info.timeout);
+        match deadline.poll(&PAUSE, || ffi::improbe(&self.comm, src as c_int, t)) {
+            Ok(m) => Ok(m),
+            Err(Polled::Failed(e)) => Err(e.into()),
+            Err(Polled::TimedOut) => Err(Error::timeout(
+                Op::Recv.name(),
+                self.info.timeout,
+                format!("no message from rank {src} with tag {tag}"),
+            )
+            .with_fix(format!(
+                "check that rank {src} sends with tag {tag}, or raise ACCEL_TIMEOUT"
+            ))),
         }
     }
 

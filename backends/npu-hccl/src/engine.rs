@@ -14,8 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use accel_api::{
-    Buf, BufMut, Capabilities, DType, Device, DeviceKind, Element, Engine, EngineInfo, Error,
-    Group, HostBufMut, P2pHeader, ReduceOp, Result, SplitPlan, Store,
+    Backoff, Buf, BufMut, Capabilities, DType, Deadline, Device, DeviceKind, Element, Engine,
+    EngineInfo, Error, Group, Growth, HostBufMut, P2pHeader, Polled, ReduceOp, Result, SplitPlan,
+    Store,
 };
 
 use crate::error::{HcclError, HCCL_E_TIMEOUT};
@@ -28,6 +29,10 @@ pub type NpuCommunicator = Group<NpuEngine>;
 /// Bytes of the header that precedes every point-to-point payload (the
 /// kit's [`P2pHeader`]: payload length, dtype code, tag).
 const HEADER: usize = P2pHeader::BYTES;
+
+/// The pause between two looks at a stream: 20 us, doubling up to 1 ms.
+const PAUSE: Backoff =
+    Backoff::sleep(Duration::from_micros(20)).grow(Growth::Mul(2), Duration::from_millis(1));
 
 /// What the engine declares: every operation; data movement for all eight
 /// element types (moved as bytes, exact); reductions for the types HCCL
@@ -318,19 +323,16 @@ impl NpuEngine {
         if raw == 0 {
             return Ok(());
         }
-        let mut pause = Duration::from_micros(20);
-        while !self.rt.stream_done(raw)? {
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(HcclError::Timeout {
-                    what: "the stream of a device buffer still has pending work".into(),
-                    after: self.info.timeout,
-                });
-            }
-            std::thread::sleep(pause.min(deadline - now));
-            pause = (pause * 2).min(Duration::from_millis(1));
+        let done = Deadline::until(deadline, self.info.timeout)
+            .poll(&PAUSE, || Ok(self.rt.stream_done(raw)?.then_some(())));
+        match done {
+            Ok(()) => Ok(()),
+            Err(Polled::Failed(e)) => Err(e),
+            Err(Polled::TimedOut) => Err(HcclError::Timeout {
+                what: "the stream of a device buffer still has pending work".into(),
+                after: self.info.timeout,
+            }),
         }
-        Ok(())
     }
 
     fn input(
@@ -397,8 +399,7 @@ impl NpuEngine {
         for c in calls {
             self.comm.enqueue(*c, &self.stream)?;
         }
-        let mut pause = Duration::from_micros(20);
-        loop {
+        let done = Deadline::until(deadline, self.info.timeout).poll(&PAUSE, || {
             let code = self.comm.async_error()?;
             if code != 0 {
                 self.break_down();
@@ -413,21 +414,20 @@ impl NpuEngine {
                     HcclError::hccl(call, code, self.rt.hccl_text(code))
                 });
             }
-            if self.stream.is_done()? {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
+            Ok(self.stream.is_done()?.then_some(()))
+        });
+        match done {
+            Ok(()) => Ok(()),
+            Err(Polled::Failed(e)) => Err(e),
+            Err(Polled::TimedOut) => {
                 self.break_down();
-                return Err(HcclError::Timeout {
+                Err(HcclError::Timeout {
                     what: format!(
                         "{call} did not complete: its stream is still busy (a rank did not make the same call, or a peer is stuck)"
                     ),
                     after: self.info.timeout,
-                });
+                })
             }
-            std::thread::sleep(pause.min(deadline - now));
-            pause = (pause * 2).min(Duration::from_millis(1));
         }
     }
 

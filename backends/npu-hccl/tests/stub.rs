@@ -137,6 +137,7 @@ fn probe_ctx(local: usize) -> ProbeContext {
         world_size: local,
         local_world_size: local,
         mpi_launched: false,
+        ranks_in_process: 1,
     }
 }
 

@@ -65,7 +65,7 @@
 //! |---|---|
 //! | `ACCEL_PJRT_PLUGIN` | the plugin file (otherwise the search order of the `runtime` module: `ACCEL_PJRT_CACHE`, then `.accel-cache/pjrt/` above the current directory or the executable) |
 //! | `ACCEL_PJRT_CPU_DEVICES` | devices of the CPU client (default 8): the most ranks of one run |
-//! | [`ACCEL_PROCESS_MODEL`](accel_api::worker::keys::ACCEL_PROCESS_MODEL)`=threads` | set by the launcher when a run's ranks are threads (docs/adr/0015); without it (or a rank thread marked by [`enter_rank_thread`], as `accel::Threads` does) the probe is unavailable for runs of more than one rank |
+//! | [`ACCEL_PROCESS_MODEL`](accel_api::worker::keys::ACCEL_PROCESS_MODEL)`=threads` | set by the launcher when a run's ranks are threads (docs/adr/0015); without it (or a probe context with more than one rank in this process, as `accel::Threads` passes) the probe is unavailable for runs of more than one rank |
 //! | `TF_CPP_MIN_LOG_LEVEL=1` | silences the CPU plugin's start-up line on stderr (`cpu_device_count set via create_options`) |
 //!
 //! ## Measuring
@@ -96,7 +96,7 @@ use accel_api::{
 };
 
 pub use engine::{capabilities, XlaCommunicator, XlaEngine};
-pub use probe::{enter_rank_thread, RankThread, PROCESS_MODEL_VAR};
+pub use probe::PROCESS_MODEL_VAR;
 pub use runtime::{DEFAULT_CPU_DEVICES, PLUGIN_FILE};
 
 use error::XlaError;

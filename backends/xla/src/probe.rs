@@ -11,41 +11,13 @@ use crate::runtime::Runtime;
 /// (set by the launcher for the threads process model, ADR 0012).
 pub const PROCESS_MODEL_VAR: &str = accel_api::worker::keys::ACCEL_PROCESS_MODEL;
 
-thread_local! {
-    static RANK_THREADS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Says, while alive, that the calling thread is a rank thread of a run
-/// whose ranks are all threads of this process (what accel's in-process
-/// entry, `accel::Threads`, holds on each rank thread): the probe is then
-/// available for several ranks without [`PROCESS_MODEL_VAR`]`=threads` in
-/// the environment. Not `Send`: it marks the thread that made it.
-#[derive(Debug)]
-pub struct RankThread {
-    _not_send: std::marker::PhantomData<*const ()>,
-}
-
-/// Mark the calling thread as a rank thread (see [`RankThread`]) until the
-/// returned guard drops.
-pub fn enter_rank_thread() -> RankThread {
-    RANK_THREADS.with(|c| c.set(c.get() + 1));
-    RankThread {
-        _not_send: std::marker::PhantomData,
-    }
-}
-
-impl Drop for RankThread {
-    fn drop(&mut self) {
-        let _ = RANK_THREADS.try_with(|c| c.set(c.get().saturating_sub(1)));
-    }
-}
-
 /// `true` when the run's ranks are threads of this process: the
 /// environment says so (the launcher's threads process model), or the
-/// calling thread is marked as a rank thread.
-fn ranks_are_threads(env: &dyn Fn(&str) -> Option<String>) -> bool {
+/// probe context counts more than one rank in this process (what accel's
+/// in-process entry, `accel::Threads`, passes).
+fn ranks_are_threads(ctx: &ProbeContext, env: &dyn Fn(&str) -> Option<String>) -> bool {
     env(PROCESS_MODEL_VAR).is_some_and(|v| v.trim().eq_ignore_ascii_case("threads"))
-        || RANK_THREADS.try_with(|c| c.get() > 0).unwrap_or(false)
+        || ctx.ranks_in_process > 1
 }
 
 /// Available for a run whose ranks are all threads of this process (or a
@@ -57,7 +29,7 @@ pub(crate) fn probe(ctx: &ProbeContext) -> Probe {
 pub(crate) fn probe_with(ctx: &ProbeContext, env: &dyn Fn(&str) -> Option<String>) -> Probe {
     // Decided before loading anything: multi-process runs of other
     // backends pay nothing for this probe.
-    if ctx.world_size > 1 && !ranks_are_threads(env) {
+    if ctx.world_size > 1 && !ranks_are_threads(ctx, env) {
         return Probe::unavailable(format!(
             "xla runs ranks as threads of one process ({PROCESS_MODEL_VAR}=threads), this run has {} processes: use `accel launch --backend xla`",
             ctx.world_size,

@@ -20,6 +20,7 @@ fn local(n: usize) -> ProbeContext {
         world_size: n,
         local_world_size: n,
         mpi_launched: false,
+        ranks_in_process: 1,
     }
 }
 
@@ -89,6 +90,13 @@ fn bad_plugins_are_unavailable_with_the_reason_and_the_real_one_is_available() {
     let reason = probe_reason(&four).expect("multi-process runs are unavailable");
     let needed = format!("{}=threads", accel_api::worker::keys::ACCEL_PROCESS_MODEL);
     assert!(reason.contains(&needed), "{reason}");
+    // Available when the probe context counts the run's ranks in this
+    // process (what accel::Threads passes), without the variable.
+    let threads = ProbeContext {
+        ranks_in_process: 4,
+        ..local(4)
+    };
+    assert!(probe_reason(&threads).is_none());
     std::env::set_var(accel_backend_xla::PROCESS_MODEL_VAR, "threads");
     assert!(probe_reason(&four).is_none());
     let many = local(100);

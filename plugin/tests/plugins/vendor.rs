@@ -30,7 +30,7 @@ fn loads_with_name_version_priority_and_kind() {
         assert_eq!(b.plugin_version(), env!("CARGO_PKG_VERSION"));
         assert_eq!(b.priority(), accel_api::PRIORITY_FALLBACK - 1);
         assert_eq!(b.device_kind(), DeviceKind::Cpu);
-        assert_eq!(b.abi_version(), (1, 0));
+        assert_eq!(b.abi_version(), (1, 1));
         assert_eq!(b.path(), p.vendor.as_path());
         let shown = format!("{b:?}");
         assert!(shown.contains("vendor-single"), "{shown}");
@@ -52,6 +52,7 @@ fn probe_crosses_with_reason_and_version() {
             world_size: 2,
             local_world_size: 2,
             mpi_launched: false,
+            ranks_in_process: 1,
         });
         let reason = no.reason().unwrap();
         assert!(
