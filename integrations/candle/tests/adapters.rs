@@ -80,6 +80,11 @@ fn grad_values(model: &CandleModel, name: &str) -> Vec<f32> {
         .unwrap()
 }
 
+/// The 2-norm of `v`, summed in f64.
+fn l2_norm(v: &[f32]) -> f64 {
+    v.iter().map(|g| f64::from(*g).powi(2)).sum::<f64>().sqrt()
+}
+
 fn values(model: &CandleModel) -> Vec<f32> {
     let mut out = Vec::new();
     model.visit_params(&mut |p| out.extend_from_slice(p.value_f32().unwrap()));
@@ -281,20 +286,12 @@ fn clip_grad_norm_and_value_act_on_the_gradient_buffers() {
     .unwrap()
     .unwrap();
     let before = grads(&model);
-    let norm = before
-        .iter()
-        .map(|g| f64::from(*g).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    let norm = l2_norm(&before);
     let max = norm / 4.0;
     let total = acc.clip_grad_norm(&mut model, max, 2.0).unwrap();
     assert!((total - norm).abs() <= 1e-6 * norm, "{total} vs {norm}");
     let after = grads(&model);
-    let clipped = after
-        .iter()
-        .map(|g| f64::from(*g).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    let clipped = l2_norm(&after);
     assert!(
         (clipped - max).abs() <= 1e-4 * max,
         "clipped to {clipped}, wanted {max}"
