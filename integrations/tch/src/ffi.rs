@@ -46,6 +46,18 @@ pub fn kind_of(dtype: DType) -> Option<Kind> {
     })
 }
 
+/// The accel element type of `t`, which must be contiguous.
+fn contiguous_dtype(t: &Tensor, op: &str) -> Result<DType> {
+    if !t.is_contiguous() {
+        return Err(Error::invalid_argument(
+            op,
+            format!("the tensor (shape {:?}) is not contiguous", t.size()),
+        )
+        .with_fix("call .contiguous() first (it copies)"));
+    }
+    dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))
+}
+
 fn unsupported_kind(op: &str, kind: Kind) -> Error {
     Error::new(
         ErrorKind::Unsupported,
@@ -69,14 +81,7 @@ fn check_host(t: &Tensor, op: &str) -> Result<(DType, usize)> {
         )
         .with_fix("use device_view for CUDA tensors, or .to_device(tch::Device::Cpu)"));
     }
-    if !t.is_contiguous() {
-        return Err(Error::invalid_argument(
-            op,
-            format!("the tensor (shape {:?}) is not contiguous", t.size()),
-        )
-        .with_fix("call .contiguous() first (it copies)"));
-    }
-    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))?;
+    let dtype = contiguous_dtype(t, op)?;
     Ok((dtype, t.numel() * dtype.size()))
 }
 
@@ -200,14 +205,7 @@ fn device_parts(t: &Tensor, op: &str) -> Result<(u64, usize, DType, Device)> {
             .with_fix("use host_view for CPU tensors"))
         }
     };
-    if !t.is_contiguous() {
-        return Err(Error::invalid_argument(
-            op,
-            format!("the tensor (shape {:?}) is not contiguous", t.size()),
-        )
-        .with_fix("call .contiguous() first (it copies)"));
-    }
-    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))?;
+    let dtype = contiguous_dtype(t, op)?;
     Ok((
         t.data_ptr() as u64,
         t.numel(),
