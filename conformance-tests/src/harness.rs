@@ -478,19 +478,15 @@ pub fn cpu_columns(
     Ok(specs)
 }
 
-/// `mpirun --version` runs (Open MPI or MPICH installed).
+/// The MPI launcher the mpi columns use (`ACCEL_MPIRUN`, else `mpirun`)
+/// answers `--version` (Open MPI or MPICH installed).
 ///
 /// # Panics
 /// When it does not run under CI (the `CI` variable set): CI runs
 /// `make setup`, which installs Open MPI, and a missing column is not a
 /// pass.
 pub fn mpirun_available() -> bool {
-    let ok = Command::new("mpirun")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = accel_launch::mpirun::available();
     assert!(
         ok || std::env::var_os("CI").is_none(),
         "mpirun not found, but CI runs `make setup`, which installs Open MPI"

@@ -385,6 +385,32 @@ fn train_accumulation_cadence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     )
 }
 
+/// `model` and `sgd` prepared by `acc`, trained over `data` in batches of
+/// `bs` with the loss computed in `precision`; the parameters at the end.
+fn train_prepared<M: ScenarioModel>(
+    acc: &Accelerator,
+    model: M,
+    sgd: Sgd,
+    data: Synthetic,
+    bs: usize,
+    precision: MixedPrecision,
+) -> Result<Vec<f32>, String> {
+    let mut model = acc.prepare_model(model).map_err(err)?;
+    let mut opt = acc.prepare_optimizer(sgd).map_err(err)?;
+    let mut loader = acc.prepare_loader(DataLoader::new(data, bs)).map_err(err)?;
+    while let Some(b) = loader.next_batch() {
+        acc.accumulate(&b);
+        acc.backward(&mut model, |m, s| {
+            m.loss_and_grad_gated(&b.items, s, precision, &mut NoGate)
+        })
+        .map_err(err)?
+        .map_err(err)?;
+        opt.step(&mut model).map_err(err)?;
+        opt.zero_grad(&mut model);
+    }
+    Ok(fixture_values(&*model))
+}
+
 /// W ranks × k accumulation steps of the demo model give the parameters of
 /// one process stepping on the global batch, within f32 tolerance.
 fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
@@ -404,22 +430,8 @@ fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
                     ..TrainConfig::default()
                 },
             )?;
-            let mut model = acc.prepare_model(M::build(hidden, 3)).map_err(err)?;
-            let mut opt = acc
-                .prepare_optimizer(Sgd::new(0.2).with_momentum(0.5))
-                .map_err(err)?;
-            let mut loader = acc.prepare_loader(DataLoader::new(data, bs)).map_err(err)?;
-            while let Some(b) = loader.next_batch() {
-                acc.accumulate(&b);
-                acc.backward(&mut model, |m, s| {
-                    m.loss_and_grad_gated(&b.items, s, MixedPrecision::No, &mut NoGate)
-                })
-                .map_err(err)?
-                .map_err(err)?;
-                opt.step(&mut model).map_err(err)?;
-                opt.zero_grad(&mut model);
-            }
-            Ok(fixture_values(&*model))
+            let sgd = Sgd::new(0.2).with_momentum(0.5);
+            train_prepared::<M>(&acc, M::build(hidden, 3), sgd, data, bs, MixedPrecision::No)
         };
         let got = match run() {
             Ok(v) => v,
@@ -731,20 +743,15 @@ fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
                     ..TrainConfig::default()
                 },
             )?;
-            let mut model = acc.prepare_model(M::build(hidden, 3)).map_err(err)?;
-            let mut opt = acc.prepare_optimizer(Sgd::new(0.2)).map_err(err)?;
-            let mut loader = acc.prepare_loader(DataLoader::new(data, bs)).map_err(err)?;
-            while let Some(b) = loader.next_batch() {
-                acc.accumulate(&b);
-                acc.backward(&mut model, |m, s| {
-                    m.loss_and_grad_gated(&b.items, s, MixedPrecision::Bf16, &mut NoGate)
-                })
-                .map_err(err)?
-                .map_err(err)?;
-                opt.step(&mut model).map_err(err)?;
-                opt.zero_grad(&mut model);
-            }
-            Ok(fixture_values(&*model))
+            let sgd = Sgd::new(0.2);
+            train_prepared::<M>(
+                &acc,
+                M::build(hidden, 3),
+                sgd,
+                data,
+                bs,
+                MixedPrecision::Bf16,
+            )
         };
         let got = match run() {
             Ok(v) => v,

@@ -519,20 +519,25 @@ impl CheckpointDir {
         self.root.join(format!("checkpoint_{n}"))
     }
 
+    /// The entries of the root folder (none when it is missing).
+    fn entries(&self) -> Result<Vec<fs::DirEntry>> {
+        let rd = match fs::read_dir(&self.root) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("cannot list", &self.root, e)),
+        };
+        rd.map(|e| e.map_err(|err| io_err("cannot list", &self.root, err)))
+            .collect()
+    }
+
     /// All checkpoints, oldest (smallest number) first. A missing folder has
     /// none.
     ///
     /// # Errors
     /// [`ErrorKind::Io`] when the folder cannot be listed.
     pub fn list(&self) -> Result<Vec<(u64, PathBuf)>> {
-        let rd = match fs::read_dir(&self.root) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_err("cannot list", &self.root, e)),
-        };
         let mut out = Vec::new();
-        for e in rd {
-            let e = e.map_err(|err| io_err("cannot list", &self.root, err))?;
+        for e in self.entries()? {
             let Some(n) = parse_checkpoint_name(&e.file_name().to_string_lossy()) else {
                 continue;
             };
@@ -631,14 +636,8 @@ impl CheckpointDir {
 
     /// Hidden `.checkpoint_N.pruning` directories left by a killed prune.
     fn pruning_leftovers(&self) -> Result<Vec<PathBuf>> {
-        let rd = match fs::read_dir(&self.root) {
-            Ok(rd) => rd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(io_err("cannot list", &self.root, e)),
-        };
         let mut out = Vec::new();
-        for e in rd {
-            let e = e.map_err(|err| io_err("cannot list", &self.root, err))?;
+        for e in self.entries()? {
             let name = e.file_name().to_string_lossy().into_owned();
             let inner = name
                 .strip_prefix('.')

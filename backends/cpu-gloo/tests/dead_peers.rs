@@ -10,6 +10,8 @@
 //! waits until the victim has run a few rounds, kills it, and checks every
 //! survivor's report.
 
+#[path = "../../../test-support/child.rs"]
+mod child;
 mod common;
 
 use std::path::{Path, PathBuf};
@@ -81,17 +83,7 @@ fn trial(world: usize, victim: usize, delay: Duration, n: usize) -> Result<Durat
     let mut problems = Vec::new();
     for (rank, slot) in children.iter_mut().enumerate() {
         let Some(mut c) = slot.take() else { continue };
-        let end = Instant::now() + TRIAL_DEADLINE;
-        let code = loop {
-            if let Ok(Some(st)) = c.try_wait() {
-                break st.code();
-            }
-            if Instant::now() > end {
-                let _ = c.kill();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
+        let code = child::wait_within(&mut c, TRIAL_DEADLINE).and_then(|st| st.code());
         let out = c.wait_with_output().map_err(|e| e.to_string())?;
         let text = format!(
             "{}{}",

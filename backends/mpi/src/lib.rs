@@ -141,6 +141,7 @@ mod ffi;
 mod name;
 pub mod probe;
 mod progress;
+mod registry;
 mod watchdog;
 
 use std::sync::Arc;

@@ -27,11 +27,13 @@
 //! Under a launcher without a shared store (bare `mpirun`: each process has
 //! its own in-memory store) nothing is seen and the timeouts apply.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use accel_api::Store;
+
+use crate::registry::Registry;
 
 /// How often every record is written (and its beat advanced).
 pub(crate) const BEAT: Duration = Duration::from_millis(250);
@@ -102,7 +104,8 @@ impl Progress {
             write: Mutex::new(()),
         });
         p.publish();
-        registry().add(&p);
+        // Without the thread, records are written at enter and end only.
+        let _ = registry().add(&p, "accel-mpi-progress", write_records);
         p
     }
 
@@ -221,45 +224,19 @@ pub(crate) fn early_exit_message(op: &str, index: u64, peer: usize, rec: Record)
     )
 }
 
-/// Every live record of the process, and the thread that writes them.
-struct Registry {
-    list: Mutex<Vec<Weak<Progress>>>,
-    started: AtomicBool,
+/// Every live record of the process; its thread writes them.
+fn registry() -> &'static Registry<Progress> {
+    static REGISTRY: Registry<Progress> = Registry::new();
+    &REGISTRY
 }
 
-fn registry() -> &'static Registry {
-    static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| Registry {
-        list: Mutex::new(Vec::new()),
-        started: AtomicBool::new(false),
-    })
-}
-
-impl Registry {
-    fn live(&self) -> Vec<Arc<Progress>> {
-        let mut list = self.list.lock().unwrap_or_else(|p| p.into_inner());
-        list.retain(|w| w.strong_count() > 0);
-        list.iter().filter_map(Weak::upgrade).collect()
-    }
-
-    fn add(&'static self, p: &Arc<Progress>) {
-        self.list
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(p));
-        if !self.started.swap(true, Ordering::SeqCst) {
-            let spawned = std::thread::Builder::new()
-                .name("accel-mpi-progress".into())
-                .spawn(move || loop {
-                    std::thread::sleep(BEAT);
-                    for p in self.live() {
-                        if p.ended.load(Ordering::SeqCst) == 0 {
-                            p.publish();
-                        }
-                    }
-                });
-            if spawned.is_err() {
-                self.started.store(false, Ordering::SeqCst);
+/// Write every live record that has not ended, each [`BEAT`], forever.
+fn write_records() {
+    loop {
+        std::thread::sleep(BEAT);
+        for p in registry().live() {
+            if p.ended.load(Ordering::SeqCst) == 0 {
+                p.publish();
             }
         }
     }

@@ -19,7 +19,7 @@
 //! looks in a row (the next [`Watch::arm`] wakes it).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,7 @@ use accel_api::worker::{error_file_from_env, ErrorRecord};
 use crate::ffi;
 use crate::name::NAME;
 use crate::progress::{self, Progress};
+use crate::registry::{self, Started};
 
 /// The watch of one communicator.
 #[derive(Debug)]
@@ -249,20 +250,18 @@ pub(crate) fn write_error_file(message: &str, world_rank: usize) {
 
 /// Every live watch of the process, and the thread that looks at them.
 struct Registry {
-    watches: Mutex<Vec<Weak<Watch>>>,
+    watches: registry::Registry<Watch>,
     thread: OnceLock<Thread>,
     /// Set by the thread before it parks; [`Watch::arm`] clears it and
     /// wakes the thread.
     idle: AtomicBool,
-    started: AtomicBool,
 }
 
 fn registry() -> &'static Registry {
     static REGISTRY: Registry = Registry {
-        watches: Mutex::new(Vec::new()),
+        watches: registry::Registry::new(),
         thread: OnceLock::new(),
         idle: AtomicBool::new(false),
-        started: AtomicBool::new(false),
     };
     &REGISTRY
 }
@@ -272,31 +271,21 @@ const QUIET_LOOKS: u32 = 4;
 
 impl Registry {
     fn live(&self) -> Vec<Arc<Watch>> {
-        let mut list = self.watches.lock().unwrap_or_else(|p| p.into_inner());
-        list.retain(|w| w.strong_count() > 0);
-        list.iter().filter_map(Weak::upgrade).collect()
+        self.watches.live()
     }
 
     /// Register `w`, starting the thread on first use; `false` when it
     /// cannot be started.
     fn add(&'static self, w: &Arc<Watch>) -> bool {
-        self.watches
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Arc::downgrade(w));
-        if !self.started.swap(true, Ordering::SeqCst) {
-            let spawned = std::thread::Builder::new()
-                .name("accel-mpi-watchdog".into())
-                .spawn(move || self.run());
-            match spawned {
-                Ok(h) => {
-                    let _ = self.thread.set(h.thread().clone());
-                }
-                Err(_) => {
-                    self.started.store(false, Ordering::SeqCst);
-                    return false;
-                }
+        match self
+            .watches
+            .add(w, "accel-mpi-watchdog", move || self.run())
+        {
+            Ok(Started::Now(t)) => {
+                let _ = self.thread.set(t);
             }
+            Ok(Started::Before) => {}
+            Err(_) => return false,
         }
         // Wake it: the new watch may have a shorter tick.
         if let Some(t) = self.thread.get() {

@@ -2,6 +2,8 @@
 //! (built by `mpirun_command`); `worker_process` does the work when
 //! ACCEL_MPI_TEST_WORKER is set and nothing otherwise.
 
+#[path = "../../../test-support/child.rs"]
+mod child;
 #[path = "../../../test-support/skips.rs"]
 mod skips;
 
@@ -48,19 +50,11 @@ fn job(mode: &str, n: usize, extra_env: &[(&str, &str)]) -> (Option<i32>, String
         .stdout(f.try_clone().expect("log"))
         .stderr(f);
     let mut child = cmd.spawn().expect("start mpirun");
-    let end = Instant::now() + DEADLINE;
-    let code = loop {
-        if let Ok(Some(st)) = child.try_wait() {
-            break st.code();
-        }
-        if Instant::now() > end {
-            let _ = child.kill();
-            let _ = child.wait();
-            let out = std::fs::read_to_string(&out_path).unwrap_or_default();
-            panic!("mpirun job `{mode}` did not end within {DEADLINE:?}:\n{out}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = child::wait_within(&mut child, DEADLINE) else {
+        let out = std::fs::read_to_string(&out_path).unwrap_or_default();
+        panic!("mpirun job `{mode}` did not end within {DEADLINE:?}:\n{out}");
     };
+    let code = status.code();
     let out = std::fs::read_to_string(&out_path).unwrap_or_default();
     let _ = std::fs::remove_file(&out_path);
     (code, out)

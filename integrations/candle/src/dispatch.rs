@@ -31,7 +31,7 @@
 //! empty storage and panic) nor keep a view of it beyond the block.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -94,18 +94,6 @@ pub struct Dispatched {
     blocks: Vec<LayerSpec>,
     lookahead: usize,
     report: DispatchReport,
-    /// The disk store's (empty) folder, removed on drop, after `disk`.
-    _dir: Option<RemoveOnDrop>,
-}
-
-/// A folder removed when dropped (also when loading fails half-way).
-#[derive(Debug)]
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 impl std::fmt::Debug for Dispatched {
@@ -241,7 +229,6 @@ pub fn load_checkpoint_and_dispatch(
     let mut report = DispatchReport::default();
     let mut tensors = HashMap::new();
     let mut disk: Option<DiskStore> = None;
-    let mut dir = None;
     for path in &ck.shards {
         let f = SafetensorsFile::open(path)?;
         let mut in_place = false;
@@ -270,16 +257,9 @@ pub fn load_checkpoint_and_dispatch(
         }
         if in_place {
             if disk.is_none() {
-                // Tensors are only served in place: the store's folder
-                // stays empty.
-                static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-                let d = std::env::temp_dir().join(format!(
-                    "accel-candle-dispatch-{}-{}",
-                    std::process::id(),
-                    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                ));
-                dir = Some(RemoveOnDrop(d.clone()));
-                disk = Some(DiskStore::open(&d)?);
+                // Tensors are only served in place: the store's temporary
+                // folder stays empty.
+                disk = Some(DiskStore::open_temp("accel-candle-dispatch")?);
             }
             disk.as_ref().expect("opened above").add_file(path)?;
         }
@@ -328,7 +308,6 @@ pub fn load_checkpoint_and_dispatch(
         blocks: specs,
         lookahead: opts.lookahead,
         report,
-        _dir: dir,
     })
 }
 

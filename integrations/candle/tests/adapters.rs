@@ -69,6 +69,22 @@ fn addr(t: &Tensor) -> usize {
     }
 }
 
+/// candle's view of the gradient of `name`, flattened.
+fn grad_values(model: &CandleModel, name: &str) -> Vec<f32> {
+    model
+        .grad(name)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// The 2-norm of `v`, summed in f64.
+fn l2_norm(v: &[f32]) -> f64 {
+    v.iter().map(|g| f64::from(*g).powi(2)).sum::<f64>().sqrt()
+}
+
 fn values(model: &CandleModel) -> Vec<f32> {
     let mut out = Vec::new();
     model.visit_params(&mut |p| out.extend_from_slice(p.value_f32().unwrap()));
@@ -112,24 +128,12 @@ fn views_alias_the_vars_and_a_gradient_is_copied_once_in_and_never_out() {
     assert_eq!(model.grad_bytes(), 4 * 49);
     model.backward(&mse(&net, &x, &y)).unwrap();
     assert_eq!(model.grad_bytes_copied(), model.grad_bytes());
-    let first: Vec<f32> = model
-        .grad("a.weight")
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let first: Vec<f32> = grad_values(&model, "a.weight");
     assert!(first.iter().any(|&g| g != 0.0));
     // A second backward adds (accumulates) into the same buffers.
     model.backward(&mse(&net, &x, &y)).unwrap();
     assert_eq!(model.grad_bytes_copied(), 2 * model.grad_bytes());
-    let twice: Vec<f32> = model
-        .grad("a.weight")
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let twice: Vec<f32> = grad_values(&model, "a.weight");
     for (a, b) in first.iter().zip(&twice) {
         assert!((2.0 * a - b).abs() <= 1e-6 * a.abs().max(1.0), "{a} {b}");
     }
@@ -282,32 +286,18 @@ fn clip_grad_norm_and_value_act_on_the_gradient_buffers() {
     .unwrap()
     .unwrap();
     let before = grads(&model);
-    let norm = before
-        .iter()
-        .map(|g| f64::from(*g).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    let norm = l2_norm(&before);
     let max = norm / 4.0;
     let total = acc.clip_grad_norm(&mut model, max, 2.0).unwrap();
     assert!((total - norm).abs() <= 1e-6 * norm, "{total} vs {norm}");
     let after = grads(&model);
-    let clipped = after
-        .iter()
-        .map(|g| f64::from(*g).powi(2))
-        .sum::<f64>()
-        .sqrt();
+    let clipped = l2_norm(&after);
     assert!(
         (clipped - max).abs() <= 1e-4 * max,
         "clipped to {clipped}, wanted {max}"
     );
     // candle's view of the buffer is the clipped one.
-    let w: Vec<f32> = model
-        .grad("a.weight")
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1()
-        .unwrap();
+    let w: Vec<f32> = grad_values(&model, "a.weight");
     assert!(after.windows(w.len()).any(|s| s == w.as_slice()));
     let cap = after.iter().map(|g| g.abs()).fold(0.0f32, f32::max) / 2.0;
     acc.clip_grad_value(&mut model, f64::from(cap)).unwrap();

@@ -54,6 +54,30 @@ fn build() -> (VarMap, CandleModel) {
     (varmap, model)
 }
 
+/// The modules `a`, `b`, `c` over `varmap`, `tanh` between them, as the
+/// gate's links, handed to `f`.
+fn with_links<R>(varmap: &VarMap, f: impl FnOnce(&[Link<'_>]) -> R) -> R {
+    let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+    let fa = |x: &Tensor| a(&vb)?.forward(x)?.tanh();
+    let fb = |x: &Tensor| b(&vb)?.forward(x)?.tanh();
+    let fc = |x: &Tensor| c(&vb)?.forward(x);
+    let links = [
+        Link {
+            module: "a",
+            forward: &fa,
+        },
+        Link {
+            module: "b",
+            forward: &fb,
+        },
+        Link {
+            module: "c",
+            forward: &fc,
+        },
+    ];
+    f(&links)
+}
+
 /// Micro-batch `j` of step `s` on `rank` of 2: inputs and class labels.
 fn batch(s: usize, j: usize, rank: usize) -> (Tensor, Tensor) {
     let start = ((s * K + j) * 2 + rank) * BS;
@@ -146,52 +170,37 @@ fn sharded(acc: &Accelerator, stage: Stage) -> accel::Result<Vec<(String, Vec<f3
             "prepare_zero left the stage-3 model's variables in place"
         );
     }
-    let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-    let fa = |x: &Tensor| a(&vb)?.forward(x)?.tanh();
-    let fb = |x: &Tensor| b(&vb)?.forward(x)?.tanh();
-    let fc = |x: &Tensor| c(&vb)?.forward(x);
-    let links = [
-        Link {
-            module: "a",
-            forward: &fa,
-        },
-        Link {
-            module: "b",
-            forward: &fb,
-        },
-        Link {
-            module: "c",
-            forward: &fc,
-        },
-    ];
     let mut stepped = 0;
-    for s in 0..STEPS {
-        for j in 0..K {
-            acc.accumulate_step(false);
-            let (x, y) = batch(s, j, acc.rank());
-            let ce = |logits: &Tensor| candle_nn::loss::cross_entropy(logits, &y);
-            acc.backward(&mut model, |m, scale| {
-                sequential_loss_and_grad(m, &mut zero, &x, &links, &ce, scale)
-            })??;
-            if acc.zero_step(&mut zero, &mut model, None)?.is_some() {
-                stepped += 1;
-                zero_grads(&mut *model);
-                match stage {
-                    Stage::Full => assert_eq!(
-                        model.resident_numel(),
-                        0,
-                        "stage 3: variable or gradient storage left after step {s}"
-                    ),
-                    Stage::Gradients => assert_eq!(
-                        grad_numel(&*model),
-                        0,
-                        "stage 2: gradient storage left after step {s}"
-                    ),
-                    _ => {}
+    with_links(&varmap, |links| -> accel::Result<()> {
+        for s in 0..STEPS {
+            for j in 0..K {
+                acc.accumulate_step(false);
+                let (x, y) = batch(s, j, acc.rank());
+                let ce = |logits: &Tensor| candle_nn::loss::cross_entropy(logits, &y);
+                acc.backward(&mut model, |m, scale| {
+                    sequential_loss_and_grad(m, &mut zero, &x, links, &ce, scale)
+                })??;
+                if acc.zero_step(&mut zero, &mut model, None)?.is_some() {
+                    stepped += 1;
+                    zero_grads(&mut *model);
+                    match stage {
+                        Stage::Full => assert_eq!(
+                            model.resident_numel(),
+                            0,
+                            "stage 3: variable or gradient storage left after step {s}"
+                        ),
+                        Stage::Gradients => assert_eq!(
+                            grad_numel(&*model),
+                            0,
+                            "stage 2: gradient storage left after step {s}"
+                        ),
+                        _ => {}
+                    }
                 }
             }
         }
-    }
+        Ok(())
+    })?;
     assert_eq!(stepped, STEPS, "zero_step stepped {stepped} times");
     assert_eq!(model.gradient_syncs(), 0, "backward all-reduced under ZeRO");
     Ok(zero.full_parameters(&*model)?.params)
@@ -295,31 +304,16 @@ fn train_full_shard(
     zero: &mut ZeroOptimizer<ShardedSgd>,
     steps: std::ops::Range<usize>,
 ) -> accel::Result<Vec<(String, Vec<f32>)>> {
-    let vb = VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
-    let fa = |x: &Tensor| a(&vb)?.forward(x)?.tanh();
-    let fb = |x: &Tensor| b(&vb)?.forward(x)?.tanh();
-    let fc = |x: &Tensor| c(&vb)?.forward(x);
-    let links = [
-        Link {
-            module: "a",
-            forward: &fa,
-        },
-        Link {
-            module: "b",
-            forward: &fb,
-        },
-        Link {
-            module: "c",
-            forward: &fc,
-        },
-    ];
-    for s in steps {
-        let (x, y) = batch(s, 0, acc.rank());
-        let ce = |logits: &Tensor| candle_nn::loss::cross_entropy(logits, &y);
-        sequential_loss_and_grad(model, zero, &x, &links, &ce, 1.0)?;
-        zero.step(model)?;
-        zero_grads(model);
-    }
+    with_links(varmap, |links| -> accel::Result<()> {
+        for s in steps {
+            let (x, y) = batch(s, 0, acc.rank());
+            let ce = |logits: &Tensor| candle_nn::loss::cross_entropy(logits, &y);
+            sequential_loss_and_grad(model, zero, &x, links, &ce, 1.0)?;
+            zero.step(model)?;
+            zero_grads(model);
+        }
+        Ok(())
+    })?;
     Ok(zero.full_parameters(model)?.params)
 }
 

@@ -240,19 +240,6 @@ pub struct Dispatched {
     blocks: Vec<LayerSpec>,
     lookahead: usize,
     report: DispatchReport,
-    /// A temporary offload folder, removed on drop (after `disk`, declared
-    /// before it, has unmapped its files).
-    _temp_dir: Option<RemoveOnDrop>,
-}
-
-/// A folder removed when dropped (also when loading fails half-way).
-#[derive(Debug)]
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 impl std::fmt::Debug for Dispatched {
@@ -579,22 +566,12 @@ pub fn load_checkpoint_and_dispatch(
     let vars = vs.variables();
     let mut report = DispatchReport::default();
     let needs_disk = places.values().any(|p| *p == Place::Disk);
-    let mut temp_dir = None;
     let disk = if needs_disk {
-        let dir = match &opts.offload_dir {
-            Some(d) => d.clone(),
-            None => {
-                static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-                let d = std::env::temp_dir().join(format!(
-                    "accel-dispatch-{}-{}",
-                    std::process::id(),
-                    N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                ));
-                temp_dir = Some(RemoveOnDrop(d.clone()));
-                d
-            }
-        };
-        Some(DiskStore::open(&dir)?)
+        Some(match &opts.offload_dir {
+            Some(d) => DiskStore::open(d)?,
+            // Removed with its contents when the Dispatched is dropped.
+            None => DiskStore::open_temp("accel-dispatch")?,
+        })
     } else {
         None
     };
@@ -755,7 +732,6 @@ pub fn load_checkpoint_and_dispatch(
         blocks,
         lookahead: opts.lookahead,
         report,
-        _temp_dir: temp_dir,
     })
 }
 

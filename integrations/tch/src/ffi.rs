@@ -46,6 +46,18 @@ pub fn kind_of(dtype: DType) -> Option<Kind> {
     })
 }
 
+/// The accel element type of `t`, which must be contiguous.
+fn contiguous_dtype(t: &Tensor, op: &str) -> Result<DType> {
+    if !t.is_contiguous() {
+        return Err(Error::invalid_argument(
+            op,
+            format!("the tensor (shape {:?}) is not contiguous", t.size()),
+        )
+        .with_fix("call .contiguous() first (it copies)"));
+    }
+    dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))
+}
+
 fn unsupported_kind(op: &str, kind: Kind) -> Error {
     Error::new(
         ErrorKind::Unsupported,
@@ -69,14 +81,7 @@ fn check_host(t: &Tensor, op: &str) -> Result<(DType, usize)> {
         )
         .with_fix("use device_view for CUDA tensors, or .to_device(tch::Device::Cpu)"));
     }
-    if !t.is_contiguous() {
-        return Err(Error::invalid_argument(
-            op,
-            format!("the tensor (shape {:?}) is not contiguous", t.size()),
-        )
-        .with_fix("call .contiguous() first (it copies)"));
-    }
-    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))?;
+    let dtype = contiguous_dtype(t, op)?;
     Ok((dtype, t.numel() * dtype.size()))
 }
 
@@ -200,14 +205,7 @@ fn device_parts(t: &Tensor, op: &str) -> Result<(u64, usize, DType, Device)> {
             .with_fix("use host_view for CPU tensors"))
         }
     };
-    if !t.is_contiguous() {
-        return Err(Error::invalid_argument(
-            op,
-            format!("the tensor (shape {:?}) is not contiguous", t.size()),
-        )
-        .with_fix("call .contiguous() first (it copies)"));
-    }
-    let dtype = dtype_of(t.kind()).ok_or_else(|| unsupported_kind(op, t.kind()))?;
+    let dtype = contiguous_dtype(t, op)?;
     Ok((
         t.data_ptr() as u64,
         t.numel(),
@@ -228,6 +226,34 @@ fn tch_device(d: Device) -> Result<tch::Device> {
     }
 }
 
+/// libtorch's kind for `dtype`.
+///
+/// # Errors
+/// [`ErrorKind::Unsupported`] when it has none.
+fn blob_kind(dtype: DType) -> Result<Kind> {
+    kind_of(dtype).ok_or_else(|| {
+        Error::new(
+            ErrorKind::Unsupported,
+            format!("no libtorch kind for {dtype}"),
+        )
+    })
+}
+
+/// A 1-D tensor of `len` elements of `dtype` at `ptr` on `device`, which
+/// libtorch neither owns nor frees.
+///
+/// # Safety
+/// `ptr` addresses `len` elements of `dtype` on `device`, valid for as
+/// long as the tensor lives; the caller's borrow of them allows what is
+/// done through the tensor (reads for a shared one, writes for an
+/// exclusive one).
+unsafe fn blob(ptr: *const u8, len: usize, dtype: DType, device: tch::Device) -> Result<Tensor> {
+    let kind = blob_kind(dtype)?;
+    // SAFETY: the caller's guarantee.
+    unsafe { Tensor::f_from_blob(ptr, &[len as i64], &[1], kind, device) }
+        .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))
+}
+
 /// A 1-D tensor over the memory of a device view, for the duration of
 /// `f` (libtorch does not own or free it).
 ///
@@ -236,26 +262,11 @@ fn tch_device(d: Device) -> Result<tch::Device> {
 /// dtype it has no kind for; libtorch's own as [`ErrorKind::Backend`].
 pub(crate) fn with_device_tensor<T>(buf: DeviceBuf<'_>, f: impl FnOnce(&Tensor) -> T) -> Result<T> {
     let device = tch_device(buf.device())?;
-    let kind = kind_of(buf.dtype()).ok_or_else(|| {
-        Error::new(
-            ErrorKind::Unsupported,
-            format!("no libtorch kind for {}", buf.dtype()),
-        )
-    })?;
     // SAFETY: by `DeviceBuf`'s contract `addr` points at `len` elements of
     // `dtype` on `device`, kept alive by the owner the view borrows for
     // longer than this call; the tensor lives only inside this call (it is
     // dropped before we return) and, for a shared view, `f` only reads it.
-    let t = unsafe {
-        Tensor::f_from_blob(
-            buf.addr() as *const u8,
-            &[buf.len() as i64],
-            &[1],
-            kind,
-            device,
-        )
-    }
-    .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    let t = unsafe { blob(buf.addr() as *const u8, buf.len(), buf.dtype(), device) }?;
     Ok(f(&t))
 }
 
@@ -268,24 +279,9 @@ pub(crate) fn with_device_tensor_mut<T>(
     f: impl FnOnce(&mut Tensor) -> T,
 ) -> Result<T> {
     let device = tch_device(buf.device())?;
-    let kind = kind_of(buf.dtype()).ok_or_else(|| {
-        Error::new(
-            ErrorKind::Unsupported,
-            format!("no libtorch kind for {}", buf.dtype()),
-        )
-    })?;
     // SAFETY: as in `with_device_tensor`; the view is borrowed mutably, so no
     // other view of the memory is in use while `f` writes through the tensor.
-    let mut t = unsafe {
-        Tensor::f_from_blob(
-            buf.addr() as *const u8,
-            &[buf.len() as i64],
-            &[1],
-            kind,
-            device,
-        )
-    }
-    .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    let mut t = unsafe { blob(buf.addr() as *const u8, buf.len(), buf.dtype(), device) }?;
     Ok(f(&mut t))
 }
 
@@ -297,18 +293,11 @@ pub(crate) fn with_host_tensor_mut<T>(
     buf: &mut HostBufMut<'_>,
     f: impl FnOnce(&mut Tensor) -> T,
 ) -> Result<T> {
-    let kind = kind_of(buf.dtype()).ok_or_else(|| {
-        Error::new(
-            ErrorKind::Unsupported,
-            format!("no libtorch kind for {}", buf.dtype()),
-        )
-    })?;
-    let len = buf.len() as i64;
+    let (len, dtype) = (buf.len(), buf.dtype());
     let ptr = buf.bytes_mut().as_mut_ptr();
-    // SAFETY: `ptr` addresses `len` elements of `kind` borrowed mutably from
-    // `buf` for this call; the tensor is dropped before we return.
-    let mut t = unsafe { Tensor::f_from_blob(ptr, &[len], &[1], kind, tch::Device::Cpu) }
-        .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    // SAFETY: `ptr` addresses `len` elements of `dtype` borrowed mutably
+    // from `buf` for this call; the tensor is dropped before we return.
+    let mut t = unsafe { blob(ptr, len, dtype, tch::Device::Cpu) }?;
     Ok(f(&mut t))
 }
 
@@ -317,24 +306,16 @@ pub(crate) fn with_host_tensor_mut<T>(
 /// # Errors
 /// As [`with_host_tensor_mut`].
 pub(crate) fn with_host_tensor<T>(buf: HostBuf<'_>, f: impl FnOnce(&Tensor) -> T) -> Result<T> {
-    let kind = kind_of(buf.dtype()).ok_or_else(|| {
-        Error::new(
-            ErrorKind::Unsupported,
-            format!("no libtorch kind for {}", buf.dtype()),
-        )
-    })?;
     // SAFETY: `bytes` is borrowed for this call and holds `len` elements of
-    // `kind`; `f` only reads the tensor, which is dropped before we return.
+    // `dtype`; `f` only reads the tensor, which is dropped before we return.
     let t = unsafe {
-        Tensor::f_from_blob(
+        blob(
             buf.bytes().as_ptr(),
-            &[buf.len() as i64],
-            &[1],
-            kind,
+            buf.len(),
+            buf.dtype(),
             tch::Device::Cpu,
         )
-    }
-    .map_err(|e| Error::new(ErrorKind::Backend, format!("libtorch from_blob: {e}")))?;
+    }?;
     Ok(f(&t))
 }
 

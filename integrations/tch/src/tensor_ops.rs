@@ -171,23 +171,23 @@ fn gather_rows(acc: &Accelerator, t: &Tensor, keep: Option<(bool, usize)>) -> Re
     })
 }
 
+/// A writable view of `t`: of its device memory on CUDA, of its host
+/// memory otherwise.
+fn view_mut(t: &mut Tensor) -> Result<BufMut<'_>> {
+    Ok(if let Device::Cuda(_) = t.device() {
+        BufMut::Device(ffi::device_view_mut(t)?)
+    } else {
+        BufMut::Host(ffi::host_view_mut(t)?)
+    })
+}
+
 impl TensorCollectives for Accelerator {
     fn all_reduce_tensor(&self, t: &mut Tensor, op: ReduceOp) -> Result<()> {
-        if let Device::Cuda(_) = t.device() {
-            let view = ffi::device_view_mut(t)?;
-            return self.comm().all_reduce(BufMut::Device(view), op);
-        }
-        let view = ffi::host_view_mut(t)?;
-        self.comm().all_reduce(BufMut::Host(view), op)
+        self.comm().all_reduce(view_mut(t)?, op)
     }
 
     fn broadcast_tensor(&self, t: &mut Tensor, root: usize) -> Result<()> {
-        if let Device::Cuda(_) = t.device() {
-            let view = ffi::device_view_mut(t)?;
-            return self.comm().broadcast(BufMut::Device(view), root);
-        }
-        let view = ffi::host_view_mut(t)?;
-        self.comm().broadcast(BufMut::Host(view), root)
+        self.comm().broadcast(view_mut(t)?, root)
     }
 
     fn gather_tensor(&self, t: &Tensor) -> Result<Tensor> {

@@ -13,9 +13,6 @@
 //! stays: the same results without the memory saving); [`Zero3TchModel`]
 //! frees it, and holds no parameter data between steps.
 
-use std::sync::mpsc;
-use std::time::Duration;
-
 use accel::train::{Optimizer, Parameters, Sgd};
 use accel::zero::{ShardedSgd, Stage, UnitGate, WrapPolicy, ZeroOptimizer};
 use accel::Accelerator;
@@ -24,7 +21,10 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 mod common;
+#[path = "../../../test-support/ranks.rs"]
+mod ranks;
 use common::det;
+use ranks::two_ranks;
 
 const IN: usize = 4;
 const HIDDEN: usize = 8;
@@ -171,23 +171,6 @@ fn reference(n: usize, k: usize) -> Vec<(String, Vec<f32>)> {
         zero_grads(&mut model);
     }
     values(&model)
-}
-
-/// Run `f` on 2 rank threads over cpu-gloo, under a hard bound.
-fn two_ranks<T: Send + 'static>(
-    f: impl Fn(&Accelerator) -> accel::Result<T> + Send + Sync + 'static,
-) -> Vec<T> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let out = accel::Threads::new(2)
-            .backend("cpu-gloo")
-            .timeout(Duration::from_secs(30))
-            .run(f);
-        let _ = tx.send(out);
-    });
-    rx.recv_timeout(Duration::from_secs(120))
-        .expect("the 2 ranks finished within 120 s")
-        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn assert_close(what: &str, got: &[(String, Vec<f32>)], want: &[(String, Vec<f32>)]) {

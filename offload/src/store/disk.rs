@@ -1,6 +1,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 use accel_api::{Error, OffloadStore, Result, TensorMeta};
@@ -27,6 +28,19 @@ pub struct DiskStore {
     dir: PathBuf,
     slots: Arena<Slot>,
     index: RwLock<HashMap<String, usize>>,
+    /// The folder of [`DiskStore::open_temp`], removed on drop: declared
+    /// last, so the mappings in `slots` are gone first.
+    _temp: Option<RemoveOnDrop>,
+}
+
+/// A folder removed when dropped (also when opening fails half-way).
+#[derive(Debug)]
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 impl DiskStore {
@@ -43,6 +57,7 @@ impl DiskStore {
             dir: dir.to_path_buf(),
             slots: Arena::default(),
             index: RwLock::new(HashMap::new()),
+            _temp: None,
         };
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .map_err(|e| Error::io(format!("list {}", dir.display()), e))?
@@ -58,6 +73,26 @@ impl DiskStore {
         for f in files {
             s.add_file(&f)?;
         }
+        Ok(s)
+    }
+
+    /// A store in a new folder `<prefix>-<pid>-<n>` under the system's
+    /// temporary directory, removed with its contents when the store is
+    /// dropped (or when opening fails).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`](accel_api::ErrorKind::Io) when the folder cannot
+    /// be created.
+    pub fn open_temp(prefix: &str) -> Result<DiskStore> {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let guard = RemoveOnDrop(dir.clone());
+        let mut s = DiskStore::open(&dir)?;
+        s._temp = Some(guard);
         Ok(s)
     }
 
@@ -189,6 +224,24 @@ mod tests {
             .file_name()
             .to_string_lossy()
             .starts_with('.')));
+    }
+
+    #[test]
+    fn temp_store_folder_is_unique_and_removed_on_drop() {
+        let a = DiskStore::open_temp("accel-offload-test").unwrap();
+        let b = DiskStore::open_temp("accel-offload-test").unwrap();
+        assert_ne!(a.dir(), b.dir());
+        assert!(a.dir().starts_with(std::env::temp_dir()));
+        let meta = TensorMeta {
+            dtype: DType::U8,
+            shape: vec![4],
+        };
+        a.put("w", meta, &[1, 2, 3, 4]).unwrap();
+        let dir = a.dir().to_path_buf();
+        assert!(dir.join("w.safetensors").is_file());
+        drop(a);
+        assert!(!dir.exists(), "{} is left behind", dir.display());
+        assert!(b.dir().is_dir());
     }
 
     #[test]

@@ -3,7 +3,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use accel_api::{ErrorKind, Store, StoreExt};
+use accel_api::{Error, ErrorKind, Store, StoreExt};
 
 use super::conn::token_eq;
 use super::wire::{read_frame, Request, Response, MAX_FRAME, PROTOCOL_VERSION};
@@ -264,18 +264,16 @@ fn connecting_to_something_else_is_a_clear_error() {
     h.join().unwrap();
 }
 
-#[test]
-fn shutdown_fails_a_waiting_client_promptly() {
-    let s = server();
-    let addr = s.local_addr();
-    let c = Arc::new(client(&s));
+/// A `get` of a key nobody sets, waiting on `c`, fails within 3 s of
+/// `end` (which stops the server) with `PeerLost` or `Io`; its error.
+fn a_waiting_get_fails_promptly(c: &Arc<TcpStore>, end: impl FnOnce()) -> Error {
     let c2 = c.clone();
     let waiter = std::thread::spawn(move || {
         let start = Instant::now();
         (c2.get("never", Duration::from_secs(20)), start.elapsed())
     });
     std::thread::sleep(Duration::from_millis(100));
-    s.shutdown();
+    end();
     let (r, took) = waiter.join().unwrap();
     let e = r.unwrap_err();
     assert!(took < Duration::from_secs(3), "{took:?}");
@@ -283,6 +281,15 @@ fn shutdown_fails_a_waiting_client_promptly() {
         matches!(e.kind(), ErrorKind::PeerLost { .. } | ErrorKind::Io),
         "{e}"
     );
+    e
+}
+
+#[test]
+fn shutdown_fails_a_waiting_client_promptly() {
+    let s = server();
+    let addr = s.local_addr();
+    let c = Arc::new(client(&s));
+    let e = a_waiting_get_fails_promptly(&c, || s.shutdown());
     assert!(e.to_string().contains(&format!("tcp://{addr}")), "{e}");
     // Later calls fail promptly too, on either connection kind.
     for r in [c.set("k", b"v").err(), c.get("k", T).err()] {
@@ -299,20 +306,7 @@ fn a_killed_server_process_fails_every_call_promptly() {
     let c = Arc::new(TcpStore::connect(addr.as_str(), Some(TOKEN), T).unwrap());
     c.set("k", b"v").unwrap();
     assert_eq!(c.get("k", T).unwrap(), b"v");
-    let c2 = c.clone();
-    let waiter = std::thread::spawn(move || {
-        let start = Instant::now();
-        (c2.get("never", Duration::from_secs(20)), start.elapsed())
-    });
-    std::thread::sleep(Duration::from_millis(100));
-    child.kill();
-    let (r, took) = waiter.join().unwrap();
-    let e = r.unwrap_err();
-    assert!(took < Duration::from_secs(3), "{took:?}");
-    assert!(
-        matches!(e.kind(), ErrorKind::PeerLost { .. } | ErrorKind::Io),
-        "{e}"
-    );
+    let e = a_waiting_get_fails_promptly(&c, || child.kill());
     assert!(e.to_string().contains(&addr), "{e}");
     for op in ["set", "try_get", "get", "add"] {
         let start = Instant::now();
