@@ -15,7 +15,7 @@ use accel_api::{
 use crate::error::{classify, to_api, Caught, Class, GlooError};
 use crate::ffi::{self, Call, DTypeCode, OpCode};
 use crate::name::NAME;
-use crate::rendezvous::StoreAdapter;
+use crate::rendezvous::{remaining, StoreAdapter};
 
 /// Element types Gloo reduces (it has no bfloat16).
 pub(crate) const REDUCE_DTYPES: [DType; 7] = [
@@ -317,12 +317,6 @@ fn parse_header(h: &[u8; P2P_HEADER]) -> std::result::Result<(Option<DType>, usi
 fn p2p_slots(tag: u32) -> (u64, u64) {
     let h = u64::from(tag) << 1;
     (h, h | 1)
-}
-
-/// What is left of a call's `deadline` for its next Gloo call: at least
-/// 1 ms (Gloo reads zero as "no timeout").
-pub(crate) fn remaining(deadline: &Deadline) -> Duration {
-    deadline.remaining().max(Duration::from_millis(1))
 }
 
 impl Engine for GlooEngine {

@@ -47,7 +47,7 @@ impl<'a> StoreAdapter<'a> {
     }
 
     fn remaining(&self) -> Duration {
-        crate::engine::remaining(&self.deadline)
+        remaining(&self.deadline)
     }
 
     fn record(&self, e: Error) {
@@ -252,6 +252,13 @@ fn local_ip_towards(host: &str, port: u16) -> Option<IpAddr> {
     sock.connect(target).ok()?;
     let ip = sock.local_addr().ok()?.ip();
     (!ip.is_unspecified()).then_some(ip)
+}
+
+/// What is left of a call's `deadline` for its next Gloo call: at least
+/// 1 ms (Gloo reads zero as "no timeout"). The store exchange and the
+/// engine's calls both use it.
+pub(crate) fn remaining(deadline: &Deadline) -> Duration {
+    deadline.remaining().max(Duration::from_millis(1))
 }
 
 #[cfg(test)]
