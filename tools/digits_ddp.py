@@ -71,6 +71,7 @@ def main():
     if acc.is_main_process:
         ms = 1e3 * elapsed / max(steps, 1)
         print(f"final: {steps} steps, loss {last:.4f}, {ms:.2f} ms/step, {acc.num_processes} processes", flush=True)
+    acc.wait_for_everyone()
     acc.end_training()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -63,6 +63,10 @@ flat = torch.cat([p.detach().flatten() for p in model.parameters()])
 # writes of two ranks interleave inside a line.
 with open(f"{sys.argv[1]}/params-{r}.hex", "w") as f:
     f.write(flat.numpy().tobytes().hex())
+# Both ranks done before either tears gloo down: a rank whose peer closed
+# its pairs first can abort in gloo's threads ("terminate called without
+# an active exception", seen under torchrun in CI).
+dist.barrier()
 dist.destroy_process_group()
 "#;
 
@@ -513,6 +517,7 @@ attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
 # A file per rank: PYTHONUNBUFFERED writes of ranks interleave on stdout.
 with open(f"{sys.argv[1]}/rank-{r}.txt", "w") as f:
     f.write(f"{w} {t.item():g} {os.environ['LOCAL_RANK']} {os.environ['GROUP_RANK']} {attempt}")
+dist.barrier()
 dist.destroy_process_group()
 # The first attempt fails on machine 1: the second must meet on a fresh
 # torch store (torch expects one per attempt).
@@ -602,6 +607,7 @@ w = acc.unwrap_model(model).weight.detach().flatten().tolist()
 acc.print("ACC", acc.distributed_type, acc.num_processes, [round(v, 6) for v in preds.flatten().tolist()], [round(v, 6) for v in w])
 # Without it, gloo's threads can abort the interpreter's exit
 # ("terminate called without an active exception").
+acc.wait_for_everyone()
 acc.end_training()
 if torch.distributed.is_initialized():
     torch.distributed.destroy_process_group()
