@@ -150,3 +150,20 @@ pub fn against_reference(ours: &[Vec<f32>], reference: &[Vec<f64>]) -> Vec<(f64,
         })
         .collect()
 }
+
+/// Assert that every sentence's embedding in `ours` (of [`SENTENCES`]) is
+/// the reference's: cosine at least 0.9999 and no coordinate further than
+/// 1e-5 off; prints both figures per sentence.
+///
+/// # Panics
+/// On the first sentence that is off, naming it and both figures.
+pub fn assert_matches_reference(ours: &[Vec<f32>], reference: &[Vec<f64>]) {
+    for (i, (cos, max)) in against_reference(ours, reference).into_iter().enumerate() {
+        println!("sentence {i}: cosine {cos:.9}, largest difference {max:.2e}");
+        assert!(
+            cos >= 0.9999 && max <= 1e-5,
+            "sentence {i} {:?}: cosine {cos}, largest difference {max}",
+            SENTENCES[i]
+        );
+    }
+}

@@ -8,7 +8,7 @@
 //! fails.
 
 use accel_example_minilm_data::{
-    against_reference, model_dir_for_test, reference_embeddings_for_test,
+    assert_matches_reference, model_dir_for_test, reference_embeddings_for_test,
 };
 use accel_example_tch_minilm::{
     embed, similarities, Bert, Config, Tokenizer, REFERENCE, SENTENCES,
@@ -145,12 +145,5 @@ fn embeddings_match_the_numpy_reference() {
     let ours: Vec<Vec<f32>> = (0..SENTENCES.len() as i64)
         .map(|i| Vec::<f32>::try_from(emb.get(i)).unwrap())
         .collect();
-    for (i, (cos, max)) in against_reference(&ours, &reference).into_iter().enumerate() {
-        println!("sentence {i}: cosine {cos:.9}, largest difference {max:.2e}");
-        assert!(
-            cos >= 0.9999 && max <= 1e-5,
-            "sentence {i} {:?}: cosine {cos}, largest difference {max}",
-            SENTENCES[i]
-        );
-    }
+    assert_matches_reference(&ours, &reference);
 }
