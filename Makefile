@@ -52,7 +52,7 @@ fmt-check:
 # facade and launcher without their optional backends.
 lint: setup
 	python3 scripts/import_cycles.py --no-tests
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --features accel-launcher/mpi -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
 
@@ -94,12 +94,13 @@ slurm-setup:
 	@./scripts/apt_ensure.sh slurm-setup $(SLURM_PACKAGES)
 
 # The launcher's mpi-backend tests need its opt-in `mpi` feature (ADR 0008),
-# and so does the mpi backend under `srun --mpi=pmix` (tests/slurm.rs).
+# and so does the mpi backend under `srun --mpi=pmix` (tests/slurm.rs). The
+# workspace build links MPI into the facade anyway (conformance-tests enables
+# accel/mpi), so turning the launcher's feature on here builds every test
+# once, instead of rebuilding the launcher and its tests in a second step.
 # minilm-setup: the candle MiniLM example's test (examples/candle-minilm).
 unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data minilm-setup
-	$(CARGO) test --workspace --no-fail-fast
-	$(CARGO) test -p accel-launcher --features mpi --test mpi --no-fail-fast
-	$(CARGO) test -p accel-launcher --features mpi --test slurm --no-fail-fast -- srun_mpi_pmix
+	$(CARGO) test --workspace --features accel-launcher/mpi --no-fail-fast
 
 # tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
 # separate cargo step so the default build never needs libtorch.
@@ -143,7 +144,7 @@ tch-test: tch-setup minilm-setup torch-venv venv-tb
 DEMO_LAUNCH ?=
 tch-demo: tch-setup
 	$(CARGO) build --release -p accel-launcher
-	$(TCH_CARGO) build --release $(TCH_PACKAGES)
+	$(TCH_CARGO) build --release --manifest-path integrations/Cargo.toml -p accel-example-tch-digits
 	source $(TCH_CACHE)/env.sh && target/release/accel launch -n 2 $(DEMO_LAUNCH) -- \
 	  $(TCH_TARGET_DIR)/release/tch-digits $(ARGS)
 
