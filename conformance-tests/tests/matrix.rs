@@ -42,7 +42,7 @@ fn conformance_matrix() {
             }
         }
     }
-    let matrix = Matrix::run(&specs);
+    let matrix = Matrix::run_jobs(&specs, 3);
     let text = matrix.render();
     println!("{text}");
     let s = matrix.summary();

@@ -184,7 +184,7 @@ fn main() -> ExitCode {
         .expect("target dir")
         .to_path_buf();
     let specs = cpu_columns(&me, &workspace, &target).unwrap_or_else(|e| panic!("{e}"));
-    let matrix = Matrix::run(&specs);
+    let matrix = Matrix::run_jobs(&specs, 3);
     let text = matrix.render();
     println!("{text}");
     let s = matrix.summary();
