@@ -192,16 +192,11 @@ impl Store for MemoryStore {
         Ok(new)
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
         let mut map = self.lock();
         let cur = map.get(key).map(|v| v.as_slice());
         if cur == expected {
-            map.insert(key.to_string(), desired.to_vec());
+            map.insert(key.to_string(), new.to_vec());
             drop(map);
             self.changed.notify_all();
             Ok(CasOutcome::Swapped)

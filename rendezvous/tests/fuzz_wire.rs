@@ -94,25 +94,38 @@ fn decode_budget(len: usize) -> usize {
 }
 
 fn check_decode(payload: &[u8]) -> Result<(), TestCaseError> {
-    let (req, total, _) = alloc_count::measure(|| Request::decode(payload));
+    check_decoder("Request", payload, Request::decode, check_canonical_request)?;
+    check_decoder(
+        "Response",
+        payload,
+        Response::decode,
+        check_canonical_response,
+    )
+}
+
+/// `decode` (`what::decode`) of `payload` stays within the allocation
+/// budget, and what it accepts passes `canonical`.
+fn check_decoder<T, E>(
+    what: &str,
+    payload: &[u8],
+    decode: impl FnOnce(&[u8]) -> Result<T, E>,
+    canonical: impl FnOnce(&T, &[u8]) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let (msg, total, _) = alloc_count::measure(|| decode(payload));
     prop_assert!(
         total <= decode_budget(payload.len()),
-        "Request::decode of {} bytes allocated {total} bytes",
+        "{what}::decode of {} bytes allocated {total} bytes",
         payload.len()
     );
-    if let Ok(r) = &req {
-        check_canonical_request(r, payload)?;
-    }
-    let (resp, total, _) = alloc_count::measure(|| Response::decode(payload));
-    prop_assert!(
-        total <= decode_budget(payload.len()),
-        "Response::decode of {} bytes allocated {total} bytes",
-        payload.len()
-    );
-    if let Ok(r) = &resp {
-        check_canonical_response(r, payload)?;
+    if let Ok(m) = &msg {
+        canonical(m, payload)?;
     }
     Ok(())
+}
+
+/// A message's encoding as a whole frame (header included).
+fn reencode(encoded: Result<Vec<u8>, usize>) -> Result<Vec<u8>, TestCaseError> {
+    encoded.map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))
 }
 
 /// A decoded request encodes back to the very bytes it came from (the
@@ -124,26 +137,19 @@ fn check_canonical_request(r: &Request, payload: &[u8]) -> Result<(), TestCaseEr
             return Ok(());
         }
     }
-    let f = r
-        .encode()
-        .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
+    let f = reencode(r.encode())?;
     prop_assert_eq!(&f[4..], payload, "{:?} is not canonical", r);
     Ok(())
 }
 
 fn check_canonical_response(r: &Response, payload: &[u8]) -> Result<(), TestCaseError> {
+    let f = reencode(r.encode())?;
     if let Response::Error { .. } = r {
         // Unknown error-kind codes read as `Protocol`: compare all but that byte.
-        let f = r
-            .encode()
-            .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
         prop_assert_eq!(f.len() - 4, payload.len());
         prop_assert_eq!(&f[6..], &payload[2..]);
         return Ok(());
     }
-    let f = r
-        .encode()
-        .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
     prop_assert_eq!(&f[4..], payload, "{:?} is not canonical", r);
     Ok(())
 }
