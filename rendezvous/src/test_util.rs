@@ -36,6 +36,21 @@ impl Drop for TempDir {
     }
 }
 
+// ---------------------------------------------------------------- threads
+
+/// Run `n` threads, each running what one call of `make` returns, and wait
+/// for all of them: each must return `Ok`.
+pub(crate) fn all_succeed<T, F>(n: usize, make: impl Fn() -> F)
+where
+    F: FnOnce() -> accel_api::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let hs: Vec<_> = (0..n).map(|_| std::thread::spawn(make())).collect();
+    for h in hs {
+        h.join().unwrap().unwrap();
+    }
+}
+
 // ---------------------------------------------------------------- logs
 
 static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());

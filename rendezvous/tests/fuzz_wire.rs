@@ -21,7 +21,10 @@ mod wire;
 
 #[path = "../../fuzz/budget.rs"]
 mod budget;
+#[path = "../../fuzz/mutate.rs"]
+mod mutate;
 
+use mutate::{apply, Mutation};
 use wire::{read_frame, FrameError, Request, Response, WireErrorKind, MAGIC, MAX_FRAME};
 
 /// Counts what the current thread allocates while [`measure`] runs.
@@ -216,18 +219,6 @@ fn response() -> impl Strategy<Value = Response> {
     ]
 }
 
-/// One edit of a valid payload.
-#[derive(Debug, Clone)]
-enum Mutation {
-    FlipBit(usize, u8),
-    SetByte(usize, u8),
-    /// Overwrite 4 bytes (a length or count field, often) with this value.
-    SetU32(usize, u32),
-    Truncate(usize),
-    Insert(usize, Vec<u8>),
-    Remove(usize, usize),
-}
-
 fn mutation() -> impl Strategy<Value = Mutation> {
     let big = prop_oneof![
         Just(u32::MAX),
@@ -245,41 +236,6 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (any::<usize>(), vec(any::<u8>(), 1..16)).prop_map(|(i, b)| Mutation::Insert(i, b)),
         (any::<usize>(), 1usize..8).prop_map(|(i, n)| Mutation::Remove(i, n)),
     ]
-}
-
-fn apply(mut p: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
-    for m in muts {
-        let at = |i: usize, len: usize| if len == 0 { 0 } else { i % len };
-        match m {
-            Mutation::FlipBit(i, b) if !p.is_empty() => {
-                let i = at(*i, p.len());
-                p[i] ^= 1 << b;
-            }
-            Mutation::SetByte(i, b) if !p.is_empty() => {
-                let i = at(*i, p.len());
-                p[i] = *b;
-            }
-            Mutation::SetU32(i, v) if p.len() >= 4 => {
-                let i = at(*i, p.len() - 3);
-                p[i..i + 4].copy_from_slice(&v.to_le_bytes());
-            }
-            Mutation::Truncate(i) => {
-                let i = at(*i, p.len() + 1);
-                p.truncate(i);
-            }
-            Mutation::Insert(i, b) => {
-                let i = at(*i, p.len() + 1);
-                p.splice(i..i, b.iter().copied());
-            }
-            Mutation::Remove(i, n) if !p.is_empty() => {
-                let i = at(*i, p.len());
-                let end = (i + n).min(p.len());
-                p.drain(i..end);
-            }
-            _ => {}
-        }
-    }
-    p
 }
 
 /// A payload: arbitrary bytes, arbitrary bytes after a real opcode, or an

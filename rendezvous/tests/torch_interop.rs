@@ -18,9 +18,9 @@ mod python;
 
 /// `ACCEL_TORCH_PYTHON`, else the workspace's `.accel-cache/torch-venv`.
 fn torch_python() -> Option<PathBuf> {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let venvs = python::torch_python_candidates(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
     python::python_from(
-        python::torch_python_candidates(&repo),
+        venvs,
         "import torch.distributed",
         "`make torch-venv` makes it",
     )

@@ -25,7 +25,8 @@ use accel::ProcessModel;
 use accel_api::Result;
 
 use super::{
-    failure_at, record, shared_record, Attempt, LocalGroup, ProcessGroup, Program, Sinks, Started,
+    failure_at, record, shared_record, Attempt, Ended, LocalGroup, ProcessGroup, Program, Sinks,
+    Started,
 };
 use crate::output::{RankSink, Stream, TAIL_LINES};
 use crate::report::{Exit, Failure};
@@ -154,13 +155,8 @@ impl ProcessGroup for ThreadsGroup {
         Ok(vec![s])
     }
 
-    fn failure(
-        &self,
-        attempt: &Attempt,
-        (_index, pid): (usize, u32),
-        exit: Exit,
-        sinks: &Sinks,
-    ) -> Option<Failure> {
+    fn failure(&self, attempt: &Attempt, ended: Ended, sinks: &Sinks) -> Option<Failure> {
+        let Ended { pid, exit, .. } = ended;
         // The error file names the rank thread that failed first; without
         // one, the rank thread the process's last words name (Rust names
         // the thread in a panic or an abort: `thread 'rank 1' has
@@ -293,12 +289,17 @@ mod tests {
         let mut g = ThreadsGroup::new(program(), 3);
         g.out = Some(out.clone());
         let aborted = Exit::Signal { signal: 6 };
-        let f = g.failure(&attempt(), (0, 42), aborted, &sinks).unwrap();
+        let ended = Ended {
+            index: 0,
+            pid: 42,
+            exit: aborted,
+        };
+        let f = g.failure(&attempt(), ended, &sinks).unwrap();
         assert_eq!(f.rank, 3);
         assert!(f.error.unwrap().contains("no rank thread said which"));
         out.line(Stream::Stderr, b"thread 'rank 4' has overflowed its stack");
         out.line(Stream::Stderr, b"fatal runtime error: stack overflow");
-        let f = g.failure(&attempt(), (0, 42), aborted, &sinks).unwrap();
+        let f = g.failure(&attempt(), ended, &sinks).unwrap();
         assert_eq!((f.rank, f.local_rank, f.pid), (4, 1, Some(42)));
         assert_eq!(
             thread_named(&["thread 'rank 12' panicked at x".into()]),
