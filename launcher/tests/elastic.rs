@@ -299,6 +299,11 @@ mod training {
             }
         }
 
+        /// Start machine `rank`'s launcher.
+        fn start(&self, rank: usize) -> Running {
+            start(self.machine(rank))
+        }
+
         /// The launcher of machine `rank`.
         fn machine(&self, rank: usize) -> Command {
             let extra = [
@@ -333,9 +338,7 @@ mod training {
         // the second machine's arrival: time enough for the third to start).
         let t = Training::new("2:4", ["30s", "5s"], ["150", "2"]);
         let (dir, log) = (&t.dir, &t.log);
-        let m0 = start(t.machine(0));
-        let m1 = start(t.machine(1));
-        let mut m2 = start(t.machine(2));
+        let (m0, m1, mut m2) = (t.start(0), t.start(1), t.start(2));
         // Kill machine 2's launcher (SIGKILL) after step 5 of 16: its worker
         // dies with it; the last checkpoint is at step 4.
         assert!(
@@ -394,8 +397,7 @@ mod training {
     fn a_machine_that_joins_later_grows_the_world_at_the_next_restart() {
         let t = Training::new("2:3", ["60s", "2s"], ["300", "3"]);
         let (dir, log) = (&t.dir, &t.log);
-        let m0 = start(t.machine(0));
-        let m1 = start(t.machine(1));
+        let (m0, m1) = (t.start(0), t.start(1));
         assert!(
             eventually(Duration::from_secs(60), || reached(log, 1)),
             "the run did not start on 2 machines"
