@@ -98,6 +98,9 @@ pub struct Ended {
 /// The output sinks of a group's ranks, first rank first.
 pub type Sinks = [Arc<RankSink>];
 
+/// Where a group's processes report their ends ([`Event::Exited`]).
+pub type Events = Sender<Event>;
+
 /// A way of starting the processes of an attempt.
 pub trait ProcessGroup {
     /// `workers` or `mpirun`, for messages.
@@ -113,12 +116,7 @@ pub trait ProcessGroup {
     /// # Errors
     /// A process or thread that cannot be started; whatever was started is
     /// killed first.
-    fn start(
-        &mut self,
-        attempt: &Attempt,
-        sinks: &Sinks,
-        tx: &Sender<Event>,
-    ) -> Result<Vec<Started>>;
+    fn start(&mut self, attempt: &Attempt, sinks: &Sinks, tx: &Events) -> Result<Vec<Started>>;
 
     /// Send `sig` to started process `pid` (`alive`: it has not ended).
     /// The default signals the process's whole process group.
@@ -173,7 +171,7 @@ pub(crate) fn spawn_member(
     label: &str,
     attempt: u32,
     index: usize,
-    tx: &Sender<Event>,
+    tx: &Events,
     on_stdout: impl FnMut(&[u8]) + Send + 'static,
     on_stderr: impl FnMut(&[u8]) + Send + 'static,
 ) -> Result<Started> {

@@ -17,7 +17,6 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use accel::worker_env::WorkerEnv;
@@ -25,12 +24,11 @@ use accel::ProcessModel;
 use accel_api::Result;
 
 use super::{
-    failure_at, record, shared_record, Attempt, Ended, LocalGroup, ProcessGroup, Program, Sinks,
-    Started,
+    failure_at, record, shared_record, Attempt, Ended, Events, LocalGroup, ProcessGroup, Program,
+    Sinks, Started,
 };
 use crate::output::{RankSink, Stream, TAIL_LINES};
 use crate::report::{Exit, Failure};
-use crate::supervise::Event;
 
 /// Routes the lines of a threads process to its ranks' sinks.
 #[derive(Debug)]
@@ -134,12 +132,7 @@ impl ProcessGroup for ThreadsGroup {
         self.workers.local_ranks(attempt)
     }
 
-    fn start(
-        &mut self,
-        attempt: &Attempt,
-        sinks: &Sinks,
-        tx: &Sender<Event>,
-    ) -> Result<Vec<Started>> {
+    fn start(&mut self, attempt: &Attempt, sinks: &Sinks, tx: &Events) -> Result<Vec<Started>> {
         let out = ThreadsOutput::new(sinks.to_vec(), attempt.rank_offset);
         self.out = Some(out.clone());
         let s = self.workers.spawn(
