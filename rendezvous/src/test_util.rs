@@ -1,4 +1,5 @@
-//! Test helpers: temporary directories, captured logs, child processes.
+//! Test helpers: temporary directories, threads that must all succeed,
+//! captured logs, child processes.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
