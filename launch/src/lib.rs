@@ -38,7 +38,7 @@ pub mod store;
 pub mod supervise;
 
 pub use accel::worker_env::{self, WorkerEnv};
-pub use group::{Attempt, LocalGroup, MpirunGroup, ProcessGroup, Program, ThreadsGroup};
+pub use group::{Attempt, Ended, LocalGroup, MpirunGroup, ProcessGroup, Program, ThreadsGroup};
 pub use supervise::{run, run_attempt, Coordinator, HostedStore, RunOutcome, Supervision};
 
 /// The most processes one machine starts (`-n`): each costs the launcher

@@ -194,43 +194,36 @@ pub fn mpirun_command(spec: &MpirunSpec) -> Command {
         .map(|(h, s)| format!("{h}:{s}"))
         .collect::<Vec<_>>()
         .join(",");
-    match flavor {
-        MpiFlavor::OpenMpi => {
-            if spec
-                .as_root
-                .unwrap_or_else(|| nix::unistd::geteuid().is_root())
-            {
-                cmd.arg("--allow-run-as-root");
-            }
-            if spec.oversubscribed() {
-                cmd.arg("--oversubscribe")
-                    .args(["--mca", "mpi_yield_when_idle", "1"]);
-            }
-            if let Some(f) = &spec.hostfile {
-                cmd.arg("--hostfile").arg(f);
-            } else if !hosts.is_empty() {
-                cmd.arg("--host").arg(&hosts);
-            }
-            if spec.tag_output {
-                cmd.arg("--tag-output");
-            }
-            for (k, v) in &spec.env {
-                cmd.arg("-x").arg(format!("{k}={v}"));
-            }
+    // Each family's spelling of the same flags.
+    let (hostfile_flag, host_flag, tag_flag) = match flavor {
+        MpiFlavor::OpenMpi => ("--hostfile", "--host", "--tag-output"),
+        MpiFlavor::Mpich => ("-f", "-hosts", "-prepend-rank"),
+    };
+    if flavor == MpiFlavor::OpenMpi {
+        if spec
+            .as_root
+            .unwrap_or_else(|| nix::unistd::geteuid().is_root())
+        {
+            cmd.arg("--allow-run-as-root");
         }
-        MpiFlavor::Mpich => {
-            if let Some(f) = &spec.hostfile {
-                cmd.arg("-f").arg(f);
-            } else if !hosts.is_empty() {
-                cmd.arg("-hosts").arg(&hosts);
-            }
-            if spec.tag_output {
-                cmd.arg("-prepend-rank");
-            }
-            for (k, v) in &spec.env {
-                cmd.arg("-genv").arg(k).arg(v);
-            }
+        if spec.oversubscribed() {
+            cmd.arg("--oversubscribe")
+                .args(["--mca", "mpi_yield_when_idle", "1"]);
         }
+    }
+    if let Some(f) = &spec.hostfile {
+        cmd.arg(hostfile_flag).arg(f);
+    } else if !hosts.is_empty() {
+        cmd.arg(host_flag).arg(&hosts);
+    }
+    if spec.tag_output {
+        cmd.arg(tag_flag);
+    }
+    for (k, v) in &spec.env {
+        match flavor {
+            MpiFlavor::OpenMpi => cmd.arg("-x").arg(format!("{k}={v}")),
+            MpiFlavor::Mpich => cmd.arg("-genv").arg(k).arg(v),
+        };
     }
     cmd.args(&spec.extra_args);
     cmd.arg(&spec.program).args(&spec.args);

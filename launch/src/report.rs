@@ -92,24 +92,49 @@ impl Exit {
 
     /// `exited with code 3`, `was killed by SIGSEGV (signal 11)`.
     pub fn describe(self) -> String {
+        self.wordings().0
+    }
+
+    /// The `exit:` row of the root-cause block: `exit code 3`, `signal
+    /// SIGSEGV (11)`.
+    fn block_row(self) -> String {
+        self.wordings().1
+    }
+
+    /// How it ended: (in a sentence, in the root-cause block), one arm per
+    /// kind of end, so that a new kind is worded for both at once.
+    fn wordings(self) -> (String, String) {
         match self {
-            Exit::Code { code } => format!("exited with code {code}"),
+            Exit::Code { code } => (
+                format!("exited with code {code}"),
+                format!("exit code {code}"),
+            ),
             Exit::Signal { signal } => {
-                format!("was killed by {} (signal {signal})", signal_name(signal))
+                let name = signal_name(signal);
+                (
+                    format!("was killed by {name} (signal {signal})"),
+                    format!("signal {name} ({signal})"),
+                )
             }
-            Exit::Hung { silent_s } => {
-                format!("is hung: no output for {silent_s}s")
+            Exit::Hung { silent_s } => (
+                format!("is hung: no output for {silent_s}s"),
+                format!("hung: no output for {silent_s}s"),
+            ),
+            Exit::Stalled { seen_by, code } => (
+                format!("did not arrive at a collective: rank {seen_by} timed out waiting for it (and exited with code {code})"),
+                format!("did not arrive: rank {seen_by} timed out waiting for it (rank {seen_by} exited with code {code}; this rank was stopped)"),
+            ),
+            Exit::EarlyExit { noticed_by, code } => (
+                format!("exited early (code 0 while the other ranks still ran; rank {noticed_by} failed after it with code {code})"),
+                format!("exited early: code 0 while the other ranks still ran (exit code 0 mid-job is a failure of a distributed job); rank {noticed_by} failed after it with code {code}"),
+            ),
+            Exit::Lost { silent_ms } => {
+                let s = silent_ms as f64 / 1e3;
+                (
+                    format!("was lost with its machine (its launcher silent for {s:.1}s)"),
+                    format!("machine lost: its launcher did not answer for {s:.1}s"),
+                )
             }
-            Exit::Stalled { seen_by, code } => format!(
-                "did not arrive at a collective: rank {seen_by} timed out waiting for it (and exited with code {code})"
-            ),
-            Exit::EarlyExit { noticed_by, code } => format!(
-                "exited early (code 0 while the other ranks still ran; rank {noticed_by} failed after it with code {code})"
-            ),
-            Exit::Lost { silent_ms } => format!(
-                "was lost with its machine (its launcher silent for {:.1}s)",
-                silent_ms as f64 / 1e3
-            ),
         }
     }
 }
@@ -178,21 +203,7 @@ impl Failure {
             format!("host:      {} (machine {})", self.host, self.machine),
             format!("pid:       {}", self.pid_text()),
         ];
-        let exit = match self.exit {
-            Exit::Code { code } => format!("exit code {code}"),
-            Exit::Signal { signal } => format!("signal {} ({signal})", signal_name(signal)),
-            Exit::Hung { silent_s } => format!("hung: no output for {silent_s}s"),
-            Exit::Stalled { seen_by, code } => format!(
-                "did not arrive: rank {seen_by} timed out waiting for it (rank {seen_by} exited with code {code}; this rank was stopped)"
-            ),
-            Exit::EarlyExit { noticed_by, code } => format!(
-                "exited early: code 0 while the other ranks still ran (exit code 0 mid-job is a failure of a distributed job); rank {noticed_by} failed after it with code {code}"
-            ),
-            Exit::Lost { silent_ms } => format!(
-                "machine lost: its launcher did not answer for {:.1}s",
-                silent_ms as f64 / 1e3
-            ),
-        };
+        let exit = self.exit.block_row();
         lines.push(format!("exit:      {exit}"));
         if !self.also_hung.is_empty() {
             let v: Vec<String> = self.also_hung.iter().map(|r| r.to_string()).collect();

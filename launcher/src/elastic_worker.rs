@@ -136,10 +136,8 @@ pub fn run(a: ElasticWorkerArgs) -> Result<ExitCode> {
             let mut items = b.items.clone();
             {
                 let mut rng = acc.rng()?;
-                for s in &mut items {
-                    for v in &mut s.x {
-                        *v += 0.01 * rng.normal();
-                    }
+                for v in items.iter_mut().flat_map(|s| s.x.iter_mut()) {
+                    *v += 0.01 * rng.normal();
                 }
             }
             let loss = acc.backward(&mut model, |m, scale| m.loss_and_grad(&items, scale))?;

@@ -83,6 +83,24 @@ fn no_worker_left(dir: &Path) {
     );
 }
 
+/// What machine `i` (of `runs`) printed, for assertion messages.
+fn context(runs: &[&Run]) -> String {
+    let all: Vec<String> = runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("machine {i}:\n{}", r.all()))
+        .collect();
+    all.join("\n")
+}
+
+/// `text` contains each of `wants` (showing `context` if not).
+#[track_caller]
+fn says_each(text: &str, wants: &[&str], context: &str) {
+    for w in wants {
+        assert!(text.contains(w), "no {w:?}\n{context}");
+    }
+}
+
 #[test]
 fn fewer_than_min_machines_is_an_error_naming_who_is_in() {
     let port = free_port();
@@ -163,7 +181,7 @@ fn a_machine_frozen_after_its_workers_ended_is_left_behind_within_the_timeout() 
     let r1 = m1.finish(ELASTIC_LIMIT);
     m2.child.kill().unwrap();
     let _ = m2.child.wait();
-    let context = format!("machine 0:\n{}\nmachine 1:\n{}", r0.all(), r1.all());
+    let context = context(&[&r0, &r1]);
     for r in [&r0, &r1] {
         assert_eq!(r.code, Some(0), "{context}");
         // Named by its silent heartbeat (timeout + 2 s), or, should the
@@ -176,9 +194,10 @@ fn a_machine_frozen_after_its_workers_ended_is_left_behind_within_the_timeout() 
             "{context}"
         );
     }
-    assert!(
-        r0.stderr.contains("round 1: 2 machine(s), world size 2"),
-        "{context}"
+    says_each(
+        &r0.stderr,
+        &["round 1: 2 machine(s), world size 2"],
+        &context,
     );
     assert_eq!(
         rank_lines(&r0.stdout, 0),
@@ -251,6 +270,60 @@ mod training {
         }
     }
 
+    /// A training run over `nn` machines: its folder (checkpoints, and
+    /// the sample logs in `log`), its store's port, and its launchers'
+    /// settings: up to 2 restarts, machines joining within `join[0]`, a
+    /// round closing `join[1]` after the minimum arrived; the worker waits
+    /// `pace[0]` ms a step and saves every `pace[1]` steps.
+    struct Training {
+        dir: tempfile::TempDir,
+        log: std::path::PathBuf,
+        port: u16,
+        nn: &'static str,
+        join: [&'static str; 2],
+        pace: [&'static str; 2],
+    }
+
+    impl Training {
+        fn new(nn: &'static str, join: [&'static str; 2], pace: [&'static str; 2]) -> Training {
+            let dir = tempfile::tempdir().unwrap();
+            let log = dir.path().join("log");
+            let port = free_port();
+            Training {
+                dir,
+                log,
+                port,
+                nn,
+                join,
+                pace,
+            }
+        }
+
+        /// Start machine `rank`'s launcher.
+        fn start(&self, rank: usize) -> Running {
+            start(self.machine(rank))
+        }
+
+        /// The launcher of machine `rank`.
+        fn machine(&self, rank: usize) -> Command {
+            let extra = [
+                "--max-restarts",
+                "2",
+                "--join-timeout",
+                self.join[0],
+                "--join-window",
+                self.join[1],
+            ];
+            let worker = [
+                "--step-delay-ms",
+                self.pace[0],
+                "--save-every",
+                self.pace[1],
+            ];
+            machine(rank, self.port, self.nn, self.dir.path(), &extra, &worker)
+        }
+    }
+
     /// Wait until the run's sample log has step `step` on some rank of
     /// attempt 0.
     fn reached(log: &Path, step: u64) -> bool {
@@ -261,45 +334,29 @@ mod training {
 
     #[test]
     fn three_machines_lose_one_and_finish_on_two_with_every_sample_once() {
-        let port = free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log");
         // Up to 4: round 0 closes with the 3 after the join window (5 s from
         // the second machine's arrival: time enough for the third to start).
-        let nn = "2:4";
-        let extra = [
-            "--max-restarts",
-            "2",
-            "--join-timeout",
-            "30s",
-            "--join-window",
-            "5s",
-        ];
-        let w = ["--step-delay-ms", "150", "--save-every", "2"];
-        let m0 = start(machine(0, port, nn, dir.path(), &extra, &w));
-        let m1 = start(machine(1, port, nn, dir.path(), &extra, &w));
-        let mut m2 = start(machine(2, port, nn, dir.path(), &extra, &w));
+        let t = Training::new("2:4", ["30s", "5s"], ["150", "2"]);
+        let (dir, log) = (&t.dir, &t.log);
+        let (m0, m1, mut m2) = (t.start(0), t.start(1), t.start(2));
         // Kill machine 2's launcher (SIGKILL) after step 5 of 16: its worker
         // dies with it; the last checkpoint is at step 4.
         assert!(
-            eventually(Duration::from_secs(60), || reached(&log, 5)),
+            eventually(Duration::from_secs(60), || reached(log, 5)),
             "the run did not reach step 5"
         );
         m2.child.kill().unwrap();
         let _ = m2.child.wait();
         let r0 = m0.finish(ELASTIC_LIMIT);
         let r1 = m1.finish(ELASTIC_LIMIT);
-        let context = format!("machine 0:\n{}\nmachine 1:\n{}", r0.all(), r1.all());
+        let context = context(&[&r0, &r1]);
         assert_eq!(r0.code, Some(0), "{context}");
         assert_eq!(r1.code, Some(0), "{context}");
-        assert!(
-            r0.stderr.contains("round 0: 3 machine(s), world size 3"),
-            "{context}"
-        );
-        assert!(
-            r0.stderr.contains("round 1: 2 machine(s), world size 2"),
-            "{context}"
-        );
+        let rounds = [
+            "round 0: 3 machine(s), world size 3",
+            "round 1: 2 machine(s), world size 2",
+        ];
+        says_each(&r0.stderr, &rounds, &context);
         let resumed = rank_lines(&r0.stdout, 0)
             .into_iter()
             .find(|l| l.starts_with("resumed from"))
@@ -308,11 +365,11 @@ mod training {
             resumed.contains("at world size 2: epoch 0"),
             "{resumed}\n{context}"
         );
-        let (_, ranks) = committed(&log);
-        resumed_inside_epoch_0(&log, 8, &context);
+        let (_, ranks) = committed(log);
+        resumed_inside_epoch_0(log, 8, &context);
         assert_eq!(ranks.get(&0), Some(&3), "{context}");
         assert_eq!(ranks.get(&1), Some(&2), "{context}");
-        every_sample_once(&log, &context);
+        every_sample_once(log, &context);
         assert!(
             r0.stdout.contains("final: ") && r0.stdout.contains("world size 2"),
             "{context}"
@@ -338,29 +395,17 @@ mod training {
 
     #[test]
     fn a_machine_that_joins_later_grows_the_world_at_the_next_restart() {
-        let port = free_port();
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("log");
-        let nn = "2:3";
-        let extra = [
-            "--max-restarts",
-            "2",
-            "--join-timeout",
-            "60s",
-            "--join-window",
-            "2s",
-        ];
-        let w = ["--step-delay-ms", "300", "--save-every", "3"];
-        let m0 = start(machine(0, port, nn, dir.path(), &extra, &w));
-        let m1 = start(machine(1, port, nn, dir.path(), &extra, &w));
+        let t = Training::new("2:3", ["60s", "2s"], ["300", "3"]);
+        let (dir, log) = (&t.dir, &t.log);
+        let (m0, m1) = (t.start(0), t.start(1));
         assert!(
-            eventually(Duration::from_secs(60), || reached(&log, 1)),
+            eventually(Duration::from_secs(60), || reached(log, 1)),
             "the run did not start on 2 machines"
         );
         // The third machine arrives while round 0 runs: it waits (its stderr
         // goes to a file, to see when).
         let m2_err = dir.path().join("m2.err");
-        let mut cmd = machine(2, port, nn, dir.path(), &extra, &w);
+        let mut cmd = t.machine(2);
         cmd.stderr(std::fs::File::create(&m2_err).unwrap());
         let m2 = start(cmd);
         let waiting = || {
@@ -376,7 +421,7 @@ mod training {
         // After the checkpoint of step 3 (of 12 in epoch 0), a worker of
         // machine 1 fails (killed): the run restarts, with 3.
         assert!(
-            eventually(Duration::from_secs(60), || reached(&log, 4)),
+            eventually(Duration::from_secs(60), || reached(log, 4)),
             "the run did not reach step 4"
         );
         let worker = children(m1.pid());
@@ -388,28 +433,23 @@ mod training {
         let r1 = m1.finish(ELASTIC_LIMIT);
         let r2 = m2.finish(ELASTIC_LIMIT);
         let context = format!(
-            "machine 0:\n{}\nmachine 1:\n{}\nmachine 2:\n{}{}",
-            r0.all(),
-            r1.all(),
-            r2.all(),
+            "{}{}",
+            context(&[&r0, &r1, &r2]),
             std::fs::read_to_string(&m2_err).unwrap_or_default()
         );
         for r in [&r0, &r1, &r2] {
             assert_eq!(r.code, Some(0), "{context}");
         }
-        assert!(
-            r0.stderr.contains("round 0: 2 machine(s), world size 2"),
-            "{context}"
-        );
-        assert!(
-            r0.stderr.contains("round 1: 3 machine(s), world size 3"),
-            "{context}"
-        );
-        let (_, ranks) = committed(&log);
+        let rounds = [
+            "round 0: 2 machine(s), world size 2",
+            "round 1: 3 machine(s), world size 3",
+        ];
+        says_each(&r0.stderr, &rounds, &context);
+        let (_, ranks) = committed(log);
         assert_eq!(ranks.get(&0), Some(&2), "{context}");
         assert_eq!(ranks.get(&1), Some(&3), "{context}");
-        resumed_inside_epoch_0(&log, 12, &context);
-        every_sample_once(&log, &context);
+        resumed_inside_epoch_0(log, 12, &context);
+        every_sample_once(log, &context);
         no_worker_left(dir.path());
     }
 

@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -94,8 +94,7 @@ fn rank_beyond_world_size_is_an_error_naming_rank() {
 
 #[test]
 fn loaded_and_broken_plugins_are_both_reported() {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent().unwrap();
+    let (workspace, target) = common::workspace_and_target();
     let built =
         accel_conformance::harness::build_cdylibs(workspace, target, &["accel-vendor-plugin"])
             .unwrap_or_else(|e| panic!("{e}"));
@@ -103,9 +102,7 @@ fn loaded_and_broken_plugins_are_both_reported() {
         .into_iter()
         .find(|p| p.to_string_lossy().contains("accel_vendor_plugin"))
         .expect("vendor plugin built");
-    let dir = tempfile::tempdir().unwrap();
-    let broken = dir.path().join("libbroken.so");
-    std::fs::write(&broken, b"this is not an ELF file").unwrap();
+    let (_dir, broken) = common::temp_file("libbroken.so", b"this is not an ELF file");
     let path = format!("{}:{}", good.display(), broken.display());
 
     let o = accel(&[("ACCEL_PLUGIN_PATH", &path)], &[]);

@@ -23,6 +23,10 @@ use proptest::prelude::*;
 
 #[path = "../../fuzz/budget.rs"]
 mod budget;
+#[path = "../../fuzz/mutate.rs"]
+mod mutate;
+
+use mutate::{apply, Mutation, Text};
 
 /// The keys of the file, with a generator of plausible values of their type.
 const KEYS: &[&str] = &[
@@ -154,45 +158,6 @@ fn line() -> impl Strategy<Value = String> {
     .prop_map(|(k, v)| format!("{k} = {v}"))
 }
 
-#[derive(Debug, Clone)]
-enum Edit {
-    Set(usize, u8),
-    Insert(usize, Vec<u8>),
-    Truncate(usize),
-}
-
-fn edit(mut p: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
-    for e in edits {
-        let at = |i: usize, len: usize| if len == 0 { 0 } else { i % len };
-        match e {
-            Edit::Set(i, b) if !p.is_empty() => {
-                let i = at(*i, p.len());
-                p[i] = *b;
-            }
-            Edit::Insert(i, b) => {
-                let i = at(*i, p.len() + 1);
-                p.splice(i..i, b.iter().copied());
-            }
-            Edit::Truncate(i) => {
-                let i = at(*i, p.len() + 1);
-                p.truncate(i);
-            }
-            _ => {}
-        }
-    }
-    p
-}
-
-/// File bytes that print as text in a failure report.
-#[derive(Clone)]
-struct Text(Vec<u8>);
-
-impl std::fmt::Debug for Text {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?}", String::from_utf8_lossy(&self.0))
-    }
-}
-
 fn config_file() -> impl Strategy<Value = Text> {
     let edits = vec(
         prop_oneof![
@@ -200,16 +165,16 @@ fn config_file() -> impl Strategy<Value = Text> {
                 any::<usize>(),
                 proptest::sample::select(b"=\"'[]{}#\n.,-0 ".to_vec())
             )
-                .prop_map(|(i, b)| Edit::Set(i, b)),
-            (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Edit::Set(i, b)),
-            (any::<usize>(), vec(any::<u8>(), 1..6)).prop_map(|(i, b)| Edit::Insert(i, b)),
-            any::<usize>().prop_map(Edit::Truncate),
+                .prop_map(|(i, b)| Mutation::SetByte(i, b)),
+            (any::<usize>(), any::<u8>()).prop_map(|(i, b)| Mutation::SetByte(i, b)),
+            (any::<usize>(), vec(any::<u8>(), 1..6)).prop_map(|(i, b)| Mutation::Insert(i, b)),
+            any::<usize>().prop_map(Mutation::Truncate),
         ],
         0..3,
     );
     let doc = vec(line(), 0..6).prop_map(|l| l.join("\n"));
     prop_oneof![
-        6 => (doc, edits).prop_map(|(d, e)| Text(edit(d.into_bytes(), &e))),
+        6 => (doc, edits).prop_map(|(d, e)| Text(apply(d.into_bytes(), &e))),
         1 => vec(any::<u8>(), 0..120).prop_map(Text),
     ]
 }

@@ -278,8 +278,7 @@ fn restarts_count_up_and_the_summary_lists_each_attempt() {
     r.has_stderr("restarting the group: restart 1 of 3");
     r.has_stderr("attempt 0: failed after");
     r.has_stderr("attempt 2: succeeded after");
-    let json = r.stdout.lines().last().unwrap();
-    let v: serde_json::Value = serde_json::from_str(json).unwrap();
+    let v = json_summary(&r.stdout);
     let statuses = attempt_statuses(&r.stdout);
     assert_eq!(statuses, ["failed", "failed", "succeeded"]);
     assert_eq!(v["exit_code"], 0);
@@ -360,12 +359,8 @@ fn zero_or_negative_process_counts_are_refused() {
     for n in ["0", "-2"] {
         let r = accel(&["launch", "-n", n, "--", "true"]);
         r.code_is(2);
-        assert!(
-            r.stderr.contains(&format!("must be at least 1, got {n}"))
-                && r.stderr.contains("--nproc-per-node"),
-            "{}",
-            r.all()
-        );
+        r.has_stderr(&format!("must be at least 1, got {n}"));
+        r.has_stderr("--nproc-per-node");
     }
     let r = accel(&["launch", "--nproc_per_node", "0", "--", "true"]);
     r.code_is(2);
@@ -407,9 +402,7 @@ fn missing_or_non_executable_programs_are_named_before_anything_starts() {
     let r = accel(&["launch", "-n", "2", "--", "no-such-program-4711"]);
     r.code_is(127);
     r.has_stderr("program `no-such-program-4711` not found on PATH");
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("train.sh");
-    std::fs::write(&f, "#!/bin/sh\necho hi\n").unwrap();
+    let (_dir, f) = temp_file("train.sh", "#!/bin/sh\necho hi\n");
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
     let r = accel(&["launch", "-n", "2", "--", f.to_str().unwrap()]);
     r.code_is(126);
@@ -434,9 +427,7 @@ fn several_machines_need_an_address_and_a_token() {
 
 #[test]
 fn config_files_layer_under_flags_and_refuse_unknown_keys_and_wrong_types() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("run.toml");
-    std::fs::write(&cfg, "num_processes = 3\nrun_id = \"fromfile\"\n").unwrap();
+    let (_dir, cfg) = temp_file("run.toml", "num_processes = 3\nrun_id = \"fromfile\"\n");
     let c = cfg.to_str().unwrap();
     let echo = ["sh", "-c", "echo $WORLD_SIZE $ACCEL_RUN_ID"];
     let mut args = vec!["launch", "--config", c, "--"];

@@ -13,17 +13,7 @@ use common::*;
 fn machine(rank: usize, port: u16, extra: &[&str], program: &[&str]) -> Command {
     let rank = rank.to_string();
     let port = port.to_string();
-    let mut args = vec![
-        "launch",
-        "--num-machines",
-        "2",
-        "--machine-rank",
-        &rank,
-        "--main-process-ip",
-        "127.0.0.1",
-        "--main-process-port",
-        &port,
-    ];
+    let mut args = machine_args("2", &rank, "127.0.0.1", &port);
     if !extra.contains(&"--join-timeout") {
         args.extend_from_slice(&["--join-timeout", "10s"]);
     }
@@ -31,6 +21,14 @@ fn machine(rank: usize, port: u16, extra: &[&str], program: &[&str]) -> Command 
     args.push("--");
     args.extend_from_slice(program);
     command(&args)
+}
+
+/// Machines 0 and 1, with `flags[0]` and `flags[1]`, running `program`
+/// (started in that order): their runs, once both ended.
+fn two_machines(port: u16, flags: [&[&str]; 2], program: &[&str]) -> (Run, Run) {
+    let m0 = start(machine(0, port, flags[0], program));
+    let m1 = start(machine(1, port, flags[1], program));
+    (m0.finish(LIMIT), m1.finish(LIMIT))
 }
 
 fn probes(stdout: &str, ranks: std::ops::Range<usize>) -> Vec<serde_json::Value> {
@@ -95,10 +93,8 @@ fn a_failure_on_one_machine_stops_the_other_and_both_report_it() {
         dir.path().display()
     );
     let prog = ["sh", "-c", &script];
-    let m0 = start(machine(0, port, &["--token", "t", "-n", "2"], &prog));
-    let m1 = start(machine(1, port, &["--token", "t", "-n", "2"], &prog));
-    let r1 = m1.finish(LIMIT);
-    let r0 = m0.finish(LIMIT);
+    let flags: &[&str] = &["--token", "t", "-n", "2"];
+    let (r0, r1) = two_machines(port, [flags, flags], &prog);
     for r in [&r0, &r1] {
         r.code_is(7);
         r.has_stderr("rank:      3 (local rank 1)");
@@ -119,16 +115,12 @@ fn restarts_are_coordinated_across_machines() {
         "-c",
         "echo try $ACCEL_RESTART_COUNT; if [ $RANK = 1 ] && [ $ACCEL_RESTART_COUNT = 0 ]; then exit 3; fi",
     ];
-    let m0 = start(machine(
-        0,
-        port,
-        &["--token", "t", "--max-restarts", "2"],
-        &prog,
-    ));
     // Machine 1 follows machine 0's --max-restarts.
-    let m1 = start(machine(1, port, &["--token", "t", "-n", "1"], &prog));
-    let r0 = m0.finish(LIMIT);
-    let r1 = m1.finish(LIMIT);
+    let flags: [&[&str]; 2] = [
+        &["--token", "t", "--max-restarts", "2"],
+        &["--token", "t", "-n", "1"],
+    ];
+    let (r0, r1) = two_machines(port, flags, &prog);
     for r in [&r0, &r1] {
         r.code_is(0);
         r.has_stderr("attempt 1: succeeded");
@@ -154,40 +146,26 @@ fn a_wrong_token_is_refused_on_both_sides() {
     let r1 = start(machine(1, port, &["--token", "wrong"], &["true"])).finish(LIMIT);
     let r0 = m0.finish(LIMIT);
     r1.code_is(1);
-    assert!(
-        r1.stderr.contains("machine 1 cannot join the run")
-            && r1.stderr.contains("refused this machine's token"),
-        "{}",
-        r1.all()
-    );
+    r1.has_stderr("machine 1 cannot join the run");
+    r1.has_stderr("refused this machine's token");
     assert_ne!(r0.code, Some(0), "{}", r0.all());
-    assert!(
-        r0.stderr.contains("refused a connection") && r0.stderr.contains("token does not match"),
-        "{}",
-        r0.all()
-    );
+    r0.has_stderr("refused a connection");
+    r0.has_stderr("token does not match");
     r0.has_stderr("machine(s) 1 did not join");
 }
 
 #[test]
 fn a_machine_with_another_world_size_is_refused_on_both_sides() {
     let port = free_port();
-    let m0 = start(machine(0, port, &["--token", "t", "-n", "2"], &["true"]));
-    let r1 = start(machine(1, port, &["--token", "t", "-n", "3"], &["true"])).finish(LIMIT);
-    let r0 = m0.finish(LIMIT);
+    let flags: [&[&str]; 2] = [&["--token", "t", "-n", "2"], &["--token", "t", "-n", "3"]];
+    let (r0, r1) = two_machines(port, flags, &["true"]);
     r0.code_is(2);
     r1.code_is(2);
     let why = "expects world size 6 (3 processes x 2 machines), but machine 0 runs world size 4";
-    assert!(
-        r0.stderr.contains("refused machine 1") && r0.stderr.contains(why),
-        "{}",
-        r0.all()
-    );
-    assert!(
-        r1.stderr.contains("machine 0 refused this machine") && r1.stderr.contains(why),
-        "{}",
-        r1.all()
-    );
+    r0.has_stderr("refused machine 1");
+    r0.has_stderr(why);
+    r1.has_stderr("machine 0 refused this machine");
+    r1.has_stderr(why);
 }
 
 // ---- network namespaces ----
@@ -209,34 +187,13 @@ fn two_machines_in_two_network_namespaces() {
     };
     let in_ns = |ns: &str, rank: &str| {
         let mut c = Command::new("ip");
-        c.args([
-            "netns",
-            "exec",
-            ns,
-            ACCEL,
-            "launch",
-            "--num-machines",
-            "2",
-            "--machine-rank",
-            rank,
-            "--main-process-ip",
-            "10.231.7.1",
-            "--main-process-port",
-            "29555",
-            "--token",
-            "netns-token",
-            "--join-timeout",
-            "10s",
-            "-n",
-            "2",
-            "--",
-            ACCEL,
-            "probe-worker",
-        ])
-        .env_remove("ACCEL_RUN_TOKEN")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        c.args(["netns", "exec", ns, ACCEL])
+            .args(machine_args("2", rank, "10.231.7.1", "29555"))
+            .args(argv(
+                "--token netns-token --join-timeout 10s -n 2 --",
+                &[ACCEL, "probe-worker"],
+            ));
+        clean(&mut c);
         c
     };
     let m1 = start(in_ns(&ns.names[1], "1"));

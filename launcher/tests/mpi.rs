@@ -10,7 +10,7 @@ mod common;
 #[path = "../../test-support/skips.rs"]
 mod skips;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -155,12 +155,8 @@ fn a_program_without_mpi_keeps_the_local_launch() {
     assert_eq!(r.stderr, "", "{}", r.all());
     let r = run(&owned(&["env", "--program", "sh"]), LIMIT);
     r.code_is(0);
-    assert!(
-        r.stdout.contains("this program: cpu-gloo (")
-            && r.stdout.contains("does not link an MPI library"),
-        "{}",
-        r.all()
-    );
+    r.has_stdout("this program: cpu-gloo (");
+    r.has_stdout("does not link an MPI library");
 }
 
 /// Issue 14: a rank that never enters a collective. The waiting rank
@@ -414,11 +410,8 @@ fn a_missing_mpirun_is_named_with_the_fix() {
     })
     .finish(LIMIT);
     r.code_is(127);
-    assert!(
-        r.stderr.contains("/nonexistent/mpirun") && r.stderr.contains("ACCEL_MPIRUN"),
-        "{}",
-        r.all()
-    );
+    r.has_stderr("/nonexistent/mpirun");
+    r.has_stderr("ACCEL_MPIRUN");
 }
 
 // ---- the conformance suite through `accel launch --backend mpi` ----
@@ -426,12 +419,7 @@ fn a_missing_mpirun_is_named_with_the_fix() {
 /// Build the conformance worker into this test's target directory (with
 /// the conformance harness's bounded `cargo_build`) and return its path.
 fn conformance_worker() -> PathBuf {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root");
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .parent()
-        .expect("target dir");
+    let (workspace, target) = workspace_and_target();
     accel_conformance::harness::cargo_build(
         workspace,
         target,

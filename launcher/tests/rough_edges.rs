@@ -151,9 +151,7 @@ fn a_huge_process_count_is_an_error_not_a_sigkill() {
 
 #[test]
 fn the_token_can_stay_out_of_ps() {
-    let dir = tempfile::tempdir().unwrap();
-    let f = dir.path().join("token");
-    std::fs::write(&f, "0123456789abcdef\n").unwrap();
+    let (_dir, f) = temp_file("token", "0123456789abcdef\n");
     let r = accel(&[
         "launch",
         "--token-file",
@@ -169,11 +167,8 @@ fn the_token_can_stay_out_of_ps() {
     // On the command line it still works, with a warning.
     let r = accel(&["launch", "--token", "abc", "--", "true"]);
     r.code_is(0);
-    assert!(
-        r.stderr.contains("visible to every user") && r.stderr.contains("--token-file"),
-        "{}",
-        r.all()
-    );
+    r.has_stderr("visible to every user");
+    r.has_stderr("--token-file");
     // The environment works too, silently.
     let mut c = command(&["launch", "--", "sh", "-c", "echo token=$ACCEL_RUN_TOKEN"]);
     c.env("ACCEL_RUN_TOKEN", "fromenv");

@@ -8,7 +8,7 @@ mod common;
 #[path = "../../test-support/skips.rs"]
 mod skips;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -169,32 +169,26 @@ fn srun_starts_one_accel_launch_per_node() {
     all_reduced(&r.stdout, 2);
 }
 
-fn sbatch_script(dir: &Path, body: &str) -> PathBuf {
-    let p = dir.join("job.sh");
+/// `sbatch MODE` of a 2-task job script running `body` on `c`, its output
+/// to `job.out` in the cluster's folder: the run (bounded by `limit`) and
+/// that output file.
+fn sbatch(c: &Cluster, mode: &str, body: &str, limit: Duration) -> (Run, PathBuf) {
+    let (script, out) = (c.dir.join("job.sh"), c.dir.join("job.out"));
     std::fs::write(
-        &p,
+        &script,
         format!("#!/bin/bash\n#SBATCH -n 2\n#SBATCH -t 5\n{body}\n"),
     )
     .unwrap();
-    p
+    let args = [mode, "-o", out.to_str().unwrap(), script.to_str().unwrap()];
+    (start(c.cmd("sbatch", &args)).finish(limit), out)
 }
 
 #[test]
 fn the_documented_sbatch_script_runs() {
     let Some(c) = Cluster::start() else { return };
-    let out = c.dir.join("job.out");
     // docs/multi-machine.md's script: srun starts the ranks, rank 0 hosts.
-    let script = sbatch_script(&c.dir, &format!("srun {ACCEL} probe-worker --accelerator"));
-    let r = start(c.cmd(
-        "sbatch",
-        &[
-            "--wait",
-            "-o",
-            out.to_str().unwrap(),
-            script.to_str().unwrap(),
-        ],
-    ))
-    .finish(Duration::from_secs(120));
+    let body = format!("srun {ACCEL} probe-worker --accelerator");
+    let (r, out) = sbatch(&c, "--wait", &body, Duration::from_secs(120));
     let text = std::fs::read_to_string(&out).unwrap_or_default();
     assert_eq!(r.code, Some(0), "{}\n{text}", r.all());
     all_reduced(&text, 2);
@@ -203,13 +197,13 @@ fn the_documented_sbatch_script_runs() {
 #[test]
 fn scancel_ends_every_rank_and_leaves_no_process() {
     let Some(c) = Cluster::start() else { return };
-    let out = c.dir.join("job.out");
     let pid = std::process::id();
     // Spelled so that only the ranks' own command lines (after `exec -a`)
     // contain the marker, not the launcher's or the shell's.
     let marker = format!("accel-scancel-{pid}");
-    let script = sbatch_script(
-        &c.dir,
+    let (r, _) = sbatch(
+        &c,
+        "--parsable",
         &format!(
             // The step's output straight to a file (slurmstepd writes it, so
             // nothing is lost when srun itself is cancelled).
@@ -217,17 +211,8 @@ fn scancel_ends_every_rank_and_leaves_no_process() {
             step = c.dir.join("step.out").display(),
             step_err = c.dir.join("step.err").display()
         ),
+        Duration::from_secs(30),
     );
-    let r = start(c.cmd(
-        "sbatch",
-        &[
-            "--parsable",
-            "-o",
-            out.to_str().unwrap(),
-            script.to_str().unwrap(),
-        ],
-    ))
-    .finish(Duration::from_secs(30));
     r.code_is(0);
     let job = r.stdout.trim().split(';').next().unwrap().to_string();
     assert!(

@@ -23,7 +23,15 @@ fn groups() -> Vec<&'static str> {
     }
 }
 
+/// `launch FLAGS -- sh -c SCRIPT` on 2 ranks in `group`.
+fn launch_sh(group: &str, flags: &str, script: &str) -> Run {
+    launch(group, &argv(&format!("-n 2 {flags} -- sh -c"), &[script]))
+}
+
+/// `launch ARGS` in `group` (said on stderr first, so that a failed
+/// assertion's captured output names the group).
 fn launch(group: &str, args: &[&str]) -> Run {
+    eprintln!("--- the {group} group");
     let mut v = vec!["launch"];
     if group == "mpi" {
         v.extend(["--backend", "mpi"]);
@@ -35,21 +43,12 @@ fn launch(group: &str, args: &[&str]) -> Run {
 #[test]
 fn restarts_rerun_the_group_with_the_restart_count() {
     for g in groups() {
-        let r = launch(
-            g,
-            &argv(
-                "-n 2 --max-restarts 2 --json -- sh -c",
-                &["test \"$ACCEL_RESTART_COUNT\" = 1 || exit 3"],
-            ),
-        );
-        assert_eq!(r.code, Some(0), "{g}: {}", r.all());
+        let script = "test \"$ACCEL_RESTART_COUNT\" = 1 || exit 3";
+        let r = launch_sh(g, "--max-restarts 2 --json", script);
+        r.code_is(0);
         let statuses = attempt_statuses(&r.stdout);
         assert_eq!(statuses, ["failed", "succeeded"], "{g}: {}", r.all());
-        assert!(
-            r.stderr.contains("ACCEL_RESTART_COUNT=1"),
-            "{g}: {}",
-            r.all()
-        );
+        r.has_stderr("ACCEL_RESTART_COUNT=1");
     }
 }
 
@@ -57,15 +56,9 @@ fn restarts_rerun_the_group_with_the_restart_count() {
 fn a_silent_rank_is_reported_as_hung() {
     for g in groups() {
         let script = format!("if [ {MY_RANK} = 1 ]; then sleep 60; else echo hi; sleep 60; fi");
-        let r = launch(
-            g,
-            &argv(
-                "-n 2 --hang-timeout 2s --grace-period 1s -- sh -c",
-                &[&script],
-            ),
-        );
-        assert_eq!(r.code, Some(124), "{g}: {}", r.all());
-        assert!(r.stderr.contains("hung: no output for"), "{g}: {}", r.all());
+        let r = launch_sh(g, "--hang-timeout 2s --grace-period 1s", &script);
+        r.code_is(124);
+        r.has_stderr("hung: no output for");
         assert!(
             r.stderr.contains("rank:      1") || r.stderr.contains("rank:      0"),
             "{g}: {}",
@@ -80,17 +73,16 @@ fn json_names_the_failed_rank_its_pid_and_the_store() {
         // The short sleep: a rank that fails while mpirun is still starting
         // is reported with less detail.
         let script = format!("sleep 0.5; [ {MY_RANK} = 1 ] && exit 7; sleep 20");
-        let r = launch(g, &["-n", "2", "--json", "--", "sh", "-c", &script]);
-        assert_eq!(r.code, Some(7), "{g}: {}", r.all());
-        let v: serde_json::Value =
-            serde_json::from_str(r.stdout.lines().last().unwrap_or_default()).unwrap();
+        let r = launch_sh(g, "--json", &script);
+        r.code_is(7);
+        let v = json_summary(&r.stdout);
         assert_eq!(v["world_size"], 2, "{g}: {}", r.all());
         assert_eq!(v["exit_code"], 7, "{g}: {}", r.all());
         let root = &v["attempts"][0]["root_cause"];
         if g == "mpi" && root.is_null() {
             // Open MPI 4.1 sometimes omits its "Process name" report (about
             // 1 run in 5 here, mpirun alone too): then the block says so.
-            assert!(r.stderr.contains("rank:      unknown"), "{g}: {}", r.all());
+            r.has_stderr("rank:      unknown");
             continue;
         }
         assert_eq!(root["rank"], 1, "{g}: {}", r.all());
@@ -125,7 +117,7 @@ fn tee_writes_one_file_per_rank_and_the_filter_hides_ranks() {
                 ],
             ),
         );
-        assert_eq!(r.code, Some(0), "{g}: {}", r.all());
+        r.code_is(0);
         for rank in 0..2 {
             let log = std::fs::read_to_string(dir.path().join(format!("rank-{rank}.log"))).unwrap();
             assert!(
@@ -133,7 +125,7 @@ fn tee_writes_one_file_per_rank_and_the_filter_hides_ranks() {
                 "{g}: rank {rank}: {log}"
             );
         }
-        assert!(r.stdout.contains("[rank 1] out-1"), "{g}: {}", r.all());
+        r.has_stdout("[rank 1] out-1");
         assert!(!r.stdout.contains("[rank 0]"), "{g}: {}", r.all());
     }
 }
@@ -170,8 +162,8 @@ fn a_successful_run_leaves_no_grandchild() {
             );
         }
         script += "exit 0";
-        let r = launch(g, &["-n", "2", "--", "sh", "-c", &script]);
-        assert_eq!(r.code, Some(0), "{g}: {}", r.all());
+        let r = launch_sh(g, "", &script);
+        r.code_is(0);
         let children = pids_in(dir.path());
         assert_eq!(children.len(), 2, "{g}: {}", r.all());
         for pid in children {

@@ -2,12 +2,14 @@
 //! process whose rank threads are the run's ranks, with the `[rank N]`
 //! prefixes and the root-cause block of process launches; `--backend xla`
 //! on the PJRT CPU plugin (skipped with the reason when the plugin is
-//! missing, failed under CI=true), and cpu-gloo with
+//! missing, failed under CI), and cpu-gloo with
 //! `ACCEL_PROCESS_MODEL=threads`. The pure-Rust training demo ends with the
 //! same parameter checksum on xla rank threads as on cpu-gloo processes.
 //! Every run is under a hard deadline.
 
 mod common;
+#[path = "../../test-support/skips.rs"]
+mod skips;
 
 use common::*;
 
@@ -21,17 +23,12 @@ fn xla_or_skip(test: &str) -> bool {
             .reason()
             .map(str::to_string),
     };
-    match reason {
-        None => true,
-        Some(why) => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "{test}: CI=true but xla cannot run (run `make pjrt-setup`): {why}"
-            );
-            eprintln!("skipping {test}: {why}");
-            false
-        }
+    if let Some(why) = &reason {
+        skips::skip(&format!(
+            "{test}: xla cannot run (run `make pjrt-setup`): {why}"
+        ));
     }
+    reason.is_none()
 }
 
 fn seen(r: &Run, rank: usize) -> serde_json::Value {
@@ -125,11 +122,7 @@ fn a_rank_thread_abort_is_blamed_on_its_rank() {
     assert_ne!(r.code, Some(0), "{}", r.all());
     r.has_stderr("rank:      2 (local rank 2)");
     r.has_stderr("[rank 2] thread 'rank 2' aborted (SIGABRT)");
-    assert!(
-        !r.stderr.contains("no rank thread said which"),
-        "{}",
-        r.all()
-    );
+    r.lacks_stderr("no rank thread said which");
 }
 
 #[test]

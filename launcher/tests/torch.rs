@@ -3,6 +3,8 @@
 //! tests print why and skip; under CI they fail.
 
 mod common;
+#[path = "../../test-support/skips.rs"]
+mod skips;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,13 +18,25 @@ fn venv_bin() -> Option<PathBuf> {
     if bin.join("torchrun").exists() {
         return Some(bin);
     }
-    let why = format!(
-        "skipping: no torch venv at {} (`make torch-venv`)",
+    skips::skip(&format!(
+        "no torch venv at {} (`make torch-venv`)",
         bin.display()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{why}; CI must not skip");
-    eprintln!("{why}");
+    ));
     None
+}
+
+/// The venv's bin folder and a fresh temporary directory, or `None` (the
+/// test skips) without the venv.
+fn venv_and_dir() -> Option<(PathBuf, tempfile::TempDir)> {
+    Some((venv_bin()?, tempfile::tempdir().unwrap()))
+}
+
+/// [`venv_and_dir`], with the script `name` holding `text` in that
+/// directory: its path is the third.
+fn venv_with(name: &str, text: &str) -> Option<(PathBuf, tempfile::TempDir, String)> {
+    let (bin, dir) = venv_and_dir()?;
+    let path = script(dir.path(), name, text);
+    Some((bin, dir, path))
 }
 
 /// `cmd` with the venv's python3 first on PATH (torchrun's "current Python").
@@ -77,9 +91,9 @@ fn params(dir: &Path, rank: usize) -> String {
 
 #[test]
 fn a_torch_ddp_script_ends_bit_for_bit_as_under_torchrun() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let ddp = script(dir.path(), "ddp.py", DDP);
+    let Some((bin, dir, ddp)) = venv_with("ddp.py", DDP) else {
+        return;
+    };
 
     let (ours_dir, theirs_dir) = (dir.path().join("ours"), dir.path().join("theirs"));
     std::fs::create_dir_all(&ours_dir).unwrap();
@@ -129,9 +143,9 @@ main()
 
 #[test]
 fn a_raising_torch_rank_is_the_root_cause_with_its_python_exception() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let raise = script(dir.path(), "raise.py", RAISE);
+    let Some((bin, _dir, raise)) = venv_with("raise.py", RAISE) else {
+        return;
+    };
     let r = start(in_venv(command(&["launch", "-n", "2", &raise]), &bin))
         .finish(Duration::from_secs(120));
     assert_ne!(r.code, Some(0), "{}", r.all());
@@ -145,11 +159,15 @@ fn a_raising_torch_rank_is_the_root_cause_with_its_python_exception() {
     assert!(block.contains("raise.py:9 (in main)"), "{block}");
 }
 
+/// A module for `python -m`: says its rank, whether torch's agent store is
+/// used, and OMP_NUM_THREADS.
+const HELLO_MOD: &str = "import os\nprint('hello from', os.environ['RANK'], os.environ['TORCHELASTIC_USE_AGENT_STORE'], os.environ.get('OMP_NUM_THREADS'))\n";
+
 #[test]
 fn module_and_no_python_run_as_under_torchrun() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    script(dir.path(), "hello_mod.py", "import os\nprint('hello from', os.environ['RANK'], os.environ['TORCHELASTIC_USE_AGENT_STORE'], os.environ.get('OMP_NUM_THREADS'))\n");
+    let Some((bin, dir, _)) = venv_with("hello_mod.py", HELLO_MOD) else {
+        return;
+    };
     let mut cmd = in_venv(command(&["launch", "-n", "2", "-m", "hello_mod"]), &bin);
     cmd.current_dir(dir.path()).env("PYTHONPATH", dir.path());
     let r = start(cmd).finish(Duration::from_secs(60));
@@ -260,9 +278,9 @@ fn accelerate_writes(bin: &Path, file: &Path, fields: &str) {
 
 #[test]
 fn accelerates_config_file_launches_as_under_accelerate_launch() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let probe = script(dir.path(), "probe.py", CONFIG_PROBE);
+    let Some((bin, dir, probe)) = venv_with("probe.py", CONFIG_PROBE) else {
+        return;
+    };
     let cfg = dir.path().join("accel_config.yaml");
     accelerate_writes(
         &bin,
@@ -327,8 +345,9 @@ fn accelerates_config_file_launches_as_under_accelerate_launch() {
 
 #[test]
 fn accelerates_default_config_is_read_and_what_accel_cannot_honour_is_refused() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
+    let Some((bin, dir)) = venv_and_dir() else {
+        return;
+    };
     // `accelerate config default` (JSON, whatever the file's name).
     let cfg = dir.path().join("default_config.yaml");
     let mut acc = Command::new(bin.join("accelerate"));
@@ -381,11 +400,8 @@ fn accelerates_default_config_is_read_and_what_accel_cannot_honour_is_refused() 
             "true",
         ]);
         r.code_is(2);
-        assert!(
-            r.stderr.contains(says) && r.stderr.contains("bad.yml"),
-            "{}",
-            r.all()
-        );
+        r.has_stderr(says);
+        r.has_stderr("bad.yml");
     }
 }
 
@@ -439,8 +455,9 @@ fn shown(out: &str) -> Vec<(usize, String)> {
 
 #[test]
 fn torchruns_tee_and_redirects_write_and_show_what_torchrun_does() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
+    let Some((bin, dir)) = venv_and_dir() else {
+        return;
+    };
     let (ours_dir, theirs_dir) = (dir.path().join("ours"), dir.path().join("theirs"));
     // Local rank 0: both streams teed; rank 1: stdout teed, stderr
     // redirected (to its file only).
@@ -527,34 +544,18 @@ if attempt == "0" and r == 3:
 
 #[test]
 fn a_torch_program_runs_under_accel_launch_on_two_machines() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let prog = script(dir.path(), "allreduce.py", ALL_REDUCE);
+    let Some((bin, dir, prog)) = venv_with("allreduce.py", ALL_REDUCE) else {
+        return;
+    };
     let out = dir.path().to_string_lossy().into_owned();
     let port = free_port().to_string();
     let machine = |rank: &str| {
-        let mut c = in_venv(
-            command(&[
-                "launch",
-                "--num-machines",
-                "2",
-                "--machine-rank",
-                rank,
-                "--main-process-ip",
-                "127.0.0.1",
-                "--main-process-port",
-                &port,
-                "--join-timeout",
-                "60s",
-                "--max-restarts",
-                "1",
-                "-n",
-                "2",
-                &prog,
-                &out,
-            ]),
-            &bin,
-        );
+        let mut args = machine_args("2", rank, "127.0.0.1", &port);
+        args.extend(argv(
+            "--join-timeout 60s --max-restarts 1 -n 2",
+            &[prog.as_str(), out.as_str()],
+        ));
+        let mut c = in_venv(command(&args), &bin);
         c.env("ACCEL_RUN_TOKEN", "torch-machines");
         start(c)
     };
@@ -620,9 +621,9 @@ fn acc_lines(out: &str) -> Vec<String> {
 
 #[test]
 fn an_accelerate_script_prints_what_it_prints_under_accelerate_launch() {
-    let Some(bin) = venv_bin() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let s = script(dir.path(), "acc.py", ACCELERATE);
+    let Some((bin, _dir, s)) = venv_with("acc.py", ACCELERATE) else {
+        return;
+    };
     let ours =
         start(in_venv(command(&["launch", "-n", "2", &s]), &bin)).finish(Duration::from_secs(120));
     ours.code_is(0);

@@ -338,16 +338,11 @@ impl Store for FileStore {
         Ok(new)
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
         let _lock = self.lock("store compare_set", key)?;
         let cur = self.read("store compare_set", key)?;
         if cur.as_deref() == expected {
-            self.write("store compare_set", key, desired)?;
+            self.write("store compare_set", key, new)?;
             Ok(CasOutcome::Swapped)
         } else {
             Ok(CasOutcome::Current(cur))

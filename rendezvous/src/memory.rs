@@ -192,16 +192,11 @@ impl Store for MemoryStore {
         Ok(new)
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
         let mut map = self.lock();
         let cur = map.get(key).map(|v| v.as_slice());
         if cur == expected {
-            map.insert(key.to_string(), desired.to_vec());
+            map.insert(key.to_string(), new.to_vec());
             drop(map);
             self.changed.notify_all();
             Ok(CasOutcome::Swapped)
@@ -267,15 +262,12 @@ mod tests {
             s.add("x", 1).unwrap_err().kind(),
             ErrorKind::Corrupt
         ));
-        assert_eq!(s.compare_set("n", None, b"1").unwrap(), CasOutcome::Swapped);
-        assert_eq!(
-            s.compare_set("n", None, b"2").unwrap(),
-            CasOutcome::Current(Some(b"1".to_vec()))
-        );
-        assert_eq!(
-            s.compare_set("n", Some(b"1"), b"2").unwrap(),
-            CasOutcome::Swapped
-        );
+        let steps = [
+            (None, "1", CasOutcome::Swapped),
+            (None, "2", CasOutcome::Current(Some(b"1".to_vec()))),
+            (Some("1"), "2", CasOutcome::Swapped),
+        ];
+        crate::scenarios::cas_steps(&s, "n", &steps);
         assert!(s.delete("n").unwrap());
         assert!(!s.delete("n").unwrap());
     }
@@ -320,15 +312,10 @@ mod tests {
     #[test]
     fn barrier_releases_all_and_reports_stragglers() {
         let s = Arc::new(MemoryStore::new());
-        let hs: Vec<_> = (0..3)
-            .map(|_| {
-                let s = s.clone();
-                std::thread::spawn(move || s.barrier("b1", 3, Duration::from_secs(5)))
-            })
-            .collect();
-        for h in hs {
-            h.join().unwrap().unwrap();
-        }
+        crate::test_util::all_succeed(3, || {
+            let s = s.clone();
+            move || s.barrier("b1", 3, Duration::from_secs(5))
+        });
         let e = s.barrier("b2", 2, Duration::from_millis(20)).unwrap_err();
         assert!(e.to_string().contains("1 of 2"), "{e}");
     }

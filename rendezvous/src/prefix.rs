@@ -78,13 +78,8 @@ impl Store for PrefixStore {
         self.inner.add(&self.key(key), delta)
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
-        self.inner.compare_set(&self.key(key), expected, desired)
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
+        self.inner.compare_set(&self.key(key), expected, new)
     }
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {

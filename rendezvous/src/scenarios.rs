@@ -145,25 +145,35 @@ pub(crate) fn add_counts_and_rejects_non_integers(f: &Fixture) {
     assert!(e.to_string().contains("big"), "{e}");
 }
 
+/// `compare_set(key, expected, new)` on `s`, one step after another, each
+/// with the outcome given.
+#[track_caller]
+pub(crate) fn cas_steps(s: &dyn Store, key: &str, steps: &[(Option<&str>, &str, CasOutcome)]) {
+    for (expected, new, outcome) in steps {
+        let got = s.compare_set(key, expected.map(str::as_bytes), new.as_bytes());
+        assert_eq!(
+            &got.unwrap(),
+            outcome,
+            "compare_set({key:?}, {expected:?}, {new:?})"
+        );
+    }
+}
+
 pub(crate) fn compare_set_swaps_only_on_match(f: &Fixture) {
     let s = &f.store;
-    assert_eq!(s.compare_set("n", None, b"1").unwrap(), CasOutcome::Swapped);
-    assert_eq!(
-        s.compare_set("n", None, b"2").unwrap(),
-        CasOutcome::Current(Some(b"1".to_vec()))
-    );
-    assert_eq!(
-        s.compare_set("n", Some(b"9"), b"2").unwrap(),
-        CasOutcome::Current(Some(b"1".to_vec()))
-    );
-    assert_eq!(
-        s.compare_set("n", Some(b"1"), b"2").unwrap(),
-        CasOutcome::Swapped
-    );
+    let one = || CasOutcome::Current(Some(b"1".to_vec()));
+    let steps = [
+        (None, "1", CasOutcome::Swapped),
+        (None, "2", one()),
+        (Some("9"), "2", one()),
+        (Some("1"), "2", CasOutcome::Swapped),
+    ];
+    cas_steps(&**s, "n", &steps);
     assert_eq!(s.try_get("n").unwrap(), Some(b"2".to_vec()));
-    assert_eq!(
-        s.compare_set("absent", Some(b"1"), b"2").unwrap(),
-        CasOutcome::Current(None)
+    cas_steps(
+        &**s,
+        "absent",
+        &[(Some("1"), "2", CasOutcome::Current(None))],
     );
     assert_eq!(s.try_get("absent").unwrap(), None);
 }
@@ -239,15 +249,10 @@ pub(crate) fn odd_keys_are_distinct(f: &Fixture) {
 
 pub(crate) fn barrier_releases_everyone(f: &Fixture) {
     let s = &f.store;
-    let hs: Vec<_> = (0..3)
-        .map(|_| {
-            let s = s.clone();
-            std::thread::spawn(move || s.barrier("b", 3, LONG))
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap().unwrap();
-    }
+    crate::test_util::all_succeed(3, || {
+        let s = s.clone();
+        move || s.barrier("b", 3, LONG)
+    });
     let e = s
         .barrier("lonely", 2, Duration::from_millis(30))
         .unwrap_err();

@@ -1,4 +1,5 @@
-//! Test helpers: temporary directories, captured logs, child processes.
+//! Test helpers: temporary directories, threads that must all succeed,
+//! captured logs, child processes.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -36,46 +37,39 @@ impl Drop for TempDir {
     }
 }
 
+// ---------------------------------------------------------------- threads
+
+/// Run `n` threads, each running what one call of `make` returns, and wait
+/// for all of them: each must return `Ok`.
+pub(crate) fn all_succeed<T, F>(n: usize, make: impl Fn() -> F)
+where
+    F: FnOnce() -> accel_api::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let hs: Vec<_> = (0..n).map(|_| std::thread::spawn(make())).collect();
+    for h in hs {
+        h.join().unwrap().unwrap();
+    }
+}
+
 // ---------------------------------------------------------------- logs
 
 static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-/// Records every event (debug and above) of every thread as one line of
-/// `LEVEL field=value ...`.
-struct Capture;
-
-struct Line(String);
-
-impl tracing::field::Visit for Line {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        use std::fmt::Write;
-        let _ = write!(self.0, " {}={:?}", field.name(), value);
-    }
-}
-
-impl tracing::Subscriber for Capture {
-    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
-        *m.level() <= tracing::Level::DEBUG
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, e: &tracing::Event<'_>) {
-        let mut line = Line(e.metadata().level().to_string());
-        e.record(&mut line);
-        LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(line.0);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
+#[path = "../../test-support/log_lines.rs"]
+mod log_lines;
 
 /// Install the capturing subscriber for the whole test process (once).
 pub(crate) fn capture_logs() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        tracing::subscriber::set_global_default(Capture).expect("no other global subscriber");
+        // Every event (debug and above) of every thread, as one line of
+        // `LEVEL field=value ...`.
+        let capture = log_lines::LineSubscriber {
+            wanted: |m| *m.level() <= tracing::Level::DEBUG,
+            line: |l| LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(l),
+        };
+        tracing::subscriber::set_global_default(capture).expect("no other global subscriber");
     });
 }
 

@@ -21,7 +21,10 @@ mod wire;
 
 #[path = "../../fuzz/budget.rs"]
 mod budget;
+#[path = "../../fuzz/mutate.rs"]
+mod mutate;
 
+use mutate::{apply, Mutation};
 use wire::{read_frame, FrameError, Request, Response, WireErrorKind, MAGIC, MAX_FRAME};
 
 /// Counts what the current thread allocates while [`measure`] runs.
@@ -94,25 +97,38 @@ fn decode_budget(len: usize) -> usize {
 }
 
 fn check_decode(payload: &[u8]) -> Result<(), TestCaseError> {
-    let (req, total, _) = alloc_count::measure(|| Request::decode(payload));
+    check_decoder("Request", payload, Request::decode, check_canonical_request)?;
+    check_decoder(
+        "Response",
+        payload,
+        Response::decode,
+        check_canonical_response,
+    )
+}
+
+/// `decode` (`what::decode`) of `payload` stays within the allocation
+/// budget, and what it accepts passes `canonical`.
+fn check_decoder<T, E>(
+    what: &str,
+    payload: &[u8],
+    decode: impl FnOnce(&[u8]) -> Result<T, E>,
+    canonical: impl FnOnce(&T, &[u8]) -> Result<(), TestCaseError>,
+) -> Result<(), TestCaseError> {
+    let (msg, total, _) = alloc_count::measure(|| decode(payload));
     prop_assert!(
         total <= decode_budget(payload.len()),
-        "Request::decode of {} bytes allocated {total} bytes",
+        "{what}::decode of {} bytes allocated {total} bytes",
         payload.len()
     );
-    if let Ok(r) = &req {
-        check_canonical_request(r, payload)?;
-    }
-    let (resp, total, _) = alloc_count::measure(|| Response::decode(payload));
-    prop_assert!(
-        total <= decode_budget(payload.len()),
-        "Response::decode of {} bytes allocated {total} bytes",
-        payload.len()
-    );
-    if let Ok(r) = &resp {
-        check_canonical_response(r, payload)?;
+    if let Ok(m) = &msg {
+        canonical(m, payload)?;
     }
     Ok(())
+}
+
+/// A message's encoding as a whole frame (header included).
+fn reencode(encoded: Result<Vec<u8>, usize>) -> Result<Vec<u8>, TestCaseError> {
+    encoded.map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))
 }
 
 /// A decoded request encodes back to the very bytes it came from (the
@@ -124,26 +140,19 @@ fn check_canonical_request(r: &Request, payload: &[u8]) -> Result<(), TestCaseEr
             return Ok(());
         }
     }
-    let f = r
-        .encode()
-        .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
+    let f = reencode(r.encode())?;
     prop_assert_eq!(&f[4..], payload, "{:?} is not canonical", r);
     Ok(())
 }
 
 fn check_canonical_response(r: &Response, payload: &[u8]) -> Result<(), TestCaseError> {
+    let f = reencode(r.encode())?;
     if let Response::Error { .. } = r {
         // Unknown error-kind codes read as `Protocol`: compare all but that byte.
-        let f = r
-            .encode()
-            .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
         prop_assert_eq!(f.len() - 4, payload.len());
         prop_assert_eq!(&f[6..], &payload[2..]);
         return Ok(());
     }
-    let f = r
-        .encode()
-        .map_err(|n| TestCaseError::fail(format!("re-encode: {n} bytes")))?;
     prop_assert_eq!(&f[4..], payload, "{:?} is not canonical", r);
     Ok(())
 }
@@ -210,18 +219,6 @@ fn response() -> impl Strategy<Value = Response> {
     ]
 }
 
-/// One edit of a valid payload.
-#[derive(Debug, Clone)]
-enum Mutation {
-    FlipBit(usize, u8),
-    SetByte(usize, u8),
-    /// Overwrite 4 bytes (a length or count field, often) with this value.
-    SetU32(usize, u32),
-    Truncate(usize),
-    Insert(usize, Vec<u8>),
-    Remove(usize, usize),
-}
-
 fn mutation() -> impl Strategy<Value = Mutation> {
     let big = prop_oneof![
         Just(u32::MAX),
@@ -239,41 +236,6 @@ fn mutation() -> impl Strategy<Value = Mutation> {
         (any::<usize>(), vec(any::<u8>(), 1..16)).prop_map(|(i, b)| Mutation::Insert(i, b)),
         (any::<usize>(), 1usize..8).prop_map(|(i, n)| Mutation::Remove(i, n)),
     ]
-}
-
-fn apply(mut p: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
-    for m in muts {
-        let at = |i: usize, len: usize| if len == 0 { 0 } else { i % len };
-        match m {
-            Mutation::FlipBit(i, b) if !p.is_empty() => {
-                let i = at(*i, p.len());
-                p[i] ^= 1 << b;
-            }
-            Mutation::SetByte(i, b) if !p.is_empty() => {
-                let i = at(*i, p.len());
-                p[i] = *b;
-            }
-            Mutation::SetU32(i, v) if p.len() >= 4 => {
-                let i = at(*i, p.len() - 3);
-                p[i..i + 4].copy_from_slice(&v.to_le_bytes());
-            }
-            Mutation::Truncate(i) => {
-                let i = at(*i, p.len() + 1);
-                p.truncate(i);
-            }
-            Mutation::Insert(i, b) => {
-                let i = at(*i, p.len() + 1);
-                p.splice(i..i, b.iter().copied());
-            }
-            Mutation::Remove(i, n) if !p.is_empty() => {
-                let i = at(*i, p.len());
-                let end = (i + n).min(p.len());
-                p.drain(i..end);
-            }
-            _ => {}
-        }
-    }
-    p
 }
 
 /// A payload: arbitrary bytes, arbitrary bytes after a real opcode, or an

@@ -29,51 +29,25 @@ static WARNINGS: AtomicU64 = AtomicU64::new(0);
 static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 static FIRST_LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
+#[path = "../../test-support/log_lines.rs"]
+mod log_lines;
+
 /// Counts the store's warnings (the launcher would print each of them).
-struct CountWarnings;
-
-struct Fields {
-    suppressed: u64,
-    text: String,
-}
-
-impl tracing::field::Visit for Fields {
-    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
-        if field.name() == "suppressed" {
-            self.suppressed = value;
-        }
-        self.record_debug(field, &value);
+fn count_warnings() -> log_lines::LineSubscriber {
+    log_lines::LineSubscriber {
+        wanted: |m| {
+            *m.level() <= tracing::Level::WARN && m.target().starts_with("accel_rendezvous")
+        },
+        line: |l| {
+            WARNINGS.fetch_add(1, Ordering::SeqCst);
+            let suppressed = log_lines::u64_field(&l, "suppressed").unwrap_or(0);
+            SUPPRESSED.fetch_add(suppressed, Ordering::SeqCst);
+            let mut first = FIRST_LINES.lock().unwrap();
+            if first.len() < 50 {
+                first.push(l);
+            }
+        },
     }
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        use std::fmt::Write;
-        let _ = write!(self.text, " {}={:?}", field.name(), value);
-    }
-}
-
-impl tracing::Subscriber for CountWarnings {
-    fn enabled(&self, m: &tracing::Metadata<'_>) -> bool {
-        *m.level() <= tracing::Level::WARN && m.target().starts_with("accel_rendezvous")
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, e: &tracing::Event<'_>) {
-        let mut f = Fields {
-            suppressed: 0,
-            text: String::new(),
-        };
-        e.record(&mut f);
-        WARNINGS.fetch_add(1, Ordering::SeqCst);
-        SUPPRESSED.fetch_add(f.suppressed, Ordering::SeqCst);
-        let mut first = FIRST_LINES.lock().unwrap();
-        if first.len() < 50 {
-            first.push(f.text);
-        }
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 // ------------------------------------------------------------ helpers
@@ -177,7 +151,7 @@ fn thousands_of_slow_connections_do_not_lock_real_clients_out() {
         eprintln!("slow_clients: still running after 120 s, giving up");
         std::process::exit(2);
     });
-    tracing::subscriber::set_global_default(CountWarnings).unwrap();
+    tracing::subscriber::set_global_default(count_warnings()).unwrap();
 
     // The attackers' ends plus the server's (at most max_handshakes of
     // those), plus room for the test itself.

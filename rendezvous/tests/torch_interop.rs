@@ -13,28 +13,17 @@ use accel_rendezvous::{TorchStore, TorchStoreServer};
 
 const T: Duration = Duration::from_secs(20);
 
+#[path = "../../test-support/python.rs"]
+mod python;
+
 /// `ACCEL_TORCH_PYTHON`, else the workspace's `.accel-cache/torch-venv`.
 fn torch_python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.accel-cache/torch-venv/bin/python");
-    let p = std::env::var_os("ACCEL_TORCH_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or(venv);
-    let ok = Command::new(&p)
-        .args(["-c", "import torch.distributed"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return Some(p);
-    }
-    let why = format!(
-        "skipping: no Python with torch at {} (`make torch-venv` makes it)",
-        p.display()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{why}; CI must not skip");
-    eprintln!("{why}");
-    None
+    let venvs = python::torch_python_candidates(&Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+    python::python_from(
+        venvs,
+        "import torch.distributed",
+        "`make torch-venv` makes it",
+    )
 }
 
 /// A child killed when dropped, with a hard deadline on its output.

@@ -5,7 +5,6 @@
 use std::ops::Range;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use accel::worker_env::WorkerEnv;
@@ -13,10 +12,9 @@ use accel_api::Result;
 use nix::sys::signal::Signal;
 
 use super::{
-    error_file, failure_at, record, signal_group, spawn_member, Attempt, ProcessGroup, Program,
-    Sinks, Started,
+    error_file, failure_at, record, signal_group, spawn_member, Attempt, Events, ProcessGroup,
+    Program, Sinks, Started,
 };
-use crate::event::Event;
 use crate::output::Stream;
 use crate::report::{Exit, Failure};
 
@@ -94,7 +92,7 @@ impl LocalGroup {
         env: &WorkerEnv,
         what: &str,
         (attempt, index): (u32, usize),
-        tx: &Sender<Event>,
+        tx: &Events,
         on_line: impl Fn(Stream, &[u8]) + Send + Sync + 'static,
     ) -> Result<Started> {
         let label = format!("{what} ({})", self.program.argv0.to_string_lossy());
@@ -121,12 +119,7 @@ impl ProcessGroup for LocalGroup {
         self.local_ranks(attempt)
     }
 
-    fn start(
-        &mut self,
-        attempt: &Attempt,
-        sinks: &Sinks,
-        tx: &Sender<Event>,
-    ) -> Result<Vec<Started>> {
+    fn start(&mut self, attempt: &Attempt, sinks: &Sinks, tx: &Events) -> Result<Vec<Started>> {
         let mut started: Vec<Started> = Vec::with_capacity(self.local_world_size);
         for (local, sink) in sinks.iter().enumerate() {
             let what = format!("rank {}", attempt.rank_offset + local);
@@ -184,16 +177,8 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         let s = accel::ProcessState::from_vars(vars).unwrap();
-        assert_eq!(
-            (
-                s.rank,
-                s.world_size,
-                s.local_rank,
-                s.local_world_size,
-                s.node_rank
-            ),
-            (7, 8, 3, 4, 1)
-        );
+        assert_eq!((s.rank, s.world_size, s.node_rank), (7, 8, 1));
+        assert_eq!((s.local_rank, s.local_world_size), (3, 4));
         assert_eq!(s.source, accel::LaunchSource::Accel);
         assert_eq!(s.store_location().unwrap().unwrap(), "tcp://10.0.0.1:29500");
         assert_eq!((s.run_id.as_str(), s.token.as_deref()), ("r1", Some("tok")));

@@ -83,8 +83,23 @@ pub struct Started {
     pub pumps: Vec<JoinHandle<()>>,
 }
 
+/// A started process that ended: its index in [`ProcessGroup::start`]'s
+/// list, its pid, and how it ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Ended {
+    /// Its index among the started processes.
+    pub index: usize,
+    /// Its pid.
+    pub pid: u32,
+    /// How it ended.
+    pub exit: Exit,
+}
+
 /// The output sinks of a group's ranks, first rank first.
 pub type Sinks = [Arc<RankSink>];
+
+/// Where a group's processes report their ends ([`Event::Exited`]).
+pub type Events = Sender<Event>;
 
 /// A way of starting the processes of an attempt.
 pub trait ProcessGroup {
@@ -101,12 +116,7 @@ pub trait ProcessGroup {
     /// # Errors
     /// A process or thread that cannot be started; whatever was started is
     /// killed first.
-    fn start(
-        &mut self,
-        attempt: &Attempt,
-        sinks: &Sinks,
-        tx: &Sender<Event>,
-    ) -> Result<Vec<Started>>;
+    fn start(&mut self, attempt: &Attempt, sinks: &Sinks, tx: &Events) -> Result<Vec<Started>>;
 
     /// Send `sig` to started process `pid` (`alive`: it has not ended).
     /// The default signals the process's whole process group.
@@ -114,18 +124,12 @@ pub trait ProcessGroup {
         signal_group(pid, sig, alive);
     }
 
-    /// The root cause when process `index` (pid `pid`) ended with the
-    /// failure `exit`; `None` when the group cannot name the rank. The
-    /// default blames the rank at `sinks[index]` (one process per rank).
-    fn failure(
-        &self,
-        attempt: &Attempt,
-        (index, pid): (usize, u32),
-        exit: Exit,
-        sinks: &Sinks,
-    ) -> Option<Failure> {
-        let mut f = self.rank_failure(attempt, index, exit, sinks);
-        f.pid = Some(pid);
+    /// The root cause when a started process `ended` with a failure; `None`
+    /// when the group cannot name the rank. The default blames the rank at
+    /// `sinks[ended.index]` (one process per rank).
+    fn failure(&self, attempt: &Attempt, ended: Ended, sinks: &Sinks) -> Option<Failure> {
+        let mut f = self.rank_failure(attempt, ended.index, ended.exit, sinks);
+        f.pid = Some(ended.pid);
         Some(f)
     }
 
@@ -167,7 +171,7 @@ pub(crate) fn spawn_member(
     label: &str,
     attempt: u32,
     index: usize,
-    tx: &Sender<Event>,
+    tx: &Events,
     on_stdout: impl FnMut(&[u8]) + Send + 'static,
     on_stderr: impl FnMut(&[u8]) + Send + 'static,
 ) -> Result<Started> {

@@ -6,7 +6,6 @@ use std::ffi::OsString;
 use std::ops::Range;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
 use accel::worker_env::{keys, WorkerEnv};
@@ -15,9 +14,9 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 use super::{
-    failure_at, shared_record, spawn_member, Attempt, ProcessGroup, Program, Sinks, Started,
+    failure_at, shared_record, spawn_member, Attempt, Ended, Events, ProcessGroup, Program, Sinks,
+    Started,
 };
-use crate::event::Event;
 use crate::mpirun::{culprit, mpirun_command, Hosts, MpiFlavor, MpirunSpec};
 use crate::output::MpirunOutput;
 use crate::report::{Exit, Failure};
@@ -145,12 +144,7 @@ impl ProcessGroup for MpirunGroup {
         0..self.total
     }
 
-    fn start(
-        &mut self,
-        attempt: &Attempt,
-        sinks: &Sinks,
-        tx: &Sender<Event>,
-    ) -> Result<Vec<Started>> {
+    fn start(&mut self, attempt: &Attempt, sinks: &Sinks, tx: &Events) -> Result<Vec<Started>> {
         let inner = self.command(attempt);
         let mut cmd = match &self.guard {
             None => inner,
@@ -217,13 +211,7 @@ impl ProcessGroup for MpirunGroup {
         format!("received {signal}, sending SIGTERM to mpirun")
     }
 
-    fn failure(
-        &self,
-        attempt: &Attempt,
-        (_index, _pid): (usize, u32),
-        exit: Exit,
-        sinks: &Sinks,
-    ) -> Option<Failure> {
+    fn failure(&self, attempt: &Attempt, ended: Ended, sinks: &Sinks) -> Option<Failure> {
         let c = culprit(&self.explain());
         let named = c.rank.filter(|&r| r < self.total);
         // A record that names its rank is the cause (a panic, a rank another
@@ -233,7 +221,7 @@ impl ProcessGroup for MpirunGroup {
             .and_then(|r| r.rank)
             .filter(|&r| r < self.total);
         let rank = recorded.or(named)?;
-        let mut f = self.rank_failure(attempt, rank, c.exit.unwrap_or(exit), sinks);
+        let mut f = self.rank_failure(attempt, rank, c.exit.unwrap_or(ended.exit), sinks);
         if named == Some(rank) {
             if let Some(h) = c.host {
                 f.host = h;

@@ -17,7 +17,6 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
 use accel::worker_env::WorkerEnv;
@@ -25,11 +24,11 @@ use accel::ProcessModel;
 use accel_api::Result;
 
 use super::{
-    failure_at, record, shared_record, Attempt, LocalGroup, ProcessGroup, Program, Sinks, Started,
+    failure_at, record, shared_record, Attempt, Ended, Events, LocalGroup, ProcessGroup, Program,
+    Sinks, Started,
 };
 use crate::output::{RankSink, Stream, TAIL_LINES};
 use crate::report::{Exit, Failure};
-use crate::supervise::Event;
 
 /// Routes the lines of a threads process to its ranks' sinks.
 #[derive(Debug)]
@@ -133,12 +132,7 @@ impl ProcessGroup for ThreadsGroup {
         self.workers.local_ranks(attempt)
     }
 
-    fn start(
-        &mut self,
-        attempt: &Attempt,
-        sinks: &Sinks,
-        tx: &Sender<Event>,
-    ) -> Result<Vec<Started>> {
+    fn start(&mut self, attempt: &Attempt, sinks: &Sinks, tx: &Events) -> Result<Vec<Started>> {
         let out = ThreadsOutput::new(sinks.to_vec(), attempt.rank_offset);
         self.out = Some(out.clone());
         let s = self.workers.spawn(
@@ -154,13 +148,8 @@ impl ProcessGroup for ThreadsGroup {
         Ok(vec![s])
     }
 
-    fn failure(
-        &self,
-        attempt: &Attempt,
-        (_index, pid): (usize, u32),
-        exit: Exit,
-        sinks: &Sinks,
-    ) -> Option<Failure> {
+    fn failure(&self, attempt: &Attempt, ended: Ended, sinks: &Sinks) -> Option<Failure> {
+        let Ended { pid, exit, .. } = ended;
         // The error file names the rank thread that failed first; without
         // one, the rank thread the process's last words name (Rust names
         // the thread in a panic or an abort: `thread 'rank 1' has
@@ -293,12 +282,17 @@ mod tests {
         let mut g = ThreadsGroup::new(program(), 3);
         g.out = Some(out.clone());
         let aborted = Exit::Signal { signal: 6 };
-        let f = g.failure(&attempt(), (0, 42), aborted, &sinks).unwrap();
+        let ended = Ended {
+            index: 0,
+            pid: 42,
+            exit: aborted,
+        };
+        let f = g.failure(&attempt(), ended, &sinks).unwrap();
         assert_eq!(f.rank, 3);
         assert!(f.error.unwrap().contains("no rank thread said which"));
         out.line(Stream::Stderr, b"thread 'rank 4' has overflowed its stack");
         out.line(Stream::Stderr, b"fatal runtime error: stack overflow");
-        let f = g.failure(&attempt(), (0, 42), aborted, &sinks).unwrap();
+        let f = g.failure(&attempt(), ended, &sinks).unwrap();
         assert_eq!((f.rank, f.local_rank, f.pid), (4, 1, Some(42)));
         assert_eq!(
             thread_named(&["thread 'rank 12' panicked at x".into()]),

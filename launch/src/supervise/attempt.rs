@@ -20,7 +20,7 @@ use accel_api::{Error, Result};
 use nix::sys::signal::Signal;
 
 use super::Event;
-use crate::group::{sinks_for, Attempt, ProcessGroup, Started};
+use crate::group::{sinks_for, Attempt, Ended, ProcessGroup, Started};
 use crate::output::{say, RankFilter, RankSink};
 use crate::report::{Exit, Failure, WorkerEnd};
 
@@ -387,9 +387,8 @@ impl<'a> Supervisor<'a> {
         wait_pumps(&m.pumps, Duration::from_secs(1));
         let pid = m.pid;
         self.group.finish();
-        let mut root = self
-            .group
-            .failure(self.attempt, (index, pid), exit, &self.sinks);
+        let ended = Ended { index, pid, exit };
+        let mut root = self.group.failure(self.attempt, ended, &self.sinks);
         if let Some(early) = self.early {
             let first = self.first_rank();
             root = root.map(|noticer| match noticer.lost_peer(first + early) {

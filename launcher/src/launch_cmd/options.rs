@@ -836,6 +836,17 @@ mod tests {
         (env, s)
     }
 
+    /// `parse` reads `good.0` as `good.1`, and refuses `bad` naming it.
+    #[track_caller]
+    fn parses<T: PartialEq + std::fmt::Debug>(
+        parse: fn(&str) -> std::result::Result<T, String>,
+        good: (&str, T),
+        bad: &str,
+    ) {
+        assert_eq!(parse(good.0), Ok(good.1));
+        assert!(parse(bad).unwrap_err().contains(bad));
+    }
+
     #[test]
     fn machine_counts_are_exact_or_elastic_ranges() {
         assert_eq!(parse_machines("3"), Ok(MachineCount::exact(3)));
@@ -973,8 +984,7 @@ mod tests {
 
     #[test]
     fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
-        assert_eq!(parse_mixed_precision("BF16"), Ok(MixedPrecision::Bf16));
-        assert!(parse_mixed_precision("fp8").unwrap_err().contains("fp8"));
+        parses(parse_mixed_precision, ("BF16", MixedPrecision::Bf16), "fp8");
         let (env, s) = flag_over_env("ACCEL_MIXED_PRECISION", "fp16", |o| {
             o.mixed_precision = Some(MixedPrecision::Bf16)
         });
@@ -985,8 +995,7 @@ mod tests {
     #[test]
     fn sharding_comes_from_the_flag_or_the_env_and_reaches_the_workers() {
         use accel::zero::Stage;
-        assert_eq!(parse_sharding("FULL_SHARD"), Ok(Stage::Full));
-        assert!(parse_sharding("zero9").unwrap_err().contains("zero9"));
+        parses(parse_sharding, ("FULL_SHARD", Stage::Full), "zero9");
         let (env, s) = flag_over_env("ACCEL_SHARDING", "zero2", |o| {
             o.sharding = Some(Stage::Full)
         });

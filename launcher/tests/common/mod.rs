@@ -33,6 +33,17 @@ impl Run {
         self.has("stderr", &self.stderr, text);
     }
 
+    /// Assert that stderr does not contain `text` (showing the whole run if
+    /// it does).
+    #[track_caller]
+    pub fn lacks_stderr(&self, text: &str) {
+        assert!(
+            !self.stderr.contains(text),
+            "{text:?} in stderr\n{}",
+            self.all()
+        );
+    }
+
     #[track_caller]
     fn has(&self, name: &str, stream: &str, text: &str) {
         assert!(
@@ -90,8 +101,14 @@ fn collect(mut r: impl Read + Send + 'static) -> JoinHandle<String> {
 /// `accel ARGS...` with a clean launcher environment.
 pub fn command(args: &[&str]) -> Command {
     let mut c = Command::new(ACCEL);
-    c.args(args)
-        .env_remove("ACCEL_RUN_TOKEN")
+    clean(c.args(args));
+    c
+}
+
+/// `cmd` (a launcher, or what execs one) with a clean launcher environment
+/// (no `ACCEL_*` setting of the caller's), no stdin, and its output piped.
+pub fn clean(cmd: &mut Command) -> &mut Command {
+    cmd.env_remove("ACCEL_RUN_TOKEN")
         .env_remove("ACCEL_TIMEOUT")
         .env_remove("ACCEL_BACKEND")
         .env_remove("ACCEL_DEBUG")
@@ -100,8 +117,28 @@ pub fn command(args: &[&str]) -> Command {
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
+        .stderr(Stdio::piped())
+}
+
+/// `launch` as machine `rank` of `machines`, with the store at
+/// `ip:port`: how every multi-machine launcher of these tests begins.
+pub fn machine_args<'a>(
+    machines: &'a str,
+    rank: &'a str,
+    ip: &'a str,
+    port: &'a str,
+) -> Vec<&'a str> {
+    vec![
+        "launch",
+        "--num-machines",
+        machines,
+        "--machine-rank",
+        rank,
+        "--main-process-ip",
+        ip,
+        "--main-process-port",
+        port,
+    ]
 }
 
 /// Start `cmd`.
@@ -221,6 +258,15 @@ pub fn pids_in(dir: &Path) -> Vec<u32> {
     v
 }
 
+/// A file `name` holding `contents` in a fresh temporary directory (removed
+/// when the returned guard drops).
+pub fn temp_file(name: &str, contents: impl AsRef<[u8]>) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, contents).unwrap();
+    (dir, path)
+}
+
 /// Wait up to `limit` for `cond`.
 pub fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let t = Instant::now();
@@ -294,12 +340,16 @@ pub fn assert_gone(pid: u32, context: &str) {
     );
 }
 
+/// The `--json` summary on the last line of `stdout`.
+#[track_caller]
+pub fn json_summary(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap()
+}
+
 /// The statuses of the attempts in the `--json` summary on the last line
 /// of `stdout`.
 pub fn attempt_statuses(stdout: &str) -> Vec<String> {
-    let v: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap();
-    v["attempts"]
+    json_summary(stdout)["attempts"]
         .as_array()
         .map(|a| {
             a.iter()
@@ -380,6 +430,17 @@ pub fn ended_naming_the_stalled_rank(r: &Run, backend: &str) {
     r.has_stderr("exit:      did not arrive: rank 0 timed out waiting for it");
 }
 
+/// The workspace's root, and the target directory of this test build
+/// (where the tests build what they need).
+pub fn workspace_and_target() -> (&'static Path, &'static Path) {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).parent();
+    (
+        workspace.expect("workspace root"),
+        target.expect("target dir"),
+    )
+}
+
 /// `target/<profile>/train` (examples/train) beside the `accel` under test,
 /// (re)built with cargo first, once per test process (a `cargo test -p
 /// accel-launcher` alone does not build it, and a stale one would test old
@@ -389,9 +450,7 @@ pub fn train_bin() -> PathBuf {
     BUILT
         .get_or_init(|| {
             let profile = Path::new(ACCEL).parent().expect("target/<profile>");
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .expect("root");
+            let (workspace, _) = workspace_and_target();
             let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
             cmd.arg("build")
                 .arg("--manifest-path")

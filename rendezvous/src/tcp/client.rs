@@ -444,6 +444,18 @@ impl TcpStore {
         }
     }
 
+    /// A [`quick`](Self::quick) call whose answer `read` takes, or hands
+    /// back as out of protocol.
+    fn ask<T>(
+        &self,
+        op: &str,
+        what: &str,
+        req: &Request,
+        read: impl FnOnce(Response) -> std::result::Result<T, Response>,
+    ) -> Result<T> {
+        read(self.quick(op, what, req)?).map_err(|r| self.unexpected(op, what, r))
+    }
+
     fn unexpected(&self, op: &str, what: &str, r: Response) -> Error {
         // The connection that carried it was already returned; a server
         // answering out of protocol is a bug, not a network condition.
@@ -460,15 +472,14 @@ impl TcpStore {
 
 impl Store for TcpStore {
     fn set(&self, key: &str, value: &[u8]) -> Result<()> {
-        let (op, what) = ("store set", format!("set `{key}`"));
         let req = Request::Set {
             key: key.to_string(),
             value: value.to_vec(),
         };
-        match self.quick(op, &what, &req)? {
+        self.ask("store set", &format!("set `{key}`"), &req, |r| match r {
             Response::Ok => Ok(()),
-            r => Err(self.unexpected(op, &what, r)),
-        }
+            r => Err(r),
+        })
     }
 
     fn get(&self, key: &str, timeout: Duration) -> Result<Vec<u8>> {
@@ -487,45 +498,43 @@ impl Store for TcpStore {
     }
 
     fn try_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        let (op, what) = ("store try_get", format!("try_get `{key}`"));
         let req = Request::TryGet {
             key: key.to_string(),
         };
-        match self.quick(op, &what, &req)? {
-            Response::Maybe(v) => Ok(v),
-            r => Err(self.unexpected(op, &what, r)),
-        }
+        self.ask(
+            "store try_get",
+            &format!("try_get `{key}`"),
+            &req,
+            |r| match r {
+                Response::Maybe(v) => Ok(v),
+                r => Err(r),
+            },
+        )
     }
 
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
-        let (op, what) = ("store add", format!("add to `{key}`"));
         let req = Request::Add {
             key: key.to_string(),
             delta,
         };
-        match self.quick(op, &what, &req)? {
+        self.ask("store add", &format!("add to `{key}`"), &req, |r| match r {
             Response::Int(v) => Ok(v),
-            r => Err(self.unexpected(op, &what, r)),
-        }
+            r => Err(r),
+        })
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
-        let (op, what) = ("store compare_set", format!("compare_set `{key}`"));
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
         let req = Request::CompareSet {
             key: key.to_string(),
             expected: expected.map(<[u8]>::to_vec),
-            desired: desired.to_vec(),
+            desired: new.to_vec(),
         };
-        match self.quick(op, &what, &req)? {
+        let what = format!("compare_set `{key}`");
+        self.ask("store compare_set", &what, &req, |r| match r {
             Response::Swapped => Ok(CasOutcome::Swapped),
             Response::Maybe(v) => Ok(CasOutcome::Current(v)),
-            r => Err(self.unexpected(op, &what, r)),
-        }
+            r => Err(r),
+        })
     }
 
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
@@ -544,14 +553,18 @@ impl Store for TcpStore {
     }
 
     fn delete(&self, key: &str) -> Result<bool> {
-        let (op, what) = ("store delete", format!("delete `{key}`"));
         let req = Request::Delete {
             key: key.to_string(),
         };
-        match self.quick(op, &what, &req)? {
-            Response::Bool(b) => Ok(b),
-            r => Err(self.unexpected(op, &what, r)),
-        }
+        self.ask(
+            "store delete",
+            &format!("delete `{key}`"),
+            &req,
+            |r| match r {
+                Response::Bool(b) => Ok(b),
+                r => Err(r),
+            },
+        )
     }
 
     fn describe(&self) -> String {

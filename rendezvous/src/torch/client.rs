@@ -690,26 +690,21 @@ impl Store for TorchStore {
         }
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
         let exp = expected.unwrap_or(&[]);
         let m = Msg::new(q::COMPARE_SET)
             .bytes(&prefixed(key))
             .bytes(exp)
-            .bytes(desired)
+            .bytes(new)
             .into_bytes();
         let now = self.control("compare_set", true, |s| {
             s.write_all(&m)?;
             read_value(s)
         })?;
-        if now == desired {
+        if now == new {
             // Swapped, unless the key was absent and `expected` (non-empty)
-            // equals `desired`: torch's server then echoes `expected`.
-            if !exp.is_empty() && exp == desired && !self.check(&[key])? {
+            // equals `new`: torch's server then echoes `expected`.
+            if !exp.is_empty() && exp == new && !self.check(&[key])? {
                 return Ok(CasOutcome::Current(None));
             }
             return Ok(CasOutcome::Swapped);

@@ -82,15 +82,10 @@ fn the_extended_operations_follow_torchs_semantics() {
     assert_eq!(t.join().unwrap().unwrap().unwrap(), b"late");
 
     // The server-side barrier.
-    let hs: Vec<_> = (0..3)
-        .map(|_| {
-            let c = client(&s);
-            std::thread::spawn(move || c.server_barrier("bar", 3, T))
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap().unwrap();
-    }
+    crate::test_util::all_succeed(3, || {
+        let c = client(&s);
+        move || c.server_barrier("bar", 3, T)
+    });
     let e = c
         .server_barrier("lonely", 2, Duration::from_millis(50))
         .unwrap_err();
