@@ -63,6 +63,9 @@
 #![deny(unsafe_code)]
 #![warn(missing_docs)]
 
+#[macro_use]
+mod codes;
+
 mod backend;
 mod buffer;
 mod caps;
