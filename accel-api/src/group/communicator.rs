@@ -107,11 +107,8 @@ impl<E: Engine> Communicator for Group<E> {
         self.enter(op, buf.dtype(), None, buf.device())?;
         validate::rank_in_group(self, op, "destination", dst)?;
         if let (true, Buf::Host(h)) = (dst == self.info.rank, &buf) {
-            lock(&self.mailbox)
-                .entry(tag)
-                .or_default()
-                .push_back((h.dtype(), h.bytes().to_vec()));
-            self.mail.notify_all();
+            let bytes = h.bytes().to_vec();
+            self.mailbox.post(dst, tag, h.dtype(), bytes.len(), bytes);
             return Ok(());
         }
         self.run(op, |e| e.send(buf, dst, tag))
@@ -159,7 +156,7 @@ impl<E: Engine> Communicator for Group<E> {
         }
         self.engine.abort(reason);
         // Wake a receive from self so that it sees the poison.
-        self.mail.notify_all();
+        self.mailbox.wake();
     }
 }
 
