@@ -610,12 +610,7 @@ impl Store for ForeignStore {
         Ok(out)
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
         let f = self
             .vt
             .compare_set
@@ -632,7 +627,7 @@ impl Store for ForeignStore {
                 self.vt.ctx,
                 key_str(key),
                 expected_ptr,
-                AccelBytes::new(desired),
+                AccelBytes::new(new),
                 &mut outcome,
                 current.sink(),
             )
