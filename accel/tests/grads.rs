@@ -18,16 +18,7 @@ struct Mixed {
     gb: Vec<f64>,
 }
 
-impl Parameters for Mixed {
-    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        f(ParamRef::host("w", &self.w, &self.gw));
-        f(ParamRef::host("b", &self.b, &self.gb));
-    }
-    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        f(ParamMut::host("w", &mut self.w, &mut self.gw));
-        f(ParamMut::host("b", &mut self.b, &mut self.gb));
-    }
-}
+common::host_parameters!(Mixed { "w": w, gw; "b": b, gb; });
 
 /// f32 master weights with f16 gradients (what an fp16 framework hands).
 #[derive(Clone, Debug, PartialEq)]
