@@ -15,7 +15,7 @@ use half::{bf16, f16};
 use std::borrow::Cow;
 
 use super::adapters::{ParamMut, Parameters};
-use super::kernels::{no_kernels, DeviceScratch, GradKernels, GradStats};
+use super::kernels::{need_kernels, no_kernels, DeviceScratch, GradKernels, GradStats};
 
 fn not_float(op: &str, name: &str, dtype: DType) -> Error {
     Error::invalid_argument(
@@ -187,10 +187,7 @@ fn scale_view(
             map_host(&mut h, |x| x * f, |x| x * factor);
             Ok(())
         }
-        BufMut::Device(d) => match k {
-            Some(k) => k.scale(d, factor),
-            None => Err(no_kernels(op, name, d.device())),
-        },
+        BufMut::Device(d) => need_kernels(k, op, name, d.device())?.scale(d, factor),
     }
 }
 
@@ -203,10 +200,7 @@ fn stats_view(
 ) -> Result<GradStats> {
     match g {
         Buf::Host(h) => Ok(host_stats(h, norm_type)),
-        Buf::Device(d) => match k {
-            Some(k) => k.stats(d, norm_type),
-            None => Err(no_kernels(op, name, d.device())),
-        },
+        Buf::Device(d) => need_kernels(k, op, name, d.device())?.stats(d, norm_type),
     }
 }
 
@@ -335,10 +329,8 @@ pub(crate) fn clamp_all(model: &mut dyn Parameters, limit: f64) -> Result<()> {
                 map_host(&mut h, |x| x.clamp(-l32, l32), |x| x.clamp(-limit, limit));
                 Ok(())
             }
-            BufMut::Device(d) => match k {
-                Some(k) => k.clamp(d, limit),
-                None => Err(no_kernels("clip_grad_value", p.name, d.device())),
-            },
+            BufMut::Device(d) => need_kernels(k, "clip_grad_value", p.name, d.device())
+                .and_then(|k| k.clamp(d, limit)),
         };
         if let Err(e) = r {
             err = Some(e);

@@ -71,14 +71,17 @@ crate::train::optim::sgd_settings!(ShardedSgd);
 
 impl ShardOptimizer for ShardedSgd {
     fn step_shard(&mut self, unit: usize, params: &mut [f32], grads: &[f32]) -> Result<()> {
-        if params.len() != grads.len() {
-            return Err(Error::invalid_argument(
+        let bad = |what: String| {
+            Err(Error::invalid_argument(
                 "sharded optimizer step",
-                format!(
-                    "unit {unit}: {} parameters, {} gradients",
-                    params.len(),
-                    grads.len()
-                ),
+                format!("unit {unit}: {what}"),
+            ))
+        };
+        if params.len() != grads.len() {
+            return bad(format!(
+                "{} parameters, {} gradients",
+                params.len(),
+                grads.len()
             ));
         }
         let (lr, mom, wd) = (self.lr as f32, self.momentum, self.weight_decay);
@@ -92,13 +95,10 @@ impl ShardOptimizer for ShardedSgd {
         let first = self.buffers[unit].is_none();
         let b = self.buffers[unit].get_or_insert_with(|| vec![0.0; params.len()]);
         if b.len() != params.len() {
-            return Err(Error::invalid_argument(
-                "sharded optimizer step",
-                format!(
-                    "unit {unit}: the momentum buffer holds {} elements, this rank's slice {}",
-                    b.len(),
-                    params.len()
-                ),
+            return bad(format!(
+                "the momentum buffer holds {} elements, this rank's slice {}",
+                b.len(),
+                params.len()
             ));
         }
         crate::train::optim::sgd_update(params, grads, lr, wd, Some((mom, b, first)));
