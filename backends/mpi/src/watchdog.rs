@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use accel_api::{EngineInfo, Op};
 
-use accel_api::worker::{error_file_from_env, ErrorRecord};
+use accel_api::worker::{error_file_from_env, write_first_error, ErrorRecord};
 
 use crate::ffi;
 use crate::name::NAME;
@@ -251,20 +251,8 @@ pub(crate) fn write_error_file(message: &str, world_rank: usize) {
     let Some(path) = error_file_from_env() else {
         return;
     };
-    if path.exists() {
-        return;
-    }
-    let record = ErrorRecord {
-        rank: Some(world_rank),
-        pid: std::process::id(),
-        message: message.to_string(),
-        location: None,
-        timestamp: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    };
-    let _ = accel_api::worker::write_error_file(&path, &record);
+    let record = ErrorRecord::now(Some(world_rank), message.to_string(), None);
+    let _ = write_first_error(&path, &record);
 }
 
 /// Every live watch of the process, and the thread that looks at them.
