@@ -50,6 +50,26 @@ fn dtype_error(expected: DType, found: DType) -> Error {
     )
 }
 
+/// The accessors [`HostBuf`] and [`HostBufMut`] share.
+macro_rules! host_accessors {
+    () => {
+        /// Element type.
+        pub fn dtype(&self) -> DType {
+            self.dtype
+        }
+
+        /// Number of elements.
+        pub fn len(&self) -> usize {
+            self.bytes.len() / self.dtype.size()
+        }
+
+        /// `true` when the view holds no element.
+        pub fn is_empty(&self) -> bool {
+            self.bytes.is_empty()
+        }
+    };
+}
+
 impl<'a> HostBuf<'a> {
     /// View `bytes` as elements of `dtype`.
     ///
@@ -61,20 +81,7 @@ impl<'a> HostBuf<'a> {
         Ok(HostBuf { dtype, bytes })
     }
 
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.bytes.len() / self.dtype.size()
-    }
-
-    /// `true` when the view holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
+    host_accessors!();
 
     /// The raw bytes (native endianness).
     pub fn bytes(&self) -> &'a [u8] {
@@ -115,20 +122,7 @@ impl<'a> HostBufMut<'a> {
         Ok(HostBufMut { dtype, bytes })
     }
 
-    /// Element type.
-    pub fn dtype(&self) -> DType {
-        self.dtype
-    }
-
-    /// Number of elements.
-    pub fn len(&self) -> usize {
-        self.bytes.len() / self.dtype.size()
-    }
-
-    /// `true` when the view holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
-    }
+    host_accessors!();
 
     /// The raw bytes.
     pub fn bytes(&self) -> &[u8] {

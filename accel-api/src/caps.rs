@@ -130,12 +130,12 @@ impl Capabilities {
     /// Every operation, element type and reduction on host memory.
     pub fn all_host() -> Capabilities {
         Capabilities {
-            ops: Op::ALL.into_iter().collect(),
-            dtypes: DType::ALL.into_iter().collect(),
-            reduce_dtypes: DType::ALL.into_iter().collect(),
             reduce_ops: ReduceOp::ALL.into_iter().collect(),
-            device_kinds: [DeviceKind::Cpu].into_iter().collect(),
-            abort_interrupts: false,
+            ..Capabilities::none()
+                .with_ops(Op::ALL)
+                .with_dtypes(DType::ALL)
+                .with_reduce_dtypes(DType::ALL)
+                .with_device_kinds([DeviceKind::Cpu])
         }
     }
 

@@ -193,23 +193,10 @@ pub mod validate {
         recv: Option<BufMut<'a>>,
         root: usize,
     ) -> Result<Option<BufMut<'a>>> {
-        rank_in_group(comm, Op::Gather, "root", root)?;
-        if comm.rank() != root {
-            return Ok(None);
-        }
-        let recv = recv.ok_or_else(|| {
-            Error::invalid_argument(Op::Gather.name(), "the root must pass a receive buffer")
-                .with_backend(comm.backend_name())
-                .with_rank(comm.rank())
-        })?;
-        lengths(
-            comm,
-            Op::Gather,
-            ("send", send.dtype(), send.len()),
-            ("recv", recv.dtype(), recv.len()),
-            comm.world_size(),
-        )?;
-        Ok(Some(recv))
+        let small = ("send", send.dtype(), send.len());
+        root_buffer(comm, Op::Gather, root, recv, "a receive", small, |r| {
+            ("recv", r.dtype(), r.len())
+        })
     }
 
     /// Arguments of [`Communicator::scatter`]: `root` is a rank of the group
@@ -221,23 +208,37 @@ pub mod validate {
         recv: &BufMut<'_>,
         root: usize,
     ) -> Result<Option<Buf<'a>>> {
-        rank_in_group(comm, Op::Scatter, "root", root)?;
+        let small = ("recv", recv.dtype(), recv.len());
+        root_buffer(comm, Op::Scatter, root, send, "a send", small, |s| {
+            ("send", s.dtype(), s.len())
+        })
+    }
+
+    /// What [`gather`] and [`scatter`] check: `root` is a rank of the group
+    /// and, on `root`, the root's buffer `big` (described by `meta`) is
+    /// present with `small`'s dtype and `world_size()` times its length.
+    /// Returns `big` on `root`, `None` elsewhere.
+    fn root_buffer<B>(
+        comm: &(impl Communicator + ?Sized),
+        op: Op,
+        root: usize,
+        big: Option<B>,
+        article: &str,
+        small: (&str, DType, usize),
+        meta: impl Fn(&B) -> (&'static str, DType, usize),
+    ) -> Result<Option<B>> {
+        rank_in_group(comm, op, "root", root)?;
         if comm.rank() != root {
             return Ok(None);
         }
-        let send = send.ok_or_else(|| {
-            Error::invalid_argument(Op::Scatter.name(), "the root must pass a send buffer")
+        let big = big.ok_or_else(|| {
+            let msg = format!("the root must pass {article} buffer");
+            Error::invalid_argument(op.name(), msg)
                 .with_backend(comm.backend_name())
                 .with_rank(comm.rank())
         })?;
-        lengths(
-            comm,
-            Op::Scatter,
-            ("recv", recv.dtype(), recv.len()),
-            ("send", send.dtype(), send.len()),
-            comm.world_size(),
-        )?;
-        Ok(Some(send))
+        lengths(comm, op, small, meta(&big), comm.world_size())?;
+        Ok(Some(big))
     }
 
     /// Arguments of [`Communicator::all_to_all`]: same dtype and length on

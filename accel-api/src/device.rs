@@ -17,44 +17,12 @@ pub enum DeviceKind {
     Npu,
 }
 
-impl DeviceKind {
-    /// Lower-case name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            DeviceKind::Cpu => "cpu",
-            DeviceKind::Cuda => "cuda",
-            DeviceKind::Xla => "xla",
-            DeviceKind::Npu => "npu",
-        }
-    }
-
-    /// Stable numeric code used across the plugin C ABI.
-    pub const fn code(self) -> u32 {
-        match self {
-            DeviceKind::Cpu => 1,
-            DeviceKind::Cuda => 2,
-            DeviceKind::Xla => 3,
-            DeviceKind::Npu => 4,
-        }
-    }
-
-    /// Inverse of [`DeviceKind::code`].
-    pub const fn from_code(code: u32) -> Option<DeviceKind> {
-        Some(match code {
-            1 => DeviceKind::Cpu,
-            2 => DeviceKind::Cuda,
-            3 => DeviceKind::Xla,
-            4 => DeviceKind::Npu,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for DeviceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+named_codes!(DeviceKind, name: "Lower-case name.", {
+    Cpu => 1, "cpu";
+    Cuda => 2, "cuda";
+    Xla => 3, "xla";
+    Npu => 4, "npu";
+});
 
 /// One device: a kind and an ordinal among the devices of that kind visible
 /// to the process (after `CUDA_VISIBLE_DEVICES` and similar masks).

@@ -60,56 +60,18 @@ impl DType {
     pub const fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
-
-    /// Lower-case name, as accepted by [`FromStr`].
-    pub const fn name(self) -> &'static str {
-        match self {
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-            DType::I8 => "i8",
-            DType::U8 => "u8",
-            DType::I32 => "i32",
-            DType::I64 => "i64",
-        }
-    }
-
-    /// Stable numeric code used across the plugin C ABI. Never reused.
-    pub const fn code(self) -> u32 {
-        match self {
-            DType::F16 => 1,
-            DType::BF16 => 2,
-            DType::F32 => 3,
-            DType::F64 => 4,
-            DType::I8 => 5,
-            DType::U8 => 6,
-            DType::I32 => 7,
-            DType::I64 => 8,
-        }
-    }
-
-    /// Inverse of [`DType::code`]; `None` for an unknown code.
-    pub const fn from_code(code: u32) -> Option<DType> {
-        Some(match code {
-            1 => DType::F16,
-            2 => DType::BF16,
-            3 => DType::F32,
-            4 => DType::F64,
-            5 => DType::I8,
-            6 => DType::U8,
-            7 => DType::I32,
-            8 => DType::I64,
-            _ => return None,
-        })
-    }
 }
 
-impl fmt::Display for DType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+named_codes!(DType, name: "Lower-case name, as accepted by [`FromStr`].", {
+    F16 => 1, "f16";
+    BF16 => 2, "bf16";
+    F32 => 3, "f32";
+    F64 => 4, "f64";
+    I8 => 5, "i8";
+    U8 => 6, "u8";
+    I32 => 7, "i32";
+    I64 => 8, "i64";
+});
 
 impl FromStr for DType {
     type Err = Error;

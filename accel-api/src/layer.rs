@@ -41,6 +41,28 @@ impl CallInfo {
         }
     }
 
+    fn root(self, root: usize) -> CallInfo {
+        CallInfo {
+            root: Some(root),
+            ..self
+        }
+    }
+
+    fn reduce(self, op: ReduceOp) -> CallInfo {
+        CallInfo {
+            reduce: Some(op),
+            ..self
+        }
+    }
+
+    fn p2p(self, peer: usize, tag: u32) -> CallInfo {
+        CallInfo {
+            peer: Some(peer),
+            tag: Some(tag),
+            ..self
+        }
+    }
+
     /// `true` for calls every rank of the group makes (everything but send
     /// and recv).
     pub fn is_collective(&self) -> bool {
@@ -134,34 +156,20 @@ impl<L: Layer> Communicator for Layered<L> {
     }
 
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.forward(
-            CallInfo {
-                reduce: Some(op),
-                ..CallInfo::new(Op::AllReduce, buf.dtype(), buf.len())
-            },
-            |c| c.all_reduce(buf, op),
-        )
+        let call = CallInfo::new(Op::AllReduce, buf.dtype(), buf.len()).reduce(op);
+        self.forward(call, |c| c.all_reduce(buf, op))
     }
 
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()> {
-        self.forward(
-            CallInfo {
-                reduce: Some(op),
-                root: Some(root),
-                ..CallInfo::new(Op::Reduce, buf.dtype(), buf.len())
-            },
-            |c| c.reduce(buf, op, root),
-        )
+        let call = CallInfo::new(Op::Reduce, buf.dtype(), buf.len())
+            .reduce(op)
+            .root(root);
+        self.forward(call, |c| c.reduce(buf, op, root))
     }
 
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()> {
-        self.forward(
-            CallInfo {
-                root: Some(root),
-                ..CallInfo::new(Op::Broadcast, buf.dtype(), buf.len())
-            },
-            |c| c.broadcast(buf, root),
-        )
+        let call = CallInfo::new(Op::Broadcast, buf.dtype(), buf.len()).root(root);
+        self.forward(call, |c| c.broadcast(buf, root))
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
@@ -172,33 +180,18 @@ impl<L: Layer> Communicator for Layered<L> {
     }
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
-        self.forward(
-            CallInfo {
-                root: Some(root),
-                ..CallInfo::new(Op::Gather, send.dtype(), send.len())
-            },
-            |c| c.gather(send, recv, root),
-        )
+        let call = CallInfo::new(Op::Gather, send.dtype(), send.len()).root(root);
+        self.forward(call, |c| c.gather(send, recv, root))
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
-        self.forward(
-            CallInfo {
-                root: Some(root),
-                ..CallInfo::new(Op::Scatter, recv.dtype(), recv.len())
-            },
-            |c| c.scatter(send, recv, root),
-        )
+        let call = CallInfo::new(Op::Scatter, recv.dtype(), recv.len()).root(root);
+        self.forward(call, |c| c.scatter(send, recv, root))
     }
 
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
-        self.forward(
-            CallInfo {
-                reduce: Some(op),
-                ..CallInfo::new(Op::ReduceScatter, send.dtype(), send.len())
-            },
-            |c| c.reduce_scatter(send, recv, op),
-        )
+        let call = CallInfo::new(Op::ReduceScatter, send.dtype(), send.len()).reduce(op);
+        self.forward(call, |c| c.reduce_scatter(send, recv, op))
     }
 
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
@@ -208,25 +201,13 @@ impl<L: Layer> Communicator for Layered<L> {
     }
 
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
-        self.forward(
-            CallInfo {
-                peer: Some(dst),
-                tag: Some(tag),
-                ..CallInfo::new(Op::Send, buf.dtype(), buf.len())
-            },
-            |c| c.send(buf, dst, tag),
-        )
+        let call = CallInfo::new(Op::Send, buf.dtype(), buf.len()).p2p(dst, tag);
+        self.forward(call, |c| c.send(buf, dst, tag))
     }
 
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()> {
-        self.forward(
-            CallInfo {
-                peer: Some(src),
-                tag: Some(tag),
-                ..CallInfo::new(Op::Recv, buf.dtype(), buf.len())
-            },
-            |c| c.recv(buf, src, tag),
-        )
+        let call = CallInfo::new(Op::Recv, buf.dtype(), buf.len()).p2p(src, tag);
+        self.forward(call, |c| c.recv(buf, src, tag))
     }
 
     fn barrier(&self) -> Result<()> {

@@ -1,4 +1,3 @@
-use std::fmt;
 use std::str::FromStr;
 
 use crate::{Error, ErrorKind};
@@ -36,47 +35,15 @@ impl ReduceOp {
         ReduceOp::Max,
         ReduceOp::Avg,
     ];
-
-    /// Lower-case name, as accepted by [`FromStr`].
-    pub const fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Prod => "prod",
-            ReduceOp::Min => "min",
-            ReduceOp::Max => "max",
-            ReduceOp::Avg => "avg",
-        }
-    }
-
-    /// Stable numeric code used across the plugin C ABI.
-    pub const fn code(self) -> u32 {
-        match self {
-            ReduceOp::Sum => 1,
-            ReduceOp::Prod => 2,
-            ReduceOp::Min => 3,
-            ReduceOp::Max => 4,
-            ReduceOp::Avg => 5,
-        }
-    }
-
-    /// Inverse of [`ReduceOp::code`].
-    pub const fn from_code(code: u32) -> Option<ReduceOp> {
-        Some(match code {
-            1 => ReduceOp::Sum,
-            2 => ReduceOp::Prod,
-            3 => ReduceOp::Min,
-            4 => ReduceOp::Max,
-            5 => ReduceOp::Avg,
-            _ => return None,
-        })
-    }
 }
 
-impl fmt::Display for ReduceOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+named_codes!(ReduceOp, name: "Lower-case name, as accepted by [`FromStr`].", {
+    Sum => 1, "sum";
+    Prod => 2, "prod";
+    Min => 3, "min";
+    Max => 4, "max";
+    Avg => 5, "avg";
+});
 
 impl FromStr for ReduceOp {
     type Err = Error;

@@ -6,7 +6,7 @@ use crate::{Error, ErrorKind, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CasOutcome {
     /// The value was `expected` (or absent, when `None` was expected) and is
-    /// now `desired`.
+    /// now `new`.
     Swapped,
     /// The value was something else and was left unchanged; this is what it
     /// holds (`None`: the key is absent).
@@ -42,10 +42,9 @@ pub trait Store: Send + Sync {
     /// [`ErrorKind::Corrupt`] when the key holds something else than an integer.
     fn add(&self, key: &str, delta: i64) -> Result<i64>;
 
-    /// Atomically replace the value of `key` with `desired` if it currently
+    /// Atomically replace the value of `key` with `new` if it currently
     /// equals `expected` (`None`: the key is absent).
-    fn compare_set(&self, key: &str, expected: Option<&[u8]>, desired: &[u8])
-        -> Result<CasOutcome>;
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome>;
 
     /// Wait until every key in `keys` is set, up to `timeout`.
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()>;
@@ -70,13 +69,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     fn add(&self, key: &str, delta: i64) -> Result<i64> {
         (**self).add(key, delta)
     }
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
-        (**self).compare_set(key, expected, desired)
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
+        (**self).compare_set(key, expected, new)
     }
     fn wait(&self, keys: &[&str], timeout: Duration) -> Result<()> {
         (**self).wait(keys, timeout)

@@ -128,6 +128,21 @@ pub struct ErrorRecord {
 }
 
 impl ErrorRecord {
+    /// A record of `message` from this process (its pid, the time now),
+    /// from `rank` when known, raised at `location` when known.
+    pub fn now(rank: Option<usize>, message: String, location: Option<String>) -> ErrorRecord {
+        ErrorRecord {
+            rank,
+            pid: std::process::id(),
+            message,
+            location,
+            timestamp: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        }
+    }
+
     /// Read a record written by [`write_error_file`].
     ///
     /// # Errors
@@ -222,6 +237,19 @@ pub fn write_error_file(path: &Path, record: &ErrorRecord) -> std::io::Result<()
         f.sync_all()?;
     }
     std::fs::rename(&tmp, path)
+}
+
+/// [`write_error_file`], unless `path` holds a record already: the first
+/// failure is the root cause, and a later one (a panic while unwinding, a
+/// survivor's report) never overwrites it. `Ok(false)` when one was there.
+///
+/// # Errors
+/// As [`write_error_file`].
+pub fn write_first_error(path: &Path, record: &ErrorRecord) -> std::io::Result<bool> {
+    if path.exists() {
+        return Ok(false);
+    }
+    write_error_file(path, record).map(|()| true)
 }
 
 /// The first byte of a rank-tagged output line: `\x1e<rank>\x1f<line>`.

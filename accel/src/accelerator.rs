@@ -2,7 +2,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 
-use accel_api::{Communicator, CommunicatorExt, ConnectContext, ReduceOp, Result, Store};
+use accel_api::{Communicator, CommunicatorExt, ReduceOp, Result, Store};
 use accel_rendezvous::PrefixStore;
 
 use crate::registry::Registry;
@@ -69,16 +69,7 @@ impl Accelerator {
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(root, scope));
         let comm_store: Arc<dyn Store> = Arc::new(PrefixStore::new(store.clone(), "world"));
         let comm = backend
-            .connect(ConnectContext {
-                rank: state.rank,
-                world_size: state.world_size,
-                local_rank: state.local_rank,
-                local_world_size: state.local_world_size,
-                device,
-                timeout: state.timeout,
-                store: comm_store,
-                run_id: state.run_id.clone(),
-            })
+            .connect(state.connect_context(device, comm_store))
             .map_err(|e| e.with_backend(backend.name()).with_rank(state.rank))?;
         let comm: Box<dyn Communicator> = if state.debug {
             let dbg: Arc<dyn Store> = Arc::new(PrefixStore::new(store.clone(), "debug"));

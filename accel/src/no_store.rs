@@ -49,12 +49,7 @@ impl accel_api::Store for NoStore {
     fn add(&self, _key: &str, _delta: i64) -> Result<i64> {
         self.fail("store add")
     }
-    fn compare_set(
-        &self,
-        _key: &str,
-        _expected: Option<&[u8]>,
-        _desired: &[u8],
-    ) -> Result<accel_api::CasOutcome> {
+    fn compare_set(&self, _: &str, _: Option<&[u8]>, _: &[u8]) -> Result<accel_api::CasOutcome> {
         self.fail("store compare_set")
     }
     fn wait(&self, _keys: &[&str], _timeout: Duration) -> Result<()> {

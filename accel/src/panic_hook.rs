@@ -1,9 +1,9 @@
 //! A process-wide panic hook that writes the root cause of a crash to
 //! `ACCEL_ERROR_FILE`, where `accel launch` reads it for its failure report.
 
-use std::path::Path;
 use std::sync::Once;
 
+use accel_api::worker::{error_file_from_env, write_first_error};
 pub use accel_api::worker::{write_error_file, ErrorRecord};
 
 static INSTALL: Once = Once::new();
@@ -17,36 +17,23 @@ pub fn install_panic_hook() {
     INSTALL.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let path = std::env::var_os("ACCEL_ERROR_FILE")
-                .or_else(|| std::env::var_os("TORCHELASTIC_ERROR_FILE"))
-                .filter(|p| !p.is_empty());
-            if let Some(path) = path {
+            if let Some(path) = error_file_from_env() {
                 let message = info
                     .payload()
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| info.payload().downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "panic with a non-string payload".into());
-                let record = ErrorRecord {
-                    // A rank thread's own rank (the threads process
-                    // model); otherwise the process's.
-                    rank: crate::state::thread_rank()
-                        .or_else(|| std::env::var("RANK").ok().and_then(|r| r.parse().ok())),
-                    pid: std::process::id(),
-                    message,
-                    location: info
-                        .location()
-                        .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column())),
-                    timestamp: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_secs())
-                        .unwrap_or(0),
-                };
+                // A rank thread's own rank (the threads process model);
+                // otherwise the process's.
+                let rank = crate::state::thread_rank()
+                    .or_else(|| std::env::var("RANK").ok().and_then(|r| r.parse().ok()));
+                let location = info
+                    .location()
+                    .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()));
                 // Keep the first failure: a later panic while unwinding must
                 // not overwrite the root cause.
-                if !Path::new(&path).exists() {
-                    let _ = write_error_file(Path::new(&path), &record);
-                }
+                let _ = write_first_error(&path, &ErrorRecord::now(rank, message, location));
             }
             if !crate::rank_output::report_rank_thread_panic(info) {
                 previous(info);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use accel_api::{Device, DeviceKind, Error, ErrorKind, Result};
+use accel_api::{ConnectContext, Device, DeviceKind, Error, ErrorKind, Result, Store};
 
 pub use crate::store_plan::StorePlan;
 
@@ -345,47 +345,32 @@ fn slurm_rendezvous(vars: &Vars) -> Option<(String, u16)> {
 fn check_family(f: &Family) -> Result<()> {
     let (rank, rn) = f.rank;
     let (size, sn) = f.size;
+    let fix = || fix_for(&format!("{:?}", f.source));
+    let bad = |message: String| Err(Error::new(ErrorKind::InvalidConfig, message).with_fix(fix()));
     if size == 0 {
         return Err(
-            Error::invalid_config(sn, "0", "a run needs at least one process")
-                .with_fix(fix_for(&format!("{:?}", f.source))),
+            Error::invalid_config(sn, "0", "a run needs at least one process").with_fix(fix()),
         );
     }
     if rank >= size {
-        return Err(Error::new(
-            ErrorKind::InvalidConfig,
-            format!(
-                "{rn}={rank} is not below {sn}={size}: ranks go from 0 to {}",
-                size - 1
-            ),
-        )
-        .with_fix(fix_for(&format!("{:?}", f.source))));
+        return bad(format!(
+            "{rn}={rank} is not below {sn}={size}: ranks go from 0 to {}",
+            size - 1
+        ));
     }
     if let Some((ls, lsn)) = f.local_size {
         if ls == 0 || ls > size {
-            return Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!("{lsn}={ls} must be between 1 and {sn}={size}"),
-            )
-            .with_fix(fix_for(&format!("{:?}", f.source))));
+            return bad(format!("{lsn}={ls} must be between 1 and {sn}={size}"));
         }
         if let Some((lr, lrn)) = f.local_rank {
             if lr >= ls {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!("{lrn}={lr} is not below {lsn}={ls}"),
-                )
-                .with_fix(fix_for(&format!("{:?}", f.source))));
+                return bad(format!("{lrn}={lr} is not below {lsn}={ls}"));
             }
         }
     }
     if let Some((lr, lrn)) = f.local_rank {
         if lr >= size {
-            return Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!("{lrn}={lr} is not below {sn}={size}"),
-            )
-            .with_fix(fix_for(&format!("{:?}", f.source))));
+            return bad(format!("{lrn}={lr} is not below {sn}={size}"));
         }
     }
     if let Some((node, nn)) = f.node_rank {
@@ -394,14 +379,10 @@ fn check_family(f: &Family) -> Result<()> {
         let local = f.local_size.map_or(1, |x| x.0);
         let machines = size - local + 1;
         if node >= machines {
-            return Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!(
-                    "{nn}={node} is out of range: {sn}={size} ranks with {local} on this machine \
-                     make at most {machines} machine(s), numbered from 0"
-                ),
-            )
-            .with_fix(fix_for(&format!("{:?}", f.source))));
+            return bad(format!(
+                "{nn}={node} is out of range: {sn}={size} ranks with {local} on this machine \
+                 make at most {machines} machine(s), numbered from 0"
+            ));
         }
     }
     Ok(())
@@ -423,6 +404,22 @@ fn contradiction(a: &Family, b: &Family, fix: &str) -> Result<()> {
 }
 
 impl ProcessState {
+    /// What [`Backend::connect`](accel_api::Backend::connect) gets for
+    /// this process: its ranks, timeout and run id, on `device`,
+    /// bootstrapping through `store` (already scoped to the communicator).
+    pub fn connect_context(&self, device: Device, store: Arc<dyn Store>) -> ConnectContext {
+        ConnectContext {
+            rank: self.rank,
+            world_size: self.world_size,
+            local_rank: self.local_rank,
+            local_world_size: self.local_world_size,
+            device,
+            timeout: self.timeout,
+            store,
+            run_id: self.run_id.clone(),
+        }
+    }
+
     /// Read the state from this process's environment.
     ///
     /// # Errors

@@ -503,20 +503,8 @@ fn record_root_cause(state: &ProcessState, e: &Error) {
     let Some(path) = &state.error_file else {
         return;
     };
-    if path.exists() {
-        return;
-    }
-    let record = crate::ErrorRecord {
-        rank: Some(state.rank),
-        pid: std::process::id(),
-        message: e.to_string(),
-        location: None,
-        timestamp: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    };
-    if let Err(err) = crate::write_error_file(path, &record) {
+    let record = crate::ErrorRecord::now(Some(state.rank), e.to_string(), None);
+    if let Err(err) = accel_api::worker::write_first_error(path, &record) {
         tracing::warn!("could not write the error file {}: {err}", path.display());
     }
 }

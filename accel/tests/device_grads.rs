@@ -277,6 +277,16 @@ impl Communicator for DevComm {
     }
 }
 
+/// The L2 norm of every element of `grads`, in f64.
+fn l2_norm(grads: &[Vec<f32>]) -> f64 {
+    grads
+        .iter()
+        .flatten()
+        .map(|x| f64::from(*x).powi(2))
+        .sum::<f64>()
+        .sqrt()
+}
+
 fn on_device(acc: Accelerator, native_avg: bool) -> (Accelerator, Arc<Mem>, Arc<AtomicUsize>) {
     let mem = Arc::new(Mem::default());
     let mut caps = acc.comm().capabilities().clone();
@@ -350,23 +360,13 @@ fn device_gradients_are_averaged_on_the_device_without_a_host_round_trip() {
             got[1].4.to_bits(),
             "the same norm on both ranks"
         );
-        let synced_norm: f64 = g0
-            .iter()
-            .flatten()
-            .map(|x| f64::from(*x).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        let synced_norm = l2_norm(g0);
         assert!(
             (norm - synced_norm / 65536.0).abs() < 1e-9,
             "the norm of the unscaled gradients: {norm} vs {}",
             synced_norm / 65536.0
         );
-        let after: f64 = clipped
-            .iter()
-            .flatten()
-            .map(|x| f64::from(*x).powi(2))
-            .sum::<f64>()
-            .sqrt();
+        let after = l2_norm(clipped);
         // torch: max_norm / (norm + 1e-6), so a hair under the limit.
         assert!((after - 1e-3).abs() < 1e-6, "clipped to {after}");
         assert!(zeroed.iter().flatten().all(|x| *x == 0.0));

@@ -9,6 +9,12 @@ use half::f16;
 mod common;
 use common::{ranks, single, Data, Linear};
 
+/// All-reduce `m`'s gradients; the buckets used and those reduced in place.
+fn sync<M: Parameters>(m: &mut PreparedModel<M>) -> (usize, usize) {
+    m.all_reduce_gradients().unwrap();
+    (m.last_sync_buckets(), m.last_sync_in_place())
+}
+
 /// `Linear` with an f64 bias and its gradient: two dtypes in one model.
 #[derive(Clone, Debug, PartialEq)]
 struct Mixed {
@@ -18,16 +24,7 @@ struct Mixed {
     gb: Vec<f64>,
 }
 
-impl Parameters for Mixed {
-    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        f(ParamRef::host("w", &self.w, &self.gw));
-        f(ParamRef::host("b", &self.b, &self.gb));
-    }
-    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        f(ParamMut::host("w", &mut self.w, &mut self.gw));
-        f(ParamMut::host("b", &mut self.b, &mut self.gb));
-    }
-}
+common::host_parameters!(Mixed { "w": w, gw; "b": b, gb; });
 
 /// f32 master weights with f16 gradients (what an fp16 framework hands).
 #[derive(Clone, Debug, PartialEq)]
@@ -78,15 +75,10 @@ fn gradients_of_two_dtypes_are_averaged_in_buckets_of_their_own_dtype() {
                 gb: vec![1.0 + 2.0 * f64::from(r)],
             })
             .unwrap();
-        m.all_reduce_gradients().unwrap();
-        (
-            m.gw.clone(),
-            m.gb.clone(),
-            m.last_sync_buckets(),
-            m.last_sync_in_place(),
-        )
+        let report = sync(&mut m);
+        (m.gw.clone(), m.gb.clone(), report)
     });
-    for (gw, gb, buckets, in_place) in &got {
+    for (gw, gb, (buckets, in_place)) in &got {
         let want: Vec<f32> = (0..5).map(|i| i as f32 + 5.0).collect();
         assert_eq!(gw, &want);
         assert_eq!(gb, &vec![2.0]);
@@ -109,15 +101,10 @@ fn small_gradients_share_one_bucket_buffer_and_compression_averages_in_f32() {
             let mut m = acc.prepare_model(Linear::new(3)).unwrap();
             m.gw = vec![1.0 + r, 0.1 + r, 3.0];
             m.gb = vec![-1.0 - 3.0 * r];
-            m.all_reduce_gradients().unwrap();
-            (
-                m.gw.clone(),
-                m.gb.clone(),
-                m.last_sync_buckets(),
-                m.last_sync_in_place(),
-            )
+            let report = sync(&mut m);
+            (m.gw.clone(), m.gb.clone(), report)
         });
-        for (gw, gb, buckets, in_place) in &got {
+        for (gw, gb, (buckets, in_place)) in &got {
             assert_eq!((*buckets, *in_place), (1, 0), "one shared bucket");
             let want = [1.5f32, 0.6, 3.0, -2.5];
             let tol = if compress.is_some() { 1e-2 } else { 1e-6 };

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use accel::train::*;
-use accel::{ErrorKind, ReduceOp};
+use accel::{Accelerator, ErrorKind, ReduceOp};
 
 mod common;
 use common::{ranks, run_python, single, Data, Linear};
@@ -385,15 +385,19 @@ print(json.dumps(out["w"] + out["b"]))
 fn weights_and_optimizer_state_load_at_another_world_size_and_load_state_reshards_loaders() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
-    let r = root.clone();
-    let saved = ranks(2, move |acc| {
-        let mut model = acc.prepare_model(Linear::new(3)).unwrap();
-        let mut opt = acc
+    let prepare = |acc: &Accelerator| {
+        let model = acc.prepare_model(Linear::new(3)).unwrap();
+        let opt = acc
             .prepare_optimizer(Sgd::new(0.1).with_momentum(0.9))
             .unwrap();
-        let mut loader = acc
+        let loader = acc
             .prepare_loader(DataLoader::new(Data { len: 16, d: 3 }, 2))
             .unwrap();
+        (model, opt, loader)
+    };
+    let r = root.clone();
+    let saved = ranks(2, move |acc| {
+        let (mut model, mut opt, mut loader) = prepare(&acc);
         for _ in 0..2 {
             let b = loader.next_batch().unwrap();
             acc.backward(&mut model, |m, s| m.grad(&b.items, s))
@@ -407,13 +411,7 @@ fn weights_and_optimizer_state_load_at_another_world_size_and_load_state_reshard
     let r = root.clone();
     let want = saved[0].clone();
     let loaded = ranks(3, move |acc| {
-        let mut model = acc.prepare_model(Linear::new(3)).unwrap();
-        let mut opt = acc
-            .prepare_optimizer(Sgd::new(0.1).with_momentum(0.9))
-            .unwrap();
-        let mut loader = acc
-            .prepare_loader(DataLoader::new(Data { len: 16, d: 3 }, 2))
-            .unwrap();
+        let (mut model, mut opt, mut loader) = prepare(&acc);
         let full = acc
             .load_state(&r, &mut [&mut model, &mut opt, &mut loader])
             .map(|_| loader.sampler_state());

@@ -11,19 +11,24 @@ use accel_sharding::reference;
 mod common;
 use common::{ranks, single, Data, Linear};
 
+/// What [`run_loop`] drives: a model, its optimizer and scheduler, a loader.
+type Prepared = (
+    PreparedModel<Linear>,
+    PreparedOptimizer<Sgd>,
+    PreparedScheduler<LinearSchedule>,
+    PreparedLoader<Data>,
+);
+
 /// The loop of `docs/training.md`, `epochs` epochs or until `stop_after`
 /// optimizer steps; saves into `ckpt` after `save_at` steps.
-#[allow(clippy::too_many_arguments)]
 fn run_loop(
     acc: &Accelerator,
-    model: &mut PreparedModel<Linear>,
-    opt: &mut PreparedOptimizer<Sgd>,
-    sched: &mut PreparedScheduler<LinearSchedule>,
-    loader: &mut PreparedLoader<Data>,
+    objects: &mut Prepared,
     epochs: u64,
     save: Option<(&Path, u64)>,
     stop_after: Option<u64>,
 ) -> u64 {
+    let (model, opt, sched, loader) = objects;
     let mut steps = 0;
     while loader.epoch() < epochs {
         while let Some(batch) = loader.next_batch() {
@@ -423,7 +428,7 @@ fn resume_in_a_fresh_group_finishes_with_the_same_parameters() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().to_path_buf();
     let data = Data { len: 50, d: 3 };
-    let setup = move |acc: &Accelerator| {
+    let setup = move |acc: &Accelerator| -> Prepared {
         acc.set_training_config(TrainConfig {
             gradient_accumulation_steps: 2,
             ..TrainConfig::default()
@@ -444,46 +449,28 @@ fn resume_in_a_fresh_group_finishes_with_the_same_parameters() {
     let full = {
         let root = root.join("full");
         ranks(2, move |acc| {
-            let (mut m, mut o, mut s, mut l) = setup(&acc);
-            run_loop(
-                &acc,
-                &mut m,
-                &mut o,
-                &mut s,
-                &mut l,
-                3,
-                Some((&root, 7)),
-                None,
-            );
-            m.flat()
+            let mut t = setup(&acc);
+            run_loop(&acc, &mut t, 3, Some((&root, 7)), None);
+            t.0.flat()
         })
     };
     let stopped = {
         let root = root.join("resumed");
         ranks(2, move |acc| {
-            let (mut m, mut o, mut s, mut l) = setup(&acc);
-            run_loop(
-                &acc,
-                &mut m,
-                &mut o,
-                &mut s,
-                &mut l,
-                3,
-                Some((&root, 7)),
-                Some(9),
-            )
+            let mut t = setup(&acc);
+            run_loop(&acc, &mut t, 3, Some((&root, 7)), Some(9))
         })
     };
     assert_eq!(stopped, vec![9, 9]);
     let resumed = {
         let root = root.join("resumed");
         ranks(2, move |acc| {
-            let (mut m, mut o, mut s, mut l) = setup(&acc);
-            acc.load_state(&root, &mut [&mut m, &mut o, &mut s, &mut l])
-                .unwrap();
+            let mut t = setup(&acc);
+            let (m, o, s, l) = &mut t;
+            acc.load_state(&root, &mut [m, o, s, l]).unwrap();
             assert_eq!(acc.save_iteration(), 1);
-            run_loop(&acc, &mut m, &mut o, &mut s, &mut l, 3, None, None);
-            m.flat()
+            run_loop(&acc, &mut t, 3, None, None);
+            t.0.flat()
         })
     };
     assert_eq!(full, resumed, "bit-identical after an exact resume");

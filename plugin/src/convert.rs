@@ -589,93 +589,143 @@ fn parts(op: &str, what: &str, b: &AccelBuf) -> Result<(DType, Device, usize)> {
     Ok((dtype, Device::new(kind, b.device_index), bytes))
 }
 
-/// A read-only buffer view of an ABI buffer.
-///
-/// # Safety
-/// `b` points to a valid [`AccelBuf`]; for host memory, `host_ptr` points
-/// to `len * dtype size` readable bytes that nothing writes for `'a`.
-pub(crate) unsafe fn buf_from_abi<'a>(op: &str, what: &str, b: *const AccelBuf) -> Result<Buf<'a>> {
-    if b.is_null() {
-        return Err(bad_buf(op, what, "null descriptor".into()));
-    }
-    // SAFETY: `b` is a valid descriptor (caller's guarantee).
-    let b = unsafe { b.read() };
-    let (dtype, device, bytes) = parts(op, what, &b)?;
-    match b.memory {
-        ACCEL_MEMORY_HOST => {
-            let slice: &'a [u8] = if bytes == 0 {
-                // SAFETY: an empty slice at a non-null pointer aligned for
-                // every element type (a plain `&[]` is only 1-aligned, which
-                // `from_bytes` rightly refuses for wider types).
-                unsafe { std::slice::from_raw_parts(EMPTY.as_ptr(), 0) }
-            } else if b.host_ptr.is_null() {
-                return Err(bad_buf(
-                    op,
-                    what,
-                    format!("null pointer for {} elements", b.len),
-                ));
-            } else {
-                // SAFETY: `bytes` readable bytes at `host_ptr`, unwritten for
-                // 'a (caller's guarantee).
-                unsafe { std::slice::from_raw_parts(b.host_ptr, bytes) }
-            };
-            Ok(Buf::Host(
-                HostBuf::from_bytes(dtype, slice).map_err(|e| e.with_op(op))?,
-            ))
-        }
-        // SAFETY: the descriptor's device memory stays valid and unwritten
-        // for 'a (caller's guarantee); the view borrows nothing on this side.
-        ACCEL_MEMORY_DEVICE => Ok(Buf::Device(unsafe {
-            DeviceBuf::from_raw(abi_owner(), b.device_addr, b.len, dtype, device, b.stream)
-        })),
-        m => Err(bad_buf(op, what, format!("unknown memory code {m}"))),
-    }
+/// Where an ABI buffer's memory is, checked by [`read_buf`].
+enum Memory {
+    /// Host memory: `bytes` bytes at a non-null address ([`EMPTY`] when
+    /// there are none).
+    Host(*mut u8, usize),
+    /// Device memory at the descriptor's `device_addr`.
+    Device,
 }
 
-/// A writable buffer view of an ABI buffer.
+/// The descriptor at `b`, its dtype and device, and where its memory is,
+/// checked: no null descriptor, known codes, no null host pointer for a
+/// non-empty view.
 ///
 /// # Safety
-/// As [`buf_from_abi`], and for host memory the bytes are writable and not
-/// accessed through any other pointer for `'a`.
-pub(crate) unsafe fn buf_mut_from_abi<'a>(
+/// `b` is null or points to a valid [`AccelBuf`].
+unsafe fn read_buf(
     op: &str,
     what: &str,
     b: *const AccelBuf,
-) -> Result<BufMut<'a>> {
+) -> Result<(AccelBuf, DType, Device, Memory)> {
     if b.is_null() {
         return Err(bad_buf(op, what, "null descriptor".into()));
     }
     // SAFETY: `b` is a valid descriptor (caller's guarantee).
     let b = unsafe { b.read() };
     let (dtype, device, bytes) = parts(op, what, &b)?;
-    match b.memory {
-        ACCEL_MEMORY_HOST => {
-            let slice: &'a mut [u8] = if bytes == 0 {
-                // SAFETY: as in `buf_from_abi`: empty, non-null, aligned; no
-                // byte is ever accessed through it.
-                unsafe { std::slice::from_raw_parts_mut(EMPTY.as_ptr(), 0) }
-            } else if b.host_ptr.is_null() {
-                return Err(bad_buf(
-                    op,
-                    what,
-                    format!("null pointer for {} elements", b.len),
-                ));
-            } else {
-                // SAFETY: `bytes` writable bytes at `host_ptr`, exclusively
-                // ours for 'a (caller's guarantee).
-                unsafe { std::slice::from_raw_parts_mut(b.host_ptr, bytes) }
-            };
-            Ok(BufMut::Host(
-                HostBufMut::from_bytes(dtype, slice).map_err(|e| e.with_op(op))?,
-            ))
+    let memory = match b.memory {
+        // An empty view gets a non-null pointer aligned for every element
+        // type (a plain `&[]` is only 1-aligned, which `from_bytes` rightly
+        // refuses for wider types).
+        ACCEL_MEMORY_HOST if bytes == 0 => Memory::Host(EMPTY.as_ptr(), 0),
+        ACCEL_MEMORY_HOST if b.host_ptr.is_null() => {
+            let why = format!("null pointer for {} elements", b.len);
+            return Err(bad_buf(op, what, why));
         }
-        // SAFETY: the descriptor's device memory is exclusively ours for 'a
-        // (caller's guarantee); the view borrows nothing on this side.
-        ACCEL_MEMORY_DEVICE => Ok(BufMut::Device(unsafe {
-            DeviceBufMut::from_raw(abi_owner(), b.device_addr, b.len, dtype, device, b.stream)
-        })),
-        m => Err(bad_buf(op, what, format!("unknown memory code {m}"))),
+        ACCEL_MEMORY_HOST => Memory::Host(b.host_ptr, bytes),
+        ACCEL_MEMORY_DEVICE => Memory::Device,
+        m => return Err(bad_buf(op, what, format!("unknown memory code {m}"))),
+    };
+    Ok((b, dtype, device, memory))
+}
+
+/// One body for the read-only and the writable view of an ABI buffer, and
+/// for its variant that takes a null descriptor as "no buffer".
+macro_rules! view_from_abi {
+    (
+        $(#[$doc:meta])*
+        $name:ident, $opt_name:ident -> $View:ident, $Host:ident, $Device:ident, $slice:path
+    ) => {
+        $(#[$doc])*
+        pub(crate) unsafe fn $name<'a>(op: &str, what: &str, b: *const AccelBuf) -> Result<$View<'a>> {
+            // SAFETY: `b` is a valid descriptor (caller's guarantee).
+            let (b, dtype, device, memory) = unsafe { read_buf(op, what, b) }?;
+            match memory {
+                Memory::Host(ptr, bytes) => {
+                    // SAFETY: `bytes` bytes at `ptr` that nothing writes
+                    // for 'a (a writable view's: writable and exclusively
+                    // ours; caller's guarantee), or none at an aligned
+                    // non-null pointer, never accessed.
+                    let slice = unsafe { $slice(ptr, bytes) };
+                    let host = $Host::from_bytes(dtype, slice).map_err(|e| e.with_op(op))?;
+                    Ok($View::Host(host))
+                }
+                // SAFETY: the descriptor's device memory stays valid for 'a
+                // and is not written (a writable view's: is exclusively
+                // ours) meanwhile (caller's guarantee); the view borrows
+                // nothing on this side.
+                Memory::Device => Ok($View::Device(unsafe {
+                    $Device::from_raw(abi_owner(), b.device_addr, b.len, dtype, device, b.stream)
+                })),
+            }
+        }
+
+        #[doc = concat!("[`", stringify!($name), "`], `None` for a null descriptor (\"no buffer\").")]
+        ///
+        /// # Safety
+        #[doc = concat!("As [`", stringify!($name), "`] when `b` is not null.")]
+        pub(crate) unsafe fn $opt_name<'a>(
+            op: &str,
+            what: &str,
+            b: *const AccelBuf,
+        ) -> Result<Option<$View<'a>>> {
+            if b.is_null() {
+                return Ok(None);
+            }
+            // SAFETY: non-null, and valid as the caller guarantees.
+            unsafe { $name(op, what, b) }.map(Some)
+        }
+    };
+}
+
+view_from_abi!(
+    /// A read-only buffer view of an ABI buffer.
+    ///
+    /// # Safety
+    /// `b` points to a valid [`AccelBuf`]; for host memory, `host_ptr` points
+    /// to `len * dtype size` readable bytes that nothing writes for `'a`.
+    buf_from_abi, opt_buf_from_abi -> Buf, HostBuf, DeviceBuf, std::slice::from_raw_parts
+);
+
+view_from_abi!(
+    /// A writable buffer view of an ABI buffer.
+    ///
+    /// # Safety
+    /// As [`buf_from_abi`], and for host memory the bytes are writable and not
+    /// accessed through any other pointer for `'a`.
+    buf_mut_from_abi, opt_buf_mut_from_abi -> BufMut, HostBufMut, DeviceBufMut, std::slice::from_raw_parts_mut
+);
+
+/// The views of an operation's ABI `send` and `recv` buffers.
+///
+/// # Safety
+/// As [`buf_from_abi`] for `send` and [`buf_mut_from_abi`] for `recv`,
+/// which do not overlap.
+pub(crate) unsafe fn send_recv_from_abi<'a>(
+    op: &str,
+    send: *const AccelBuf,
+    recv: *const AccelBuf,
+) -> Result<(Buf<'a>, BufMut<'a>)> {
+    // SAFETY: the caller's guarantees.
+    unsafe {
+        Ok((
+            buf_from_abi(op, "send", send)?,
+            buf_mut_from_abi(op, "recv", recv)?,
+        ))
     }
+}
+
+/// The ABI descriptors of an operation's `send` and `recv` buffers.
+pub(crate) fn send_recv_to_abi(send: &Buf<'_>, recv: &mut BufMut<'_>) -> (AccelBuf, AccelBuf) {
+    (buf_to_abi(send), buf_mut_to_abi(recv))
+}
+
+/// The address of `b`, null for none (the ABI's "no buffer").
+pub(crate) fn ptr_or_null(b: &Option<AccelBuf>) -> *const AccelBuf {
+    b.as_ref()
+        .map_or(std::ptr::null(), |b| b as *const AccelBuf)
 }
 
 // ---------------------------------------------------------------------------

@@ -114,25 +114,15 @@ unsafe extern "C" fn name<P: Exported>(out: AccelSink) -> AccelStatus {
 
 unsafe extern "C" fn priority<P: Exported>(out: *mut i32) -> AccelStatus {
     guard(Slot::Plugin, "priority", || {
-        if out.is_null() {
-            return Err(null_arg("priority", "output pointer"));
-        }
-        let p = P::backend().priority();
-        // SAFETY: `out` is a non-null, writable i32 (ABI contract).
-        unsafe { out.write(p) };
-        Ok(())
+        // SAFETY: `out` is null or a writable i32 (ABI contract).
+        unsafe { put("priority", out, P::backend().priority()) }
     })
 }
 
 unsafe extern "C" fn device_kind<P: Exported>(out: *mut u32) -> AccelStatus {
     guard(Slot::Plugin, "device_kind", || {
-        if out.is_null() {
-            return Err(null_arg("device_kind", "output pointer"));
-        }
-        let k = P::backend().device_kind().code();
-        // SAFETY: `out` is a non-null, writable u32 (ABI contract).
-        unsafe { out.write(k) };
-        Ok(())
+        // SAFETY: `out` is null or a writable u32 (ABI contract).
+        unsafe { put("device_kind", out, P::backend().device_kind().code()) }
     })
 }
 
@@ -383,12 +373,7 @@ comm_fn!(comm_broadcast, "broadcast", (buf: *const AccelBuf, root: usize), |c| {
 
 comm_fn!(comm_all_gather, "all_gather", (send: *const AccelBuf, recv: *const AccelBuf), |c| {
     // SAFETY: both describe non-overlapping memory lent for this call.
-    let (send, recv) = unsafe {
-        (
-            convert::buf_from_abi("all_gather", "send", send)?,
-            convert::buf_mut_from_abi("all_gather", "recv", recv)?,
-        )
-    };
+    let (send, recv) = unsafe { convert::send_recv_from_abi("all_gather", send, recv) }?;
     c.all_gather(send, recv)
 });
 
@@ -402,11 +387,7 @@ comm_fn!(
         let (send, recv) = unsafe {
             (
                 convert::buf_from_abi("gather", "send", send)?,
-                if recv.is_null() {
-                    None
-                } else {
-                    Some(convert::buf_mut_from_abi("gather", "recv", recv)?)
-                },
+                convert::opt_buf_mut_from_abi("gather", "recv", recv)?,
             )
         };
         c.gather(send, recv, root)
@@ -422,11 +403,7 @@ comm_fn!(
         // `send` may be null ("no send buffer").
         let (send, recv) = unsafe {
             (
-                if send.is_null() {
-                    None
-                } else {
-                    Some(convert::buf_from_abi("scatter", "send", send)?)
-                },
+                convert::opt_buf_from_abi("scatter", "send", send)?,
                 convert::buf_mut_from_abi("scatter", "recv", recv)?,
             )
         };
@@ -440,24 +417,14 @@ comm_fn!(
     (send: *const AccelBuf, recv: *const AccelBuf, op: u32),
     |c| {
         // SAFETY: both describe non-overlapping memory lent for this call.
-        let (send, recv) = unsafe {
-            (
-                convert::buf_from_abi("reduce_scatter", "send", send)?,
-                convert::buf_mut_from_abi("reduce_scatter", "recv", recv)?,
-            )
-        };
+        let (send, recv) = unsafe { convert::send_recv_from_abi("reduce_scatter", send, recv) }?;
         c.reduce_scatter(send, recv, convert::reduce_op("reduce_scatter", op)?)
     }
 );
 
 comm_fn!(comm_all_to_all, "all_to_all", (send: *const AccelBuf, recv: *const AccelBuf), |c| {
     // SAFETY: both describe non-overlapping memory lent for this call.
-    let (send, recv) = unsafe {
-        (
-            convert::buf_from_abi("all_to_all", "send", send)?,
-            convert::buf_mut_from_abi("all_to_all", "recv", recv)?,
-        )
-    };
+    let (send, recv) = unsafe { convert::send_recv_from_abi("all_to_all", send, recv) }?;
     c.all_to_all(send, recv)
 });
 
@@ -643,12 +610,7 @@ impl Store for ForeignStore {
         Ok(out)
     }
 
-    fn compare_set(
-        &self,
-        key: &str,
-        expected: Option<&[u8]>,
-        desired: &[u8],
-    ) -> Result<CasOutcome> {
+    fn compare_set(&self, key: &str, expected: Option<&[u8]>, new: &[u8]) -> Result<CasOutcome> {
         let f = self
             .vt
             .compare_set
@@ -665,7 +627,7 @@ impl Store for ForeignStore {
                 self.vt.ctx,
                 key_str(key),
                 expected_ptr,
-                AccelBytes::new(desired),
+                AccelBytes::new(new),
                 &mut outcome,
                 current.sink(),
             )

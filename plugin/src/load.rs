@@ -447,14 +447,8 @@ fn open(path: &Path) -> Result<AccelPluginEntryV1> {
     // SAFETY: loading a library runs its initialisers; that is the point of
     // a plugin, and the user asked for this file. RTLD_NOW makes missing
     // dependencies fail here instead of at a later call.
-    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }.map_err(|e| {
-        plugin_error(
-            path,
-            None,
-            format!("cannot load it as a shared object: {e}"),
-            "check that it is a cdylib built for this platform (crate-type = [\"cdylib\"]) and that the libraries it needs are found (`ldd` lists them)",
-        )
-    })?;
+    let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
+        .map_err(|e| cannot_load(path, e, " (`ldd` lists them)"))?;
     // SAFETY: the symbol, if present, has the type the ABI fixes for it.
     let entry = unsafe { lib.get::<AccelPluginEntryV1>(ENTRY_SYMBOL.as_bytes()) }.map(|s| *s);
     // Never unload, even when the symbol is missing: initialisers ran and may
@@ -468,18 +462,22 @@ fn open(path: &Path) -> Result<AccelPluginEntryV1> {
 fn open(path: &Path) -> Result<AccelPluginEntryV1> {
     // SAFETY: as in the unix version: running the library's initialisers is
     // what loading a plugin means.
-    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| {
-        plugin_error(
-            path,
-            None,
-            format!("cannot load it as a shared object: {e}"),
-            "check that it is a cdylib built for this platform (crate-type = [\"cdylib\"]) and that the libraries it needs are found",
-        )
-    })?;
+    let lib = unsafe { libloading::Library::new(path) }.map_err(|e| cannot_load(path, e, ""))?;
     // SAFETY: the symbol, if present, has the type the ABI fixes for it.
     let entry = unsafe { lib.get::<AccelPluginEntryV1>(ENTRY_SYMBOL.as_bytes()) }.map(|s| *s);
     std::mem::forget(lib);
     entry.map_err(|e| missing_entry(path, e))
+}
+
+/// `path` is not a shared object this process can load; `ldd` is what the
+/// fix names on unix.
+fn cannot_load(path: &Path, e: libloading::Error, ldd: &str) -> Error {
+    plugin_error(
+        path,
+        None,
+        format!("cannot load it as a shared object: {e}"),
+        &format!("check that it is a cdylib built for this platform (crate-type = [\"cdylib\"]) and that the libraries it needs are found{ldd}"),
+    )
 }
 
 fn missing_entry(path: &Path, e: libloading::Error) -> Error {
@@ -646,10 +644,7 @@ impl Engine for PluginEngine {
 
     fn all_gather(&self, send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
         let f = self.func(self.lib.comm.all_gather, "all_gather")?;
-        let (s, r) = (
-            convert::buf_to_abi(&send),
-            convert::buf_mut_to_abi(&mut recv),
-        );
+        let (s, r) = convert::send_recv_to_abi(&send, &mut recv);
         // SAFETY: a live handle; both describe memory borrowed for the call
         // (and cannot overlap: one is borrowed mutably).
         self.call("all_gather", unsafe { f(self.handle, &s, &r) })
@@ -660,9 +655,7 @@ impl Engine for PluginEngine {
         let s = convert::buf_to_abi(&send);
         let mut recv = recv;
         let r = recv.as_mut().map(convert::buf_mut_to_abi);
-        let rp = r
-            .as_ref()
-            .map_or(std::ptr::null(), |r| r as *const AccelBuf);
+        let rp = convert::ptr_or_null(&r);
         // SAFETY: a live handle; the buffers describe memory borrowed for the
         // call; a null `recv` means none.
         self.call("gather", unsafe { f(self.handle, &s, rp, root) })
@@ -671,9 +664,7 @@ impl Engine for PluginEngine {
     fn scatter(&self, send: Option<Buf<'_>>, mut recv: BufMut<'_>, root: usize) -> Result<()> {
         let f = self.func(self.lib.comm.scatter, "scatter")?;
         let s = send.as_ref().map(convert::buf_to_abi);
-        let sp = s
-            .as_ref()
-            .map_or(std::ptr::null(), |s| s as *const AccelBuf);
+        let sp = convert::ptr_or_null(&s);
         let r = convert::buf_mut_to_abi(&mut recv);
         // SAFETY: a live handle; the buffers describe memory borrowed for the
         // call; a null `send` means none.
@@ -682,10 +673,7 @@ impl Engine for PluginEngine {
 
     fn reduce_scatter(&self, send: Buf<'_>, mut recv: BufMut<'_>, op: ReduceOp) -> Result<()> {
         let f = self.func(self.lib.comm.reduce_scatter, "reduce_scatter")?;
-        let (s, r) = (
-            convert::buf_to_abi(&send),
-            convert::buf_mut_to_abi(&mut recv),
-        );
+        let (s, r) = convert::send_recv_to_abi(&send, &mut recv);
         // SAFETY: a live handle; both describe memory borrowed for the call.
         self.call("reduce_scatter", unsafe {
             f(self.handle, &s, &r, op.code())
@@ -694,10 +682,7 @@ impl Engine for PluginEngine {
 
     fn all_to_all(&self, send: Buf<'_>, mut recv: BufMut<'_>) -> Result<()> {
         let f = self.func(self.lib.comm.all_to_all, "all_to_all")?;
-        let (s, r) = (
-            convert::buf_to_abi(&send),
-            convert::buf_mut_to_abi(&mut recv),
-        );
+        let (s, r) = convert::send_recv_to_abi(&send, &mut recv);
         // SAFETY: a live handle; both describe memory borrowed for the call.
         self.call("all_to_all", unsafe { f(self.handle, &s, &r) })
     }
@@ -834,6 +819,15 @@ unsafe extern "C" fn store_get(
     })
 }
 
+/// An [`ErrorKind::InvalidArgument`] error of `op` saying `message` when
+/// the output pointer `p` is null.
+fn non_null<T>(op: &str, p: *mut T, message: &str) -> Result<()> {
+    if p.is_null() {
+        return Err(Error::invalid_argument(op, message));
+    }
+    Ok(())
+}
+
 unsafe extern "C" fn store_try_get(
     ctx: *mut c_void,
     key: AccelStr,
@@ -841,12 +835,7 @@ unsafe extern "C" fn store_try_get(
     value: AccelSink,
 ) -> AccelStatus {
     guard(Slot::HostStore, "store try_get", || {
-        if found.is_null() {
-            return Err(Error::invalid_argument(
-                "store try_get",
-                "null `found` pointer",
-            ));
-        }
+        non_null("store try_get", found, "null `found` pointer")?;
         // SAFETY: a live `ctx`; the key is valid for this call.
         let (store, key) = unsafe { (host_store(ctx), key_of("store try_get", key)?) };
         let v = store.try_get(&key)?;
@@ -868,9 +857,7 @@ unsafe extern "C" fn store_add(
     out: *mut i64,
 ) -> AccelStatus {
     guard(Slot::HostStore, "store add", || {
-        if out.is_null() {
-            return Err(Error::invalid_argument("store add", "null output pointer"));
-        }
+        non_null("store add", out, "null output pointer")?;
         // SAFETY: a live `ctx`; the key is valid for this call.
         let (store, key) = unsafe { (host_store(ctx), key_of("store add", key)?) };
         let v = store.add(&key, delta)?;
@@ -889,12 +876,7 @@ unsafe extern "C" fn store_compare_set(
     current: AccelSink,
 ) -> AccelStatus {
     guard(Slot::HostStore, "store compare_set", || {
-        if outcome.is_null() {
-            return Err(Error::invalid_argument(
-                "store compare_set",
-                "null outcome pointer",
-            ));
-        }
+        non_null("store compare_set", outcome, "null outcome pointer")?;
         // SAFETY: a live `ctx`; key, `expected` (null or valid) and
         // `desired` are valid for this call.
         let (store, key, expected, desired) = unsafe {
@@ -959,12 +941,7 @@ unsafe extern "C" fn store_delete(
     existed: *mut u32,
 ) -> AccelStatus {
     guard(Slot::HostStore, "store delete", || {
-        if existed.is_null() {
-            return Err(Error::invalid_argument(
-                "store delete",
-                "null output pointer",
-            ));
-        }
+        non_null("store delete", existed, "null output pointer")?;
         // SAFETY: a live `ctx`; the key is valid for this call.
         let (store, key) = unsafe { (host_store(ctx), key_of("store delete", key)?) };
         let e = store.delete(&key)?;

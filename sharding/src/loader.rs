@@ -431,38 +431,18 @@ impl ShardedLoader {
             ));
         }
         let c = &self.config;
+        // (field, saved, now)
+        let field = |name, saved: &dyn std::fmt::Display, now: &dyn std::fmt::Display| {
+            (name, saved.to_string(), now.to_string())
+        };
         let checks: [(&str, String, String); 7] = [
-            (
-                "dataset_len",
-                state.dataset_len.to_string(),
-                c.dataset_len.to_string(),
-            ),
-            (
-                "batch_size",
-                state.batch_size.to_string(),
-                c.batch_size.to_string(),
-            ),
-            (
-                "num_processes",
-                state.num_processes.to_string(),
-                c.num_processes.to_string(),
-            ),
-            (
-                "drop_last",
-                state.drop_last.to_string(),
-                c.drop_last.to_string(),
-            ),
-            ("shuffle", state.shuffle.to_string(), c.shuffle.to_string()),
-            (
-                "split_batches",
-                state.split_batches.to_string(),
-                c.split_batches.to_string(),
-            ),
-            (
-                "even_batches",
-                state.even_batches.to_string(),
-                c.even_batches.to_string(),
-            ),
+            field("dataset_len", &state.dataset_len, &c.dataset_len),
+            field("batch_size", &state.batch_size, &c.batch_size),
+            field("num_processes", &state.num_processes, &c.num_processes),
+            field("drop_last", &state.drop_last, &c.drop_last),
+            field("shuffle", &state.shuffle, &c.shuffle),
+            field("split_batches", &state.split_batches, &c.split_batches),
+            field("even_batches", &state.even_batches, &c.even_batches),
         ];
         for (field, saved, now) in checks {
             if saved != now {

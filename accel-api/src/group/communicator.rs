@@ -48,28 +48,14 @@ impl<E: Engine> Communicator for Group<E> {
         self.enter(op, buf.dtype(), None, buf.device())?;
         validate::rank_in_group(self, op, "root", root)?;
         let shape = Shape::new(op, buf.dtype(), buf.len()).root(root);
-        if buf.is_empty() {
-            return self.run_collective(shape, |_, _| Ok(()));
-        }
-        self.run_collective(shape, |e, _| e.broadcast(buf, root))
+        self.run_moving(shape, |e| e.broadcast(buf, root))
     }
 
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()> {
         let op = Op::AllGather;
-        self.enter(op, send.dtype(), None, send.device())?;
-        self.same_place(op, send.device(), recv.device())?;
-        validate::lengths(
-            self,
-            op,
-            ("send", send.dtype(), send.len()),
-            ("recv", recv.dtype(), recv.len()),
-            self.info.world_size,
-        )?;
+        self.enter_chunked(op, None, &send, &recv, true)?;
         let shape = Shape::new(op, send.dtype(), send.len());
-        if send.is_empty() {
-            return self.run_collective(shape, |_, _| Ok(()));
-        }
-        self.run_collective(shape, |e, _| e.all_gather(send, recv))
+        self.run_moving(shape, |e| e.all_gather(send, recv))
     }
 
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()> {
@@ -80,10 +66,7 @@ impl<E: Engine> Communicator for Group<E> {
             self.same_place(op, send.device(), r.device())?;
         }
         let shape = Shape::new(op, send.dtype(), send.len()).root(root);
-        if send.is_empty() {
-            return self.run_collective(shape, |_, _| Ok(()));
-        }
-        self.run_collective(shape, |e, _| e.gather(send, recv, root))
+        self.run_moving(shape, |e| e.gather(send, recv, root))
     }
 
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()> {
@@ -94,32 +77,17 @@ impl<E: Engine> Communicator for Group<E> {
             self.same_place(op, s.device(), recv.device())?;
         }
         let shape = Shape::new(op, recv.dtype(), recv.len()).root(root);
-        if recv.is_empty() {
-            return self.run_collective(shape, |_, _| Ok(()));
-        }
-        self.run_collective(shape, |e, _| e.scatter(send, recv, root))
+        self.run_moving(shape, |e| e.scatter(send, recv, root))
     }
 
     fn reduce_scatter(&self, send: Buf<'_>, mut recv: BufMut<'_>, reduce: ReduceOp) -> Result<()> {
         let op = Op::ReduceScatter;
-        self.enter(op, send.dtype(), Some(reduce), send.device())?;
-        self.same_place(op, send.device(), recv.device())?;
-        validate::lengths(
-            self,
-            op,
-            ("recv", recv.dtype(), recv.len()),
-            ("send", send.dtype(), send.len()),
-            self.info.world_size,
-        )?;
+        self.enter_chunked(op, Some(reduce), &send, &recv, false)?;
         let shape = Shape::new(op, recv.dtype(), recv.len()).reduce(reduce);
-        if recv.is_empty() {
-            return self.run_collective(shape, |_, _| Ok(()));
-        }
         let (native, divide) = self.native(reduce);
-        self.run_collective(shape, |e, _| {
-            e.reduce_scatter(send, recv.reborrow(), native)
-        })?;
-        if divide {
+        let empty = recv.is_empty();
+        self.run_moving(shape, |e| e.reduce_scatter(send, recv.reborrow(), native))?;
+        if divide && !empty {
             self.divide(op, recv)?;
         }
         Ok(())
@@ -131,10 +99,7 @@ impl<E: Engine> Communicator for Group<E> {
         self.same_place(op, send.device(), recv.device())?;
         validate::all_to_all(self, &send, &recv)?;
         let shape = Shape::new(op, send.dtype(), send.len());
-        if send.is_empty() {
-            return self.run_collective(shape, |_, _| Ok(()));
-        }
-        self.run_collective(shape, |e, _| e.all_to_all(send, recv))
+        self.run_moving(shape, |e| e.all_to_all(send, recv))
     }
 
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()> {
@@ -142,11 +107,8 @@ impl<E: Engine> Communicator for Group<E> {
         self.enter(op, buf.dtype(), None, buf.device())?;
         validate::rank_in_group(self, op, "destination", dst)?;
         if let (true, Buf::Host(h)) = (dst == self.info.rank, &buf) {
-            lock(&self.mailbox)
-                .entry(tag)
-                .or_default()
-                .push_back((h.dtype(), h.bytes().to_vec()));
-            self.mail.notify_all();
+            let bytes = h.bytes().to_vec();
+            self.mailbox.post(dst, tag, h.dtype(), bytes.len(), bytes);
             return Ok(());
         }
         self.run(op, |e| e.send(buf, dst, tag))
@@ -194,6 +156,38 @@ impl<E: Engine> Communicator for Group<E> {
         }
         self.engine.abort(reason);
         // Wake a receive from self so that it sees the poison.
-        self.mail.notify_all();
+        self.mailbox.wake();
+    }
+}
+
+impl<E: Engine> Group<E> {
+    /// Run a collective that moves the elements of `shape`: a zero-length
+    /// call takes its place in the call check but never reaches the engine.
+    fn run_moving(&self, shape: Shape, f: impl FnOnce(&E) -> Result<()>) -> Result<()> {
+        let empty = shape.len == 0;
+        self.run_collective(shape, |e, _| if empty { Ok(()) } else { f(e) })
+    }
+
+    /// Enter `op` (all_gather: `per_rank_send`, reduce_scatter: not), whose
+    /// per-rank side holds `1 / world_size` of the other side's elements,
+    /// with both buffers in one place and of one dtype.
+    fn enter_chunked(
+        &self,
+        op: Op,
+        reduce: Option<ReduceOp>,
+        send: &Buf<'_>,
+        recv: &BufMut<'_>,
+        per_rank_send: bool,
+    ) -> Result<()> {
+        self.enter(op, send.dtype(), reduce, send.device())?;
+        self.same_place(op, send.device(), recv.device())?;
+        let send = ("send", send.dtype(), send.len());
+        let recv = ("recv", recv.dtype(), recv.len());
+        let (small, big) = if per_rank_send {
+            (send, recv)
+        } else {
+            (recv, send)
+        };
+        validate::lengths(self, op, small, big, self.info.world_size)
     }
 }

@@ -8,6 +8,18 @@
 
 use std::time::{Duration, Instant};
 
+use crate::{Error, ErrorKind};
+
+/// What every engine's timeout error says to do.
+pub const TIMEOUT_FIX: &str = "check that every rank calls the same collectives in the same order (ACCEL_DEBUG=1 names a rank that disagrees), or raise ACCEL_TIMEOUT if the work is just slow";
+
+/// The error of an engine call that did not complete within `after`:
+/// [`ErrorKind::Timeout`] saying `message`, with the fix every engine gives
+/// ([`TIMEOUT_FIX`]). The engine adds its operation, backend and rank.
+pub fn timeout_error(after: Duration, message: impl Into<String>) -> Error {
+    Error::new(ErrorKind::Timeout { after }, message).with_fix(TIMEOUT_FIX)
+}
+
 /// A deadline: the instant a budget of `timeout` runs out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Deadline {

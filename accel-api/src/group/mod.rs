@@ -41,29 +41,28 @@
 mod communicator;
 mod deadline;
 mod engine;
+mod mailbox;
 mod p2p;
 mod split;
 #[cfg(test)]
 mod tests;
 
 pub use deadline::{
-    Backoff, Clock, Deadline, Expired, Growth, Pause, Polled, Poller, SystemClock, Until,
+    timeout_error, Backoff, Clock, Deadline, Expired, Growth, Pause, Polled, Poller, SystemClock,
+    Until, TIMEOUT_FIX,
 };
 pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
+pub use mailbox::{Mailbox, Taken};
 pub use p2p::{P2pHeader, P2P_MAGIC};
 pub use split::SplitPlan;
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::check::{self, CallCheck, Digits, Plan, Shape, DIGITS};
 use crate::{validate, BufMut, DType, Device, Error, ErrorKind, HostBufMut, Op, ReduceOp, Result};
-
-/// A message sent to self, waiting for its `recv`.
-type Mail = (DType, Vec<u8>);
 
 /// Any [`Engine`] as a [`Communicator`]: the checks, poisoning, mailbox,
 /// average and error context described at the top of `accel-api/src/group/mod.rs`.
@@ -78,8 +77,8 @@ pub struct Group<E: Engine> {
     serial: Mutex<()>,
     /// The first group-fatal failure, rendered.
     poisoned: Mutex<Option<String>>,
-    mailbox: Mutex<HashMap<u32, VecDeque<Mail>>>,
-    mail: Condvar,
+    /// Host messages sent to self, waiting for their `recv`.
+    mailbox: Mailbox<Vec<u8>>,
     /// This group's call-check setting and how its engine runs the check.
     check: CallCheck,
     plan: Option<Plan>,
@@ -114,13 +113,12 @@ impl<E: Engine> Group<E> {
     pub fn new(engine: E) -> Group<E> {
         let info = engine.info().clone();
         Group {
+            mailbox: Mailbox::new(info.rank),
             plan: check::plan(&info.capabilities),
             info,
             engine,
             serial: Mutex::new(()),
             poisoned: Mutex::new(None),
-            mailbox: Mutex::new(HashMap::new()),
-            mail: Condvar::new(),
             check: CallCheck::for_new_group(),
             seq: AtomicU64::new(0),
         }
@@ -190,7 +188,7 @@ impl<E: Engine> Group<E> {
             *p = Some(err.to_string());
         }
         drop(p);
-        self.mail.notify_all();
+        self.mailbox.wake();
         first
     }
 
@@ -363,32 +361,17 @@ impl<E: Engine> Group<E> {
     fn recv_self(&self, mut dst: HostBufMut<'_>, tag: u32) -> Result<()> {
         let op = Op::Recv;
         let deadline = Instant::now() + self.info.timeout;
-        let mut mb = lock(&self.mailbox);
-        loop {
-            if let Some((dtype, msg)) = mb.get_mut(&tag).and_then(VecDeque::pop_front) {
-                if dtype != dst.dtype() || msg.len() != dst.bytes().len() {
-                    return Err(self.context(
-                        op,
-                        Error::invalid_argument(
-                            op.name(),
-                            format!(
-                                "this rank sent itself {} {dtype} elements with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
-                                msg.len() / dtype.size(),
-                                dst.len(),
-                                dst.dtype()
-                            ),
-                        ),
-                    ));
-                }
+        let (from, want) = ((self.info.rank, tag), (dst.dtype(), dst.len()));
+        let taken = self
+            .mailbox
+            .wait_take(from, want, deadline, || self.check_poison(op))?;
+        match taken {
+            Taken::Fits(msg) => {
                 dst.bytes_mut().copy_from_slice(&msg);
-                return Ok(());
+                Ok(())
             }
-            drop(mb);
-            self.check_poison(op)?;
-            mb = lock(&self.mailbox);
-            let now = Instant::now();
-            if now >= deadline {
-                drop(mb);
+            Taken::Misfit(text) => Err(self.context(op, Error::invalid_argument(op.name(), text))),
+            Taken::Empty => {
                 // Nothing crossed the wire: the group is still in step.
                 let err = Error::timeout(
                     op.name(),
@@ -397,13 +380,8 @@ impl<E: Engine> Group<E> {
                 )
                 .with_fix("send to self before receiving from self")
                 .with_fatal(false);
-                return Err(self.fail(op, err));
+                Err(self.fail(op, err))
             }
-            mb = self
-                .mail
-                .wait_timeout(mb, deadline - now)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
         }
     }
 }

@@ -14,8 +14,8 @@ use accel_api::{
 use half::{bf16, f16};
 use std::borrow::Cow;
 
-use super::adapters::Parameters;
-use super::kernels::{no_kernels, DeviceScratch, GradKernels, GradStats};
+use super::adapters::{ParamMut, Parameters};
+use super::kernels::{need_kernels, no_kernels, DeviceScratch, GradKernels, GradStats};
 
 fn not_float(op: &str, name: &str, dtype: DType) -> Error {
     Error::invalid_argument(
@@ -66,29 +66,23 @@ impl HostFloat for f64 {
     }
 }
 
-impl HostFloat for f16 {
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn to_f64(self) -> f64 {
-        f16::to_f64(self)
-    }
-    fn from_f32(x: f32) -> f16 {
-        f16::from_f32(x)
-    }
+/// The two 16-bit floats: the `half` crate's conversions.
+macro_rules! half_host_float {
+    ($($t:ident),+) => {
+        $(impl HostFloat for $t {
+            fn to_f32(self) -> f32 {
+                $t::to_f32(self)
+            }
+            fn to_f64(self) -> f64 {
+                $t::to_f64(self)
+            }
+            fn from_f32(x: f32) -> $t {
+                $t::from_f32(x)
+            }
+        })+
+    };
 }
-
-impl HostFloat for bf16 {
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn to_f64(self) -> f64 {
-        bf16::to_f64(self)
-    }
-    fn from_f32(x: f32) -> bf16 {
-        bf16::from_f32(x)
-    }
-}
+half_host_float!(f16, bf16);
 
 /// A host view of any float type as `f32` values (borrowed when it is f32,
 /// converted otherwise).
@@ -193,10 +187,7 @@ fn scale_view(
             map_host(&mut h, |x| x * f, |x| x * factor);
             Ok(())
         }
-        BufMut::Device(d) => match k {
-            Some(k) => k.scale(d, factor),
-            None => Err(no_kernels(op, name, d.device())),
-        },
+        BufMut::Device(d) => need_kernels(k, op, name, d.device())?.scale(d, factor),
     }
 }
 
@@ -209,10 +200,7 @@ fn stats_view(
 ) -> Result<GradStats> {
     match g {
         Buf::Host(h) => Ok(host_stats(h, norm_type)),
-        Buf::Device(d) => match k {
-            Some(k) => k.stats(d, norm_type),
-            None => Err(no_kernels(op, name, d.device())),
-        },
+        Buf::Device(d) => need_kernels(k, op, name, d.device())?.stats(d, norm_type),
     }
 }
 
@@ -341,10 +329,8 @@ pub(crate) fn clamp_all(model: &mut dyn Parameters, limit: f64) -> Result<()> {
                 map_host(&mut h, |x| x.clamp(-l32, l32), |x| x.clamp(-limit, limit));
                 Ok(())
             }
-            BufMut::Device(d) => match k {
-                Some(k) => k.clamp(d, limit),
-                None => Err(no_kernels("clip_grad_value", p.name, d.device())),
-            },
+            BufMut::Device(d) => need_kernels(k, "clip_grad_value", p.name, d.device())
+                .and_then(|k| k.clamp(d, limit)),
         };
         if let Err(e) = r {
             err = Some(e);
@@ -377,6 +363,32 @@ pub(crate) struct Bucket {
 }
 
 impl BucketPlan {
+    /// Call `f` on each of `model`'s parameters that has a slot, in
+    /// visiting order, with its bucket index and element offset; after the
+    /// first error `f` is not called again and that error is returned.
+    fn visit_slots(
+        &self,
+        model: &mut dyn Parameters,
+        mut f: impl FnMut(ParamMut<'_>, usize, usize) -> Result<()>,
+    ) -> Result<()> {
+        let mut idx = 0;
+        let mut err: Option<Error> = None;
+        model.visit_params_mut(&mut |p| {
+            let i = idx;
+            idx += 1;
+            if err.is_some() {
+                return;
+            }
+            let Some(Some((bi, off))) = self.slots.get(i).copied() else {
+                return;
+            };
+            if let Err(e) = f(p, bi, off) {
+                err = Some(e);
+            }
+        });
+        err.map_or(Ok(()), Err)
+    }
+
     /// Group the gradients by (device, dtype), in visiting order within a
     /// group, into buckets of at most `cap_bytes` (a larger gradient gets a
     /// bucket of its own, as in DDP).
@@ -646,31 +658,15 @@ pub(crate) fn all_reduce_gradients(
         in_place: 0,
     };
     // Pass 1: single-gradient buckets in place, the others copied in.
-    let mut idx = 0;
-    let mut err: Option<Error> = None;
-    model.visit_params_mut(&mut |p| {
-        let i = idx;
-        idx += 1;
-        if err.is_some() {
-            return;
-        }
-        let Some(Some((bi, off))) = plan.slots.get(i).copied() else {
-            return;
-        };
+    plan.visit_slots(model, |p, bi, off| {
         let b = &plan.buckets[bi];
-        let r = if b.members == 1 {
+        if b.members == 1 {
             report.in_place += 1;
             how.run(comm, k, p.grad)
         } else {
             copy_in_out(k, p.name, p.grad, b, bi, off, host, device, true)
-        };
-        if let Err(e) = r {
-            err = Some(e);
         }
-    });
-    if let Some(e) = err {
-        return Err(e);
-    }
+    })?;
     // The bucket buffers.
     for (bi, b) in plan.buckets.iter().enumerate() {
         if b.members < 2 {
@@ -688,24 +684,14 @@ pub(crate) fn all_reduce_gradients(
         }
     }
     // Pass 2: copy the bucket buffers back.
-    let mut idx = 0;
-    model.visit_params_mut(&mut |p| {
-        let i = idx;
-        idx += 1;
-        if err.is_some() {
-            return;
-        }
-        let Some(Some((bi, off))) = plan.slots.get(i).copied() else {
-            return;
-        };
+    plan.visit_slots(model, |p, bi, off| {
         let b = &plan.buckets[bi];
         if b.members > 1 {
-            if let Err(e) = copy_in_out(k, p.name, p.grad, b, bi, off, host, device, false) {
-                err = Some(e);
-            }
+            copy_in_out(k, p.name, p.grad, b, bi, off, host, device, false)?;
         }
-    });
-    err.map_or(Ok(report), Err)
+        Ok(())
+    })?;
+    Ok(report)
 }
 
 /// Copy one gradient into (`into`) or out of its bucket buffer.

@@ -148,33 +148,7 @@ impl<D: IterableDataset> std::fmt::Debug for PreparedIterableLoader<D> {
     }
 }
 
-impl<D: IterableDataset> std::ops::Deref for PreparedIterableLoader<D> {
-    type Target = IterableLoader<D>;
-    fn deref(&self) -> &IterableLoader<D> {
-        &self.loader
-    }
-}
-
-impl<D: IterableDataset> Wrapper for PreparedIterableLoader<D> {
-    type Inner = IterableLoader<D>;
-    fn inner(&self) -> &IterableLoader<D> {
-        &self.loader
-    }
-    /// Changing the batching of a prepared loader does not re-shard it;
-    /// prepare the unwrapped loader again for that.
-    fn inner_mut(&mut self) -> &mut IterableLoader<D> {
-        &mut self.loader
-    }
-    fn into_inner(self) -> IterableLoader<D> {
-        self.loader
-    }
-}
-
-impl<D: IterableDataset> Prepare<PreparedIterableLoader<D>> for PreparedIterableLoader<D> {
-    fn prepare_with(self, _acc: &Accelerator) -> Result<PreparedIterableLoader<D>> {
-        Ok(self)
-    }
-}
+super::prepare::loader_wrapper_impls!(PreparedIterableLoader, IterableDataset, IterableLoader);
 
 impl<D: IterableDataset> Prepare<PreparedIterableLoader<D>> for IterableLoader<D> {
     fn prepare_with(self, acc: &Accelerator) -> Result<PreparedIterableLoader<D>> {

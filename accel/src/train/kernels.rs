@@ -80,6 +80,17 @@ pub trait GradKernels: Send + Sync {
 }
 
 /// The error for a device gradient of a model without kernels.
+/// The model's kernels for parameter `name`'s gradient on `device`, or
+/// the [`no_kernels`] error when it gives none.
+pub(crate) fn need_kernels<'k>(
+    k: Option<&'k dyn GradKernels>,
+    op: &str,
+    name: &str,
+    device: Device,
+) -> Result<&'k dyn GradKernels> {
+    k.ok_or_else(|| no_kernels(op, name, device))
+}
+
 pub(crate) fn no_kernels(op: &str, name: &str, device: Device) -> Error {
     Error::new(
         ErrorKind::Unsupported,

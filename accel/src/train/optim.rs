@@ -24,30 +24,62 @@ pub struct Sgd {
     buffers: BTreeMap<String, Vec<f32>>,
 }
 
-impl Sgd {
-    /// Plain SGD at `lr`.
-    pub fn new(lr: f64) -> Sgd {
-        Sgd {
-            lr,
-            momentum: 0.0,
-            weight_decay: 0.0,
-            steps: 0,
-            buffers: BTreeMap::new(),
+/// What [`Sgd`] and the sharded [`crate::zero::ShardedSgd`] share besides
+/// their update: the constructor, the builders, and the settings part of
+/// their state (`lr`, `momentum`, `weight_decay`, `steps`). The type needs
+/// those four public fields and a `buffers` field with a `Default`.
+macro_rules! sgd_settings {
+    ($T:ident) => {
+        impl $T {
+            /// Plain SGD at `lr`.
+            pub fn new(lr: f64) -> $T {
+                $T {
+                    lr,
+                    momentum: 0.0,
+                    weight_decay: 0.0,
+                    steps: 0,
+                    buffers: Default::default(),
+                }
+            }
+
+            /// The same optimizer with `momentum`.
+            pub fn with_momentum(mut self, momentum: f32) -> $T {
+                self.momentum = momentum;
+                self
+            }
+
+            /// The same optimizer with `weight_decay`.
+            pub fn with_weight_decay(mut self, weight_decay: f32) -> $T {
+                self.weight_decay = weight_decay;
+                self
+            }
+
+            /// A state holding the settings, for the buffers to be added.
+            fn settings_state(&self) -> $crate::train::StateDict {
+                let mut s = $crate::train::StateDict::default();
+                s.put("lr", &self.lr);
+                s.put("momentum", &self.momentum);
+                s.put("weight_decay", &self.weight_decay);
+                s.put("steps", &self.steps);
+                s
+            }
+
+            /// Restore the settings from `state`; the buffers are cleared,
+            /// for the caller to restore.
+            fn load_settings(&mut self, state: &$crate::train::StateDict) -> accel_api::Result<()> {
+                self.lr = state.get("lr")?;
+                self.momentum = state.get("momentum")?;
+                self.weight_decay = state.get("weight_decay")?;
+                self.steps = state.get("steps")?;
+                self.buffers.clear();
+                Ok(())
+            }
         }
-    }
-
-    /// The same optimizer with `momentum`.
-    pub fn with_momentum(mut self, momentum: f32) -> Sgd {
-        self.momentum = momentum;
-        self
-    }
-
-    /// The same optimizer with `weight_decay`.
-    pub fn with_weight_decay(mut self, weight_decay: f32) -> Sgd {
-        self.weight_decay = weight_decay;
-        self
-    }
+    };
 }
+pub(crate) use sgd_settings;
+
+sgd_settings!(Sgd);
 
 /// PyTorch's SGD update of `value` from `grad` (the same length) with
 /// weight decay `wd`; with `momentum = Some((factor, buffer, first))` the
@@ -120,11 +152,7 @@ impl Optimizer for Sgd {
     }
 
     fn state_dict(&self) -> StateDict {
-        let mut s = StateDict::default();
-        s.put("lr", &self.lr);
-        s.put("momentum", &self.momentum);
-        s.put("weight_decay", &self.weight_decay);
-        s.put("steps", &self.steps);
+        let mut s = self.settings_state();
         for (name, b) in &self.buffers {
             s.put_tensor(format!("momentum_buffer.{name}"), b.clone());
         }
@@ -132,11 +160,7 @@ impl Optimizer for Sgd {
     }
 
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
-        self.lr = state.get("lr")?;
-        self.momentum = state.get("momentum")?;
-        self.weight_decay = state.get("weight_decay")?;
-        self.steps = state.get("steps")?;
-        self.buffers.clear();
+        self.load_settings(state)?;
         for (name, t) in &state.tensors {
             let Some(p) = name.strip_prefix("momentum_buffer.") else {
                 return Err(Error::new(
@@ -148,6 +172,13 @@ impl Optimizer for Sgd {
         }
         Ok(())
     }
+}
+
+/// The state of the schedules here: the steps taken.
+fn steps_state(steps: u64) -> StateDict {
+    let mut s = StateDict::default();
+    s.put("steps", &steps);
+    s
 }
 
 /// A constant learning rate.
@@ -174,9 +205,7 @@ impl Scheduler for ConstantSchedule {
         self.lr
     }
     fn state_dict(&self) -> StateDict {
-        let mut s = StateDict::default();
-        s.put("steps", &self.steps);
-        s
+        steps_state(self.steps)
     }
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         self.steps = state.get("steps")?;
@@ -228,9 +257,7 @@ impl Scheduler for LinearSchedule {
         self.peak * factor
     }
     fn state_dict(&self) -> StateDict {
-        let mut s = StateDict::default();
-        s.put("steps", &self.steps);
-        s
+        steps_state(self.steps)
     }
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
         self.steps = state.get("steps")?;

@@ -155,6 +155,39 @@ macro_rules! wrapper_impls {
     };
 }
 
+/// The same for a prepared loader (field `loader`, over `$inner<D>`), with
+/// a read-only `Deref`.
+macro_rules! loader_wrapper_impls {
+    ($ty:ident, $bound:ident, $inner:ident) => {
+        impl<D: $bound> std::ops::Deref for $ty<D> {
+            type Target = $inner<D>;
+            fn deref(&self) -> &$inner<D> {
+                &self.loader
+            }
+        }
+        impl<D: $bound> Wrapper for $ty<D> {
+            type Inner = $inner<D>;
+            fn inner(&self) -> &$inner<D> {
+                &self.loader
+            }
+            /// Changing the batching of a prepared loader does not re-shard
+            /// it; prepare the unwrapped loader again for that.
+            fn inner_mut(&mut self) -> &mut $inner<D> {
+                &mut self.loader
+            }
+            fn into_inner(self) -> $inner<D> {
+                self.loader
+            }
+        }
+        impl<D: $bound> Prepare<$ty<D>> for $ty<D> {
+            fn prepare_with(self, _acc: &Accelerator) -> Result<$ty<D>> {
+                Ok(self)
+            }
+        }
+    };
+}
+pub(crate) use loader_wrapper_impls;
+
 // ---------------------------------------------------------------- model
 
 /// A model prepared for data-parallel training (DDP's job): its gradients
@@ -551,33 +584,7 @@ impl<D: Dataset> std::fmt::Debug for PreparedLoader<D> {
     }
 }
 
-impl<D: Dataset> Deref for PreparedLoader<D> {
-    type Target = DataLoader<D>;
-    fn deref(&self) -> &DataLoader<D> {
-        &self.loader
-    }
-}
-
-impl<D: Dataset> Wrapper for PreparedLoader<D> {
-    type Inner = DataLoader<D>;
-    fn inner(&self) -> &DataLoader<D> {
-        &self.loader
-    }
-    /// Changing the batching of a prepared loader does not re-shard it;
-    /// prepare the unwrapped loader again for that.
-    fn inner_mut(&mut self) -> &mut DataLoader<D> {
-        &mut self.loader
-    }
-    fn into_inner(self) -> DataLoader<D> {
-        self.loader
-    }
-}
-
-impl<D: Dataset> Prepare<PreparedLoader<D>> for PreparedLoader<D> {
-    fn prepare_with(self, _acc: &Accelerator) -> Result<PreparedLoader<D>> {
-        Ok(self)
-    }
-}
+loader_wrapper_impls!(PreparedLoader, Dataset, DataLoader);
 
 impl<D: Dataset> Prepare<PreparedLoader<D>> for DataLoader<D> {
     fn prepare_with(self, acc: &Accelerator) -> Result<PreparedLoader<D>> {

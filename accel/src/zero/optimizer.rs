@@ -67,41 +67,21 @@ pub struct ShardedSgd {
     buffers: Vec<Option<Vec<f32>>>,
 }
 
-impl ShardedSgd {
-    /// Plain SGD at `lr`.
-    pub fn new(lr: f64) -> ShardedSgd {
-        ShardedSgd {
-            lr,
-            momentum: 0.0,
-            weight_decay: 0.0,
-            steps: 0,
-            buffers: Vec::new(),
-        }
-    }
-
-    /// The same optimizer with `momentum`.
-    pub fn with_momentum(mut self, momentum: f32) -> ShardedSgd {
-        self.momentum = momentum;
-        self
-    }
-
-    /// The same optimizer with `weight_decay`.
-    pub fn with_weight_decay(mut self, weight_decay: f32) -> ShardedSgd {
-        self.weight_decay = weight_decay;
-        self
-    }
-}
+crate::train::optim::sgd_settings!(ShardedSgd);
 
 impl ShardOptimizer for ShardedSgd {
     fn step_shard(&mut self, unit: usize, params: &mut [f32], grads: &[f32]) -> Result<()> {
-        if params.len() != grads.len() {
-            return Err(Error::invalid_argument(
+        let bad = |what: String| {
+            Err(Error::invalid_argument(
                 "sharded optimizer step",
-                format!(
-                    "unit {unit}: {} parameters, {} gradients",
-                    params.len(),
-                    grads.len()
-                ),
+                format!("unit {unit}: {what}"),
+            ))
+        };
+        if params.len() != grads.len() {
+            return bad(format!(
+                "{} parameters, {} gradients",
+                params.len(),
+                grads.len()
             ));
         }
         let (lr, mom, wd) = (self.lr as f32, self.momentum, self.weight_decay);
@@ -115,13 +95,10 @@ impl ShardOptimizer for ShardedSgd {
         let first = self.buffers[unit].is_none();
         let b = self.buffers[unit].get_or_insert_with(|| vec![0.0; params.len()]);
         if b.len() != params.len() {
-            return Err(Error::invalid_argument(
-                "sharded optimizer step",
-                format!(
-                    "unit {unit}: the momentum buffer holds {} elements, this rank's slice {}",
-                    b.len(),
-                    params.len()
-                ),
+            return bad(format!(
+                "the momentum buffer holds {} elements, this rank's slice {}",
+                b.len(),
+                params.len()
             ));
         }
         crate::train::optim::sgd_update(params, grads, lr, wd, Some((mom, b, first)));
@@ -145,11 +122,7 @@ impl ShardOptimizer for ShardedSgd {
     }
 
     fn state_dict(&self) -> StateDict {
-        let mut s = StateDict::default();
-        s.put("lr", &self.lr);
-        s.put("momentum", &self.momentum);
-        s.put("weight_decay", &self.weight_decay);
-        s.put("steps", &self.steps);
+        let mut s = self.settings_state();
         for (u, b) in self.buffers.iter().enumerate() {
             if let Some(b) = b {
                 s.put_tensor(format!("momentum_buffer.unit{u}"), b.clone());
@@ -159,11 +132,7 @@ impl ShardOptimizer for ShardedSgd {
     }
 
     fn load_state_dict(&mut self, state: &StateDict) -> Result<()> {
-        self.lr = state.get("lr")?;
-        self.momentum = state.get("momentum")?;
-        self.weight_decay = state.get("weight_decay")?;
-        self.steps = state.get("steps")?;
-        self.buffers.clear();
+        self.load_settings(state)?;
         for (name, t) in &state.tensors {
             let unit = name
                 .strip_prefix("momentum_buffer.unit")

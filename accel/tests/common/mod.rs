@@ -50,16 +50,25 @@ impl Linear {
     }
 }
 
-impl Parameters for Linear {
-    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        f(ParamRef::host("w", &self.w, &self.gw));
-        f(ParamRef::host("b", &self.b, &self.gb));
-    }
-    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        f(ParamMut::host("w", &mut self.w, &mut self.gw));
-        f(ParamMut::host("b", &mut self.b, &mut self.gb));
-    }
+/// [`Parameters`] for a struct of host vectors: `name: value, gradient;`
+/// per parameter, in visiting order.
+#[allow(unused_macros)]
+macro_rules! host_parameters {
+    ($T:ty { $($name:literal: $v:ident, $g:ident;)+ }) => {
+        impl Parameters for $T {
+            fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+                $(f(ParamRef::host($name, &self.$v, &self.$g));)+
+            }
+            fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+                $(f(ParamMut::host($name, &mut self.$v, &mut self.$g));)+
+            }
+        }
+    };
 }
+#[allow(unused_imports)]
+pub(crate) use host_parameters;
+
+host_parameters!(Linear { "w": w, gw; "b": b, gb; });
 
 #[derive(Clone, Copy, Debug)]
 pub struct Data {

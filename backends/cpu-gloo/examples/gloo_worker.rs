@@ -8,18 +8,17 @@
 //! done; wait
 //! ```
 //!
-//! It connects through a directory store (one file per key; the directory
-//! must be fresh for each run), runs a few collectives, checks them and
-//! prints one line. ACCEL_TIMEOUT_SECS sets the timeout (default 30).
-
-#[path = "../tests/common/dir_store.rs"]
-mod dir_store;
+//! It connects through a directory store (accel-rendezvous's `FileStore`;
+//! the directory must be fresh for each run), runs a few collectives,
+//! checks them and prints one line. ACCEL_TIMEOUT_SECS sets the timeout
+//! (default 30).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{Backend, CommunicatorExt, ConnectContext, ReduceOp, Result, Store};
 use accel_backend_cpu_gloo::BACKEND;
+use accel_rendezvous::FileStore;
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
@@ -37,7 +36,7 @@ fn main() -> Result<()> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(30),
     );
-    let store: Arc<dyn Store> = Arc::new(dir_store::DirStore::new(var("ACCEL_GLOO_STORE_DIR"))?);
+    let store: Arc<dyn Store> = Arc::new(FileStore::new(var("ACCEL_GLOO_STORE_DIR"))?);
     let start = Instant::now();
     let c = BACKEND
         .connect(ConnectContext::local(rank, world, timeout, store).with_run_id("gloo-worker"))?;

@@ -17,21 +17,12 @@ use crate::ffi::{self, Call, DTypeCode, OpCode};
 use crate::name::NAME;
 use crate::rendezvous::{remaining, StoreAdapter};
 
-/// Element types Gloo reduces (it has no bfloat16).
-pub(crate) const REDUCE_DTYPES: [DType; 7] = [
-    DType::F16,
-    DType::F32,
-    DType::F64,
-    DType::I8,
-    DType::U8,
-    DType::I32,
-    DType::I64,
-];
-
 /// What every cpu-gloo communicator declares: every operation and element
-/// type on host memory; reductions on everything but bf16.
+/// type on host memory; reductions on everything but bf16 (Gloo has no
+/// bfloat16).
 pub fn capabilities() -> Capabilities {
-    Capabilities::all_host().with_reduce_dtypes(REDUCE_DTYPES)
+    let reduce = DType::ALL.into_iter().filter(|&d| d != DType::BF16);
+    Capabilities::all_host().with_reduce_dtypes(reduce)
 }
 
 /// Bytes of the point-to-point header (the kit's [`P2pHeader`], whose last

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use accel_api::{Error, ErrorKind};
+use accel_api::{timeout_error, Error, ErrorKind};
 
 use crate::name::NAME;
 
@@ -130,8 +130,7 @@ pub(crate) fn to_api(
 ) -> Error {
     let detail = e.to_string();
     let err = match class {
-        Class::Timeout => Error::timeout(op, timeout, format!("Gloo gave up: {detail}"))
-            .with_fix("check that every rank calls the same collectives in the same order, or raise the timeout (ACCEL_TIMEOUT)"),
+        Class::Timeout => timeout_error(timeout, format!("Gloo gave up: {detail}")).with_op(op),
         Class::PeerLost(Some(p)) => Error::new(
             ErrorKind::PeerLost { peer: Some(*p) },
             format!("connection to rank {p} failed: {detail}"),

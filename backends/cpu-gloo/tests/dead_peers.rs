@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use accel_api::{CommunicatorExt, ErrorKind, ReduceOp, Store};
-use common::dir_store::DirStore;
+use accel_rendezvous::FileStore;
 
 /// The survivors' timeout: far above the bound, so that a survivor that
 /// waits it out fails the test.
@@ -162,7 +162,7 @@ fn dead_peer_worker() {
     let rank: usize = var("RANK").parse().unwrap();
     let world: usize = var("WORLD_SIZE").parse().unwrap();
     let dir = PathBuf::from(var("ACCEL_GLOO_TEST_STORE"));
-    let store: Arc<dyn Store> = Arc::new(DirStore::new(&dir).unwrap());
+    let store: Arc<dyn Store> = Arc::new(FileStore::new(&dir).unwrap());
     let c = common::connect(store, rank, world, TIMEOUT).unwrap();
     let big = vec![1.0f32; 1 << 20];
     let mid = vec![rank as u8; 300 << 10];

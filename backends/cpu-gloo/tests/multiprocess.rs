@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{CommunicatorExt, ErrorKind, ReduceOp, Store};
-use common::dir_store::DirStore;
+use accel_rendezvous::FileStore;
 
 const DEADLINE: Duration = Duration::from_secs(40);
 
@@ -104,7 +104,7 @@ fn worker_process() {
     let var = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set"));
     let rank: usize = var("RANK").parse().unwrap();
     let world: usize = var("WORLD_SIZE").parse().unwrap();
-    let store: Arc<dyn Store> = Arc::new(DirStore::new(var("ACCEL_GLOO_TEST_STORE")).unwrap());
+    let store: Arc<dyn Store> = Arc::new(FileStore::new(var("ACCEL_GLOO_TEST_STORE")).unwrap());
     let c = common::connect(store, rank, world, Duration::from_secs(5)).unwrap();
     let sum = c.all_reduce_vec(&[rank as i64, 1], ReduceOp::Sum).unwrap();
     assert_eq!(sum, vec![(world * (world - 1) / 2) as i64, world as i64]);

@@ -10,14 +10,14 @@
 //! error or an abort the communicator is aborted (`ncclCommAbort`) and the
 //! error is fatal, so the group poisons itself.
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use accel_api::{
     Backoff, Buf, BufMut, Capabilities, DType, Deadline, Device, DeviceKind, Engine, EngineInfo,
-    Error, Group, Growth, Op, P2pHeader as Header, Polled, ReduceOp, Result, Store, Until,
+    Error, Group, Growth, Mailbox, Op, P2pHeader as Header, Polled, ReduceOp, Result, Store, Taken,
+    Until,
 };
 use cudarc::driver::CudaContext;
 
@@ -92,8 +92,8 @@ pub struct NcclEngine {
     /// one-element barrier buffer.
     staging: Mutex<[Option<DeviceMem>; 2]>,
     barrier_buf: DeviceMem,
-    /// Device messages sent to self, by tag.
-    self_mail: Mutex<HashMap<u32, VecDeque<(DType, DeviceMem)>>>,
+    /// Device messages sent to self, each in a device copy of its own.
+    self_mail: Mailbox<DeviceMem>,
     aborted: AtomicBool,
     splits: AtomicU32,
 }
@@ -210,7 +210,7 @@ impl NcclEngine {
             comm,
             staging: Mutex::new([None, None]),
             barrier_buf,
-            self_mail: Mutex::new(HashMap::new()),
+            self_mail: Mailbox::new(rank),
             aborted: AtomicBool::new(false),
             splits: AtomicU32::new(0),
         })
@@ -735,10 +735,8 @@ impl NcclEngine {
                 .map_err(|e| NcclFailure::driver("cuMemcpyDtoDAsync", e))?;
         }
         self.wait(Op::Send, "copy to self", deadline)?;
-        lock(&self.self_mail)
-            .entry(tag)
-            .or_default()
-            .push_back((d.dtype(), m));
+        let rank = self.info.rank;
+        self.self_mail.post(rank, tag, d.dtype(), m.bytes(), m);
         Ok(())
     }
 
@@ -748,22 +746,15 @@ impl NcclEngine {
                 "a host receive from self reached the engine".into(),
             ));
         };
-        let msg = lock(&self.self_mail)
-            .get_mut(&tag)
-            .and_then(VecDeque::pop_front);
-        let Some((dtype, m)) = msg else {
-            return Err(NcclFailure::Protocol(format!(
-                "no device message from this rank to itself with tag {tag}: send to self before receiving from self"
-            )));
+        let m = match self.self_mail.take(self.info.rank, tag, d.dtype(), d.len()) {
+            Taken::Fits(m) => m,
+            Taken::Misfit(text) => return Err(NcclFailure::Protocol(text)),
+            Taken::Empty => {
+                return Err(NcclFailure::Protocol(format!(
+                    "no device message from this rank to itself with tag {tag}: send to self before receiving from self"
+                )))
+            }
         };
-        if dtype != d.dtype() || m.bytes() != d.size_bytes() {
-            return Err(NcclFailure::Protocol(format!(
-                "this rank sent itself {} {dtype} elements with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
-                m.bytes() / dtype.size(),
-                d.len(),
-                d.dtype()
-            )));
-        }
         self.bind()?;
         let deadline = Instant::now() + self.info.timeout;
         self.stream

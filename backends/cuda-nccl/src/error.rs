@@ -11,7 +11,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use accel_api::{Error, ErrorKind};
+use accel_api::{timeout_error, Error, ErrorKind};
 
 /// An NCCL entry point, for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -170,15 +170,11 @@ impl From<NcclFailure> for Error {
                 .with_fix("the CUDA driver failed: check the device with nvidia-smi"),
             NcclFailure::Timeout {
                 after, culprit, ..
-            } => {
-                let err = Error::new(ErrorKind::Timeout { after: *after }, msg);
-                match culprit {
-                    Some((r, _)) => err.with_fix(format!("look at rank {r}'s log for why it failed")),
-                    None => err.with_fix(
-                        "a peer is late, dead, or called a different collective: ACCEL_DEBUG=1 names the rank that disagrees; raise ACCEL_TIMEOUT if the work is just slow",
-                    ),
-                }
-            }
+            } => match culprit {
+                Some((r, _)) => Error::new(ErrorKind::Timeout { after: *after }, msg)
+                    .with_fix(format!("look at rank {r}'s log for why it failed")),
+                None => timeout_error(*after, msg),
+            },
             NcclFailure::Aborted => Error::new(ErrorKind::Aborted, msg),
             NcclFailure::Unavailable(_) => Error::new(ErrorKind::Unavailable, msg),
             NcclFailure::Protocol(_) => Error::new(ErrorKind::InvalidArgument, msg).with_fatal(false),

@@ -17,7 +17,7 @@ use crate::error::timeout_error;
 use crate::ffi::{self, Call, Comm, Dst, Owned, RedOp, Request, Scratch, Src, Ty};
 use crate::name::NAME;
 use crate::progress::{self, Progress};
-use crate::watchdog::{self, Watch};
+use crate::watchdog::{self, Watch, Watched};
 
 /// What every mpi communicator declares: every operation, element type and
 /// reduction on host memory. f16 and bf16 reductions are computed in f32
@@ -297,14 +297,8 @@ impl MpiEngine {
         progress: Option<Arc<Progress>>,
     ) -> Self {
         let watch = if shared.blocking {
-            Watch::start(
-                info.timeout,
-                info.rank,
-                info.world_size,
-                shared.world_rank,
-                shared.staging,
-                progress.clone(),
-            )
+            let of = Watched::new(&info, shared.world_rank, shared.staging);
+            Watch::start(of, progress.clone())
         } else {
             None
         };

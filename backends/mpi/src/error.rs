@@ -54,10 +54,8 @@ pub(crate) fn timeout_error(
             .collect::<Vec<_>>()
             .join("; ")
     };
-    Error::timeout(op, timeout, format!("{op} did not complete: {who}"))
+    accel_api::timeout_error(timeout, format!("{op} did not complete: {who}"))
+        .with_op(op)
         .with_backend(NAME)
         .with_rank(rank)
-        .with_fix(
-            "check that every rank makes the same calls in the same order, or raise ACCEL_TIMEOUT",
-        )
 }

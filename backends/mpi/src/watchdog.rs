@@ -23,14 +23,42 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use accel_api::Op;
+use accel_api::{EngineInfo, Op};
 
-use accel_api::worker::{error_file_from_env, ErrorRecord};
+use accel_api::worker::{error_file_from_env, write_first_error, ErrorRecord};
 
 use crate::ffi;
 use crate::name::NAME;
 use crate::progress::{self, Progress};
 use crate::registry::{self, Started};
+
+/// What a [`Watch`] watches: the bound, and who this rank is (for the
+/// error and the error file).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Watched {
+    timeout: Duration,
+    /// This rank in the communicator, and the communicator's size.
+    rank: usize,
+    size: usize,
+    /// This rank in `MPI_COMM_WORLD` (for the error file).
+    world_rank: usize,
+    /// `ACCEL_MPI_STAGING_BYTES`, for the message.
+    staging: usize,
+}
+
+impl Watched {
+    /// The communicator `info` describes, on the rank `world_rank` of
+    /// `MPI_COMM_WORLD`, staging up to `staging` bytes.
+    pub(crate) fn new(info: &EngineInfo, world_rank: usize, staging: usize) -> Watched {
+        Watched {
+            timeout: info.timeout,
+            rank: info.rank,
+            size: info.world_size,
+            world_rank,
+            staging,
+        }
+    }
+}
 
 /// The watch of one communicator.
 #[derive(Debug)]
@@ -41,14 +69,7 @@ pub(crate) struct Watch {
     started_ns: AtomicU64,
     /// Index in [`Op::ALL`] of the armed call.
     op: AtomicUsize,
-    timeout: Duration,
-    /// This rank in the communicator, and the communicator's size.
-    rank: usize,
-    size: usize,
-    /// This rank in `MPI_COMM_WORLD` (for the error file).
-    world_rank: usize,
-    /// `ACCEL_MPI_STAGING_BYTES`, for the message.
-    staging: usize,
+    of: Watched,
     /// This rank's progress record and the armed call's index in it
     /// (`u64::MAX`: not counted).
     progress: Option<Arc<Progress>>,
@@ -77,31 +98,24 @@ fn now_ns() -> u64 {
 }
 
 impl Watch {
-    /// A watch for a communicator of `size` ranks in which this process is
-    /// `rank`, registered with the process's watchdog thread (started on
-    /// first use). `None` when that thread cannot be started (the engine
-    /// then stays on the non-blocking path).
-    pub(crate) fn start(
-        timeout: Duration,
-        rank: usize,
-        size: usize,
-        world_rank: usize,
-        staging: usize,
-        progress: Option<Arc<Progress>>,
-    ) -> Option<Arc<Watch>> {
-        let w = Arc::new(Watch {
+    /// A watch of `of`, not armed and not yet registered.
+    fn new(of: Watched, progress: Option<Arc<Progress>>) -> Watch {
+        Watch {
             seq: AtomicU64::new(0),
             started_ns: AtomicU64::new(0),
             op: AtomicUsize::new(0),
-            timeout,
-            rank,
-            size,
-            world_rank,
-            staging,
+            of,
             progress,
             index: AtomicU64::new(u64::MAX),
             checked_ns: AtomicU64::new(0),
-        });
+        }
+    }
+
+    /// A watch of `of`, registered with the process's watchdog thread
+    /// (started on first use). `None` when that thread cannot be started
+    /// (the engine then stays on the non-blocking path).
+    pub(crate) fn start(of: Watched, progress: Option<Arc<Progress>>) -> Option<Arc<Watch>> {
+        let w = Arc::new(Watch::new(of, progress));
         registry().add(&w).then_some(w)
     }
 
@@ -131,7 +145,7 @@ impl Watch {
 
     /// How often the watchdog looks at this watch.
     fn tick(&self) -> Duration {
-        (self.timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
+        (self.of.timeout / 10).clamp(Duration::from_millis(10), Duration::from_millis(250))
     }
 
     /// The armed call and how long it has run, when that is past the
@@ -148,7 +162,7 @@ impl Watch {
             return None;
         }
         let elapsed = Duration::from_nanos(now_ns().saturating_sub(started));
-        (elapsed >= self.timeout)
+        (elapsed >= self.of.timeout)
             .then(|| (Op::ALL.get(op).copied().unwrap_or(Op::Barrier), elapsed, s1))
     }
 
@@ -182,7 +196,7 @@ impl Watch {
             }
             let message = format!(
                 "[{NAME} rank {r}] {op}: {text}. MPI cannot cancel a collective: ending the MPI job (MPI_Abort, exit code 1)",
-                r = self.rank,
+                r = self.of.rank,
                 op = op.name(),
                 text = progress::early_exit_message(op.name(), index, peer, rec),
             );
@@ -204,21 +218,26 @@ impl Watch {
         if self.seq.load(Ordering::SeqCst) != seq {
             return;
         }
-        let err =
-            crate::error::timeout_error(op.name(), self.timeout, self.size, self.rank, &culprits);
+        let err = crate::error::timeout_error(
+            op.name(),
+            self.of.timeout,
+            self.of.size,
+            self.of.rank,
+            &culprits,
+        );
         let message = format!(
             "{err}\n[{NAME} rank {r}] {op} has been blocked in MPI for {elapsed:.2?} on this rank; \
              MPI cannot cancel a collective, so the watchdog is aborting the MPI job \
              (MPI_Abort, exit code 124). Operations on buffers up to ACCEL_MPI_STAGING_BYTES \
              (now {staging}) run non-blocking and return the Timeout instead: raise it to make \
              larger ones return too, at the cost of speed",
-            r = self.rank,
+            r = self.of.rank,
             op = op.name(),
-            staging = self.staging,
+            staging = self.of.staging,
         );
         // The root cause is the rank that held the call up, when the
         // progress records name one; otherwise this rank.
-        let blamed = culprits.first().map_or(self.world_rank, |(r, _)| *r);
+        let blamed = culprits.first().map_or(self.of.world_rank, |(r, _)| *r);
         write_error_file(&message, blamed);
         ffi::abort_job(&message, 124);
     }
@@ -232,20 +251,8 @@ pub(crate) fn write_error_file(message: &str, world_rank: usize) {
     let Some(path) = error_file_from_env() else {
         return;
     };
-    if path.exists() {
-        return;
-    }
-    let record = ErrorRecord {
-        rank: Some(world_rank),
-        pid: std::process::id(),
-        message: message.to_string(),
-        location: None,
-        timestamp: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    };
-    let _ = accel_api::worker::write_error_file(&path, &record);
+    let record = ErrorRecord::now(Some(world_rank), message.to_string(), None);
+    let _ = write_first_error(&path, &record);
 }
 
 /// Every live watch of the process, and the thread that looks at them.
@@ -332,9 +339,21 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// Rank `rank` of `size` (and of the world), no staging.
+    fn watched(timeout: Duration, rank: usize, size: usize) -> Watched {
+        Watched {
+            timeout,
+            rank,
+            size,
+            world_rank: rank,
+            staging: 0,
+        }
+    }
+
     #[test]
     fn arming_is_visible_and_disarming_ends_it() {
-        let w = Watch::start(Duration::from_secs(3600), 0, 2, 0, 0, None).expect("watchdog thread");
+        let of = watched(Duration::from_secs(3600), 0, 2);
+        let w = Watch::start(of, None).expect("watchdog thread");
         assert!(!w.armed());
         {
             let _a = w.arm(Op::AllReduce, None);
@@ -348,19 +367,7 @@ mod tests {
 
     #[test]
     fn an_armed_call_past_the_timeout_is_overdue_with_its_op() {
-        let w = Watch {
-            seq: AtomicU64::new(0),
-            started_ns: AtomicU64::new(0),
-            op: AtomicUsize::new(0),
-            timeout: Duration::from_millis(1),
-            rank: 1,
-            size: 2,
-            world_rank: 1,
-            staging: 0,
-            progress: None,
-            index: AtomicU64::new(u64::MAX),
-            checked_ns: AtomicU64::new(0),
-        };
+        let w = Watch::new(watched(Duration::from_millis(1), 1, 2), None);
         // Not registered: the thread never sees it (it would abort).
         let _a = w.arm(Op::Broadcast, None);
         std::thread::sleep(Duration::from_millis(5));
@@ -371,19 +378,7 @@ mod tests {
 
     #[test]
     fn the_tick_stays_within_bounds() {
-        let w = |t| Watch {
-            seq: AtomicU64::new(0),
-            started_ns: AtomicU64::new(0),
-            op: AtomicUsize::new(0),
-            timeout: t,
-            rank: 0,
-            size: 1,
-            world_rank: 0,
-            staging: 0,
-            progress: None,
-            index: AtomicU64::new(u64::MAX),
-            checked_ns: AtomicU64::new(0),
-        };
+        let w = |t| Watch::new(watched(t, 0, 1), None);
         assert_eq!(
             w(Duration::from_millis(1)).tick(),
             Duration::from_millis(10)

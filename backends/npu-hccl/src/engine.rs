@@ -6,17 +6,16 @@
 //! Host buffers are staged through device memory (copy in, run, copy out);
 //! device views are used in place after their own stream finished.
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel_api::{
     Backoff, Buf, BufMut, Capabilities, DType, Deadline, Device, DeviceKind, Element, Engine,
-    EngineInfo, Error, Group, Growth, HostBufMut, P2pHeader, Polled, ReduceOp, Result, SplitPlan,
-    Store,
+    EngineInfo, Error, Group, Growth, HostBufMut, Mailbox, P2pHeader, Polled, ReduceOp, Result,
+    SplitPlan, Store, Taken,
 };
 
 use crate::error::{HcclError, HCCL_E_TIMEOUT};
@@ -115,14 +114,6 @@ pub(crate) struct Params {
     pub(crate) timeout: Duration,
 }
 
-/// A message that arrived before its receive (another tag first), or a
-/// send of device memory to self.
-#[derive(Debug)]
-struct Mail {
-    dtype: DType,
-    bytes: Vec<u8>,
-}
-
 /// HCCL on one NPU: one communicator, one stream.
 pub struct NpuEngine {
     rt: Arc<Runtime>,
@@ -133,7 +124,9 @@ pub struct NpuEngine {
     store: Arc<dyn Store>,
     prefix: String,
     splits: AtomicU64,
-    mail: Mutex<HashMap<(usize, u32), VecDeque<Mail>>>,
+    /// Messages that arrived before their receive (another tag first), and
+    /// sends of device memory to self, as host bytes.
+    mail: Mailbox<Vec<u8>>,
     /// Raised after a failure that may leave work on the device: staging
     /// memory, the stream and the communicator are then leaked, not freed.
     broken: Arc<AtomicBool>,
@@ -242,7 +235,7 @@ impl NpuEngine {
             store: p.store,
             prefix: p.prefix,
             splits: AtomicU64::new(0),
-            mail: Mutex::new(HashMap::new()),
+            mail: Mailbox::new(p.rank),
             broken: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -431,36 +424,22 @@ impl NpuEngine {
         }
     }
 
-    /// Write a message's bytes into `buf`, or refuse (the message is
-    /// dropped) when its size or dtype differ.
+    /// Write the bytes of a message that fits `buf` into it.
     fn deliver(
         &self,
-        m: Mail,
+        bytes: &[u8],
         buf: BufMut<'_>,
-        src: usize,
-        tag: u32,
         deadline: Instant,
     ) -> std::result::Result<(), HcclError> {
-        if m.dtype != buf.dtype() || m.bytes.len() != buf.len() * buf.dtype().size() {
-            return Err(HcclError::Mismatch {
-                detail: format!(
-                    "rank {src} sent {} {} elements with tag {tag}, the receive buffer holds {} {} elements (the message was dropped)",
-                    m.bytes.len() / m.dtype.size(),
-                    m.dtype,
-                    buf.len(),
-                    buf.dtype()
-                ),
-            });
-        }
         match buf {
             BufMut::Host(mut h) => {
-                h.bytes_mut().copy_from_slice(&m.bytes);
+                h.bytes_mut().copy_from_slice(bytes);
                 Ok(())
             }
             BufMut::Device(d) => {
                 self.ready(d.stream(), deadline)?;
                 self.rt.bind(self.dev_id)?;
-                self.rt.h2d(DevPtr::of_mut(&d), &m.bytes)
+                self.rt.h2d(DevPtr::of_mut(&d), bytes)
             }
         }
     }
@@ -494,23 +473,6 @@ impl NpuEngine {
         out.finish(&self.rt)
     }
 
-    fn take_mail(&self, src: usize, tag: u32) -> Option<Mail> {
-        self.mail
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(&(src, tag))
-            .and_then(VecDeque::pop_front)
-    }
-
-    fn post_mail(&self, src: usize, tag: u32, m: Mail) {
-        self.mail
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((src, tag))
-            .or_default()
-            .push_back(m);
-    }
-
     fn recv_inner(
         &self,
         buf: BufMut<'_>,
@@ -518,8 +480,10 @@ impl NpuEngine {
         tag: u32,
     ) -> std::result::Result<(), HcclError> {
         let deadline = self.deadline();
-        if let Some(m) = self.take_mail(src, tag) {
-            return self.deliver(m, buf, src, tag, deadline);
+        match self.mail.take(src, tag, buf.dtype(), buf.len()) {
+            Taken::Fits(bytes) => return self.deliver(&bytes, buf, deadline),
+            Taken::Misfit(detail) => return Err(HcclError::Mismatch { detail }),
+            Taken::Empty => {}
         }
         if src == self.info.rank {
             return Err(HcclError::NoSelfMessage { tag });
@@ -547,11 +511,13 @@ impl NpuEngine {
             }
             let mut bytes = vec![0u8; len];
             self.rt.d2h(&mut bytes, pmem.ptr())?;
-            let m = Mail { dtype: dt, bytes };
             if got_tag == tag {
-                return self.deliver(m, buf, src, tag, deadline);
+                let detail = self
+                    .mail
+                    .misfit(src, tag, (dt, len), buf.dtype(), buf.len());
+                return Err(HcclError::Mismatch { detail });
             }
-            self.post_mail(src, got_tag, m);
+            self.mail.post(src, got_tag, dt, len, bytes);
         }
     }
 
@@ -743,14 +709,7 @@ impl Engine for NpuEngine {
             let inp = self.input(&buf, dl)?;
             let mut bytes = vec![0u8; inp.ptr.bytes()];
             self.rt.d2h(&mut bytes, inp.ptr)?;
-            self.post_mail(
-                dst,
-                tag,
-                Mail {
-                    dtype: buf.dtype(),
-                    bytes,
-                },
-            );
+            self.mail.post(dst, tag, buf.dtype(), bytes.len(), bytes);
             return Ok(());
         }
         let inp = self.input(&buf, dl)?;

@@ -11,7 +11,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use accel_api::{Error, ErrorKind};
+use accel_api::{timeout_error, Error, ErrorKind};
 
 /// `HCCL_E_NOT_SUPPORT`.
 pub(crate) const HCCL_E_NOT_SUPPORT: i32 = 5;
@@ -198,8 +198,7 @@ impl From<HcclError> for Error {
             }
             HcclError::Hccl { .. } => Error::new(ErrorKind::Backend, text)
                 .with_fix("see the CANN log (ASCEND_PROCESS_LOG_PATH, default ~/ascend/log) for the cause"),
-            HcclError::Timeout { after, .. } => Error::new(ErrorKind::Timeout { after: *after }, text)
-                .with_fix("check that every rank calls the same collectives in the same order, or raise the timeout (ACCEL_TIMEOUT)"),
+            HcclError::Timeout { after, .. } => timeout_error(*after, text),
             HcclError::Mismatch { .. } => Error::new(ErrorKind::InvalidArgument, text)
                 .with_fix("receive with a buffer of the size and element type that was sent"),
             HcclError::NoSelfMessage { .. } => Error::new(ErrorKind::InvalidArgument, text)

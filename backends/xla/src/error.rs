@@ -6,7 +6,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use accel_api::{Error, ErrorKind};
+use accel_api::{timeout_error, Error, ErrorKind};
 
 /// What went wrong below accel's API.
 #[derive(Debug, Clone)]
@@ -127,8 +127,7 @@ impl From<XlaError> for Error {
             XlaError::Config { fix, .. } => {
                 Error::new(ErrorKind::InvalidConfig, message).with_fix(fix)
             }
-            XlaError::Timeout { after, .. } => Error::new(ErrorKind::Timeout { after }, message)
-                .with_fix("every rank thread must call the same collectives in the same order; raise the timeout (ACCEL_TIMEOUT) if they are just slow"),
+            XlaError::Timeout { after, .. } => timeout_error(after, message),
             XlaError::PeerFailed { rank, .. } => {
                 Error::new(ErrorKind::PeerLost { peer: Some(rank) }, message)
                     .with_fix(format!("look at rank {rank}'s error for the first failure"))

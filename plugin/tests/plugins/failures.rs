@@ -26,6 +26,14 @@ fn expect_plugin_error(path: &Path, symbol: Option<&str>) -> String {
     text
 }
 
+/// Compile the C `source` into the plugin file `name` of a fresh folder,
+/// load it and expect a plugin error naming it and `symbol`; its text.
+fn compiled_plugin_error(name: &str, source: &str, symbol: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = compile_c(dir.path(), name, source);
+    expect_plugin_error(&path, Some(symbol))
+}
+
 #[test]
 fn missing_file() {
     bounded(TEST_LIMIT, || {
@@ -61,13 +69,11 @@ fn not_a_shared_object() {
 #[test]
 fn missing_entry_symbol() {
     bounded(TEST_LIMIT, || {
-        let dir = tempfile::tempdir().unwrap();
-        let path = compile_c(
-            dir.path(),
+        let text = compiled_plugin_error(
             "libnotaplugin.so",
             "int not_a_plugin(void) { return 42; }\n",
+            "accel_plugin_entry_v1",
         );
-        let text = expect_plugin_error(&path, Some("accel_plugin_entry_v1"));
         assert!(
             text.contains("does not export `accel_plugin_entry_v1`"),
             "{text}"
@@ -79,13 +85,11 @@ fn missing_entry_symbol() {
 #[test]
 fn wrong_major_says_which_major_each_side_has() {
     bounded(TEST_LIMIT, || {
-        let dir = tempfile::tempdir().unwrap();
-        let path = compile_c(
-            dir.path(),
+        let text = compiled_plugin_error(
             "libmajor99.so",
             &c_table("sizeof(struct table)", 99, 3),
+            "accel_plugin_entry_v1",
         );
-        let text = expect_plugin_error(&path, Some("accel_plugin_entry_v1"));
         assert!(
             text.contains("built for plugin ABI 99.3, but this host needs ABI major 1"),
             "{text}"
@@ -96,9 +100,8 @@ fn wrong_major_says_which_major_each_side_has() {
 #[test]
 fn a_table_smaller_than_abi_1_0() {
     bounded(TEST_LIMIT, || {
-        let dir = tempfile::tempdir().unwrap();
-        let path = compile_c(dir.path(), "libshort.so", &c_table("16", 1, 0));
-        let text = expect_plugin_error(&path, Some("accel_plugin_entry_v1"));
+        let text =
+            compiled_plugin_error("libshort.so", &c_table("16", 1, 0), "accel_plugin_entry_v1");
         assert!(
             text.contains(&format!(
                 "table is 16 bytes, smaller than the {} bytes of ABI 1.0",
@@ -106,8 +109,8 @@ fn a_table_smaller_than_abi_1_0() {
             )),
             "{text}"
         );
-        let path = compile_c(dir.path(), "libtiny.so", &c_table("4", 1, 0));
-        let text = expect_plugin_error(&path, Some("accel_plugin_entry_v1"));
+        let text =
+            compiled_plugin_error("libtiny.so", &c_table("4", 1, 0), "accel_plugin_entry_v1");
         assert!(
             text.contains("too small to even hold the ABI header"),
             "{text}"
@@ -118,13 +121,11 @@ fn a_table_smaller_than_abi_1_0() {
 #[test]
 fn a_null_table() {
     bounded(TEST_LIMIT, || {
-        let dir = tempfile::tempdir().unwrap();
-        let path = compile_c(
-            dir.path(),
+        let text = compiled_plugin_error(
             "libnull.so",
             "const void *accel_plugin_entry_v1(void) { return 0; }\n",
+            "accel_plugin_entry_v1",
         );
-        let text = expect_plugin_error(&path, Some("accel_plugin_entry_v1"));
         assert!(text.contains("returned a null table"), "{text}");
     });
 }
@@ -132,11 +133,9 @@ fn a_null_table() {
 #[test]
 fn null_entries_in_a_full_size_table() {
     bounded(TEST_LIMIT, || {
-        let dir = tempfile::tempdir().unwrap();
         // Right size, right version, every pointer null.
         let size = accel_plugin::abi::min_size::PLUGIN.to_string();
-        let path = compile_c(dir.path(), "libhollow.so", &c_table(&size, 1, 7));
-        let text = expect_plugin_error(&path, Some("comm"));
+        let text = compiled_plugin_error("libhollow.so", &c_table(&size, 1, 7), "comm");
         assert!(text.contains("communicator table is null"), "{text}");
     });
 }

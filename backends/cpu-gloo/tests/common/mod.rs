@@ -3,8 +3,6 @@
 //! collective fails the test instead of hanging the suite.
 #![allow(dead_code)]
 
-pub mod dir_store;
-
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
