@@ -77,10 +77,12 @@ pub(crate) struct Progress {
 
 impl std::fmt::Debug for Progress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Progress")
-            .field("prefix", &self.prefix)
-            .field("entered", &self.entered)
-            .finish_non_exhaustive()
+        let entered = self.entered.load(Ordering::Relaxed);
+        write!(
+            f,
+            "Progress({} rank {} of {}, {entered} calls entered)",
+            self.prefix, self.rank, self.size
+        )
     }
 }
 
