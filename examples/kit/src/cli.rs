@@ -1,0 +1,119 @@
+//! Reading a demo's flags: `--flag VALUE` pairs and bare switches, with
+//! the same messages in every demo.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::str::FromStr;
+
+/// A demo's `main`: `parse` the command line (without the program name);
+/// when it does not parse, print the message and exit with 2; else `run`
+/// the settings, and exit with 1 after printing `"{demo}: {error}"` when
+/// that fails.
+pub fn main<T>(
+    demo: &str,
+    parse: impl FnOnce(&[String]) -> Result<T, String>,
+    run: impl FnOnce(T) -> accel::Result<()>,
+) -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let settings = match parse(&args) {
+        Ok(s) => s,
+        Err(m) => {
+            eprintln!("{m}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(settings) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{demo}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The arguments of a command line, read flag by flag.
+#[derive(Debug)]
+pub struct Flags<'a> {
+    it: std::slice::Iter<'a, String>,
+}
+
+impl<'a> Flags<'a> {
+    /// Read `args` (without the program name).
+    pub fn new(args: &'a [String]) -> Flags<'a> {
+        Flags { it: args.iter() }
+    }
+
+    /// The next flag; `None` after the last.
+    pub fn next_flag(&mut self) -> Option<&'a str> {
+        self.it.next().map(String::as_str)
+    }
+
+    /// The value that follows `flag`.
+    ///
+    /// # Errors
+    /// `"{flag} needs a value"` after the last argument.
+    pub fn value(&mut self, flag: &str) -> Result<String, String> {
+        self.it
+            .next()
+            .cloned()
+            .ok_or_else(|| format!("{flag} needs a value"))
+    }
+
+    /// The value that follows `flag`, as a path.
+    ///
+    /// # Errors
+    /// As [`value`](Self::value).
+    pub fn path(&mut self, flag: &str) -> Result<PathBuf, String> {
+        self.value(flag).map(PathBuf::from)
+    }
+
+    /// The value that follows `flag`, as a number.
+    ///
+    /// # Errors
+    /// As [`value`](Self::value), or `"{flag}: \"...\" is not a valid
+    /// number"`.
+    pub fn num<T: FromStr>(&mut self, flag: &str) -> Result<T, String> {
+        let v = self.value(flag)?;
+        v.parse()
+            .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
+    }
+
+    /// The value that follows `flag`, parsed with `T`'s own message.
+    ///
+    /// # Errors
+    /// As [`value`](Self::value), or `"{flag}: {T's error}"`.
+    pub fn parsed<T>(&mut self, flag: &str) -> Result<T, String>
+    where
+        T: FromStr,
+        T::Err: std::fmt::Display,
+    {
+        self.value(flag)?
+            .parse()
+            .map_err(|e| format!("{flag}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn flags_values_and_their_messages() {
+        let a = args(&["--epochs", "3", "--lr", "x", "--data"]);
+        let mut f = Flags::new(&a);
+        assert_eq!(f.next_flag(), Some("--epochs"));
+        assert_eq!(f.num::<u64>("--epochs"), Ok(3));
+        assert_eq!(f.next_flag(), Some("--lr"));
+        assert_eq!(
+            f.num::<f64>("--lr"),
+            Err("--lr: \"x\" is not a valid number".to_string())
+        );
+        assert_eq!(f.next_flag(), Some("--data"));
+        assert_eq!(f.path("--data"), Err("--data needs a value".to_string()));
+        assert_eq!(f.next_flag(), None);
+    }
+}
