@@ -19,20 +19,19 @@ use accel_candle::{
 pub use accel_example_kit::digits::{Digits, Split, CLASSES, FEATURES};
 use accel_example_kit::run::RunOptions;
 pub use accel_example_kit::run::{checksum, flat_params, Report};
-use accel_example_kit::train::{train_digits, DigitsEngine};
+use accel_example_kit::train::{train_digits, DigitsEngine, Hits};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::optim::ParamsAdamW;
 use candle_nn::{Linear, Module, VarBuilder, VarMap};
 
-/// The batch of `items` (positions in `split`) as an `[n, 64]` f32 tensor
-/// and `[n]` u32 labels.
+/// `images` as an `[n, 64]` f32 tensor and `[n]` u32 labels.
 ///
 /// # Errors
 /// candle's, as [`ErrorKind::Backend`].
-pub fn collate(split: &Split, items: &[usize]) -> Result<(Tensor, Tensor)> {
-    let (x, y) = split.batch(items);
-    let x = Tensor::from_vec(x, (items.len(), FEATURES), &Device::Cpu).map_err(candle)?;
-    let y = Tensor::from_vec(y, items.len(), &Device::Cpu).map_err(candle)?;
+pub fn collate(images: Digits) -> Result<(Tensor, Tensor)> {
+    let n = images.len();
+    let x = Tensor::from_vec(images.pixels, (n, FEATURES), &Device::Cpu).map_err(candle)?;
+    let y = Tensor::from_vec(images.labels, n, &Device::Cpu).map_err(candle)?;
     Ok((x, y))
 }
 
@@ -191,6 +190,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
         OptimizerChoice::Sgd => AnyOptimizer::Sgd(CandleOptimizer::new(&model, o.lr)?),
     };
     let mut engine = Engine {
+        acc,
         net,
         varmap,
         dtype,
@@ -209,23 +209,17 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
 
 /// candle's part of the loop: the network on the f32 weights, and the
 /// compute copies under mixed precision.
-struct Engine {
+struct Engine<'a> {
+    acc: &'a Accelerator,
     net: Mlp,
     varmap: VarMap,
     dtype: DType,
     hidden: usize,
 }
 
-impl DigitsEngine<CandleModel> for Engine {
-    fn forward_backward(
-        &mut self,
-        _: &Accelerator,
-        model: &mut CandleModel,
-        scale: f32,
-        split: &Split,
-        items: &[usize],
-    ) -> Result<f64> {
-        let (x, y) = collate(split, items)?;
+impl DigitsEngine<CandleModel> for Engine<'_> {
+    fn loss_backward(&mut self, model: &mut CandleModel, scale: f32, b: Digits) -> Result<f64> {
+        let (x, y) = collate(b)?;
         let logits = if self.dtype == DType::F32 {
             self.net.forward(&x)?
         } else {
@@ -240,16 +234,11 @@ impl DigitsEngine<CandleModel> for Engine {
         loss.to_scalar::<f32>().map(f64::from).map_err(candle)
     }
 
-    fn gathered_hits(
-        &mut self,
-        acc: &Accelerator,
-        split: &Split,
-        batch: &Batch<usize>,
-    ) -> Result<(u64, usize)> {
-        let (x, y) = collate(split, &batch.items)?;
+    fn gathered_hits(&mut self, images: Digits, batch: &Batch<usize>) -> Result<Hits> {
+        let (x, y) = collate(images)?;
         let pred = self.net.forward(&x)?.argmax(D::Minus1).map_err(candle)?;
         let hits: Vec<u8> = pred.eq(&y).and_then(|h| h.to_vec1()).map_err(candle)?;
-        let all = acc.gather_for_metrics(&hits, batch)?;
+        let all = self.acc.gather_for_metrics(&hits, batch)?;
         Ok((all.iter().map(|&h| u64::from(h)).sum(), all.len()))
     }
 }

@@ -18,7 +18,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use accel_example_candle_digits::{train, OptimizerChoice, Options};
-use accel_example_kit::cli::Flags;
+use accel_example_kit::cli;
 
 const USAGE: &str =
     "usage: candle-digits [--data FILE] [--epochs N] [--train-len N] [--batch-size N]
@@ -32,38 +32,36 @@ const USAGE: &str =
 fn parse(args: &[String]) -> Result<(Options, Option<PathBuf>), String> {
     let mut o = Options::default();
     let mut dump = None;
-    let mut flags = Flags::new(args);
-    while let Some(flag) = flags.next_flag() {
-        if o.run.read_flag(flag, &mut flags)? {
-            continue;
-        }
+    cli::read_flags(args, USAGE, |flag, flags| {
         match flag {
-            "--optimizer" => {
-                o.optimizer = match flags.value(flag)?.as_str() {
-                    "adamw" => OptimizerChoice::AdamW,
-                    "candle-adamw" => OptimizerChoice::CandleAdamW,
-                    "sgd" => OptimizerChoice::Sgd,
-                    v => {
-                        return Err(format!(
-                            "--optimizer: {v:?} is not adamw, candle-adamw or sgd"
-                        ))
-                    }
-                }
-            }
+            "--optimizer" => o.optimizer = optimizer(&flags.value(flag)?)?,
             "--dump-params" => dump = Some(flags.path(flag)?),
             "--save-model" => o.save_model = Some(flags.path(flag)?),
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            _ => return o.run.read_flag(flag, flags),
         }
-    }
+        Ok(true)
+    })?;
     if o.run.batch_size == 0 || o.run.accumulation == 0 {
         return Err("--batch-size and --accumulation must be at least 1".into());
     }
     Ok((o, dump))
 }
 
+fn optimizer(v: &str) -> Result<OptimizerChoice, String> {
+    Ok(match v {
+        "adamw" => OptimizerChoice::AdamW,
+        "candle-adamw" => OptimizerChoice::CandleAdamW,
+        "sgd" => OptimizerChoice::Sgd,
+        v => {
+            return Err(format!(
+                "--optimizer: {v:?} is not adamw, candle-adamw or sgd"
+            ))
+        }
+    })
+}
+
 fn main() -> ExitCode {
-    accel_example_kit::cli::main("candle-digits", parse, |(opts, dump)| {
+    cli::main("candle-digits", parse, |(opts, dump)| {
         let acc = accel::Accelerator::new()?;
         if acc.is_main_process() {
             println!(

@@ -31,6 +31,30 @@ pub fn main<T>(
     }
 }
 
+/// Read the command line `args` (without the program name) flag by flag:
+/// `own(flag, flags)` reads a flag (and its value from `flags`) and says
+/// whether it knew it. `-h`/`--help` and any flag it did not know end the
+/// reading with `usage` (after naming the unknown one).
+///
+/// # Errors
+/// `own`'s, or the usage as above.
+pub fn read_flags(
+    args: &[String],
+    usage: &str,
+    mut own: impl FnMut(&str, &mut Flags<'_>) -> Result<bool, String>,
+) -> Result<(), String> {
+    let mut flags = Flags::new(args);
+    while let Some(flag) = flags.next_flag() {
+        if !own(flag, &mut flags)? {
+            return Err(match flag {
+                "-h" | "--help" => usage.to_string(),
+                other => format!("unknown argument {other:?}\n{usage}"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// The arguments of a command line, read flag by flag.
 #[derive(Debug)]
 pub struct Flags<'a> {

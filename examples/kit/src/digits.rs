@@ -19,7 +19,8 @@ pub const FEATURES: usize = 64;
 /// Classes.
 pub const CLASSES: usize = 10;
 
-/// The digits data set: pixel values 0..=16 scaled to [0, 1], and labels.
+/// The digits data set (or a batch of it): pixel values 0..=16 scaled to
+/// [0, 1], and labels.
 #[derive(Debug)]
 pub struct Digits {
     /// `len * FEATURES` pixels, row-major.
@@ -134,18 +135,17 @@ impl Split {
         }
     }
 
-    /// The batch of `items` (positions in this split): `items.len() *
-    /// FEATURES` pixels, row-major, and a label per image, for the engine
-    /// to make its tensors of.
-    pub fn batch(&self, items: &[usize]) -> (Vec<f32>, Vec<u32>) {
-        let mut x = Vec::with_capacity(items.len() * FEATURES);
-        let mut y = Vec::with_capacity(items.len());
+    /// The images `items` (positions in this split), as a small data set
+    /// of their own.
+    pub fn batch(&self, items: &[usize]) -> Digits {
+        let mut pixels = Vec::with_capacity(items.len() * FEATURES);
+        let mut labels = Vec::with_capacity(items.len());
         for &i in items {
             let j = self.indices[i];
-            x.extend_from_slice(&self.data.pixels[j * FEATURES..(j + 1) * FEATURES]);
-            y.push(self.data.labels[j]);
+            pixels.extend_from_slice(&self.data.pixels[j * FEATURES..(j + 1) * FEATURES]);
+            labels.push(self.data.labels[j]);
         }
-        (x, y)
+        Digits { pixels, labels }
     }
 }
 
@@ -192,10 +192,10 @@ mod tests {
         let (train, test) = data.split();
         assert_eq!((train.len(), test.len()), (8, 2));
         // Held out: images 0 and 5.
-        let (x, y) = test.batch(&[0, 1]);
-        assert_eq!(y, vec![0, 5]);
-        assert_eq!(x.len(), 2 * FEATURES);
-        assert_eq!((x[0], x[FEATURES]), (0.0, 1.0));
+        let b = test.batch(&[0, 1]);
+        assert_eq!(b.labels, vec![0, 5]);
+        assert_eq!((b.len(), b.pixels.len()), (2, 2 * FEATURES));
+        assert_eq!((b.pixels[0], b.pixels[FEATURES]), (0.0, 1.0));
         assert_eq!(train.truncate_to(Some(3)).len(), 3);
     }
 

@@ -13,38 +13,27 @@ use accel::train::{
 };
 use accel::{Accelerator, Result};
 
-use crate::digits::{Digits, Split};
+use crate::digits::Digits;
 use crate::run::{self, flat_params, Report, RunOptions, Steps};
+
+/// Held-out images classified right, and images counted, across ranks.
+pub type Hits = (u64, usize);
 
 /// What an engine does in [`train_digits`].
 pub trait DigitsEngine<M> {
-    /// Run the images `items` of `split` through the model, backward from
-    /// their mean loss times `scale` (the gradients land in `model`'s):
-    /// the loss, unscaled.
+    /// Run `images` through the model, backward from their mean loss
+    /// times `scale` (the gradients land in `model`'s): the loss, unscaled.
     ///
     /// # Errors
     /// The engine's.
-    fn forward_backward(
-        &mut self,
-        acc: &Accelerator,
-        model: &mut M,
-        scale: f32,
-        split: &Split,
-        items: &[usize],
-    ) -> Result<f64>;
+    fn loss_backward(&mut self, model: &mut M, scale: f32, images: Digits) -> Result<f64>;
 
-    /// Classify the held-out images of `batch` (positions in `split`) and
-    /// gather the outcomes with `gather_for_metrics` (or its tensor form):
-    /// images classified right, and images counted, across ranks.
+    /// Classify the held-out `images` of `batch` and gather the outcomes
+    /// with `gather_for_metrics` (or its tensor form).
     ///
     /// # Errors
     /// The engine's; the communicator's.
-    fn gathered_hits(
-        &mut self,
-        acc: &Accelerator,
-        split: &Split,
-        batch: &Batch<usize>,
-    ) -> Result<(u64, usize)>;
+    fn gathered_hits(&mut self, images: Digits, batch: &Batch<usize>) -> Result<Hits>;
 }
 
 /// Train `model` with `optimizer` on the digits data set as `o` says,
@@ -110,7 +99,7 @@ pub fn train_digits<M: Parameters, O: Optimizer>(
             let step = acc.accumulate(&batch);
             let mut sync_start = None;
             let loss = acc.backward(&mut model, |m, scale| {
-                let loss = engine.forward_backward(acc, m, scale, &train_data, &batch.items);
+                let loss = engine.loss_backward(m, scale, train_data.batch(&batch.items));
                 // What follows in `backward` is the gradient all-reduce.
                 sync_start = Some(Instant::now());
                 loss
@@ -162,7 +151,7 @@ pub fn train_digits<M: Parameters, O: Optimizer>(
         let (mut correct, mut count) = (0u64, 0usize);
         eval.set_epoch(epoch);
         while let Some(b) = eval.next_batch() {
-            let (c, n) = engine.gathered_hits(acc, &eval_data, &b)?;
+            let (c, n) = engine.gathered_hits(eval_data.batch(&b.items), &b)?;
             correct += c;
             count += n;
         }

@@ -14,7 +14,7 @@ use accel::{Accelerator, Result};
 pub use accel_example_kit::digits::{Digits, Split, FEATURES};
 use accel_example_kit::run::RunOptions;
 pub use accel_example_kit::run::{checksum, flat_params, Report};
-use accel_example_kit::train::{train_digits, DigitsEngine};
+use accel_example_kit::train::{train_digits, DigitsEngine, Hits};
 use accel_tch::{autocast_forward, set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
@@ -22,13 +22,11 @@ use tch::{Kind, Tensor};
 /// Classes.
 pub const CLASSES: i64 = accel_example_kit::digits::CLASSES as i64;
 
-/// The batch of `items` (positions in `split`) as an `[n, 64]` f32 tensor
-/// and an `[n]` i64 label tensor.
-pub fn collate(split: &Split, items: &[usize]) -> (Tensor, Tensor) {
-    let (x, y) = split.batch(items);
-    let y: Vec<i64> = y.into_iter().map(i64::from).collect();
+/// `images` as an `[n, 64]` f32 tensor and an `[n]` i64 label tensor.
+pub fn collate(images: &Digits) -> (Tensor, Tensor) {
+    let y: Vec<i64> = images.labels.iter().map(|&l| i64::from(l)).collect();
     (
-        Tensor::from_slice(&x).view([items.len() as i64, FEATURES as i64]),
+        Tensor::from_slice(&images.pixels).view([images.len() as i64, FEATURES as i64]),
         Tensor::from_slice(&y),
     )
 }
@@ -155,6 +153,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     }
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let mut engine = Engine {
+        acc,
         net: mlp(&vs.root(), o.hidden as i64),
     };
     let optimizer = match opts.optimizer {
@@ -169,37 +168,26 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
 }
 
 /// tch's part of the loop: the network, whose variables the model holds.
-struct Engine {
+struct Engine<'a> {
+    acc: &'a Accelerator,
     net: nn::Sequential,
 }
 
-impl DigitsEngine<TchModel> for Engine {
-    fn forward_backward(
-        &mut self,
-        acc: &Accelerator,
-        _: &mut TchModel,
-        scale: f32,
-        split: &Split,
-        items: &[usize],
-    ) -> Result<f64> {
-        let (x, y) = collate(split, items);
+impl DigitsEngine<TchModel> for Engine<'_> {
+    fn loss_backward(&mut self, _: &mut TchModel, scale: f32, images: Digits) -> Result<f64> {
+        let (x, y) = collate(&images);
         // bf16/fp16 under autocast, logits back in f32 for the loss.
-        let logits = autocast_forward(acc, tch::Device::Cpu, || self.net.forward(&x))?;
+        let logits = autocast_forward(self.acc, tch::Device::Cpu, || self.net.forward(&x))?;
         let loss = logits.cross_entropy_for_logits(&y);
         (&loss * f64::from(scale)).backward();
         Ok(loss.double_value(&[]))
     }
 
-    fn gathered_hits(
-        &mut self,
-        acc: &Accelerator,
-        split: &Split,
-        batch: &Batch<usize>,
-    ) -> Result<(u64, usize)> {
-        let (x, y) = collate(split, &batch.items);
+    fn gathered_hits(&mut self, images: Digits, batch: &Batch<usize>) -> Result<Hits> {
+        let (x, y) = collate(&images);
         let pred = tch::no_grad(|| self.net.forward(&x).argmax(-1, false));
         let hits = pred.eq_tensor(&y).to_kind(Kind::Int64);
-        let all = acc.gather_tensor_for_metrics(&hits, batch)?;
+        let all = self.acc.gather_tensor_for_metrics(&hits, batch)?;
         let correct = all.sum(Kind::Int64).int64_value(&[]);
         Ok((correct as u64, all.size()[0] as usize))
     }

@@ -18,7 +18,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use accel_example_kit::cli::Flags;
+use accel_example_kit::cli;
 use accel_example_tch_digits::{train, OptimizerChoice, Options};
 
 const USAGE: &str = "usage: tch-digits [--data FILE] [--epochs N] [--train-len N] [--batch-size N]
@@ -41,32 +41,30 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
         threads: None,
         dump_params: None,
     };
-    let mut flags = Flags::new(args);
-    while let Some(flag) = flags.next_flag() {
-        if o.run.read_flag(flag, &mut flags)? {
-            continue;
-        }
+    cli::read_flags(args, USAGE, |flag, flags| {
         match flag {
-            "--optimizer" => {
-                o.optimizer = match flags.value(flag)?.as_str() {
-                    "adamw" => OptimizerChoice::AdamW,
-                    "torch-sgd" => OptimizerChoice::TorchSgd,
-                    v => return Err(format!("--optimizer: {v:?} is not adamw or torch-sgd")),
-                }
-            }
+            "--optimizer" => o.optimizer = optimizer(&flags.value(flag)?)?,
             "--log-dir" => o.log_dir = Some(flags.path(flag)?),
             "--no-log" => o.log_dir = None,
             "--threads" => x.threads = Some(flags.num(flag)?),
             "--dump-params" => x.dump_params = Some(flags.path(flag)?),
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            _ => return o.run.read_flag(flag, flags),
         }
-    }
+        Ok(true)
+    })?;
     Ok((o, x))
 }
 
+fn optimizer(v: &str) -> Result<OptimizerChoice, String> {
+    match v {
+        "adamw" => Ok(OptimizerChoice::AdamW),
+        "torch-sgd" => Ok(OptimizerChoice::TorchSgd),
+        v => Err(format!("--optimizer: {v:?} is not adamw or torch-sgd")),
+    }
+}
+
 fn main() -> ExitCode {
-    accel_example_kit::cli::main("tch-digits", parse, |(opts, extra)| {
+    cli::main("tch-digits", parse, |(opts, extra)| {
         let acc = accel::Accelerator::new()?;
         let threads = match extra.threads {
             Some(n) => {

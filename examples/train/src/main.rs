@@ -14,7 +14,7 @@
 
 use std::process::ExitCode;
 
-use accel_example_kit::cli::Flags;
+use accel_example_kit::cli;
 use accel_example_train::{train, Options};
 
 const USAGE: &str = "usage: train [--epochs N] [--train-len N] [--eval-len N] [--batch-size N]
@@ -24,8 +24,7 @@ const USAGE: &str = "usage: train [--epochs N] [--train-len N] [--eval-len N] [-
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options::default();
-    let mut flags = Flags::new(args);
-    while let Some(flag) = flags.next_flag() {
+    cli::read_flags(args, USAGE, |flag, flags| {
         match flag {
             "--epochs" => o.epochs = flags.num(flag)?,
             "--train-len" => o.train_len = flags.num(flag)?,
@@ -42,15 +41,15 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--resume" => o.resume = true,
             "--stop-after" => o.stop_after = Some(flags.num(flag)?),
             "--step-delay-ms" => o.step_delay_ms = flags.num(flag)?,
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     Ok(o)
 }
 
 fn main() -> ExitCode {
-    accel_example_kit::cli::main("train", parse, |opts| {
+    cli::main("train", parse, |opts| {
         // `accel::run`: one rank per process, or (`accel launch --backend
         // xla`) this process's rank threads, each calling the closure.
         accel::run(|acc: &accel::Accelerator| -> accel::Result<()> {
