@@ -14,67 +14,19 @@ use crate::{oracle, with_dtype};
 
 /// This area's scenarios, in the order the matrix lists them.
 pub(crate) fn scenarios() -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: "all_reduce",
-            gate: |c| needs(c, &[Op::AllReduce]),
-            run: all_reduce,
-        },
-        Scenario {
-            name: "reduce",
-            gate: |c| needs(c, &[Op::Reduce]),
-            run: reduce,
-        },
-        Scenario {
-            name: "broadcast",
-            gate: |c| needs(c, &[Op::Broadcast]),
-            run: broadcast,
-        },
-        Scenario {
-            name: "all_gather",
-            gate: |c| needs(c, &[Op::AllGather]),
-            run: all_gather,
-        },
-        Scenario {
-            name: "gather",
-            gate: |c| needs(c, &[Op::Gather]),
-            run: gather,
-        },
-        Scenario {
-            name: "scatter",
-            gate: |c| needs(c, &[Op::Scatter]),
-            run: scatter,
-        },
-        Scenario {
-            name: "reduce_scatter",
-            gate: |c| needs(c, &[Op::ReduceScatter]),
-            run: reduce_scatter,
-        },
-        Scenario {
-            name: "all_to_all",
-            gate: |c| needs(c, &[Op::AllToAll]),
-            run: all_to_all,
-        },
-        Scenario {
-            name: "send_recv_ring",
-            gate: |c| needs(c, &[Op::Send, Op::Recv]),
-            run: send_recv_ring,
-        },
-        Scenario {
-            name: "all_reduce_multi_mib",
-            gate: |c| needs(c, &[Op::AllReduce]),
-            run: all_reduce_multi_mib,
-        },
-        Scenario {
-            name: "barrier_ordering",
-            gate: |c| needs(c, &[Op::Barrier]),
-            run: barrier_ordering,
-        },
-        Scenario {
-            name: "split_subgroups",
-            gate: |c| needs(c, &[Op::Split, Op::AllReduce, Op::AllGather]),
-            run: split_subgroups,
-        },
+    scenarios![
+        all_reduce: |c| needs(c, &[Op::AllReduce]),
+        reduce: |c| needs(c, &[Op::Reduce]),
+        broadcast: |c| needs(c, &[Op::Broadcast]),
+        all_gather: |c| needs(c, &[Op::AllGather]),
+        gather: |c| needs(c, &[Op::Gather]),
+        scatter: |c| needs(c, &[Op::Scatter]),
+        reduce_scatter: |c| needs(c, &[Op::ReduceScatter]),
+        all_to_all: |c| needs(c, &[Op::AllToAll]),
+        send_recv_ring: |c| needs(c, &[Op::Send, Op::Recv]),
+        all_reduce_multi_mib: |c| needs(c, &[Op::AllReduce]),
+        barrier_ordering: |c| needs(c, &[Op::Barrier]),
+        split_subgroups: |c| needs(c, &[Op::Split, Op::AllReduce, Op::AllGather]),
     ]
 }
 

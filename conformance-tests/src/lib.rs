@@ -34,6 +34,19 @@
 //! `accel-conformance-worker` binary, or a framework's test binary with its
 //! own scenarios).
 
+/// Scenarios named as the functions that run them, each with its gate:
+/// `scenarios![all_reduce: |c| needs(c, &[Op::AllReduce]), ...]`; for a
+/// model type `M`, `scenarios![<M> name; train_equivalence: gate, ...]`
+/// runs `train_equivalence::<M>` under the name `name("train_equivalence")`.
+macro_rules! scenarios {
+    (<$m:ty> $name:expr; $($run:ident: $gate:expr),* $(,)?) => {
+        vec![$($crate::Scenario { name: $name(stringify!($run)), gate: $gate, run: $run::<$m> }),*]
+    };
+    ($($run:ident: $gate:expr),* $(,)?) => {
+        vec![$($crate::Scenario { name: stringify!($run), gate: $gate, run: $run }),*]
+    };
+}
+
 mod collectives;
 mod ctx;
 pub mod data;

@@ -19,22 +19,10 @@ use crate::{Ctx, Outcome, Scenario};
 pub(crate) fn zero_scenarios<M: ScenarioModel>(
     name: impl Fn(&'static str) -> &'static str,
 ) -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: name("zero_equivalence"),
-            gate: gate_zero,
-            run: zero_equivalence::<M>,
-        },
-        Scenario {
-            name: name("zero_clipping"),
-            gate: gate_zero,
-            run: zero_clipping::<M>,
-        },
-        Scenario {
-            name: name("zero_fp16_skip_agreed"),
-            gate: gate_zero,
-            run: zero_fp16_skip_agreed::<M>,
-        },
+    scenarios![<M> name;
+        zero_equivalence: gate_zero,
+        zero_clipping: gate_zero,
+        zero_fp16_skip_agreed: gate_zero,
     ]
 }
 
