@@ -17,8 +17,8 @@ use accel_candle::{
     compute_dtype, compute_var_builder, init_uniform, AdamW, CandleModel, CandleOptimizer,
 };
 pub use accel_example_kit::digits::{Digits, Split, CLASSES, FEATURES};
-use accel_example_kit::run::RunOptions;
 pub use accel_example_kit::run::{checksum, flat_params, Report};
+use accel_example_kit::run::{Demo, DemoOptions};
 use accel_example_kit::train::{train_digits, DigitsEngine, Hits};
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::optim::ParamsAdamW;
@@ -88,10 +88,11 @@ impl Mlp {
 }
 
 /// Which optimizer trains the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OptimizerChoice {
     /// [`accel_candle::AdamW`] (candle-nn's AdamW, moments in checkpoints:
     /// exact resume).
+    #[default]
     AdamW,
     /// [`candle_nn::AdamW`] itself (its moments restart from zero on a
     /// resume).
@@ -100,26 +101,19 @@ pub enum OptimizerChoice {
     Sgd,
 }
 
-/// The demo's settings (the `candle-digits` binary's flags).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Options {
-    /// The settings every digits demo has.
-    pub run: RunOptions,
-    /// Optimizer.
-    pub optimizer: OptimizerChoice,
+/// candle-digits' own settings.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Own {
     /// Write the final weights here with `save_model` (Hugging Face layout).
     pub save_model: Option<PathBuf>,
 }
 
-impl Default for Options {
-    fn default() -> Options {
-        Options {
-            run: RunOptions::new("candle-digits"),
-            optimizer: OptimizerChoice::AdamW,
-            save_model: None,
-        }
-    }
+impl Demo for Own {
+    const NAME: &'static str = "candle-digits";
 }
+
+/// The demo's settings (the `candle-digits` binary's flags).
+pub type Options = DemoOptions<OptimizerChoice, Own>;
 
 /// An optimizer the loop can hold any way.
 #[derive(Debug)]
@@ -197,7 +191,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
         hidden: o.hidden,
     };
     let (report, model) = train_digits(acc, o, model, optimizer, &mut engine, &mut say)?;
-    if let (Some(dir), false) = (&opts.save_model, report.stopped) {
+    if let (Some(dir), false) = (&opts.own.save_model, report.stopped) {
         acc.save_model(&*model, dir, accel::train::DEFAULT_MAX_SHARD_SIZE)?;
         say(format!(
             "saved the weights to {} (Hugging Face layout)",

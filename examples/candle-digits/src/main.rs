@@ -36,7 +36,7 @@ fn parse(args: &[String]) -> Result<(Options, Option<PathBuf>), String> {
         match flag {
             "--optimizer" => o.optimizer = optimizer(&flags.value(flag)?)?,
             "--dump-params" => dump = Some(flags.path(flag)?),
-            "--save-model" => o.save_model = Some(flags.path(flag)?),
+            "--save-model" => o.own.save_model = Some(flags.path(flag)?),
             _ => return o.run.read_flag(flag, flags),
         }
         Ok(true)
@@ -64,10 +64,7 @@ fn main() -> ExitCode {
     cli::main("candle-digits", parse, |(opts, dump)| {
         let acc = accel::Accelerator::new()?;
         if acc.is_main_process() {
-            println!(
-                "{}",
-                opts.run.banner(&acc, "candle-digits", &opts.optimizer)
-            );
+            println!("{}", opts.banner(&acc));
         }
         let report = train(&acc, &opts, |line| println!("{line}"))?;
         if acc.is_main_process() {

@@ -134,6 +134,52 @@ pub fn stopping_line(steps: u64) -> String {
     format!("stopping after step {steps} without saving (as if killed); rerun with --resume")
 }
 
+/// A digits demo's own settings (beside [`RunOptions`] and its optimizer
+/// choice), and its name: the binary's, and its folder under `target/`.
+pub trait Demo {
+    /// `candle-digits`, `tch-digits`.
+    const NAME: &'static str;
+}
+
+/// A digits demo's settings (its binary's flags): the common ones, its
+/// optimizer choice `O` and its own settings `X`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DemoOptions<O, X> {
+    /// The settings every digits demo has.
+    pub run: RunOptions,
+    /// Optimizer.
+    pub optimizer: O,
+    /// The demo's own.
+    pub own: X,
+}
+
+impl<O: std::fmt::Debug, X: Demo> DemoOptions<O, X> {
+    /// The line the demo starts with: ranks, engine, batch and
+    /// accumulation, and its optimizer.
+    pub fn banner(&self, acc: &Accelerator) -> String {
+        format!(
+            "{}: {} ranks on {}, batch {} x {} ranks x {} accumulation steps, {:?}",
+            X::NAME,
+            acc.world_size(),
+            acc.backend_name(),
+            self.run.batch_size,
+            acc.world_size(),
+            self.run.accumulation,
+            self.optimizer,
+        )
+    }
+}
+
+impl<O: Default, X: Default + Demo> Default for DemoOptions<O, X> {
+    fn default() -> Self {
+        DemoOptions {
+            run: RunOptions::new(X::NAME),
+            optimizer: O::default(),
+            own: X::default(),
+        }
+    }
+}
+
 /// The settings both digits demos share (the engine's own, such as its
 /// optimizers, sit beside them in each demo's `Options`).
 #[derive(Clone, Debug, PartialEq)]
@@ -226,19 +272,6 @@ impl RunOptions {
             _ => return Ok(false),
         }
         Ok(true)
-    }
-
-    /// The line a demo starts with: ranks, engine, batch and accumulation,
-    /// and its `optimizer`.
-    pub fn banner(&self, acc: &Accelerator, demo: &str, optimizer: &dyn std::fmt::Debug) -> String {
-        format!(
-            "{demo}: {} ranks on {}, batch {} x {} ranks x {} accumulation steps, {optimizer:?}",
-            acc.world_size(),
-            acc.backend_name(),
-            self.batch_size,
-            acc.world_size(),
-            self.accumulation,
-        )
     }
 
     /// The accelerator's training configuration for these settings.

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use accel::train::{Batch, Optimizer, Parameters, StateDict};
 use accel::{Accelerator, Result};
 pub use accel_example_kit::digits::{Digits, Split, FEATURES};
-use accel_example_kit::run::RunOptions;
 pub use accel_example_kit::run::{checksum, flat_params, Report};
+use accel_example_kit::run::{Demo, DemoOptions};
 use accel_example_kit::train::{train_digits, DigitsEngine, Hits};
 use accel_tch::{autocast_forward, set_seed, AdamW, TchModel, TchOptimizer, TensorCollectives};
 use tch::nn::{self, Module};
@@ -47,36 +47,37 @@ pub fn mlp(vs: &nn::Path<'_>, hidden: i64) -> nn::Sequential {
 }
 
 /// Which optimizer trains the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OptimizerChoice {
     /// [`accel_tch::AdamW`]: state in checkpoints, exact resume.
+    #[default]
     AdamW,
     /// libtorch's SGD through [`accel_tch::TchOptimizer`] (stateless, so a
     /// resume is exact too).
     TorchSgd,
 }
 
-/// The demo's settings (the `tch-digits` binary's flags).
+/// tch-digits' own settings.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Options {
-    /// The settings every digits demo has.
-    pub run: RunOptions,
-    /// Optimizer.
-    pub optimizer: OptimizerChoice,
+pub struct Own {
     /// Where the trackers write (`<dir>/tch-digits/metrics.jsonl` and a
     /// TensorBoard event file); `None`: no trackers.
     pub log_dir: Option<PathBuf>,
 }
 
-impl Default for Options {
-    fn default() -> Options {
-        Options {
-            run: RunOptions::new("tch-digits"),
-            optimizer: OptimizerChoice::AdamW,
-            log_dir: Some(PathBuf::from("target/tch-digits/runs")),
-        }
+impl Default for Own {
+    fn default() -> Own {
+        let log_dir = Some(PathBuf::from("target/tch-digits/runs"));
+        Own { log_dir }
     }
 }
+
+impl Demo for Own {
+    const NAME: &'static str = "tch-digits";
+}
+
+/// The demo's settings (the `tch-digits` binary's flags).
+pub type Options = DemoOptions<OptimizerChoice, Own>;
 
 /// An optimizer the loop can hold either way.
 enum AnyOptimizer {
@@ -133,7 +134,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
         }
     };
     say(format!("mixed precision {}", acc.mixed_precision()));
-    if let Some(dir) = &opts.log_dir {
+    if let Some(dir) = &opts.own.log_dir {
         let config: std::collections::BTreeMap<&str, f64> = [
             ("world_size", acc.world_size() as f64),
             ("epochs", o.epochs as f64),

@@ -44,8 +44,8 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
     cli::read_flags(args, USAGE, |flag, flags| {
         match flag {
             "--optimizer" => o.optimizer = optimizer(&flags.value(flag)?)?,
-            "--log-dir" => o.log_dir = Some(flags.path(flag)?),
-            "--no-log" => o.log_dir = None,
+            "--log-dir" => o.own.log_dir = Some(flags.path(flag)?),
+            "--no-log" => o.own.log_dir = None,
             "--threads" => x.threads = Some(flags.num(flag)?),
             "--dump-params" => x.dump_params = Some(flags.path(flag)?),
             _ => return o.run.read_flag(flag, flags),
@@ -74,10 +74,8 @@ fn main() -> ExitCode {
             None => accel_tch::set_threads_per_rank(&acc),
         };
         if acc.is_main_process() {
-            println!(
-                "{}, {threads} libtorch threads per rank",
-                opts.run.banner(&acc, "tch-digits", &opts.optimizer)
-            );
+            let banner = opts.banner(&acc);
+            println!("{banner}, {threads} libtorch threads per rank");
         }
         let report = train(&acc, &opts, |line| println!("{line}"))?;
         if acc.is_main_process() {
