@@ -30,12 +30,17 @@ pub(crate) fn scenarios() -> Vec<Scenario> {
     ]
 }
 
+/// The reduce dtypes and ops the communicator declares; `None` when it
+/// declares no dtype or no op.
+fn declared_reductions(ctx: &Ctx) -> Option<(Vec<accel_api::DType>, Vec<ReduceOp>)> {
+    let (dts, ops) = (reduce_dtypes(ctx), reduce_ops(ctx));
+    (!dts.is_empty() && !ops.is_empty()).then_some((dts, ops))
+}
+
 fn all_reduce(ctx: &Ctx) -> Outcome {
-    let dts = reduce_dtypes(ctx);
-    let ops = reduce_ops(ctx);
-    if dts.is_empty() || ops.is_empty() {
+    let Some((dts, ops)) = declared_reductions(ctx) else {
         return Outcome::Skip("no reduce dtype/op declared".into());
-    }
+    };
     let strat = (
         select(dts),
         select(ops),
@@ -67,11 +72,9 @@ fn all_reduce(ctx: &Ctx) -> Outcome {
 }
 
 fn reduce(ctx: &Ctx) -> Outcome {
-    let dts = reduce_dtypes(ctx);
-    let ops = reduce_ops(ctx);
-    if dts.is_empty() || ops.is_empty() {
+    let Some((dts, ops)) = declared_reductions(ctx) else {
         return Outcome::Skip("no reduce dtype/op declared".into());
-    }
+    };
     let n = ctx.world_size();
     let strat = (select(dts), select(ops), sizes(), 0..n, any::<u64>());
     property(ctx, "reduce", strat, |&(dt, op, len, root, seed)| {
@@ -141,11 +144,9 @@ fn scatter(ctx: &Ctx) -> Outcome {
 }
 
 fn reduce_scatter(ctx: &Ctx) -> Outcome {
-    let dts = reduce_dtypes(ctx);
-    let ops = reduce_ops(ctx);
-    if dts.is_empty() || ops.is_empty() {
+    let Some((dts, ops)) = declared_reductions(ctx) else {
         return Outcome::Skip("no reduce dtype/op declared".into());
-    }
+    };
     let n = ctx.world_size();
     let strat = (select(dts), select(ops), sizes(), any::<u64>());
     property(ctx, "reduce_scatter", strat, |&(dt, op, chunk, seed)| {

@@ -140,4 +140,29 @@ mod tests {
         assert_eq!(f.path("--data"), Err("--data needs a value".to_string()));
         assert_eq!(f.next_flag(), None);
     }
+
+    #[test]
+    fn read_flags_stops_at_help_and_at_an_unknown_flag() {
+        let mut seen = Vec::new();
+        let mut own = |flag: &str, flags: &mut Flags<'_>| {
+            let known = flag == "--lr";
+            if known {
+                seen.push(flags.num::<f64>(flag)?);
+            }
+            Ok(known)
+        };
+        assert_eq!(
+            read_flags(&args(&["--lr", "0.5"]), "USAGE", &mut own),
+            Ok(())
+        );
+        assert_eq!(
+            read_flags(&args(&["-h"]), "USAGE", &mut own),
+            Err("USAGE".into())
+        );
+        assert_eq!(
+            read_flags(&args(&["--lr", "1", "--nope"]), "USAGE", &mut own),
+            Err("unknown argument \"--nope\"\nUSAGE".into())
+        );
+        assert_eq!(seen, vec![0.5, 1.0]);
+    }
 }

@@ -402,4 +402,21 @@ mod tests {
         assert_eq!(o.checkpoint_dir, PathBuf::from("target/demo/checkpoints"));
         assert!(!o.read_flag("--optimizer", &mut f).expect("not ours"));
     }
+
+    #[derive(Debug, Default, PartialEq)]
+    struct Own(u8);
+
+    impl Demo for Own {
+        const NAME: &'static str = "some-demo";
+    }
+
+    #[test]
+    fn demo_options_default_to_the_demo_s_folder() {
+        let o = DemoOptions::<bool, Own>::default();
+        let want = PathBuf::from("target/some-demo/checkpoints");
+        assert_eq!(
+            (o.run.checkpoint_dir, o.optimizer, o.own),
+            (want, false, Own(0))
+        );
+    }
 }
