@@ -223,6 +223,14 @@ impl Mlp {
                 .sum::<f32>()
     }
 
+    /// Each sample's squared error, in order.
+    pub fn squared_errors(&self, batch: &[Sample]) -> Vec<f32> {
+        batch
+            .iter()
+            .map(|s| (self.forward(&s.x) - s.y).powi(2))
+            .collect()
+    }
+
     /// Mean squared error over `batch`; adds `scale ×` its gradient to the
     /// gradient buffers (hand-derived backpropagation). Returns the
     /// unscaled mean loss.

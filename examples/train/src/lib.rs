@@ -207,12 +207,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
         let (mut sum, mut count) = (0.0f64, 0usize);
         eval.set_epoch(epoch);
         while let Some(b) = eval.next_batch() {
-            let errs: Vec<f32> = b
-                .items
-                .iter()
-                .map(|s| (model.forward(&s.x) - s.y).powi(2))
-                .collect();
-            let all = acc.gather_for_metrics(&errs, &b)?;
+            let all = acc.gather_for_metrics(&model.squared_errors(&b.items), &b)?;
             count += all.len();
             sum += all.iter().map(|&e| f64::from(e)).sum::<f64>();
         }
