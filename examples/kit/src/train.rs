@@ -52,6 +52,7 @@ pub fn train_digits<M: Parameters, O: Optimizer>(
     engine: &mut impl DigitsEngine<M>,
     say: &mut dyn FnMut(String),
 ) -> Result<(Report, PreparedModel<M>)> {
+    let progress = Steps::register(acc);
     let data = std::sync::Arc::new(Digits::load(&o.data)?);
     let (train_split, eval_split) = data.split();
     let train_split = train_split.truncate_to(o.train_len);
@@ -72,7 +73,6 @@ pub fn train_digits<M: Parameters, O: Optimizer>(
     // scheduler also hands its rate to the optimizer on batches where it
     // does not step.
     opt.set_lr(sched.lr());
-    let progress = Steps::register(acc);
 
     let resumed = run::resume_or_start_fresh(
         acc,
