@@ -32,21 +32,6 @@ pub(crate) fn train_scenarios() -> Vec<Scenario> {
     ]
 }
 
-/// The training scenarios that train a model, for model type `M` (the
-/// fixture's are in the matrix as they are named; another model's carry
-/// its [`ScenarioModel::PREFIX`]).
-pub(crate) fn model_train_scenarios<M: ScenarioModel>(
-    name: impl Fn(&'static str) -> &'static str,
-) -> Vec<Scenario> {
-    scenarios![<M> name;
-        train_accumulation_cadence: gate_train,
-        train_equivalence: gate_train,
-        train_fp16_skip_agreed: gate_train,
-        train_bf16_equivalence: gate_train,
-        train_clip_norm_agreed: gate_train,
-    ]
-}
-
 /// `0..len` as a stream; only the main process has data when `main_only`
 /// (so a loader that did not dispatch would see nothing elsewhere).
 #[derive(Clone, Copy)]
@@ -134,12 +119,8 @@ fn train_streams(ctx: &Ctx) -> Outcome {
     Outcome::Pass
 }
 
-fn gate_train(ctx: &Ctx) -> Option<String> {
-    let caps = ctx.comm.capabilities();
-    [Op::AllReduce, Op::AllGather, Op::Broadcast]
-        .iter()
-        .find(|op| !caps.supports(**op))
-        .map(|op| format!("{op} not declared"))
+pub(crate) fn gate_train(ctx: &Ctx) -> Option<String> {
+    crate::ctx::needs(ctx, &[Op::AllReduce, Op::AllGather, Op::Broadcast])
 }
 
 fn acc(ctx: &Ctx, config: TrainConfig) -> Result<Accelerator, String> {
@@ -321,7 +302,7 @@ fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
 /// Random (k, batches, split, sync_each_batch): the decisions equal the
 /// reference on every rank, and gradients are all-reduced exactly when the
 /// decision says so.
-fn train_accumulation_cadence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_accumulation_cadence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     let strat = (1usize..6, 1usize..10, any::<bool>(), any::<bool>());
     property(
@@ -428,7 +409,7 @@ fn versus_one_process<M: ScenarioModel>(
 
 /// W ranks × k accumulation steps of the demo model give the parameters of
 /// one process stepping on the global batch, within f32 tolerance.
-fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     for k in [1, 2, 3] {
         let config = TrainConfig {
             gradient_accumulation_steps: k,
@@ -634,7 +615,7 @@ fn resume_in(
 /// The forward pass computes in f32 (a model's f16 compute copies would
 /// overflow by themselves at the scaler's initial scale, and the scenario
 /// plants the only overflow).
-fn train_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let run = || -> Result<Option<String>, String> {
         let n = ctx.world_size();
         let acc = acc(
@@ -713,7 +694,7 @@ fn train_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
 /// gradient communication (averaged in f32) give the parameters of one f32
 /// process on the global batch within the stated tolerance
 /// `|a - b| <= 1e-2 * (1 + |b|)` (bf16 keeps 8 significant bits).
-fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     for k in [1, 2] {
         let config = TrainConfig {
             gradient_accumulation_steps: k,
@@ -741,7 +722,7 @@ fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
 /// Clipping on synchronised gradients: every rank gets the same total norm
 /// (bit for bit), equal to the norm of the averaged gradients, and after
 /// clipping the norm is the limit.
-fn train_clip_norm_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_clip_norm_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let run = || -> Result<(), String> {
         let n = ctx.world_size();
         let acc = acc(ctx, TrainConfig::default())?;
