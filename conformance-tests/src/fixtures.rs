@@ -18,6 +18,15 @@ pub struct Sample {
     pub y: f32,
 }
 
+/// Add Gaussian noise of standard deviation `std` to every input feature
+/// of `batch` (augmentation), drawn from `rng` sample by sample, feature
+/// by feature.
+pub fn add_noise(batch: &mut [Sample], std: f32, rng: &mut accel::train::Rng) {
+    for v in batch.iter_mut().flat_map(|s| s.x.iter_mut()) {
+        *v += std * rng.normal();
+    }
+}
+
 /// SplitMix64 finaliser: a fixed hash, so the dataset is the same on every
 /// rank, platform and run.
 fn mix(mut z: u64) -> u64 {

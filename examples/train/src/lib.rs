@@ -12,6 +12,7 @@ use accel::{Accelerator, Result};
 use accel_example_kit::run::{self, Steps};
 use std::path::PathBuf;
 
+use accel_conformance::fixtures::add_noise;
 pub use accel_conformance::fixtures::{Mlp, Sample, Synthetic, FEATURES};
 
 pub use accel_example_kit::run::checksum;
@@ -157,11 +158,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             let mut items = batch.items.clone();
             if opts.noise > 0.0 {
                 let mut rng = acc.rng()?;
-                for s in &mut items {
-                    for v in &mut s.x {
-                        *v += opts.noise * rng.normal();
-                    }
-                }
+                add_noise(&mut items, opts.noise, &mut rng);
             }
             let loss = acc.backward(&mut model, |m, scale| m.loss_and_grad(&items, scale))?;
             opt.step(&mut model)?;
