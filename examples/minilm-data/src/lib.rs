@@ -17,6 +17,7 @@ mod skips;
 
 /// The example sentences of `make infer-demo` (the pairs (0, 1) and (2, 3)
 /// are the ones whose sentence-transformers similarities are known).
+/// `tools/minilm_reference.py` reads its sentences from this list.
 pub const SENTENCES: [&str; 6] = [
     "A man is eating food.",
     "A man is eating a piece of bread.",
