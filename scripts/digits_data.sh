@@ -5,11 +5,8 @@
 # share one copy; nothing is fetched when it is already there.
 # Usage: scripts/digits_data.sh   (prints the file's path)
 # Environment: ACCEL_TCH_CACHE, PYTHON (default python3).
-set -euo pipefail
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/wheels.sh"
 CACHE=${ACCEL_TCH_CACHE:-$ROOT/.accel-cache/tch}
-PY=${PYTHON:-python3}
 SKLEARN_VERSION=1.5.2 # as scripts/tch_setup.sh
 DATA=$CACHE/data
 FILE=$DATA/digits.csv.gz
@@ -17,14 +14,13 @@ FILE=$DATA/digits.csv.gz
 log() { echo "digits-data: $*" >&2; }
 
 if [[ ! -s $FILE ]]; then
-    command -v "$PY" >/dev/null || { log "$PY not found: install Python 3 with pip"; exit 1; }
+    need_pip
     command -v unzip >/dev/null || { log "unzip not found: apt-get install unzip"; exit 1; }
     mkdir -p "$CACHE/wheels" "$DATA"
     wheel=$(compgen -G "$CACHE/wheels/scikit_learn-$SKLEARN_VERSION-*.whl" | head -n1 || true)
     if [[ -z $wheel ]]; then
         log "downloading scikit-learn==$SKLEARN_VERSION (the wheel holds the data set)"
-        "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
-            -d "$CACHE/wheels" --python-version 3.11 --platform manylinux_2_17_x86_64 \
+        pip_download "$CACHE/wheels" --python-version 3.11 --platform manylinux_2_17_x86_64 \
             "scikit-learn==$SKLEARN_VERSION"
         wheel=$(compgen -G "$CACHE/wheels/scikit_learn-$SKLEARN_VERSION-*.whl" | head -n1)
     fi

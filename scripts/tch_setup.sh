@@ -15,11 +15,8 @@
 #        scripts/tch_setup.sh --print    also print the exports (for eval)
 # Environment: ACCEL_TCH_CACHE (default <repo>/.accel-cache/tch), PYTHON (default python3).
 # Idempotent: a finished set-up is detected by a stamp file and costs nothing.
-set -euo pipefail
-
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/wheels.sh"
 CACHE=${ACCEL_TCH_CACHE:-$ROOT/.accel-cache/tch}
-PY=${PYTHON:-python3}
 
 TORCH_VERSION=2.13.0
 CUDART_VERSION=13.0.96
@@ -42,8 +39,7 @@ EOF
 }
 
 if [[ ! -f $STAMP ]]; then
-    command -v "$PY" >/dev/null || { log "$PY not found: install Python 3 with pip"; exit 1; }
-    "$PY" -m pip --version >/dev/null 2>&1 || { log "pip is missing: $PY -m ensurepip --user"; exit 1; }
+    need_pip
     mkdir -p "$WHEELS" "$DATA"
     start=$(date +%s)
 
@@ -52,8 +48,7 @@ if [[ ! -f $STAMP ]]; then
     fetch() { # fetch <requirement> [pip download flags...]
         local req=$1; shift
         log "downloading $req"
-        "$PY" -m pip download --quiet --disable-pip-version-check --no-deps \
-            --only-binary=:all: -d "$WHEELS" "$@" "$req"
+        pip_download "$WHEELS" "$@" "$req"
     }
     fetch "torch==$TORCH_VERSION" --python-version 3.11 --platform manylinux_2_28_x86_64
     fetch "nvidia-cuda-runtime==$CUDART_VERSION"

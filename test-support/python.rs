@@ -2,8 +2,12 @@
 //! `.venv-tb`), shared by several crates' tests through `#[path]`.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "child.rs"]
+mod child;
 
 /// Where the torch venv's Python may be, first choice first:
 /// `$ACCEL_TORCH_PYTHON`, then the venv `make torch-venv` makes under
@@ -50,16 +54,16 @@ pub fn python_with(candidates: Vec<PathBuf>, modules: &[&str], how: &str) -> Opt
 /// Run `script` with `args`; its stdout. Panics with Python's stderr when
 /// it fails.
 pub fn run_python(py: &Path, script: &str, args: &[&Path]) -> String {
-    let out = Command::new(py)
-        .arg("-c")
-        .arg(script)
-        .args(args)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "python failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    let mut cmd = Command::new(py);
+    cmd.arg("-c").arg(script).args(args);
+    String::from_utf8(child::output_ok(&mut cmd, "python").stdout).unwrap()
+}
+
+/// Run the script file `script` with `args`; its stdout. Panics with
+/// Python's stderr when it fails.
+pub fn run_python_file(py: &Path, script: &Path, args: &[&OsStr]) -> String {
+    let mut cmd = Command::new(py);
+    cmd.arg(script).args(args);
+    let what = script.display().to_string();
+    String::from_utf8(child::output_ok(&mut cmd, &what).stdout).unwrap()
 }

@@ -20,6 +20,21 @@ pub fn skip(why: &str) {
     eprintln!("skipped: {why}");
 }
 
+/// `dir` when it holds `file`; `None` after [`skip`]ping with the reason
+/// that there is no `what` at `dir` (`how` says how to get it).
+pub fn dir_holding(
+    dir: std::path::PathBuf,
+    file: &str,
+    what: &str,
+    how: &str,
+) -> Option<std::path::PathBuf> {
+    if dir.join(file).is_file() {
+        return Some(dir);
+    }
+    skip(&format!("no {what} at {} ({how})", dir.display()));
+    None
+}
+
 /// `ok`, after [`skip`]ping with the reason that mpirun is missing when it
 /// is not.
 pub fn or_skip_mpirun(ok: bool) -> bool {

@@ -17,6 +17,7 @@ tch and candle MiniLM examples' tests compare theirs with).
 """
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -24,14 +25,15 @@ import numpy as np
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-SENTENCES = [
-    "A man is eating food.",
-    "A man is eating a piece of bread.",
-    "The new movie is awesome",
-    "The new movie is so great",
-    "A man is playing a guitar.",
-    "The cat sits outside",
-]
+
+def example_sentences():
+    """The examples' sentences, read from SENTENCES in
+    examples/minilm-data/src/lib.rs: one list for the Rust examples and this
+    reference (their tests compare embeddings sentence by sentence)."""
+    src = (Path(__file__).resolve().parent.parent
+           / "examples/minilm-data/src/lib.rs").read_text()
+    block = src.split("pub const SENTENCES")[1].split("];")[0].split("= [", 1)[1]
+    return [json.loads(f'"{s}"') for s in re.findall(r'"((?:[^"\\]|\\.)*)"', block)]
 
 
 def layer_norm(x, w, b, eps):
@@ -89,8 +91,9 @@ def main():
     args = [a for a in sys.argv[1:] if a != "--embeddings"]
     model_dir = Path(args[0]) if args else (
         Path(__file__).resolve().parent.parent / ".accel-cache/minilm/model")
-    e = embed(model_dir, SENTENCES)
-    out = {"sentences": SENTENCES, "similarities": (e @ e.T).round(4).tolist()}
+    sentences = example_sentences()
+    e = embed(model_dir, sentences)
+    out = {"sentences": sentences, "similarities": (e @ e.T).round(4).tolist()}
     if "--embeddings" in sys.argv[1:]:
         out["embeddings"] = e.tolist()
     print(json.dumps(out))

@@ -14,76 +14,33 @@ use crate::{oracle, with_dtype};
 
 /// This area's scenarios, in the order the matrix lists them.
 pub(crate) fn scenarios() -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: "all_reduce",
-            gate: |c| needs(c, &[Op::AllReduce]),
-            run: all_reduce,
-        },
-        Scenario {
-            name: "reduce",
-            gate: |c| needs(c, &[Op::Reduce]),
-            run: reduce,
-        },
-        Scenario {
-            name: "broadcast",
-            gate: |c| needs(c, &[Op::Broadcast]),
-            run: broadcast,
-        },
-        Scenario {
-            name: "all_gather",
-            gate: |c| needs(c, &[Op::AllGather]),
-            run: all_gather,
-        },
-        Scenario {
-            name: "gather",
-            gate: |c| needs(c, &[Op::Gather]),
-            run: gather,
-        },
-        Scenario {
-            name: "scatter",
-            gate: |c| needs(c, &[Op::Scatter]),
-            run: scatter,
-        },
-        Scenario {
-            name: "reduce_scatter",
-            gate: |c| needs(c, &[Op::ReduceScatter]),
-            run: reduce_scatter,
-        },
-        Scenario {
-            name: "all_to_all",
-            gate: |c| needs(c, &[Op::AllToAll]),
-            run: all_to_all,
-        },
-        Scenario {
-            name: "send_recv_ring",
-            gate: |c| needs(c, &[Op::Send, Op::Recv]),
-            run: send_recv_ring,
-        },
-        Scenario {
-            name: "all_reduce_multi_mib",
-            gate: |c| needs(c, &[Op::AllReduce]),
-            run: all_reduce_multi_mib,
-        },
-        Scenario {
-            name: "barrier_ordering",
-            gate: |c| needs(c, &[Op::Barrier]),
-            run: barrier_ordering,
-        },
-        Scenario {
-            name: "split_subgroups",
-            gate: |c| needs(c, &[Op::Split, Op::AllReduce, Op::AllGather]),
-            run: split_subgroups,
-        },
+    scenarios![
+        all_reduce: |c| needs(c, &[Op::AllReduce]),
+        reduce: |c| needs(c, &[Op::Reduce]),
+        broadcast: |c| needs(c, &[Op::Broadcast]),
+        all_gather: |c| needs(c, &[Op::AllGather]),
+        gather: |c| needs(c, &[Op::Gather]),
+        scatter: |c| needs(c, &[Op::Scatter]),
+        reduce_scatter: |c| needs(c, &[Op::ReduceScatter]),
+        all_to_all: |c| needs(c, &[Op::AllToAll]),
+        send_recv_ring: |c| needs(c, &[Op::Send, Op::Recv]),
+        all_reduce_multi_mib: |c| needs(c, &[Op::AllReduce]),
+        barrier_ordering: |c| needs(c, &[Op::Barrier]),
+        split_subgroups: |c| needs(c, &[Op::Split, Op::AllReduce, Op::AllGather]),
     ]
 }
 
+/// The reduce dtypes and ops the communicator declares; `None` when it
+/// declares no dtype or no op.
+fn declared_reductions(ctx: &Ctx) -> Option<(Vec<accel_api::DType>, Vec<ReduceOp>)> {
+    let (dts, ops) = (reduce_dtypes(ctx), reduce_ops(ctx));
+    (!dts.is_empty() && !ops.is_empty()).then_some((dts, ops))
+}
+
 fn all_reduce(ctx: &Ctx) -> Outcome {
-    let dts = reduce_dtypes(ctx);
-    let ops = reduce_ops(ctx);
-    if dts.is_empty() || ops.is_empty() {
+    let Some((dts, ops)) = declared_reductions(ctx) else {
         return Outcome::Skip("no reduce dtype/op declared".into());
-    }
+    };
     let strat = (
         select(dts),
         select(ops),
@@ -115,11 +72,9 @@ fn all_reduce(ctx: &Ctx) -> Outcome {
 }
 
 fn reduce(ctx: &Ctx) -> Outcome {
-    let dts = reduce_dtypes(ctx);
-    let ops = reduce_ops(ctx);
-    if dts.is_empty() || ops.is_empty() {
+    let Some((dts, ops)) = declared_reductions(ctx) else {
         return Outcome::Skip("no reduce dtype/op declared".into());
-    }
+    };
     let n = ctx.world_size();
     let strat = (select(dts), select(ops), sizes(), 0..n, any::<u64>());
     property(ctx, "reduce", strat, |&(dt, op, len, root, seed)| {
@@ -189,11 +144,9 @@ fn scatter(ctx: &Ctx) -> Outcome {
 }
 
 fn reduce_scatter(ctx: &Ctx) -> Outcome {
-    let dts = reduce_dtypes(ctx);
-    let ops = reduce_ops(ctx);
-    if dts.is_empty() || ops.is_empty() {
+    let Some((dts, ops)) = declared_reductions(ctx) else {
         return Outcome::Skip("no reduce dtype/op declared".into());
-    }
+    };
     let n = ctx.world_size();
     let strat = (select(dts), select(ops), sizes(), any::<u64>());
     property(ctx, "reduce_scatter", strat, |&(dt, op, chunk, seed)| {

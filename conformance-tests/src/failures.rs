@@ -14,56 +14,20 @@ use crate::with_dtype;
 
 /// This area's scenarios, in the order the matrix lists them.
 pub(crate) fn scenarios() -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: "undeclared_is_unsupported",
-            gate: gate_undeclared,
-            run: undeclared_is_unsupported,
+    scenarios![
+        undeclared_is_unsupported: gate_undeclared,
+        invalid_arguments: |c| needs(c, &[Op::Broadcast, Op::AllGather, Op::Barrier]),
+        missing_rank_times_out: |c| needs_peers(c, &[Op::AllReduce]),
+        lost_rank_is_named: |c| needs_peers(c, &[Op::AllReduce]),
+        mismatched_lengths_fail: gate_mismatch,
+        mismatched_reductions_fail: gate_mismatch,
+        mismatched_dtypes_fail: |c| {
+            gate_mismatch(c).or_else(|| {
+                (reduce_dtypes(c).len() < 2).then(|| "needs two reduce dtypes".into())
+            })
         },
-        Scenario {
-            name: "invalid_arguments",
-            gate: |c| needs(c, &[Op::Broadcast, Op::AllGather, Op::Barrier]),
-            run: invalid_arguments,
-        },
-        Scenario {
-            name: "missing_rank_times_out",
-            gate: |c| needs_peers(c, &[Op::AllReduce]),
-            run: missing_rank_times_out,
-        },
-        Scenario {
-            name: "lost_rank_is_named",
-            gate: |c| needs_peers(c, &[Op::AllReduce]),
-            run: lost_rank_is_named,
-        },
-        Scenario {
-            name: "mismatched_lengths_fail",
-            gate: gate_mismatch,
-            run: mismatched_lengths_fail,
-        },
-        Scenario {
-            name: "mismatched_reductions_fail",
-            gate: gate_mismatch,
-            run: mismatched_reductions_fail,
-        },
-        Scenario {
-            name: "mismatched_dtypes_fail",
-            gate: |c| {
-                gate_mismatch(c).or_else(|| {
-                    (reduce_dtypes(c).len() < 2).then(|| "needs two reduce dtypes".into())
-                })
-            },
-            run: mismatched_dtypes_fail,
-        },
-        Scenario {
-            name: "mismatched_kinds_fail",
-            gate: |c| gate_mismatch(c).or_else(|| needs(c, &[Op::Broadcast])),
-            run: mismatched_kinds_fail,
-        },
-        Scenario {
-            name: "debug_mismatch_table",
-            gate: |c| needs_peers(c, &[Op::AllReduce, Op::Broadcast]),
-            run: debug_mismatch_table,
-        },
+        mismatched_kinds_fail: |c| gate_mismatch(c).or_else(|| needs(c, &[Op::Broadcast])),
+        debug_mismatch_table: |c| needs_peers(c, &[Op::AllReduce, Op::Broadcast]),
     ]
 }
 

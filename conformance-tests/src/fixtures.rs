@@ -18,6 +18,15 @@ pub struct Sample {
     pub y: f32,
 }
 
+/// Add Gaussian noise of standard deviation `std` to every input feature
+/// of `batch` (augmentation), drawn from `rng` sample by sample, feature
+/// by feature.
+pub fn add_noise(batch: &mut [Sample], std: f32, rng: &mut accel::train::Rng) {
+    for v in batch.iter_mut().flat_map(|s| s.x.iter_mut()) {
+        *v += std * rng.normal();
+    }
+}
+
 /// SplitMix64 finaliser: a fixed hash, so the dataset is the same on every
 /// rank, platform and run.
 fn mix(mut z: u64) -> u64 {
@@ -221,6 +230,14 @@ impl Mlp {
                 .zip(&self.values[2])
                 .map(|(a, w)| a * w)
                 .sum::<f32>()
+    }
+
+    /// Each sample's squared error, in order.
+    pub fn squared_errors(&self, batch: &[Sample]) -> Vec<f32> {
+        batch
+            .iter()
+            .map(|s| (self.forward(&s.x) - s.y).powi(2))
+            .collect()
     }
 
     /// Mean squared error over `batch`; adds `scale ×` its gradient to the

@@ -34,6 +34,19 @@
 //! `accel-conformance-worker` binary, or a framework's test binary with its
 //! own scenarios).
 
+/// Scenarios named as the functions that run them, each with its gate:
+/// `scenarios![all_reduce: |c| needs(c, &[Op::AllReduce]), ...]`; for a
+/// model type `M`, `scenarios![<M> name; train_equivalence: gate, ...]`
+/// runs `train_equivalence::<M>` under the name `name("train_equivalence")`.
+macro_rules! scenarios {
+    (<$m:ty> $name:expr; $($run:ident: $gate:expr),* $(,)?) => {
+        vec![$($crate::Scenario { name: $name(stringify!($run)), gate: $gate, run: $run::<$m> }),*]
+    };
+    ($($run:ident: $gate:expr),* $(,)?) => {
+        vec![$($crate::Scenario { name: stringify!($run), gate: $gate, run: $run }),*]
+    };
+}
+
 mod collectives;
 mod ctx;
 pub mod data;
@@ -85,9 +98,19 @@ pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
             Box::leak(format!("{}{base}", M::PREFIX).into_boxed_str())
         }
     };
-    let mut all = train_scenarios::model_train_scenarios::<M>(name);
-    all.extend(zero_scenarios::zero_scenarios::<M>(name));
-    all
+    use train_scenarios::*;
+    use zero_scenarios::*;
+    // The training scenarios that train a model, then the sharding ones.
+    scenarios![<M> name;
+        train_accumulation_cadence: gate_train,
+        train_equivalence: gate_train,
+        train_fp16_skip_agreed: gate_train,
+        train_bf16_equivalence: gate_train,
+        train_clip_norm_agreed: gate_train,
+        zero_equivalence: gate_zero,
+        zero_clipping: gate_zero,
+        zero_fp16_skip_agreed: gate_zero,
+    ]
 }
 
 /// Run every scenario (or those whose name contains `filter`; `=name` for

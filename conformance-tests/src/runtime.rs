@@ -13,22 +13,10 @@ use crate::prop::property;
 
 /// This area's scenarios, in the order the matrix lists them.
 pub(crate) fn scenarios() -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: "varsize_gather",
-            gate: |c| needs(c, &[Op::AllGather]),
-            run: varsize_gather,
-        },
-        Scenario {
-            name: "pad_across_processes",
-            gate: |c| needs(c, &[Op::AllGather]),
-            run: pad_across_processes,
-        },
-        Scenario {
-            name: "objects",
-            gate: |c| needs(c, &[Op::AllGather, Op::Broadcast]),
-            run: objects,
-        },
+    scenarios![
+        varsize_gather: |c| needs(c, &[Op::AllGather]),
+        pad_across_processes: |c| needs(c, &[Op::AllGather]),
+        objects: |c| needs(c, &[Op::AllGather, Op::Broadcast]),
     ]
 }
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::fixtures::{fixture_values, Mlp, ScenarioModel, Synthetic};
 use accel::train::{
     try_visit_params_mut, DataLoader, Dataset, IterableDataset, IterableLoader, MixedPrecision,
-    Parameters, Sgd, TrainConfig,
+    Sgd, TrainConfig,
 };
 use accel::zero::NoGate;
 use accel::{Accelerator, CollectivesExt};
@@ -24,62 +24,11 @@ use crate::{Ctx, Outcome};
 
 /// The training scenarios, appended to the matrix.
 pub(crate) fn train_scenarios() -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: "train_sharding",
-            gate: gate_train,
-            run: train_sharding,
-        },
-        Scenario {
-            name: "train_accelerate_golden",
-            gate: gate_train,
-            run: train_accelerate_golden,
-        },
-        Scenario {
-            name: "train_resume",
-            gate: gate_train,
-            run: train_resume,
-        },
-        Scenario {
-            name: "train_streams",
-            gate: gate_train,
-            run: train_streams,
-        },
-    ]
-}
-
-/// The training scenarios that train a model, for model type `M` (the
-/// fixture's are in the matrix as they are named; another model's carry
-/// its [`ScenarioModel::PREFIX`]).
-pub(crate) fn model_train_scenarios<M: ScenarioModel>(
-    name: impl Fn(&'static str) -> &'static str,
-) -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: name("train_accumulation_cadence"),
-            gate: gate_train,
-            run: train_accumulation_cadence::<M>,
-        },
-        Scenario {
-            name: name("train_equivalence"),
-            gate: gate_train,
-            run: train_equivalence::<M>,
-        },
-        Scenario {
-            name: name("train_fp16_skip_agreed"),
-            gate: gate_train,
-            run: train_fp16_skip_agreed::<M>,
-        },
-        Scenario {
-            name: name("train_bf16_equivalence"),
-            gate: gate_train,
-            run: train_bf16_equivalence::<M>,
-        },
-        Scenario {
-            name: name("train_clip_norm_agreed"),
-            gate: gate_train,
-            run: train_clip_norm_agreed::<M>,
-        },
+    scenarios![
+        train_sharding: gate_train,
+        train_accelerate_golden: gate_train,
+        train_resume: gate_train,
+        train_streams: gate_train,
     ]
 }
 
@@ -170,12 +119,8 @@ fn train_streams(ctx: &Ctx) -> Outcome {
     Outcome::Pass
 }
 
-fn gate_train(ctx: &Ctx) -> Option<String> {
-    let caps = ctx.comm.capabilities();
-    [Op::AllReduce, Op::AllGather, Op::Broadcast]
-        .iter()
-        .find(|op| !caps.supports(**op))
-        .map(|op| format!("{op} not declared"))
+pub(crate) fn gate_train(ctx: &Ctx) -> Option<String> {
+    crate::ctx::needs(ctx, &[Op::AllReduce, Op::AllGather, Op::Broadcast])
 }
 
 fn acc(ctx: &Ctx, config: TrainConfig) -> Result<Accelerator, String> {
@@ -208,25 +153,40 @@ impl Dataset for Indices {
 /// number of steps, what gather_for_metrics returned over the epoch.
 type Epoch = (Vec<Vec<Vec<usize>>>, Option<Vec<usize>>);
 
-fn one_epoch(
-    ctx: &Ctx,
+/// A data-loader case: dataset length, batch size and the loader's flags.
+#[derive(Clone, Copy)]
+struct Case {
     len: usize,
     bs: usize,
     drop_last: bool,
     split: bool,
     even: bool,
-    metrics: bool,
-) -> Result<Epoch, String> {
+}
+
+impl Case {
+    fn new(len: usize, bs: usize, drop_last: bool, split: bool, even: bool) -> Case {
+        Case {
+            len,
+            bs,
+            drop_last,
+            split,
+            even,
+        }
+    }
+}
+
+fn one_epoch(ctx: &Ctx, case: Case, metrics: bool) -> Result<Epoch, String> {
+    let (len, bs) = (case.len, case.bs);
     let acc = acc(
         ctx,
         TrainConfig {
-            split_batches: split,
-            even_batches: even,
+            split_batches: case.split,
+            even_batches: case.even,
             ..TrainConfig::default()
         },
     )?;
     let mut loader = acc
-        .prepare_loader(DataLoader::new(Indices(len), bs).drop_last(drop_last))
+        .prepare_loader(DataLoader::new(Indices(len), bs).drop_last(case.drop_last))
         .map_err(err)?;
     // Every rank's batch count, computed locally (sharding is pure): the
     // per-step gathers of gather_for_metrics need the same count on every
@@ -262,18 +222,17 @@ fn one_epoch(
     Ok((all, equal.then_some(metrics)))
 }
 
-fn check_epoch(
-    ctx: &Ctx,
-    len: usize,
-    bs: usize,
-    drop_last: bool,
-    split: bool,
-    even: bool,
-    metrics: bool,
-) -> Result<(), String> {
+fn check_epoch(ctx: &Ctx, c: Case, metrics: bool) -> Result<(), String> {
     let n = ctx.world_size();
+    let (got, metrics) = one_epoch(ctx, c, metrics)?;
+    let Case {
+        len,
+        bs,
+        drop_last,
+        split,
+        even,
+    } = c;
     let case = format!("len {len} bs {bs} drop_last {drop_last} split {split} even {even}");
-    let (got, metrics) = one_epoch(ctx, len, bs, drop_last, split, even, metrics)?;
     let want = reference::loader_all(len, bs, drop_last, n, split, even);
     if got != want {
         return Err(format!("{case}: shards {got:?}, reference {want:?}"));
@@ -311,7 +270,8 @@ fn train_sharding(ctx: &Ctx) -> Outcome {
         |&(len, b, split, even, drop_last)| {
             // split_batches needs a batch size the world size divides.
             let bs = if split { b * n } else { b };
-            check_epoch(ctx, len, bs, drop_last, split, even, true)
+            let case = Case::new(len, bs, drop_last, split, even);
+            check_epoch(ctx, case, true)
         },
     )
 }
@@ -328,7 +288,8 @@ fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
             for even in [false, true] {
                 for drop_last in [false, true] {
                     let bs = if split { 2 * n } else { 3 };
-                    if let Err(m) = check_epoch(ctx, len, bs, drop_last, split, even, false) {
+                    let case = Case::new(len, bs, drop_last, split, even);
+                    if let Err(m) = check_epoch(ctx, case, false) {
                         return Outcome::Fail(m);
                     }
                 }
@@ -341,7 +302,7 @@ fn train_accelerate_golden(ctx: &Ctx) -> Outcome {
 /// Random (k, batches, split, sync_each_batch): the decisions equal the
 /// reference on every rank, and gradients are all-reduced exactly when the
 /// decision says so.
-fn train_accumulation_cadence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_accumulation_cadence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     let strat = (1usize..6, 1usize..10, any::<bool>(), any::<bool>());
     property(
@@ -411,47 +372,55 @@ fn train_prepared<M: ScenarioModel>(
     Ok(fixture_values(&*model))
 }
 
+/// The W×k equivalence runs: the demo model trained with `sgd` by the
+/// prepared loop over the communicator under test (`config`,
+/// `precision`), 3 steps of batches of 3 per rank and micro-step
+/// (`config`'s accumulation steps k), and the fixture's model trained with
+/// `sgd` by one process on the global batches of the same data (seeded
+/// `seed`): both parameter lists, in that order.
+fn versus_one_process<M: ScenarioModel>(
+    ctx: &Ctx,
+    seed: u64,
+    config: TrainConfig,
+    sgd: Sgd,
+    precision: MixedPrecision,
+) -> Result<(Vec<f32>, Vec<f32>), String> {
+    let (bs, steps, hidden) = (3, 3, 6);
+    let global = ctx.world_size() * config.gradient_accumulation_steps * bs;
+    let data = Synthetic {
+        len: global * steps,
+        seed,
+    };
+    let acc = acc(ctx, config)?;
+    let got = train_prepared::<M>(&acc, M::build(hidden, 3), sgd.clone(), data, bs, precision)?;
+    // One process, global batches of n * k * bs.
+    let mut m = Mlp::new(hidden, 3);
+    let mut opt = sgd;
+    for s in 0..steps {
+        let batch: Vec<_> = (s * global..(s + 1) * global)
+            .map(|i| data.get(i))
+            .collect();
+        m.loss_and_grad(&batch, 1.0);
+        accel::train::Optimizer::step(&mut opt, &mut m).map_err(|e| e.to_string())?;
+        accel::train::Optimizer::zero_grad(&mut opt, &mut m);
+    }
+    Ok((got, m.flat_values()))
+}
+
 /// W ranks × k accumulation steps of the demo model give the parameters of
 /// one process stepping on the global batch, within f32 tolerance.
-fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
-    let n = ctx.world_size();
-    let (bs, steps, hidden) = (3, 3, 6);
+pub(crate) fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     for k in [1, 2, 3] {
-        let data = Synthetic {
-            len: n * k * bs * steps,
-            seed: 7,
+        let config = TrainConfig {
+            gradient_accumulation_steps: k,
+            bucket_cap_bytes: 64, // several buckets
+            ..TrainConfig::default()
         };
-        let run = || -> Result<Vec<f32>, String> {
-            let acc = acc(
-                ctx,
-                TrainConfig {
-                    gradient_accumulation_steps: k,
-                    bucket_cap_bytes: 64, // several buckets
-                    ..TrainConfig::default()
-                },
-            )?;
-            let sgd = Sgd::new(0.2).with_momentum(0.5);
-            train_prepared::<M>(&acc, M::build(hidden, 3), sgd, data, bs, MixedPrecision::No)
-        };
-        let got = match run() {
+        let sgd = Sgd::new(0.2).with_momentum(0.5);
+        let (got, want) = match versus_one_process::<M>(ctx, 7, config, sgd, MixedPrecision::No) {
             Ok(v) => v,
             Err(m) => return Outcome::Fail(format!("k {k}: {m}")),
         };
-        // One process, global batches of n * k * bs.
-        let mut m = Mlp::new(hidden, 3);
-        let mut opt = Sgd::new(0.2).with_momentum(0.5);
-        let global = n * k * bs;
-        for s in 0..steps {
-            let batch: Vec<_> = (s * global..(s + 1) * global)
-                .map(|i| data.get(i))
-                .collect();
-            m.loss_and_grad(&batch, 1.0);
-            if let Err(e) = accel::train::Optimizer::step(&mut opt, &mut m) {
-                return Outcome::Fail(e.to_string());
-            }
-            accel::train::Optimizer::zero_grad(&mut opt, &mut m);
-        }
-        let want = m.flat_values();
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             if (a - b).abs() > 1e-4 * (1.0 + b.abs()) {
                 return Outcome::Fail(format!(
@@ -459,7 +428,8 @@ fn train_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
                 ));
             }
         }
-        if m.num_params() != got.len() {
+        // `want` holds every parameter of the one-process model.
+        if want.len() != got.len() {
             return Outcome::Fail("parameter count differs".into());
         }
     }
@@ -645,7 +615,7 @@ fn resume_in(
 /// The forward pass computes in f32 (a model's f16 compute copies would
 /// overflow by themselves at the scaler's initial scale, and the scenario
 /// plants the only overflow).
-fn train_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let run = || -> Result<Option<String>, String> {
         let n = ctx.world_size();
         let acc = acc(
@@ -724,53 +694,21 @@ fn train_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
 /// gradient communication (averaged in f32) give the parameters of one f32
 /// process on the global batch within the stated tolerance
 /// `|a - b| <= 1e-2 * (1 + |b|)` (bf16 keeps 8 significant bits).
-fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
-    let n = ctx.world_size();
-    let (bs, steps, hidden) = (3, 3, 6);
+pub(crate) fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     for k in [1, 2] {
-        let data = Synthetic {
-            len: n * k * bs * steps,
-            seed: 17,
+        let config = TrainConfig {
+            gradient_accumulation_steps: k,
+            mixed_precision: Some(MixedPrecision::Bf16),
+            gradient_compression: Some(accel_api::DType::BF16),
+            bucket_cap_bytes: 64,
+            ..TrainConfig::default()
         };
-        let run = || -> Result<Vec<f32>, String> {
-            let acc = acc(
-                ctx,
-                TrainConfig {
-                    gradient_accumulation_steps: k,
-                    mixed_precision: Some(MixedPrecision::Bf16),
-                    gradient_compression: Some(accel_api::DType::BF16),
-                    bucket_cap_bytes: 64,
-                    ..TrainConfig::default()
-                },
-            )?;
-            let sgd = Sgd::new(0.2);
-            train_prepared::<M>(
-                &acc,
-                M::build(hidden, 3),
-                sgd,
-                data,
-                bs,
-                MixedPrecision::Bf16,
-            )
-        };
-        let got = match run() {
+        let bf16 = MixedPrecision::Bf16;
+        let (got, want) = match versus_one_process::<M>(ctx, 17, config, Sgd::new(0.2), bf16) {
             Ok(v) => v,
             Err(m) => return Outcome::Fail(format!("k {k}: {m}")),
         };
-        let mut m = Mlp::new(hidden, 3);
-        let mut opt = Sgd::new(0.2);
-        let global = n * k * bs;
-        for s in 0..steps {
-            let batch: Vec<_> = (s * global..(s + 1) * global)
-                .map(|i| data.get(i))
-                .collect();
-            m.loss_and_grad(&batch, 1.0);
-            if let Err(e) = accel::train::Optimizer::step(&mut opt, &mut m) {
-                return Outcome::Fail(e.to_string());
-            }
-            accel::train::Optimizer::zero_grad(&mut opt, &mut m);
-        }
-        for (i, (a, b)) in got.iter().zip(m.flat_values().iter()).enumerate() {
+        for (i, (a, b)) in got.iter().zip(want.iter()).enumerate() {
             if (a - b).abs() > 1e-2 * (1.0 + b.abs()) {
                 return Outcome::Fail(format!(
                     "k {k}: parameter {i} is {a} in bf16, one f32 process gives {b}"
@@ -784,7 +722,7 @@ fn train_bf16_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
 /// Clipping on synchronised gradients: every rank gets the same total norm
 /// (bit for bit), equal to the norm of the averaged gradients, and after
 /// clipping the norm is the limit.
-fn train_clip_norm_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn train_clip_norm_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let run = || -> Result<(), String> {
         let n = ctx.world_size();
         let acc = acc(ctx, TrainConfig::default())?;

@@ -12,38 +12,10 @@ use accel::zero::{NoGate, ShardedSgd, Stage, StepOptions, UnitGate, WrapPolicy, 
 use accel_api::{BufMut, CommunicatorExt, Op};
 
 use crate::fixtures::{grad_numel, resident_numel, zero_grads, Mlp, ScenarioModel, Synthetic};
-use crate::{Ctx, Outcome, Scenario};
+use crate::{Ctx, Outcome};
 
-/// The sharding scenarios for model type `M`, appended to the matrix for
-/// the fixture (names as [`model_train_scenarios`](crate::train_scenarios::model_train_scenarios)').
-pub(crate) fn zero_scenarios<M: ScenarioModel>(
-    name: impl Fn(&'static str) -> &'static str,
-) -> Vec<Scenario> {
-    vec![
-        Scenario {
-            name: name("zero_equivalence"),
-            gate: gate_zero,
-            run: zero_equivalence::<M>,
-        },
-        Scenario {
-            name: name("zero_clipping"),
-            gate: gate_zero,
-            run: zero_clipping::<M>,
-        },
-        Scenario {
-            name: name("zero_fp16_skip_agreed"),
-            gate: gate_zero,
-            run: zero_fp16_skip_agreed::<M>,
-        },
-    ]
-}
-
-fn gate_zero(ctx: &Ctx) -> Option<String> {
-    let caps = ctx.comm.capabilities();
-    [Op::AllReduce, Op::AllGather, Op::ReduceScatter]
-        .iter()
-        .find(|op| !caps.supports(**op))
-        .map(|op| format!("{op} not declared"))
+pub(crate) fn gate_zero(ctx: &Ctx) -> Option<String> {
+    crate::ctx::needs(ctx, &[Op::AllReduce, Op::AllGather, Op::ReduceScatter])
 }
 
 const STAGES: [Stage; 4] = [Stage::None, Stage::Optimizer, Stage::Gradients, Stage::Full];
@@ -172,7 +144,7 @@ fn close(what: &str, got: &[f32], want: &[f32]) -> Result<(), String> {
     Ok(())
 }
 
-fn zero_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn zero_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     for stage in STAGES {
         for policy in [WrapPolicy::Depth(1), WrapPolicy::Whole] {
@@ -228,7 +200,7 @@ fn zero_equivalence<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     Outcome::Pass
 }
 
-fn zero_clipping<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn zero_clipping<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let n = ctx.world_size();
     // Small enough that every step clips.
     let max = 0.05;
@@ -292,7 +264,7 @@ impl<G: UnitGate> UnitGate for OverflowGate<'_, G> {
     }
 }
 
-fn zero_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+pub(crate) fn zero_fp16_skip_agreed<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
     let (n, rank) = (ctx.world_size(), ctx.comm.rank());
     let data = Synthetic {
         len: n * BS * STEPS,

@@ -70,9 +70,7 @@ fn loss_of(full: &FullParameters) -> f32 {
     }
     let held = held_out();
     let n = held.len() as f32;
-    held.iter()
-        .map(|s| (m.forward(&s.x) - s.y).powi(2) / n)
-        .sum()
+    m.squared_errors(&held).iter().map(|e| e / n).sum()
 }
 
 fn threads(n: usize) -> Threads {

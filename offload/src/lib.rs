@@ -23,6 +23,7 @@
 
 mod arena;
 mod convert;
+pub mod dispatched;
 pub mod estimate;
 pub mod exec;
 pub mod layout;

@@ -10,15 +10,16 @@
 //! Without it the test says so and passes, except under CI (`CI` set),
 //! where it fails.
 
-use accel_example_candle_minilm::{similarities, Minilm, REFERENCE, SENTENCES};
-use accel_example_minilm_data::{
-    assert_matches_reference, model_dir_for_test, reference_embeddings_for_test,
-};
+use accel_example_candle_minilm::{similarities, Minilm, SENTENCES};
+use accel_example_minilm_data as data;
 use accel_offload::plan::MaxMemory;
+
+#[path = "../../../test-support/child.rs"]
+mod child;
 
 #[test]
 fn offloaded_embeddings_equal_resident_ones_and_match_the_reference() {
-    let Some(dir) = model_dir_for_test() else {
+    let Some(dir) = data::model_dir_for_test() else {
         return;
     };
     let run = |max_memory: Option<&str>| {
@@ -29,16 +30,13 @@ fn offloaded_embeddings_equal_resident_ones_and_match_the_reference() {
         println!("{max_memory:?}: {r:?}");
         (emb, r.resident_bytes, r.disk_bytes)
     };
-    let (resident, res0, disk0) = run(None);
-    let (offloaded, res1, disk1) = run(Some("cpu=20MiB,disk"));
-    let (split, res2, disk2) = run(Some("cpu=60MiB,disk"));
+    let [none, cpu20, cpu60] = data::BUDGETS.map(run);
+    let ((resident, res0, disk0), (offloaded, res1, disk1)) = (none, cpu20);
+    let (split, res2, disk2) = cpu60;
 
     // The budgets did what they say: nothing on disk without offload, most
     // of the 87 MiB model there with 20 MiB of CPU, a split with 60 MiB.
-    assert_eq!(disk0, 0);
-    assert!(res0 > 80 << 20, "resident bytes without offload: {res0}");
-    assert!(disk1 > 60 << 20, "bytes on disk with cpu=20MiB: {disk1}");
-    assert!(res1 <= 20 << 20, "resident bytes with cpu=20MiB: {res1}");
+    data::assert_offload_budgets(res0, disk0, res1, disk1);
     assert!(
         res2 > 0 && res2 <= 60 << 20 && disk2 > 0,
         "cpu=60MiB: {res2} bytes resident, {disk2} on disk"
@@ -57,37 +55,14 @@ fn offloaded_embeddings_equal_resident_ones_and_match_the_reference() {
     );
 
     let sims = similarities(&offloaded);
-    for &(i, j, want) in &REFERENCE {
-        let got = sims[i][j];
-        assert!(
-            (got - want).abs() < 1e-4,
-            "cos({:?}, {:?}) = {got}, the reference gives {want}",
-            SENTENCES[i],
-            SENTENCES[j]
-        );
-        assert!(
-            (sims[j][i] - got).abs() < 1e-6,
-            "similarity matrix not symmetric"
-        );
-    }
-    // Unit vectors: each sentence's similarity to itself is 1.
-    for (i, row) in sims.iter().enumerate() {
-        assert!((row[i] - 1.0).abs() < 1e-5, "cos(s{i}, s{i}) = {}", row[i]);
-    }
+    data::assert_similarities(&sims, 1e-4);
 }
 
 /// Peak resident memory of `candle-minilm` (the binary, one process per
 /// run) under `args`, in KiB.
 fn peak_kib(args: &[&str]) -> u64 {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_candle-minilm"))
-        .args(args)
-        .output()
-        .expect("candle-minilm runs");
-    assert!(
-        out.status.success(),
-        "candle-minilm {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_candle-minilm"));
+    let out = child::output_ok(cmd.args(args), &format!("candle-minilm {args:?}"));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     v["peak_rss_kib"].as_u64().expect("a peak on Linux")
 }
@@ -98,7 +73,7 @@ fn peak_kib(args: &[&str]) -> u64 {
 /// run, which holds the whole model.
 #[test]
 fn offloading_keeps_peak_memory_under_the_model_size() {
-    let Some(dir) = model_dir_for_test() else {
+    let Some(dir) = data::model_dir_for_test() else {
         return;
     };
     let d = dir.to_string_lossy();
@@ -120,13 +95,10 @@ fn offloading_keeps_peak_memory_under_the_model_size() {
 /// and no coordinate further than 1e-5 off.
 #[test]
 fn embeddings_match_the_numpy_reference() {
-    let Some(dir) = model_dir_for_test() else {
-        return;
-    };
-    let Some(reference) = reference_embeddings_for_test(&dir) else {
+    let Some((dir, reference)) = data::model_and_reference_for_test() else {
         return;
     };
     let model = Minilm::load(&dir, None, 1).unwrap();
     let ours = model.embed(&SENTENCES).unwrap();
-    assert_matches_reference(&ours, &reference);
+    data::assert_matches_reference(&ours, &reference);
 }

@@ -9,8 +9,15 @@ use std::path::{Path, PathBuf};
 
 use accel_api::{Error, ErrorKind};
 
+// Finding the Python and skipping a test: as the tests of other crates do.
+#[path = "../../../test-support/python.rs"]
+mod python;
+#[path = "../../../test-support/skips.rs"]
+mod skips;
+
 /// The example sentences of `make infer-demo` (the pairs (0, 1) and (2, 3)
 /// are the ones whose sentence-transformers similarities are known).
+/// `tools/minilm_reference.py` reads its sentences from this list.
 pub const SENTENCES: [&str; 6] = [
     "A man is eating food.",
     "A man is eating a piece of bread.",
@@ -59,17 +66,13 @@ pub fn bad_model(dir: &Path, what: impl std::fmt::Display) -> Error {
 /// model; `None` after saying why when it does not (a failure under CI,
 /// where `make test` fetches it: a skip is not a pass).
 pub fn model_dir_for_test() -> Option<PathBuf> {
-    let dir = default_model_dir();
-    if dir.join("model.safetensors").exists() {
-        return Some(dir);
-    }
-    let msg = format!(
-        "no MiniLM model at {}: run `make minilm-setup` (scripts/fetch_minilm.sh)",
-        dir.display()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{msg}");
-    eprintln!("skipped: {msg}");
-    None
+    let how = "run `make minilm-setup` (scripts/fetch_minilm.sh)";
+    skips::dir_holding(
+        default_model_dir(),
+        "model.safetensors",
+        "MiniLM model",
+        how,
+    )
 }
 
 /// `tools/minilm_reference.py --embeddings` (NumPy, float64, Hugging Face's
@@ -87,32 +90,12 @@ pub fn reference_embeddings_for_test(model_dir: &Path) -> Option<Vec<Vec<f64>>> 
         .into_iter()
         .chain([repo.join(".venv-tb/bin/python")])
         .collect();
-    let has = |py: &PathBuf| {
-        std::process::Command::new(py)
-            .args(["-c", "import numpy, safetensors, tokenizers"])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let Some(py) = candidates.iter().find(|p| has(p)) else {
-        let msg = format!(
-            "no Python with numpy, safetensors and tokenizers (tried {candidates:?}): run `make venv-tb`"
-        );
-        assert!(std::env::var_os("CI").is_none(), "{msg}");
-        eprintln!("skipped: {msg}");
-        return None;
-    };
-    let out = std::process::Command::new(py)
-        .arg(repo.join("tools/minilm_reference.py"))
-        .arg("--embeddings")
-        .arg(model_dir)
-        .output()
-        .expect("python runs");
-    assert!(
-        out.status.success(),
-        "tools/minilm_reference.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the script's JSON");
+    let import = "import numpy, safetensors, tokenizers";
+    let py = python::python_from(candidates, import, "run `make venv-tb`")?;
+    let script = repo.join("tools/minilm_reference.py");
+    let args = ["--embeddings".as_ref(), model_dir.as_os_str()];
+    let out = python::run_python_file(&py, &script, &args);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("the script's JSON");
     let rows = v["embeddings"].as_array().expect("an embeddings list");
     Some(
         rows.iter()
@@ -166,4 +149,57 @@ pub fn assert_matches_reference(ours: &[Vec<f32>], reference: &[Vec<f64>]) {
             SENTENCES[i]
         );
     }
+}
+
+/// Assert that `sims`, the cosine similarities of [`SENTENCES`]'
+/// embeddings, give [`REFERENCE`]'s within `tolerance`, are symmetric, and
+/// are 1 on the diagonal (unit vectors).
+///
+/// # Panics
+/// On the first pair that is off, naming both sentences.
+pub fn assert_similarities(sims: &[Vec<f32>], tolerance: f32) {
+    for &(i, j, want) in &REFERENCE {
+        let got = sims[i][j];
+        assert!(
+            (got - want).abs() < tolerance,
+            "cos({:?}, {:?}) = {got}, the reference gives {want}",
+            SENTENCES[i],
+            SENTENCES[j]
+        );
+        assert!(
+            (sims[j][i] - got).abs() < 1e-6,
+            "similarity matrix not symmetric"
+        );
+    }
+    // Unit vectors: each sentence's similarity to itself is 1.
+    for (i, row) in sims.iter().enumerate() {
+        assert!((row[i] - 1.0).abs() < 1e-5, "cos(s{i}, s{i}) = {}", row[i]);
+    }
+}
+
+/// The budgets the offload tests run the model under, in order: none
+/// (all resident), `cpu=20MiB,disk` (most of the model on disk) and
+/// `cpu=60MiB,disk` (a split between the CPU and disk).
+pub const BUDGETS: [Option<&str>; 3] = [None, Some("cpu=20MiB,disk"), Some("cpu=60MiB,disk")];
+
+/// Assert that the first two [`BUDGETS`] did what they say, from each
+/// run's resident and on-disk bytes: nothing on disk without offload, most
+/// of the 87 MiB model there with 20 MiB of CPU.
+///
+/// # Panics
+/// Naming the figure that is off.
+pub fn assert_offload_budgets(res0: u64, disk0: u64, res1: u64, disk1: u64) {
+    assert_eq!(disk0, 0);
+    assert!(res0 > 80 << 20, "resident bytes without offload: {res0}");
+    assert!(disk1 > 60 << 20, "bytes on disk with cpu=20MiB: {disk1}");
+    assert!(res1 <= 20 << 20, "resident bytes with cpu=20MiB: {res1}");
+}
+
+/// The model folder and the reference embeddings for a test:
+/// [`model_dir_for_test`] and [`reference_embeddings_for_test`] of it;
+/// `None` after saying why when either is missing.
+pub fn model_and_reference_for_test() -> Option<(PathBuf, Vec<Vec<f64>>)> {
+    let dir = model_dir_for_test()?;
+    let reference = reference_embeddings_for_test(&dir)?;
+    Some((dir, reference))
 }

@@ -14,87 +14,27 @@
 //! store, so the tests need no launcher binary.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+#[path = "../../../test-support/demo_ranks.rs"]
+mod demo_ranks;
+use accel_example_tch_digits::Digits;
+use demo_ranks::{accuracy_in, args, final_line};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
 fn data() -> PathBuf {
-    let p = accel_example_tch_digits::Digits::default_path();
-    assert!(
-        p.exists(),
-        "{} is missing: run `make tch-setup` first",
-        p.display()
-    );
-    p
-}
-
-/// Wait for `child` at most until `deadline`; kill it after.
-fn wait_bounded(mut child: Child, deadline: Instant) -> Output {
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "a rank ran past {LIMIT:?}; stdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    demo_ranks::digits_data(Digits::default_path())
 }
 
 /// Run the demo on `world` ranks (`single` for 1, cpu-gloo otherwise) and
 /// return rank 0's stdout.
 fn run(world: usize, store: &Path, args: &[String]) -> String {
-    std::fs::create_dir_all(store).expect("store dir");
     let backend = if world == 1 { "single" } else { "cpu-gloo" };
-    let children: Vec<Child> = (0..world)
-        .map(|rank| {
-            Command::new(env!("CARGO_BIN_EXE_tch-digits"))
-                .args(args)
-                .args(["--threads", "1"])
-                .env("RANK", rank.to_string())
-                .env("LOCAL_RANK", rank.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_WORLD_SIZE", world.to_string())
-                .env("ACCEL_BACKEND", backend)
-                .env("ACCEL_STORE_URL", format!("file://{}", store.display()))
-                .env(
-                    "ACCEL_RUN_ID",
-                    store.file_name().unwrap().to_string_lossy().to_string(),
-                )
-                .env("ACCEL_TIMEOUT", "60")
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("starting tch-digits")
-        })
-        .collect();
-    let deadline = Instant::now() + LIMIT;
-    let outs: Vec<Output> = children
-        .into_iter()
-        .map(|c| wait_bounded(c, deadline))
-        .collect();
-    for (rank, o) in outs.iter().enumerate() {
-        assert!(
-            o.status.success(),
-            "rank {rank} of {world} failed ({}):\nstdout:\n{}\nstderr:\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    String::from_utf8_lossy(&outs[0].stdout).into_owned()
-}
-
-fn args(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
+    let exe = env!("CARGO_BIN_EXE_tch-digits");
+    demo_ranks::run_ranks(exe, world, backend, store, args, LIMIT, |cmd| {
+        cmd.args(["--threads", "1"]);
+    })
 }
 
 fn read_params(path: &Path) -> Vec<f32> {
@@ -172,61 +112,35 @@ fn one_process_global_batch_equals_two_ranks_with_accumulation_adamw() {
     equivalence("adamw", "0.003");
 }
 
-fn checksum_of(stdout: &str) -> String {
-    stdout
-        .lines()
-        .find_map(|l| l.split("params checksum ").nth(1))
-        .unwrap_or_else(|| panic!("no checksum in:\n{stdout}"))
-        .trim()
-        .to_string()
-}
-
 #[test]
 fn stopped_and_resumed_run_ends_bit_identical() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let data = data();
-    let base = |ck: &str| {
-        let mut a = args(&[
-            "--train-len",
-            "400",
-            "--epochs",
-            "2",
-            "--save-every",
-            "4",
-            "--keep",
-            "2",
-            "--data",
-        ]);
-        a.push(data.display().to_string());
-        a.push("--checkpoint-dir".into());
-        a.push(dir.path().join(ck).display().to_string());
-        a.push("--log-dir".into());
-        a.push(dir.path().join(format!("{ck}-runs")).display().to_string());
-        a
+    let log_dir = |dir: &Path, ck: &str| {
+        let runs = dir.join(format!("{ck}-runs"));
+        vec!["--log-dir".to_string(), runs.display().to_string()]
     };
-    let full = run(2, &dir.path().join("s1"), &base("full"));
-    let mut stop = base("cut");
-    stop.extend(args(&["--stop-after", "11"]));
-    let stopped = run(2, &dir.path().join("s2"), &stop);
-    assert!(stopped.contains("stopped at step 11"), "{stopped}");
-    let mut resume = base("cut");
-    resume.push("--resume".into());
-    let resumed = run(2, &dir.path().join("s3"), &resume);
-    assert!(resumed.contains("resumed from"), "{resumed}");
-    assert_eq!(
-        checksum_of(&full),
-        checksum_of(&resumed),
-        "full:\n{full}\nresumed:\n{resumed}"
-    );
+    let run2 = |store: &Path, args: &[String]| run(2, store, args);
+    demo_ranks::stop_and_resume(dir.path(), &data(), run2, log_dir);
 }
+
+/// Four epochs with bf16 compute and gradient clipping.
+const BF16_4_EPOCHS: [&str; 9] = [
+    "--epochs",
+    "4",
+    "--save-every",
+    "0",
+    "--no-log",
+    "--mixed-precision",
+    "bf16",
+    "--max-grad-norm",
+    "5",
+];
 
 #[test]
 fn two_ranks_learn_the_digits() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut a = args(&["--epochs", "4", "--save-every", "0", "--data"]);
-    a.push(data().display().to_string());
-    a.push("--checkpoint-dir".into());
-    a.push(dir.path().join("ck").display().to_string());
+    let list = ["--epochs", "4", "--save-every", "0"];
+    let mut a = demo_ranks::demo_args(&list, &data(), &dir.path().join("ck"));
     a.push("--log-dir".into());
     a.push(dir.path().join("runs").display().to_string());
     let out = run(2, &dir.path().join("store"), &a);
@@ -245,49 +159,20 @@ fn two_ranks_learn_the_digits() {
         .collect();
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(std::fs::metadata(&events[0]).expect("events").len() > 100);
-    let last = out
-        .lines()
-        .find(|l| l.starts_with("final:"))
-        .unwrap_or_else(|| panic!("no final line:\n{out}"));
+    let last = final_line(&out);
     assert!(last.contains("over 360 held-out images"), "{last}");
-    let acc: f64 = last
-        .split("accuracy ")
-        .nth(1)
-        .and_then(|s| s.split('%').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no accuracy in {last}"));
+    let acc = accuracy_in(last);
     assert!(acc > 90.0, "accuracy {acc}% after 4 epochs:\n{out}");
 }
 
 #[test]
 fn two_ranks_learn_the_digits_in_bf16() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut a = args(&[
-        "--epochs",
-        "4",
-        "--save-every",
-        "0",
-        "--no-log",
-        "--mixed-precision",
-        "bf16",
-        "--max-grad-norm",
-        "5",
-        "--data",
-    ]);
-    a.push(data().display().to_string());
-    a.push("--checkpoint-dir".into());
-    a.push(dir.path().join("ck").display().to_string());
+    let list = BF16_4_EPOCHS;
+    let a = demo_ranks::demo_args(&list, &data(), &dir.path().join("ck"));
     let out = run(2, &dir.path().join("store"), &a);
     assert!(out.contains("mixed precision bf16"), "{out}");
-    let last = out
-        .lines()
-        .find(|l| l.starts_with("final:"))
-        .unwrap_or_else(|| panic!("no final line:\n{out}"));
-    let acc: f64 = last
-        .split("accuracy ")
-        .nth(1)
-        .and_then(|s| s.split('%').next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no accuracy in {last}"));
+    let last = final_line(&out);
+    let acc = accuracy_in(last);
     assert!(acc > 90.0, "accuracy {acc}% after 4 bf16 epochs:\n{out}");
 }

@@ -170,28 +170,12 @@ impl Bert {
         let root = vs.root();
         let h = cfg.hidden_size;
         let e = root.sub("embeddings");
+        // An embedding table: `rows` vectors of the hidden size.
+        let table = |name: &str, rows| empty(&e.sub(name), "weight", &[rows, h], Kind::Float, true);
         let emb = Embeddings {
-            word: empty(
-                &e.sub("word_embeddings"),
-                "weight",
-                &[cfg.vocab_size, h],
-                Kind::Float,
-                true,
-            ),
-            position: empty(
-                &e.sub("position_embeddings"),
-                "weight",
-                &[cfg.max_position_embeddings, h],
-                Kind::Float,
-                true,
-            ),
-            token_type: empty(
-                &e.sub("token_type_embeddings"),
-                "weight",
-                &[cfg.type_vocab_size, h],
-                Kind::Float,
-                true,
-            ),
+            word: table("word_embeddings", cfg.vocab_size),
+            position: table("position_embeddings", cfg.max_position_embeddings),
+            token_type: table("token_type_embeddings", cfg.type_vocab_size),
             norm: LayerNorm::new(e.sub("LayerNorm"), h, cfg.layer_norm_eps),
             position_ids: empty(
                 &e,

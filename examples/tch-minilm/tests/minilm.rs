@@ -7,19 +7,18 @@
 //! it the test says so and passes, except under CI (`CI` set), where it
 //! fails.
 
-use accel_example_minilm_data::{
-    assert_matches_reference, model_dir_for_test, reference_embeddings_for_test,
-};
-use accel_example_tch_minilm::{
-    embed, similarities, Bert, Config, Tokenizer, REFERENCE, SENTENCES,
-};
+use accel_example_minilm_data as data;
+use accel_example_tch_minilm::{embed, similarities, Bert, Config, Tokenizer, SENTENCES};
 use accel_offload::plan::{MaxMemory, Target};
 use tch::nn::VarStore;
 use tch::Device;
 
+#[path = "../../../test-support/child.rs"]
+mod child;
+
 #[test]
 fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
-    let Some(dir) = model_dir_for_test() else {
+    let Some(dir) = data::model_dir_for_test() else {
         return;
     };
     let cfg = Config::load(&dir).unwrap();
@@ -46,17 +45,14 @@ fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
             .map(|p| p.used);
         (emb, on_disk.unwrap_or(0), d.report().resident_bytes)
     };
-    let (resident, disk0, res0) = run(None);
-    let (offloaded, disk1, res1) = run(Some("cpu=20MiB,disk"));
-    // A split: the embeddings and layer 0 on cpu, layers 1-5 on disk.
-    let (split, disk2, res2) = run(Some("cpu=60MiB,disk"));
+    // The last: the embeddings and layer 0 on cpu, layers 1-5 on disk.
+    let [none, cpu20, cpu60] = data::BUDGETS.map(run);
+    let ((resident, disk0, res0), (offloaded, disk1, res1)) = (none, cpu20);
+    let (split, disk2, res2) = cpu60;
 
     // The budgets did what they say: nothing on disk without offload, most
     // of the 87 MiB model there with 20 MiB of cpu.
-    assert_eq!(disk0, 0);
-    assert!(res0 > 80 << 20, "resident bytes without offload: {res0}");
-    assert!(disk1 > 60 << 20, "bytes on disk with cpu=20MiB: {disk1}");
-    assert!(res1 <= 20 << 20, "resident bytes with cpu=20MiB: {res1}");
+    data::assert_offload_budgets(res0, disk0, res1, disk1);
     assert!(
         res2 > 45 << 20 && res2 <= 60 << 20,
         "resident bytes with cpu=60MiB: {res2}"
@@ -77,23 +73,7 @@ fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
     );
 
     let sims = similarities(&offloaded);
-    for &(i, j, want) in &REFERENCE {
-        let got = sims[i][j];
-        assert!(
-            (got - want).abs() < 1e-3,
-            "cos({:?}, {:?}) = {got}, the reference gives {want}",
-            sentences[i],
-            sentences[j]
-        );
-        assert!(
-            (sims[j][i] - got).abs() < 1e-6,
-            "similarity matrix not symmetric"
-        );
-    }
-    // Unit vectors: each sentence's similarity to itself is 1.
-    for (i, row) in sims.iter().enumerate() {
-        assert!((row[i] - 1.0).abs() < 1e-5, "cos(s{i}, s{i}) = {}", row[i]);
-    }
+    data::assert_similarities(&sims, 1e-3);
 }
 
 /// `--check-rss` bounds the peak by the batch it ran: 19 ordinary sentences
@@ -102,7 +82,7 @@ fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {
 /// the bound.
 #[test]
 fn check_rss_allows_for_the_batch_it_runs() {
-    if model_dir_for_test().is_none() {
+    if data::model_dir_for_test().is_none() {
         return;
     }
     let sentences: Vec<String> = (1..=19)
@@ -116,11 +96,7 @@ fn check_rss_allows_for_the_batch_it_runs() {
         .args(["--passes", "3"])
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = child::output_text(&out);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("activations (19 x "), "{text}");
 }
@@ -130,10 +106,7 @@ fn check_rss_allows_for_the_batch_it_runs() {
 /// and no coordinate further than 1e-5 off.
 #[test]
 fn embeddings_match_the_numpy_reference() {
-    let Some(dir) = model_dir_for_test() else {
-        return;
-    };
-    let Some(reference) = reference_embeddings_for_test(&dir) else {
+    let Some((dir, reference)) = data::model_and_reference_for_test() else {
         return;
     };
     let cfg = Config::load(&dir).unwrap();
@@ -145,5 +118,5 @@ fn embeddings_match_the_numpy_reference() {
     let ours: Vec<Vec<f32>> = (0..SENTENCES.len() as i64)
         .map(|i| Vec::<f32>::try_from(emb.get(i)).unwrap())
         .collect();
-    assert_matches_reference(&ours, &reference);
+    data::assert_matches_reference(&ours, &reference);
 }

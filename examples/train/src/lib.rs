@@ -7,23 +7,15 @@
 //! machinery (sharded data, gradient accumulation and averaging, metrics
 //! with `gather_for_metrics`, exact-resume checkpoints), not the model.
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-
-use accel::train::{DataLoader, LinearSchedule, Sgd, StateDict, Stateful, TrainConfig};
+use accel::train::{DataLoader, LinearSchedule, Sgd, TrainConfig};
 use accel::{Accelerator, Result};
+use accel_example_kit::run::{self, Steps};
+use std::path::PathBuf;
 
+use accel_conformance::fixtures::add_noise;
 pub use accel_conformance::fixtures::{Mlp, Sample, Synthetic, FEATURES};
 
-/// FNV-1a 64 over the little-endian bytes of `values`: the checksum the
-/// demo prints so two runs can be compared bit for bit.
-pub fn checksum(values: &[f32]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in values.iter().flat_map(|v| v.to_le_bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
+pub use accel_example_kit::run::checksum;
 
 /// The demo's settings (the `train` binary's flags).
 #[derive(Clone, Debug, PartialEq)]
@@ -104,24 +96,6 @@ pub struct Report {
     pub resumed_from: Option<PathBuf>,
 }
 
-/// Progress the loop keeps across a resume, registered for checkpointing.
-#[derive(Debug, Default)]
-struct Progress {
-    steps: u64,
-}
-
-impl Stateful for Progress {
-    fn state_dict(&self) -> Result<StateDict> {
-        let mut s = StateDict::default();
-        s.put("steps", &self.steps);
-        Ok(s)
-    }
-    fn load_state_dict(&mut self, state: StateDict) -> Result<()> {
-        self.steps = state.get("steps")?;
-        Ok(())
-    }
-}
-
 /// Run the demo on `acc`; `log` receives the main process's lines.
 ///
 /// # Errors
@@ -160,38 +134,19 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     let steps_per_epoch = loader.len().div_ceil(opts.accumulation) as u64;
     let total = steps_per_epoch * opts.epochs * acc.world_size() as u64;
     let mut sched = acc.prepare_scheduler(LinearSchedule::new(opts.lr, total / 10, total))?;
-    let progress = Arc::new(Mutex::new(Progress::default()));
-    acc.register_for_checkpointing(progress.clone());
+    let progress = Steps::register(acc);
 
-    let mut resumed_from = None;
-    if opts.resume {
-        match acc.latest_checkpoint(&opts.checkpoint_dir)? {
-            Some(_) => {
-                let dir = acc.load_state(
-                    &opts.checkpoint_dir,
-                    &mut [&mut model, &mut opt, &mut sched, &mut loader, &mut eval],
-                )?;
-                say(format!(
-                    "resumed from {} at step {} (epoch {}, batch {})",
-                    dir.display(),
-                    progress.lock().expect("progress").steps,
-                    loader.epoch(),
-                    loader.sampler_state().batches_consumed
-                ));
-                resumed_from = Some(dir);
-            }
-            None => say(format!(
-                "no checkpoint in {}: starting fresh",
-                opts.checkpoint_dir.display()
-            )),
-        }
-    } else if acc.is_main_process() && opts.checkpoint_dir.exists() {
-        // A fresh run owns its checkpoint folder.
-        std::fs::remove_dir_all(&opts.checkpoint_dir).map_err(|e| {
-            accel::Error::io(format!("removing {}", opts.checkpoint_dir.display()), e)
-        })?;
+    // A fresh run owns its checkpoint folder.
+    let resumed_from = run::resume_or_start_fresh(
+        acc,
+        opts.resume,
+        &opts.checkpoint_dir,
+        &mut [&mut model, &mut opt, &mut sched, &mut loader, &mut eval],
+        &mut say,
+    )?;
+    if let Some(dir) = &resumed_from {
+        say(run::resumed_line(dir, &progress, &loader));
     }
-    acc.wait_for_everyone()?;
 
     let mut eval_mse = f32::NAN;
     let mut eval_samples = 0;
@@ -203,11 +158,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             let mut items = batch.items.clone();
             if opts.noise > 0.0 {
                 let mut rng = acc.rng()?;
-                for s in &mut items {
-                    for v in &mut s.x {
-                        *v += opts.noise * rng.normal();
-                    }
-                }
+                add_noise(&mut items, opts.noise, &mut rng);
             }
             let loss = acc.backward(&mut model, |m, scale| m.loss_and_grad(&items, scale))?;
             opt.step(&mut model)?;
@@ -220,11 +171,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             }
             let mean = acc.reduce(&[group_loss / group_batches as f32], "mean")?[0];
             (group_loss, group_batches) = (0.0, 0);
-            let steps = {
-                let mut p = progress.lock().expect("progress");
-                p.steps += 1;
-                p.steps
-            };
+            let steps = progress.advance();
             say(format!(
                 "step {steps:>3}  epoch {epoch}  loss {mean:.6}  lr {:.5}",
                 opt.lr
@@ -237,9 +184,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
                 say(format!("saved {}", dir.display()));
             }
             if opts.stop_after == Some(steps) {
-                say(format!(
-                    "stopping after step {steps} without saving (as if killed); rerun with --resume"
-                ));
+                say(run::stopping_line(steps));
                 return Ok(Report {
                     steps,
                     params: model.flat_values(),
@@ -259,12 +204,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
         let (mut sum, mut count) = (0.0f64, 0usize);
         eval.set_epoch(epoch);
         while let Some(b) = eval.next_batch() {
-            let errs: Vec<f32> = b
-                .items
-                .iter()
-                .map(|s| (model.forward(&s.x) - s.y).powi(2))
-                .collect();
-            let all = acc.gather_for_metrics(&errs, &b)?;
+            let all = acc.gather_for_metrics(&model.squared_errors(&b.items), &b)?;
             count += all.len();
             sum += all.iter().map(|&e| f64::from(e)).sum::<f64>();
         }
@@ -274,7 +214,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             "epoch {epoch} done: eval mse {eval_mse:.6} over {count} samples (gather_for_metrics)"
         ));
     }
-    let steps = progress.lock().expect("progress").steps;
+    let steps = progress.get();
     let params = model.flat_values();
     Ok(Report {
         steps,

@@ -12,9 +12,9 @@
 //! of the final parameters, so an interrupted-and-resumed run can be
 //! compared bit for bit with an uninterrupted one.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
+use accel_example_kit::cli;
 use accel_example_train::{train, Options};
 
 const USAGE: &str = "usage: train [--epochs N] [--train-len N] [--eval-len N] [--batch-size N]
@@ -24,84 +24,62 @@ const USAGE: &str = "usage: train [--epochs N] [--train-len N] [--eval-len N] [-
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options::default();
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .cloned()
-                .ok_or_else(|| format!("{flag} needs a value"))
-        };
-        fn num<T: std::str::FromStr>(flag: &str, v: String) -> Result<T, String> {
-            v.parse()
-                .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
-        }
-        match flag.as_str() {
-            "--epochs" => o.epochs = num(flag, value()?)?,
-            "--train-len" => o.train_len = num(flag, value()?)?,
-            "--eval-len" => o.eval_len = num(flag, value()?)?,
-            "--batch-size" => o.batch_size = num(flag, value()?)?,
-            "--accumulation" => o.accumulation = num(flag, value()?)?,
-            "--lr" => o.lr = num(flag, value()?)?,
-            "--hidden" => o.hidden = num(flag, value()?)?,
-            "--seed" => o.seed = num(flag, value()?)?,
-            "--noise" => o.noise = num(flag, value()?)?,
-            "--save-every" => o.save_every = num(flag, value()?)?,
-            "--keep" => o.keep = num(flag, value()?)?,
-            "--checkpoint-dir" => o.checkpoint_dir = PathBuf::from(value()?),
+    cli::read_flags(args, USAGE, |flag, flags| {
+        match flag {
+            "--epochs" => o.epochs = flags.num(flag)?,
+            "--train-len" => o.train_len = flags.num(flag)?,
+            "--eval-len" => o.eval_len = flags.num(flag)?,
+            "--batch-size" => o.batch_size = flags.num(flag)?,
+            "--accumulation" => o.accumulation = flags.num(flag)?,
+            "--lr" => o.lr = flags.num(flag)?,
+            "--hidden" => o.hidden = flags.num(flag)?,
+            "--seed" => o.seed = flags.num(flag)?,
+            "--noise" => o.noise = flags.num(flag)?,
+            "--save-every" => o.save_every = flags.num(flag)?,
+            "--keep" => o.keep = flags.num(flag)?,
+            "--checkpoint-dir" => o.checkpoint_dir = flags.path(flag)?,
             "--resume" => o.resume = true,
-            "--stop-after" => o.stop_after = Some(num(flag, value()?)?),
-            "--step-delay-ms" => o.step_delay_ms = num(flag, value()?)?,
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+            "--stop-after" => o.stop_after = Some(flags.num(flag)?),
+            "--step-delay-ms" => o.step_delay_ms = flags.num(flag)?,
+            _ => return Ok(false),
         }
-    }
+        Ok(true)
+    })?;
     Ok(o)
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let opts = match parse(&args) {
-        Ok(o) => o,
-        Err(m) => {
-            eprintln!("{m}");
-            return ExitCode::from(2);
-        }
-    };
-    // `accel::run`: one rank per process, or (`accel launch --backend xla`)
-    // this process's rank threads, each calling the closure.
-    let run = |acc: &accel::Accelerator| -> accel::Result<()> {
-        if acc.is_main_process() {
-            println!(
-                "train: {} ranks on {}, {} samples, batch {} x {} ranks x {} accumulation steps",
-                acc.world_size(),
-                acc.backend_name(),
-                opts.train_len,
-                opts.batch_size,
-                acc.world_size(),
-                opts.accumulation
-            );
-        }
-        let report = train(acc, &opts, |line| println!("{line}"))?;
-        if acc.is_main_process() {
-            if report.stopped {
+    cli::main("train", parse, |opts| {
+        // `accel::run`: one rank per process, or (`accel launch --backend
+        // xla`) this process's rank threads, each calling the closure.
+        accel::run(|acc: &accel::Accelerator| -> accel::Result<()> {
+            if acc.is_main_process() {
                 println!(
-                    "stopped at step {}: params checksum {}",
-                    report.steps, report.checksum
-                );
-            } else {
-                println!(
-                    "final: {} steps, eval mse {:.6} over {} samples, params checksum {}",
-                    report.steps, report.eval_mse, report.eval_samples, report.checksum
+                    "train: {} ranks on {}, {} samples, batch {} x {} ranks x {} accumulation steps",
+                    acc.world_size(),
+                    acc.backend_name(),
+                    opts.train_len,
+                    opts.batch_size,
+                    acc.world_size(),
+                    opts.accumulation
                 );
             }
-        }
-        acc.wait_for_everyone()
-    };
-    match accel::run(run) {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("train: {e}");
-            ExitCode::FAILURE
-        }
-    }
+            let report = train(acc, &opts, |line| println!("{line}"))?;
+            if acc.is_main_process() {
+                if report.stopped {
+                    println!(
+                        "stopped at step {}: params checksum {}",
+                        report.steps, report.checksum
+                    );
+                } else {
+                    println!(
+                        "final: {} steps, eval mse {:.6} over {} samples, params checksum {}",
+                        report.steps, report.eval_mse, report.eval_samples, report.checksum
+                    );
+                }
+            }
+            acc.wait_for_everyone()
+        })
+        .map(drop)
+    })
 }

@@ -30,22 +30,13 @@ fn accel_bin() -> PathBuf {
         .parent()
         .and_then(Path::parent)
         .expect("workspace root");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.arg("build")
-        .arg("--manifest-path")
-        .arg(workspace.join("Cargo.toml"))
-        .arg("--target-dir")
-        .arg(target)
-        .args(["-p", "accel-launcher"]);
+    let mut args = vec!["-p", "accel-launcher"];
     if profile_dir.file_name().and_then(|f| f.to_str()) == Some("release") {
-        cmd.arg("--release");
+        args.push("--release");
     }
-    let status = run_bounded(
-        cmd.stdin(Stdio::null()).spawn().expect("cargo"),
-        Duration::from_secs(600),
-    );
-    assert!(status, "building accel-launcher failed");
+    if let Err(e) = accel_conformance::harness::cargo_build(workspace, target, &args) {
+        panic!("building accel-launcher failed: {e}");
+    }
     assert!(bin.exists(), "{} was not built", bin.display());
     bin
 }

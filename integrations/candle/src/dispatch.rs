@@ -20,9 +20,10 @@
 //! [`Dispatched::run`] steps through the blocks: before a block's forward
 //! its offloaded tensors' storage is filled in place (the layers see the
 //! values without being rebuilt), after it the storage is emptied again,
-//! and a background thread reads the next block meanwhile (accel-offload's
-//! [`exec::run_layers`], `lookahead` blocks ahead). Disk tensors are read
-//! with positioned reads into the new storage, not through the mapping.
+//! and a background thread reads the next block meanwhile
+//! ([`accel_offload::exec::run_layers`], `lookahead` blocks ahead). Disk
+//! tensors are read with positioned reads into the new storage, not
+//! through the mapping.
 //!
 //! # Requires
 //! Execution on the CPU (a plan that names an accelerator is refused), and
@@ -35,10 +36,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use accel_api::{DType, Error, ErrorKind, OffloadStore, Result, TensorMeta};
-use accel_offload::exec::{self, ExecStats, LayerSpec, Resident, WeightSource};
+use accel_api::{DType, Error, ErrorKind, Result, TensorMeta};
+use accel_offload::dispatched::Dispatch;
+use accel_offload::exec::{ExecStats, LayerSpec, Resident};
 use accel_offload::layout::{Layout, NodeId};
-use accel_offload::plan::{self, DeviceMap, MaxMemory, Plan, PlanOptions, Reserve, Target};
+use accel_offload::plan::{self, MaxMemory, PlanOptions, Reserve, Target};
 use accel_offload::safetensors::{Checkpoint, SafetensorsFile, TensorEntry};
 use accel_offload::store::DiskStore;
 use candle_core::{CpuStorage, Device, Shape, Tensor};
@@ -86,23 +88,27 @@ pub struct DispatchReport {
 }
 
 /// A checkpoint dispatched over a device map (see the [module docs](self)).
+///
+/// Its plan, device map, layout, blocks and report are those of the
+/// [`Dispatch`] it derefs to.
 pub struct Dispatched {
-    layout: Layout,
-    plan: Plan,
+    dispatch: Dispatch<DispatchReport>,
     tensors: Arc<HashMap<String, Tensor>>,
-    disk: Option<DiskStore>,
-    blocks: Vec<LayerSpec>,
-    lookahead: usize,
-    report: DispatchReport,
+}
+
+impl std::ops::Deref for Dispatched {
+    type Target = Dispatch<DispatchReport>;
+    fn deref(&self) -> &Dispatch<DispatchReport> {
+        &self.dispatch
+    }
 }
 
 impl std::fmt::Debug for Dispatched {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatched")
-            .field("blocks", &self.blocks.len())
+            .field("dispatch", &self.dispatch)
             .field("tensors", &self.tensors.len())
-            .field("report", &self.report)
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
@@ -294,49 +300,24 @@ pub fn load_checkpoint_and_dispatch(
         .with_fix("name the module holding them as a block, or give the CPU more memory"));
     }
     report.elapsed = start.elapsed();
+    let dispatched = Dispatched {
+        dispatch: Dispatch::new(layout, plan, disk, report).with_blocks(specs, opts.lookahead),
+        tensors: Arc::new(tensors),
+    };
+    let r = dispatched.report();
     tracing::info!(
-        resident = report.resident_bytes,
-        disk = report.disk_bytes,
-        elapsed_ms = report.elapsed.as_millis() as u64,
+        resident = r.resident_bytes,
+        disk = r.disk_bytes,
+        elapsed_ms = r.elapsed.as_millis() as u64,
         "dispatched"
     );
-    Ok(Dispatched {
-        layout,
-        plan,
-        tensors: Arc::new(tensors),
-        disk,
-        blocks: specs,
-        lookahead: opts.lookahead,
-        report,
-    })
+    Ok(dispatched)
 }
 
 /// A block's tensor on its way in: the storage the prefetch thread read.
 struct Staged(Mutex<Option<CpuStorage>>);
 
 impl Dispatched {
-    /// The plan (devices and budgets).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// The device map in module order (serialises as Accelerate's
-    /// `{"module": "device"}`).
-    pub fn device_map(&self) -> DeviceMap<'_> {
-        self.plan.device_map()
-    }
-
-    /// What loading did.
-    pub fn report(&self) -> &DispatchReport {
-        &self.report
-    }
-
-    /// The blocks, in forward order, with the offloaded tensors each one
-    /// fills.
-    pub fn blocks(&self) -> &[LayerSpec] {
-        &self.blocks
-    }
-
     /// Elements the checkpoint's tensors hold now (resident ones, plus the
     /// offloaded ones of a block in flight).
     pub fn resident_numel(&self) -> usize {
@@ -362,12 +343,8 @@ impl Dispatched {
     where
         F: FnMut(usize, &str) -> Result<()>,
     {
-        let mut stores: HashMap<Target, &dyn OffloadStore> = HashMap::new();
-        if let Some(d) = &self.disk {
-            stores.insert(Target::Disk, d);
-        }
-        let src = WeightSource::new(&self.layout, &self.plan, stores);
-        let disk = self.disk.as_ref();
+        let src = self.weight_source(&[]);
+        let disk = self.dispatch.disk();
         // On the prefetch thread: new storage, read from the shard.
         let upload = move |name: &str, meta: &TensorMeta, bytes: &[u8]| -> Result<Staged> {
             let mut s = storage_for(name, meta)?;
@@ -415,7 +392,7 @@ impl Dispatched {
             }
             res
         };
-        exec::run_layers(&src, &self.blocks, self.lookahead, upload, compute)
+        self.dispatch.run_blocks(&src, upload, compute)
     }
 }
 

@@ -15,25 +15,26 @@ pub trait OptimizerState {
     const EXACT_RESUME: bool;
 
     /// Tensors (by `state_key.var_name`) and values to checkpoint, for
-    /// variables `names` in the optimizer's order.
-    fn state(&self, names: &[String], out: &mut StateDict) -> Result<()>;
+    /// variables `names` in the optimizer's order. Nothing by default: an
+    /// optimizer with no state, or none it lets us reach.
+    fn state(&self, names: &[String], out: &mut StateDict) -> Result<()> {
+        let _ = (names, out);
+        Ok(())
+    }
 
-    /// Restore what [`state`](Self::state) saved.
+    /// Restore what [`state`](Self::state) saved (nothing by default).
     ///
     /// # Errors
     /// [`ErrorKind::Corrupt`] when a tensor is missing or has another size.
-    fn load(&mut self, names: &[String], state: &StateDict) -> Result<()>;
+    fn load(&mut self, names: &[String], state: &StateDict) -> Result<()> {
+        let _ = (names, state);
+        Ok(())
+    }
 }
 
 /// candle-nn's SGD keeps no state: a resume is exact.
 impl OptimizerState for candle_nn::SGD {
     const EXACT_RESUME: bool = true;
-    fn state(&self, _: &[String], _: &mut StateDict) -> Result<()> {
-        Ok(())
-    }
-    fn load(&mut self, _: &[String], _: &StateDict) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// candle-nn's AdamW keeps its moments in private fields: they are not
@@ -41,12 +42,6 @@ impl OptimizerState for candle_nn::SGD {
 /// exact resume).
 impl OptimizerState for candle_nn::AdamW {
     const EXACT_RESUME: bool = false;
-    fn state(&self, _: &[String], _: &mut StateDict) -> Result<()> {
-        Ok(())
-    }
-    fn load(&mut self, _: &[String], _: &StateDict) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// A candle-nn optimizer ([`candle_nn::AdamW`], [`candle_nn::SGD`], this

@@ -23,7 +23,7 @@
 //! forward its offloaded weights are materialised into the model's
 //! variables, after it they are released (the variables point at empty
 //! placeholders again), and a background thread reads the next block
-//! meanwhile (accel-offload's [`exec::run_layers`], `lookahead` blocks
+//! meanwhile ([`accel_offload::exec::run_layers`], `lookahead` blocks
 //! ahead). Tied weights are materialised once per run and shared.
 //!
 //! ```no_run
@@ -74,9 +74,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use accel_api::{DType, Error, ErrorKind, OffloadStore, Result, TensorMeta};
-use accel_offload::exec::{self, ExecStats, LayerSpec, Resident, WeightSource};
+use accel_offload::dispatched::Dispatch;
+use accel_offload::exec::{ExecStats, LayerSpec, Resident};
 use accel_offload::layout::{Layout, LayoutJson, ModuleJson, NodeId, TensorJson, LAYOUT_FORMAT};
-use accel_offload::plan::{self, DeviceMap, MaxMemory, Plan, PlanOptions, Reserve, Target};
+use accel_offload::plan::{self, MaxMemory, PlanOptions, Reserve, Target};
 use accel_offload::safetensors::{Checkpoint, SafetensorsFile, TensorEntry};
 use accel_offload::store::{DiskStore, HostStore};
 use accel_offload::util::natural_cmp;
@@ -225,9 +226,11 @@ pub struct DispatchReport {
 }
 
 /// A tch model dispatched over a device map (see the [module docs](self)).
+///
+/// Its plan, device map, layout, offload folder, blocks and report are
+/// those of the [`Dispatch`] it derefs to.
 pub struct Dispatched {
-    layout: Layout,
-    plan: Plan,
+    dispatch: Dispatch<DispatchReport>,
     exec_device: Device,
     /// Shallow handles of every variable, by full name.
     vars: HashMap<String, Tensor>,
@@ -236,20 +239,22 @@ pub struct Dispatched {
     /// Per offloaded variable: the kind it is materialised as.
     kinds: HashMap<String, Kind>,
     host: HostStore,
-    disk: Option<DiskStore>,
-    blocks: Vec<LayerSpec>,
-    lookahead: usize,
-    report: DispatchReport,
 }
 
 impl std::fmt::Debug for Dispatched {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Dispatched")
             .field("exec_device", &self.exec_device)
-            .field("blocks", &self.blocks.len())
             .field("variables", &self.vars.len())
-            .field("report", &self.report)
+            .field("dispatch", &self.dispatch)
             .finish()
+    }
+}
+
+impl std::ops::Deref for Dispatched {
+    type Target = Dispatch<DispatchReport>;
+    fn deref(&self) -> &Dispatch<DispatchReport> {
+        &self.dispatch
     }
 }
 
@@ -712,70 +717,33 @@ pub fn load_checkpoint_and_dispatch(
     outside.sort();
     report.outside_blocks = outside;
     report.elapsed = start.elapsed();
-    tracing::info!(
-        resident = report.resident_bytes,
-        host = report.host_bytes,
-        disk = report.disk_bytes,
-        disk_in_place = report.disk_in_place_bytes,
-        elapsed_ms = report.elapsed.as_millis() as u64,
-        "dispatched"
-    );
-    Ok(Dispatched {
-        layout,
-        plan,
+    let dispatched = Dispatched {
+        dispatch: Dispatch::new(layout, plan, disk, report).with_blocks(blocks, opts.lookahead),
         exec_device,
         vars,
         places,
         kinds,
         host,
-        disk,
-        blocks,
-        lookahead: opts.lookahead,
-        report,
-    })
+    };
+    let r = dispatched.report();
+    tracing::info!(
+        resident = r.resident_bytes,
+        host = r.host_bytes,
+        disk = r.disk_bytes,
+        disk_in_place = r.disk_in_place_bytes,
+        elapsed_ms = r.elapsed.as_millis() as u64,
+        "dispatched"
+    );
+    Ok(dispatched)
 }
 
 /// A block's offloaded weights on their way to the execution device.
 struct Staged(Mutex<Tensor>);
 
 impl Dispatched {
-    /// The plan (devices and budgets).
-    pub fn plan(&self) -> &Plan {
-        &self.plan
-    }
-
-    /// The device map in module order (serialises as Accelerate's
-    /// `{"module": "device"}`).
-    pub fn device_map(&self) -> DeviceMap<'_> {
-        self.plan.device_map()
-    }
-
-    /// The model's layout, in the model's module order.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
     /// Where blocks run: the first accelerator of the plan, else the CPU.
     pub fn execution_device(&self) -> Device {
         self.exec_device
-    }
-
-    /// The disk store's folder (converted copies; a temporary folder,
-    /// removed on drop, unless [`DispatchOptions::offload_dir`] named one),
-    /// when anything is on disk.
-    pub fn offload_dir(&self) -> Option<&Path> {
-        self.disk.as_ref().map(DiskStore::dir)
-    }
-
-    /// What loading did.
-    pub fn report(&self) -> &DispatchReport {
-        &self.report
-    }
-
-    /// The blocks, in forward order, with the offloaded tensors each one
-    /// materialises.
-    pub fn blocks(&self) -> &[LayerSpec] {
-        &self.blocks
     }
 
     /// Run one forward pass: call `step(index, block_name)` for every block
@@ -791,16 +759,11 @@ impl Dispatched {
         F: FnMut(usize, &str) -> Result<()>,
     {
         let _guard = tch::no_grad_guard();
-        let mut stores: HashMap<Target, &dyn OffloadStore> = HashMap::new();
-        stores.insert(Target::Cpu, &self.host);
-        if let Some(d) = &self.disk {
-            stores.insert(Target::Disk, d);
-        }
-        let src = WeightSource::new(&self.layout, &self.plan, stores);
+        let src = self.weight_source(&[(Target::Cpu, &self.host)]);
         let (layout, places, disk, exec_device) = (
-            &self.layout,
+            self.layout(),
             &self.places,
-            self.disk.as_ref(),
+            self.dispatch.disk(),
             self.exec_device,
         );
         // On the prefetch thread: a fresh tensor on the execution device.
@@ -850,6 +813,6 @@ impl Dispatched {
             }
             res
         };
-        exec::run_layers(&src, &self.blocks, self.lookahead, upload, compute)
+        self.dispatch.run_blocks(&src, upload, compute)
     }
 }

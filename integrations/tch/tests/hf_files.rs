@@ -25,6 +25,8 @@ use common::det;
 #[path = "../../../test-support/python.rs"]
 mod python;
 use python::{python_with, run_python, torch_python_candidates};
+#[path = "../../../test-support/skips.rs"]
+mod skips;
 
 fn acc() -> Accelerator {
     // No launcher variables: one process, the exact `single` backend.
@@ -289,16 +291,12 @@ fn minilm_dir() -> Option<PathBuf> {
         .unwrap_or_else(|| {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.accel-cache/minilm/model")
         });
-    if dir.join("model.safetensors").is_file() {
-        return Some(dir);
-    }
-    let why = format!(
-        "skipping: no all-MiniLM-L6-v2 at {} (`make minilm-setup`)",
-        dir.display()
-    );
-    assert!(std::env::var_os("CI").is_none(), "{why}");
-    eprintln!("{why}");
-    None
+    skips::dir_holding(
+        dir,
+        "model.safetensors",
+        "all-MiniLM-L6-v2",
+        "`make minilm-setup`",
+    )
 }
 
 /// A VarStore holding `tensors` as trainable variables of the same names
