@@ -24,8 +24,7 @@ pub(crate) struct Sizes {
 /// The [`Sizes`] of `layout` under `opts` (dtype overrides, no-split
 /// modules).
 pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
-    let nodes = layout.nodes();
-    let n = nodes.len();
+    let n = layout.len();
     let mut size = vec![0u64; n];
     let mut dtype = vec![None; n];
     let mut owned = vec![0u32; n];
@@ -51,12 +50,11 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
         .iter()
         .map(|p| (p.as_str(), p.contains('*')))
         .collect();
-    for (i, node) in nodes.iter().enumerate() {
-        parent[i] = node.parent.unwrap_or(0);
-        end[i] = node.end;
-        if let Some(meta) = &node.meta {
-            let own = meta.dtype;
-            let d = if let Some(&s) = opts.special_dtypes.get(&node.name) {
+    for (i, node) in layout.nodes().enumerate() {
+        parent[i] = node.parent().unwrap_or(0);
+        end[i] = node.end();
+        if let Some(own) = node.dtype() {
+            let d = if let Some(&s) = opts.special_dtypes.get(node.name()) {
                 s
             } else if let Some(o) = opts
                 .dtype
@@ -70,7 +68,8 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
             if !free[i] {
                 // The layout checked that the tensor's own size fits in 64
                 // bits; a per-tensor override may widen it, so saturate.
-                size[i] = crate::layout::checked_bytes(meta)
+                size[i] = node
+                    .bytes()
                     .map(|b| b / own.size() as u64)
                     .and_then(|numel| numel.checked_mul(d.size() as u64))
                     .unwrap_or(u64::MAX);
@@ -78,12 +77,12 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
             }
         } else if !patterns.is_empty() {
             no_split[i] = patterns.iter().any(|&(p, star)| {
-                node.class.as_deref() == Some(p)
-                    || (!node.name.is_empty()
+                node.class() == Some(p)
+                    || (!node.name().is_empty()
                         && if star {
-                            glob_match(p, &node.name)
+                            glob_match(p, node.name())
                         } else {
-                            node.name == p
+                            node.name() == p
                         })
             });
         }

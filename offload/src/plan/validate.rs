@@ -4,24 +4,21 @@ use accel_api::{Error, Result};
 
 use super::sizes::Sizes;
 use super::types::Plan;
-use crate::layout::Layout;
+use crate::layout::{Layout, NodeId};
 use crate::util::format_bytes;
 
 /// Independent check of a plan: every tensor placed exactly once by the
 /// merged map, budgets respected, tied groups together.
 pub(super) fn validate(layout: &Layout, s: &Sizes, plan: &Plan) -> Result<()> {
-    let nodes = layout.nodes();
     let bug = |msg: String| {
         Error::internal("plan", format!("device map failed validation: {msg}"))
             .with_fix("this is an accel-offload bug; please report it with the layout")
     };
-    let mut seen = vec![u16::MAX; nodes.len()];
+    let mut seen = vec![u16::MAX; layout.len()];
     if plan.map.len() != plan.entries.len()
-        || plan
-            .map
-            .iter()
-            .zip(&plan.entries)
-            .any(|((n, d), &(i, e))| *d != e || nodes.get(i as usize).is_none_or(|x| x.name != *n))
+        || plan.map.iter().zip(&plan.entries).any(|((n, d), &(i, e))| {
+            *d != e || i as usize >= layout.len() || layout.node(i).name() != n
+        })
     {
         return Err(bug("the named map and the map by id differ".into()));
     }
@@ -31,30 +28,36 @@ pub(super) fn validate(layout: &Layout, s: &Sizes, plan: &Plan) -> Result<()> {
         for (i, slot) in seen
             .iter_mut()
             .enumerate()
-            .take(nodes[id].end as usize)
+            .take(layout.node(id as NodeId).end() as usize)
             .skip(id)
         {
             if s.dtype[i].is_some() {
                 if *slot != u16::MAX {
-                    return Err(bug(format!("tensor `{}` is placed twice", nodes[i].name)));
+                    return Err(bug(format!(
+                        "tensor `{}` is placed twice",
+                        layout.node(i as NodeId).name()
+                    )));
                 }
                 *slot = *d as u16;
             }
         }
     }
     let mut used = vec![0u64; plan.devices.len()];
-    for i in 0..nodes.len() {
+    for i in 0..layout.len() {
         // `dtype` is set exactly for tensors (read from the nodes once).
         if s.dtype[i].is_none() {
             continue;
         }
         if seen[i] == u16::MAX {
-            return Err(bug(format!("tensor `{}` is not placed", nodes[i].name)));
+            return Err(bug(format!(
+                "tensor `{}` is not placed",
+                layout.node(i as NodeId).name()
+            )));
         }
         if seen[i] != plan.node_device[i] {
             return Err(bug(format!(
                 "tensor `{}`: merged map and per-tensor placement disagree",
-                nodes[i].name
+                layout.node(i as NodeId).name()
             )));
         }
         used[seen[i] as usize] += s.size[i];
@@ -77,7 +80,8 @@ pub(super) fn validate(layout: &Layout, s: &Sizes, plan: &Plan) -> Result<()> {
             if seen[m as usize] != d0 {
                 return Err(bug(format!(
                     "tied tensors `{}` and `{}` are on different devices",
-                    nodes[g[0] as usize].name, nodes[m as usize].name
+                    layout.node(g[0]).name(),
+                    layout.node(m).name()
                 )));
             }
         }
