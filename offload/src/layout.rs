@@ -86,8 +86,6 @@ struct Rec {
     /// Full name: `names[name_start..name_start + name_len]`.
     name_start: usize,
     name_len: u32,
-    parent: u32,
-    end: u32,
     alias_of: u32,
     /// Index into `classes`.
     class: u32,
@@ -153,6 +151,12 @@ impl<'a> Node<'a> {
         (c != NONE).then(|| &*self.l.classes[c as usize])
     }
 
+    /// The index of the class name in [`Layout::class_names`].
+    pub(crate) fn class_index(&self) -> Option<u32> {
+        let c = self.rec().class;
+        (c != NONE).then_some(c)
+    }
+
     /// Module, parameter or buffer.
     pub fn kind(&self) -> NodeKind {
         self.rec().kind
@@ -194,7 +198,7 @@ impl<'a> Node<'a> {
 
     /// Parent module (`None` for the root).
     pub fn parent(&self) -> Option<NodeId> {
-        let p = self.rec().parent;
+        let p = self.l.parents[self.id as usize];
         (p != NONE).then_some(p)
     }
 
@@ -203,13 +207,13 @@ impl<'a> Node<'a> {
         Children {
             l: self.l,
             next: self.id + 1,
-            end: self.rec().end,
+            end: self.end(),
         }
     }
 
     /// One past the last node of this subtree (preorder range `id..end`).
     pub fn end(&self) -> NodeId {
-        self.rec().end
+        self.l.ends[self.id as usize]
     }
 
     /// For a tied alias, the owner of the storage.
@@ -240,7 +244,7 @@ impl Iterator for Children<'_> {
             return None;
         }
         let c = self.next;
-        self.next = self.l.recs[c as usize].end;
+        self.next = self.l.ends[c as usize];
         Some(c)
     }
 }
@@ -249,6 +253,11 @@ impl Iterator for Children<'_> {
 #[derive(Clone)]
 pub struct Layout {
     recs: Vec<Rec>,
+    /// Per node: its parent (`NONE` for the root) and the end of its
+    /// subtree (kept apart from `recs`: the planner's passes read only
+    /// these).
+    parents: Vec<NodeId>,
+    ends: Vec<NodeId>,
     /// Every full name, one after the other in tree order.
     names: String,
     /// Every tensor's dimensions, one after the other.
@@ -261,6 +270,13 @@ pub struct Layout {
     hasher: DefaultHashBuilder,
     tied: Vec<Vec<NodeId>>,
     order_inferred: bool,
+    /// While building: a local name was empty or held a `.`, or the
+    /// tensors' bytes overflowed 64 bits in all (aliases included); the
+    /// exact checks then run, else they are known to pass.
+    suspect_names: bool,
+    total_overflow: bool,
+    /// While building: the running total of every tensor's bytes.
+    total: u64,
 }
 
 impl std::fmt::Debug for Layout {
@@ -518,6 +534,28 @@ fn inferred_rank(local: &str) -> u8 {
     }
 }
 
+/// `true` when `local` is `k` written in decimal (a module list's entry).
+fn is_index(local: &str, k: usize) -> bool {
+    let b = local.as_bytes();
+    if b.is_empty() || (b[0] == b'0' && b.len() > 1) {
+        return false;
+    }
+    let mut v = 0usize;
+    for &d in b {
+        if !d.is_ascii_digit() {
+            return false;
+        }
+        v = match v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(usize::from(d - b'0')))
+        {
+            Some(v) => v,
+            None => return false,
+        };
+    }
+    v == k
+}
+
 /// Class names to their index in [`Layout`]'s list, while building.
 type ClassIds = hashbrown::HashMap<Box<str>, u32>;
 
@@ -588,6 +626,8 @@ impl Layout {
     fn empty(capacity: usize, order_inferred: bool) -> Layout {
         Layout {
             recs: Vec::with_capacity(capacity),
+            parents: Vec::with_capacity(capacity),
+            ends: Vec::with_capacity(capacity),
             names: String::new(),
             shapes: vec![],
             classes: vec![],
@@ -595,12 +635,20 @@ impl Layout {
             hasher: DefaultHashBuilder::default(),
             tied: vec![],
             order_inferred,
+            suspect_names: false,
+            total_overflow: false,
+            total: 0,
         }
     }
 
     /// The index of class name `c`, added on first sight.
     fn intern(&mut self, ids: &mut ClassIds, c: &str) -> u32 {
-        if let Some(&i) = ids.get(c) {
+        // A model has a handful of classes: a scan beats hashing.
+        if self.classes.len() <= 16 {
+            if let Some(i) = self.classes.iter().position(|k| **k == *c) {
+                return i as u32;
+            }
+        } else if let Some(&i) = ids.get(c) {
             return i;
         }
         let i = self.classes.len() as u32;
@@ -630,6 +678,9 @@ impl Layout {
             .filter(|&i| i != NONE)
             .ok_or_else(too_large)?;
         let name_start = self.names.len();
+        if parent.is_some() && (local.is_empty() || local.bytes().any(|b| b == b'.')) {
+            self.suspect_names = true;
+        }
         if let Some(p) = parent {
             let pr = self.recs[p as usize];
             if pr.name_len > 0 {
@@ -643,7 +694,7 @@ impl Layout {
         let shape_start = u32::try_from(self.shapes.len()).map_err(|_| too_large())?;
         let (dtype, ndim, persistent) = match tensor {
             Some(t) => {
-                if shape_bytes(t.dtype, t.shape).is_none() {
+                let Some(bytes) = shape_bytes(t.dtype, t.shape) else {
                     return Err(Error::new(
                         ErrorKind::InvalidArgument,
                         format!(
@@ -654,6 +705,10 @@ impl Layout {
                         ),
                     )
                     .with_fix("check the shape; no real tensor is that large"));
+                };
+                match self.total.checked_add(bytes) {
+                    Some(t) => self.total = t,
+                    None => self.total_overflow = true,
                 }
                 self.shapes.extend_from_slice(t.shape);
                 let ndim = u32::try_from(t.shape.len()).map_err(|_| too_large())?;
@@ -661,11 +716,11 @@ impl Layout {
             }
             None => (DType::F32, 0, true),
         };
+        self.parents.push(parent.unwrap_or(NONE));
+        self.ends.push(id + 1);
         self.recs.push(Rec {
             name_start,
             name_len,
-            parent: parent.unwrap_or(NONE),
-            end: id + 1,
             alias_of: NONE,
             class: class.unwrap_or(NONE),
             shape_start,
@@ -698,7 +753,7 @@ impl Layout {
 
     /// The subtree of module `id` ends here.
     fn close(&mut self, id: NodeId) {
-        self.recs[id as usize].end = self.recs.len() as NodeId;
+        self.ends[id as usize] = self.recs.len() as NodeId;
     }
 
     /// `true` when the module order was inferred from tensor names (a
@@ -852,9 +907,50 @@ impl Layout {
         out
     }
 
+    /// `true` when [`Layout::check_siblings`] is known to pass: no local
+    /// name was suspect when pushed and no two siblings share a name.
+    fn siblings_ok(&self) -> bool {
+        if self.suspect_names {
+            return false;
+        }
+        let mut locals: Vec<&str> = vec![];
+        let mut seen: hashbrown::HashSet<&str> = Default::default();
+        for (id, &end) in self.ends.iter().enumerate() {
+            let id = id as NodeId;
+            if end == id + 1 || self.recs[id as usize].kind != NodeKind::Module {
+                continue;
+            }
+            let skip = self.recs[id as usize].name_len as usize;
+            let skip = if skip == 0 { 0 } else { skip + 1 };
+            locals.clear();
+            locals.extend(
+                self.node(id)
+                    .children()
+                    .map(|c| &self.node(c).name()[skip..]),
+            );
+            if locals.len() <= 8 {
+                for (k, a) in locals.iter().enumerate() {
+                    if locals[..k].contains(a) {
+                        return false;
+                    }
+                }
+            } else if !locals.iter().enumerate().all(|(k, l)| is_index(l, k)) {
+                // Not `0`, `1`, ... in order (a module list): hash them.
+                seen.clear();
+                if !locals.iter().all(|a| seen.insert(a)) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Full names are unique when no local name is empty or holds a dot
     /// (PyTorch forbids both) and siblings differ.
     fn check_siblings(&self) -> Result<()> {
+        if self.siblings_ok() {
+            return Ok(());
+        }
         let dup = |name: &str| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -862,7 +958,6 @@ impl Layout {
             )
         };
         let mut locals: Vec<&str> = vec![];
-        let mut seen: hashbrown::HashSet<&str> = Default::default();
         for n in self.nodes() {
             if n.kind() != NodeKind::Module || n.end() == n.id() + 1 {
                 continue;
@@ -889,13 +984,9 @@ impl Layout {
                     }
                 }
             } else {
-                seen.clear();
-                if !locals.iter().all(|a| seen.insert(a)) {
-                    // Name the first duplicate in sorted order.
-                    locals.sort_unstable();
-                    if let Some(w) = locals.windows(2).find(|w| w[0] == w[1]) {
-                        return Err(dup(&join(name, w[0])));
-                    }
+                locals.sort_unstable();
+                if let Some(w) = locals.windows(2).find(|w| w[0] == w[1]) {
+                    return Err(dup(&join(name, w[0])));
                 }
             }
         }
@@ -916,6 +1007,10 @@ impl Layout {
     /// The whole layout's bytes must fit in 64 bits too (every size sum the
     /// planner takes is then exact).
     fn check_total(&self) -> Result<()> {
+        if !self.total_overflow {
+            // Every tensor's bytes fit in 64 bits in all, so the owners' do.
+            return Ok(());
+        }
         let mut total = 0u64;
         for n in self.nodes() {
             if !n.is_tensor() || n.alias_of().is_some() {
@@ -1016,6 +1111,22 @@ impl Layout {
         }
         self.tied = groups;
         Ok(())
+    }
+
+    /// Per node, its parent (`u32::MAX` for the root), for the planner's
+    /// passes over every node.
+    pub(crate) fn parents(&self) -> &[NodeId] {
+        &self.parents
+    }
+
+    /// Every class name, each once.
+    pub(crate) fn class_names(&self) -> &[Box<str>] {
+        &self.classes
+    }
+
+    /// Per node, the end of its subtree ([`Node::end`]).
+    pub(crate) fn ends(&self) -> &[NodeId] {
+        &self.ends
     }
 
     /// Number of nodes (modules and tensors).

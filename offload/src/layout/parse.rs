@@ -22,7 +22,18 @@ impl Layout {
     /// cannot be read; [`ErrorKind::InvalidArgument`] when it is not a
     /// regular file (a FIFO would block forever) or not a layout.
     pub fn from_json_file(path: &Path) -> Result<Layout> {
-        let text = crate::util::read_regular(path, "layout")?;
+        let file = crate::util::open_regular(path, "layout")?;
+        let len = file.metadata().map_or(0, |m| m.len());
+        // A large file is mapped, every page at once: no copy of the text
+        // and no page fault per 4 KiB of it. A small one is read.
+        let (map, read);
+        let text: &[u8] = if len >= 1 << 20 {
+            map = crate::mmap::map_with(&file, path, true)?;
+            &map
+        } else {
+            read = accel_api::files::read_at_most(file, len, path, "layout")?;
+            &read
+        };
         let named = |e: Error| {
             Error::new(
                 e.kind().clone(),
@@ -30,7 +41,7 @@ impl Layout {
             )
         };
         // One UTF-8 check of the whole text instead of one per string.
-        let Ok(utf8) = std::str::from_utf8(&text) else {
+        let Ok(utf8) = std::str::from_utf8(text) else {
             return Err(named(Error::new(
                 ErrorKind::InvalidArgument,
                 "not a layout file: not UTF-8 text",
@@ -59,6 +70,22 @@ pub(super) fn read_fast(text: &str) -> Option<Layout> {
 /// Modules nested deeper than this go to the tree path (serde_json's own
 /// limit is 128 levels of arrays and objects, two per module).
 const MAX_DEPTH: usize = 60;
+
+/// The keys of the format.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Format,
+    Root,
+    Tied,
+    Name,
+    Class,
+    Params,
+    Buffers,
+    Children,
+    Dtype,
+    Shape,
+    Persistent,
+}
 
 /// The fast reader. Every method returns `None` for "not taken here".
 struct Fast<'t> {
@@ -137,23 +164,38 @@ impl<'t> Fast<'t> {
     fn string(&mut self) -> Option<&'t str> {
         self.eat(b'"')?;
         let start = self.i;
-        loop {
-            match *self.s.get(self.i)? {
-                b'"' => break,
-                b'\\' | 0..=0x1f => return None,
-                _ => self.i += 1,
-            }
+        let n = self.s[start..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        if self.s[start + n] != b'"' {
+            return None;
         }
-        let v = self.text.get(start..self.i)?;
-        self.i += 1;
-        Some(v)
+        self.i = start + n + 1;
+        self.text.get(start..start + n)
     }
 
-    /// A key and its `:`.
-    fn key(&mut self) -> Option<&'t str> {
-        let k = self.string()?;
+    /// A key of the format and its `:` (`None` for any other key, or one
+    /// written with escapes).
+    fn key(&mut self) -> Option<Key> {
+        self.eat(b'"')?;
+        let rest = &self.s[self.i..];
+        let (key, len) = match *rest.first()? {
+            b'n' if rest.starts_with(b"name\"") => (Key::Name, 5),
+            b'c' if rest.starts_with(b"class\"") => (Key::Class, 6),
+            b'c' if rest.starts_with(b"children\"") => (Key::Children, 9),
+            b'p' if rest.starts_with(b"params\"") => (Key::Params, 7),
+            b'p' if rest.starts_with(b"persistent\"") => (Key::Persistent, 11),
+            b'b' if rest.starts_with(b"buffers\"") => (Key::Buffers, 8),
+            b'd' if rest.starts_with(b"dtype\"") => (Key::Dtype, 6),
+            b's' if rest.starts_with(b"shape\"") => (Key::Shape, 6),
+            b'f' if rest.starts_with(b"format\"") => (Key::Format, 7),
+            b'r' if rest.starts_with(b"root\"") => (Key::Root, 5),
+            b't' if rest.starts_with(b"tied\"") => (Key::Tied, 5),
+            _ => return None,
+        };
+        self.i += len;
         self.eat(b':')?;
-        Some(k)
+        Some(key)
     }
 
     fn literal(&mut self, word: &[u8]) -> Option<()> {
@@ -188,12 +230,12 @@ impl<'t> Fast<'t> {
         if self.open(b'{', b'}')? {
             loop {
                 match self.key()? {
-                    "format" if format.is_none() => format = Some(self.string()?),
-                    "root" if !root => {
+                    Key::Format if format.is_none() => format = Some(self.string()?),
+                    Key::Root if !root => {
                         root = true;
                         self.module(None, 0)?;
                     }
-                    "tied" if tied.is_none() => tied = Some(self.tied()?),
+                    Key::Tied if tied.is_none() => tied = Some(self.tied()?),
                     _ => return None,
                 }
                 if !self.more(b'}')? {
@@ -250,14 +292,14 @@ impl<'t> Fast<'t> {
         if self.open(b'{', b'}')? {
             loop {
                 match self.key()? {
-                    "name" if !named => {
+                    Key::Name if !named => {
                         named = true;
                         let n = self.string()?;
                         if parent.is_some() {
                             id = Some(self.l.push_module(parent, n, class.take()).ok()?);
                         }
                     }
-                    "class" if !classed => {
+                    Key::Class if !classed => {
                         classed = true;
                         let c = if self.peek()? == b'n' {
                             self.literal(b"null")?;
@@ -271,12 +313,12 @@ impl<'t> Fast<'t> {
                             None => class = c,
                         }
                     }
-                    "params" if !params && !children => {
+                    Key::Params if !params && !children => {
                         params = true;
                         let i = ensure(self, &mut id, &mut class)?;
                         self.tensors(Some((i, NodeKind::Param)))?;
                     }
-                    "children" if !children => {
+                    Key::Children if !children => {
                         children = true;
                         let i = ensure(self, &mut id, &mut class)?;
                         if self.open(b'[', b']')? {
@@ -288,7 +330,7 @@ impl<'t> Fast<'t> {
                             }
                         }
                     }
-                    "buffers" if buffers.is_none() => {
+                    Key::Buffers if buffers.is_none() => {
                         ensure(self, &mut id, &mut class)?;
                         // Checked now, pushed after the children.
                         buffers = Some(self.i);
@@ -321,9 +363,9 @@ impl<'t> Fast<'t> {
             if self.open(b'{', b'}')? {
                 loop {
                     match self.key()? {
-                        "name" if name.is_none() => name = Some(self.string()?),
-                        "dtype" if dtype.is_none() => dtype = Some(dtype_named(self.string()?)?),
-                        "shape" if !shape => {
+                        Key::Name if name.is_none() => name = Some(self.string()?),
+                        Key::Dtype if dtype.is_none() => dtype = Some(dtype_named(self.string()?)?),
+                        Key::Shape if !shape => {
                             shape = true;
                             self.shape.clear();
                             if self.open(b'[', b']')? {
@@ -336,7 +378,7 @@ impl<'t> Fast<'t> {
                                 }
                             }
                         }
-                        "persistent" if persistent.is_none() => {
+                        Key::Persistent if persistent.is_none() => {
                             persistent = Some(if self.peek()? == b't' {
                                 self.literal(b"true")?;
                                 true

@@ -190,6 +190,12 @@ fn file_parse_matches_the_tree_path_in_any_key_order() {
     std::fs::write(&f, serde_json::to_vec(&l.to_json()).unwrap()).unwrap();
     same(&Layout::from_json_file(&f).unwrap(), &l);
     assert!(l.id("model.layers.2.mlp.experts.1.w3.weight").is_some());
+    // A file large enough to be mapped rather than read (tied weights too).
+    let big = crate::synth::llama_layout(crate::synth::LlamaShape::tiny(16, 400), DType::BF16);
+    let text = serde_json::to_vec(&big.to_json()).unwrap();
+    assert!(text.len() > 1 << 20, "{}", text.len());
+    std::fs::write(&f, text).unwrap();
+    same(&Layout::from_json_file(&f).unwrap(), &big);
     // Keys in another order (name last, children before params,
     // escaped strings): the same layout through the fallback.
     let text = r#"{"tied":[["a.weight","b.weight"]],"root":{"children":[
@@ -293,4 +299,43 @@ fn the_fast_reader_agrees_with_the_tree_path_on_edited_text() {
         }
     }
     assert!(taken > 100 && taken < tried, "{taken} of {tried}");
+}
+
+#[test]
+fn duplicates_among_many_siblings_are_found() {
+    let w = |n: &str| (n.to_string(), m(&[1]));
+    // A module list (`0`, `1`, ...) with one index twice, and named
+    // siblings with one name twice: both refused, with the sorted-first
+    // duplicate named.
+    let mut list: Vec<_> = (0..12).map(|k| w(&format!("l.{k}.w"))).collect();
+    list.push(w("l.3.w"));
+    let e = Layout::from_tensors(list, &[]).unwrap_err().to_string();
+    assert!(e.contains("appears twice"), "{e}");
+    let text = |names: &[&str]| {
+        let kids: Vec<String> = names
+            .iter()
+            .map(|n| {
+                format!(r#"{{"name":"{n}","params":[{{"name":"w","dtype":"f32","shape":[1]}}]}}"#)
+            })
+            .collect();
+        format!(
+            r#"{{"format":"accel-layout/1","root":{{"children":[{}]}}}}"#,
+            kids.join(",")
+        )
+    };
+    let many = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"];
+    let ok = text(&many);
+    assert!(parse::read_fast(&ok).is_some());
+    for dup in [
+        &["a", "b", "c", "d", "e", "f", "g", "h", "i", "c", "b"][..],
+        &["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "3"],
+    ] {
+        let t = text(dup);
+        assert!(parse::read_fast(&t).is_none());
+        let e = Layout::from_json(&serde_json::from_str(&t).unwrap())
+            .unwrap_err()
+            .to_string();
+        let want = format!("`{}` is both", if dup[0] == "a" { "b" } else { "3" });
+        assert!(e.contains(&want), "{e}");
+    }
 }

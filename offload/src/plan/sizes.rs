@@ -34,27 +34,36 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
     // A tied group's bytes are counted on its first member in tree order,
     // as `named_parameters()` (which drops later duplicates) counts them in
     // Accelerate, whichever member the checkpoint stores.
-    let mut free = vec![false; n];
+    let mut free = vec![false; if layout.tied().is_empty() { 0 } else { n }];
     for g in layout.tied() {
         let first = g.iter().copied().min().unwrap_or(0);
         for &m in g {
             free[m as usize] = m != first;
         }
     }
-    // Parents and ends copied into compact arrays on the one pass over the
-    // nodes, so the later passes do not stream the whole node array again.
-    let mut parent = vec![0u32; n];
-    let mut end = vec![0u32; n];
+    // The layout's own parent and end arrays: the later passes read them
+    // without streaming the whole node records again.
+    let (parent, end) = (layout.parents(), layout.ends());
     let patterns: Vec<(&str, bool)> = opts
         .no_split
         .iter()
         .map(|p| (p.as_str(), p.contains('*')))
         .collect();
+    // Classes named by a pattern, by class index.
+    let class_hit: Vec<bool> = layout
+        .class_names()
+        .iter()
+        .map(|c| patterns.iter().any(|&(p, _)| p == &**c))
+        .collect();
+    let specials = !opts.special_dtypes.is_empty();
     for (i, node) in layout.nodes().enumerate() {
-        parent[i] = node.parent().unwrap_or(0);
-        end[i] = node.end();
         if let Some(own) = node.dtype() {
-            let d = if let Some(&s) = opts.special_dtypes.get(node.name()) {
+            let special = if specials {
+                opts.special_dtypes.get(node.name()).copied()
+            } else {
+                None
+            };
+            let d = if let Some(s) = special {
                 s
             } else if let Some(o) = opts
                 .dtype
@@ -65,7 +74,7 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
                 own
             };
             dtype[i] = Some(d);
-            if !free[i] {
+            if !free.get(i).copied().unwrap_or(false) {
                 // The layout checked that the tensor's own size fits in 64
                 // bits; a per-tensor override may widen it, so saturate.
                 size[i] = node
@@ -76,15 +85,20 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
                 owned[i] = 1;
             }
         } else if !patterns.is_empty() {
-            no_split[i] = patterns.iter().any(|&(p, star)| {
-                node.class() == Some(p)
-                    || (!node.name().is_empty()
-                        && if star {
-                            glob_match(p, node.name())
-                        } else {
-                            node.name() == p
-                        })
-            });
+            let class_named = node.class_index().is_some_and(|c| class_hit[c as usize]);
+            no_split[i] = class_named || {
+                let name = node.name();
+                !name.is_empty()
+                    && patterns.iter().any(
+                        |&(p, star)| {
+                            if star {
+                                glob_match(p, name)
+                            } else {
+                                name == p
+                            }
+                        },
+                    )
+            };
         }
     }
     for i in (1..n).rev() {
