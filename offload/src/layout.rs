@@ -151,12 +151,6 @@ impl<'a> Node<'a> {
         (c != NONE).then(|| &*self.l.classes[c as usize])
     }
 
-    /// The index of the class name in [`Layout::class_names`].
-    pub(crate) fn class_index(&self) -> Option<u32> {
-        let c = self.rec().class;
-        (c != NONE).then_some(c)
-    }
-
     /// Module, parameter or buffer.
     pub fn kind(&self) -> NodeKind {
         self.rec().kind
@@ -1117,6 +1111,27 @@ impl Layout {
     /// passes over every node.
     pub(crate) fn parents(&self) -> &[NodeId] {
         &self.parents
+    }
+
+    /// Element type and bytes of node `i`, when it is a tensor (the
+    /// planner's pass over every node, without a [`Node`] view).
+    #[inline]
+    pub(crate) fn tensor_at(&self, i: usize) -> Option<(DType, u64)> {
+        let r = &self.recs[i];
+        if r.kind == NodeKind::Module {
+            return None;
+        }
+        let s = r.shape_start as usize;
+        let shape = &self.shapes[s..s + r.ndim as usize];
+        // Checked when the node was pushed.
+        Some((r.dtype, shape_bytes(r.dtype, shape).unwrap_or(u64::MAX)))
+    }
+
+    /// The class index of node `i` ([`Layout::class_names`]).
+    #[inline]
+    pub(crate) fn class_at(&self, i: usize) -> Option<u32> {
+        let c = self.recs[i].class;
+        (c != NONE).then_some(c)
     }
 
     /// Every class name, each once.

@@ -119,6 +119,7 @@ impl<'t> Fast<'t> {
         Some(f.l)
     }
 
+    #[inline]
     fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.s.get(self.i) {
             self.i += 1;
@@ -126,16 +127,19 @@ impl<'t> Fast<'t> {
     }
 
     /// The next byte after whitespace, not consumed.
+    #[inline]
     fn peek(&mut self) -> Option<u8> {
         self.ws();
         self.s.get(self.i).copied()
     }
 
+    #[inline]
     fn eat(&mut self, c: u8) -> Option<()> {
         (self.peek()? == c).then(|| self.i += 1)
     }
 
     /// `,` then more, or `close` then done: `Some(true)` for more.
+    #[inline]
     fn more(&mut self, close: u8) -> Option<bool> {
         match self.peek()? {
             b',' => {
@@ -151,6 +155,7 @@ impl<'t> Fast<'t> {
     }
 
     /// Open `open`; `Some(true)` when the list or object is not empty.
+    #[inline]
     fn open(&mut self, open: u8, close: u8) -> Option<bool> {
         self.eat(open)?;
         if self.peek()? == close {
@@ -161,6 +166,7 @@ impl<'t> Fast<'t> {
     }
 
     /// A string without escapes.
+    #[inline]
     fn string(&mut self) -> Option<&'t str> {
         self.eat(b'"')?;
         let start = self.i;
@@ -176,6 +182,7 @@ impl<'t> Fast<'t> {
 
     /// A key of the format and its `:` (`None` for any other key, or one
     /// written with escapes).
+    #[inline]
     fn key(&mut self) -> Option<Key> {
         self.eat(b'"')?;
         let rest = &self.s[self.i..];
@@ -198,6 +205,7 @@ impl<'t> Fast<'t> {
         Some(key)
     }
 
+    #[inline]
     fn literal(&mut self, word: &[u8]) -> Option<()> {
         self.ws();
         let end = self.i + word.len();
@@ -205,6 +213,7 @@ impl<'t> Fast<'t> {
     }
 
     /// A non-negative integer as JSON writes it (no leading zeros).
+    #[inline]
     fn number(&mut self) -> Option<usize> {
         self.ws();
         let first = *self.s.get(self.i)?;
@@ -414,9 +423,17 @@ impl<'t> Fast<'t> {
 }
 
 /// A dtype by name, as the tree path reads it ([`RawDType`]).
-fn dtype_named(v: &str) -> Option<DType> {
-    if let Some(&d) = DType::ALL.iter().find(|d| d.name() == v) {
-        return Some(d);
-    }
-    v.strip_prefix("torch.").unwrap_or(v).parse().ok()
+pub(super) fn dtype_named(v: &str) -> Option<DType> {
+    // The canonical names (`DType::name`) at once; others as `FromStr`.
+    Some(match v.as_bytes() {
+        b"bf16" => DType::BF16,
+        b"f16" => DType::F16,
+        b"f32" => DType::F32,
+        b"f64" => DType::F64,
+        b"i8" => DType::I8,
+        b"u8" => DType::U8,
+        b"i32" => DType::I32,
+        b"i64" => DType::I64,
+        _ => return v.strip_prefix("torch.").unwrap_or(v).parse().ok(),
+    })
 }

@@ -339,3 +339,26 @@ fn duplicates_among_many_siblings_are_found() {
         assert!(e.contains(&want), "{e}");
     }
 }
+
+#[test]
+fn the_fast_reader_reads_every_dtype_name() {
+    let tree = |v: &str| {
+        serde_json::from_str::<RawDType>(&format!("{v:?}"))
+            .ok()
+            .map(|d| d.0)
+    };
+    for &d in DType::ALL.iter() {
+        assert_eq!(parse::dtype_named(d.name()), Some(d));
+        assert_eq!(tree(d.name()), Some(d));
+    }
+    for v in [
+        "torch.bfloat16",
+        "float16",
+        "torch.int64",
+        "bf17",
+        "",
+        "torch.",
+    ] {
+        assert_eq!(parse::dtype_named(v), tree(v), "{v}");
+    }
+}

@@ -359,33 +359,36 @@ impl MaskedMax {
         };
     }
 
-    /// Add `d` (+1 or -1) to the mask of every element of `r`.
+    /// Add `d` (+1 or -1) to the mask of every element of `r`: on the
+    /// nodes covering `r` exactly, bottom-up, then the maxima of their
+    /// ancestors (the paths from `r`'s first and last leaf to the root).
     pub(super) fn mask(&mut self, r: std::ops::Range<usize>, d: i32) {
         if r.is_empty() {
             return;
         }
-        self.update(1, 0, self.base, &r, d);
-    }
-
-    pub(super) fn update(
-        &mut self,
-        i: usize,
-        lo: usize,
-        hi: usize,
-        r: &std::ops::Range<usize>,
-        d: i32,
-    ) {
-        if r.end <= lo || hi <= r.start {
-            return;
+        let (first, last) = (r.start + self.base, r.end - 1 + self.base);
+        let (mut lo, mut hi) = (first, last + 1);
+        while lo < hi {
+            if lo & 1 == 1 {
+                self.mask[lo] = self.mask[lo].saturating_add_signed(d);
+                self.pull(lo);
+                lo += 1;
+            }
+            if hi & 1 == 1 {
+                hi -= 1;
+                self.mask[hi] = self.mask[hi].saturating_add_signed(d);
+                self.pull(hi);
+            }
+            lo >>= 1;
+            hi >>= 1;
         }
-        if r.start <= lo && hi <= r.end {
-            self.mask[i] = self.mask[i].saturating_add_signed(d);
-        } else {
-            let mid = (lo + hi) / 2;
-            self.update(2 * i, lo, mid, r, d);
-            self.update(2 * i + 1, mid, hi, r, d);
+        for leaf in [first, last] {
+            let mut i = leaf >> 1;
+            while i >= 1 {
+                self.pull(i);
+                i >>= 1;
+            }
         }
-        self.pull(i);
     }
 
     /// The largest unmasked value (0 when none).

@@ -56,38 +56,36 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
         .map(|c| patterns.iter().any(|&(p, _)| p == &**c))
         .collect();
     let specials = !opts.special_dtypes.is_empty();
-    for (i, node) in layout.nodes().enumerate() {
-        if let Some(own) = node.dtype() {
+    let widen = |own: DType| match opts.dtype {
+        Some(o) if own.is_float() && o.is_float() && o.size() <= own.size() => o,
+        _ => own,
+    };
+    for i in 0..n {
+        if let Some((own, bytes)) = layout.tensor_at(i) {
             let special = if specials {
-                opts.special_dtypes.get(node.name()).copied()
+                let name = layout.node(i as NodeId).name();
+                opts.special_dtypes.get(name).copied()
             } else {
                 None
             };
-            let d = if let Some(s) = special {
-                s
-            } else if let Some(o) = opts
-                .dtype
-                .filter(|o| own.is_float() && o.is_float() && o.size() <= own.size())
-            {
-                o
-            } else {
-                own
-            };
+            let d = special.unwrap_or_else(|| widen(own));
             dtype[i] = Some(d);
             if !free.get(i).copied().unwrap_or(false) {
                 // The layout checked that the tensor's own size fits in 64
                 // bits; a per-tensor override may widen it, so saturate.
-                size[i] = node
-                    .bytes()
-                    .map(|b| b / own.size() as u64)
-                    .and_then(|numel| numel.checked_mul(d.size() as u64))
-                    .unwrap_or(u64::MAX);
+                size[i] = if d == own {
+                    bytes
+                } else {
+                    (bytes / own.size() as u64)
+                        .checked_mul(d.size() as u64)
+                        .unwrap_or(u64::MAX)
+                };
                 owned[i] = 1;
             }
         } else if !patterns.is_empty() {
-            let class_named = node.class_index().is_some_and(|c| class_hit[c as usize]);
+            let class_named = layout.class_at(i).is_some_and(|c| class_hit[c as usize]);
             no_split[i] = class_named || {
-                let name = node.name();
+                let name = layout.node(i as NodeId).name();
                 !name.is_empty()
                     && patterns.iter().any(
                         |&(p, star)| {
