@@ -76,9 +76,7 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
                 size[i] = if d == own {
                     bytes
                 } else {
-                    (bytes / own.size() as u64)
-                        .checked_mul(d.size() as u64)
-                        .unwrap_or(u64::MAX)
+                    (bytes / own.size() as u64).saturating_mul(d.size() as u64)
                 };
                 owned[i] = 1;
             }
