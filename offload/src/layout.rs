@@ -1127,6 +1127,12 @@ impl Layout {
         Some((r.dtype, shape_bytes(r.dtype, shape).unwrap_or(u64::MAX)))
     }
 
+    /// The length of node `i`'s full name.
+    #[inline]
+    pub(crate) fn name_len_at(&self, i: usize) -> usize {
+        self.recs[i].name_len as usize
+    }
+
     /// The class index of node `i` ([`Layout::class_names`]).
     #[inline]
     pub(crate) fn class_at(&self, i: usize) -> Option<u32> {

@@ -82,19 +82,18 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
             }
         } else if !patterns.is_empty() {
             let class_named = layout.class_at(i).is_some_and(|c| class_hit[c as usize]);
-            no_split[i] = class_named || {
-                let name = layout.node(i as NodeId).name();
-                !name.is_empty()
-                    && patterns.iter().any(
-                        |&(p, star)| {
-                            if star {
-                                glob_match(p, name)
-                            } else {
-                                name == p
-                            }
-                        },
-                    )
-            };
+            // A plain pattern is a full name: compare only names of its
+            // length.
+            let len = layout.name_len_at(i);
+            no_split[i] = class_named
+                || (len > 0
+                    && patterns.iter().any(|&(p, star)| {
+                        if star {
+                            glob_match(p, layout.node(i as NodeId).name())
+                        } else {
+                            p.len() == len && layout.node(i as NodeId).name() == p
+                        }
+                    }));
         }
     }
     for i in (1..n).rev() {
