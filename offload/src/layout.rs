@@ -911,7 +911,12 @@ impl Layout {
         let mut seen: hashbrown::HashSet<&str> = Default::default();
         for (id, &end) in self.ends.iter().enumerate() {
             let id = id as NodeId;
-            if end == id + 1 || self.recs[id as usize].kind != NodeKind::Module {
+            // No children, or one (its subtree ends where the parent's
+            // does): nothing to compare.
+            if end == id + 1
+                || self.ends[id as usize + 1] == end
+                || self.recs[id as usize].kind != NodeKind::Module
+            {
                 continue;
             }
             let skip = self.recs[id as usize].name_len as usize;
