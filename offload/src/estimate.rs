@@ -71,7 +71,7 @@ pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Resu
         let mut f32_bytes = 0u64;
         for (i, n) in layout.nodes().enumerate() {
             // A tied group counts once, on its first member (as the planner).
-            let counted = n.is_tensor() && s.owned[i] == 1;
+            let counted = n.is_tensor() && s.owned[i];
             // The layout checked that every tensor's bytes fit in 64 bits.
             let bytes = n.bytes().unwrap_or(0);
             let b = match n.dtype() {

@@ -103,7 +103,7 @@ fn balanced_budgets(
     let mut leaf_sum = 0u128;
     let mut leaf_n = 0u64;
     for (i, node) in layout.nodes().enumerate().skip(1) {
-        if node.kind() != NodeKind::Module || s.owned[i] == 0 {
+        if node.kind() != NodeKind::Module || !s.owned[i] {
             continue;
         }
         if s.no_split[i] {

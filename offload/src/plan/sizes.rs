@@ -10,8 +10,9 @@ use crate::util::glob_match;
 pub(crate) struct Sizes {
     pub size: Vec<u64>,
     pub dtype: Vec<Option<DType>>,
-    /// Owned (non-alias) tensors in the subtree.
-    pub owned: Vec<u32>,
+    /// The subtree holds an owned (non-alias) tensor (for a tensor: it is
+    /// one).
+    pub owned: Vec<bool>,
     pub has_module_child: Vec<bool>,
     /// A child module holding at least one owned tensor (Accelerate's
     /// `get_balanced_memory` sees only such modules).
@@ -27,7 +28,7 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
     let n = layout.len();
     let mut size = vec![0u64; n];
     let mut dtype = vec![None; n];
-    let mut owned = vec![0u32; n];
+    let mut owned = vec![false; n];
     let mut has_module_child = vec![false; n];
     let mut has_tensor_module_child = vec![false; n];
     let mut no_split = vec![false; n];
@@ -78,7 +79,7 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
                 } else {
                     (bytes / own.size() as u64).saturating_mul(d.size() as u64)
                 };
-                owned[i] = 1;
+                owned[i] = true;
             }
         } else if !patterns.is_empty() {
             let class_named = layout.class_at(i).is_some_and(|c| class_hit[c as usize]);
@@ -99,10 +100,10 @@ pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
     for i in (1..n).rev() {
         let p = parent[i] as usize;
         size[p] = size[p].saturating_add(size[i]);
-        owned[p] += owned[i];
+        owned[p] |= owned[i];
         if dtype[i].is_none() {
             has_module_child[p] = true;
-            if owned[i] > 0 {
+            if owned[i] {
                 has_tensor_module_child[p] = true;
             }
         }
