@@ -326,43 +326,57 @@ fn no_fit_error(
 /// the covering nodes (no push-down needed).
 #[derive(Debug)]
 pub(super) struct MaskedMax {
-    /// Leaves from `base`; `max[1]` is the root.
+    /// Leaves from `base`; node 1 is the root.
     base: usize,
+    /// The maximum of each inner node (`1..base`); a leaf's is its value
+    /// unless masked, so it is not stored.
     max: Vec<u64>,
-    mask: Vec<u32>,
+    /// Range masks on the covering nodes. Entries are disjoint subtrees, so
+    /// a count stays tiny; 16 bits keep this array small.
+    mask: Vec<u16>,
     leaf: Vec<u64>,
 }
 
 impl MaskedMax {
     pub(super) fn new(leaf: Vec<u64>) -> Self {
         let base = leaf.len().next_power_of_two().max(1);
-        let mut max = vec![0u64; 2 * base];
-        max[base..base + leaf.len()].copy_from_slice(&leaf);
-        for i in (1..base).rev() {
-            max[i] = max[2 * i].max(max[2 * i + 1]);
-        }
-        MaskedMax {
+        let mut t = MaskedMax {
             base,
-            max,
+            max: vec![0u64; base],
             mask: vec![0; 2 * base],
             leaf,
+        };
+        for i in (1..base).rev() {
+            t.max[i] = t.value(2 * i).max(t.value(2 * i + 1));
+        }
+        t
+    }
+
+    /// The maximum of node `i`'s unmasked elements.
+    fn value(&self, i: usize) -> u64 {
+        if i < self.base {
+            self.max[i]
+        } else if self.mask[i] > 0 {
+            0
+        } else {
+            self.leaf.get(i - self.base).copied().unwrap_or(0)
         }
     }
 
     pub(super) fn pull(&mut self, i: usize) {
-        self.max[i] = if self.mask[i] > 0 {
-            0
-        } else if i >= self.base {
-            self.leaf.get(i - self.base).copied().unwrap_or(0)
-        } else {
-            self.max[2 * i].max(self.max[2 * i + 1])
-        };
+        if i < self.base {
+            self.max[i] = if self.mask[i] > 0 {
+                0
+            } else {
+                self.value(2 * i).max(self.value(2 * i + 1))
+            };
+        }
     }
 
     /// Add `d` (+1 or -1) to the mask of every element of `r`: on the
     /// nodes covering `r` exactly, bottom-up, then the maxima of their
     /// ancestors (the paths from `r`'s first and last leaf to the root).
-    pub(super) fn mask(&mut self, r: std::ops::Range<usize>, d: i32) {
+    pub(super) fn mask(&mut self, r: std::ops::Range<usize>, d: i16) {
         if r.is_empty() {
             return;
         }
@@ -393,13 +407,13 @@ impl MaskedMax {
 
     /// The largest unmasked value (0 when none).
     pub(super) fn max(&self) -> u64 {
-        self.max[1]
+        self.value(1)
     }
 
     /// Every unmasked element equal to `v` (> 0), in order.
     pub(super) fn each_equal(&self, v: u64, f: &mut dyn FnMut(usize)) {
         fn go(t: &MaskedMax, i: usize, v: u64, f: &mut dyn FnMut(usize)) {
-            if t.max[i] != v {
+            if t.value(i) != v {
                 return;
             }
             if i >= t.base {
@@ -420,13 +434,13 @@ impl MaskedMax {
             return None;
         }
         while i < self.base {
-            i = if self.max[2 * i] == v {
+            i = if self.value(2 * i) == v {
                 2 * i
             } else {
                 2 * i + 1
             };
         }
-        (self.max[i] == v).then(|| i - self.base)
+        (self.value(i) == v).then(|| i - self.base)
     }
 }
 
