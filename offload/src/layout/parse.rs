@@ -40,17 +40,16 @@ impl Layout {
                 format!("{}: {}", path.display(), e.message()),
             )
         };
-        // One UTF-8 check of the whole text instead of one per string.
-        let Ok(utf8) = std::str::from_utf8(text) else {
-            return Err(named(Error::new(
-                ErrorKind::InvalidArgument,
-                "not a layout file: not UTF-8 text",
-            )));
-        };
-        if let Some(l) = Fast::read(utf8) {
-            return Ok(l);
+        // One UTF-8 check of the whole text instead of one per string. A
+        // text that fails it goes to serde, as does anything the fast
+        // reader leaves: serde skips the values of unknown keys without
+        // checking them, as `from_json` on the same bytes does.
+        if let Ok(utf8) = std::str::from_utf8(text) {
+            if let Some(l) = Fast::read(utf8) {
+                return Ok(l);
+            }
         }
-        let doc: RawDoc<'_> = serde_json::from_str(utf8).map_err(|e| {
+        let doc: RawDoc<'_> = serde_json::from_slice(text).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidArgument,
                 format!("{}: not a layout file: {e}", path.display()),

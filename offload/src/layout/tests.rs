@@ -362,3 +362,27 @@ fn the_fast_reader_reads_every_dtype_name() {
         assert_eq!(parse::dtype_named(v), tree(v), "{v}");
     }
 }
+
+/// Found by the long fuzz run of `fuzz_inputs` (batch 3): serde skips the
+/// value of an unknown key without checking its UTF-8, so the file entry
+/// must not refuse such a text up front where `from_json` takes it.
+#[test]
+fn the_file_entry_takes_invalid_utf8_where_serde_skips_it() {
+    let mut text = br#"{"format":"accel-layout/1","root":{"junk":"xy","children":[{"name":"a","params":[{"name":"w","dtype":"f32","shape":[2]}]}]}}"#.to_vec();
+    let at = text.windows(2).position(|w| w == b"xy").unwrap();
+    text[at] = 0xff;
+    assert!(std::str::from_utf8(&text).is_err());
+    let from_json = Layout::from_json(&serde_json::from_slice(&text).unwrap()).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("l.json");
+    std::fs::write(&f, &text).unwrap();
+    same(&Layout::from_json_file(&f).unwrap(), &from_json);
+    // Invalid UTF-8 in a name is refused by both.
+    let mut bad = br#"{"format":"accel-layout/1","root":{"children":[{"name":"x"}]}}"#.to_vec();
+    let at = bad.iter().position(|&c| c == b'x').unwrap();
+    bad[at] = 0xff;
+    std::fs::write(&f, &bad).unwrap();
+    let e = Layout::from_json_file(&f).unwrap_err();
+    assert!(e.to_string().contains("not a layout file"), "{e}");
+    assert!(serde_json::from_slice::<LayoutJson>(&bad).is_err());
+}
