@@ -3,7 +3,8 @@
 //!
 //! `cargo bench -p accel-offload` (env: `ACCEL_BENCH_GIB`, checkpoint size
 //! for the load benchmark, default 2; `ACCEL_BENCH_DIR`, where to write it,
-//! default the system temp dir).
+//! default the system temp dir; `ACCEL_BENCH_ONLY=plan`, the planning
+//! lines alone).
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -316,8 +317,24 @@ fn main() {
     bench_plan("moe-173k", &moe, spec, &["LlamaDecoderLayer"]);
     bench_plan("moe-173k (split to experts)", &moe, spec, &[]);
     drop(moe);
+    // The two layouts Accelerate was timed on (docs/benchmarks.md): 512
+    // and 1024 experts in each of 128 layers.
+    for (label, experts) in [("moe-197k", 512), ("moe-394k", 1024)] {
+        let shape = LlamaShape {
+            layers: 128,
+            experts,
+            ..LlamaShape::MOE_173K
+        };
+        let moe = llama_layout(shape, DType::BF16);
+        bench_plan(label, &moe, spec, &["LlamaDecoderLayer"]);
+        bench_plan(&format!("{label} (split to experts)"), &moe, spec, &[]);
+    }
     bench_plan_command(dir.path(), spec);
 
+    // `ACCEL_BENCH_ONLY=plan`: the planner lines alone (no 2 GiB checkpoint).
+    if std::env::var("ACCEL_BENCH_ONLY").as_deref() == Ok("plan") {
+        return;
+    }
     bench_load(dir.path(), gib);
     bench_prefetch(dir.path());
 }

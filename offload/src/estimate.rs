@@ -50,7 +50,6 @@ pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Resu
             ..Default::default()
         },
     );
-    let nodes = layout.nodes();
     let mut rows = vec![];
     for name in dtypes {
         let (label, num, den, train): (String, u64, u64, Option<u64>) =
@@ -67,22 +66,24 @@ pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Resu
                 }
             };
         // Per-tensor bytes in this dtype, then prefix sums over preorder.
-        let mut prefix = vec![0u64; nodes.len() + 1];
+        let mut prefix = vec![0u64; layout.len() + 1];
         let mut float_params = 0u64;
         let mut f32_bytes = 0u64;
-        for (i, n) in nodes.iter().enumerate() {
+        for (i, n) in layout.nodes().enumerate() {
             // A tied group counts once, on its first member (as the planner).
-            let counted = n.is_tensor() && s.owned[i] == 1;
-            let b = match &n.meta {
-                Some(m) if counted && m.dtype.is_float() => {
-                    let numel = m.numel() as u64;
+            let counted = n.is_tensor() && s.owned[i];
+            // The layout checked that every tensor's bytes fit in 64 bits.
+            let bytes = n.bytes().unwrap_or(0);
+            let b = match n.dtype() {
+                Some(d) if counted && d.is_float() => {
+                    let numel = bytes / d.size() as u64;
                     float_params += numel;
                     f32_bytes = f32_bytes.saturating_add(numel.saturating_mul(4));
                     numel.saturating_mul(num).div_ceil(den)
                 }
-                Some(m) if counted => {
-                    f32_bytes = f32_bytes.saturating_add(m.byte_len() as u64);
-                    m.byte_len() as u64
+                Some(_) if counted => {
+                    f32_bytes = f32_bytes.saturating_add(bytes);
+                    bytes
                 }
                 _ => 0,
             };
@@ -93,15 +94,15 @@ pub fn estimate(layout: &Layout, no_split: &[String], dtypes: &[String]) -> Resu
             "f16" | "bf16" => Some(2 * f32_bytes),
             _ => None,
         };
-        let size = |id: u32| prefix[nodes[id as usize].end as usize] - prefix[id as usize];
+        let size = |id: u32| prefix[layout.node(id).end() as usize] - prefix[id as usize];
         let max = s.layers.iter().map(|&l| size(l)).max().unwrap_or(0);
         let names = s
             .layers
             .iter()
             .filter(|&&l| size(l) == max)
-            .map(|&l| nodes[l as usize].name.clone())
+            .map(|&l| layout.node(l).name().to_string())
             .collect();
-        let total = prefix[nodes.len()];
+        let total = prefix[layout.len()];
         rows.push(Estimate {
             dtype: label,
             largest_layer: max,

@@ -55,7 +55,7 @@ impl<'a> WeightSource<'a> {
     pub fn owner(&self, name: &str) -> Option<&'a str> {
         let id = self.layout.id(name)?;
         let n = self.layout.node(id);
-        Some(&self.layout.node(n.alias_of.unwrap_or(id)).name)
+        Some(self.layout.node(n.alias_of().unwrap_or(id)).name())
     }
 
     /// `true` when `name` shares storage with other tensors.
@@ -76,8 +76,8 @@ impl<'a> WeightSource<'a> {
                 format!("no tensor `{name}` in the layout"),
             )
         })?;
-        let owner = self.layout.node(id).alias_of.unwrap_or(id);
-        let oname = &self.layout.node(owner).name;
+        let owner = self.layout.node(id).alias_of().unwrap_or(id);
+        let oname = &self.layout.node(owner).name();
         let dev = self.plan.device_of(owner).ok_or_else(|| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -109,7 +109,7 @@ impl LayerSpec {
     /// store holds them).
     pub fn module(layout: &Layout, name: &str) -> Option<LayerSpec> {
         let mut tensors = layout.tensors_under(name)?;
-        tensors.retain(|t| layout.id(t).is_some_and(|i| layout.node(i).persistent));
+        tensors.retain(|t| layout.id(t).is_some_and(|i| layout.node(i).persistent()));
         Some(LayerSpec {
             name: name.to_string(),
             tensors,

@@ -48,7 +48,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
@@ -74,54 +74,209 @@ pub enum NodeKind {
     Buffer,
 }
 
-/// One module or tensor of the tree.
-#[derive(Debug, Clone)]
-pub struct Node {
-    /// Full dotted name (`""` for the root).
-    pub name: String,
-    /// Class name of a module, when known (shared between modules of one
-    /// class).
-    pub class: Option<Arc<str>>,
-    /// Module, parameter or buffer.
-    pub kind: NodeKind,
-    /// Element type and shape (tensors only).
-    pub meta: Option<TensorMeta>,
-    /// Parent module (`None` for the root).
-    pub parent: Option<NodeId>,
-    /// Entries in tree order: parameters, child modules, buffers.
-    pub children: Vec<NodeId>,
-    /// One past the last node of this subtree (preorder range `id..end`).
-    pub end: NodeId,
-    /// For a tied alias, the owner of the storage.
-    pub alias_of: Option<NodeId>,
-    /// `false` for a non-persistent buffer: counted in module sizes (as
-    /// Accelerate does) but not in any checkpoint (the model computes it).
-    pub persistent: bool,
+/// "None" in the compact per-node records.
+const NONE: u32 = u32::MAX;
+
+/// One node's facts, stored compactly: names and shapes live in shared
+/// buffers of the [`Layout`], children are the preorder sibling chain
+/// (`id + 1`, then each child's `end`), so building a layout of a million
+/// nodes makes a handful of allocations, not millions.
+#[derive(Debug, Clone, Copy)]
+struct Rec {
+    /// Full name: `names[name_start..name_start + name_len]`.
+    name_start: usize,
+    name_len: u32,
+    alias_of: u32,
+    /// Index into `classes`.
+    class: u32,
+    /// Shape: `shapes[shape_start..shape_start + ndim]` (tensors only).
+    shape_start: u32,
+    ndim: u32,
+    kind: NodeKind,
+    /// The element type (tensors only; `F32` for modules, never read).
+    dtype: DType,
+    persistent: bool,
 }
 
-impl Node {
+/// One module or tensor of the tree: a view into its [`Layout`] (cheap to
+/// copy; see [`Layout::node`]).
+#[derive(Clone, Copy)]
+pub struct Node<'a> {
+    l: &'a Layout,
+    id: NodeId,
+}
+
+impl std::fmt::Debug for Node<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.id)
+            .field("name", &self.name())
+            .field("class", &self.class())
+            .field("kind", &self.kind())
+            .field("meta", &self.meta())
+            .field("parent", &self.parent())
+            .field("end", &self.end())
+            .field("alias_of", &self.alias_of())
+            .field("persistent", &self.persistent())
+            .finish()
+    }
+}
+
+impl<'a> Node<'a> {
+    fn rec(&self) -> &'a Rec {
+        &self.l.recs[self.id as usize]
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Full dotted name (`""` for the root).
+    pub fn name(&self) -> &'a str {
+        let r = self.rec();
+        &self.l.names[r.name_start..r.name_start + r.name_len as usize]
+    }
+
+    /// The last component of the name (the attribute name; `""` for the
+    /// root).
+    pub fn local_name(&self) -> &'a str {
+        let n = self.name();
+        n.rsplit('.').next().unwrap_or("")
+    }
+
+    /// Class name of a module, when known.
+    pub fn class(&self) -> Option<&'a str> {
+        let c = self.rec().class;
+        (c != NONE).then(|| &*self.l.classes[c as usize])
+    }
+
+    /// Module, parameter or buffer.
+    pub fn kind(&self) -> NodeKind {
+        self.rec().kind
+    }
+
     /// `true` for parameters and buffers.
     pub fn is_tensor(&self) -> bool {
-        self.kind != NodeKind::Module
+        self.rec().kind != NodeKind::Module
+    }
+
+    /// Element type (tensors only).
+    pub fn dtype(&self) -> Option<DType> {
+        self.is_tensor().then_some(self.rec().dtype)
+    }
+
+    /// Shape (tensors only).
+    pub fn shape(&self) -> Option<&'a [usize]> {
+        let r = self.rec();
+        let s = r.shape_start as usize;
+        self.is_tensor()
+            .then(|| &self.l.shapes[s..s + r.ndim as usize])
+    }
+
+    /// Element type and shape (tensors only; a copy).
+    pub fn meta(&self) -> Option<TensorMeta> {
+        Some(TensorMeta {
+            dtype: self.dtype()?,
+            shape: self.shape()?.to_vec(),
+        })
+    }
+
+    /// Bytes of the tensor (tensors only; the layout checked that they fit
+    /// in 64 bits).
+    pub fn bytes(&self) -> Option<u64> {
+        let r = self.rec();
+        self.is_tensor()
+            .then(|| shape_bytes(r.dtype, self.shape().unwrap_or(&[])).unwrap_or(u64::MAX))
+    }
+
+    /// Parent module (`None` for the root).
+    pub fn parent(&self) -> Option<NodeId> {
+        let p = self.l.parents[self.id as usize];
+        (p != NONE).then_some(p)
+    }
+
+    /// Entries in tree order: parameters, child modules, buffers.
+    pub fn children(&self) -> Children<'a> {
+        Children {
+            l: self.l,
+            next: self.id + 1,
+            end: self.end(),
+        }
+    }
+
+    /// One past the last node of this subtree (preorder range `id..end`).
+    pub fn end(&self) -> NodeId {
+        self.l.ends[self.id as usize]
+    }
+
+    /// For a tied alias, the owner of the storage.
+    pub fn alias_of(&self) -> Option<NodeId> {
+        let a = self.rec().alias_of;
+        (a != NONE).then_some(a)
+    }
+
+    /// `false` for a non-persistent buffer: counted in module sizes (as
+    /// Accelerate does) but not in any checkpoint (the model computes it).
+    pub fn persistent(&self) -> bool {
+        self.rec().persistent
+    }
+}
+
+/// The children of a node, in tree order (see [`Node::children`]).
+#[derive(Clone, Debug)]
+pub struct Children<'a> {
+    l: &'a Layout,
+    next: NodeId,
+    end: NodeId,
+}
+
+impl Iterator for Children<'_> {
+    type Item = NodeId;
+    fn next(&mut self) -> Option<NodeId> {
+        if self.next >= self.end {
+            return None;
+        }
+        let c = self.next;
+        self.next = self.l.ends[c as usize];
+        Some(c)
     }
 }
 
 /// An ordered module tree (see the [module docs](self) for the JSON format).
 #[derive(Clone)]
 pub struct Layout {
-    nodes: Vec<Node>,
+    recs: Vec<Rec>,
+    /// Per node: its parent (`NONE` for the root) and the end of its
+    /// subtree (kept apart from `recs`: the planner's passes read only
+    /// these).
+    parents: Vec<NodeId>,
+    ends: Vec<NodeId>,
+    /// Every full name, one after the other in tree order.
+    names: String,
+    /// Every tensor's dimensions, one after the other.
+    shapes: Vec<usize>,
+    /// Class names, each once.
+    classes: Vec<Box<str>>,
     /// (hash, node id) by full name, built on the first lookup (planning
-    /// never needs it); the names live only in `nodes`.
+    /// never needs it).
     by_name: OnceLock<HashTable<(u64, NodeId)>>,
     hasher: DefaultHashBuilder,
     tied: Vec<Vec<NodeId>>,
     order_inferred: bool,
+    /// While building: a local name was empty or held a `.`, or the
+    /// tensors' bytes overflowed 64 bits in all (aliases included); the
+    /// exact checks then run, else they are known to pass.
+    suspect_names: bool,
+    total_overflow: bool,
+    /// While building: the running total of every tensor's bytes.
+    total: u64,
 }
 
 impl std::fmt::Debug for Layout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Layout")
-            .field("nodes", &self.nodes.len())
+            .field("nodes", &self.recs.len())
             .field("tied", &self.tied.len())
             .field("order_inferred", &self.order_inferred)
             .finish()
@@ -277,6 +432,16 @@ struct RawTensor<'a> {
     persistent: bool,
 }
 
+impl RawTensor<'_> {
+    fn input(&self) -> TensorIn<'_> {
+        TensorIn {
+            dtype: self.dtype.0,
+            shape: &self.shape,
+            persistent: self.persistent,
+        }
+    }
+}
+
 impl<'a> RawModule<'a> {
     /// A borrowed view of a [`ModuleJson`] (shapes copied).
     fn of(m: &'a ModuleJson) -> RawModule<'a> {
@@ -328,10 +493,15 @@ fn join(prefix: &str, local: &str) -> String {
 /// byte count does not fit in 64 bits (a layout must never be planned with a
 /// wrapped-around size).
 pub fn checked_bytes(meta: &TensorMeta) -> Option<u64> {
-    meta.shape
+    shape_bytes(meta.dtype, &meta.shape)
+}
+
+/// [`checked_bytes`] of `dtype` and `shape`.
+fn shape_bytes(dtype: DType, shape: &[usize]) -> Option<u64> {
+    shape
         .iter()
         .try_fold(1u64, |a, &d| a.checked_mul(u64::try_from(d).ok()?))?
-        .checked_mul(meta.dtype.size() as u64)
+        .checked_mul(dtype.size() as u64)
 }
 
 /// Where siblings go when the model's own order is unknown (a layout built
@@ -356,6 +526,38 @@ fn inferred_rank(local: &str) -> u8 {
         "lm_head" | "head" | "classifier" | "cls" | "score" | "qa_outputs" | "embed_out" => 5,
         _ => 3,
     }
+}
+
+/// `true` when `local` is `k` written in decimal (a module list's entry).
+fn is_index(local: &str, k: usize) -> bool {
+    let b = local.as_bytes();
+    if b.is_empty() || (b[0] == b'0' && b.len() > 1) {
+        return false;
+    }
+    let mut v = 0usize;
+    for &d in b {
+        if !d.is_ascii_digit() {
+            return false;
+        }
+        v = match v
+            .checked_mul(10)
+            .and_then(|v| v.checked_add(usize::from(d - b'0')))
+        {
+            Some(v) => v,
+            None => return false,
+        };
+    }
+    v == k
+}
+
+/// Class names to their index in [`Layout`]'s list, while building.
+type ClassIds = hashbrown::HashMap<Box<str>, u32>;
+
+/// A tensor to push: element type, shape, persistence.
+struct TensorIn<'s> {
+    dtype: DType,
+    shape: &'s [usize],
+    persistent: bool,
 }
 
 impl Layout {
@@ -387,83 +589,165 @@ impl Layout {
             1 + m.params.len() + m.buffers.len() + m.children.iter().map(count).sum::<usize>()
         }
         let mut l = Layout::empty(count(&doc.root), false);
-        let mut classes: HashMap<Box<str>, Arc<str>> = HashMap::new();
+        let mut classes = ClassIds::new();
         fn walk(
             l: &mut Layout,
-            classes: &mut HashMap<Box<str>, Arc<str>>,
-            m: RawModule<'_>,
-            full: String,
+            classes: &mut ClassIds,
+            m: &RawModule<'_>,
             parent: Option<NodeId>,
         ) -> Result<NodeId> {
-            let class = m.class.map(|c| match classes.get(&*c.0) {
-                Some(a) => a.clone(),
-                None => {
-                    let a: Arc<str> = Arc::from(&*c.0);
-                    classes.insert(Box::from(&*c.0), a.clone());
-                    a
-                }
-            });
-            let child_count = m.params.len() + m.children.len() + m.buffers.len();
-            let id = l.push_with(
-                full.clone(),
-                class,
-                NodeKind::Module,
-                None,
-                parent,
-                child_count,
-            )?;
-            for p in m.params {
-                let c = l.push_tensor(&full, p, NodeKind::Param, id)?;
-                l.nodes[id as usize].children.push(c);
+            let class = m.class.as_ref().map(|c| l.intern(classes, &c.0));
+            // The root's own name never enters full names.
+            let local = if parent.is_some() { &*m.name.0 } else { "" };
+            let id = l.push_module(parent, local, class)?;
+            for p in &m.params {
+                l.push_tensor(id, &p.name.0, NodeKind::Param, p.input())?;
             }
-            for c in m.children {
-                let name = join(&full, &c.name.0);
-                let cid = walk(l, classes, c, name, Some(id))?;
-                l.nodes[id as usize].children.push(cid);
+            for c in &m.children {
+                walk(l, classes, c, Some(id))?;
             }
-            for b in m.buffers {
-                let c = l.push_tensor(&full, b, NodeKind::Buffer, id)?;
-                l.nodes[id as usize].children.push(c);
+            for b in &m.buffers {
+                l.push_tensor(id, &b.name.0, NodeKind::Buffer, b.input())?;
             }
-            l.nodes[id as usize].end = l.nodes.len() as NodeId;
+            l.close(id);
             Ok(id)
         }
-        walk(&mut l, &mut classes, doc.root, String::new(), None)?;
+        walk(&mut l, &mut classes, &doc.root, None)?;
         l.finish(&doc.tied, &Default::default())?;
         Ok(l)
     }
 
-    fn push_tensor(
-        &mut self,
-        prefix: &str,
-        t: RawTensor<'_>,
-        kind: NodeKind,
-        parent: NodeId,
-    ) -> Result<NodeId> {
-        let meta = TensorMeta {
-            dtype: t.dtype.0,
-            shape: t.shape,
-        };
-        let id = self.push_with(
-            join(prefix, &t.name.0),
-            None,
-            kind,
-            Some(meta),
-            Some(parent),
-            0,
-        )?;
-        self.nodes[id as usize].persistent = t.persistent;
-        Ok(id)
-    }
-
     fn empty(capacity: usize, order_inferred: bool) -> Layout {
         Layout {
-            nodes: Vec::with_capacity(capacity),
+            recs: Vec::with_capacity(capacity),
+            parents: Vec::with_capacity(capacity),
+            ends: Vec::with_capacity(capacity),
+            names: String::new(),
+            shapes: vec![],
+            classes: vec![],
             by_name: OnceLock::new(),
             hasher: DefaultHashBuilder::default(),
             tied: vec![],
             order_inferred,
+            suspect_names: false,
+            total_overflow: false,
+            total: 0,
         }
+    }
+
+    /// The index of class name `c`, added on first sight.
+    fn intern(&mut self, ids: &mut ClassIds, c: &str) -> u32 {
+        // A model has a handful of classes: a scan beats hashing.
+        if self.classes.len() <= 16 {
+            if let Some(i) = self.classes.iter().position(|k| **k == *c) {
+                return i as u32;
+            }
+        } else if let Some(&i) = ids.get(c) {
+            return i;
+        }
+        let i = self.classes.len() as u32;
+        self.classes.push(c.into());
+        ids.insert(c.into(), i);
+        i
+    }
+
+    /// Push a node named `local` under `parent` (the root: `None`, `""`);
+    /// its subtree ends at the next node until [`Layout::close`].
+    fn push_node(
+        &mut self,
+        parent: Option<NodeId>,
+        local: &str,
+        kind: NodeKind,
+        class: Option<u32>,
+        tensor: Option<TensorIn<'_>>,
+    ) -> Result<NodeId> {
+        let too_large = || {
+            Error::new(
+                ErrorKind::InvalidArgument,
+                "the layout is too large (over 2^32 nodes, name bytes or dimensions)",
+            )
+        };
+        let id = u32::try_from(self.recs.len())
+            .ok()
+            .filter(|&i| i != NONE)
+            .ok_or_else(too_large)?;
+        let name_start = self.names.len();
+        if parent.is_some() && (local.is_empty() || local.bytes().any(|b| b == b'.')) {
+            self.suspect_names = true;
+        }
+        if let Some(p) = parent {
+            let pr = self.recs[p as usize];
+            if pr.name_len > 0 {
+                self.names
+                    .extend_from_within(pr.name_start..pr.name_start + pr.name_len as usize);
+                self.names.push('.');
+            }
+        }
+        self.names.push_str(local);
+        let name_len = u32::try_from(self.names.len() - name_start).map_err(|_| too_large())?;
+        let shape_start = u32::try_from(self.shapes.len()).map_err(|_| too_large())?;
+        let (dtype, ndim, persistent) = match tensor {
+            Some(t) => {
+                let Some(bytes) = shape_bytes(t.dtype, t.shape) else {
+                    return Err(Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "tensor `{}`: {} {:?} holds more than 2^64 bytes",
+                            &self.names[name_start..],
+                            t.dtype.name(),
+                            t.shape
+                        ),
+                    )
+                    .with_fix("check the shape; no real tensor is that large"));
+                };
+                match self.total.checked_add(bytes) {
+                    Some(t) => self.total = t,
+                    None => self.total_overflow = true,
+                }
+                self.shapes.extend_from_slice(t.shape);
+                let ndim = u32::try_from(t.shape.len()).map_err(|_| too_large())?;
+                (t.dtype, ndim, t.persistent)
+            }
+            None => (DType::F32, 0, true),
+        };
+        self.parents.push(parent.unwrap_or(NONE));
+        self.ends.push(id + 1);
+        self.recs.push(Rec {
+            name_start,
+            name_len,
+            alias_of: NONE,
+            class: class.unwrap_or(NONE),
+            shape_start,
+            ndim,
+            kind,
+            dtype,
+            persistent,
+        });
+        Ok(id)
+    }
+
+    fn push_module(
+        &mut self,
+        parent: Option<NodeId>,
+        local: &str,
+        class: Option<u32>,
+    ) -> Result<NodeId> {
+        self.push_node(parent, local, NodeKind::Module, class, None)
+    }
+
+    fn push_tensor(
+        &mut self,
+        parent: NodeId,
+        local: &str,
+        kind: NodeKind,
+        t: TensorIn<'_>,
+    ) -> Result<NodeId> {
+        self.push_node(Some(parent), local, kind, None, Some(t))
+    }
+
+    /// The subtree of module `id` ends here.
+    fn close(&mut self, id: NodeId) {
+        self.ends[id as usize] = self.recs.len() as NodeId;
     }
 
     /// `true` when the module order was inferred from tensor names (a
@@ -556,10 +840,10 @@ impl Layout {
             l: &mut Layout,
             arena: &mut Vec<B>,
             b: usize,
-            full: String,
+            local: &str,
             parent: Option<NodeId>,
         ) -> Result<NodeId> {
-            let id = l.push(full.clone(), None, NodeKind::Module, None, parent)?;
+            let id = l.push_module(parent, local, None)?;
             let mut ts = std::mem::take(&mut arena[b].tensors);
             ts.sort_by(|a, c| natural_cmp(&a.0, &c.0));
             let mut ms = std::mem::take(&mut arena[b].mods);
@@ -568,75 +852,30 @@ impl Layout {
                     .cmp(&inferred_rank(&c.0))
                     .then_with(|| natural_cmp(&a.0, &c.0))
             });
-            for (n, m) in ts {
-                let c = l.push(join(&full, &n), None, NodeKind::Param, Some(m), Some(id))?;
-                l.nodes[id as usize].children.push(c);
+            for (n, m) in &ts {
+                let t = TensorIn {
+                    dtype: m.dtype,
+                    shape: &m.shape,
+                    persistent: true,
+                };
+                l.push_tensor(id, n, NodeKind::Param, t)?;
             }
             for (n, c) in ms {
-                let cid = emit(l, arena, c, join(&full, &n), Some(id))?;
-                l.nodes[id as usize].children.push(cid);
+                emit(l, arena, c, &n, Some(id))?;
             }
-            l.nodes[id as usize].end = l.nodes.len() as NodeId;
+            l.close(id);
             Ok(id)
         }
-        emit(&mut l, &mut arena, 0, String::new(), None)?;
+        emit(&mut l, &mut arena, 0, "", None)?;
         l.finish(tied, &absent)?;
         Ok(l)
     }
 
-    fn push(
-        &mut self,
-        name: String,
-        class: Option<Arc<str>>,
-        kind: NodeKind,
-        meta: Option<TensorMeta>,
-        parent: Option<NodeId>,
-    ) -> Result<NodeId> {
-        self.push_with(name, class, kind, meta, parent, 0)
-    }
-
-    fn push_with(
-        &mut self,
-        name: String,
-        class: Option<Arc<str>>,
-        kind: NodeKind,
-        meta: Option<TensorMeta>,
-        parent: Option<NodeId>,
-        child_capacity: usize,
-    ) -> Result<NodeId> {
-        let id = self.nodes.len() as NodeId;
-        if let Some(m) = &meta {
-            if checked_bytes(m).is_none() {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "tensor `{name}`: {} {:?} holds more than 2^64 bytes",
-                        m.dtype.name(),
-                        m.shape
-                    ),
-                )
-                .with_fix("check the shape; no real tensor is that large"));
-            }
-        }
-        self.nodes.push(Node {
-            name,
-            class,
-            kind,
-            meta,
-            parent,
-            children: Vec::with_capacity(child_capacity),
-            end: id + 1,
-            alias_of: None,
-            persistent: true,
-        });
-        Ok(id)
-    }
-
     fn index(&self) -> &HashTable<(u64, NodeId)> {
         self.by_name.get_or_init(|| {
-            let mut t = HashTable::with_capacity(self.nodes.len());
-            for (i, n) in self.nodes.iter().enumerate() {
-                let h = self.hasher.hash_one(n.name.as_str());
+            let mut t = HashTable::with_capacity(self.recs.len());
+            for (i, n) in self.nodes().enumerate() {
+                let h = self.hasher.hash_one(n.name());
                 // Names are unique (checked by `check_siblings`).
                 t.insert_unique(h, (h, i as NodeId), |&(hh, _)| hh);
             }
@@ -651,9 +890,10 @@ impl Layout {
             return names.iter().map(|n| self.id(n)).collect();
         }
         let mut out = vec![None; names.len()];
-        for (i, n) in self.nodes.iter().enumerate() {
+        for (i, n) in self.nodes().enumerate() {
+            let name = n.name();
             for (k, want) in names.iter().enumerate() {
-                if n.name.len() == want.len() && n.name == *want {
+                if name.len() == want.len() && name == *want {
                     out[k] = Some(i as NodeId);
                 }
             }
@@ -661,9 +901,55 @@ impl Layout {
         out
     }
 
+    /// `true` when [`Layout::check_siblings`] is known to pass: no local
+    /// name was suspect when pushed and no two siblings share a name.
+    fn siblings_ok(&self) -> bool {
+        if self.suspect_names {
+            return false;
+        }
+        let mut locals: Vec<&str> = vec![];
+        let mut seen: hashbrown::HashSet<&str> = Default::default();
+        for (id, &end) in self.ends.iter().enumerate() {
+            let id = id as NodeId;
+            // No children, or one (its subtree ends where the parent's
+            // does): nothing to compare.
+            if end == id + 1
+                || self.ends[id as usize + 1] == end
+                || self.recs[id as usize].kind != NodeKind::Module
+            {
+                continue;
+            }
+            let skip = self.recs[id as usize].name_len as usize;
+            let skip = if skip == 0 { 0 } else { skip + 1 };
+            locals.clear();
+            locals.extend(
+                self.node(id)
+                    .children()
+                    .map(|c| &self.node(c).name()[skip..]),
+            );
+            if locals.len() <= 8 {
+                for (k, a) in locals.iter().enumerate() {
+                    if locals[..k].contains(a) {
+                        return false;
+                    }
+                }
+            } else if !locals.iter().enumerate().all(|(k, l)| is_index(l, k)) {
+                // Not `0`, `1`, ... in order (a module list): hash them.
+                seen.clear();
+                if !locals.iter().all(|a| seen.insert(a)) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// Full names are unique when no local name is empty or holds a dot
     /// (PyTorch forbids both) and siblings differ.
     fn check_siblings(&self) -> Result<()> {
+        if self.siblings_ok() {
+            return Ok(());
+        }
         let dup = |name: &str| {
             Error::new(
                 ErrorKind::InvalidArgument,
@@ -671,18 +957,15 @@ impl Layout {
             )
         };
         let mut locals: Vec<&str> = vec![];
-        for n in &self.nodes {
-            if n.kind != NodeKind::Module || n.children.is_empty() {
+        for n in self.nodes() {
+            if n.kind() != NodeKind::Module || n.end() == n.id() + 1 {
                 continue;
             }
-            let skip = if n.name.is_empty() {
-                0
-            } else {
-                n.name.len() + 1
-            };
+            let name = n.name();
+            let skip = if name.is_empty() { 0 } else { name.len() + 1 };
             locals.clear();
-            for &c in &n.children {
-                let full = &self.nodes[c as usize].name;
+            for c in n.children() {
+                let full = self.node(c).name();
                 let local = &full[skip..];
                 if local.is_empty() || local.contains('.') {
                     return Err(Error::new(
@@ -695,13 +978,14 @@ impl Layout {
             if locals.len() <= 8 {
                 for (k, a) in locals.iter().enumerate() {
                     if locals[..k].contains(a) {
-                        return Err(dup(&self.nodes[n.children[k] as usize].name));
+                        let c = n.children().nth(k).expect("child");
+                        return Err(dup(self.node(c).name()));
                     }
                 }
             } else {
                 locals.sort_unstable();
                 if let Some(w) = locals.windows(2).find(|w| w[0] == w[1]) {
-                    return Err(dup(&join(&n.name, w[0])));
+                    return Err(dup(&join(name, w[0])));
                 }
             }
         }
@@ -722,22 +1006,28 @@ impl Layout {
     /// The whole layout's bytes must fit in 64 bits too (every size sum the
     /// planner takes is then exact).
     fn check_total(&self) -> Result<()> {
+        if !self.total_overflow {
+            // Every tensor's bytes fit in 64 bits in all, so the owners' do.
+            return Ok(());
+        }
         let mut total = 0u64;
-        for n in &self.nodes {
-            if let (Some(m), None) = (&n.meta, n.alias_of) {
-                total = checked_bytes(m)
-                    .and_then(|b| total.checked_add(b))
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "the layout's tensors hold more than 2^64 bytes in all (at `{}`)",
-                                n.name
-                            ),
-                        )
-                        .with_fix("check the shapes; no real model is that large")
-                    })?;
+        for n in self.nodes() {
+            if !n.is_tensor() || n.alias_of().is_some() {
+                continue;
             }
+            total = n
+                .bytes()
+                .and_then(|b| total.checked_add(b))
+                .ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "the layout's tensors hold more than 2^64 bytes in all (at `{}`)",
+                            n.name()
+                        ),
+                    )
+                    .with_fix("check the shapes; no real model is that large")
+                })?;
         }
         Ok(())
     }
@@ -752,14 +1042,16 @@ impl Layout {
     ) -> Result<()> {
         let mut seen: HashMap<NodeId, usize> = HashMap::new();
         let all: Vec<&str> = tied.iter().flatten().map(String::as_str).collect();
-        let mut found = self.ids_of(&all).into_iter();
+        let found = self.ids_of(&all);
+        let mut found = found.into_iter();
+        let mut groups = vec![];
         for g in tied {
             let mut ids = Vec::with_capacity(g.len());
             for n in g {
                 let id = found
                     .next()
                     .flatten()
-                    .filter(|&i| self.nodes[i as usize].is_tensor())
+                    .filter(|&i| self.node(i).is_tensor())
                     .ok_or_else(|| {
                         Error::new(
                             ErrorKind::InvalidArgument,
@@ -774,59 +1066,124 @@ impl Layout {
                 continue;
             }
             for &i in &ids {
-                if seen.insert(i, self.tied.len()).is_some() {
+                if seen.insert(i, groups.len()).is_some() {
                     return Err(Error::new(
                         ErrorKind::InvalidArgument,
                         format!(
                             "tensor `{}` is in two tied groups; merge them",
-                            self.nodes[i as usize].name
+                            self.node(i).name()
                         ),
                     ));
                 }
             }
             if let Some(k) = ids
                 .iter()
-                .position(|&i| !absent.contains(&self.nodes[i as usize].name))
+                .position(|&i| !absent.contains(self.node(i).name()))
             {
                 let o = ids.remove(k);
                 ids.insert(0, o);
             }
             let owner = ids[0];
-            let om = self.nodes[owner as usize].meta.clone();
+            let numel = |i: NodeId| {
+                self.node(i)
+                    .shape()
+                    .map(|s| s.iter().try_fold(1usize, |a, &d| a.checked_mul(d)))
+            };
             for &i in &ids[1..] {
-                if self.nodes[i as usize].meta.as_ref().map(TensorMeta::numel)
-                    != om.as_ref().map(TensorMeta::numel)
-                {
+                if numel(i) != numel(owner) {
                     return Err(Error::new(
                         ErrorKind::InvalidArgument,
                         format!(
                             "tied tensors `{}` and `{}` have different sizes",
-                            self.nodes[owner as usize].name, self.nodes[i as usize].name
+                            self.node(owner).name(),
+                            self.node(i).name()
                         ),
                     ));
                 }
-                self.nodes[i as usize].alias_of = Some(owner);
             }
-            self.tied.push(ids);
+            groups.push(ids);
         }
+        for ids in &groups {
+            for &i in &ids[1..] {
+                self.recs[i as usize].alias_of = ids[0];
+            }
+        }
+        self.tied = groups;
         Ok(())
     }
 
-    /// Every node, in tree preorder (`nodes()[0]` is the root).
-    pub fn nodes(&self) -> &[Node] {
-        &self.nodes
+    /// Per node, its parent (`u32::MAX` for the root), for the planner's
+    /// passes over every node.
+    pub(crate) fn parents(&self) -> &[NodeId] {
+        &self.parents
+    }
+
+    /// Element type and bytes of node `i`, when it is a tensor (the
+    /// planner's pass over every node, without a [`Node`] view).
+    #[inline]
+    pub(crate) fn tensor_at(&self, i: usize) -> Option<(DType, u64)> {
+        let r = &self.recs[i];
+        if r.kind == NodeKind::Module {
+            return None;
+        }
+        let s = r.shape_start as usize;
+        let shape = &self.shapes[s..s + r.ndim as usize];
+        // Checked when the node was pushed.
+        Some((r.dtype, shape_bytes(r.dtype, shape).unwrap_or(u64::MAX)))
+    }
+
+    /// The length of node `i`'s full name.
+    #[inline]
+    pub(crate) fn name_len_at(&self, i: usize) -> usize {
+        self.recs[i].name_len as usize
+    }
+
+    /// The class index of node `i` ([`Layout::class_names`]).
+    #[inline]
+    pub(crate) fn class_at(&self, i: usize) -> Option<u32> {
+        let c = self.recs[i].class;
+        (c != NONE).then_some(c)
+    }
+
+    /// Every class name, each once.
+    pub(crate) fn class_names(&self) -> &[Box<str>] {
+        &self.classes
+    }
+
+    /// Per node, the end of its subtree ([`Node::end`]).
+    pub(crate) fn ends(&self) -> &[NodeId] {
+        &self.ends
+    }
+
+    /// Number of nodes (modules and tensors).
+    pub fn len(&self) -> usize {
+        self.recs.len()
+    }
+
+    /// `true` for a layout without nodes (never: every layout has a root).
+    pub fn is_empty(&self) -> bool {
+        self.recs.is_empty()
+    }
+
+    /// Every node, in tree preorder (the first is the root).
+    pub fn nodes(&self) -> impl DoubleEndedIterator<Item = Node<'_>> + ExactSizeIterator + '_ {
+        (0..self.recs.len() as NodeId).map(move |id| Node { l: self, id })
     }
 
     /// The node `id`.
-    pub fn node(&self, id: NodeId) -> &Node {
-        &self.nodes[id as usize]
+    ///
+    /// # Panics
+    /// When `id` is not a node of this layout.
+    pub fn node(&self, id: NodeId) -> Node<'_> {
+        assert!((id as usize) < self.recs.len(), "node {id} out of range");
+        Node { l: self, id }
     }
 
     /// The id of the module or tensor named `name`.
     pub fn id(&self, name: &str) -> Option<NodeId> {
         let h = self.hasher.hash_one(name);
         self.index()
-            .find(h, |&(hh, i)| hh == h && self.nodes[i as usize].name == name)
+            .find(h, |&(hh, i)| hh == h && self.node(i).name() == name)
             .map(|&(_, i)| i)
     }
 
@@ -838,27 +1195,30 @@ impl Layout {
 
     /// Tensor ids in tree order.
     pub fn tensor_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
-        self.nodes
+        self.recs
             .iter()
             .enumerate()
-            .filter(|(_, n)| n.is_tensor())
+            .filter(|(_, r)| r.kind != NodeKind::Module)
             .map(|(i, _)| i as NodeId)
     }
 
     /// Number of tensors (aliases included).
     pub fn tensor_count(&self) -> usize {
-        self.nodes.iter().filter(|n| n.is_tensor()).count()
+        self.recs
+            .iter()
+            .filter(|r| r.kind != NodeKind::Module)
+            .count()
     }
 
     /// Names of the tensors under `name` (a module or a tensor), tree order.
     pub fn tensors_under(&self, name: &str) -> Option<Vec<String>> {
         let id = self.id(name)?;
-        let n = &self.nodes[id as usize];
+        let end = self.node(id).end();
         Some(
-            self.nodes[id as usize..n.end as usize]
-                .iter()
+            (id..end)
+                .map(|i| self.node(i))
                 .filter(|n| n.is_tensor())
-                .map(|n| n.name.clone())
+                .map(|n| n.name().to_string())
                 .collect(),
         )
     }
@@ -866,25 +1226,21 @@ impl Layout {
     /// Back to the JSON form.
     pub fn to_json(&self) -> LayoutJson {
         fn build(l: &Layout, id: NodeId) -> ModuleJson {
-            let n = &l.nodes[id as usize];
-            let local = n.name.rsplit('.').next().unwrap_or("").to_string();
+            let n = l.node(id);
             let mut m = ModuleJson {
-                name: local,
-                class: n.class.as_deref().map(str::to_string),
+                name: n.local_name().to_string(),
+                class: n.class().map(str::to_string),
                 ..Default::default()
             };
-            for &c in &n.children {
-                let cn = &l.nodes[c as usize];
-                let tj = || {
-                    let meta = cn.meta.as_ref().expect("tensor meta");
-                    TensorJson {
-                        name: cn.name.rsplit('.').next().unwrap_or("").to_string(),
-                        dtype: meta.dtype,
-                        shape: meta.shape.clone(),
-                        persistent: cn.persistent,
-                    }
+            for c in n.children() {
+                let cn = l.node(c);
+                let tj = || TensorJson {
+                    name: cn.local_name().to_string(),
+                    dtype: cn.dtype().expect("tensor dtype"),
+                    shape: cn.shape().expect("tensor shape").to_vec(),
+                    persistent: cn.persistent(),
                 };
-                match cn.kind {
+                match cn.kind() {
                     NodeKind::Module => m.children.push(build(l, c)),
                     NodeKind::Param => m.params.push(tj()),
                     NodeKind::Buffer => m.buffers.push(tj()),
@@ -898,11 +1254,7 @@ impl Layout {
             tied: self
                 .tied
                 .iter()
-                .map(|g| {
-                    g.iter()
-                        .map(|&i| self.nodes[i as usize].name.clone())
-                        .collect()
-                })
+                .map(|g| g.iter().map(|&i| self.node(i).name().to_string()).collect())
                 .collect(),
         }
     }

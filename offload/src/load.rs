@@ -129,7 +129,7 @@ pub fn load_checkpoint(
     for id in layout.tensor_ids() {
         let n = layout.node(id);
         // Non-persistent buffers are computed by the model, never stored.
-        if n.alias_of.is_none() && n.persistent {
+        if n.alias_of().is_none() && n.persistent() {
             wanted += 1;
         }
     }
@@ -164,7 +164,7 @@ pub fn load_checkpoint(
             let node = layout.node(id);
             p.bytes += e.len;
             p.tensors += 1;
-            if node.alias_of.is_some() || !node.persistent {
+            if node.alias_of().is_some() || !node.persistent() {
                 continue;
             }
             let dev = plan.device_of(id).ok_or_else(|| {
@@ -206,11 +206,11 @@ pub fn load_checkpoint(
             .tensor_ids()
             .map(|i| layout.node(i))
             .filter(|n| {
-                n.alias_of.is_none()
-                    && n.persistent
-                    && stores.values().all(|s| !s.contains(&n.name))
+                n.alias_of().is_none()
+                    && n.persistent()
+                    && stores.values().all(|s| !s.contains(n.name()))
             })
-            .map(|n| n.name.as_str())
+            .map(|n| n.name())
             .take(5)
             .collect();
         return Err(Error::new(

@@ -101,7 +101,7 @@ pub fn largest_layer(layout: &Layout, opts: &PlanOptions) -> (u64, Vec<String>) 
         .layers
         .iter()
         .filter(|&&l| s.size[l as usize] == max)
-        .map(|&l| layout.node(l).name.clone())
+        .map(|&l| layout.node(l).name().to_string())
         .collect();
     (max, names)
 }

@@ -241,12 +241,12 @@ pub fn write_checkpoint(
     let mut datas = vec![];
     for id in layout.tensor_ids() {
         let n = layout.node(id);
-        if n.alias_of.is_some() || !n.persistent {
+        if n.alias_of().is_some() || !n.persistent() {
             continue;
         }
-        let m = n.meta.clone().expect("tensor");
-        datas.push(tensor_bytes(&n.name, m.byte_len()));
-        names.push(n.name.clone());
+        let m = n.meta().expect("tensor");
+        datas.push(tensor_bytes(n.name(), m.byte_len()));
+        names.push(n.name().to_string());
         metas.push(m);
     }
     let ts: Vec<(&str, &TensorMeta, &[u8])> = names

@@ -82,28 +82,28 @@ fn checkpoint_plan_load_execute() {
     let mut found = 0;
     for id in layout.tensor_ids() {
         let n = layout.node(id);
-        if n.alias_of.is_some() {
+        if n.alias_of().is_some() {
             assert!(
-                stores.values().all(|s| !s.contains(&n.name)),
+                stores.values().all(|s| !s.contains(n.name())),
                 "alias {} stored",
-                n.name
+                n.name()
             );
             continue;
         }
         let dev = p.device_of(id).unwrap();
         for (t, s) in &stores {
             assert_eq!(
-                s.contains(&n.name),
+                s.contains(n.name()),
                 t == dev,
                 "{} on {t}, planned {dev}",
-                n.name
+                n.name()
             );
         }
         assert_eq!(
-            checksum(&stores[dev].get(&n.name).unwrap()),
-            sums[&n.name],
+            checksum(&stores[dev].get(n.name()).unwrap()),
+            sums[n.name()],
             "{}",
-            n.name
+            n.name()
         );
         found += 1;
     }

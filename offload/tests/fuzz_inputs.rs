@@ -455,11 +455,16 @@ fn layout_text() -> impl Strategy<Value = Text> {
 }
 
 fn check_layout(l: &Layout) -> Result<(), TestCaseError> {
-    let tensors = l.nodes().iter().filter(|n| n.is_tensor()).count();
+    let tensors = l.nodes().filter(|n| n.is_tensor()).count();
     prop_assert_eq!(l.tensor_count(), tensors);
-    for (i, n) in l.nodes().iter().enumerate() {
-        prop_assert_eq!(l.id(&n.name), Some(i as u32), "node `{}` by name", n.name);
-        prop_assert!(n.end as usize <= l.nodes().len());
+    for (i, n) in l.nodes().enumerate() {
+        prop_assert_eq!(
+            l.id(n.name()),
+            Some(i as u32),
+            "node `{}` by name",
+            n.name()
+        );
+        prop_assert!(n.end() as usize <= l.nodes().len());
     }
     // What loads saves and loads again to the same tree.
     let again = Layout::from_json(&l.to_json())
@@ -526,10 +531,9 @@ fn planning_any_layout_that_loads_never_panics() {
             // Every tensor's bytes are in the total: no wrapped product.
             for n in layout
                 .nodes()
-                .iter()
-                .filter(|n| n.is_tensor() && n.alias_of.is_none())
+                .filter(|n| n.is_tensor() && n.alias_of().is_none())
             {
-                let meta = n.meta.as_ref().unwrap();
+                let meta = n.meta().unwrap();
                 let bytes = meta
                     .shape
                     .iter()
@@ -538,7 +542,7 @@ fn planning_any_layout_that_loads_never_panics() {
                     prop_assert!(
                         total >= b,
                         "total {total} < tensor `{}` of {b} bytes",
-                        n.name
+                        n.name()
                     );
                 }
             }

@@ -165,11 +165,7 @@ fn run() -> accel_api::Result<ExitCode> {
                 .iter()
                 .filter_map(|t| d.layout().id(t))
                 .filter_map(|id| {
-                    d.layout()
-                        .node(id)
-                        .meta
-                        .as_ref()
-                        .map(|m| m.byte_len() as u64)
+                    d.layout().node(id).bytes()
                 })
                 .sum::<u64>()
         })

@@ -478,30 +478,30 @@ pub fn load_checkpoint_and_dispatch(
     for group in layout.tied() {
         if let Some(&m) = group
             .iter()
-            .find(|&&m| in_ck.contains_key(layout.node(m).name.as_str()))
+            .find(|&&m| in_ck.contains_key(layout.node(m).name()))
         {
-            source.insert(group[0], layout.node(m).name.as_str());
+            source.insert(group[0], layout.node(m).name());
         }
     }
     let owner_of_entry: HashMap<&str, NodeId> = source.iter().map(|(&o, &n)| (n, o)).collect();
     let mut missing = vec![];
     for id in layout.tensor_ids() {
         let n = layout.node(id);
-        if n.alias_of.is_some() {
+        if n.alias_of().is_some() {
             continue;
         }
-        let stored = source.get(&id).copied().unwrap_or(n.name.as_str());
+        let stored = source.get(&id).copied().unwrap_or(n.name());
         match in_ck.get(stored) {
-            None => missing.push(n.name.clone()),
+            None => missing.push(n.name().to_string()),
             Some(e) => {
-                let meta = n.meta.as_ref().expect("tensor nodes have a meta");
-                if e.meta.shape != meta.shape {
+                let shape = n.shape().expect("tensor nodes have a shape");
+                if e.meta.shape != shape {
                     return Err(invalid(
                         OP,
                         format!(
                             "variable `{}` is {:?} in the model but {:?} in {}",
-                            n.name,
-                            meta.shape,
+                            n.name(),
+                            shape,
                             e.meta.shape,
                             checkpoint.display()
                         ),
@@ -550,13 +550,13 @@ pub fn load_checkpoint_and_dispatch(
     // Where each storage owner goes.
     let mut places: HashMap<NodeId, Place> = HashMap::new();
     for id in layout.tensor_ids() {
-        let owner = layout.node(id).alias_of.unwrap_or(id);
+        let owner = layout.node(id).alias_of().unwrap_or(id);
         let Some(t) = plan.device_of(owner) else {
             return Err(Error::internal(
                 OP,
                 format!(
                     "tensor `{}` has no device in the plan",
-                    layout.node(owner).name
+                    layout.node(owner).name()
                 ),
             ));
         };
@@ -592,7 +592,7 @@ pub fn load_checkpoint_and_dispatch(
                 None => {
                     let id = layout.id(&e.name)?;
                     let n = layout.node(id);
-                    if !n.is_tensor() || n.alias_of.is_some() {
+                    if !n.is_tensor() || n.alias_of().is_some() {
                         return None;
                     }
                     id
@@ -602,7 +602,7 @@ pub fn load_checkpoint_and_dispatch(
         };
         // In place only under the owner's own name (stores look owners up).
         let servable = |e: &TensorEntry, id: NodeId, to: DType| {
-            places[&id] == Place::Disk && to == e.meta.dtype && layout.node(id).name == e.name
+            places[&id] == Place::Disk && to == e.meta.dtype && layout.node(id).name() == e.name
         };
         // Disk tensors keeping their dtype are served from the shard itself;
         // add it before any converted copy so that those win.
@@ -624,7 +624,7 @@ pub fn load_checkpoint_and_dispatch(
             };
             report.tensors += 1;
             // The owner's name (the entry's own unless it is a tie's later copy).
-            let name = layout.node(id).name.as_str();
+            let name = layout.node(id).name();
             let kind = kind_for(OP, name, to)?;
             let place = places[&id];
             if servable(e, id, to) {
@@ -669,17 +669,17 @@ pub fn load_checkpoint_and_dispatch(
     // Tied aliases share their owner's storage (resident) or its kind
     // (offloaded); offloaded variables drop what they held.
     for group in layout.tied() {
-        let owner = &layout.node(group[0]).name;
+        let owner = layout.node(group[0]).name();
         for &a in &group[1..] {
-            let alias = &layout.node(a).name;
+            let alias = layout.node(a).name();
             match places[&a] {
                 Place::Resident(_) => {
-                    let o = vars[owner.as_str()].shallow_clone();
+                    let o = vars[owner].shallow_clone();
                     set_var(&vars, alias, &o)?;
                 }
                 _ => {
-                    if let Some(&k) = kinds.get(owner.as_str()) {
-                        kinds.insert(alias.clone(), k);
+                    if let Some(&k) = kinds.get(owner) {
+                        kinds.insert(alias.to_string(), k);
                     }
                 }
             }
@@ -771,7 +771,7 @@ impl Dispatched {
             let id = layout
                 .id(name)
                 .ok_or_else(|| invalid("dispatch", format!("no tensor `{name}`")))?;
-            let owner = &layout.node(layout.node(id).alias_of.unwrap_or(id)).name;
+            let owner = layout.node(layout.node(id).alias_of().unwrap_or(id)).name();
             let kind = kind_for("dispatch", name, meta.dtype)?;
             let shape: Vec<i64> = meta.shape.iter().map(|&d| d as i64).collect();
             let mut t = Tensor::f_empty(shape.as_slice(), (kind, Device::Cpu))

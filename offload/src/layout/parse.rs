@@ -1,17 +1,16 @@
 //! Reading a layout file: [`Layout::from_json_file`] and its fast path, one
 //! pass over the JSON text that pushes nodes as it meets them, with no
-//! intermediate tree.
+//! intermediate tree and no allocation per node.
 //!
-//! It relies on the key order every known producer writes (this crate's
-//! [`LayoutJson`] and `tools/export_layout.py`): a module's `name` before
-//! its `params` and `children`, `params` before `children` (`buffers` and
-//! `class` may come anywhere). A document in another order is valid JSON
-//! all the same; the parser then reports [`OUT_OF_ORDER`] and the caller
-//! reads the file again through the tree path.
-
-use std::fmt;
-
-use serde::de::{DeserializeSeed, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
+//! The fast reader takes the documents every known producer writes (this
+//! crate's [`LayoutJson`] and `tools/export_layout.py`): no escapes in
+//! strings, no keys other than the format's, a module's `name` before its
+//! `params` and `children`, `params` before `children` (`buffers` and
+//! `class` may come anywhere). Anything else, valid or not, it hands back
+//! untouched, and the file is read again through serde and the tree path,
+//! which accepts any key order and words every error; so the fast reader
+//! only ever changes how fast a layout loads, never which layouts load or
+//! what they hold.
 
 use super::*;
 
@@ -23,324 +22,417 @@ impl Layout {
     /// cannot be read; [`ErrorKind::InvalidArgument`] when it is not a
     /// regular file (a FIFO would block forever) or not a layout.
     pub fn from_json_file(path: &Path) -> Result<Layout> {
-        let text = crate::util::read_regular(path, "layout")?;
+        let file = crate::util::open_regular(path, "layout")?;
+        let len = file.metadata().map_or(0, |m| m.len());
+        // A large file is mapped, every page at once: no copy of the text
+        // and no page fault per 4 KiB of it. A small one is read.
+        let (map, read);
+        let text: &[u8] = if len >= 1 << 20 {
+            map = crate::mmap::map_with(&file, path, true)?;
+            &map
+        } else {
+            read = accel_api::files::read_at_most(file, len, path, "layout")?;
+            &read
+        };
         let named = |e: Error| {
             Error::new(
                 e.kind().clone(),
                 format!("{}: {}", path.display(), e.message()),
             )
         };
-        let not_layout = |e: serde_json::Error| {
+        // One UTF-8 check of the whole text instead of one per string. A
+        // text that fails it goes to serde, as does anything the fast
+        // reader leaves: serde skips the values of unknown keys without
+        // checking them, as `from_json` on the same bytes does.
+        if let Ok(utf8) = std::str::from_utf8(text) {
+            if let Some(l) = Fast::read(utf8) {
+                return Ok(l);
+            }
+        }
+        let doc: RawDoc<'_> = serde_json::from_slice(text).map_err(|e| {
             Error::new(
                 ErrorKind::InvalidArgument,
                 format!("{}: not a layout file: {e}", path.display()),
             )
-        };
-        // Fast path: straight into nodes.
+        })?;
+        Self::from_raw(doc).map_err(named)
+    }
+}
+
+/// The fast reader alone: the layout of `text`, or `None` when it leaves
+/// `text` to the tree path.
+#[cfg(test)]
+pub(super) fn read_fast(text: &str) -> Option<Layout> {
+    Fast::read(text)
+}
+
+/// Modules nested deeper than this go to the tree path (serde_json's own
+/// limit is 128 levels of arrays and objects, two per module).
+const MAX_DEPTH: usize = 60;
+
+/// The keys of the format.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Format,
+    Root,
+    Tied,
+    Name,
+    Class,
+    Params,
+    Buffers,
+    Children,
+    Dtype,
+    Shape,
+    Persistent,
+}
+
+/// The fast reader. Every method returns `None` for "not taken here".
+struct Fast<'t> {
+    s: &'t [u8],
+    text: &'t str,
+    i: usize,
+    l: Layout,
+    classes: ClassIds,
+    /// The current tensor's shape.
+    shape: Vec<usize>,
+}
+
+impl<'t> Fast<'t> {
+    /// The layout of `text`, or `None` when it is not in the fast reader's
+    /// form or not a valid layout.
+    fn read(text: &'t str) -> Option<Layout> {
         // About 50 bytes of JSON per node in practice.
         let mut l = Layout::empty(text.len() / 48, false);
-        let mut b = Builder::new(&mut l);
-        // One UTF-8 check of the whole text instead of one per string.
-        let Ok(utf8) = std::str::from_utf8(&text) else {
-            return Err(named(Error::new(
-                ErrorKind::InvalidArgument,
-                "not a layout file: not UTF-8 text",
-            )));
-        };
-        let mut de = serde_json::Deserializer::from_str(utf8);
-        let res = serde::de::DeserializeSeed::deserialize(DocSeed(&mut b), &mut de)
-            .and_then(|()| de.end());
-        match res {
-            Ok(()) => {
-                let (format, tied) = (
-                    b.format.take().unwrap_or_default(),
-                    std::mem::take(&mut b.tied),
-                );
-                if format != LAYOUT_FORMAT {
-                    return Err(named(Error::new(
-                        ErrorKind::InvalidArgument,
-                        format!("layout format `{format}`, expected `{LAYOUT_FORMAT}`"),
-                    )));
-                }
-                l.finish(&tied, &Default::default()).map_err(named)?;
-                Ok(l)
-            }
-            Err(_) if b.err.is_some() => Err(named(b.err.take().expect("layout error"))),
-            Err(e) if e.to_string().starts_with(OUT_OF_ORDER) => {
-                // Valid JSON in another key order: the tree path.
-                let doc: RawDoc<'_> = serde_json::from_slice(&text).map_err(not_layout)?;
-                Self::from_raw(doc).map_err(named)
-            }
-            Err(e) => Err(not_layout(e)),
-        }
-    }
-}
-
-/// Error text meaning "valid, but not in the streaming key order".
-pub(super) const OUT_OF_ORDER: &str = "accel-layout: keys out of streaming order";
-
-pub(super) struct Builder<'l> {
-    pub(super) l: &'l mut Layout,
-    classes: HashMap<Box<str>, Arc<str>>,
-    /// A layout error (as opposed to a JSON one) met while parsing.
-    pub(super) err: Option<Error>,
-    pub(super) format: Option<String>,
-    pub(super) tied: Vec<Vec<String>>,
-}
-
-impl<'l> Builder<'l> {
-    pub(super) fn new(l: &'l mut Layout) -> Self {
-        Builder {
+        l.names.reserve(text.len());
+        l.shapes.reserve(text.len() / 48);
+        let mut f = Fast {
+            s: text.as_bytes(),
+            text,
+            i: 0,
             l,
-            classes: HashMap::new(),
-            err: None,
-            format: None,
-            tied: vec![],
-        }
-    }
-
-    fn intern(&mut self, c: &str) -> Arc<str> {
-        if let Some(a) = self.classes.get(c) {
-            return a.clone();
-        }
-        let a: Arc<str> = Arc::from(c);
-        self.classes.insert(Box::from(c), a.clone());
-        a
-    }
-
-    fn fail<E: serde::de::Error>(&mut self, e: Error) -> E {
-        self.err = Some(e);
-        E::custom("layout error")
-    }
-
-    /// Push a module whose name is filled in when its object ends (the
-    /// visitor keeps the name as its children's prefix until then, so it is
-    /// allocated once).
-    fn push_module<E: serde::de::Error>(
-        &mut self,
-        class: Option<Arc<str>>,
-        parent: Option<NodeId>,
-    ) -> Result<NodeId, E> {
-        self.l
-            .push_with(String::new(), class, NodeKind::Module, None, parent, 0)
-            .map_err(|e| self.fail(e))
-    }
-}
-
-/// The whole document.
-pub(super) struct DocSeed<'b, 'l>(pub(super) &'b mut Builder<'l>);
-
-impl<'de> DeserializeSeed<'de> for DocSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for DocSeed<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an accel-layout/1 document")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut root = false;
-        while let Some(k) = map.next_key::<Str<'de>>()? {
-            match &*k.0 {
-                "format" => self.0.format = Some(map.next_value::<Str<'de>>()?.0.into_owned()),
-                "root" if !root => {
-                    root = true;
-                    map.next_value_seed(ModuleSeed {
-                        b: &mut *self.0,
-                        prefix: "",
-                        parent: None,
-                    })?;
-                }
-                "root" => return Err(A::Error::duplicate_field("root")),
-                "tied" => self.0.tied = map.next_value()?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        if !root {
-            return Err(A::Error::missing_field("root"));
-        }
-        if self.0.format.is_none() {
-            return Err(A::Error::missing_field("format"));
-        }
-        Ok(())
-    }
-}
-
-/// One module; its value is the module's node id.
-struct ModuleSeed<'b, 'l> {
-    b: &'b mut Builder<'l>,
-    /// The parent's full name.
-    prefix: &'b str,
-    parent: Option<NodeId>,
-}
-
-impl<'de> DeserializeSeed<'de> for ModuleSeed<'_, '_> {
-    type Value = NodeId;
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<NodeId, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ModuleSeed<'_, '_> {
-    type Value = NodeId;
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a module object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NodeId, A::Error> {
-        let b = self.b;
-        let mut id: Option<NodeId> = None;
-        let mut full = String::new();
-        let mut class: Option<Arc<str>> = None;
-        let mut buffers: Vec<RawTensor<'de>> = vec![];
-        let mut children_seen = false;
-        // The root's name never enters full names, so it may come late.
-        macro_rules! ensure {
-            () => {
-                match id {
-                    Some(i) => i,
-                    None if self.parent.is_none() => {
-                        let i = b.push_module(class.take(), None)?;
-                        id = Some(i);
-                        i
-                    }
-                    None => return Err(A::Error::custom(OUT_OF_ORDER)),
-                }
-            };
-        }
-        while let Some(k) = map.next_key::<Str<'de>>()? {
-            match &*k.0 {
-                "name" => {
-                    let n = map.next_value::<Str<'de>>()?;
-                    if self.parent.is_some() {
-                        if id.is_some() {
-                            return Err(A::Error::custom(OUT_OF_ORDER));
-                        }
-                        full = join(self.prefix, &n.0);
-                        id = Some(b.push_module(class.take(), self.parent)?);
-                    }
-                }
-                "class" => {
-                    let c = map
-                        .next_value::<Option<Str<'de>>>()?
-                        .map(|c| b.intern(&c.0));
-                    match id {
-                        Some(i) => b.l.nodes[i as usize].class = c,
-                        None => class = c,
-                    }
-                }
-                "params" => {
-                    let i = ensure!();
-                    if children_seen {
-                        return Err(A::Error::custom(OUT_OF_ORDER));
-                    }
-                    map.next_value_seed(TensorsSeed {
-                        b: &mut *b,
-                        prefix: &full,
-                        parent: i,
-                    })?;
-                }
-                "children" => {
-                    let i = ensure!();
-                    children_seen = true;
-                    map.next_value_seed(ChildrenSeed {
-                        b: &mut *b,
-                        prefix: &full,
-                        parent: i,
-                    })?;
-                }
-                "buffers" => {
-                    ensure!();
-                    buffers.extend(map.next_value::<Vec<RawTensor<'de>>>()?);
-                }
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        let i = match id {
-            Some(i) => i,
-            None if self.parent.is_none() => b.push_module(class.take(), None)?,
-            None => return Err(A::Error::custom(OUT_OF_ORDER)),
+            classes: ClassIds::new(),
+            shape: vec![],
         };
-        for t in buffers {
-            let c =
-                b.l.push_tensor(&full, t, NodeKind::Buffer, i)
-                    .map_err(|e| b.fail::<A::Error>(e))?;
-            b.l.nodes[i as usize].children.push(c);
+        let tied = f.doc()?;
+        f.l.finish(&tied, &Default::default()).ok()?;
+        Some(f.l)
+    }
+
+    #[inline]
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.s.get(self.i) {
+            self.i += 1;
         }
-        let end = b.l.nodes.len() as NodeId;
-        let node = &mut b.l.nodes[i as usize];
-        node.end = end;
-        node.name = full;
-        Ok(i)
     }
-}
 
-/// A module's `params` list.
-struct TensorsSeed<'b, 'l> {
-    b: &'b mut Builder<'l>,
-    prefix: &'b str,
-    parent: NodeId,
-}
-
-impl<'de> DeserializeSeed<'de> for TensorsSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
+    /// The next byte after whitespace, not consumed.
+    #[inline]
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.s.get(self.i).copied()
     }
-}
 
-impl<'de> Visitor<'de> for TensorsSeed<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list of tensors")
+    #[inline]
+    fn eat(&mut self, c: u8) -> Option<()> {
+        (self.peek()? == c).then(|| self.i += 1)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(t) = seq.next_element::<RawTensor<'de>>()? {
-            let c = self
-                .b
-                .l
-                .push_tensor(self.prefix, t, NodeKind::Param, self.parent)
-                .map_err(|e| self.b.fail::<A::Error>(e))?;
-            self.b.l.nodes[self.parent as usize].children.push(c);
+
+    /// `,` then more, or `close` then done: `Some(true)` for more.
+    #[inline]
+    fn more(&mut self, close: u8) -> Option<bool> {
+        match self.peek()? {
+            b',' => {
+                self.i += 1;
+                Some(true)
+            }
+            c if c == close => {
+                self.i += 1;
+                Some(false)
+            }
+            _ => None,
         }
-        Ok(())
     }
-}
 
-/// A module's `children` list.
-struct ChildrenSeed<'b, 'l> {
-    b: &'b mut Builder<'l>,
-    prefix: &'b str,
-    parent: NodeId,
-}
-
-impl<'de> DeserializeSeed<'de> for ChildrenSeed<'_, '_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ChildrenSeed<'_, '_> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list of modules")
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while let Some(c) = seq.next_element_seed(ModuleSeed {
-            b: &mut *self.b,
-            prefix: self.prefix,
-            parent: Some(self.parent),
-        })? {
-            self.b.l.nodes[self.parent as usize].children.push(c);
+    /// Open `open`; `Some(true)` when the list or object is not empty.
+    #[inline]
+    fn open(&mut self, open: u8, close: u8) -> Option<bool> {
+        self.eat(open)?;
+        if self.peek()? == close {
+            self.i += 1;
+            return Some(false);
         }
-        Ok(())
+        Some(true)
     }
+
+    /// A string without escapes.
+    #[inline]
+    fn string(&mut self) -> Option<&'t str> {
+        self.eat(b'"')?;
+        let start = self.i;
+        let n = self.s[start..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+        if self.s[start + n] != b'"' {
+            return None;
+        }
+        self.i = start + n + 1;
+        self.text.get(start..start + n)
+    }
+
+    /// A key of the format and its `:` (`None` for any other key, or one
+    /// written with escapes).
+    #[inline]
+    fn key(&mut self) -> Option<Key> {
+        self.eat(b'"')?;
+        let rest = &self.s[self.i..];
+        let (key, len) = match *rest.first()? {
+            b'n' if rest.starts_with(b"name\"") => (Key::Name, 5),
+            b'c' if rest.starts_with(b"class\"") => (Key::Class, 6),
+            b'c' if rest.starts_with(b"children\"") => (Key::Children, 9),
+            b'p' if rest.starts_with(b"params\"") => (Key::Params, 7),
+            b'p' if rest.starts_with(b"persistent\"") => (Key::Persistent, 11),
+            b'b' if rest.starts_with(b"buffers\"") => (Key::Buffers, 8),
+            b'd' if rest.starts_with(b"dtype\"") => (Key::Dtype, 6),
+            b's' if rest.starts_with(b"shape\"") => (Key::Shape, 6),
+            b'f' if rest.starts_with(b"format\"") => (Key::Format, 7),
+            b'r' if rest.starts_with(b"root\"") => (Key::Root, 5),
+            b't' if rest.starts_with(b"tied\"") => (Key::Tied, 5),
+            _ => return None,
+        };
+        self.i += len;
+        self.eat(b':')?;
+        Some(key)
+    }
+
+    #[inline]
+    fn literal(&mut self, word: &[u8]) -> Option<()> {
+        self.ws();
+        let end = self.i + word.len();
+        (self.s.get(self.i..end)? == word).then(|| self.i = end)
+    }
+
+    /// A non-negative integer as JSON writes it (no leading zeros).
+    #[inline]
+    fn number(&mut self) -> Option<usize> {
+        self.ws();
+        let first = *self.s.get(self.i)?;
+        if !first.is_ascii_digit() {
+            return None;
+        }
+        self.i += 1;
+        let mut v = usize::from(first - b'0');
+        if first == b'0' {
+            // A following digit fails where a `,` or `]` is expected.
+            return Some(0);
+        }
+        while let Some(&d) = self.s.get(self.i).filter(|d| d.is_ascii_digit()) {
+            v = v.checked_mul(10)?.checked_add(usize::from(d - b'0'))?;
+            self.i += 1;
+        }
+        Some(v)
+    }
+
+    /// The whole document; its tied groups.
+    fn doc(&mut self) -> Option<Vec<Vec<String>>> {
+        let (mut format, mut root, mut tied) = (None, false, None);
+        if self.open(b'{', b'}')? {
+            loop {
+                match self.key()? {
+                    Key::Format if format.is_none() => format = Some(self.string()?),
+                    Key::Root if !root => {
+                        root = true;
+                        self.module(None, 0)?;
+                    }
+                    Key::Tied if tied.is_none() => tied = Some(self.tied()?),
+                    _ => return None,
+                }
+                if !self.more(b'}')? {
+                    break;
+                }
+            }
+        }
+        self.ws();
+        let done = self.i == self.s.len() && root && format? == LAYOUT_FORMAT;
+        done.then(|| tied.unwrap_or_default())
+    }
+
+    fn tied(&mut self) -> Option<Vec<Vec<String>>> {
+        let mut groups = vec![];
+        if self.open(b'[', b']')? {
+            loop {
+                let mut g = vec![];
+                if self.open(b'[', b']')? {
+                    loop {
+                        g.push(self.string()?.to_string());
+                        if !self.more(b']')? {
+                            break;
+                        }
+                    }
+                }
+                groups.push(g);
+                if !self.more(b']')? {
+                    break;
+                }
+            }
+        }
+        Some(groups)
+    }
+
+    /// A module object under `parent` (`None` for the root); its id.
+    fn module(&mut self, parent: Option<NodeId>, depth: usize) -> Option<NodeId> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        let mut id: Option<NodeId> = None;
+        let mut class: Option<u32> = None;
+        let (mut named, mut classed, mut params, mut children) = (false, false, false, false);
+        let mut buffers: Option<usize> = None;
+        // The root's name never enters full names, so it may come late.
+        let ensure = |f: &mut Self, id: &mut Option<NodeId>, class: &mut Option<u32>| match *id {
+            Some(i) => Some(i),
+            None if parent.is_none() => {
+                let i = f.l.push_module(None, "", class.take()).ok()?;
+                *id = Some(i);
+                Some(i)
+            }
+            None => None,
+        };
+        if self.open(b'{', b'}')? {
+            loop {
+                match self.key()? {
+                    Key::Name if !named => {
+                        named = true;
+                        let n = self.string()?;
+                        if parent.is_some() {
+                            id = Some(self.l.push_module(parent, n, class.take()).ok()?);
+                        }
+                    }
+                    Key::Class if !classed => {
+                        classed = true;
+                        let c = if self.peek()? == b'n' {
+                            self.literal(b"null")?;
+                            None
+                        } else {
+                            let c = self.string()?;
+                            Some(self.l.intern(&mut self.classes, c))
+                        };
+                        match id {
+                            Some(i) => self.l.recs[i as usize].class = c.unwrap_or(NONE),
+                            None => class = c,
+                        }
+                    }
+                    Key::Params if !params && !children => {
+                        params = true;
+                        let i = ensure(self, &mut id, &mut class)?;
+                        self.tensors(Some((i, NodeKind::Param)))?;
+                    }
+                    Key::Children if !children => {
+                        children = true;
+                        let i = ensure(self, &mut id, &mut class)?;
+                        if self.open(b'[', b']')? {
+                            loop {
+                                self.module(Some(i), depth + 1)?;
+                                if !self.more(b']')? {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Key::Buffers if buffers.is_none() => {
+                        ensure(self, &mut id, &mut class)?;
+                        // Checked now, pushed after the children.
+                        buffers = Some(self.i);
+                        self.tensors(None)?;
+                    }
+                    _ => return None,
+                }
+                if !self.more(b'}')? {
+                    break;
+                }
+            }
+        }
+        let i = ensure(self, &mut id, &mut class)?;
+        if let Some(at) = buffers {
+            let resume = std::mem::replace(&mut self.i, at);
+            self.tensors(Some((i, NodeKind::Buffer)))?;
+            self.i = resume;
+        }
+        self.l.close(i);
+        Some(i)
+    }
+
+    /// A list of tensors, pushed under `to` (or only checked).
+    fn tensors(&mut self, to: Option<(NodeId, NodeKind)>) -> Option<()> {
+        if !self.open(b'[', b']')? {
+            return Some(());
+        }
+        loop {
+            let (mut name, mut dtype, mut shape, mut persistent) = (None, None, false, None);
+            if self.open(b'{', b'}')? {
+                loop {
+                    match self.key()? {
+                        Key::Name if name.is_none() => name = Some(self.string()?),
+                        Key::Dtype if dtype.is_none() => dtype = Some(dtype_named(self.string()?)?),
+                        Key::Shape if !shape => {
+                            shape = true;
+                            self.shape.clear();
+                            if self.open(b'[', b']')? {
+                                loop {
+                                    let d = self.number()?;
+                                    self.shape.push(d);
+                                    if !self.more(b']')? {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        Key::Persistent if persistent.is_none() => {
+                            persistent = Some(if self.peek()? == b't' {
+                                self.literal(b"true")?;
+                                true
+                            } else {
+                                self.literal(b"false")?;
+                                false
+                            });
+                        }
+                        _ => return None,
+                    }
+                    if !self.more(b'}')? {
+                        break;
+                    }
+                }
+            }
+            let (name, dtype) = (name?, dtype?);
+            if !shape {
+                return None;
+            }
+            if let Some((parent, kind)) = to {
+                let t = TensorIn {
+                    dtype,
+                    shape: &self.shape,
+                    persistent: persistent.unwrap_or(true),
+                };
+                self.l.push_tensor(parent, name, kind, t).ok()?;
+            }
+            if !self.more(b']')? {
+                return Some(());
+            }
+        }
+    }
+}
+
+/// A dtype by name, as the tree path reads it ([`RawDType`]).
+pub(super) fn dtype_named(v: &str) -> Option<DType> {
+    // The canonical names (`DType::name`) at once; others as `FromStr`.
+    Some(match v.as_bytes() {
+        b"bf16" => DType::BF16,
+        b"f16" => DType::F16,
+        b"f32" => DType::F32,
+        b"f64" => DType::F64,
+        b"i8" => DType::I8,
+        b"u8" => DType::U8,
+        b"i32" => DType::I32,
+        b"i64" => DType::I64,
+        _ => return v.strip_prefix("torch.").unwrap_or(v).parse().ok(),
+    })
 }

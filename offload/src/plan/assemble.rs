@@ -21,15 +21,14 @@ pub(super) fn assemble(
         reserved,
         empty,
     } = placement;
-    let nodes = layout.nodes();
-    let n = nodes.len();
+    let n = layout.len();
     // Per-tensor devices and the merged map.
     let mut node_device = vec![u16::MAX; n];
     for &(e, d) in &placed {
         for (i, nd) in node_device
             .iter_mut()
             .enumerate()
-            .take(nodes[e as usize].end as usize)
+            .take(layout.node(e).end() as usize)
             .skip(e as usize)
         {
             if s.dtype[i].is_some() {
@@ -40,7 +39,7 @@ pub(super) fn assemble(
     let entries = merged_map(layout, &placed);
     let map: Vec<(String, usize)> = entries
         .iter()
-        .map(|&(i, d)| (nodes[i as usize].name.clone(), d))
+        .map(|&(i, d)| (layout.node(i).name().to_string(), d))
         .collect();
     let mut devices: Vec<DevicePlan> = budgets
         .devices
@@ -75,7 +74,7 @@ pub(super) fn assemble(
         if d.used > 0 {
             continue;
         }
-        let name = display_name(&nodes[*e as usize].name);
+        let name = display_name(layout.node(*e).name());
         d.min_needed = Some(need.saturating_add(*reserve));
         d.empty_reason = Some(if *reserve > 0 && *need <= budget {
             format!(
@@ -119,13 +118,12 @@ pub(super) fn assemble(
 /// Merge placed entries: a module whose entries all share one device (and
 /// that holds more than one entry, or is an entry itself) is listed once.
 fn merged_map(layout: &Layout, placed: &[(NodeId, usize)]) -> Vec<(NodeId, usize)> {
-    let nodes = layout.nodes();
     let mut sorted: Vec<(NodeId, usize)> = placed.to_vec();
     sorted.sort_unstable();
     let mut out = vec![];
     // Recursive descent over the tree, examining the entries in each range.
     fn go(
-        nodes: &[crate::layout::Node],
+        layout: &Layout,
         id: NodeId,
         entries: &[(NodeId, usize)],
         out: &mut Vec<(NodeId, usize)>,
@@ -139,14 +137,14 @@ fn merged_map(layout: &Layout, placed: &[(NodeId, usize)]) -> Vec<(NodeId, usize
             out.push((id, d0));
             return;
         }
-        for &c in &nodes[id as usize].children {
-            let end = nodes[c as usize].end;
+        for c in layout.node(id).children() {
+            let end = layout.node(c).end();
             let lo = entries.partition_point(|&(e, _)| e < c);
             let hi = entries.partition_point(|&(e, _)| e < end);
-            go(nodes, c, &entries[lo..hi], out);
+            go(layout, c, &entries[lo..hi], out);
         }
     }
-    go(nodes, 0, &sorted, &mut out);
+    go(layout, 0, &sorted, &mut out);
     out.sort_unstable();
     out
 }

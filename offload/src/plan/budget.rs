@@ -102,13 +102,13 @@ fn balanced_budgets(
     let mut first: HashMap<&str, u64> = HashMap::new();
     let mut leaf_sum = 0u128;
     let mut leaf_n = 0u64;
-    for (i, node) in layout.nodes().iter().enumerate().skip(1) {
-        if node.kind != NodeKind::Module || s.owned[i] == 0 {
+    for (i, node) in layout.nodes().enumerate().skip(1) {
+        if node.kind() != NodeKind::Module || !s.owned[i] {
             continue;
         }
         if s.no_split[i] {
             for p in &opts.no_split {
-                if node.class.as_deref() == Some(p.as_str()) || glob_match(p, &node.name) {
+                if node.class() == Some(p.as_str()) || glob_match(p, node.name()) {
                     first.entry(p.as_str()).or_insert(s.size[i]);
                 }
             }

@@ -45,8 +45,7 @@ pub(super) fn place(
     reserve_on: &[bool],
     opts: &PlanOptions,
 ) -> Result<Placement> {
-    let nodes = layout.nodes();
-    let n = nodes.len();
+    let n = layout.len();
     let ndev = budgets.len();
     // Tied tensors in tree order, with their group.
     let mut tied_of: Vec<(NodeId, usize)> = layout
@@ -60,13 +59,13 @@ pub(super) fn place(
     let mut state = vec![St::Inside; n];
     let mut stack: Vec<NodeId> = vec![];
     state[0] = St::Split;
-    for &c in nodes[0].children.iter().rev() {
+    push_rev(&mut stack, layout.node(0).children());
+    for &c in &stack {
         state[c as usize] = St::Pending;
-        stack.push(c);
     }
     let layers_in = |e: NodeId| -> Range<usize> {
         let lo = s.layers.partition_point(|&l| l < e);
-        let hi = s.layers.partition_point(|&l| l < nodes[e as usize].end);
+        let hi = s.layers.partition_point(|&l| l < layout.node(e).end());
         lo..hi
     };
     let mut largest = LargestLayer::new(s);
@@ -83,7 +82,7 @@ pub(super) fn place(
             match state[i as usize] {
                 St::Pending => return Some(i),
                 St::Placed | St::Split => return None,
-                St::Inside => x = nodes[i as usize].parent,
+                St::Inside => x = layout.node(i).parent(),
             }
         }
         None
@@ -94,11 +93,13 @@ pub(super) fn place(
             St::Placed | St::Inside => continue,
             St::Split => {
                 // A tied partner split earlier: its entries take its place.
-                for &c in nodes[e as usize].children.iter().rev() {
-                    if state[c as usize] != St::Placed {
-                        stack.push(c);
-                    }
-                }
+                push_rev(
+                    &mut stack,
+                    layout
+                        .node(e)
+                        .children()
+                        .filter(|&c| state[c as usize] != St::Placed),
+                );
                 continue;
             }
             St::Pending => {}
@@ -111,7 +112,7 @@ pub(super) fn place(
         let (with_ties, tied_entries) =
             size_with_ties(s, size_e, &partners, |p| enclosing_entry(&state, p));
         let Some((_, max)) = budgets.get(cur) else {
-            let name = display_name(&nodes[es].name);
+            let name = display_name(layout.node(e).name());
             return Err(no_fit_error(budgets, &used, &reserved, name, with_ties));
         };
         let max = *max;
@@ -143,7 +144,7 @@ pub(super) fn place(
                 .find(|&te| s.has_module_child[te as usize] && !s.no_split[te as usize]);
             if let Some(te) = splittable {
                 state[te as usize] = St::Split;
-                for &c in &nodes[te as usize].children {
+                for c in layout.node(te).children() {
                     state[c as usize] = St::Pending;
                 }
                 put_back(&mut state, &mut stack, &mut largest);
@@ -155,9 +156,10 @@ pub(super) fn place(
         if too_big && s.has_module_child[es] && !s.no_split[es] {
             state[es] = St::Split;
             largest.remaining.mask(lr.clone(), -1);
-            for &c in nodes[es].children.iter().rev() {
+            let first = stack.len();
+            push_rev(&mut stack, layout.node(e).children());
+            for &c in &stack[first..] {
                 state[c as usize] = St::Pending;
-                stack.push(c);
             }
             largest.recompute();
             continue;
@@ -172,7 +174,7 @@ pub(super) fn place(
                     if let Some(x) = find_fallback(layout, s, &state, &stack, &tied_of, limit) {
                         put_back(&mut state, &mut stack, &mut largest);
                         stack.pop();
-                        bring_forward(nodes, &mut state, &mut stack, x);
+                        bring_forward(layout, &mut state, &mut stack, x);
                         stack.push(e);
                         stack.push(x);
                         state[x as usize] = St::Pending;
@@ -184,7 +186,7 @@ pub(super) fn place(
                     entry: e,
                     need: with_ties,
                     reserve,
-                    largest: first.map(|k| display_name(&nodes[s.layers[k] as usize].name).into()),
+                    largest: first.map(|k| display_name(layout.node(s.layers[k]).name()).into()),
                 });
             }
         }
@@ -263,8 +265,7 @@ impl LargestLayer {
 /// in name order (Accelerate's tied groups are sorted by name, so the
 /// modules holding the partners are tried, and split, in that order).
 fn tied_partners(layout: &Layout, tied_of: &[(NodeId, usize)], e: NodeId) -> Vec<NodeId> {
-    let nodes = layout.nodes();
-    let end = nodes[e as usize].end;
+    let end = layout.node(e).end();
     let lo = tied_of.partition_point(|&(t, _)| t < e);
     let hi = tied_of.partition_point(|&(t, _)| t < end);
     let mut groups: Vec<usize> = tied_of[lo..hi].iter().map(|&(_, g)| g).collect();
@@ -278,7 +279,7 @@ fn tied_partners(layout: &Layout, tied_of: &[(NodeId, usize)], e: NodeId) -> Vec
             }
         }
     }
-    partners.sort_by(|&a, &b| nodes[a as usize].name.cmp(&nodes[b as usize].name));
+    partners.sort_by(|&a, &b| layout.node(a).name().cmp(layout.node(b).name()));
     partners
 }
 
@@ -325,77 +326,94 @@ fn no_fit_error(
 /// the covering nodes (no push-down needed).
 #[derive(Debug)]
 pub(super) struct MaskedMax {
-    /// Leaves from `base`; `max[1]` is the root.
+    /// Leaves from `base`; node 1 is the root.
     base: usize,
+    /// The maximum of each inner node (`1..base`); a leaf's is its value
+    /// unless masked, so it is not stored.
     max: Vec<u64>,
-    mask: Vec<u32>,
+    /// Range masks on the covering nodes. Entries are disjoint subtrees, so
+    /// a count stays tiny; 16 bits keep this array small.
+    mask: Vec<u16>,
     leaf: Vec<u64>,
 }
 
 impl MaskedMax {
     pub(super) fn new(leaf: Vec<u64>) -> Self {
         let base = leaf.len().next_power_of_two().max(1);
-        let mut max = vec![0u64; 2 * base];
-        max[base..base + leaf.len()].copy_from_slice(&leaf);
-        for i in (1..base).rev() {
-            max[i] = max[2 * i].max(max[2 * i + 1]);
-        }
-        MaskedMax {
+        let mut t = MaskedMax {
             base,
-            max,
+            max: vec![0u64; base],
             mask: vec![0; 2 * base],
             leaf,
+        };
+        for i in (1..base).rev() {
+            t.max[i] = t.value(2 * i).max(t.value(2 * i + 1));
+        }
+        t
+    }
+
+    /// The maximum of node `i`'s unmasked elements.
+    fn value(&self, i: usize) -> u64 {
+        if i < self.base {
+            self.max[i]
+        } else if self.mask[i] > 0 {
+            0
+        } else {
+            self.leaf.get(i - self.base).copied().unwrap_or(0)
         }
     }
 
     pub(super) fn pull(&mut self, i: usize) {
-        self.max[i] = if self.mask[i] > 0 {
-            0
-        } else if i >= self.base {
-            self.leaf.get(i - self.base).copied().unwrap_or(0)
-        } else {
-            self.max[2 * i].max(self.max[2 * i + 1])
-        };
+        if i < self.base {
+            self.max[i] = if self.mask[i] > 0 {
+                0
+            } else {
+                self.value(2 * i).max(self.value(2 * i + 1))
+            };
+        }
     }
 
-    /// Add `d` (+1 or -1) to the mask of every element of `r`.
-    pub(super) fn mask(&mut self, r: std::ops::Range<usize>, d: i32) {
+    /// Add `d` (+1 or -1) to the mask of every element of `r`: on the
+    /// nodes covering `r` exactly, bottom-up, then the maxima of their
+    /// ancestors (the paths from `r`'s first and last leaf to the root).
+    pub(super) fn mask(&mut self, r: std::ops::Range<usize>, d: i16) {
         if r.is_empty() {
             return;
         }
-        self.update(1, 0, self.base, &r, d);
-    }
-
-    pub(super) fn update(
-        &mut self,
-        i: usize,
-        lo: usize,
-        hi: usize,
-        r: &std::ops::Range<usize>,
-        d: i32,
-    ) {
-        if r.end <= lo || hi <= r.start {
-            return;
+        let (first, last) = (r.start + self.base, r.end - 1 + self.base);
+        let (mut lo, mut hi) = (first, last + 1);
+        while lo < hi {
+            if lo & 1 == 1 {
+                self.mask[lo] = self.mask[lo].saturating_add_signed(d);
+                self.pull(lo);
+                lo += 1;
+            }
+            if hi & 1 == 1 {
+                hi -= 1;
+                self.mask[hi] = self.mask[hi].saturating_add_signed(d);
+                self.pull(hi);
+            }
+            lo >>= 1;
+            hi >>= 1;
         }
-        if r.start <= lo && hi <= r.end {
-            self.mask[i] = self.mask[i].saturating_add_signed(d);
-        } else {
-            let mid = (lo + hi) / 2;
-            self.update(2 * i, lo, mid, r, d);
-            self.update(2 * i + 1, mid, hi, r, d);
+        for leaf in [first, last] {
+            let mut i = leaf >> 1;
+            while i >= 1 {
+                self.pull(i);
+                i >>= 1;
+            }
         }
-        self.pull(i);
     }
 
     /// The largest unmasked value (0 when none).
     pub(super) fn max(&self) -> u64 {
-        self.max[1]
+        self.value(1)
     }
 
     /// Every unmasked element equal to `v` (> 0), in order.
     pub(super) fn each_equal(&self, v: u64, f: &mut dyn FnMut(usize)) {
         fn go(t: &MaskedMax, i: usize, v: u64, f: &mut dyn FnMut(usize)) {
-            if t.max[i] != v {
+            if t.value(i) != v {
                 return;
             }
             if i >= t.base {
@@ -416,13 +434,13 @@ impl MaskedMax {
             return None;
         }
         while i < self.base {
-            i = if self.max[2 * i] == v {
+            i = if self.value(2 * i) == v {
                 2 * i
             } else {
                 2 * i + 1
             };
         }
-        (self.max[i] == v).then(|| i - self.base)
+        (self.value(i) == v).then(|| i - self.base)
     }
 }
 
@@ -473,25 +491,23 @@ fn find_fallback(
     tied_of: &[(NodeId, usize)],
     limit: u64,
 ) -> Option<NodeId> {
-    let nodes = layout.nodes();
     let mut todo: Vec<NodeId> = vec![];
     for &x in stack {
         match state[x as usize] {
             St::Pending => todo.push(x),
             St::Split => todo.extend(
-                nodes[x as usize]
-                    .children
-                    .iter()
-                    .copied()
+                layout
+                    .node(x)
+                    .children()
                     .filter(|&c| state[c as usize] == St::Pending),
             ),
             St::Placed | St::Inside => {}
         }
     }
     // `todo` is a stack too: its last element is treated first.
-    let contains = |a: NodeId, x: NodeId| a <= x && x < nodes[a as usize].end;
+    let contains = |a: NodeId, x: NodeId| a <= x && x < layout.node(a).end();
     while let Some(x) = todo.pop() {
-        let end = nodes[x as usize].end;
+        let end = layout.node(x).end();
         let lo = tied_of.partition_point(|&(t, _)| t < x);
         let hi = tied_of.partition_point(|&(t, _)| t < end);
         let mut partners: Vec<NodeId> = vec![];
@@ -502,7 +518,7 @@ fn find_fallback(
                 }
             }
         }
-        partners.sort_by(|&a, &b| nodes[a as usize].name.cmp(&nodes[b as usize].name));
+        partners.sort_by(|&a, &b| layout.node(a).name().cmp(layout.node(b).name()));
         // The unit holding a partner: its pending entry, or, inside the
         // entry that holds `x` too, the sibling subtree it would be once
         // that entry is split down to `x`.
@@ -514,7 +530,7 @@ fn find_fallback(
                     St::Pending if !contains(u, x) => return Some(u),
                     _ => {}
                 }
-                let parent = nodes[u as usize].parent?;
+                let parent = layout.node(u).parent()?;
                 if contains(parent, x) && state[parent as usize] != St::Split {
                     // `parent` is an ancestor of `x` that will be split.
                     return Some(u);
@@ -526,9 +542,10 @@ fn find_fallback(
         if need <= limit {
             return Some(x);
         }
-        let n = &nodes[x as usize];
-        if n.kind == NodeKind::Module && s.has_module_child[x as usize] && !s.no_split[x as usize] {
-            todo.extend(n.children.iter().rev());
+        let n = layout.node(x);
+        if n.kind() == NodeKind::Module && s.has_module_child[x as usize] && !s.no_split[x as usize]
+        {
+            push_rev(&mut todo, n.children());
         }
     }
     None
@@ -537,13 +554,8 @@ fn find_fallback(
 /// Make `x` (found by [`find_fallback`]) an entry of its own: the pending
 /// entry holding it, and every module between them, is split in place on
 /// the stack, `x` left out (the caller pushes it on top).
-fn bring_forward(
-    nodes: &[crate::layout::Node],
-    state: &mut [St],
-    stack: &mut Vec<NodeId>,
-    x: NodeId,
-) {
-    let contains = |a: NodeId, x: NodeId| a <= x && x < nodes[a as usize].end;
+fn bring_forward(layout: &Layout, state: &mut [St], stack: &mut Vec<NodeId>, x: NodeId) {
+    let contains = |a: NodeId, x: NodeId| a <= x && x < layout.node(a).end();
     let Some(pos) = stack
         .iter()
         .rposition(|&y| state[y as usize] != St::Placed && contains(y, x))
@@ -553,18 +565,17 @@ fn bring_forward(
     let mut top = stack[pos];
     if state[top as usize] == St::Split {
         // A tied partner split earlier: find its pending child holding `x`.
-        let Some(&c) = nodes[top as usize]
-            .children
-            .iter()
-            .find(|&&c| state[c as usize] == St::Pending && contains(c, x))
+        let Some(c) = layout
+            .node(top)
+            .children()
+            .find(|&c| state[c as usize] == St::Pending && contains(c, x))
         else {
             return;
         };
         // Expand the split module in place so `c` is an entry of the stack.
-        let kids: Vec<NodeId> = nodes[top as usize]
-            .children
-            .iter()
-            .copied()
+        let kids: Vec<NodeId> = layout
+            .node(top)
+            .children()
             .filter(|&k| state[k as usize] != St::Placed)
             .collect();
         stack.splice(pos..=pos, kids.into_iter().rev());
@@ -573,23 +584,17 @@ fn bring_forward(
     let Some(pos) = stack.iter().rposition(|&y| y == top) else {
         return;
     };
-    fn expand(
-        nodes: &[crate::layout::Node],
-        state: &mut [St],
-        a: NodeId,
-        x: NodeId,
-        out: &mut Vec<NodeId>,
-    ) {
+    fn expand(layout: &Layout, state: &mut [St], a: NodeId, x: NodeId, out: &mut Vec<NodeId>) {
         if a == x {
             return;
         }
         state[a as usize] = St::Split;
-        for &c in &nodes[a as usize].children {
+        for c in layout.node(a).children() {
             if c == x {
                 continue;
             }
-            if c < x && x < nodes[c as usize].end {
-                expand(nodes, state, c, x, out);
+            if c < x && x < layout.node(c).end() {
+                expand(layout, state, c, x, out);
             } else {
                 state[c as usize] = St::Pending;
                 out.push(c);
@@ -597,7 +602,7 @@ fn bring_forward(
         }
     }
     let mut forward = vec![];
-    expand(nodes, state, top, x, &mut forward);
+    expand(layout, state, top, x, &mut forward);
     stack.splice(pos..=pos, forward.into_iter().rev());
 }
 
@@ -608,4 +613,11 @@ pub(super) fn display_name(n: &str) -> &str {
     } else {
         n
     }
+}
+
+/// Push `items` onto `stack` so that the first of them is on top.
+fn push_rev(stack: &mut Vec<NodeId>, items: impl Iterator<Item = NodeId>) {
+    let first = stack.len();
+    stack.extend(items);
+    stack[first..].reverse();
 }

@@ -10,8 +10,9 @@ use crate::util::glob_match;
 pub(crate) struct Sizes {
     pub size: Vec<u64>,
     pub dtype: Vec<Option<DType>>,
-    /// Owned (non-alias) tensors in the subtree.
-    pub owned: Vec<u32>,
+    /// The subtree holds an owned (non-alias) tensor (for a tensor: it is
+    /// one).
+    pub owned: Vec<bool>,
     pub has_module_child: Vec<bool>,
     /// A child module holding at least one owned tensor (Accelerate's
     /// `get_balanced_memory` sees only such modules).
@@ -24,77 +25,85 @@ pub(crate) struct Sizes {
 /// The [`Sizes`] of `layout` under `opts` (dtype overrides, no-split
 /// modules).
 pub(crate) fn compute_sizes(layout: &Layout, opts: &PlanOptions) -> Sizes {
-    let nodes = layout.nodes();
-    let n = nodes.len();
+    let n = layout.len();
     let mut size = vec![0u64; n];
     let mut dtype = vec![None; n];
-    let mut owned = vec![0u32; n];
+    let mut owned = vec![false; n];
     let mut has_module_child = vec![false; n];
     let mut has_tensor_module_child = vec![false; n];
     let mut no_split = vec![false; n];
     // A tied group's bytes are counted on its first member in tree order,
     // as `named_parameters()` (which drops later duplicates) counts them in
     // Accelerate, whichever member the checkpoint stores.
-    let mut free = vec![false; n];
+    let mut free = vec![false; if layout.tied().is_empty() { 0 } else { n }];
     for g in layout.tied() {
         let first = g.iter().copied().min().unwrap_or(0);
         for &m in g {
             free[m as usize] = m != first;
         }
     }
-    // Parents and ends copied into compact arrays on the one pass over the
-    // nodes, so the later passes do not stream the whole node array again.
-    let mut parent = vec![0u32; n];
-    let mut end = vec![0u32; n];
+    // The layout's own parent and end arrays: the later passes read them
+    // without streaming the whole node records again.
+    let (parent, end) = (layout.parents(), layout.ends());
     let patterns: Vec<(&str, bool)> = opts
         .no_split
         .iter()
         .map(|p| (p.as_str(), p.contains('*')))
         .collect();
-    for (i, node) in nodes.iter().enumerate() {
-        parent[i] = node.parent.unwrap_or(0);
-        end[i] = node.end;
-        if let Some(meta) = &node.meta {
-            let own = meta.dtype;
-            let d = if let Some(&s) = opts.special_dtypes.get(&node.name) {
-                s
-            } else if let Some(o) = opts
-                .dtype
-                .filter(|o| own.is_float() && o.is_float() && o.size() <= own.size())
-            {
-                o
+    // Classes named by a pattern, by class index.
+    let class_hit: Vec<bool> = layout
+        .class_names()
+        .iter()
+        .map(|c| patterns.iter().any(|&(p, _)| p == &**c))
+        .collect();
+    let specials = !opts.special_dtypes.is_empty();
+    let widen = |own: DType| match opts.dtype {
+        Some(o) if own.is_float() && o.is_float() && o.size() <= own.size() => o,
+        _ => own,
+    };
+    for i in 0..n {
+        if let Some((own, bytes)) = layout.tensor_at(i) {
+            let special = if specials {
+                let name = layout.node(i as NodeId).name();
+                opts.special_dtypes.get(name).copied()
             } else {
-                own
+                None
             };
+            let d = special.unwrap_or_else(|| widen(own));
             dtype[i] = Some(d);
-            if !free[i] {
+            if !free.get(i).copied().unwrap_or(false) {
                 // The layout checked that the tensor's own size fits in 64
                 // bits; a per-tensor override may widen it, so saturate.
-                size[i] = crate::layout::checked_bytes(meta)
-                    .map(|b| b / own.size() as u64)
-                    .and_then(|numel| numel.checked_mul(d.size() as u64))
-                    .unwrap_or(u64::MAX);
-                owned[i] = 1;
+                size[i] = if d == own {
+                    bytes
+                } else {
+                    (bytes / own.size() as u64).saturating_mul(d.size() as u64)
+                };
+                owned[i] = true;
             }
         } else if !patterns.is_empty() {
-            no_split[i] = patterns.iter().any(|&(p, star)| {
-                node.class.as_deref() == Some(p)
-                    || (!node.name.is_empty()
-                        && if star {
-                            glob_match(p, &node.name)
+            let class_named = layout.class_at(i).is_some_and(|c| class_hit[c as usize]);
+            // A plain pattern is a full name: compare only names of its
+            // length.
+            let len = layout.name_len_at(i);
+            no_split[i] = class_named
+                || (len > 0
+                    && patterns.iter().any(|&(p, star)| {
+                        if star {
+                            glob_match(p, layout.node(i as NodeId).name())
                         } else {
-                            node.name == p
-                        })
-            });
+                            p.len() == len && layout.node(i as NodeId).name() == p
+                        }
+                    }));
         }
     }
     for i in (1..n).rev() {
         let p = parent[i] as usize;
         size[p] = size[p].saturating_add(size[i]);
-        owned[p] += owned[i];
+        owned[p] |= owned[i];
         if dtype[i].is_none() {
             has_module_child[p] = true;
-            if owned[i] > 0 {
+            if owned[i] {
                 has_tensor_module_child[p] = true;
             }
         }
