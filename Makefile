@@ -98,9 +98,11 @@ slurm-setup:
 # workspace build links MPI into the facade anyway (conformance-tests enables
 # accel/mpi), so turning the launcher's feature on here builds every test
 # once, instead of rebuilding the launcher and its tests in a second step.
+# scripts/test_lanes.sh runs the launcher's cluster tests (mostly waiting) in
+# a lane beside the rest: the same tests, sooner.
 # minilm-setup: the candle MiniLM example's test (examples/candle-minilm).
 unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data minilm-setup
-	$(CARGO) test --workspace --features accel-launcher/mpi --no-fail-fast
+	CARGO=$(CARGO) ./scripts/test_lanes.sh --workspace --features accel-launcher/mpi
 
 # tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
 # separate cargo step so the default build never needs libtorch.

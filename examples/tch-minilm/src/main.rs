@@ -164,9 +164,7 @@ fn run() -> accel_api::Result<ExitCode> {
             b.tensors
                 .iter()
                 .filter_map(|t| d.layout().id(t))
-                .filter_map(|id| {
-                    d.layout().node(id).bytes()
-                })
+                .filter_map(|id| d.layout().node(id).bytes())
                 .sum::<u64>()
         })
         .collect();
