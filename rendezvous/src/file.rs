@@ -493,7 +493,8 @@ pub(crate) mod tests {
         let store = Arc::new(FileStore::new(dir.path()).unwrap());
         let children: Vec<_> = (0..2)
             .map(|i| {
-                test_util::spawn_child(
+                test_util::spawn_entry(
+                    "file::tests::file_adder_child",
                     "file-adder",
                     &[
                         ("ACCEL_RDV_TEST_DIR", dir.path().to_str().unwrap()),
@@ -516,9 +517,25 @@ pub(crate) mod tests {
         assert_eq!(swapped, 1, "exactly one compare_set wins");
     }
 
+    /// The children of `adds_are_atomic_across_processes`: a no-op in the
+    /// normal test run.
+    #[test]
+    fn file_adder_child() {
+        if test_util::child_role().as_deref() != Some("file-adder") {
+            return;
+        }
+        let var = |k: &str| std::env::var(k).unwrap();
+        let store = FileStore::new(var("ACCEL_RDV_TEST_DIR")).unwrap();
+        let n: i64 = var("ACCEL_RDV_TEST_N").parse().unwrap();
+        if child_adder(&store, n, &var("ACCEL_RDV_TEST_ID")) {
+            println!("ADDER_SWAPPED");
+        }
+        println!("ADDER_DONE");
+    }
+
     /// What each process of `adds_are_atomic_across_processes` does; `true`
     /// when its compare_set won.
-    pub(crate) fn child_adder(store: &FileStore, n: i64, id: &str) -> bool {
+    fn child_adder(store: &FileStore, n: i64, id: &str) -> bool {
         let won = store.compare_set("winner", None, id.as_bytes()).unwrap() == CasOutcome::Swapped;
         for _ in 0..n {
             store.add("count", 1).unwrap();

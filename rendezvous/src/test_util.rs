@@ -105,17 +105,19 @@ pub(crate) struct ChildProc {
 }
 
 pub(crate) fn spawn_child(role: &str, env: &[(&str, &str)]) -> ChildProc {
+    spawn_entry("test_util::child_main", role, env)
+}
+
+/// [`spawn_child`] with another test as the child's entry point (its full
+/// path, e.g. `file::tests::file_adder_child`): a test that does its part
+/// when [`child_role`] is its role and nothing otherwise.
+pub(crate) fn spawn_entry(entry: &str, role: &str, env: &[(&str, &str)]) -> ChildProc {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args([
-        "--exact",
-        "test_util::child_main",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env(CHILD_ENV, role)
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
+    cmd.args(["--exact", entry, "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, role)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -210,13 +212,17 @@ impl Drop for ChildProc {
     }
 }
 
+/// The role this process was started in by [`spawn_entry`], if any.
+pub(crate) fn child_role() -> Option<String> {
+    std::env::var(CHILD_ENV).ok()
+}
+
 /// The child side: a no-op in the normal test run.
 #[test]
 fn child_main() {
     let Ok(role) = std::env::var(CHILD_ENV) else {
         return;
     };
-    let var = |k: &str| std::env::var(k).unwrap();
     match role.as_str() {
         "tcp-server" => {
             let token = std::env::var("ACCEL_RDV_TEST_TOKEN").ok();
@@ -224,14 +230,6 @@ fn child_main() {
             println!("CHILD_ADDR={}", server.local_addr());
             // Bounded: the parent kills us long before.
             std::thread::sleep(Duration::from_secs(30));
-        }
-        "file-adder" => {
-            let store = crate::FileStore::new(var("ACCEL_RDV_TEST_DIR")).unwrap();
-            let n: i64 = var("ACCEL_RDV_TEST_N").parse().unwrap();
-            if crate::file::tests::child_adder(&store, n, &var("ACCEL_RDV_TEST_ID")) {
-                println!("ADDER_SWAPPED");
-            }
-            println!("ADDER_DONE");
         }
         other => panic!("unknown child role {other}"),
     }

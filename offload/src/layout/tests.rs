@@ -1,3 +1,4 @@
+use super::json::RawDType;
 use super::*;
 
 fn m(shape: &[usize]) -> TensorMeta {
