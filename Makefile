@@ -154,8 +154,8 @@ minilm-setup:
 	./scripts/fetch_minilm.sh
 
 # ---- candle integration (integrations/candle, default workspace: ADR 0021) --
-# make demo-candle  the candle digits demo on 2 ranks over cpu-gloo through
-#                   accel launch: 10 epochs, then a run stopped after step 63
+# make demo-candle  the candle digits demo on 2 ranks through accel launch
+#                   (mpi when Open MPI is installed; DEMO_LAUNCH as for make demo): 10 epochs, then a run stopped after step 63
 #                   and resumed, whose checksum must equal the first run's.
 #                   ARGS=... go to every run. Needs only the data set
 #                   (scripts/digits_data.sh: 13 MB scikit-learn wheel), no libtorch.
@@ -165,7 +165,7 @@ digits-data:
 
 demo-candle: digits-data
 	$(CARGO) build --release -p accel-launcher -p accel-example-candle-digits
-	./scripts/demo_candle.sh $(ARGS)
+	DEMO_LAUNCH="$(DEMO_LAUNCH)" ./scripts/demo_candle.sh $(ARGS)
 
 # Two processes, so that each peak resident memory is its own run's. A fixed
 # glibc mmap threshold returns each released block to the system at once

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# make demo-candle: examples/candle-digits on 2 ranks over cpu-gloo through
-# `accel launch`: an uninterrupted 10-epoch run (held-out accuracy, the
+# make demo-candle: examples/candle-digits on 2 ranks through `accel launch`
+# (the mpi engine when Open MPI is installed: candle-digits links MPI;
+# DEMO_LAUNCH="--backend cpu-gloo" picks Gloo): an uninterrupted 10-epoch run (held-out accuracy, the
 # final parameters' checksum), then the same run stopped after optimizer
 # step 63 (as if killed, 3 steps after a checkpoint) and resumed from its newest checkpoint; the two
 # checksums must be equal. Arguments go to every run.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
-LAUNCH=(target/release/accel launch -n 2 --backend cpu-gloo --)
+# shellcheck disable=SC2206
+LAUNCH=(target/release/accel launch -n 2 ${DEMO_LAUNCH:-} --)
 DEMO=target/release/candle-digits
 CK=target/candle-digits
 checksum() { sed -n 's/.*params checksum \([0-9a-f]*\).*/\1/p' "$1" | tail -n1; }

@@ -12,7 +12,7 @@
 //! | stage | gradients | optimizer state | parameters |
 //! |---|---|---|---|
 //! | [`Stage::None`] | all-reduced, full on every rank | full | full |
-//! | [`Stage::Optimizer`] (ZeRO-1) | all-reduced, full | 1/W per rank | full, all-gathered after the step |
+//! | [`Stage::Optimizer`] (ZeRO-1) | full in the model; reduce-scattered into the optimizer's 1/W (all-reduced where the engine cannot reduce-scatter) | 1/W per rank | full, all-gathered after the step |
 //! | [`Stage::Gradients`] (ZeRO-2, FSDP `SHARD_GRAD_OP`) | reduce-scattered: each rank gets its 1/W | 1/W | full, all-gathered after the step |
 //! | [`Stage::Full`] (ZeRO-3, FSDP `FULL_SHARD`) | reduce-scattered per unit right after its backward, then freed | 1/W | 1/W; a unit is all-gathered just before its use and freed after |
 //!

@@ -375,6 +375,12 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         let world = self.comm.world_size();
         let rank = self.share();
         let (op, scale) = self.avg_op();
+        // Stage 1 needs only this rank's slice of the averaged gradients too
+        // (the model's own gradients are never overwritten): half an
+        // all-reduce's bytes, where the engine can reduce-scatter.
+        let scatter = self.stage == Stage::Gradients
+            || (self.stage == Stage::Optimizer
+                && self.comm.capabilities().supports(Op::ReduceScatter));
         self.shard.clear();
         self.shard.resize(self.plan.shard_numel(), 0.0);
         let (mut first, mut at) = (0, 0);
@@ -385,7 +391,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             let mine = &mut self.shard[at..at + r.len()];
             if world == 1 {
                 mine.copy_from_slice(full);
-            } else if self.stage == Stage::Gradients {
+            } else if scatter {
                 self.comm.reduce_scatter(
                     Buf::Host(HostBuf::from(&full[..])),
                     HostBufMut::from(&mut mine[..]).into(),
