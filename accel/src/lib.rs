@@ -45,6 +45,7 @@ pub mod env_check;
 mod layering;
 mod lifeline;
 mod no_store;
+mod notice;
 mod panic_hook;
 mod rank_output;
 mod registry;

@@ -201,7 +201,7 @@ impl Registry {
     }
 
     fn fail_plugin(&mut self, path: PathBuf, e: Error) {
-        tracing::warn!(plugin = %path.display(), "plugin skipped: {e}");
+        crate::notice::warn(None, &format!("plugin {} skipped: {e}", path.display()));
         self.plugin_failures.push(PluginFailure {
             path,
             reason: e.to_string(),

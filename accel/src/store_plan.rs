@@ -116,7 +116,7 @@ impl ProcessState {
             StorePlan::Memory => Ok(Arc::new(accel_rendezvous::MemoryStore::new())),
             StorePlan::Url(url) => {
                 if let Some(why) = loopback_across_machines(self) {
-                    tracing::warn!(rank = self.rank, "{why}");
+                    crate::notice::warn(Some(self.rank), &why);
                 }
                 if self.hosts_store() {
                     host_torch_store(self).map_err(|e| e.with_rank(self.rank))?;

@@ -497,3 +497,52 @@ fn accel_config_writes_what_launch_reads() {
         "{text}"
     );
 }
+
+/// A setting the program cannot use is said on rank 0's console although
+/// the program (examples/train) installs no `tracing` subscriber; under
+/// `ACCEL_STRICT=1` the run fails naming it.
+#[test]
+fn a_setting_that_cannot_apply_is_said_once_on_rank_0_and_fails_when_strict() {
+    let train = train_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let run = |strict: bool| {
+        let mut args = argv(
+            "launch -n 2 --backend cpu-gloo --sharding optimizer --",
+            &[train.to_str().unwrap()],
+        );
+        args.extend([
+            "--epochs",
+            "1",
+            "--train-len",
+            "32",
+            "--eval-len",
+            "8",
+            "--save-every",
+            "0",
+        ]);
+        args.extend(["--checkpoint-dir", ck.to_str().unwrap()]);
+        let mut c = command(&args);
+        c.env_remove("ACCEL_STRICT");
+        if strict {
+            c.env("ACCEL_STRICT", "1");
+        }
+        start(c).finish(LIMIT)
+    };
+    let said = "ACCEL_SHARDING=optimizer (accel launch --sharding) does not apply: \
+                PreparedOptimizer::step steps a model that Accelerator::prepare_zero did not shard";
+    let r = run(false);
+    r.code_is(0);
+    let lines: Vec<&str> = r.stderr.lines().filter(|l| l.contains(said)).collect();
+    assert_eq!(lines.len(), 1, "{}", r.all());
+    assert!(
+        lines[0].starts_with("[rank 0] accel: warning: "),
+        "{}",
+        r.all()
+    );
+    let r = run(true);
+    assert_ne!(r.code, Some(0), "{}", r.all());
+    r.has_stderr(said);
+    r.has_stderr("ACCEL_STRICT");
+    r.lacks_stderr("accel: warning: ");
+}

@@ -56,8 +56,8 @@ impl Drop for RngGuard<'_> {
 }
 
 impl TrainShared {
-    /// Report `n`: once per setting, a warning on rank 0 naming the
-    /// setting, where it came from and why; the trackers' `config.json`
+    /// Report `n`: once per setting, a warning on rank 0's console and log
+    /// (`crate::notice`) naming the setting, where it came from and why; the trackers' `config.json`
     /// then records the value that applied. Under strict mode an error
     /// instead, on every rank alike (each rank finds the same).
     pub(crate) fn not_applied(&self, rank: usize, n: NotApplied<'_>) -> Result<()> {
@@ -108,7 +108,7 @@ impl TrainShared {
         });
         drop(st);
         if rank == 0 {
-            tracing::warn!("{line}");
+            crate::notice::warn(Some(rank), &line);
             if let Some(config) = config {
                 for t in self.trackers().iter_mut() {
                     if let Err(e) = t.store_init_configuration(&config) {
@@ -180,7 +180,9 @@ impl Accelerator {
     /// mixed precision the prepared model does not compute in (found by
     /// [`prepare`](Self::prepare)), a sharding stage for a model no
     /// [`prepare_zero`](Self::prepare_zero) shards (found at its first
-    /// optimizer step). Rank 0 also logs each as a warning; under
+    /// optimizer step). Rank 0 also says each on its stderr
+    /// (`accel: warning: ...`, with or without a `tracing` subscriber) and
+    /// logs it as a `tracing` warning; under
     /// [`TrainConfig::strict`] or `ACCEL_STRICT=1` each is an error
     /// instead.
     pub fn settings_not_applied(&self) -> Vec<String> {

@@ -546,7 +546,7 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
     let total: u64 = order.iter().map(|(_, s)| s).sum();
     let mut w = CheckpointWriter::create(dir)?.without_manifest();
     if let Some(what) = w.recovered() {
-        tracing::warn!(op = OP, "{what}");
+        crate::notice::warn(Some(0), &format!("{OP}: {what}"));
     }
     let shards = shard_plan(&order, max);
     if shards.len() <= 1 {

@@ -200,28 +200,31 @@ impl std::fmt::Debug for TrainShared {
 }
 
 impl TrainShared {
-    /// Defaults for a world of `world_size` ranks.
-    pub(crate) fn new(world_size: usize) -> TrainShared {
+    /// Defaults for `rank` of a world of `world_size` ranks. A malformed
+    /// training variable is said (rank 0) and left out: `Accelerator::new`
+    /// refuses them first, so only an accelerator made otherwise gets here.
+    pub(crate) fn new(rank: usize, world_size: usize) -> TrainShared {
+        let say = |line: String| crate::notice::warn(Some(rank), &line);
         let mut config = TrainConfig::default();
         match accumulation_steps_from_env() {
             Ok(Some(k)) => config.gradient_accumulation_steps = k,
             Ok(None) => {}
-            Err(e) => tracing::warn!("{e}; training without gradient accumulation"),
+            Err(e) => say(format!("{e}; training without gradient accumulation")),
         }
         let accumulator = GradientAccumulator::new(config.accumulation(world_size.max(1)))
             .expect("the default accumulation config is valid");
         let sharding = Stage::from_env()
             .unwrap_or_else(|e| {
-                tracing::warn!("{e}; training without sharding");
+                say(format!("{e}; training without sharding"));
                 None
             })
             .unwrap_or_default();
         let mode = MixedPrecision::from_env().unwrap_or_else(|e| {
-            tracing::warn!("{e}; training without mixed precision");
+            say(format!("{e}; training without mixed precision"));
             MixedPrecision::No
         });
         let strict = super::applied::strict_from_env().unwrap_or_else(|e| {
-            tracing::warn!("{e}; ignored settings are warnings");
+            say(format!("{e}; ignored settings are warnings"));
             false
         });
         let applied = super::applied::Applied {
@@ -385,7 +388,7 @@ impl TrainShared {
 
 /// The training state of `acc`, made on first use.
 pub(crate) fn shared(acc: &crate::Accelerator) -> &Arc<TrainShared> {
-    acc.extension(|| Arc::new(TrainShared::new(acc.world_size())))
+    acc.extension(|| Arc::new(TrainShared::new(acc.rank(), acc.world_size())))
 }
 
 /// Where the accelerator keeps its [`Rng`]: out of the slot while an
