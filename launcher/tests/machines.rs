@@ -168,6 +168,81 @@ fn a_machine_with_another_world_size_is_refused_on_both_sides() {
     r1.has_stderr(why);
 }
 
+/// Two machines whose programs save into different folders (as two
+/// machines with a disk each would): the first save fails on every rank,
+/// naming rank 1 and the folder, and leaves the previous checkpoint the
+/// newest, from which a run with one shared folder resumes (ADR 0029).
+#[test]
+fn a_save_into_folders_that_are_not_shared_fails_on_every_rank_naming_the_missing_rank() {
+    let train = train_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let (shared, own) = (dir.path().join("shared"), dir.path().join("own"));
+    let run = |folders: [&std::path::Path; 2], flags: &str| {
+        let port = free_port();
+        let prog = |f: &std::path::Path| {
+            let mut p = vec![train.to_str().unwrap().to_string()];
+            p.extend(
+                format!("--epochs 1 --train-len 64 --eval-len 8 --batch-size 4 --accumulation 1 --save-every 2 {flags}")
+                    .split_whitespace()
+                    .map(str::to_string),
+            );
+            p.extend(["--checkpoint-dir".into(), f.display().to_string()]);
+            p
+        };
+        let (p0, p1) = (prog(folders[0]), prog(folders[1]));
+        let p0: Vec<&str> = p0.iter().map(String::as_str).collect();
+        let p1: Vec<&str> = p1.iter().map(String::as_str).collect();
+        let flags: &[&str] = &["--token", "t", "-n", "1", "--backend", "cpu-gloo"];
+        let m0 = start(machine(0, port, flags, &p0));
+        let m1 = start(machine(1, port, flags, &p1));
+        (m0.finish(LIMIT), m1.finish(LIMIT))
+    };
+    let listing = |d: &std::path::Path| -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(d)
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    // One shared folder: checkpoint_0 at step 2.
+    let (r0, r1) = run([&shared, &shared], "--stop-after 2");
+    r0.code_is(0);
+    r1.code_is(0);
+    assert_eq!(listing(&shared), ["checkpoint_0"], "{}", r0.all());
+    // Machine 1 gets a folder of its own (a copy, as a synced disk would
+    // hold): the resume reads, the next save cannot be complete.
+    let cp = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(&shared)
+        .arg(&own)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let (r0, r1) = run([&shared, &own], "--resume --stop-after 4");
+    let why = "the files of rank 1 (machine 1) are not in";
+    for r in [&r0, &r1] {
+        assert_ne!(r.code, Some(0), "{}", r.all());
+        r.has_stderr(why);
+        r.has_stderr("not one folder that every rank sees");
+    }
+    r1.has_stderr("rank 0 failed");
+    assert_eq!(listing(&shared), ["checkpoint_0"], "{}", r0.all());
+    assert_eq!(listing(&own), ["checkpoint_0"], "{}", r1.all());
+    // The previous checkpoint is still the newest: resume from it.
+    let (r0, r1) = run([&shared, &shared], "--resume --stop-after 4");
+    r0.code_is(0);
+    r1.code_is(0);
+    r0.has_stdout("resumed from");
+    r0.has_stdout("checkpoint_0 at step 2");
+    assert_eq!(
+        listing(&shared),
+        ["checkpoint_0", "checkpoint_1"],
+        "{}",
+        r0.all()
+    );
+}
+
 // ---- network namespaces ----
 
 #[test]

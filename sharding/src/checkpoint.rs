@@ -100,6 +100,16 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+impl FileEntry {
+    /// The entry of a file holding `bytes`.
+    pub fn of(bytes: &[u8]) -> FileEntry {
+        FileEntry {
+            size: bytes.len() as u64,
+            sha256: sha256_hex(bytes),
+        }
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -177,6 +187,9 @@ pub struct CheckpointWriter {
     done: bool,
     with_manifest: bool,
     recovered: Option<String>,
+    /// Files [`check_files`](Self::check_files) found as reported: the
+    /// seal takes their entries instead of hashing them again.
+    checked: BTreeMap<String, FileEntry>,
 }
 
 impl CheckpointWriter {
@@ -202,6 +215,7 @@ impl CheckpointWriter {
             done: false,
             with_manifest: true,
             recovered,
+            checked: BTreeMap::new(),
         })
     }
 
@@ -255,6 +269,58 @@ impl CheckpointWriter {
         self.write(name, &bytes)
     }
 
+    /// Check files that others (the other ranks) wrote into
+    /// [`temp_path`](Self::temp_path) against what they say they wrote: each
+    /// name with the size and SHA-256 of the bytes written. Returns every
+    /// file that is not there as reported, with why (`missing`, its size, a
+    /// different checksum, an invalid name), in name order; empty when all
+    /// are. The files found as reported are not hashed again by the commit.
+    ///
+    /// A file missing here that its writer wrote and fsynced was written
+    /// into another folder of the same path: the checkpoint folder is not
+    /// one folder for every writer (a disk per machine).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Io`] when a file that is there cannot be read.
+    pub fn check_files(
+        &mut self,
+        expected: &BTreeMap<String, FileEntry>,
+    ) -> Result<Vec<(String, String)>> {
+        let mut bad = Vec::new();
+        for (name, want) in expected {
+            if check_name(name).is_err() {
+                bad.push((name.clone(), "not a valid file name".to_string()));
+                continue;
+            }
+            let path = self.temp_dir.join(name);
+            let got = match fs::symlink_metadata(&path) {
+                Ok(m) if m.is_file() && m.len() == want.size => hash_file(&path)?,
+                Ok(m) if m.is_file() => {
+                    bad.push((
+                        name.clone(),
+                        format!("{} bytes, {} written", m.len(), want.size),
+                    ));
+                    continue;
+                }
+                Ok(_) => {
+                    bad.push((name.clone(), "not a regular file".to_string()));
+                    continue;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    bad.push((name.clone(), "missing".to_string()));
+                    continue;
+                }
+                Err(e) => return Err(io_err("cannot stat", &path, e)),
+            };
+            if got.sha256 == want.sha256 {
+                self.checked.insert(name.clone(), got);
+            } else {
+                bad.push((name.clone(), "another SHA-256 than written".to_string()));
+            }
+        }
+        Ok(bad)
+    }
+
     fn seal(&mut self) -> Result<Manifest> {
         let mut names = Vec::new();
         walk(&self.temp_dir, "", &mut names)?;
@@ -264,7 +330,10 @@ impl CheckpointWriter {
             digest: None,
         };
         for name in names.into_iter().filter(|n| n != MANIFEST_FILE) {
-            let entry = hash_file(&self.temp_dir.join(&name))?;
+            let entry = match self.checked.remove(&name) {
+                Some(e) => e,
+                None => hash_file(&self.temp_dir.join(&name))?,
+            };
             manifest.files.insert(name, entry);
         }
         if self.with_manifest {

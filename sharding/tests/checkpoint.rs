@@ -5,7 +5,7 @@ use std::fs;
 use accel_api::ErrorKind;
 use accel_sharding::{
     parse_checkpoint_name, read_manifest, read_verified, verify_checkpoint, write_file_synced,
-    CheckpointDir, CheckpointWriter, MANIFEST_FILE,
+    CheckpointDir, CheckpointWriter, FileEntry, MANIFEST_FILE,
 };
 
 fn save(dir: &std::path::Path) {
@@ -101,6 +101,43 @@ fn truncated_corrupted_or_missing_files_are_named() {
     let err = verify_checkpoint(&dir).unwrap_err();
     assert_eq!(err.kind(), &ErrorKind::Corrupt);
     assert!(err.to_string().contains(MANIFEST_FILE), "{err}");
+}
+
+#[test]
+fn files_of_other_writers_are_checked_against_what_they_wrote() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("ckpt");
+    let mut w = CheckpointWriter::create(&dir).unwrap();
+    let temp = w.temp_path().to_path_buf();
+    write_file_synced(&temp.join("rank_1/a.json"), b"same").unwrap();
+    write_file_synced(&temp.join("rank_1/b.json"), b"short").unwrap();
+    write_file_synced(&temp.join("rank_1/c.json"), b"other").unwrap();
+    let expected: std::collections::BTreeMap<String, FileEntry> = [
+        ("rank_1/a.json", FileEntry::of(b"same")),
+        ("rank_1/b.json", FileEntry::of(b"longer")),
+        ("rank_1/c.json", FileEntry::of(b"thing")),
+        ("rank_1/d.json", FileEntry::of(b"elsewhere")),
+        ("../e.json", FileEntry::of(b"")),
+    ]
+    .into_iter()
+    .map(|(n, e)| (n.to_string(), e))
+    .collect();
+    let bad = w.check_files(&expected).unwrap();
+    assert_eq!(
+        bad,
+        [
+            ("../e.json", "not a valid file name"),
+            ("rank_1/b.json", "5 bytes, 6 written"),
+            ("rank_1/c.json", "another SHA-256 than written"),
+            ("rank_1/d.json", "missing"),
+        ]
+        .map(|(n, w)| (n.to_string(), w.to_string()))
+    );
+    // The files found as written go into the manifest with their entries.
+    let m = w.commit().unwrap();
+    assert_eq!(m.files["rank_1/a.json"], FileEntry::of(b"same"));
+    assert_eq!(m.files.len(), 3);
+    verify_checkpoint(&dir).unwrap();
 }
 
 #[test]

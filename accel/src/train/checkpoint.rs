@@ -4,13 +4,14 @@
 //!
 //! The layout is documented on [`Checkpointed`].
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use accel_api::{BufMut, DType, Error, ErrorKind, Result};
 use accel_sharding::{
     parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
-    write_file_synced, AccumulatorState, CheckpointDir, CheckpointWriter, Manifest, SamplerState,
-    MANIFEST_FILE,
+    write_file_synced, AccumulatorState, CheckpointDir, CheckpointWriter, FileEntry, Manifest,
+    SamplerState, MANIFEST_FILE,
 };
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
@@ -51,7 +52,10 @@ const GRAD_PREFIX: &str = "__grad__.";
 /// tensor of the right length, as older checkpoints hold, passes). The directory is assembled as `.checkpoint_N.partial`, every file
 /// fsynced, then renamed; ranks other than the main one write their files
 /// into the same temporary directory, so checkpoints need a file system all
-/// ranks share (as Accelerate's do).
+/// ranks share (as Accelerate's do): the main process commits only when it
+/// finds every rank's files as the rank wrote them (size and SHA-256), and
+/// otherwise the save fails on every rank naming the ranks whose files are
+/// missing (docs/adr/0029-saves-complete-or-fail.md).
 pub trait Checkpointed {
     /// The key naming its files (`model_0`, `optimizer_0`, `loader_0`, ...).
     fn checkpoint_key(&self) -> String;
@@ -469,9 +473,70 @@ fn decode_state(dir: &Path, manifest: &Manifest, stem: &str) -> Result<StateDict
 /// (see [`accel_sharding::swap`]), logging what was done.
 pub(crate) fn recover_logged(op: &str, dir: &Path) -> Result<()> {
     if let Some(what) = accel_sharding::recover_swap(dir)? {
-        tracing::warn!(op, "{what}");
+        crate::notice::warn(Some(0), &format!("{op}: {what}"));
     }
     Ok(())
+}
+
+/// Check that every rank's files are in the main process's temporary
+/// folder as the rank wrote them: `None` when they are, else the error
+/// naming the ranks whose files are not, and those ranks. `reported[r]`:
+/// rank `r`'s machine and its files' entries.
+fn incomplete_ranks(
+    w: &mut CheckpointWriter,
+    reported: &[(usize, BTreeMap<String, FileEntry>)],
+    path: &Path,
+) -> Result<Option<(Error, Vec<usize>)>> {
+    /// Rank, machine, the files not there as written (name, why).
+    type Missing = (usize, usize, Vec<(String, String)>);
+    let mut bad: Vec<Missing> = Vec::new();
+    for (r, (machine, files)) in reported.iter().enumerate() {
+        let missing = w.check_files(files)?;
+        if !missing.is_empty() {
+            bad.push((r, *machine, missing));
+        }
+    }
+    if bad.is_empty() {
+        return Ok(None);
+    }
+    let ranks: Vec<usize> = bad.iter().map(|(r, _, _)| *r).collect();
+    let named: Vec<String> = bad
+        .iter()
+        .take(8)
+        .map(|(r, m, _)| format!("{r} (machine {m})"))
+        .collect();
+    let more = if bad.len() > 8 {
+        format!(" and {} more", bad.len() - 8)
+    } else {
+        String::new()
+    };
+    let (first, _, files) = &bad[0];
+    let shown: Vec<String> = files
+        .iter()
+        .take(3)
+        .map(|(n, why)| format!("{n}: {why}"))
+        .collect();
+    let e = Error::new(
+        ErrorKind::InvalidConfig,
+        format!(
+            "{} is not saved: the files of rank{} {}{more} are not in {}, where rank 0 \
+             assembles it (rank {first}: {}); the likely cause: the checkpoint folder is not \
+             one folder that every rank sees (a disk of each machine's own, or another path \
+             on some ranks), and a checkpoint needs every rank's files; the previous \
+             checkpoint stays the newest",
+            path.display(),
+            if bad.len() > 1 { "s" } else { "" },
+            named.join(", "),
+            w.temp_path().display(),
+            shown.join(", ")
+        ),
+    )
+    .with_op("save_state")
+    .with_fix(
+        "save into a folder on a file system every machine mounts at the same path (NFS, a \
+         cluster file system), and give every rank the same path",
+    );
+    Ok(Some((e, ranks)))
 }
 
 fn kind_from_name(name: &str) -> ErrorKind {
@@ -545,14 +610,19 @@ impl Accelerator {
     /// each rank's loader position and RNG state. See the
     /// [layout](Checkpointed) of the files. Nothing is visible under `root` until the
     /// checkpoint is complete; a failure on any rank fails the call on every
-    /// rank and leaves no partial `checkpoint_N`.
+    /// rank and leaves no partial `checkpoint_N`. Before committing, the
+    /// main process checks that every rank's files are in its temporary
+    /// folder with the sizes and checksums the ranks wrote (ADR 0029).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`] when `root` already holds a
     /// checkpoint numbered `N` or higher (a fresh run saving into the folder
     /// of an old one: load it first, or use another folder; Accelerate
     /// fails only on an exact collision, and otherwise lets pruning delete
-    /// the new checkpoint); [`ErrorKind::Io`] naming the path; the
+    /// the new checkpoint); [`ErrorKind::InvalidConfig`] naming the ranks
+    /// (and machines) whose files are not in the main process's folder as
+    /// written: `root` is not one folder every rank sees (the previous
+    /// checkpoint stays the newest); [`ErrorKind::Io`] naming the path; the
     /// communicator's.
     pub fn save_state(
         &self,
@@ -629,7 +699,7 @@ impl Accelerator {
             } else {
                 CheckpointWriter::create(path).map(|w| {
                     if let Some(what) = w.recovered() {
-                        tracing::warn!(op = OP, "{what}");
+                        crate::notice::warn(Some(rank), &format!("{OP}: {what}"));
                     }
                     Some(w)
                 })
@@ -654,7 +724,7 @@ impl Accelerator {
             (meta, st.registered.clone())
         };
         let rng = super::shared(self).rng_state(OP);
-        let written = (|| -> Result<()> {
+        let written = (|| -> Result<BTreeMap<String, FileEntry>> {
             let rng = rng?;
             let mut files: Vec<(String, Vec<u8>)> = Vec::new();
             for o in objects {
@@ -676,17 +746,41 @@ impl Accelerator {
                 files.push((CHECKPOINT_STATE_FILE.to_string(), to_json(&meta)));
             }
             files.push((format!("random_states/rank_{rank}.json"), to_json(&rng)));
+            let mut entries = BTreeMap::new();
             for (name, bytes) in files {
                 write_file_synced(&temp.join(&name), &bytes)?;
+                entries.insert(name, FileEntry::of(&bytes));
             }
-            Ok(())
+            Ok(entries)
         })();
-        self.agree(OP, written)?;
-        let committed = match writer {
-            Some(w) if replace => w.commit_replacing().map(|_| ()),
-            Some(w) => w.commit().map(|_| ()),
-            None => Ok(()),
+        let written = self.agree(OP, written)?;
+        // The main process commits only what holds every rank's files as
+        // written (ADR 0029): not so, the save fails on every rank.
+        let reported: Vec<(usize, BTreeMap<String, FileEntry>)> = if self.world_size() == 1 {
+            vec![(self.state().node_rank, written)]
+        } else {
+            self.comm()
+                .gather_object(&(self.state().node_rank, written))?
         };
+        let (committed, missing) = match writer {
+            Some(mut w) => match incomplete_ranks(&mut w, &reported, path) {
+                Ok(None) if replace => (w.commit_replacing().map(|_| ()), Vec::new()),
+                Ok(None) => (w.commit().map(|_| ()), Vec::new()),
+                Ok(Some((e, ranks))) => (Err(e), ranks),
+                Err(e) => (Err(e), Vec::new()),
+            },
+            None => (Ok(()), Vec::new()),
+        };
+        let missing: Vec<usize> = if self.world_size() == 1 {
+            missing
+        } else {
+            self.comm().broadcast_object(main.then_some(&missing), 0)?
+        };
+        if !main && missing.contains(&rank) {
+            // This rank's files went into a folder of its own: leave no
+            // `.partial` folder behind there.
+            let _ = std::fs::remove_dir_all(&temp);
+        }
         self.agree(OP, committed)?;
         Ok(path.to_path_buf())
     }
@@ -734,8 +828,8 @@ impl Accelerator {
     /// `objects`, or when the ranks' loader positions disagree;
     /// [`ErrorKind::InvalidConfig`] when it was saved with another data
     /// layout, or with another world size by a per-rank object that cannot
-    /// be resharded (iterable loaders, ZeRO shards: use
-    /// [`load_weights`](Self::load_weights)). A failure on any rank fails
+    /// be resharded (iterable loaders, objects of your own without
+    /// [`Checkpointed::reshard_state`]: use [`load_weights`](Self::load_weights)). A failure on any rank fails
     /// every rank.
     pub fn load_state(
         &self,
@@ -817,7 +911,14 @@ impl Accelerator {
             match verify_checkpoint(p) {
                 Ok(_) => {
                     for (q, e) in &skipped {
-                        tracing::warn!(skipped = %q.display(), error = %e, loading = %p.display(), "load_latest_intact: skipping a damaged checkpoint");
+                        crate::notice::warn(
+                            Some(self.rank()),
+                            &format!(
+                                "load_latest_intact: skipped the damaged checkpoint {} ({e}); loading {}",
+                                q.display(),
+                                p.display()
+                            ),
+                        );
                     }
                     return Ok((p.clone(), true, highest));
                 }
@@ -862,6 +963,19 @@ impl Accelerator {
         // The main process checks every file; the others check what they read.
         let manifest = if self.is_main_process() && !verified {
             verify_checkpoint(&dir)
+        } else if !dir.exists() {
+            Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "{} (rank 0's checkpoint) does not exist on this rank's machine: the \
+                     checkpoint folder is not one folder that every rank sees (ADR 0029)",
+                    dir.display()
+                ),
+            )
+            .with_fix(
+                "keep checkpoints in a folder on a file system every machine mounts at the \
+                 same path (NFS, a cluster file system)",
+            ))
         } else {
             read_manifest(&dir)
         };
