@@ -613,3 +613,91 @@ fn another_element_type_is_refused_unless_converting() {
     let want: Vec<half::bf16> = values.iter().map(|v| half::bf16::from_f32(*v)).collect();
     assert_eq!(m.w, want);
 }
+
+/// A bf16 and an f32 parameter, no shapes given.
+struct Mixed {
+    h: Vec<half::bf16>,
+    gh: Vec<half::bf16>,
+    f: Vec<f32>,
+    gf: Vec<f32>,
+}
+
+impl accel::train::Parameters for Mixed {
+    fn visit_params(&self, f: &mut dyn FnMut(accel::train::ParamRef<'_>)) {
+        f(accel::train::ParamRef::host("h", &self.h, &self.gh));
+        f(accel::train::ParamRef::host("f", &self.f, &self.gf));
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(accel::train::ParamMut<'_>)) {
+        f(accel::train::ParamMut::host("h", &mut self.h, &mut self.gh));
+        f(accel::train::ParamMut::host("f", &mut self.f, &mut self.gf));
+    }
+}
+
+fn mixed() -> Mixed {
+    Mixed {
+        h: (0..3)
+            .map(|i| half::bf16::from_f32(0.3 + i as f32))
+            .collect(),
+        gh: vec![half::bf16::ZERO; 3],
+        f: vec![0.1, 0.2],
+        gf: vec![0.0; 2],
+    }
+}
+
+#[test]
+fn a_model_without_shapes_is_saved_1d_in_each_parameters_own_type() {
+    let acc = accel::Accelerator::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = mixed();
+    acc.save_model(&m, dir.path(), 1u64 << 30).unwrap();
+    let bytes = std::fs::read(dir.path().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let h = st.tensor("h").unwrap();
+    assert_eq!((h.dtype(), h.shape()), (safetensors::Dtype::BF16, &[3][..]));
+    let raw: Vec<u8> = m.h.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(h.data(), raw.as_slice(), "bf16 values as bf16");
+    let f = st.tensor("f").unwrap();
+    assert_eq!((f.dtype(), f.shape()), (safetensors::Dtype::F32, &[2][..]));
+    let mut back = mixed();
+    back.h.fill(half::bf16::ZERO);
+    back.f.fill(0.0);
+    acc.load_model(&mut back, dir.path()).unwrap();
+    assert_eq!((back.h, back.f), (m.h, m.f));
+}
+
+#[test]
+fn load_state_refuses_another_element_type_as_load_model_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let acc = || {
+        accel::Accelerator::new()
+            .unwrap()
+            .with_training(accel::train::TrainConfig::default())
+            .unwrap()
+    };
+    let a = acc();
+    let saved = a.prepare_model(mixed()).unwrap();
+    let ckpt = a.save_state(dir.path(), &[&saved]).unwrap();
+    // The same names and lengths, `h` in f32: not loaded, nothing written.
+    let b = acc();
+    let mut wide = b
+        .prepare_model(Named(vec![
+            ("h".into(), vec![9.0; 3], vec![0.0; 3]),
+            ("f".into(), vec![9.0; 2], vec![0.0; 2]),
+        ]))
+        .unwrap();
+    let e = b.load_state(&ckpt, &mut [&mut wide]).unwrap_err();
+    assert_eq!(*e.kind(), ErrorKind::Corrupt, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("parameter \"h\" is stored as bf16 in the checkpoint, the model's is f32")
+            && text.contains("load_model_converting"),
+        "{text}"
+    );
+    assert!(wide.0.iter().all(|(_, v, _)| v.iter().all(|x| *x == 9.0)));
+    // The saved types load.
+    let c = acc();
+    let mut same = c.prepare_model(mixed()).unwrap();
+    same.h.fill(half::bf16::ZERO);
+    c.load_state(&ckpt, &mut [&mut same]).unwrap();
+    assert_eq!(same.h, mixed().h);
+}

@@ -173,11 +173,18 @@ impl<M: Parameters> Checkpointed for PreparedModel<M> {
         let k = self.model.grad_kernels();
         let k = k.as_deref();
         let mut shapes = std::collections::BTreeMap::new();
+        let mut retyped = None;
         self.model.visit_params(&mut |p| {
             if let Some(s) = self.model.param_shape(p.name) {
                 shapes.insert(p.name.to_string(), s);
             }
+            if retyped.is_none() && state.tensors.contains_key(p.name) {
+                retyped = other_type(p.name, &state, p.value.dtype());
+            }
         });
+        if let Some(e) = retyped {
+            return Err(e);
+        }
         let mut err = None;
         self.model.visit_params_mut(&mut |p| {
             if err.is_some() {
@@ -230,6 +237,32 @@ impl<M: Parameters> Checkpointed for PreparedModel<M> {
         });
         err.map_or(Ok(()), Err)
     }
+}
+
+/// The error for parameter `name` of element type `want` when `state`
+/// holds it in another type: a bf16 or f16 parameter is stored in its own
+/// type, any other as f32 (so an f64 parameter loads its f32 values).
+/// Refused as `load_model` refuses it: an exact resume needs the types it
+/// was saved with.
+fn other_type(name: &str, state: &StateDict, want: DType) -> Option<Error> {
+    let got = state.stored_as.get(name).copied().unwrap_or(DType::F32);
+    let saved_as = |t: DType| match t {
+        DType::BF16 | DType::F16 => t,
+        _ => DType::F32,
+    };
+    (saved_as(want) != got).then(|| {
+        Error::new(
+            ErrorKind::Corrupt,
+            format!(
+                "parameter {name:?} is stored as {got} in the checkpoint, the model's is {want}"
+            ),
+        )
+        .with_fix(
+            "prepare the model with the element types it was saved with (an exact resume needs \
+             them); to change a model's type, save its weights with save_model and read them \
+             with load_model_converting",
+        )
+    })
 }
 
 impl<O: Optimizer> Checkpointed for PreparedOptimizer<O> {
@@ -539,6 +572,17 @@ fn incomplete_ranks(
     Ok(Some((e, ranks)))
 }
 
+/// `e`, an object's own error, prefixed with the object's files in `dir`;
+/// kind and fix kept.
+fn in_object(dir: &Path, key: &str, e: Error) -> Error {
+    let m = format!("{}: {}", dir.join(key).display(), e.message());
+    let out = Error::new(e.kind().clone(), m);
+    match e.fix() {
+        Some(f) => out.with_fix(f),
+        None => out,
+    }
+}
+
 fn kind_from_name(name: &str) -> ErrorKind {
     match name {
         "corrupt" => ErrorKind::Corrupt,
@@ -825,7 +869,10 @@ impl Accelerator {
     /// [`ErrorKind::InvalidArgument`] when there is no checkpoint at `path`;
     /// [`ErrorKind::Corrupt`] naming the file when one is missing, truncated
     /// or altered (the manifest included), has no state for one of
-    /// `objects`, or when the ranks' loader positions disagree;
+    /// `objects`, holds a parameter in another shape or element type than
+    /// the model's (a bf16 parameter saved, an f32 one now: refused, as
+    /// [`load_model`](Self::load_model) refuses it), or when the ranks'
+    /// loader positions disagree;
     /// [`ErrorKind::InvalidConfig`] when it was saved with another data
     /// layout, or with another world size by a per-rank object that cannot
     /// be resharded (iterable loaders, objects of your own without
@@ -1016,10 +1063,10 @@ impl Accelerator {
                     let saved = (0..meta.world_size)
                         .map(|r| decode_state(&dir, &manifest, &format!("{key}/rank_{r}")))
                         .collect::<Result<Vec<_>>>()?;
-                    states.push(o.reshard_state(&saved, rank, world).map_err(|e| {
-                        let m = format!("{}: {}", dir.join(&key).display(), e.message());
-                        Error::new(e.kind().clone(), m)
-                    })?);
+                    states.push(
+                        o.reshard_state(&saved, rank, world)
+                            .map_err(|e| in_object(&dir, &key, e))?,
+                    );
                     continue;
                 } else if full {
                     format!("{key}/rank_{rank}")
@@ -1092,14 +1139,8 @@ impl Accelerator {
                             ..Default::default()
                         })
                         .collect();
-                    o.check_rank_states(&per_rank).map_err(|e| {
-                        let m = format!(
-                            "{}: {}",
-                            dir.join(o.checkpoint_key()).display(),
-                            e.message()
-                        );
-                        Error::new(e.kind().clone(), m)
-                    })?;
+                    o.check_rank_states(&per_rank)
+                        .map_err(|e| in_object(&dir, &o.checkpoint_key(), e))?;
                 }
                 Ok(())
             })();
@@ -1110,10 +1151,8 @@ impl Accelerator {
         let applied = (|| -> Result<()> {
             for (o, state) in objects.iter_mut().zip(states) {
                 let key = o.checkpoint_key();
-                o.restore_checkpoint_state(state).map_err(|e| {
-                    let m = format!("{}: {}", dir.join(&key).display(), e.message());
-                    Error::new(e.kind().clone(), m)
-                })?;
+                o.restore_checkpoint_state(state)
+                    .map_err(|e| in_object(&dir, &key, e))?;
             }
             for (r, s) in registered.iter().zip(custom) {
                 r.lock()

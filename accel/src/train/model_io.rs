@@ -24,8 +24,8 @@
 //! model that gives [`Parameters::param_shape`] (accel-tch's and
 //! accel-candle's adapters, ZeRO's consolidated
 //! [`FullParameters`](crate::zero::FullParameters)) gets each tensor in
-//! that shape and in its values' own element type (f16, bf16, f32, f64),
-//! others get 1-D `f32` (the [`Parameters`] view is flat).
+//! that shape, others 1-D (the [`Parameters`] view is flat), every tensor
+//! in its values' own element type (f16, bf16, f32, f64).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -77,8 +77,8 @@ fn data_section(bytes: &[u8]) -> &[u8] {
     &bytes[8 + n as usize..]
 }
 
-/// One tensor as `save_model` stores it: 1-D `f32`, or the model's own
-/// shape and element type ([`Parameters::param_shape`]).
+/// One tensor as `save_model` stores it: the model's own shape
+/// ([`Parameters::param_shape`], else 1-D) and its values' element type.
 struct Stored {
     shape: Vec<usize>,
     dtype: safetensors::Dtype,
@@ -127,9 +127,9 @@ fn encode_shard(tensors: &BTreeMap<String, Stored>) -> Result<(Vec<u8>, String)>
     Ok((encode_stored(tensors, meta(Some(&digest)))?, digest))
 }
 
-/// How `save_model` stores parameter `name` with values `value`: 1-D `f32`
-/// without a shape from the model, else that shape in the values' own
-/// element type (host bytes as they are; device values through `f32`).
+/// How `save_model` stores parameter `name` with values `value`: in the
+/// model's shape (1-D when it gives none), in the values' own element type
+/// (host bytes as they are; device values through `f32`).
 fn stored(
     k: Option<&dyn super::kernels::GradKernels>,
     name: &str,
@@ -139,14 +139,7 @@ fn stored(
     use accel_api::Buf;
     use safetensors::Dtype;
     let n = value.len();
-    let Some(shape) = shape else {
-        let data = super::grads::read_f32(k, name, value)?;
-        return Ok(Stored {
-            shape: vec![n],
-            dtype: Dtype::F32,
-            bytes: data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-        });
-    };
+    let shape = shape.unwrap_or_else(|| vec![n]);
     if shape.iter().product::<usize>() != n {
         return Err(Error::invalid_argument(
             "save_model",
@@ -398,9 +391,10 @@ impl Accelerator {
     /// (`"5GB"`, `"5GiB"`: [`parse_shard_size`]); pass
     /// [`DEFAULT_MAX_SHARD_SIZE`] for `transformers`' default. Pass the
     /// unwrapped model: `&*prepared` or `prepared.inner()`. Tensors are
-    /// 1-D `f32` named as the model names its parameters (in the model's
-    /// own shape and element type when it gives
-    /// [`Parameters::param_shape`](super::Parameters::param_shape)); each header
+    /// named as the model names its parameters, in the values' own element
+    /// type, in the model's own shape when it gives
+    /// [`Parameters::param_shape`](super::Parameters::param_shape) and 1-D
+    /// otherwise; each header
     /// carries `{"format": "pt"}` and the file's data digest
     /// ([`DIGEST_KEY`], also in the index per shard). Returns `dir`.
     /// Collective.
