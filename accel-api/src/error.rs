@@ -382,6 +382,18 @@ impl From<std::io::Error> for Error {
     }
 }
 
+/// candle's errors (with the `candle` feature, which accel-candle turns
+/// on): [`ErrorKind::Backend`] with candle's message, the original as the
+/// source, so that `?` takes a candle call's error in code that returns
+/// accel's (a `backward` closure, a training `main`). The impl lives here
+/// because the orphan rule allows it only beside one of the two types.
+#[cfg(feature = "candle")]
+impl From<candle_core::Error> for Error {
+    fn from(e: candle_core::Error) -> Error {
+        Error::new(ErrorKind::Backend, format!("candle: {e}")).with_source(e)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

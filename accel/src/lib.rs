@@ -40,6 +40,8 @@
 mod accelerator;
 mod collectives;
 mod debug;
+#[cfg(doctest)]
+mod doc_examples;
 pub mod env_check;
 #[cfg(test)]
 mod layering;

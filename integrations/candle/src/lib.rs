@@ -36,18 +36,18 @@
 //! })?;
 //! let varmap = VarMap::new();
 //! let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
-//! let net = candle_nn::linear(64, 10, vb.pp("fc")).unwrap();
+//! let net = candle_nn::linear(64, 10, vb.pp("fc"))?; // candle's errors convert
 //! accel_candle::init_uniform(&varmap, 42)?;
 //! let model = CandleModel::new(&varmap)?;
 //! let opt = CandleOptimizer::<candle_nn::SGD>::new(&model, 0.1)?;
 //! let mut model = acc.prepare_model(model)?;
 //! let mut opt = acc.prepare_optimizer(opt)?;
-//! # let (x, y) = (Tensor::zeros((8, 64), DType::F32, &Device::Cpu).unwrap(), Tensor::zeros(8, DType::U32, &Device::Cpu).unwrap());
+//! # let (x, y) = (Tensor::zeros((8, 64), DType::F32, &Device::Cpu)?, Tensor::zeros(8, DType::U32, &Device::Cpu)?);
 //! // for each batch (x, y) of a prepared loader:
 //! acc.accumulate_step(false);
-//! acc.backward(&mut model, |m, scale| -> accel::Result<()> {
-//!     let loss = candle_nn::loss::cross_entropy(&net.forward(&x).unwrap(), &y).unwrap();
-//!     m.backward(&(loss * f64::from(scale)).unwrap())
+//! acc.backward(&mut model, |m, scale| {
+//!     let loss = candle_nn::loss::cross_entropy(&net.forward(&x)?, &y)?;
+//!     m.backward(&(loss * f64::from(scale))?)
 //! })??;
 //! opt.step(&mut model)?;
 //! opt.zero_grad(&mut model);
@@ -58,6 +58,11 @@
 //! Pure Rust on the CPU (candle-core, candle-nn 0.11): a member of the
 //! default workspace (docs/adr/0023-candle-workspace.md). The `cuda`
 //! feature forwards to candle's own; CUDA variables are not trained yet.
+
+/// docs/candle.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/candle.md")]
+pub struct DocsCandleMd;
 
 mod amp;
 pub mod dispatch;
@@ -71,11 +76,12 @@ pub use model::CandleModel;
 pub use optim::{AdamW, CandleOptimizer, OptimizerState};
 pub use zero::{sequential_loss_and_grad, Link};
 
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{Error, Result};
 
-/// candle's error as accel's, with candle's message.
+/// candle's error as accel's, with candle's message (the `From` impl that
+/// this crate turns on in accel-api, by name for `map_err`).
 pub(crate) fn candle_err(e: candle_core::Error) -> Error {
-    Error::new(ErrorKind::Backend, format!("candle: {e}"))
+    Error::from(e)
 }
 
 /// Give every variable of `varmap` seeded values, in name order: uniform in
@@ -88,7 +94,7 @@ pub(crate) fn candle_err(e: candle_core::Error) -> Error {
 /// values.
 ///
 /// # Errors
-/// [`ErrorKind::Backend`] with candle's message when a variable cannot be
+/// [`ErrorKind::Backend`](accel_api::ErrorKind::Backend) with candle's message when a variable cannot be
 /// set.
 pub fn init_uniform(varmap: &candle_nn::VarMap, seed: u64) -> Result<()> {
     let mut vars: Vec<(String, candle_core::Var)> = varmap

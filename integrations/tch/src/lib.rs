@@ -73,3 +73,42 @@ pub use optim::{AdamW, TchOptimizer};
 pub use seed::{set_seed, set_threads_per_rank};
 pub use tensor_ops::TensorCollectives;
 pub use zero::Zero3TchModel;
+
+/// docs/inference.md's example, compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/inference.md")]
+pub struct DocsInferenceMd;
+
+/// tch's error as accel's: [`ErrorKind::Backend`](accel::ErrorKind::Backend)
+/// with libtorch's message, the original as the
+/// [`source`](std::error::Error::source). The orphan rule forbids
+/// `From<tch::TchError> for accel::Error` outside accel-api, and accel-api
+/// does not depend on tch, whose build needs libtorch (docs/adr/0030): use
+/// [`TchResultExt::accel`] or `.map_err(accel_tch::tch_error)` before `?`.
+pub fn tch_error(e: tch::TchError) -> accel::Error {
+    accel::Error::new(accel::ErrorKind::Backend, format!("libtorch: {e}")).with_source(e)
+}
+
+/// `?` for tch's fallible calls (`f_*` methods, `VarStore::load`) in code
+/// that returns accel's errors.
+///
+/// ```no_run
+/// use accel_tch::TchResultExt;
+/// fn scaled(x: &tch::Tensor) -> accel::Result<tch::Tensor> {
+///     Ok(x.f_mul_scalar(2.0).accel()?)
+/// }
+/// ```
+pub trait TchResultExt<T> {
+    /// The value, or tch's error as accel's ([`tch_error`]).
+    ///
+    /// # Errors
+    /// [`ErrorKind::Backend`](accel::ErrorKind::Backend) with libtorch's
+    /// message when `self` is tch's error.
+    fn accel(self) -> accel::Result<T>;
+}
+
+impl<T> TchResultExt<T> for std::result::Result<T, tch::TchError> {
+    fn accel(self) -> accel::Result<T> {
+        self.map_err(tch_error)
+    }
+}
