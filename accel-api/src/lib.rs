@@ -81,6 +81,7 @@ mod layer;
 mod offload;
 mod op;
 mod store;
+pub mod work;
 pub mod worker;
 mod wrapper;
 
@@ -104,6 +105,7 @@ pub use layer::{CallInfo, Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};
 pub use op::ReduceOp;
 pub use store::{CasOutcome, Store, StoreExt};
+pub use work::{HostBytes, OwnedBuf, Pending, StartExt, Work};
 pub use wrapper::Wrapper;
 
 /// Re-exported so that backends and vendors name the same `half` types.

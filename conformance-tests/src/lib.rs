@@ -47,6 +47,7 @@ macro_rules! scenarios {
     };
 }
 
+mod async_scenarios;
 mod collectives;
 mod ctx;
 pub mod data;
@@ -76,6 +77,7 @@ pub fn all_scenarios() -> Vec<Scenario> {
     let mut all = collectives::scenarios();
     all.extend(runtime::scenarios());
     all.extend(failures::scenarios());
+    all.extend(async_scenarios::scenarios());
     all.extend(train_scenarios::train_scenarios());
     all.extend(model_scenarios::<fixtures::Mlp>());
     all
