@@ -109,6 +109,7 @@ pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
         train_fp16_skip_agreed: gate_train,
         train_bf16_equivalence: gate_train,
         train_clip_norm_agreed: gate_train,
+        train_overlap_bit_identical: gate_train,
         zero_equivalence: gate_zero,
         zero_clipping: gate_zero,
         zero_fp16_skip_agreed: gate_zero,

@@ -40,6 +40,7 @@ accel_conformance::conformance_tests!(
         train_fp16_skip_agreed,
         train_bf16_equivalence,
         train_clip_norm_agreed,
+        train_overlap_bit_identical,
         zero_equivalence,
         zero_clipping,
     ],
