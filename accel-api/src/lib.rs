@@ -97,9 +97,9 @@ pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
 pub use group::{
-    host, host_mut, message_does_not_fit, timeout_error, Backoff, Clock, Deadline, Engine,
-    EngineInfo, Expired, Group, Growth, Mailbox, P2pHeader, Pause, Polled, Poller, SplitPlan,
-    SystemClock, Taken, Until, P2P_MAGIC, TIMEOUT_FIX,
+    host, host_mut, message_does_not_fit, on_group_worker, timeout_error, Backoff, Clock, Deadline,
+    Engine, EngineInfo, Expired, Group, Growth, Mailbox, P2pHeader, Pause, Polled, Poller,
+    SplitPlan, SystemClock, Taken, Until, P2P_MAGIC, TIMEOUT_FIX,
 };
 pub use layer::{CallInfo, Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};

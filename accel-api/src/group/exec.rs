@@ -2,6 +2,7 @@
 //! ticket order, whether the caller runs them (blocking calls) or the
 //! group's worker thread does (calls started without waiting).
 
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Condvar, Mutex};
@@ -43,6 +44,18 @@ impl Drop for Pass<'_> {
 
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
+thread_local! {
+    static ON_WORKER: Cell<bool> = const { Cell::new(false) };
+}
+
+/// `true` on a group's worker thread, which runs only calls started
+/// without waiting: an engine may wait there in a way that leaves the
+/// cores to the caller's compute (mpi polls its non-blocking calls with
+/// pauses instead of spinning in a blocking one).
+pub fn on_group_worker() -> bool {
+    ON_WORKER.with(Cell::get)
+}
+
 /// The thread that runs a group's started calls, in the order they were
 /// queued (which is ticket order: tickets and the queue share one lock).
 #[derive(Debug)]
@@ -55,6 +68,7 @@ impl Worker {
     pub(crate) fn spawn(name: String) -> std::io::Result<Worker> {
         let (tx, rx) = channel::<Job>();
         let thread = std::thread::Builder::new().name(name).spawn(move || {
+            ON_WORKER.with(|w| w.set(true));
             for job in rx {
                 // A job completes its handle itself; a panic inside one
                 // completes it with an error (the completer's drop) and

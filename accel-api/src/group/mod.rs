@@ -55,6 +55,7 @@ pub use deadline::{
     Until, TIMEOUT_FIX,
 };
 pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
+pub use exec::on_group_worker;
 pub use mailbox::{Mailbox, Taken};
 pub use p2p::{P2pHeader, P2P_MAGIC};
 pub use split::SplitPlan;
