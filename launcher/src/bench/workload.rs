@@ -338,7 +338,18 @@ mod tests {
             dtype,
             iters: 1,
             warmup: 0,
+            outstanding: None,
         }
+    }
+
+    #[test]
+    fn async_rides_on_the_workers_flags() {
+        let mut w = workload(BenchOp::AllReduce, "4K", DType::F32);
+        assert!(!w.to_args().contains(&"--async".to_string()));
+        w.outstanding = Some(4);
+        let args = w.to_args();
+        let at = args.iter().position(|a| a == "--async").expect("--async passed on");
+        assert_eq!(args[at + 1], "4");
     }
 
     #[test]
