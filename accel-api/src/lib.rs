@@ -108,6 +108,15 @@ pub use store::{CasOutcome, Store, StoreExt};
 pub use work::{HostBytes, OwnedBuf, Pending, StartExt, Work};
 pub use wrapper::Wrapper;
 
+/// The flight recorder: every communicator's ring of its last calls, read
+/// by dumps when something goes wrong (`ACCEL_FLIGHT_RECORDER=N`, 0 off).
+pub mod flight {
+    pub use crate::group::{
+        flight_recorders, ring_size_from_env, CallRecord, CallState, FlightRecorder, GroupIdentity,
+        DEFAULT_RING, FLIGHT_RECORDER_ENV,
+    };
+}
+
 /// Re-exported so that backends and vendors name the same `half` types.
 pub use half::{bf16, f16};
 

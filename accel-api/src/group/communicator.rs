@@ -102,14 +102,22 @@ impl<E: Engine> Communicator for Group<E> {
         self.enter(op, DType::U8, None, Device::CPU)?;
         let shape = Shape::new(op, DType::U8, 0);
         let t = self.admit(true);
+        if let Some(r) = &self.core.recorder {
+            r.issued(t.n, t.seq, &crate::CallInfo::new(op, DType::U8, 0), false);
+        }
         let pass = self.core.turn.take(t.n);
         let sub = self
             .core
             .run_turn(t, op, Some(&shape), |e, _| e.split(color, key));
         drop(pass);
         let sub = sub?;
-        Ok(sub
-            .map(|e| Box::new(Group::new(e).with_call_check(self.check)) as Box<dyn Communicator>))
+        let name = match (&self.core.recorder, color, t.seq) {
+            (Some(r), Some(c), Some(seq)) => format!("{}/split{seq}:c{c}", r.identity().name),
+            _ => "split".to_string(),
+        };
+        Ok(sub.map(|e| {
+            Box::new(Group::named(e, name).with_call_check(self.check)) as Box<dyn Communicator>
+        }))
     }
 
     fn abort(&self, reason: &str) {
@@ -132,8 +140,12 @@ impl<E: Engine> Communicator for Group<E> {
             Admitted::P2p => Some(false),
             Admitted::RecvSelf => None,
         };
+        let info = call.info();
         if inline {
             let t = ticketed.map(|c| self.admit(c));
+            if let (Some(t), Some(r)) = (t, &self.core.recorder) {
+                r.issued(t.n, t.seq, &info, true);
+            }
             let label = WorkLabel::of(self, op, t.and_then(|t| t.seq));
             let pass = t.map(|t| self.core.turn.take(t.n));
             let result = self.core.execute(t, &admitted, call.views_mut());
@@ -146,7 +158,8 @@ impl<E: Engine> Communicator for Group<E> {
         let (mut pending, completer) = Pending::queued(WorkLabel::of(self, op, None), Some(abort));
         let core = Arc::clone(&self.core);
         let mut label = pending.label().clone();
-        let seq = self.admit_queued(ticketed, move |t: Option<Ticket>| {
+        let recorder = self.core.recorder.clone();
+        let seq = self.admit_queued(ticketed, info, recorder, move |t: Option<Ticket>| {
             label.seq = t.and_then(|t| t.seq);
             // The handle completes inside the turn: a call issued after
             // this one never returns before this one is done.
@@ -180,6 +193,9 @@ impl<E: Engine> Group<E> {
             Admitted::Collective(_) => Some(self.admit(true)),
             Admitted::P2p => Some(self.admit(false)),
         };
+        if let (Some(t), Some(r)) = (t, &self.core.recorder) {
+            r.issued(t.n, t.seq, &call.info(), false);
+        }
         let _pass = t.map(|t| self.core.turn.take(t.n));
         self.core.execute(t, &admitted, call)
     }

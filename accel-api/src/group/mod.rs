@@ -44,6 +44,7 @@ mod engine;
 mod exec;
 mod mailbox;
 mod p2p;
+mod recorder;
 mod split;
 #[cfg(test)]
 mod tests;
@@ -58,6 +59,10 @@ pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
 pub use exec::on_group_worker;
 pub use mailbox::{Mailbox, Taken};
 pub use p2p::{P2pHeader, P2P_MAGIC};
+pub use recorder::{
+    flight_recorders, ring_size_from_env, CallRecord, CallState, FlightRecorder, GroupIdentity,
+    DEFAULT_RING, FLIGHT_RECORDER_ENV,
+};
 pub use split::SplitPlan;
 
 use std::fmt;
@@ -96,6 +101,8 @@ pub(crate) struct Core<E: Engine> {
     mailbox: Mailbox<Vec<u8>>,
     /// Calls run one at a time, in ticket (issue) order.
     turn: Turn,
+    /// The last calls, for dumps (`None`: `ACCEL_FLIGHT_RECORDER=0`).
+    recorder: Option<Arc<FlightRecorder>>,
 }
 
 #[derive(Debug, Default)]
@@ -141,7 +148,19 @@ impl<E: Engine> Group<E> {
     /// [`CallCheck::from_env`] (`ACCEL_CHECK_CALLS`; a malformed value
     /// keeps the check on: `accel::state()` reports it).
     pub fn new(engine: E) -> Group<E> {
+        Group::named(engine, "world".into())
+    }
+
+    /// [`new`](Self::new) for the group called `name` in flight-recorder
+    /// dumps (`world`, or the path of splits that made it).
+    fn named(engine: E, name: String) -> Group<E> {
         let info = engine.info().clone();
+        let identity = GroupIdentity {
+            backend: info.backend.clone(),
+            rank: info.rank,
+            world_size: info.world_size,
+            name,
+        };
         Group {
             plan: check::plan(&info.capabilities),
             core: Arc::new(Core {
@@ -150,6 +169,7 @@ impl<E: Engine> Group<E> {
                 engine,
                 poisoned: Mutex::new(None),
                 turn: Turn::default(),
+                recorder: FlightRecorder::new(identity, ring_size_from_env()),
             }),
             issue: Mutex::new(Issue::default()),
             check: CallCheck::for_new_group(),
@@ -194,6 +214,11 @@ impl<E: Engine> Group<E> {
         self.core.poison_text()
     }
 
+    /// This group's flight recorder (`None` when turned off).
+    pub fn flight_recorder(&self) -> Option<&Arc<FlightRecorder>> {
+        self.core.recorder.as_ref()
+    }
+
     /// The next ticket, and a sequence number for a collective.
     fn ticket(&self, issue: &mut Issue, collective: bool) -> Ticket {
         let n = issue.next_ticket;
@@ -227,10 +252,15 @@ impl<E: Engine> Group<E> {
     fn admit_queued(
         &self,
         ticketed: Option<bool>,
+        info: crate::CallInfo,
+        recorder: Option<Arc<FlightRecorder>>,
         job: impl FnOnce(Option<Ticket>) + Send + 'static,
     ) -> Option<u64> {
         let mut issue = lock(&self.issue);
         let t = ticketed.map(|collective| self.ticket(&mut issue, collective));
+        if let (Some(t), Some(r)) = (t, &recorder) {
+            r.issued(t.n, t.seq, &info, true);
+        }
         if issue.worker.is_none() {
             let name = format!("accel-{}-r{}", self.core.info.backend, self.core.info.rank);
             issue.worker = Worker::spawn(name).ok();
@@ -328,6 +358,31 @@ impl<E: Engine> Core<E> {
     /// the call check of the ticket runs first, in the same turn, so that
     /// no other call comes between them.
     fn run_turn<T>(
+        &self,
+        t: Ticket,
+        op: Op,
+        shape: Option<&Shape>,
+        f: impl FnOnce(&E, bool) -> Result<T>,
+    ) -> Result<T> {
+        self.record(t.n, CallState::Started);
+        let out = self.run_turn_inner(t, op, shape, f);
+        let state = if out.is_ok() {
+            CallState::Completed
+        } else {
+            CallState::Failed
+        };
+        self.record(t.n, state);
+        out
+    }
+
+    /// Move call `ticket` to `state` in the flight recorder.
+    fn record(&self, ticket: u64, state: CallState) {
+        if let Some(r) = &self.recorder {
+            r.set(ticket, state);
+        }
+    }
+
+    fn run_turn_inner<T>(
         &self,
         t: Ticket,
         op: Op,

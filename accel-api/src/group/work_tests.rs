@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::work::{StartExt, ENGINE_GRACE};
-use crate::{Buf, Capabilities, CommunicatorExt, Device};
+use crate::{Buf, Capabilities, CommunicatorExt, DType, Device, Op};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -219,4 +219,92 @@ fn point_to_point_and_self_messages_start_too() {
     assert_eq!(r.label().seq, None, "point-to-point calls are not numbered");
     r.wait().unwrap();
     assert_eq!(seen(&g), vec![9]);
+}
+
+#[test]
+fn the_flight_recorder_keeps_every_call_with_its_state_and_times() {
+    let g = slow(Some(2));
+    let a = g.start_all_reduce(vec![1.0f32; 3], ReduceOp::Sum).unwrap();
+    g.broadcast_slice(&mut [0u8; 2], 1).unwrap();
+    a.wait().unwrap();
+    let e = g
+        .all_reduce_slice(&mut [0i32; 5], ReduceOp::Max)
+        .unwrap_err();
+    assert!(matches!(e.kind(), ErrorKind::Timeout { .. }));
+    let recs = g.flight_recorder().expect("on by default").snapshot();
+    assert_eq!(recs.len(), 3, "{recs:?}");
+    let (r0, r1, r2) = (&recs[0], &recs[1], &recs[2]);
+    assert_eq!(
+        (r0.op, r0.seq, r0.count, r0.started_async),
+        (Op::AllReduce, Some(0), 3, true)
+    );
+    assert_eq!(
+        (r1.op, r1.root, r1.started_async),
+        (Op::Broadcast, Some(1), false)
+    );
+    assert_eq!(
+        (r2.op, r2.reduce, r2.dtype),
+        (Op::AllReduce, Some(ReduceOp::Max), DType::I32)
+    );
+    assert_eq!(
+        [r0.state, r1.state, r2.state],
+        [
+            CallState::Completed,
+            CallState::Completed,
+            CallState::Failed
+        ]
+    );
+    for r in &recs {
+        assert!(
+            r.issued_us <= r.started_us && r.started_us <= r.ended_us,
+            "{r:?}"
+        );
+    }
+    assert!(
+        r0.ended_us <= r1.started_us,
+        "issue order: {r0:?} then {r1:?}"
+    );
+    let id = g.flight_recorder().unwrap().identity();
+    assert_eq!(
+        (
+            id.backend.as_str(),
+            id.rank,
+            id.world_size,
+            id.name.as_str()
+        ),
+        ("slow", 0, 2, "world")
+    );
+}
+
+#[test]
+fn a_ring_keeps_the_newest_calls() {
+    let id = GroupIdentity {
+        backend: "t".into(),
+        rank: 0,
+        world_size: 1,
+        name: "world".into(),
+    };
+    let r = FlightRecorder::new(id, 4).unwrap();
+    let call = crate::CallInfo::new(Op::Barrier, DType::U8, 0);
+    for t in 0..10 {
+        r.issued(t, Some(t), &call, false);
+        r.set(t, CallState::Completed);
+    }
+    let tickets: Vec<u64> = r.snapshot().iter().map(|c| c.ticket).collect();
+    assert_eq!(tickets, vec![6, 7, 8, 9]);
+    r.set(2, CallState::Failed);
+    assert!(
+        r.snapshot().iter().all(|c| c.state == CallState::Completed),
+        "a stale ticket changes nothing"
+    );
+    assert!(FlightRecorder::new(
+        GroupIdentity {
+            backend: "t".into(),
+            rank: 0,
+            world_size: 1,
+            name: "off".into()
+        },
+        0
+    )
+    .is_none());
 }

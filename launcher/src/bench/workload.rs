@@ -348,7 +348,10 @@ mod tests {
         assert!(!w.to_args().contains(&"--async".to_string()));
         w.outstanding = Some(4);
         let args = w.to_args();
-        let at = args.iter().position(|a| a == "--async").expect("--async passed on");
+        let at = args
+            .iter()
+            .position(|a| a == "--async")
+            .expect("--async passed on");
         assert_eq!(args[at + 1], "4");
     }
 
