@@ -41,6 +41,7 @@ mod accelerator;
 mod collectives;
 mod debug;
 pub mod env_check;
+pub mod flight;
 #[cfg(test)]
 mod layering;
 mod lifeline;
