@@ -15,8 +15,13 @@
 #              a skip is a failure)
 #   conformance accel test --backend cuda-nccl -n 1 (host buffers, staged)
 #   bench      accel bench --backend cuda-nccl -n 1 (nccl-tests table, staged)
+#   async      accel bench --async 4: all-reduces started without waiting
+#              against blocking ones (issue 38; gpu-tests also runs
+#              started calls on device buffers, checked for issue order)
 #   device     nccl_device_bench: H2D / D2H bandwidth, all_reduce and
 #              all_gather on device buffers, all_reduce on staged host memory
+#   xla-gpu    accel test --backend xla -n 1 on the machine's PJRT CUDA
+#              plugin (jax's xla_cuda_plugin.so): the xla backend on a GPU
 # OUT_DIR/summary.txt has one line per step with its exit code; the script
 # exits non-zero when a step failed.
 #
@@ -110,11 +115,30 @@ else
 fi
 step probe-json 20 "$bin/accel" env --json
 step probe 20 "$bin/accel" env
-step gpu-tests 120 env ACCEL_REQUIRE_GPU=1 "$bin/cuda_nccl_gpu_tests" --test-threads=1
-step conformance 120 "$bin/accel" test --backend cuda-nccl -n 1 --timeout 60s --world-timeout 110s \
+step gpu-tests 90 env ACCEL_REQUIRE_GPU=1 "$bin/cuda_nccl_gpu_tests" --test-threads=1
+step conformance 90 "$bin/accel" test --backend cuda-nccl -n 1 --timeout 60s --world-timeout 85s \
   --worker "$bin/accel-conformance-worker" --json "$out/conformance.json"
-step bench 80 "$bin/accel" bench --backend cuda-nccl -n 1 --op all_reduce --sizes 4K:64M
-step device 90 "$bin/nccl_device_bench" $((256 << 20))
+step bench 60 "$bin/accel" bench --backend cuda-nccl -n 1 --op all_reduce --sizes 4K:64M
+# Calls started without waiting (issue 38): 4 all-reduces in flight against
+# 4 blocking ones, per call (the device-buffer case is in gpu-tests:
+# started_calls_on_device_memory, handles done in issue order).
+step async 40 "$bin/accel" bench --backend cuda-nccl -n 1 --op all_reduce --sizes 64K:16M --async 4
+step device 60 "$bin/nccl_device_bench" $((256 << 20))
+# The xla backend on the machine's PJRT GPU plugin (jax-cuda13-pjrt's
+# .so), world size 1 on a real GPU: the whole suite, the async family too.
+if ((dry)); then
+  echo "would find jax's PJRT CUDA plugin (xla_cuda_plugin.so under site-packages/jax_plugins) and set ACCEL_PJRT_PLUGIN to it" | tee -a "$out/summary.txt"
+  pjrt=
+else
+  pjrt=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null |
+    while read -r d; do find "$d/jax_plugins" -maxdepth 2 -name 'xla_cuda_plugin.so' 2>/dev/null; done | head -1)
+  [[ -n $pjrt ]] || echo "xla-gpu: no jax PJRT CUDA plugin found under site-packages/jax_plugins" | tee -a "$out/summary.txt"
+fi
+if ((dry)) || [[ -n $pjrt ]]; then
+  step xla-gpu 70 env ACCEL_PJRT_PLUGIN="${pjrt:-<jax_plugins/xla_cuda*/xla_cuda_plugin.so>}" \
+    "$bin/accel" test --backend xla -n 1 --timeout 60s --world-timeout 85s \
+    --worker "$bin/accel-conformance-worker" --json "$out/xla-gpu.json"
+fi
 
 echo "total: $((SECONDS - start)) s; results in $out" | tee -a "$out/summary.txt"
 exit $failed

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build, on a machine WITHOUT a GPU, the release binaries scripts/gpu_check.sh
 # runs on the lent GPU machine (which has no cargo), into target/gpu-check/.
-# cpu-gloo and mpi are left out (--no-default-features --features cuda-nccl):
-# libgloo and libmpi are not installed there. Prints what to carry.
+# cpu-gloo and mpi are left out (--no-default-features --features
+# cuda-nccl,xla): libgloo and libmpi are not installed there; xla loads its
+# PJRT plugin at run time (the machine's jax CUDA plugin). Prints what to carry.
 #
 #   scripts/gpu_check_build.sh          (make gpu-check-build)
 #
@@ -12,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 out=target/gpu-check
-feat=(--no-default-features --features cuda-nccl)
+feat=(--no-default-features --features cuda-nccl,xla)
 
 $CARGO build --release -p accel-launcher -p accel-conformance "${feat[@]}"
 $CARGO build --release -p accel-backend-cuda-nccl --example nccl_device_bench

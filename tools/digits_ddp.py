@@ -41,11 +41,14 @@ def main():
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--train-len", type=int, default=None, help="use only the first N training images")
     a = p.parse_args()
     torch.set_num_threads(1)
     acc = Accelerator(gradient_accumulation_steps=a.accumulation)
     torch.manual_seed(a.seed)
     x, y = load(a.data)
+    if a.train_len is not None:
+        x, y = x[: a.train_len], y[: a.train_len]
     ds = torch.utils.data.TensorDataset(x, y)
     loader = torch.utils.data.DataLoader(ds, batch_size=a.batch_size, shuffle=True)
     h = a.hidden

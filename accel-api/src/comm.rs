@@ -134,6 +134,30 @@ pub trait Communicator: Send + Sync {
     /// The new communicator inherits the backend, device and timeout.
     fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Box<dyn Communicator>>>;
 
+    /// Start `call` and return at once with its handle; the call runs in
+    /// issue order with every other call on this communicator (blocking or
+    /// started), from any thread, and its buffers stay with the handle
+    /// until [`Pending::wait`](crate::work::Pending::wait) gives them back
+    /// (the typed forms are in [`StartExt`](crate::work::StartExt)).
+    ///
+    /// Requires what the blocking method of the same name requires, and
+    /// every rank issues the same collectives in the same order.
+    ///
+    /// The default runs the blocking method now and returns a completed
+    /// handle, so that every communicator accepts started calls; [`Group`]
+    /// (every engine) overrides it to run the call on its worker thread.
+    ///
+    /// # Errors
+    /// At once: what needs no communication ([`ErrorKind::Unsupported`],
+    /// [`ErrorKind::InvalidArgument`], [`ErrorKind::Poisoned`]). Everything
+    /// else from the handle's `wait`, naming the operation with its
+    /// sequence number (`all_reduce#12`).
+    ///
+    /// [`Group`]: crate::Group
+    fn start(&self, call: crate::work::Call) -> Result<crate::work::Pending> {
+        Ok(crate::work::start_blocking(self, call))
+    }
+
     /// Give up on this group: poison it so that every later call returns
     /// [`ErrorKind::Poisoned`] with `reason`, and interrupt a call in flight
     /// when [`Capabilities::abort_interrupts`] says the engine can. Never

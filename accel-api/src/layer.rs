@@ -4,8 +4,10 @@
 //! metrics wrapper is another. The layer forwards everything else, so it
 //! never repeats the group's runtime.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::work::{Call, Pending};
 use crate::{Buf, BufMut, Capabilities, Communicator, DType, Device, Error, Op, ReduceOp, Result};
 
 /// What one call asks for, as a layer sees it before forwarding.
@@ -29,7 +31,7 @@ pub struct CallInfo {
 }
 
 impl CallInfo {
-    fn new(op: Op, dtype: DType, len: usize) -> CallInfo {
+    pub(crate) fn new(op: Op, dtype: DType, len: usize) -> CallInfo {
         CallInfo {
             op,
             dtype,
@@ -41,21 +43,21 @@ impl CallInfo {
         }
     }
 
-    fn root(self, root: usize) -> CallInfo {
+    pub(crate) fn root(self, root: usize) -> CallInfo {
         CallInfo {
             root: Some(root),
             ..self
         }
     }
 
-    fn reduce(self, op: ReduceOp) -> CallInfo {
+    pub(crate) fn reduce(self, op: ReduceOp) -> CallInfo {
         CallInfo {
             reduce: Some(op),
             ..self
         }
     }
 
-    fn p2p(self, peer: usize, tag: u32) -> CallInfo {
+    pub(crate) fn p2p(self, peer: usize, tag: u32) -> CallInfo {
         CallInfo {
             peer: Some(peer),
             tag: Some(tag),
@@ -98,14 +100,18 @@ pub trait Layer: Send + Sync + 'static {
 /// [`Layer::before`] and then forwards.
 #[derive(Debug)]
 pub struct Layered<L> {
-    inner: Box<dyn Communicator>,
-    layer: L,
+    // Shared with the error hooks of calls in flight (`start`).
+    inner: Arc<dyn Communicator>,
+    layer: Arc<L>,
 }
 
 impl<L: Layer> Layered<L> {
     /// Put `layer` in front of `inner`.
     pub fn new(inner: Box<dyn Communicator>, layer: L) -> Layered<L> {
-        Layered { inner, layer }
+        Layered {
+            inner: Arc::from(inner),
+            layer: Arc::new(layer),
+        }
     }
 
     /// The layer.
@@ -226,5 +232,18 @@ impl<L: Layer> Communicator for Layered<L> {
 
     fn abort(&self, reason: &str) {
         self.inner.abort(reason)
+    }
+
+    /// `before` at issue, then the inner communicator's `start`; the
+    /// call's error, when the handle is waited for, goes through
+    /// `on_error`.
+    fn start(&self, call: Call) -> Result<Pending> {
+        let info = call.info();
+        self.layer.before(&*self.inner, &info)?;
+        let (layer, inner) = (Arc::clone(&self.layer), Arc::clone(&self.inner));
+        match self.inner.start(call) {
+            Ok(p) => Ok(p.map_err(move |e| layer.on_error(&*inner, &info, e))),
+            Err(e) => Err(self.layer.on_error(&*self.inner, &info, e)),
+        }
     }
 }

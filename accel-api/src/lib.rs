@@ -81,6 +81,7 @@ mod layer;
 mod offload;
 mod op;
 mod store;
+pub mod work;
 pub mod worker;
 mod wrapper;
 
@@ -96,15 +97,25 @@ pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
 pub use group::{
-    host, host_mut, message_does_not_fit, timeout_error, Backoff, Clock, Deadline, Engine,
-    EngineInfo, Expired, Group, Growth, Mailbox, P2pHeader, Pause, Polled, Poller, SplitPlan,
-    SystemClock, Taken, Until, P2P_MAGIC, TIMEOUT_FIX,
+    host, host_mut, message_does_not_fit, on_group_worker, timeout_error, Backoff, Clock, Deadline,
+    Engine, EngineInfo, Expired, Group, Growth, Mailbox, P2pHeader, Pause, Polled, Poller,
+    SplitPlan, SystemClock, Taken, Until, P2P_MAGIC, TIMEOUT_FIX,
 };
 pub use layer::{CallInfo, Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};
 pub use op::ReduceOp;
 pub use store::{CasOutcome, Store, StoreExt};
+pub use work::{HostBytes, OwnedBuf, Pending, StartExt, Work};
 pub use wrapper::Wrapper;
+
+/// The flight recorder: every communicator's ring of its last calls, read
+/// by dumps when something goes wrong (`ACCEL_FLIGHT_RECORDER=N`, 0 off).
+pub mod flight {
+    pub use crate::group::{
+        flight_recorders, ring_size_from_env, CallRecord, CallState, FlightRecorder, GroupIdentity,
+        DEFAULT_RING, FLIGHT_RECORDER_ENV,
+    };
+}
 
 /// Re-exported so that backends and vendors name the same `half` types.
 pub use half::{bf16, f16};

@@ -47,6 +47,7 @@ impl Accelerator {
     /// backend's connect errors (peers missing after the timeout).
     pub fn new() -> Result<Accelerator> {
         crate::install_panic_hook();
+        crate::flight::install_dump_on_signal();
         crate::tie_to_launcher();
         let state = state::state()?;
         // A malformed `accel launch --mixed-precision` value fails here, not

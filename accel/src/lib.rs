@@ -43,6 +43,7 @@ mod debug;
 #[cfg(doctest)]
 mod doc_examples;
 pub mod env_check;
+pub mod flight;
 #[cfg(test)]
 mod layering;
 mod lifeline;

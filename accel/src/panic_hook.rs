@@ -33,7 +33,10 @@ pub fn install_panic_hook() {
                     .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()));
                 // Keep the first failure: a later panic while unwinding must
                 // not overwrite the root cause.
-                let _ = write_first_error(&path, &ErrorRecord::now(rank, message, location));
+                let _ =
+                    write_first_error(&path, &ErrorRecord::now(rank, message.clone(), location));
+                // What every communicator was doing when it crashed.
+                let _ = crate::flight::dump_now(&format!("panic: {message}"));
             }
             if !crate::rank_output::report_rank_thread_panic(info) {
                 previous(info);

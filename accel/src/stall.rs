@@ -287,6 +287,9 @@ impl Layer for StallLayer {
 
     /// After a collective's timeout, names the ranks that never entered it.
     fn on_error(&self, _inner: &dyn Communicator, call: &CallInfo, err: Error) -> Error {
+        // The first timeout, mismatch or lost peer: what every communicator
+        // of this process was doing (`accel trace` reads it).
+        crate::flight::dump_on_failure(&err);
         if !call.is_collective() || !matches!(err.kind(), ErrorKind::Timeout { .. }) {
             return err;
         }

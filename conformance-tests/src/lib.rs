@@ -47,6 +47,7 @@ macro_rules! scenarios {
     };
 }
 
+mod async_scenarios;
 mod collectives;
 mod ctx;
 pub mod data;
@@ -76,6 +77,7 @@ pub fn all_scenarios() -> Vec<Scenario> {
     let mut all = collectives::scenarios();
     all.extend(runtime::scenarios());
     all.extend(failures::scenarios());
+    all.extend(async_scenarios::scenarios());
     all.extend(train_scenarios::train_scenarios());
     all.extend(model_scenarios::<fixtures::Mlp>());
     all
@@ -107,6 +109,7 @@ pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
         train_fp16_skip_agreed: gate_train,
         train_bf16_equivalence: gate_train,
         train_clip_norm_agreed: gate_train,
+        train_overlap_bit_identical: gate_train,
         zero_equivalence: gate_zero,
         zero_clipping: gate_zero,
         zero_fp16_skip_agreed: gate_zero,

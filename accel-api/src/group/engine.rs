@@ -42,6 +42,14 @@ pub trait Engine: Send + Sync + Sized + 'static {
     /// (the default) the group asks for a sum and divides.
     const NATIVE_AVG: bool = false;
 
+    /// `true` when the engine's calls complete without waiting for peers
+    /// (one process, no wire): calls started without waiting
+    /// ([`Communicator::start`]) then run in the caller's thread and
+    /// return completed handles. Otherwise (the default) the group runs
+    /// them on its worker thread, in issue order, through the methods
+    /// below.
+    const STARTS_INLINE: bool = false;
+
     /// Who this engine's group is (backend, rank, size, device, timeout)
     /// and what it accepts; read once by [`Group::new`], constant for the
     /// engine's lifetime.

@@ -41,28 +41,37 @@
 mod communicator;
 mod deadline;
 mod engine;
+mod exec;
 mod mailbox;
 mod p2p;
+mod recorder;
 mod split;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod work_tests;
 
 pub use deadline::{
     timeout_error, Backoff, Clock, Deadline, Expired, Growth, Pause, Polled, Poller, SystemClock,
     Until, TIMEOUT_FIX,
 };
 pub use engine::{host, host_mut, message_does_not_fit, Engine, EngineInfo};
+pub use exec::on_group_worker;
 pub use mailbox::{Mailbox, Taken};
 pub use p2p::{P2pHeader, P2P_MAGIC};
+pub use recorder::{
+    flight_recorders, ring_size_from_env, CallRecord, CallState, FlightRecorder, GroupIdentity,
+    DEFAULT_RING, FLIGHT_RECORDER_ENV,
+};
 pub use split::SplitPlan;
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::check::{self, CallCheck, Digits, Plan, Shape, DIGITS};
-use crate::{validate, BufMut, DType, Device, Error, ErrorKind, HostBufMut, Op, ReduceOp, Result};
+use crate::{BufMut, DType, Error, ErrorKind, HostBufMut, Op, ReduceOp, Result};
+use exec::{Turn, Worker};
 
 /// Any [`Engine`] as a [`Communicator`]: the checks, poisoning, mailbox,
 /// average and error context described at the top of `accel-api/src/group/mod.rs`.
@@ -71,19 +80,47 @@ use crate::{validate, BufMut, DType, Device, Error, ErrorKind, HostBufMut, Op, R
 /// (`pub type GlooCommunicator = Group<GlooEngine>`); engine-specific
 /// accessors are reached through [`Group::engine`].
 pub struct Group<E: Engine> {
+    /// What the calls in flight share with the group.
+    core: Arc<Core<E>>,
+    /// Tickets, sequence numbers and the worker's queue, under one lock:
+    /// the queue's order is the tickets' order.
+    issue: Mutex<Issue>,
+    /// This group's call-check setting and how its engine runs the check.
+    check: CallCheck,
+    plan: Option<Plan>,
+}
+
+/// What the group shares with its calls in flight (the worker's jobs hold
+/// it after the caller has moved on).
+pub(crate) struct Core<E: Engine> {
     engine: E,
     info: EngineInfo,
-    /// One engine call at a time, in program order.
-    serial: Mutex<()>,
     /// The first group-fatal failure, rendered.
     poisoned: Mutex<Option<String>>,
     /// Host messages sent to self, waiting for their `recv`.
     mailbox: Mailbox<Vec<u8>>,
-    /// This group's call-check setting and how its engine runs the check.
-    check: CallCheck,
-    plan: Option<Plan>,
-    /// Collectives entered so far (under `serial`: the same on every rank).
-    seq: AtomicU64,
+    /// Calls run one at a time, in ticket (issue) order.
+    turn: Turn,
+    /// The last calls, for dumps (`None`: `ACCEL_FLIGHT_RECORDER=0`).
+    recorder: Option<Arc<FlightRecorder>>,
+}
+
+#[derive(Debug, Default)]
+struct Issue {
+    next_ticket: u64,
+    /// Collectives issued so far (the same on every rank).
+    next_seq: u64,
+    /// Runs calls started without waiting; made on the first one.
+    worker: Option<Worker>,
+}
+
+/// What admission gives a call: its place in issue order, its sequence
+/// number among collectives, and the call check it runs first, if any.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ticket {
+    n: u64,
+    seq: Option<u64>,
+    check: Option<(Plan, CallCheck)>,
 }
 
 /// The group's identity, then the engine (whose own `Debug` shows only its
@@ -91,12 +128,12 @@ pub struct Group<E: Engine> {
 impl<E: Engine + fmt::Debug> fmt::Debug for Group<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Group")
-            .field("backend", &self.info.backend)
-            .field("rank", &self.info.rank)
-            .field("world_size", &self.info.world_size)
-            .field("device", &self.info.device)
-            .field("engine", &self.engine)
-            .field("poisoned", &self.poison_text())
+            .field("backend", &self.core.info.backend)
+            .field("rank", &self.core.info.rank)
+            .field("world_size", &self.core.info.world_size)
+            .field("device", &self.core.info.device)
+            .field("engine", &self.core.engine)
+            .field("poisoned", &self.core.poison_text())
             .finish_non_exhaustive()
     }
 }
@@ -111,16 +148,31 @@ impl<E: Engine> Group<E> {
     /// [`CallCheck::from_env`] (`ACCEL_CHECK_CALLS`; a malformed value
     /// keeps the check on: `accel::state()` reports it).
     pub fn new(engine: E) -> Group<E> {
+        Group::named(engine, "world".into())
+    }
+
+    /// [`new`](Self::new) for the group called `name` in flight-recorder
+    /// dumps (`world`, or the path of splits that made it).
+    fn named(engine: E, name: String) -> Group<E> {
         let info = engine.info().clone();
+        let identity = GroupIdentity {
+            backend: info.backend.clone(),
+            rank: info.rank,
+            world_size: info.world_size,
+            name,
+        };
         Group {
-            mailbox: Mailbox::new(info.rank),
             plan: check::plan(&info.capabilities),
-            info,
-            engine,
-            serial: Mutex::new(()),
-            poisoned: Mutex::new(None),
+            core: Arc::new(Core {
+                mailbox: Mailbox::new(info.rank),
+                info,
+                engine,
+                poisoned: Mutex::new(None),
+                turn: Turn::default(),
+                recorder: FlightRecorder::new(identity, ring_size_from_env()),
+            }),
+            issue: Mutex::new(Issue::default()),
             check: CallCheck::for_new_group(),
-            seq: AtomicU64::new(0),
         }
     }
 
@@ -146,18 +198,102 @@ impl<E: Engine> Group<E> {
         self.check
     }
 
-    /// Collectives this group has entered (checked or not).
+    /// Collectives this group has issued (checked or not; blocking or
+    /// started without waiting).
     pub fn collectives_entered(&self) -> u64 {
-        self.seq.load(Ordering::SeqCst)
+        lock(&self.issue).next_seq
     }
 
     /// The engine, for backend-specific accessors.
     pub fn engine(&self) -> &E {
-        &self.engine
+        &self.core.engine
     }
 
     /// The first failure that poisoned the group, if any.
     pub fn poison_text(&self) -> Option<String> {
+        self.core.poison_text()
+    }
+
+    /// This group's flight recorder (`None` when turned off).
+    pub fn flight_recorder(&self) -> Option<&Arc<FlightRecorder>> {
+        self.core.recorder.as_ref()
+    }
+
+    /// The next ticket, and a sequence number for a collective.
+    fn ticket(&self, issue: &mut Issue, collective: bool) -> Ticket {
+        let n = issue.next_ticket;
+        issue.next_ticket += 1;
+        let seq = collective.then(|| {
+            issue.next_seq += 1;
+            issue.next_seq - 1
+        });
+        let check = match (self.plan, seq) {
+            (Some(plan), Some(seq))
+                if self.core.info.world_size > 1 && (self.check == CallCheck::On || seq == 0) =>
+            {
+                Some((plan, self.check))
+            }
+            _ => None,
+        };
+        Ticket { n, seq, check }
+    }
+
+    /// Admit a call the caller runs itself (a blocking call).
+    fn admit(&self, collective: bool) -> Ticket {
+        let mut issue = lock(&self.issue);
+        self.ticket(&mut issue, collective)
+    }
+
+    /// Admit a call the worker runs: `job` gets its ticket (none for a
+    /// call that takes no turn: `ticketed` is `None`; `Some(true)` for a
+    /// collective) and is queued under the same lock, so the queue keeps
+    /// ticket order. Returns the collective's sequence number. Without a
+    /// worker thread (the system refused one) the caller runs the job.
+    fn admit_queued(
+        &self,
+        ticketed: Option<bool>,
+        info: crate::CallInfo,
+        recorder: Option<Arc<FlightRecorder>>,
+        job: impl FnOnce(Option<Ticket>) + Send + 'static,
+    ) -> Option<u64> {
+        let mut issue = lock(&self.issue);
+        let t = ticketed.map(|collective| self.ticket(&mut issue, collective));
+        if let (Some(t), Some(r)) = (t, &recorder) {
+            r.issued(t.n, t.seq, &info, true);
+        }
+        if issue.worker.is_none() {
+            let name = format!("accel-{}-r{}", self.core.info.backend, self.core.info.rank);
+            issue.worker = Worker::spawn(name).ok();
+        }
+        let job: exec::Job = Box::new(move || job(t));
+        let refused = match &issue.worker {
+            Some(w) => w.push(job).err(),
+            None => Some(job),
+        };
+        drop(issue);
+        if let Some(job) = refused {
+            tracing::warn!(
+                "no worker thread for {} rank {}: a started call runs in the caller",
+                self.core.info.backend,
+                self.core.info.rank
+            );
+            job();
+        }
+        t.and_then(|t| t.seq)
+    }
+}
+
+impl<E: Engine> Drop for Group<E> {
+    /// Calls started without waiting complete before the group goes.
+    fn drop(&mut self) {
+        let worker = lock(&self.issue).worker.take();
+        drop(worker);
+    }
+}
+
+impl<E: Engine> Core<E> {
+    /// The first failure that poisoned the group, if any.
+    pub(crate) fn poison_text(&self) -> Option<String> {
         lock(&self.poisoned).clone()
     }
 
@@ -201,62 +337,63 @@ impl<E: Engine> Group<E> {
         e
     }
 
-    /// The poison and capability check for one call on `device`.
-    fn enter(&self, op: Op, dtype: DType, reduce: Option<ReduceOp>, device: Device) -> Result<()> {
-        self.check_poison(op)?;
-        validate::call(self, op, dtype, reduce, device)?;
-        if !device.is_cpu() && device != self.info.device {
-            return Err(self.context(
-                op,
-                Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!(
-                        "the buffer is on {device}, this communicator on {}",
-                        self.info.device
-                    ),
-                )
-                .with_fix("move the buffer to the communicator's device"),
-            ));
+    /// Poison the group with `reason` and interrupt the engine (what
+    /// [`Communicator::abort`](crate::Communicator::abort) does).
+    fn abort_now(&self, reason: &str) {
+        let err = Error::new(ErrorKind::Aborted, format!("aborted: {reason}"));
+        {
+            let mut p = lock(&self.poisoned);
+            if p.is_none() {
+                *p = Some(err.message().to_string());
+            }
         }
-        Ok(())
+        self.engine.abort(reason);
+        // Wake a receive from self so that it sees the poison.
+        self.mailbox.wake();
     }
 
-    /// Both buffers of a call live in the same place.
-    fn same_place(&self, op: Op, a: Device, b: Device) -> Result<()> {
-        if a != b {
-            return Err(self.context(
-                op,
-                Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("the send buffer is on {a}, the receive buffer on {b}"),
-                )
-                .with_fix("pass both buffers on the same device"),
-            ));
+    /// Run one engine call in its turn (the caller holds it): `f` gets the
+    /// engine and whether the call check ran (the check synchronises every
+    /// rank, so a barrier needs nothing more). With `shape` (a collective)
+    /// the call check of the ticket runs first, in the same turn, so that
+    /// no other call comes between them.
+    fn run_turn<T>(
+        &self,
+        t: Ticket,
+        op: Op,
+        shape: Option<&Shape>,
+        f: impl FnOnce(&E, bool) -> Result<T>,
+    ) -> Result<T> {
+        self.record(t.n, CallState::Started);
+        let out = self.run_turn_inner(t, op, shape, f);
+        let state = if out.is_ok() {
+            CallState::Completed
+        } else {
+            CallState::Failed
+        };
+        self.record(t.n, state);
+        out
+    }
+
+    /// Move call `ticket` to `state` in the flight recorder.
+    fn record(&self, ticket: u64, state: CallState) {
+        if let Some(r) = &self.recorder {
+            r.set(ticket, state);
         }
-        Ok(())
     }
 
-    /// Run one engine call under the call lock.
-    fn run<T>(&self, op: Op, f: impl FnOnce(&E) -> Result<T>) -> Result<T> {
-        let _g = lock(&self.serial);
-        // Another thread may have failed (or aborted) while this one waited.
+    fn run_turn_inner<T>(
+        &self,
+        t: Ticket,
+        op: Op,
+        shape: Option<&Shape>,
+        f: impl FnOnce(&E, bool) -> Result<T>,
+    ) -> Result<T> {
+        // Another call may have failed (or aborted) while this one waited.
         self.check_poison(op)?;
-        f(&self.engine).map_err(|e| self.fail(op, e))
-    }
-
-    /// Run one collective under the call lock: the call check first (every
-    /// collective with the check on, the first one always), then `f`,
-    /// told whether the check ran (the check synchronises every rank, so a
-    /// barrier needs nothing more). Check and call share one lock hold, so
-    /// another thread's collective cannot come between them.
-    fn run_collective<T>(&self, shape: Shape, f: impl FnOnce(&E, bool) -> Result<T>) -> Result<T> {
-        let op = shape.op;
-        let _g = lock(&self.serial);
-        self.check_poison(op)?;
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst);
-        let checked = match self.plan {
-            Some(plan) if self.info.world_size > 1 && (self.check == CallCheck::On || seq == 0) => {
-                self.exchange(plan, seq, &shape).map_err(|e| {
+        let checked = match (t.check, shape, t.seq) {
+            (Some((plan, mode)), Some(shape), Some(seq)) => {
+                self.exchange(plan, mode, seq, shape).map_err(|e| {
                     // The engine named its own call; the caller's is `op`.
                     let e = match e.kind() {
                         ErrorKind::Mismatch { .. } => e,
@@ -274,8 +411,8 @@ impl<E: Engine> Group<E> {
     }
 
     /// The call check of collective `seq` (see [`crate::check`]).
-    fn exchange(&self, plan: Plan, seq: u64, shape: &Shape) -> Result<()> {
-        let mine = check::encode(shape, self.check);
+    fn exchange(&self, plan: Plan, mode: CallCheck, seq: u64, shape: &Shape) -> Result<()> {
+        let mine = check::encode(shape, mode);
         match plan {
             Plan::Max(t) => {
                 let mut d = Digits::new(t, &check::with_negation(&mine), 0);
@@ -321,41 +458,16 @@ impl<E: Engine> Group<E> {
         }
     }
 
-    fn divide(&self, op: Op, buf: BufMut<'_>) -> Result<()> {
+    /// The second half of an average the engine does not compute: every
+    /// element divided by the world size, in the caller's turn.
+    fn divide(&self, e: &E, buf: BufMut<'_>) -> Result<()> {
         match buf {
             BufMut::Host(mut h) => {
                 h.divide_by(self.info.world_size);
                 Ok(())
             }
-            BufMut::Device(d) => self.run(op, |e| e.divide_device(d, self.info.world_size)),
+            BufMut::Device(d) => e.divide_device(d, self.info.world_size),
         }
-    }
-
-    fn reduce_common(
-        &self,
-        op: Op,
-        mut buf: BufMut<'_>,
-        reduce: ReduceOp,
-        root: Option<usize>,
-    ) -> Result<()> {
-        self.enter(op, buf.dtype(), Some(reduce), buf.device())?;
-        let mut shape = Shape::new(op, buf.dtype(), buf.len()).reduce(reduce);
-        if let Some(root) = root {
-            validate::rank_in_group(self, op, "root", root)?;
-            shape = shape.root(root);
-        }
-        if buf.is_empty() {
-            return self.run_collective(shape, |_, _| Ok(()));
-        }
-        let (native, divide) = self.native(reduce);
-        self.run_collective(shape, |e, _| match root {
-            None => e.all_reduce(buf.reborrow(), native),
-            Some(r) => e.reduce(buf.reborrow(), native, r),
-        })?;
-        if divide && root.is_none_or(|r| r == self.info.rank) {
-            self.divide(op, buf)?;
-        }
-        Ok(())
     }
 
     fn recv_self(&self, mut dst: HostBufMut<'_>, tag: u32) -> Result<()> {

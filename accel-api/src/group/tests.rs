@@ -1,7 +1,8 @@
 use super::*;
 use crate::CommunicatorExt;
-use crate::{Buf, Capabilities, Communicator};
+use crate::{Buf, Capabilities, Communicator, Device};
 use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 

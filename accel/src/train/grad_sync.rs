@@ -6,7 +6,9 @@ use accel_sharding::StepDecision;
 use super::adapters::Parameters;
 use super::amp::MixedPrecision;
 use super::grads::{self, BucketPlan, Reduce};
+use super::overlap::OverlapGate;
 use super::prepare::{Batch, PreparedModel};
+use crate::zero::{NoGate, UnitGate};
 use crate::Accelerator;
 
 impl<M: Parameters> PreparedModel<M> {
@@ -44,26 +46,39 @@ impl<M: Parameters> PreparedModel<M> {
             self.last_buckets = 0;
             return Ok(());
         }
-        let (cap, compress) = {
-            let st = self.shared.lock();
-            (st.config.bucket_cap_bytes, st.config.gradient_compression)
-        };
-        let plan = BucketPlan::new(&self.model, cap)?;
-        let how = Reduce {
-            world,
-            native_avg: self.comm.capabilities().reduce_ops.contains(&ReduceOp::Avg),
-            compress,
-        };
+        let (plan, how) = self.sync_plan()?;
         let report = grads::all_reduce_gradients(
             &*self.comm,
             &mut self.model,
             &plan,
             &mut self.staging,
             how,
+            None,
         )?;
         self.last_buckets = report.buckets;
         self.last_in_place = report.in_place;
+        self.last_early = 0;
         Ok(())
+    }
+
+    /// The buckets of this model's gradients and how they travel.
+    fn sync_plan(&self) -> Result<(BucketPlan, Reduce)> {
+        let (cap, first, compress) = {
+            let st = self.shared.lock();
+            let c = &st.config;
+            (
+                c.bucket_cap_bytes,
+                c.first_bucket_cap_bytes,
+                c.gradient_compression,
+            )
+        };
+        let plan = BucketPlan::new(&self.model, cap, first.min(cap))?;
+        let how = Reduce {
+            world: self.comm.world_size(),
+            native_avg: self.comm.capabilities().reduce_ops.contains(&ReduceOp::Avg),
+            compress,
+        };
+        Ok((plan, how))
     }
 }
 
@@ -137,6 +152,70 @@ impl Accelerator {
         if d.all_reduce && !model.sharded {
             model.all_reduce_gradients()?;
         }
+        Ok(out)
+    }
+
+    /// [`backward`](Self::backward) with the gradient synchronisation
+    /// overlapping the backward pass (torch DDP's reducer): `f` gets the
+    /// model, the loss scale and a [`UnitGate`] whose `reduce_grads(model,
+    /// module)` it calls after each module's backward, in backward order
+    /// (the calls a module-wise backward already makes for ZeRO stage 3,
+    /// e.g. `loss_and_grad_units(batch, scale, gate)`). Each gradient bucket
+    /// starts its all-reduce on the communicator's worker as soon as its
+    /// gradients are final, while `f` goes on; after `f` the rest start,
+    /// every bucket is waited for and the averages are copied back.
+    /// Returns `f`'s result. Collective when the batch synchronises.
+    ///
+    /// # Behavior
+    /// The buckets are [`backward`](Self::backward)'s (DDP's order:
+    /// reverse visiting order, [`TrainConfig::first_bucket_cap_bytes`] then
+    /// [`TrainConfig::bucket_cap_bytes`](super::TrainConfig::bucket_cap_bytes))
+    /// and the results are bit-identical to it. They start in bucket order
+    /// on every rank, whatever order the modules report in. Inside an
+    /// accumulation group, on one rank, with
+    /// [`TrainConfig::overlap_grad_sync`] off, or for a model given to
+    /// [`prepare_zero`](Self::prepare_zero) (whose ZeRO optimizer is the
+    /// gate to pass), the gate does nothing and `backward`'s
+    /// synchronisation applies. Buckets the engine cannot reduce natively
+    /// (device memory, a 16-bit type it only moves) are reduced after `f`.
+    ///
+    /// # Errors
+    /// The communicator's, from the buckets' handles; a gate error is
+    /// returned from `reduce_grads` too.
+    ///
+    /// [`TrainConfig::first_bucket_cap_bytes`]: super::TrainConfig::first_bucket_cap_bytes
+    /// [`TrainConfig::overlap_grad_sync`]: super::TrainConfig::overlap_grad_sync
+    pub fn backward_overlapped<M: Parameters, R>(
+        &self,
+        model: &mut PreparedModel<M>,
+        f: impl FnOnce(&mut M, f32, &mut dyn UnitGate) -> R,
+    ) -> Result<R> {
+        let shared = super::shared(self);
+        let d = shared.decision();
+        let (loss_scale, overlap) = {
+            let st = shared.lock();
+            (st.amp.loss_scale(), st.config.overlap_grad_sync)
+        };
+        let scale = (loss_scale / d.loss_divisor.max(1) as f64) as f32;
+        let sync = d.all_reduce && !model.sharded;
+        if !sync || !overlap || model.comm.world_size() == 1 {
+            let out = f(&mut model.model, scale, &mut NoGate);
+            if sync {
+                model.all_reduce_gradients()?;
+            }
+            return Ok(out);
+        }
+        model.syncs += 1;
+        let (plan, how) = model.sync_plan()?;
+        let mut pool = std::mem::take(&mut model.pool);
+        let mut gate = OverlapGate::new(model.comm.clone(), &model.model, &plan, how, &mut pool);
+        let out = f(&mut model.model, scale, &mut gate);
+        let report = gate.finish(&mut model.model, &mut model.staging);
+        model.pool = pool;
+        let (report, early) = report?;
+        model.last_buckets = report.buckets;
+        model.last_in_place = report.in_place;
+        model.last_early = early;
         Ok(out)
     }
 

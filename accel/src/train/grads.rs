@@ -389,25 +389,43 @@ impl BucketPlan {
         err.map_or(Ok(()), Err)
     }
 
-    /// Group the gradients by (device, dtype), in visiting order within a
-    /// group, into buckets of at most `cap_bytes` (a larger gradient gets a
-    /// bucket of its own, as in DDP).
-    pub(crate) fn new(model: &dyn Parameters, cap_bytes: usize) -> Result<BucketPlan> {
+    /// Group the gradients by (device, dtype) into buckets, as DDP does:
+    /// in reverse visiting order (the order a backward pass finishes
+    /// them), the first bucket of each group of at most `first_cap_bytes`
+    /// (so that communication starts early), the others of at most
+    /// `cap_bytes`; a larger gradient gets a bucket of its own. Bucket 0
+    /// holds the last parameters.
+    pub(crate) fn new(
+        model: &dyn Parameters,
+        cap_bytes: usize,
+        first_cap_bytes: usize,
+    ) -> Result<BucketPlan> {
         check_float(model, "all_reduce_gradients")?;
+        let mut grads = Vec::new();
+        model.visit_params(&mut |p| grads.push((p.grad.device(), p.grad.dtype(), p.grad.len())));
         let mut buckets: Vec<Bucket> = Vec::new();
+        // Per (device, dtype): the open bucket and whether it is the first.
         let mut open: Vec<((Device, DType), usize)> = Vec::new();
-        let mut slots = Vec::new();
-        model.visit_params(&mut |p| {
-            let (dev, dt, n) = (p.grad.device(), p.grad.dtype(), p.grad.len());
+        let mut slots = vec![None; grads.len()];
+        for (i, &(dev, dt, n)) in grads.iter().enumerate().rev() {
             if n == 0 {
-                slots.push(None);
-                return;
+                continue;
             }
             let key = (dev, dt);
             let pos = open.iter().position(|(k, _)| *k == key);
             let bytes = n * dt.size();
+            let cap = |b: usize| {
+                let first = buckets.iter().position(|x| (x.device, x.dtype) == key) == Some(b);
+                if first {
+                    first_cap_bytes
+                } else {
+                    cap_bytes
+                }
+            };
             let b = match pos {
-                Some(i) if (buckets[open[i].1].len * dt.size()) + bytes <= cap_bytes => open[i].1,
+                Some(j) if (buckets[open[j].1].len * dt.size()) + bytes <= cap(open[j].1) => {
+                    open[j].1
+                }
                 _ => {
                     buckets.push(Bucket {
                         device: dev,
@@ -418,16 +436,16 @@ impl BucketPlan {
                     });
                     let b = buckets.len() - 1;
                     match pos {
-                        Some(i) => open[i].1 = b,
+                        Some(j) => open[j].1 = b,
                         None => open.push((key, b)),
                     }
                     b
                 }
             };
-            slots.push(Some((b, buckets[b].len)));
+            slots[i] = Some((b, buckets[b].len));
             buckets[b].len += n;
             buckets[b].members += 1;
-        });
+        }
         let mut off = 0;
         for b in buckets.iter_mut() {
             if b.members > 1 && b.device == Device::CPU {
@@ -625,22 +643,25 @@ pub(crate) struct SyncReport {
     pub(crate) in_place: usize,
 }
 
-/// Average every gradient across the ranks: buckets of one gradient in
-/// place, the others through one bucket buffer on the gradients' device.
+/// Average every gradient across the ranks (with `only`, the buckets it
+/// marks): buckets of one gradient in place, the others through one bucket
+/// buffer on the gradients' device.
 pub(crate) fn all_reduce_gradients(
     comm: &dyn Communicator,
     model: &mut dyn Parameters,
     plan: &BucketPlan,
     staging: &mut Staging,
     how: Reduce,
+    only: Option<&[bool]>,
 ) -> Result<SyncReport> {
+    let chosen = |bi: usize| only.is_none_or(|o| o[bi]);
     let kernels = model.grad_kernels();
     let k = kernels.as_deref();
     let need = plan.host_bytes().div_ceil(8);
     if staging.host.len() < need {
         staging.host.resize(need, 0.0);
     }
-    for (i, b) in plan.device_multi() {
+    for (i, b) in plan.device_multi().filter(|(i, _)| chosen(*i)) {
         let fits = staging.device.iter_mut().any(|(j, s)| {
             *j == i && s.view_mut().len() == b.len && s.view_mut().dtype() == b.dtype
         });
@@ -654,13 +675,15 @@ pub(crate) fn all_reduce_gradients(
     }
     let (host, device) = (&mut staging.host, &mut staging.device);
     let mut report = SyncReport {
-        buckets: plan.buckets.len(),
+        buckets: (0..plan.buckets.len()).filter(|&bi| chosen(bi)).count(),
         in_place: 0,
     };
     // Pass 1: single-gradient buckets in place, the others copied in.
     plan.visit_slots(model, |p, bi, off| {
         let b = &plan.buckets[bi];
-        if b.members == 1 {
+        if !chosen(bi) {
+            Ok(())
+        } else if b.members == 1 {
             report.in_place += 1;
             how.run(comm, k, p.grad)
         } else {
@@ -669,7 +692,7 @@ pub(crate) fn all_reduce_gradients(
     })?;
     // The bucket buffers.
     for (bi, b) in plan.buckets.iter().enumerate() {
-        if b.members < 2 {
+        if b.members < 2 || !chosen(bi) {
             continue;
         }
         if b.device == Device::CPU {
@@ -686,7 +709,7 @@ pub(crate) fn all_reduce_gradients(
     // Pass 2: copy the bucket buffers back.
     plan.visit_slots(model, |p, bi, off| {
         let b = &plan.buckets[bi];
-        if b.members > 1 {
+        if b.members > 1 && chosen(bi) {
             copy_in_out(k, p.name, p.grad, b, bi, off, host, device, false)?;
         }
         Ok(())

@@ -82,6 +82,7 @@ mod kernels;
 mod metrics;
 mod model_io;
 pub(crate) mod optim;
+mod overlap;
 mod prepare;
 mod rng;
 mod shared;
@@ -110,7 +111,7 @@ pub use prepare::{
 };
 pub use rng::Rng;
 pub(crate) use shared::{shared, Kind, TrainShared};
-pub use shared::{TrainConfig, DEFAULT_BUCKET_CAP_BYTES};
+pub use shared::{TrainConfig, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
 pub use tracker::Tracker;
 pub use trackers::{JsonlTracker, TensorBoardTracker, TRACKER_NAMES};
 

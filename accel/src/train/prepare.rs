@@ -199,9 +199,14 @@ pub struct PreparedModel<M: Parameters> {
     pub(crate) comm: Arc<dyn Communicator>,
     pub(crate) shared: Arc<TrainShared>,
     pub(crate) staging: Staging,
+    /// Bucket buffers of the overlapped synchronisation, kept between steps.
+    pub(crate) pool: Vec<accel_api::HostBytes>,
     pub(crate) syncs: u64,
     pub(crate) last_buckets: usize,
     pub(crate) last_in_place: usize,
+    /// Buckets the last overlapped synchronisation started before the
+    /// backward ended.
+    pub(crate) last_early: usize,
     /// A ZeRO optimizer reduces the gradients ([`Accelerator::prepare_zero`]).
     pub(crate) sharded: bool,
 }
@@ -252,8 +257,10 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
             shared,
             staging: Staging::default(),
             syncs: 0,
+            pool: Vec::new(),
             last_buckets: 0,
             last_in_place: 0,
+            last_early: 0,
             sharded: false,
         })
     }
@@ -280,6 +287,13 @@ impl<M: Parameters> PreparedModel<M> {
     /// gradient's own memory without a copy.
     pub fn last_sync_in_place(&self) -> usize {
         self.last_in_place
+    }
+
+    /// Buckets the last [`backward_overlapped`](crate::Accelerator::backward_overlapped)
+    /// started while the backward still ran (0 for a blocking
+    /// synchronisation).
+    pub fn last_sync_started_early(&self) -> usize {
+        self.last_early
     }
 }
 

@@ -15,6 +15,9 @@ use super::tracker::Tracker;
 /// DDP's default gradient bucket size: 25 MiB.
 pub const DEFAULT_BUCKET_CAP_BYTES: usize = 25 * 1024 * 1024;
 
+/// Default of [`TrainConfig::first_bucket_cap_bytes`]: 1 MiB, as DDP's.
+pub const DEFAULT_FIRST_BUCKET_CAP_BYTES: usize = 1024 * 1024;
+
 /// How the training loop behaves; set once, before anything is prepared,
 /// with [`Accelerator::with_training`](crate::Accelerator::with_training).
 ///
@@ -50,8 +53,22 @@ pub struct TrainConfig {
     /// optimizer step, once with `split_batches`); otherwise once per batch
     /// (default `true`).
     pub step_scheduler_with_optimizer: bool,
-    /// Gradient all-reduce bucket size in bytes (default 25 MiB, as DDP).
+    /// Gradient all-reduce bucket size in bytes (default 25 MiB, as DDP's
+    /// `bucket_cap_mb`).
     pub bucket_cap_bytes: usize,
+    /// The size of the first bucket of each (device, dtype) group, the one
+    /// holding the last parameters, reduced first (default 1 MiB, as DDP's
+    /// first bucket), so that communication starts early in the backward;
+    /// never more than `bucket_cap_bytes`.
+    pub first_bucket_cap_bytes: usize,
+    /// Reduce each gradient bucket as soon as the backward pass has
+    /// finished its gradients, while the rest of the backward runs, when
+    /// the backward reports them ([`Accelerator::backward_overlapped`]);
+    /// default `true`. `false` reduces every bucket after the backward (the
+    /// same buckets and the same results, bit for bit).
+    ///
+    /// [`Accelerator::backward_overlapped`]: crate::Accelerator::backward_overlapped
+    pub overlap_grad_sync: bool,
     /// Keep at most this many automatically named checkpoints (default: all).
     pub total_limit: Option<usize>,
     /// Mixed precision (Accelerate's `mixed_precision`). `None` (the
@@ -99,6 +116,8 @@ impl Default for TrainConfig {
             dispatch_batches: None,
             step_scheduler_with_optimizer: true,
             bucket_cap_bytes: DEFAULT_BUCKET_CAP_BYTES,
+            first_bucket_cap_bytes: DEFAULT_FIRST_BUCKET_CAP_BYTES,
+            overlap_grad_sync: true,
             total_limit: None,
             mixed_precision: None,
             grad_scaler: GradScalerConfig::default(),
@@ -110,6 +129,60 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// Accelerate's DDP communication hook by its names
+    /// (`DistributedDataParallelKwargs(comm_hook=..., comm_wrapper=...)`,
+    /// `DDPCommunicationHookType`): `comm_hook` `no`, `fp16` or `bf16`
+    /// sets [`gradient_compression`](Self::gradient_compression) (buckets
+    /// reduced in the 16-bit type, averaged back in f32, overlapped like
+    /// any other bucket); `comm_wrapper` is `no` (Accelerate applies it
+    /// around PowerSGD).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig)
+    /// naming the value: an unknown name; `power_sgd` and
+    /// `batched_power_sgd` (not supported yet: use `fp16` or `bf16`); a
+    /// `comm_wrapper` other than `no` (it only wraps PowerSGD, which
+    /// accel does not have: refused rather than ignored).
+    pub fn with_ddp_comm_hook(
+        mut self,
+        comm_hook: &str,
+        comm_wrapper: &str,
+    ) -> Result<TrainConfig> {
+        let norm = |s: &str| s.trim().to_ascii_lowercase().replace('-', "_");
+        self.gradient_compression = match norm(comm_hook).as_str() {
+            "no" | "" => None,
+            "fp16" => Some(accel_api::DType::F16),
+            "bf16" => Some(accel_api::DType::BF16),
+            "power_sgd" | "batched_power_sgd" => {
+                return Err(Error::invalid_config(
+                    "comm_hook",
+                    comm_hook,
+                    "PowerSGD is not supported yet; use fp16 or bf16 compression",
+                ))
+            }
+            _ => {
+                return Err(Error::invalid_config(
+                    "comm_hook",
+                    comm_hook,
+                    "Accelerate's DDPCommunicationHookType is no, fp16, bf16, power_sgd or batched_power_sgd",
+                ))
+            }
+        };
+        match norm(comm_wrapper).as_str() {
+            "no" | "" => Ok(self),
+            "fp16" | "bf16" => Err(Error::invalid_config(
+                "comm_wrapper",
+                comm_wrapper,
+                "a comm_wrapper wraps a PowerSGD hook, which accel does not have; use comm_hook fp16 or bf16",
+            )),
+            _ => Err(Error::invalid_config(
+                "comm_wrapper",
+                comm_wrapper,
+                "Accelerate's comm_wrapper is no, fp16 or bf16",
+            )),
+        }
+    }
+
     fn accumulation(&self, num_processes: usize) -> AccumulationConfig {
         AccumulationConfig {
             steps: self.gradient_accumulation_steps,
@@ -269,10 +342,13 @@ impl TrainShared {
             }
         }
         let accumulator = GradientAccumulator::new(config.accumulation(self.world_size))?;
-        if config.bucket_cap_bytes == 0 {
+        if config.bucket_cap_bytes == 0 || config.first_bucket_cap_bytes == 0 {
             return Err(Error::invalid_argument(
                 "with_training",
-                "bucket_cap_bytes is 0; use at least 4 (one f32)",
+                format!(
+                    "bucket_cap_bytes {} and first_bucket_cap_bytes {}: use at least 4 (one f32) for both",
+                    config.bucket_cap_bytes, config.first_bucket_cap_bytes
+                ),
             ));
         }
         config.grad_scaler.check()?;
@@ -437,5 +513,36 @@ impl TrainShared {
         let mut slot = self.rng_slot();
         slot.rng = Some(rng);
         slot.generation += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TrainConfig;
+    use accel_api::{DType, ErrorKind};
+
+    #[test]
+    fn accelerates_comm_hook_names_set_the_compression_or_are_refused() {
+        let c = |h, w| TrainConfig::default().with_ddp_comm_hook(h, w);
+        assert_eq!(c("no", "no").unwrap().gradient_compression, None);
+        assert_eq!(
+            c("fp16", "no").unwrap().gradient_compression,
+            Some(DType::F16)
+        );
+        assert_eq!(
+            c("BF16", "NO").unwrap().gradient_compression,
+            Some(DType::BF16)
+        );
+        for (h, w, says) in [
+            ("power_sgd", "no", "PowerSGD is not supported yet"),
+            ("batched_power_sgd", "bf16", "PowerSGD is not supported yet"),
+            ("fp8", "no", "no, fp16, bf16"),
+            ("fp16", "bf16", "wraps a PowerSGD hook"),
+            ("no", "int8", "comm_wrapper is no, fp16 or bf16"),
+        ] {
+            let e = c(h, w).unwrap_err();
+            assert!(matches!(e.kind(), ErrorKind::InvalidConfig), "{e}");
+            assert!(e.to_string().contains(says), "{h}/{w}: {e}");
+        }
     }
 }

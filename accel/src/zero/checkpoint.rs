@@ -152,6 +152,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
                 ));
             }
             self.load_opt(&inner)?;
+            self.drain_reduce()?;
             self.drain_prefetch()?;
             self.pos = 0;
             self.params = p.data;

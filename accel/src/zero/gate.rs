@@ -4,7 +4,7 @@
 
 use std::ops::Range;
 
-use accel_api::{Buf, Error, HostBuf, HostBufMut, Result};
+use accel_api::{Buf, Error, HostBuf, HostBufMut, Result, StartExt};
 use accel_sharding::Stage;
 
 use super::optimizer::ShardOptimizer;
@@ -186,22 +186,23 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             return Ok(());
         }
         let len = self.plan.shard_len(unit);
+        // The previous unit's reduce-scatter ran during this module's
+        // backward; one is in flight at most.
+        self.drain_reduce()?;
         let unit_ref = &self.plan.units()[unit];
-        read_unit(model, unit_ref, span.start, Part::Grads, &mut self.grads)?;
+        let mut grads = self.spare.pop().unwrap_or_default();
+        read_unit(model, unit_ref, span.start, Part::Grads, &mut grads)?;
         let (op, scale) = self.avg_op();
-        self.recv.clear();
-        self.recv.resize(len, 0.0);
         if self.plan.world_size() == 1 {
-            self.recv.copy_from_slice(&self.grads);
+            for (acc, g) in self.shard[at..at + len].iter_mut().zip(&grads) {
+                *acc += scale * g;
+            }
+            self.spare.push(grads);
         } else {
-            self.comm.reduce_scatter(
-                Buf::Host(HostBuf::from(&self.grads[..])),
-                HostBufMut::from(&mut self.recv[..]).into(),
-                op,
-            )?;
-        }
-        for (acc, g) in self.shard[at..at + len].iter_mut().zip(&self.recv) {
-            *acc += scale * g;
+            let work = self
+                .comm
+                .start_reduce_scatter(grads, vec![0.0f32; len], op)?;
+            self.reducing = Some((at, scale, work));
         }
         self.reduced[unit] = true;
         if self.stage == Stage::Full {
@@ -221,6 +222,23 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
 }
 
 impl<O: ShardOptimizer> ZeroOptimizer<O> {
+    /// Wait for the reduce-scatter in flight, if any, and add its slice
+    /// into the gradient shard.
+    ///
+    /// # Errors
+    /// The reduce-scatter's.
+    pub(super) fn drain_reduce(&mut self) -> Result<()> {
+        let Some((at, scale, work)) = self.reducing.take() else {
+            return Ok(());
+        };
+        let (send, recv) = work.wait()?;
+        for (acc, g) in self.shard[at..at + recv.len()].iter_mut().zip(&recv) {
+            *acc += scale * g;
+        }
+        self.spare.push(send);
+        Ok(())
+    }
+
     /// Wait for and drop the prefetch in flight (its values are out of
     /// date or unwanted).
     pub(super) fn drain_prefetch(&mut self) -> Result<()> {

@@ -1,110 +1,59 @@
-//! ZeRO-3's prefetch: the next unit's all-gather runs on a communicator of
-//! its own (split from the optimizer's) on a thread of its own, while the
-//! model computes with the current unit. One gather is in flight at most.
+//! ZeRO-3's prefetch: the next unit's all-gather is started without
+//! waiting ([`StartExt::start_all_gather`]) on a communicator of its own
+//! (split from the optimizer's, so that it runs beside the optimizer's own
+//! gathers and reduce-scatters), while the model computes with the current
+//! unit. One gather is in flight at most.
 
-use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
 
-use accel_api::{Buf, Communicator, Error, HostBuf, HostBufMut, Result};
+use accel_api::{Communicator, Result, StartExt};
 
-struct Job {
-    unit: usize,
-    shard: Vec<f32>,
-    padded: usize,
-}
+use super::step::PairWork;
 
-type Done = (usize, Result<Vec<f32>>);
-
-/// The prefetch thread and its one gather in flight.
+/// The prefetch communicator and its one gather in flight.
 pub(super) struct Prefetcher {
-    jobs: mpsc::Sender<Job>,
-    done: mpsc::Receiver<Done>,
-    in_flight: Option<usize>,
-    wait: Duration,
-    rank: usize,
+    comm: Arc<dyn Communicator>,
+    in_flight: Option<(usize, PairWork)>,
 }
 
 impl Prefetcher {
-    /// Start the thread that gathers over `comm`.
+    /// Prefetch over `comm`.
     ///
     /// # Errors
-    /// [`accel_api::ErrorKind::Io`] when the thread cannot be started.
+    /// None today; kept fallible for engines that set up resources.
     pub(super) fn start(comm: Arc<dyn Communicator>) -> Result<Prefetcher> {
-        // The gather itself times out after the communicator's timeout.
-        let wait = comm.timeout() + Duration::from_secs(5);
-        let rank = comm.rank();
-        let (jobs, todo) = mpsc::channel::<Job>();
-        let (finished, done) = mpsc::channel::<Done>();
-        std::thread::Builder::new()
-            .name("accel-zero-prefetch".into())
-            .spawn(move || {
-                for job in todo {
-                    let mut out = vec![0.0f32; job.padded];
-                    let r = comm
-                        .all_gather(
-                            Buf::Host(HostBuf::from(&job.shard[..])),
-                            HostBufMut::from(&mut out[..]).into(),
-                        )
-                        .map(|()| out);
-                    if finished.send((job.unit, r)).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(|e| Error::io("sharding: starting the prefetch thread", e))?;
         Ok(Prefetcher {
-            jobs,
-            done,
+            comm,
             in_flight: None,
-            wait,
-            rank,
         })
     }
 
     /// The unit whose gather is in flight.
     pub(super) fn in_flight(&self) -> Option<usize> {
-        self.in_flight
+        self.in_flight.as_ref().map(|(u, _)| *u)
     }
 
     /// Start gathering `unit` from this rank's `shard` into `padded`
     /// elements. Requires: nothing in flight.
     ///
     /// # Errors
-    /// [`accel_api::ErrorKind::Internal`] when the thread is gone.
+    /// What the communicator refuses at once (a poisoned group, ...).
     pub(super) fn issue(&mut self, unit: usize, shard: Vec<f32>, padded: usize) -> Result<()> {
         debug_assert!(self.in_flight.is_none());
-        self.jobs
-            .send(Job {
-                unit,
-                shard,
-                padded,
-            })
-            .map_err(|_| Error::internal("sharding prefetch", "the prefetch thread has ended"))?;
-        self.in_flight = Some(unit);
+        let work = self.comm.start_all_gather(shard, vec![0.0f32; padded])?;
+        self.in_flight = Some((unit, work));
         Ok(())
     }
 
     /// Wait for the gather in flight, if any: its unit and values.
     ///
     /// # Errors
-    /// The gather's error; [`accel_api::ErrorKind::Timeout`] when no
-    /// answer comes within the communicator's timeout and 5 s. After an
-    /// error the prefetcher must be dropped: a late answer would otherwise
-    /// reach the next `take`.
+    /// The gather's error (its handle's bound is the communicator's
+    /// timeout).
     pub(super) fn take(&mut self) -> Result<Option<(usize, Vec<f32>)>> {
-        let Some(unit) = self.in_flight.take() else {
+        let Some((unit, work)) = self.in_flight.take() else {
             return Ok(None);
         };
-        match self.done.recv_timeout(self.wait) {
-            Ok((unit, r)) => r.map(|v| Some((unit, v))),
-            Err(_) => Err(Error::timeout(
-                "sharding prefetch",
-                self.wait,
-                format!("the prefetched all-gather of unit {unit} did not finish"),
-            )
-            .with_rank(self.rank)
-            .with_fix("the prefetch communicator's gather outlived its own timeout; run without the prefetch (ZeroOptimizer::with_prefetch(false)) and report the backend")),
-        }
+        work.wait().map(|(_, values)| Some((unit, values)))
     }
 }

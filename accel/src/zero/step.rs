@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use accel_api::{
-    Buf, Communicator, CommunicatorExt, DType, Error, HostBuf, HostBufMut, Op, ReduceOp, Result,
+    Communicator, CommunicatorExt, DType, Error, Op, ReduceOp, Result, StartExt, Work,
 };
 use accel_sharding::{ShardPlan, Stage, WrapPolicy};
 
@@ -49,6 +49,19 @@ fn partials_sum(comm: &dyn Communicator, v: [f64; 2]) -> Result<[f64; 2]> {
     }
 }
 
+/// One unit's gradient reduction in flight: this rank's slice, or the
+/// whole unit and the range of this rank's slice in it.
+enum Reduced {
+    Slice(PairWork),
+    Whole(Work<Vec<f32>>, std::ops::Range<usize>),
+}
+
+/// A send and a receive buffer in flight.
+pub(super) type PairWork = Work<(Vec<f32>, Vec<f32>)>;
+
+/// One unit's parameter gather in flight: the unit, its first parameter.
+type Gathered = (usize, usize, PairWork);
+
 /// Gradient synchronisation and the optimizer step of a sharded run, in
 /// one collective call; at stage 3 also the keeper of the parameter
 /// shards.
@@ -58,16 +71,12 @@ pub struct ZeroOptimizer<O> {
     pub(super) stage: Stage,
     pub(super) opt: O,
     pub(super) key: String,
-    /// Scratch for one unit's padded gradients (the unit being reduced).
-    pub(super) grads: Vec<f32>,
     /// Scratch for one unit's padded values (the unit being gathered).
     pub(super) values: Vec<f32>,
     /// This rank's averaged gradient slices, unit after unit.
     pub(super) shard: Vec<f32>,
     /// Stage 3: this rank's slices of the parameters, unit after unit.
     pub(super) params: Vec<f32>,
-    /// Stage 3: received reduce-scatter slice.
-    pub(super) recv: Vec<f32>,
     /// Stage 3: the model's copy of the unit is current.
     pub(super) fresh: Vec<bool>,
     /// Stage 3: the unit's gradients were reduced since the last step.
@@ -87,6 +96,11 @@ pub struct ZeroOptimizer<O> {
     pub(super) pos: usize,
     /// Stage 3: gathers served by the prefetch.
     pub(super) prefetched: u64,
+    /// Stages 2-3 through the gate: the last unit's reduce-scatter in
+    /// flight (where its slice goes in `shard`, the averaging factor).
+    pub(super) reducing: Option<(usize, f32, PairWork)>,
+    /// Gradient buffers of finished reduce-scatters, for the next ones.
+    pub(super) spare: Vec<Vec<f32>>,
 }
 
 impl<O> std::fmt::Debug for ZeroOptimizer<O> {
@@ -153,11 +167,9 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             stage,
             opt,
             key: "zero_0".into(),
-            grads: Vec::new(),
             values: Vec::new(),
             shard: Vec::new(),
             params: Vec::new(),
-            recv: Vec::new(),
             fresh: vec![false; units],
             reduced: vec![false; units],
             last_norm: None,
@@ -167,6 +179,8 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             diverged: false,
             pos: 0,
             prefetched: 0,
+            reducing: None,
+            spare: Vec::new(),
         };
         if stage == Stage::Gradients {
             z.shard = vec![0.0; z.plan.shard_numel()];
@@ -237,16 +251,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// Elements of parameters, gradients and scratch this optimizer holds
     /// on this rank (its own buffers; the model's are the model's).
     pub fn buffer_numel(&self) -> usize {
-        [
-            &self.grads,
-            &self.values,
-            &self.shard,
-            &self.params,
-            &self.recv,
-        ]
-        .iter()
-        .map(|v| v.capacity())
-        .sum()
+        [&self.values, &self.shard, &self.params]
+            .iter()
+            .map(|v| v.capacity())
+            .chain(self.spare.iter().map(Vec::capacity))
+            .sum()
     }
 
     /// The index of the unit called `name`.
@@ -316,6 +325,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         }
         // Stage 3 always, stage 2 when the model ran through the gate:
         // the gradients were reduce-scattered during the backward.
+        self.drain_reduce()?;
         let gated = self.stage == Stage::Full
             || (self.stage == Stage::Gradients && self.reduced.iter().any(|r| *r));
         if gated {
@@ -369,8 +379,10 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         }
     }
 
-    /// Stages 0-2: this rank's averaged gradient slices into `shard`, one
-    /// unit at a time (one unit's scratch, not a copy of the model).
+    /// Stages 0-2: this rank's averaged gradient slices into `shard`.
+    /// Each unit's reduction is started without waiting, two in flight at
+    /// most: the next unit's gradients are read while the previous ones
+    /// travel (two units' scratch, never a copy of the model).
     fn reduce_all(&mut self, model: &dyn Parameters) -> Result<()> {
         let world = self.comm.world_size();
         let rank = self.share();
@@ -383,30 +395,68 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
                 && self.comm.capabilities().supports(Op::ReduceScatter));
         self.shard.clear();
         self.shard.resize(self.plan.shard_numel(), 0.0);
+        let mut flights = std::collections::VecDeque::new();
         let (mut first, mut at) = (0, 0);
-        for (u, unit) in self.plan.units().iter().enumerate() {
-            read_unit(model, unit, first, Part::Grads, &mut self.grads)?;
-            let full = &mut self.grads[..];
+        for u in 0..self.plan.units().len() {
+            let mut full = self.spare.pop().unwrap_or_default();
+            let nslots = self.plan.units()[u].slots.len();
+            read_unit(model, &self.plan.units()[u], first, Part::Grads, &mut full)?;
             let r = self.plan.shard_range(u, rank);
-            let mine = &mut self.shard[at..at + r.len()];
             if world == 1 {
-                mine.copy_from_slice(full);
-            } else if scatter {
-                self.comm.reduce_scatter(
-                    Buf::Host(HostBuf::from(&full[..])),
-                    HostBufMut::from(&mut mine[..]).into(),
-                    op,
-                )?;
+                let mine = &mut self.shard[at..at + r.len()];
+                mine.copy_from_slice(&full);
+                if scale != 1.0 {
+                    mine.iter_mut().for_each(|g| *g *= scale);
+                }
+                self.spare.push(full);
             } else {
-                self.comm.all_reduce_slice(full, op)?;
-                mine.copy_from_slice(&full[r.clone()]);
+                let flight = if scatter {
+                    Reduced::Slice(self.comm.start_reduce_scatter(
+                        full,
+                        vec![0.0f32; r.len()],
+                        op,
+                    )?)
+                } else {
+                    Reduced::Whole(self.comm.start_all_reduce(full, op)?, r.clone())
+                };
+                flights.push_back((at, flight));
+                if flights.len() > 1 {
+                    self.land(flights.pop_front(), scale)?;
+                }
             }
-            if scale != 1.0 {
-                mine.iter_mut().for_each(|g| *g *= scale);
-            }
-            first += unit.slots.len();
+            first += nslots;
             at += r.len();
         }
+        while let Some(f) = flights.pop_front() {
+            self.land(Some(f), scale)?;
+        }
+        Ok(())
+    }
+
+    /// Wait for one unit's reduction and put this rank's slice, averaged,
+    /// at `at` in `shard`.
+    fn land(&mut self, flight: Option<(usize, Reduced)>, scale: f32) -> Result<()> {
+        let Some((at, flight)) = flight else {
+            return Ok(());
+        };
+        let (spare, len) = match flight {
+            Reduced::Slice(w) => {
+                let (send, recv) = w.wait()?;
+                self.shard[at..at + recv.len()].copy_from_slice(&recv);
+                (send, recv.len())
+            }
+            Reduced::Whole(w, r) => {
+                let full = w.wait()?;
+                self.shard[at..at + r.len()].copy_from_slice(&full[r.clone()]);
+                (full, r.len())
+            }
+        };
+        if scale != 1.0 {
+            self.shard[at..at + len]
+                .iter_mut()
+                .for_each(|g| *g *= scale);
+        }
+        self.spare.push(spare);
         Ok(())
     }
 
@@ -450,36 +500,66 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     }
 
     /// Step this rank's slices; stages 1-2 then all-gather them into the
-    /// model unit by unit, stage 3 keeps them.
+    /// model unit by unit (each gather started without waiting, two in
+    /// flight: the next unit steps while the previous one travels), stage 3
+    /// keeps them.
     fn update_params(&mut self, model: &mut dyn Parameters) -> Result<()> {
         let rank = self.share();
+        let mut flights = std::collections::VecDeque::new();
         let (mut first, mut at) = (0, 0);
-        for (u, unit) in self.plan.units().iter().enumerate() {
+        for u in 0..self.plan.units().len() {
+            let nslots = self.plan.units()[u].slots.len();
             let r = self.plan.shard_range(u, rank);
             let grads = &self.shard[at..at + r.len()];
             if self.stage == Stage::Full {
                 self.opt
                     .step_shard(u, &mut self.params[at..at + r.len()], grads)?;
             } else {
-                read_unit(model, unit, first, Part::Values, &mut self.values)?;
-                let mut mine = self.values[r.clone()].to_vec();
+                let mut values = self.spare.pop().unwrap_or_default();
+                read_unit(
+                    model,
+                    &self.plan.units()[u],
+                    first,
+                    Part::Values,
+                    &mut values,
+                )?;
+                let mut mine = values[r.clone()].to_vec();
                 self.opt.step_shard(u, &mut mine, grads)?;
                 if self.plan.world_size() == 1 {
-                    self.values.copy_from_slice(&mine);
+                    values.copy_from_slice(&mine);
+                    write_unit(model, &self.plan.units()[u], first, &values, false)?;
+                    self.spare.push(values);
                 } else {
-                    self.comm.all_gather(
-                        Buf::Host(HostBuf::from(&mine[..])),
-                        HostBufMut::from(&mut self.values[..]).into(),
-                    )?;
+                    flights.push_back((u, first, self.comm.start_all_gather(mine, values)?));
+                    if flights.len() > 1 {
+                        self.write_gathered(model, flights.pop_front())?;
+                    }
                 }
-                write_unit(model, unit, first, &self.values, false)?;
             }
-            first += unit.slots.len();
+            first += nslots;
             at += r.len();
+        }
+        while let Some(f) = flights.pop_front() {
+            self.write_gathered(model, Some(f))?;
         }
         if self.stage == Stage::Full {
             self.fresh.fill(false);
         }
+        Ok(())
+    }
+
+    /// Wait for one unit's gathered values and write them into the model.
+    fn write_gathered(
+        &mut self,
+        model: &mut dyn Parameters,
+        flight: Option<Gathered>,
+    ) -> Result<()> {
+        let Some((u, first, work)) = flight else {
+            return Ok(());
+        };
+        let (_, values) = work.wait()?;
+        write_unit(model, &self.plan.units()[u], first, &values, false)?;
+        self.spare.push(values);
         Ok(())
     }
 

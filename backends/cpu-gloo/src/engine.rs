@@ -134,13 +134,23 @@ impl GlooEngine {
                 format!("{r} {local} {advertised}\n")
             })
             .collect();
+        let ctx_err = |e: Error| {
+            e.with_op("connect")
+                .with_backend(NAME)
+                .with_rank(p.info.rank)
+        };
         p.store
             .set(&addr_key(&p.prefix, p.info.rank), table.as_bytes())
-            .map_err(|e| {
-                e.with_op("connect")
-                    .with_backend(NAME)
-                    .with_rank(p.info.rank)
-            })?;
+            .map_err(ctx_err)?;
+        // Connecting is collective: no rank returns (and may drop its
+        // communicator) before every rank's Gloo finished connecting, or a
+        // peer whose handshake is still in flight would see its connection
+        // closed (a rank that made no collective and exited at once).
+        let keys: Vec<String> = (0..p.info.world_size)
+            .map(|r| addr_key(&p.prefix, r))
+            .collect();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        p.store.wait(&refs, p.info.timeout).map_err(ctx_err)?;
         Ok(GlooEngine {
             info: p.info,
             gloo_device: p.gloo_device,

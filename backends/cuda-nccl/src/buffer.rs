@@ -224,3 +224,15 @@ pub fn cudarc_view<T: Element>(s: &cudarc::driver::CudaSlice<T>) -> DeviceBuf<'_
 pub fn cudarc_view_mut<T: Element>(s: &mut cudarc::driver::CudaSlice<T>) -> DeviceBufMut<'_> {
     ffi::cudarc_view_mut(s)
 }
+
+/// A device buffer a started call can own ([`accel_api::StartExt`]): the
+/// call gets it back from `wait`.
+impl accel_api::OwnedBuf for DeviceBuffer {
+    fn buf(&self) -> accel_api::Buf<'_> {
+        accel_api::Buf::Device(self.view())
+    }
+
+    fn buf_mut(&mut self) -> accel_api::BufMut<'_> {
+        accel_api::BufMut::Device(self.view_mut())
+    }
+}

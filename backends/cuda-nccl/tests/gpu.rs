@@ -42,6 +42,7 @@ gpu_tests! {
     host_buffers_are_staged => common::host_buffers;
     cudarc_slices_are_device_views => common::cudarc_slices;
     split_and_abort => common::split_and_abort;
+    started_calls_on_device_memory => common::started_calls;
 }
 
 /// The shared conformance suite, ranks as threads, at world size 1 (one

@@ -58,6 +58,8 @@ fn gpu_check_dry_run_lists_every_step() {
         "test --backend cuda-nccl -n 1",
         "bench --backend cuda-nccl -n 1",
         "nccl_device_bench",
+        "--async 4",
+        "test --backend xla -n 1",
     ] {
         assert!(
             stdout.contains(want),

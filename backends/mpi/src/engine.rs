@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use accel_api::{
     bf16, f16, host, host_mut, message_does_not_fit, Backoff, Buf, BufMut, Capabilities, DType,
-    Deadline, Engine, EngineInfo, Error, ErrorKind, Group, HostBuf, Op, P2pHeader, Polled, Poller,
-    ReduceOp, Result, SplitPlan, Until, P2P_MAGIC,
+    Deadline, Engine, EngineInfo, Error, ErrorKind, Group, Growth, HostBuf, Op, P2pHeader, Polled,
+    Poller, ReduceOp, Result, SplitPlan, Until, P2P_MAGIC,
 };
 
 use crate::error::timeout_error;
@@ -67,6 +67,10 @@ pub(crate) struct Shared {
     /// the watchdog: `ACCEL_MPI_BLOCKING` is not `0` and MPI granted
     /// `MPI_THREAD_MULTIPLE`.
     pub(crate) blocking: bool,
+    /// Calls started without waiting poll their non-blocking form on the
+    /// group's worker thread instead of blocking there
+    /// (`ACCEL_MPI_STARTED`).
+    pub(crate) started_poll: bool,
     /// This process's rank in `MPI_COMM_WORLD`.
     pub(crate) world_rank: usize,
 }
@@ -131,6 +135,13 @@ pub(crate) fn poll<'a>(
     poll_checked(req, start, timeout, &mut |_| None)
 }
 
+/// The pause of a call started without waiting, on the group's worker
+/// thread while the caller computes: sleep from the first look (no spin,
+/// no yield loop that would take a core from the caller), doubling up to
+/// half a millisecond.
+const STARTED_PAUSE: Backoff =
+    Backoff::sleep(Duration::from_micros(20)).grow(Growth::Mul(2), Duration::from_micros(500));
+
 /// How often a waiting call looks at its peers' progress records.
 const PEER_CHECK: Duration = Duration::from_millis(200);
 
@@ -144,7 +155,12 @@ fn poll_checked<'a>(
     check: &mut dyn FnMut(Duration) -> Option<Error>,
 ) -> std::result::Result<Request<'a>, Waited<'a>> {
     let mut next_check = PEER_CHECK;
-    let mut poller = Poller::new(Deadline::since(start, timeout), PAUSE);
+    let pause = if accel_api::on_group_worker() {
+        STARTED_PAUSE
+    } else {
+        PAUSE
+    };
+    let mut poller = Poller::new(Deadline::since(start, timeout), pause);
     loop {
         match req.test() {
             Ok(true) => return Ok(req),
@@ -383,6 +399,11 @@ impl MpiEngine {
         let Some(watch) = &self.watch else {
             return self.run(s, send, recv, owned);
         };
+        if self.shared.started_poll && accel_api::on_group_worker() {
+            // A started call: the caller computes meanwhile, so wait
+            // without spinning a core.
+            return self.run(s, send, recv, owned);
+        }
         let mut owned = owned;
         let lib = &self.shared.library;
         let _armed = watch.arm(s.op, self.enter(s.op));

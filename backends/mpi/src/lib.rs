@@ -124,6 +124,7 @@
 //! |---|---|
 //! | `ACCEL_MPI_STAGING_BYTES` | largest buffer whose operation runs non-blocking on owned memory, so that its timeout returns (default 8192; `0`: every collective with a buffer runs blocking) |
 //! | `ACCEL_MPI_BLOCKING` | `1` (default): operations above the staging size call the blocking MPI function under the watchdog; `0`: every operation non-blocking and polled (slower; large ones still abort the job on timeout) |
+//! | `ACCEL_MPI_STARTED` | how a call started without waiting (`Communicator::start`) waits on the group's worker thread: `poll` (default): `MPI_I*` polled with `MPI_Test` and growing pauses, leaving the cores to the caller's compute; `block`: the blocking call under the watchdog (faster algorithms, but Open MPI spins a core while it waits) |
 //!
 //! [`ErrorKind::InvalidConfig`]: accel_api::ErrorKind::InvalidConfig
 //! [`ErrorKind::Timeout`]: accel_api::ErrorKind::Timeout
@@ -180,6 +181,23 @@ fn blocking_from_env() -> Result<bool> {
     }
 }
 
+/// `ACCEL_MPI_STARTED`: `true` (`poll`, the default) or `false` (`block`).
+fn started_poll_from_env() -> Result<bool> {
+    match std::env::var("ACCEL_MPI_STARTED") {
+        Err(_) => Ok(true),
+        Ok(v) => match v.trim() {
+            "" | "poll" => Ok(true),
+            "block" => Ok(false),
+            _ => Err(Error::invalid_config(
+                "ACCEL_MPI_STARTED",
+                &v,
+                "must be poll (started calls polled with pauses, the default) or block (the blocking MPI call on the worker thread)",
+            )
+            .with_backend(NAME)),
+        },
+    }
+}
+
 fn staging_from_env() -> Result<usize> {
     match std::env::var("ACCEL_MPI_STAGING_BYTES") {
         Err(_) => Ok(DEFAULT_STAGING_BYTES),
@@ -209,6 +227,7 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
     ctx.check(NAME, DeviceKind::Cpu)?;
     let staging = staging_from_env()?;
     let blocking = blocking_from_env()?;
+    let started_poll = started_poll_from_env()?;
     let init = ffi::init().map_err(|e| {
         fail(ErrorKind::Backend, format!("MPI_Init_thread failed: {e}"))
             .with_fix("start the program with the mpirun of the MPI it was built against")
@@ -236,6 +255,7 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
         // below it a blocking call on one communicator could stop every
         // other thread's MPI calls, so everything stays non-blocking.
         blocking: blocking && ffi::is_multiple(init.threading),
+        started_poll,
         world_rank: init.world_rank,
     });
     let start = Instant::now();

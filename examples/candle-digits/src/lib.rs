@@ -12,9 +12,11 @@
 use std::path::PathBuf;
 
 use accel::train::{Batch, Optimizer, Parameters, StateDict};
+use accel::zero::UnitGate;
 use accel::{Accelerator, Error, ErrorKind, Result};
 use accel_candle::{
-    compute_dtype, compute_var_builder, init_uniform, AdamW, CandleModel, CandleOptimizer,
+    compute_dtype, compute_var_builder, init_uniform, sequential_loss_and_grad, AdamW, CandleModel,
+    CandleOptimizer, Link,
 };
 pub use accel_example_kit::digits::{Digits, Split, CLASSES, FEATURES};
 pub use accel_example_kit::run::{checksum, flat_params, Report};
@@ -212,6 +214,42 @@ struct Engine<'a> {
 }
 
 impl DigitsEngine<CandleModel> for Engine<'_> {
+    /// In f32, module by module ([`sequential_loss_and_grad`]), each
+    /// module's gradients told to `gate` as soon as they are final; in
+    /// bf16/f16, on compute copies, reported at the end.
+    fn loss_backward_gated(
+        &mut self,
+        model: &mut CandleModel,
+        scale: f32,
+        b: Digits,
+        gate: &mut dyn UnitGate,
+    ) -> Result<f64> {
+        if self.dtype != DType::F32 {
+            let loss = self.loss_backward(model, scale, b)?;
+            gate.reduce_grads(model, "")?;
+            return Ok(loss);
+        }
+        let (x, y) = collate(b)?;
+        let net = &self.net;
+        let relu = |l: &Linear, x: &Tensor| l.forward(x).and_then(|h| h.relu());
+        let links = [
+            Link {
+                module: "fc1",
+                forward: &|x| relu(&net.fc1, x),
+            },
+            Link {
+                module: "fc2",
+                forward: &|x| relu(&net.fc2, x),
+            },
+            Link {
+                module: "fc3",
+                forward: &|x| net.fc3.forward(x),
+            },
+        ];
+        let loss = |logits: &Tensor| candle_nn::loss::cross_entropy(logits, &y);
+        sequential_loss_and_grad(model, gate, &x, &links, &loss, scale).map(f64::from)
+    }
+
     fn loss_backward(&mut self, model: &mut CandleModel, scale: f32, b: Digits) -> Result<f64> {
         let (x, y) = collate(b)?;
         let logits = if self.dtype == DType::F32 {

@@ -219,6 +219,9 @@ pub struct RunOptions {
     /// Mixed precision (`--mixed-precision no|bf16|fp16`); `None` takes
     /// what `accel launch --mixed-precision` set.
     pub mixed_precision: Option<MixedPrecision>,
+    /// Reduce gradient buckets while the backward runs (default; `--no-overlap`
+    /// reduces them all after it: the same results).
+    pub overlap: bool,
 }
 
 impl RunOptions {
@@ -242,6 +245,7 @@ impl RunOptions {
             no_eval: false,
             max_grad_norm: None,
             mixed_precision: None,
+            overlap: true,
         }
     }
 
@@ -262,6 +266,7 @@ impl RunOptions {
             "--seed" => self.seed = flags.num(flag)?,
             "--no-shuffle" => self.shuffle = false,
             "--no-eval" => self.no_eval = true,
+            "--no-overlap" => self.overlap = false,
             "--save-every" => self.save_every = flags.num(flag)?,
             "--keep" => self.keep = flags.num(flag)?,
             "--checkpoint-dir" => self.checkpoint_dir = flags.path(flag)?,
@@ -280,6 +285,7 @@ impl RunOptions {
             gradient_accumulation_steps: self.accumulation,
             total_limit: Some(self.keep),
             mixed_precision: self.mixed_precision,
+            overlap_grad_sync: self.overlap,
             ..TrainConfig::default()
         }
     }
@@ -330,8 +336,10 @@ pub struct Report {
     pub stopped: bool,
     /// Mean wall time of an optimizer step, in seconds.
     pub step_time: f64,
-    /// Seconds per optimizer step spent averaging gradients (from the end
-    /// of the backward pass to the end of `Accelerator::backward`).
+    /// Seconds per optimizer step spent averaging gradients after the
+    /// backward pass ended (from its end to the end of
+    /// `Accelerator::backward_overlapped`): the synchronisation the
+    /// backward did not hide.
     pub sync_time: f64,
 }
 
@@ -360,10 +368,11 @@ impl Report {
                 )
             };
             println!(
-                "final: {} steps, loss {:.4}, {accuracy}, {:.2} ms/step{time_note}, params checksum {}",
+                "final: {} steps, loss {:.4}, {accuracy}, {:.2} ms/step ({:.2} ms exposed sync){time_note}, params checksum {}",
                 self.steps,
                 self.last_loss,
                 1e3 * self.step_time,
+                1e3 * self.sync_time,
                 self.checksum
             );
         }

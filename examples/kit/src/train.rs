@@ -11,6 +11,7 @@ use std::time::Instant;
 use accel::train::{
     Batch, DataLoader, Optimizer, Parameters, PreparedModel, PreparedOptimizer, Scheduler,
 };
+use accel::zero::UnitGate;
 use accel::{Accelerator, Result};
 
 use crate::digits::Digits;
@@ -27,6 +28,30 @@ pub trait DigitsEngine<M> {
     /// # Errors
     /// The engine's.
     fn loss_backward(&mut self, model: &mut M, scale: f32, images: Digits) -> Result<f64>;
+
+    /// As [`loss_backward`](Self::loss_backward), telling `gate` each
+    /// module's gradients as the backward finishes them (`reduce_grads`
+    /// after each module, in backward order), so that their all-reduce
+    /// overlaps the rest of the backward
+    /// ([`Accelerator::backward_overlapped`]). The default runs
+    /// `loss_backward` and reports every gradient at its end.
+    ///
+    /// # Errors
+    /// The engine's; the gate's.
+    fn loss_backward_gated(
+        &mut self,
+        model: &mut M,
+        scale: f32,
+        images: Digits,
+        gate: &mut dyn UnitGate,
+    ) -> Result<f64>
+    where
+        M: Parameters,
+    {
+        let loss = self.loss_backward(model, scale, images)?;
+        gate.reduce_grads(model, "")?;
+        Ok(loss)
+    }
 
     /// Classify the held-out `images` of `batch` and gather the outcomes
     /// with `gather_for_metrics` (or its tensor form).
@@ -98,9 +123,11 @@ pub fn train_digits<M: Parameters, O: Optimizer>(
         while let Some(batch) = loader.next_batch() {
             let step = acc.accumulate(&batch);
             let mut sync_start = None;
-            let loss = acc.backward(&mut model, |m, scale| {
-                let loss = engine.loss_backward(m, scale, train_data.batch(&batch.items));
-                // What follows in `backward` is the gradient all-reduce.
+            let loss = acc.backward_overlapped(&mut model, |m, scale, gate| {
+                let images = train_data.batch(&batch.items);
+                let loss = engine.loss_backward_gated(m, scale, images, gate);
+                // What follows is the part of the gradient all-reduce the
+                // backward did not hide.
                 sync_start = Some(Instant::now());
                 loss
             })??;

@@ -79,8 +79,7 @@ fn main() -> ExitCode {
         }
         let report = train(&acc, &opts, |line| println!("{line}"))?;
         if acc.is_main_process() {
-            let sync = format!(" ({:.2} ms gradient sync)", 1e3 * report.sync_time);
-            report.print(&sync, extra.dump_params.as_deref())?;
+            report.print("", extra.dump_params.as_deref())?;
         }
         acc.wait_for_everyone()
     })

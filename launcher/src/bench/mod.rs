@@ -168,6 +168,13 @@ pub fn run(args: BenchArgs) -> Result<ExitCode> {
             ),
         ));
     }
+    if w.outstanding.is_some() && w.op != workload::BenchOp::AllReduce {
+        return Err(Error::invalid_config(
+            "--async",
+            &w.op.to_string(),
+            "--async times started all-reduces; use --op all_reduce",
+        ));
+    }
     let me =
         std::env::current_exe().map_err(|e| Error::io("cannot find the accel executable", e))?;
     let out = scratch_file();
@@ -287,17 +294,33 @@ fn table(r: &Report<'_>) -> String {
          busbw = algbw x {:.3}",
         r.bus_factor
     );
-    let _ = writeln!(
+    let started = r.rows.iter().any(|row| row.blocking_us.is_some());
+    if started {
+        let _ = writeln!(
+            s,
+            "# --async: time is per call of N all-reduces in flight together; blocking(us) per call of N in a row"
+        );
+    }
+    let _ = write!(
         s,
         "#{:>13} {:>12} {:>6} {:>12} {:>12} {:>12}",
         "size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)"
     );
+    let _ = if started {
+        writeln!(s, " {:>12} {:>8}", "blocking(us)", "ratio")
+    } else {
+        writeln!(s)
+    };
     for row in r.rows {
-        let _ = writeln!(
+        let _ = write!(
             s,
             " {:>13} {:>12} {:>6} {:>12.1} {:>12.3} {:>12.3}",
             row.size, row.count, row.dtype, row.time_us, row.algbw_gbs, row.busbw_gbs
         );
+        let _ = match row.blocking_us {
+            Some(b) if row.time_us > 0.0 => writeln!(s, " {:>12.1} {:>8.2}", b, b / row.time_us),
+            _ => writeln!(s),
+        };
     }
     s
 }

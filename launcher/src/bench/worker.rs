@@ -18,10 +18,11 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use accel_api::{
-    Buf, BufMut, Communicator, CommunicatorExt, DType, Error, HostBuf, HostBufMut, ReduceOp, Result,
+    Buf, BufMut, Communicator, CommunicatorExt, DType, Error, HostBuf, HostBufMut, HostBytes,
+    ReduceOp, Result, StartExt,
 };
 
-use super::workload::{BenchOp, Row, Workload};
+use super::workload::{median, BenchOp, Row, Workload};
 use super::Line;
 
 /// Arguments of `accel bench-worker`.
@@ -109,6 +110,47 @@ impl Buffers {
     }
 }
 
+/// `--async N`: per iteration, N blocking all-reduces, then N started
+/// without waiting and waited for; the per-call times of both, in
+/// microseconds (started, blocking).
+fn time_outstanding(
+    comm: &dyn Communicator,
+    w: &Workload,
+    size: usize,
+    n: u32,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let count = size / w.dtype.size();
+    let mut bufs: Vec<HostBytes> = (0..n).map(|_| HostBytes::zeroed(w.dtype, count)).collect();
+    let round = |bufs: &mut Vec<HostBytes>, started: bool| -> Result<f64> {
+        comm.barrier()?;
+        let t0 = Instant::now();
+        if started {
+            let works = std::mem::take(bufs)
+                .into_iter()
+                .map(|b| comm.start_all_reduce(b, ReduceOp::Sum))
+                .collect::<Result<Vec<_>>>()?;
+            for work in works {
+                bufs.push(work.wait()?);
+            }
+        } else {
+            for b in bufs.iter_mut() {
+                comm.all_reduce(BufMut::Host(b.host_mut()), ReduceOp::Sum)?;
+            }
+        }
+        Ok(t0.elapsed().as_secs_f64() * 1e6 / f64::from(n))
+    };
+    for _ in 0..w.warmup {
+        round(&mut bufs, false)?;
+        round(&mut bufs, true)?;
+    }
+    let (mut started, mut blocking) = (Vec::new(), Vec::new());
+    for _ in 0..w.iters {
+        blocking.push(round(&mut bufs, false)?);
+        started.push(round(&mut bufs, true)?);
+    }
+    Ok((started, blocking))
+}
+
 /// Time one size on this rank: the per-iteration times in microseconds.
 fn time_size(comm: &dyn Communicator, w: &Workload, size: usize) -> Result<Vec<f64>> {
     let mut bufs = Buffers::new(w.op, comm.world_size(), size);
@@ -174,12 +216,21 @@ fn rank(acc: &accel::Accelerator, args: &WorkerArgs) -> Result<()> {
         world_size: world,
     })?;
     for (size, count) in w.rows(world) {
-        let mine = time_size(comm, w, size as usize)?;
+        let (mine, blocking) = match w.outstanding {
+            Some(n) => {
+                let (started, blocking) = time_outstanding(comm, w, size as usize, n)?;
+                (started, Some(blocking))
+            }
+            None => (time_size(comm, w, size as usize)?, None),
+        };
         let all = comm.all_gather_vec(&mine)?;
         let worst = slowest(&all, mine.len());
-        emit(&Line::Row(Row::new(
-            w.op, world, w.dtype, size, count, &worst,
-        )))?;
+        let mut row = Row::new(w.op, world, w.dtype, size, count, &worst);
+        if let Some(b) = blocking {
+            let all = comm.all_gather_vec(&b)?;
+            row.blocking_us = Some(median(&slowest(&all, b.len())));
+        }
+        emit(&Line::Row(row))?;
     }
     Ok(())
 }

@@ -174,6 +174,12 @@ pub struct Workload {
     /// Untimed iterations per size before the timed ones.
     #[arg(long, default_value_t = 5)]
     pub warmup: u32,
+
+    /// Time N all-reduces started without waiting (in flight together,
+    /// then waited for) against N blocking ones, interleaved in each
+    /// iteration; both columns are per call.
+    #[arg(long = "async", value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub outstanding: Option<u32>,
 }
 
 impl Workload {
@@ -191,6 +197,13 @@ impl Workload {
             "--warmup".into(),
             self.warmup.to_string(),
         ]
+        .into_iter()
+        .chain(
+            self.outstanding
+                .into_iter()
+                .flat_map(|n| ["--async".to_string(), n.to_string()]),
+        )
+        .collect()
     }
 
     /// The `(bytes, elements)` of every row for `world` ranks: sizes are
@@ -236,6 +249,10 @@ pub struct Row {
     pub algbw_gbs: f64,
     /// algbw × the operation's bus factor, GB/s.
     pub busbw_gbs: f64,
+    /// With `--async N`: the median time per call of N blocking calls
+    /// (`time_us` is then per call of N started ones), microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_us: Option<f64>,
 }
 
 /// The median of `v` (the mean of the middle two for an even count); 0 for
@@ -277,6 +294,7 @@ impl Row {
             min_us: if min_us.is_finite() { min_us } else { 0.0 },
             algbw_gbs,
             busbw_gbs: algbw_gbs * op.bus_factor(world),
+            blocking_us: None,
         }
     }
 }
@@ -320,7 +338,21 @@ mod tests {
             dtype,
             iters: 1,
             warmup: 0,
+            outstanding: None,
         }
+    }
+
+    #[test]
+    fn async_rides_on_the_workers_flags() {
+        let mut w = workload(BenchOp::AllReduce, "4K", DType::F32);
+        assert!(!w.to_args().contains(&"--async".to_string()));
+        w.outstanding = Some(4);
+        let args = w.to_args();
+        let at = args
+            .iter()
+            .position(|a| a == "--async")
+            .expect("--async passed on");
+        assert_eq!(args[at + 1], "4");
     }
 
     #[test]

@@ -160,6 +160,40 @@ pub fn split_and_abort(c: &NcclCommunicator) {
     assert!(e.to_string().contains("test said so"), "{e}");
 }
 
+/// Calls started without waiting on device buffers the handles own: the
+/// buffers come back with the results, every handle done once the last
+/// one is (issue order), a blocking call between them sees the earlier
+/// ones' results.
+pub fn started_calls(c: &NcclCommunicator) {
+    use accel_api::StartExt;
+    let host: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let bufs: Vec<DeviceBuffer> = (0..4)
+        .map(|_| DeviceBuffer::from_slice(CUDA0, &host).unwrap())
+        .collect();
+    let mut works = Vec::new();
+    for b in bufs {
+        works.push(c.start_all_reduce(b, ReduceOp::Sum).unwrap());
+    }
+    let last = works.pop().unwrap().wait().unwrap();
+    assert!(works.iter().all(|w| w.is_done()), "issue order");
+    assert_eq!(
+        last.to_vec::<f32>().unwrap(),
+        host,
+        "world size 1: the sum is the input"
+    );
+    for w in works {
+        assert_eq!(w.wait().unwrap().to_vec::<f32>().unwrap(), host);
+    }
+    let b = DeviceBuffer::from_slice(CUDA0, &host).unwrap();
+    let w = c.start_broadcast(b, 0).unwrap();
+    c.barrier().unwrap();
+    assert!(
+        w.is_done(),
+        "a blocking call returns after the call started before it"
+    );
+    assert_eq!(w.wait().unwrap().to_vec::<f32>().unwrap(), host);
+}
+
 /// cudarc's own slices as device views (all_reduce in place, all_gather).
 pub fn cudarc_slices(c: &NcclCommunicator) {
     use accel_backend_cuda_nccl::cudarc::driver::CudaContext;
