@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use crate::work::{Call, CallMut, Pending, WorkLabel};
 use crate::{
     Buf, BufMut, Capabilities, DType, Device, Element, Error, ErrorKind, HostBuf, HostBufMut, Op,
     ReduceOp, Result,
@@ -154,8 +155,14 @@ pub trait Communicator: Send + Sync {
     /// sequence number (`all_reduce#12`).
     ///
     /// [`Group`]: crate::Group
-    fn start(&self, call: crate::work::Call) -> Result<crate::work::Pending> {
-        Ok(crate::work::start_blocking(self, call))
+    fn start(&self, mut call: Call) -> Result<Pending> {
+        let op = call.info().op;
+        let result = call.views_mut().run_blocking(self);
+        Ok(Pending::completed(
+            WorkLabel::of(self, op, None),
+            result,
+            call,
+        ))
     }
 
     /// Give up on this group: poison it so that every later call returns
@@ -437,5 +444,40 @@ impl std::fmt::Debug for dyn Communicator {
             .field("world_size", &self.world_size())
             .field("device", &self.device())
             .finish()
+    }
+}
+
+impl CallMut<'_> {
+    /// Run this call with `comm`'s blocking method of the same name.
+    ///
+    /// # Errors
+    /// That method's.
+    pub fn run_blocking(self, comm: &(impl Communicator + ?Sized)) -> Result<()> {
+        match self {
+            CallMut::AllReduce { buf, op } => comm.all_reduce(buf, op),
+            CallMut::Reduce { buf, op, root } => comm.reduce(buf, op, root),
+            CallMut::Broadcast { buf, root } => comm.broadcast(buf, root),
+            CallMut::AllGather { send, recv } => comm.all_gather(send, recv),
+            CallMut::Gather { send, recv, root } => comm.gather(send, recv, root),
+            CallMut::Scatter { send, recv, root } => comm.scatter(send, recv, root),
+            CallMut::ReduceScatter { send, recv, op } => comm.reduce_scatter(send, recv, op),
+            CallMut::AllToAll { send, recv } => comm.all_to_all(send, recv),
+            CallMut::Send { buf, dst, tag } => comm.send(buf, dst, tag),
+            CallMut::Recv { buf, src, tag } => comm.recv(buf, src, tag),
+            CallMut::Barrier => comm.barrier(),
+        }
+    }
+}
+
+impl WorkLabel {
+    /// The label of `op` (number `seq`) on `comm`.
+    pub fn of(comm: &(impl Communicator + ?Sized), op: Op, seq: Option<u64>) -> WorkLabel {
+        WorkLabel {
+            op,
+            seq,
+            rank: comm.rank(),
+            backend: comm.backend_name().to_string(),
+            timeout: comm.timeout(),
+        }
     }
 }

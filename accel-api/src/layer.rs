@@ -7,70 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::work::{Call, Pending};
+use crate::work::{Call, CallInfo, Pending};
 use crate::{Buf, BufMut, Capabilities, Communicator, DType, Device, Error, Op, ReduceOp, Result};
-
-/// What one call asks for, as a layer sees it before forwarding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CallInfo {
-    /// The operation.
-    pub op: Op,
-    /// Element type of the call's data (`u8` for barrier and split).
-    pub dtype: DType,
-    /// Elements this rank contributes (`send` for gathers, the buffer for
-    /// in-place calls, `recv` for scatter; 0 for barrier and split).
-    pub len: usize,
-    /// The root of a rooted call.
-    pub root: Option<usize>,
-    /// The reduction of a reducing call.
-    pub reduce: Option<ReduceOp>,
-    /// The peer of a point-to-point call.
-    pub peer: Option<usize>,
-    /// The tag of a point-to-point call.
-    pub tag: Option<u32>,
-}
-
-impl CallInfo {
-    pub(crate) fn new(op: Op, dtype: DType, len: usize) -> CallInfo {
-        CallInfo {
-            op,
-            dtype,
-            len,
-            root: None,
-            reduce: None,
-            peer: None,
-            tag: None,
-        }
-    }
-
-    pub(crate) fn root(self, root: usize) -> CallInfo {
-        CallInfo {
-            root: Some(root),
-            ..self
-        }
-    }
-
-    pub(crate) fn reduce(self, op: ReduceOp) -> CallInfo {
-        CallInfo {
-            reduce: Some(op),
-            ..self
-        }
-    }
-
-    pub(crate) fn p2p(self, peer: usize, tag: u32) -> CallInfo {
-        CallInfo {
-            peer: Some(peer),
-            tag: Some(tag),
-            ..self
-        }
-    }
-
-    /// `true` for calls every rank of the group makes (everything but send
-    /// and recv).
-    pub fn is_collective(&self) -> bool {
-        !matches!(self.op, Op::Send | Op::Recv)
-    }
-}
 
 /// A decorator over a communicator: [`before`](Layer::before) runs before
 /// each call is forwarded.

@@ -81,6 +81,7 @@ mod layer;
 mod offload;
 mod op;
 mod store;
+pub mod sync;
 pub mod work;
 pub mod worker;
 mod wrapper;
@@ -101,10 +102,11 @@ pub use group::{
     Engine, EngineInfo, Expired, Group, Growth, Mailbox, P2pHeader, Pause, Polled, Poller,
     SplitPlan, SystemClock, Taken, Until, P2P_MAGIC, TIMEOUT_FIX,
 };
-pub use layer::{CallInfo, Layer, Layered};
+pub use layer::{Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};
 pub use op::ReduceOp;
 pub use store::{CasOutcome, Store, StoreExt};
+pub use work::CallInfo;
 pub use work::{HostBytes, OwnedBuf, Pending, StartExt, Work};
 pub use wrapper::Wrapper;
 

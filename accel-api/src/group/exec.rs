@@ -8,7 +8,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use super::lock;
+use crate::sync::lock;
 
 /// Whose turn it is: the ticket of the next call to run.
 #[derive(Debug, Default)]

@@ -66,10 +66,11 @@ pub use recorder::{
 pub use split::SplitPlan;
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::check::{self, CallCheck, Digits, Plan, Shape, DIGITS};
+use crate::sync::lock;
 use crate::{BufMut, DType, Error, ErrorKind, HostBufMut, Op, ReduceOp, Result};
 use exec::{Turn, Worker};
 
@@ -136,10 +137,6 @@ impl<E: Engine + fmt::Debug> fmt::Debug for Group<E> {
             .field("poisoned", &self.core.poison_text())
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<E: Engine> Group<E> {

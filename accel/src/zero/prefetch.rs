@@ -6,9 +6,10 @@
 
 use std::sync::Arc;
 
-use accel_api::{Communicator, Result, StartExt};
+use accel_api::{Communicator, Result, StartExt, Work};
 
-use super::step::PairWork;
+/// A send and a receive buffer in flight.
+pub(super) type PairWork = Work<(Vec<f32>, Vec<f32>)>;
 
 /// The prefetch communicator and its one gather in flight.
 pub(super) struct Prefetcher {

@@ -10,7 +10,7 @@ use accel_sharding::{ShardPlan, Stage, WrapPolicy};
 
 use super::optimizer::ShardOptimizer;
 use super::plan::{plan_of_model, read_unit, write_unit, Part};
-use super::prefetch;
+use super::prefetch::{self, PairWork};
 use crate::train::{GradScaler, Parameters};
 
 /// What [`ZeroOptimizer::step_with`] does besides the update.
@@ -55,9 +55,6 @@ enum Reduced {
     Slice(PairWork),
     Whole(Work<Vec<f32>>, std::ops::Range<usize>),
 }
-
-/// A send and a receive buffer in flight.
-pub(super) type PairWork = Work<(Vec<f32>, Vec<f32>)>;
 
 /// One unit's parameter gather in flight: the unit, its first parameter.
 type Gathered = (usize, usize, PairWork);
