@@ -20,7 +20,9 @@
 //!   one mpirun; the launcher adds the multi-machine join).
 //! * [`mpirun`]: the mpirun command builder and the readers of mpirun's
 //!   output. It formats text only: nothing here links MPI.
-//! * The worker environment itself is [`accel::WorkerEnv`].
+//! * The worker environment itself is [`accel_api::worker::WorkerEnv`]
+//!   (the worker protocol, below this crate: it does not depend on the
+//!   `accel` facade).
 //!
 //! Unsafe code lives in [`ffi`] only (one `pre_exec` for the parent-death
 //! signal).
@@ -37,7 +39,7 @@ pub mod report;
 pub mod store;
 pub mod supervise;
 
-pub use accel::worker_env::{self, WorkerEnv};
+pub use accel_api::worker::{self as worker_env, WorkerEnv};
 pub use group::{Attempt, Ended, LocalGroup, MpirunGroup, ProcessGroup, Program, ThreadsGroup};
 pub use supervise::{run, run_attempt, Coordinator, HostedStore, RunOutcome, Supervision};
 

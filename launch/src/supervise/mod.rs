@@ -15,7 +15,7 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use accel::worker_env::WorkerEnv;
+use accel_api::worker::WorkerEnv;
 use accel_api::{Error, Result};
 use accel_rendezvous::{TcpStoreServer, TorchStoreServer};
 
@@ -141,7 +141,7 @@ pub trait Coordinator {
     /// Where the store of the last attempt listened (for `--json`).
     fn store_url(&self) -> String;
 
-    /// The stall inspector's verdict for `attempt` (`accel::stall`), when
+    /// The stall inspector's verdict for `attempt` (`accel_api::worker::stall`), when
     /// this coordinator can read the store and a rank that timed out wrote
     /// one. The default reads nothing.
     fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
@@ -312,7 +312,7 @@ impl Coordinator for HostedStore {
             .torch
             .as_ref()
             .map_or(accel_port, |s| s.local_addr().port());
-        self.url = accel::worker_env::tcp_url(&self.addr, accel_port);
+        self.url = accel_api::worker::tcp_url(&self.addr, accel_port);
         let mut env = self.base.clone();
         env.master_addr = Some(
             self.addr
@@ -365,10 +365,10 @@ pub fn read_stall(store: Arc<dyn accel_api::Store>, attempt: &Attempt) -> Option
     let run_id = attempt.env.run_id.as_deref().unwrap_or("default");
     let store = accel_rendezvous::PrefixStore::new(
         store,
-        accel::stall::store_prefix(run_id, attempt.number),
+        accel_api::worker::stall::store_prefix(run_id, attempt.number),
     );
     // Fresh at the moment of the report, not as of the first timeout.
-    let v = accel::stall::StallVerdict::read_fresh(&store)?;
+    let v = accel_api::worker::stall::StallVerdict::read_fresh(&store)?;
     Some(report::Stall {
         seen_by: v.seen_by,
         waiting_in: v.waiting_in,
