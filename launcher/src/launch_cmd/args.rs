@@ -1,5 +1,5 @@
 //! The arguments of `accel launch` and what both of its paths (the
-//! launcher's own process groups in `mod.rs`, mpirun in `mpi.rs`) make of
+//! launcher's own process groups in `local.rs`, mpirun in `mpi.rs`) make of
 //! them: the supervision, the workers' shared environment, the program, the
 //! `--json` summary.
 
@@ -7,12 +7,13 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use accel::worker_env::WorkerEnv;
+use accel_api::worker::{ProcessModel, WorkerEnv};
 use accel_api::{Error, Result};
 use accel_launch::output::{print_stdout, say};
 use accel_launch::{program, store, Supervision};
 
-use super::options::{Options, Settings, StdStreams};
+use super::options::Options;
+use super::settings::{Settings, StreamLogs};
 
 /// Arguments of `accel launch`.
 #[derive(Debug, clap::Args)]
@@ -148,7 +149,7 @@ pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Result<Supervision
 /// `none` when not given, as torchrun's --rdzv-id) in `base`, or in a new
 /// `torchelastic_XXXXXXXX` under the temporary directory, said on stderr.
 fn stream_logs(
-    (base, tee, redirects): &(Option<PathBuf>, StdStreams, StdStreams),
+    (base, tee, redirects): &StreamLogs,
     run_id: Option<&str>,
 ) -> Result<accel_launch::output::StreamLogs> {
     let base = match base {
@@ -195,7 +196,7 @@ pub(super) fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
         launcher_pid: Some(std::process::id()),
         // Process workers say so, against an inherited ACCEL_PROCESS_MODEL;
         // the threads group writes its own.
-        process_model: Some(accel::ProcessModel::Processes),
+        process_model: Some(ProcessModel::Processes),
         ..WorkerEnv::default()
     }
 }
