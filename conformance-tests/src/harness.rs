@@ -262,7 +262,7 @@ fn run_one(spec: &RunSpec, dir: &Path, tok: &str, out: &Path) -> Result<(), Stri
 /// it. Each machine's summary must say it was machine `k` of them all.
 fn run_machines(spec: &RunSpec, dir: &Path, tok: &str, out: &Path) -> Result<(), String> {
     let m = spec.machines;
-    if spec.launcher != Launcher::Direct || spec.world_size % m != 0 {
+    if spec.launcher != Launcher::Direct || !spec.world_size.is_multiple_of(m) {
         return Err(format!(
             "{}: a world over {m} machines needs the direct launcher and a world size that \
              divides by the machines",
@@ -332,7 +332,10 @@ fn run_machines(spec: &RunSpec, dir: &Path, tok: &str, out: &Path) -> Result<(),
             .collect();
         machines
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err("a machine's thread panicked".into())))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a machine's thread panicked".into()))
+            })
             .collect()
     });
     ended.into_iter().collect()

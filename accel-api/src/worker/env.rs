@@ -163,7 +163,7 @@ impl WorkerEnv {
     /// [`crate::ErrorKind::InvalidConfig`] naming the variable and its
     /// value: a number with a sign or non-digits, a port outside 1-65535
     /// (0 is read, and refused later for a multi-process run), a malformed
-    /// boolean or duration, a duration above [`MAX_TIMEOUT`].
+    /// boolean or duration, a duration above [`MAX_TIMEOUT`](super::MAX_TIMEOUT).
     pub fn from_vars(vars: &HashMap<String, String>) -> Result<WorkerEnv> {
         use keys::*;
         let get = |k: &str| vars.get(k).map(String::as_str);

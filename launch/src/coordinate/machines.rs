@@ -84,7 +84,14 @@ fn torch_port_key(n: u32) -> String {
     format!("accel-launch/a{n}/torch-port")
 }
 
-/// One of several machines' launchers (see the [module docs](self)).
+/// One of several machines' launchers. Machine 0 hosts the store for the
+/// whole run, the others are its clients; every attempt begins with the
+/// machines' join (in an elastic run, a round), runs under the launchers'
+/// heartbeats, and ends with an outcome every machine agrees on: the first
+/// root cause published anywhere, a lost machine named as the cause.
+/// Machine 0 also hosts a fresh torch endpoint per attempt, which torch
+/// workers on every machine join. [`Machines::join`] builds one;
+/// [`accel_launch::run`](crate::run) drives it.
 pub struct Machines {
     cfg: MachinesConfig,
     me: Registration,

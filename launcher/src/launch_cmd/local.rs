@@ -10,8 +10,9 @@ use accel_launch::{
     store, Coordinator, HostedStore, LocalGroup, Machines, ProcessGroup, Program, ThreadsGroup,
 };
 
-use super::args::{base_env, finish, scratch_dir, supervision};
+use super::args::finish;
 use super::settings::Settings;
+use super::shared::{base_env, scratch_dir, supervision};
 use super::{process_model, LaunchArgs};
 
 /// torchrun's OMP_NUM_THREADS policy: with several workers on a machine and

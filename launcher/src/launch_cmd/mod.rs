@@ -11,7 +11,8 @@
 //! | [`accelerate_config`] | Accelerate's YAML config file (`--config_file`), mapped or refused key by key |
 //! | [`settings`] | the layers (flags, environment, config file) resolved over the defaults → [`settings::Settings`] |
 //! | `flags` | words that are no flag of `accel launch` (torchrun's and Accelerate's it does not take, near misses) |
-//! | `args` | [`LaunchArgs`] and what both launch paths derive from it |
+//! | `args` | [`LaunchArgs`], the program it names, the `--json` summary |
+//! | `shared` | what both launch paths derive from the settings: the supervision, the workers' shared environment |
 //! | `local` | the launcher's own process groups: the group and the coordinator ([`accel_launch::HostedStore`] on one machine, [`accel_launch::Machines`] on several) |
 //! | [`mpi`] | `--backend mpi`: the machines mpirun runs on |
 //! | [`process_model`] | `--backend xla`: one process, its ranks as threads |
@@ -128,6 +129,7 @@ pub mod mpi;
 pub mod options;
 pub mod process_model;
 pub mod settings;
+mod shared;
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;

@@ -63,9 +63,10 @@ use accel_api::{Error, ErrorKind, Result};
 use accel_launch::mpirun::{detect_flavor, Hosts};
 use accel_launch::{store, HostedStore, MpirunGroup};
 
-use super::args::{base_env, finish, resolve_program, scratch_dir, supervision, LaunchArgs};
+use super::args::{finish, resolve_program, LaunchArgs};
 use super::default_backend::Choice;
 use super::settings::Settings;
+use super::shared::{base_env, scratch_dir, supervision};
 
 /// `true` when the settings ask for the MPI launch path: `mpi` is the first
 /// backend of `--backend` / `ACCEL_BACKEND` / the config file.

@@ -2,7 +2,7 @@
 //! file give them ([`Options`], every field optional so that the layers
 //! stack with [`Options::overlay`]), and the parsers of their values. The
 //! environment's layer is [`Options::from_env`]; resolving the layers into
-//! what a launch needs is [`Settings`](super::settings::Settings)'.
+//! what a launch needs is [`Settings`](super::settings::Settings).
 
 use std::fmt;
 use std::path::PathBuf;
@@ -401,59 +401,6 @@ impl Options {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::launch_cmd::settings::{Settings, DEFAULT_JOIN_WINDOW};
-
-    /// Options from an environment holding only `key=value`.
-    fn one_var(key: &str, value: &str) -> Result<Options> {
-        Options::from_env(|k| (k == key).then(|| value.to_string()))
-    }
-
-    /// `key=value` read from the environment, a malformed `key` refused
-    /// naming it, and `flag` resolved over the environment's options.
-    fn flag_over_env(
-        key: &str,
-        value: &str,
-        set_flag: impl FnOnce(&mut Options),
-    ) -> (Options, Settings) {
-        let mut flag = Options::default();
-        set_flag(&mut flag);
-        let env = one_var(key, value).unwrap();
-        let e = one_var(key, "x").unwrap_err();
-        assert!(e.to_string().contains(key), "{e}");
-        let s = Settings::resolve(flag.overlay(env.clone())).unwrap();
-        (env, s)
-    }
-
-    /// `parse` reads `good.0` as `good.1`, and refuses `bad` naming it.
-    #[track_caller]
-    fn parses<T: PartialEq + std::fmt::Debug>(
-        parse: fn(&str) -> std::result::Result<T, String>,
-        good: (&str, T),
-        bad: &str,
-    ) {
-        assert_eq!(parse(good.0), Ok(good.1));
-        assert!(parse(bad).unwrap_err().contains(bad));
-    }
-
-    #[test]
-    fn machine_counts_are_exact_or_elastic_ranges() {
-        assert_eq!(parse_machines("3"), Ok(MachineCount::exact(3)));
-        assert_eq!(parse_machines("2:4"), Ok(MachineCount { min: 2, max: 4 }));
-        assert_eq!(MachineCount { min: 2, max: 4 }.to_string(), "2:4");
-        assert!(parse_machines("4:2").unwrap_err().contains("MIN <= MAX"));
-        assert!(parse_machines("0:2").unwrap_err().contains("at least 1"));
-        let s = Settings::resolve(Options {
-            num_machines: Some(MachineCount { min: 2, max: 4 }),
-            machine_rank: Some(3),
-            main_process_ip: Some("10.0.0.1".into()),
-            token: Some("t".into()),
-            ..Options::default()
-        })
-        .unwrap();
-        assert!(s.elastic() && s.multi_machine());
-        assert_eq!((s.min_machines, s.num_machines), (2, 4));
-        assert_eq!(s.join_window, DEFAULT_JOIN_WINDOW);
-    }
 
     #[test]
     fn counts_refuse_zero_and_negative() {
@@ -475,37 +422,6 @@ mod tests {
             assert_eq!(parse_dur(&format_dur(d)).unwrap(), d);
         }
         assert!(parse_dur("soon").unwrap_err().contains("not a duration"));
-    }
-
-    #[test]
-    fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
-        parses(parse_mixed_precision, ("BF16", MixedPrecision::Bf16), "fp8");
-        let (env, s) = flag_over_env("ACCEL_MIXED_PRECISION", "fp16", |o| {
-            o.mixed_precision = Some(MixedPrecision::Bf16)
-        });
-        assert_eq!(env.mixed_precision, Some(MixedPrecision::Fp16));
-        assert_eq!(s.mixed_precision, Some(MixedPrecision::Bf16));
-    }
-
-    #[test]
-    fn sharding_comes_from_the_flag_or_the_env_and_reaches_the_workers() {
-        use Stage;
-        parses(parse_sharding, ("FULL_SHARD", Stage::Full), "zero9");
-        let (env, s) = flag_over_env("ACCEL_SHARDING", "zero2", |o| {
-            o.sharding = Some(Stage::Full)
-        });
-        assert_eq!(env.sharding, Some(Stage::Gradients));
-        assert_eq!(s.sharding, Some(Stage::Full));
-        let vars = accel_api::worker::WorkerEnv {
-            sharding: s.sharding,
-            ..Default::default()
-        }
-        .to_vars();
-        assert!(
-            vars.iter()
-                .any(|(k, v)| *k == "ACCEL_SHARDING" && v == "full"),
-            "{vars:?}"
-        );
     }
 
     #[test]
