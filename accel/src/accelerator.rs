@@ -52,7 +52,7 @@ impl Accelerator {
         let state = state::state()?;
         // A malformed `accel launch --mixed-precision` value fails here, not
         // silently at the first prepare.
-        crate::train::MixedPrecision::from_env()?;
+        accel_api::worker::MixedPrecision::from_env()?;
         Accelerator::connect(state, &Registry::from_env())
     }
 

@@ -23,99 +23,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use accel_api::worker::stall::{label, parse_record, rank_key, record};
 use accel_api::{CallInfo, Communicator, Error, ErrorKind, Layer, Layered, Op, Store};
 
-/// Key of rank `r`'s record under the inspector's store prefix.
-fn rank_key(rank: usize) -> String {
-    format!("rank/{rank}")
-}
-
-/// Key of the verdict under the inspector's store prefix.
-pub const VERDICT_KEY: &str = "verdict";
-
-/// Where [`Accelerator`](crate::Accelerator) puts the inspector's keys in
-/// the run's store: `accel/<run id>/<restart>/stall`.
-pub fn store_prefix(run_id: &str, restart: u32) -> String {
-    format!("accel/{run_id}/{restart}/stall")
-}
-
-/// One rank that did not arrive at a collective, and what it last entered.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MissingRank {
-    /// Its rank.
-    pub rank: usize,
-    /// The last collective it entered (`all_reduce#41`), `None` when it
-    /// never entered one.
-    pub last: Option<String>,
-}
-
-/// What the first rank that timed out found: who it waited for.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StallVerdict {
-    /// The rank that timed out and wrote this.
-    pub seen_by: usize,
-    /// The collective it waited in (`all_reduce#42`).
-    pub waiting_in: String,
-    /// The ranks whose last collective is older than `waiting_in`.
-    pub missing: Vec<MissingRank>,
-}
-
-impl StallVerdict {
-    /// `1 (last: all_reduce#41), 3 (last: none)`.
-    pub fn missing_text(&self) -> String {
-        self.missing
-            .iter()
-            .map(|m| format!("{} (last: {})", m.rank, m.last.as_deref().unwrap_or("none")))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// The verdict in `store` (already scoped to the inspector's prefix),
-    /// if a rank wrote one.
-    pub fn read(store: &dyn Store) -> Option<StallVerdict> {
-        let v = store.try_get(VERDICT_KEY).ok()??;
-        serde_json::from_slice(&v).ok()
-    }
-
-    /// [`read`](Self::read), with each missing rank's record read again
-    /// now: its last collective as of this moment (the verdict's is as of
-    /// the timeout), and a rank that has since entered the collective the
-    /// verdict waited in is no longer missing.
-    pub fn read_fresh(store: &dyn Store) -> Option<StallVerdict> {
-        let mut v = Self::read(store)?;
-        let waited = v
-            .waiting_in
-            .rsplit_once('#')
-            .and_then(|(_, n)| n.parse::<u64>().ok());
-        v.missing.retain_mut(|m| {
-            let now = store.try_get(&rank_key(m.rank)).ok().flatten();
-            match now.as_deref().and_then(parse_record) {
-                Some((seq, _)) if waited.is_some_and(|w| seq >= w) => false,
-                Some((seq, op)) => {
-                    m.last = Some(label(seq, &op));
-                    true
-                }
-                None => true,
-            }
-        });
-        Some(v)
-    }
-}
-
-/// A rank's record: `<seq> <op>`.
-fn record(seq: u64, op: Op) -> String {
-    format!("{seq} {}", op.name())
-}
-
-fn parse_record(v: &[u8]) -> Option<(u64, String)> {
-    let s = std::str::from_utf8(v).ok()?;
-    let (seq, op) = s.split_once(' ')?;
-    Some((seq.parse().ok()?, op.to_string()))
-}
-
-fn label(seq: u64, op: &str) -> String {
-    format!("{op}#{seq}")
-}
+/// The store format the launcher reads too ([`accel_api::worker::stall`]),
+/// re-exported where it has always been.
+pub use accel_api::worker::stall::{store_prefix, MissingRank, StallVerdict, VERDICT_KEY};
 
 /// No collective entered yet.
 const NONE: u64 = u64::MAX;
@@ -258,8 +171,7 @@ impl StallLayer {
         };
         if !verdict.missing.is_empty() {
             // The first rank to time out writes it; later ones leave it.
-            let text = serde_json::to_vec(&verdict).unwrap_or_default();
-            let _ = s.store.compare_set(VERDICT_KEY, None, &text);
+            verdict.write_first(&*s.store);
         }
         Ok(verdict)
     }

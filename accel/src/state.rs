@@ -12,11 +12,9 @@ use accel_api::{ConnectContext, Device, DeviceKind, Error, ErrorKind, Result, St
 
 pub use crate::store_plan::StorePlan;
 
-/// The shortest `ACCEL_TIMEOUT` accel takes: shorter ones are refused.
-pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
-
-/// Default bound for every blocking call when `ACCEL_TIMEOUT` is not set.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The bounds of the one timeout (`ACCEL_TIMEOUT`): the shortest accel
+/// takes, and the default when it is not set.
+pub use accel_api::worker::{DEFAULT_TIMEOUT, MIN_TIMEOUT};
 
 /// Which launcher family the process state was read from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

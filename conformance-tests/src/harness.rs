@@ -1,12 +1,22 @@
 //! The multi-process harness: host a store, start the ranks through the
 //! launch library (`accel-launch`: one process per rank, or one mpirun),
 //! bound the whole run, collect rank 0's results, and print the matrix.
+//!
+//! A world may span several "machines" ([`RunSpec::with_machines`]): one
+//! `accel_launch::Machines` coordinator per machine, all in this process on
+//! loopback, machine 0 hosting the store, each starting its share of the
+//! ranks, exactly as `accel launch --num-machines M` on M machines does.
 
 use std::fmt::Write as _;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use accel_launch::{
+    HostedStore, LocalGroup, Machines, MachinesConfig, MpirunGroup, ProcessGroup, Program,
+    Supervision,
+};
 
 use crate::{Outcome, ScenarioResult};
 
@@ -45,6 +55,9 @@ pub struct RunSpec {
     pub seed: Option<String>,
     /// How the ranks are started.
     pub launcher: Launcher,
+    /// Machines the ranks are spread over, each with its own coordinator
+    /// ([`RunSpec::with_machines`]); 1: one coordinator hosts the store.
+    pub machines: usize,
 }
 
 impl RunSpec {
@@ -61,7 +74,18 @@ impl RunSpec {
             cases: None,
             seed: None,
             launcher: Launcher::Direct,
+            machines: 1,
         }
+    }
+
+    /// Builder: spread the ranks over `machines` "machines" (the world size
+    /// divides by it), one `accel_launch::Machines` coordinator each, in
+    /// this process on loopback: machine 0 hosts the store on a free port,
+    /// the others join it, and every attempt begins with the machines'
+    /// join, as under `accel launch --num-machines`. Direct launch only.
+    pub fn with_machines(mut self, machines: usize) -> RunSpec {
+        self.machines = machines;
+        self
     }
 
     /// Builder: start the ranks with `launcher`.
@@ -82,9 +106,13 @@ impl RunSpec {
         self
     }
 
-    /// The matrix column label: `backend@N` (`+plugin` for plugins).
+    /// The matrix column label: `backend@N`, or `backend@MxN` for N ranks
+    /// on each of M machines.
     pub fn label(&self) -> String {
-        format!("{}@{}", self.backend, self.world_size)
+        match self.machines {
+            0 | 1 => format!("{}@{}", self.backend, self.world_size),
+            m => format!("{}@{m}x{}", self.backend, self.world_size / m),
+        }
     }
 }
 
@@ -125,9 +153,6 @@ pub fn run_world(spec: &RunSpec) -> WorldReport {
 }
 
 fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String>), String> {
-    use accel_launch::mpirun::{detect_flavor, MpirunSpec};
-    use accel_launch::{HostedStore, LocalGroup, MpirunGroup, ProcessGroup, Program, Supervision};
-
     let tok = accel_launch::store::random_hex(16).map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!(
         "accel-conformance-{}-{}",
@@ -136,27 +161,47 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
     ));
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let out = dir.join("results.json");
+    if spec.machines > 1 {
+        run_machines(spec, &dir, &tok, &out)?;
+    } else {
+        run_one(spec, &dir, &tok, &out)?;
+    }
+    let text =
+        std::fs::read_to_string(&out).map_err(|e| format!("reading {}: {e}", out.display()))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("parsing {}: {e}", out.display()))?;
+    let results: Vec<ScenarioResult> = serde_json::from_value(v["results"].clone())
+        .map_err(|e| format!("parsing {}: {e}", out.display()))?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((results, v["seed"].as_str().map(str::to_string)))
+}
+
+/// The processes of one machine of `spec`'s world (`local` ranks): one
+/// per rank, or one mpirun for them all. Rank 0 writes the results to
+/// `out`.
+fn world_group(spec: &RunSpec, local: usize, out: &Path) -> Box<dyn ProcessGroup> {
+    use accel_launch::mpirun::{detect_flavor, MpirunSpec};
     let program = Program {
         path: spec.worker.clone(),
         argv0: spec.worker.clone().into_os_string(),
         args: Vec::new(),
     };
-    let extra_env = worker_options(spec, &out);
+    let extra_env = worker_options(spec, out);
     // Only the plugin asked for (the harness's own environment may name
     // others), and no debug mode.
     let remove_env: Vec<String> = vec!["ACCEL_PLUGIN_PATH".into(), "ACCEL_DEBUG".into()];
-    let mut group: Box<dyn ProcessGroup> = match spec.launcher {
+    match spec.launcher {
         Launcher::Direct => Box::new(LocalGroup {
             program,
-            local_world_size: spec.world_size,
+            local_world_size: local,
             extra_env,
             remove_env,
             die_with_parent: false,
         }),
         Launcher::Mpirun => {
-            let launcher = MpirunSpec::new(spec.world_size, &spec.worker).launcher;
+            let launcher = MpirunSpec::new(local, &spec.worker).launcher;
             let flavor = detect_flavor(&launcher);
-            let mut g = MpirunGroup::new(program, launcher, flavor, spec.world_size);
+            let mut g = MpirunGroup::new(program, launcher, flavor, local);
             g.echo = false;
             g.extra_env = extra_env;
             g.remove_env = remove_env;
@@ -164,8 +209,12 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
                 .push(("OMPI_MCA_mpi_yield_when_idle".into(), "1".into()));
             Box::new(g)
         }
-    };
-    let base = accel::WorkerEnv {
+    }
+}
+
+/// What every worker of `spec`'s world shares (one machine's view).
+fn world_env(spec: &RunSpec) -> accel::WorkerEnv {
+    accel::WorkerEnv {
         world_size: Some(spec.world_size),
         local_world_size: Some(spec.world_size),
         group_rank: Some(0),
@@ -176,54 +225,153 @@ fn run_world_inner(spec: &RunSpec) -> Result<(Vec<ScenarioResult>, Option<String
         debug: Some(false),
         launcher: Some("accel".into()),
         ..accel::WorkerEnv::default()
-    };
-    let mut coord = HostedStore::new("127.0.0.1", 0, false, &tok, base);
-    coord.scratch = dir.clone();
-    coord.echo = false;
-    let sup = Supervision {
-        tee: Some(dir.clone()),
+    }
+}
+
+/// The supervision of a world: each rank's output in `dir`, the whole
+/// world bounded by the hard timeout, nothing on the terminal.
+fn world_supervision(spec: &RunSpec, dir: &Path) -> Supervision {
+    Supervision {
+        tee: Some(dir.to_path_buf()),
         wall_limit: Some(spec.hard_timeout),
         grace: Duration::from_secs(5),
         echo: false,
         forward_signals: false,
         ..Supervision::default()
-    };
+    }
+}
+
+/// One machine: this process hosts the store ([`accel_launch::HostedStore`]).
+fn run_one(spec: &RunSpec, dir: &Path, tok: &str, out: &Path) -> Result<(), String> {
+    let mut group = world_group(spec, spec.world_size, out);
+    let mut coord = HostedStore::new("127.0.0.1", 0, false, tok, world_env(spec));
+    coord.scratch = dir.to_path_buf();
+    coord.echo = false;
+    let sup = world_supervision(spec, dir);
     let ran = accel_launch::run(&mut *group, &mut coord, &sup, &spec.label())
         .map_err(|e| format!("starting the world: {e}"))?;
-    if ran.code != 0 {
-        let why = match (&ran.root, &ran.why) {
-            (Some(f), _) => format!(
-                "{}: {}",
-                f.headline(),
-                tail(&dir.join(format!("rank-{}.log", f.rank)), 15)
-            ),
-            (None, Some(w)) if w.starts_with("wall limit") => {
-                let logs: Vec<String> = (0..spec.world_size)
-                    .map(|r| format!("rank {r}: {}", tail(&dir.join(format!("rank-{r}.log")), 5)))
-                    .collect();
-                format!(
-                    "world did not finish within {:?}; {}",
-                    spec.hard_timeout,
-                    logs.join(" | ")
-                )
-            }
-            (None, w) => format!(
-                "{} failed ({}): {}",
-                group.kind(),
-                w.as_deref().unwrap_or("exit code "),
-                group.explain().join(" / ")
-            ),
-        };
-        return Err(why);
+    match ran.code {
+        0 => Ok(()),
+        _ => Err(world_failure(spec, dir, &ran, &*group)),
     }
-    let text =
-        std::fs::read_to_string(&out).map_err(|e| format!("reading {}: {e}", out.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("parsing {}: {e}", out.display()))?;
-    let results: Vec<ScenarioResult> = serde_json::from_value(v["results"].clone())
-        .map_err(|e| format!("parsing {}: {e}", out.display()))?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok((results, v["seed"].as_str().map(str::to_string)))
+}
+
+/// Several machines on loopback, one [`Machines`] coordinator and one
+/// group of `world_size / machines` ranks each, every machine on a thread
+/// of its own: machine 0 hosts the store on a free port, the others join
+/// it. Each machine's summary must say it was machine `k` of them all.
+fn run_machines(spec: &RunSpec, dir: &Path, tok: &str, out: &Path) -> Result<(), String> {
+    let m = spec.machines;
+    if spec.launcher != Launcher::Direct || !spec.world_size.is_multiple_of(m) {
+        return Err(format!(
+            "{}: a world over {m} machines needs the direct launcher and a world size that \
+             divides by the machines",
+            spec.label()
+        ));
+    }
+    let per = spec.world_size / m;
+    let base = accel::WorkerEnv {
+        local_world_size: Some(per),
+        group_world_size: Some(m),
+        ..world_env(spec)
+    };
+    let config = |machine_rank: usize, main_port: u16| MachinesConfig {
+        machine_rank,
+        nproc: per,
+        num_machines: m,
+        min_machines: m,
+        join_window: Duration::from_secs(1),
+        join_timeout: spec.timeout,
+        timeout: spec.timeout,
+        main_addr: "127.0.0.1".into(),
+        main_port,
+        run_id: base.run_id.clone(),
+        max_restarts: 0,
+        base: base.clone(),
+        scratch: dir.join(format!("machine-{machine_rank}")),
+    };
+    let join = |k: usize, port: u16| {
+        Machines::join(config(k, port), tok).map_err(|e| format!("machine {k}: {e}"))
+    };
+    let first = join(0, 0)?;
+    let port = first.port();
+    let mut coords = vec![first];
+    for k in 1..m {
+        coords.push(join(k, port)?);
+    }
+    let sup = Supervision {
+        // The ranks that lost a machine's ranks say so themselves (as
+        // `accel launch` on several machines).
+        peer_drain: Some(Duration::from_secs(2)),
+        ..world_supervision(spec, dir)
+    };
+    let ended: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let machines: Vec<_> = coords
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut coord)| {
+                let sup = &sup;
+                s.spawn(move || {
+                    let mut group = world_group(spec, per, out);
+                    let label = format!("{} machine {k}", spec.label());
+                    let ran = accel_launch::run(&mut *group, &mut coord, sup, &label)
+                        .map_err(|e| format!("machine {k}: starting the world: {e}"))?;
+                    if ran.code != 0 {
+                        return Err(world_failure(spec, dir, &ran, &*group));
+                    }
+                    let s = &ran.summary;
+                    if (s.machine_rank, s.num_machines, s.world_size) != (k, m, spec.world_size) {
+                        return Err(format!(
+                            "machine {k} ran as machine {} of {} in a world of {} ranks",
+                            s.machine_rank, s.num_machines, s.world_size
+                        ));
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        machines
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a machine's thread panicked".into()))
+            })
+            .collect()
+    });
+    ended.into_iter().collect()
+}
+
+/// Why a world that ran failed: the root cause and its rank's last lines,
+/// the ranks' last lines after the hard timeout, or what the group said.
+fn world_failure(
+    spec: &RunSpec,
+    dir: &Path,
+    ran: &accel_launch::RunOutcome,
+    group: &dyn ProcessGroup,
+) -> String {
+    match (&ran.root, &ran.why) {
+        (Some(f), _) => format!(
+            "{}: {}",
+            f.headline(),
+            tail(&dir.join(format!("rank-{}.log", f.rank)), 15)
+        ),
+        (None, Some(w)) if w.starts_with("wall limit") => {
+            let logs: Vec<String> = (0..spec.world_size)
+                .map(|r| format!("rank {r}: {}", tail(&dir.join(format!("rank-{r}.log")), 5)))
+                .collect();
+            format!(
+                "world did not finish within {:?}; {}",
+                spec.hard_timeout,
+                logs.join(" | ")
+            )
+        }
+        (None, w) => format!(
+            "{} failed ({}): {}",
+            group.kind(),
+            w.as_deref().unwrap_or("exit code "),
+            group.explain().join(" / ")
+        ),
+    }
 }
 
 /// The options every worker gets, whatever starts it (rank 0 writes the

@@ -1,7 +1,41 @@
-//! [`Event`]: what a process group and the signal handler tell the
-//! supervisor. A leaf below both (`group` sends, `supervise` receives).
+//! [`Event`]: what a process group, a coordinator and the signal handler
+//! tell the supervisor, and the last signal the launcher received
+//! ([`LAST_SIGNAL`]). A leaf below them all (`group` and `coordinate` send,
+//! `supervise` receives).
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::mpsc::Sender;
+
+use accel_api::{Error, Result};
 
 use crate::report::{Exit, Failure};
+
+/// The last signal the launcher received (0: none), for loops that do not
+/// read the event channel (the machines' join).
+pub static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Forward SIGINT, SIGTERM and SIGHUP to `tx` as [`Event::Signal`] (and
+/// record them in [`LAST_SIGNAL`]).
+///
+/// # Errors
+/// The handlers or their thread cannot be installed.
+pub fn install_signals(tx: Sender<Event>) -> Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+        .map_err(|e| Error::io("cannot install the signal handlers", e))?;
+    std::thread::Builder::new()
+        .name("accel-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                LAST_SIGNAL.store(sig, Ordering::SeqCst);
+                if tx.send(Event::Signal(sig)).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(|e| Error::io("cannot start the signal thread", e))?;
+    Ok(())
+}
 
 /// What the supervisor reacts to.
 #[derive(Debug)]

@@ -15,16 +15,22 @@
 //!   detection, fail-fast (SIGTERM, SIGKILL after the grace period), signal
 //!   forwarding, a wall limit; [`supervise::run`]: one restart loop, the
 //!   root-cause block, the summary and the `--json` record.
-//! * [`supervise::Coordinator`]: where the store is and how an attempt
-//!   went across machines ([`supervise::HostedStore`] for one machine or
-//!   one mpirun; the launcher adds the multi-machine join).
+//! * [`coordinate::Coordinator`]: where the store is and how an attempt
+//!   went across machines, one file per implementation under
+//!   `coordinate/`: [`coordinate::HostedStore`] for one machine or one
+//!   mpirun, [`coordinate::Machines`] for several machines' launchers (the
+//!   join, heartbeats and machine loss, elastic rounds), so that the CLI,
+//!   the conformance harness and `accel bench` run any of them.
 //! * [`mpirun`]: the mpirun command builder and the readers of mpirun's
 //!   output. It formats text only: nothing here links MPI.
-//! * The worker environment itself is [`accel::WorkerEnv`].
+//! * The worker environment itself is [`accel_api::worker::WorkerEnv`]
+//!   (the worker protocol, below this crate: it does not depend on the
+//!   `accel` facade).
 //!
 //! Unsafe code lives in [`ffi`] only (one `pre_exec` for the parent-death
 //! signal).
 
+pub mod coordinate;
 mod event;
 pub mod ffi;
 pub mod group;
@@ -37,9 +43,10 @@ pub mod report;
 pub mod store;
 pub mod supervise;
 
-pub use accel::worker_env::{self, WorkerEnv};
+pub use accel_api::worker::{self as worker_env, WorkerEnv};
+pub use coordinate::{Coordinator, HostedStore, Machines, MachinesConfig};
 pub use group::{Attempt, Ended, LocalGroup, MpirunGroup, ProcessGroup, Program, ThreadsGroup};
-pub use supervise::{run, run_attempt, Coordinator, HostedStore, RunOutcome, Supervision};
+pub use supervise::{run, run_attempt, RunOutcome, Supervision};
 
 /// The most processes one machine starts (`-n`): each costs the launcher
 /// three threads and two pipes, and far more would exhaust the kernel's

@@ -25,8 +25,7 @@ use std::process::{Command, Stdio};
 
 use crate::report::Exit;
 
-mod tags;
-pub use tags::{parse_tagged_line, split_tagged, untag, Piece};
+use crate::output::tags::untag;
 
 /// The family of an MPI launcher: their flags differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +53,8 @@ pub struct MpirunSpec {
     pub hostfile: Option<PathBuf>,
     /// Variables every rank gets (on every machine).
     pub env: Vec<(String, String)>,
-    /// Prefix every output line with its rank (see [`parse_tagged_line`]).
+    /// Prefix every output line with its rank (read back by
+    /// [`crate::output::tags::parse_tagged_line`]).
     pub tag_output: bool,
     /// Cores of this machine, for the oversubscription decision; `None`:
     /// `std::thread::available_parallelism()`.
@@ -413,74 +413,6 @@ mod tests {
         spec.cores = Some(1);
         let a = args(&mpirun_command(&spec));
         assert_eq!(a, ["-n", "3", "-prepend-rank", "-genv", "A", "b c", "w"]);
-    }
-
-    #[test]
-    fn tagged_lines() {
-        assert_eq!(
-            parse_tagged_line("[1,3]<stdout>:hello: world"),
-            Some((3, "hello: world"))
-        );
-        assert_eq!(parse_tagged_line("[2] hi"), Some((2, "hi")));
-        assert_eq!(parse_tagged_line("mpirun noticed"), None);
-        // Open MPI 5 puts a space after the tag; it is part of the text.
-        assert_eq!(parse_tagged_line("[1,0]<stderr>: x"), Some((0, " x")));
-        assert_eq!(parse_tagged_line("[1,0]<bogus>:x"), None);
-        assert_eq!(
-            untag("[1,1]<stderr>:MPI_ABORT was invoked"),
-            "MPI_ABORT was invoked"
-        );
-    }
-
-    #[test]
-    fn interleaved_partial_writes_split_into_pieces() {
-        let p = split_tagged("[1,0]<stdout>:part1 [1,1]<stdout>:part1 [1,0]<stderr>:x");
-        assert_eq!(
-            p,
-            vec![
-                Piece::Rank {
-                    rank: 0,
-                    stderr: false,
-                    text: "part1 ",
-                    complete: false
-                },
-                Piece::Rank {
-                    rank: 1,
-                    stderr: false,
-                    text: "part1 ",
-                    complete: false
-                },
-                Piece::Rank {
-                    rank: 0,
-                    stderr: true,
-                    text: "x",
-                    complete: true
-                },
-            ]
-        );
-        assert_eq!(
-            split_tagged("mpirun noticed"),
-            vec![Piece::Untagged("mpirun noticed")]
-        );
-        assert_eq!(
-            split_tagged("[3] hi"),
-            vec![Piece::Rank {
-                rank: 3,
-                stderr: false,
-                text: "hi",
-                complete: true
-            }]
-        );
-        // A bracket in the text is text.
-        assert_eq!(
-            split_tagged("[1,2]<stdout>:a [b] [1,x]<stdout>:c"),
-            vec![Piece::Rank {
-                rank: 2,
-                stderr: false,
-                text: "a [b] [1,x]<stdout>:c",
-                complete: true
-            }]
-        );
     }
 
     fn lines(text: &str) -> Vec<String> {

@@ -27,7 +27,7 @@ pub enum Exit {
         silent_s: u64,
     },
     /// It did not arrive at a collective that rank `seen_by` timed out
-    /// waiting in (the stall inspector's verdict, `accel::stall`); `code`
+    /// waiting in (the stall inspector's verdict, `accel_api::worker::stall`); `code`
     /// is how `seen_by` exited. This rank was stopped by the launcher.
     Stalled {
         /// The rank that timed out waiting for it.
@@ -247,7 +247,7 @@ impl Failure {
     }
 }
 
-/// What the stall inspector found (`accel::stall::StallVerdict`, read from
+/// What the stall inspector found (`accel_api::worker::stall::StallVerdict`, read from
 /// the store): rank `seen_by` timed out in `waiting_in` while `missing`
 /// (rank, last collective entered) had not entered it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,94 +6,18 @@
 //! `zero` module moves the data and runs the collectives.
 
 use std::ops::Range;
-use std::str::FromStr;
 
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{Error, Result};
 
 /// The environment variable the training loop's sharding setting (`accel`'s
 /// `TrainConfig::sharding`) falls back to (`none|optimizer|gradients|full`, or any spelling
 /// [`Stage`]'s `FromStr` reads).
-pub const SHARDING_ENV: &str = "ACCEL_SHARDING";
+pub const SHARDING_ENV: &str = accel_api::worker::keys::ACCEL_SHARDING;
 
-/// What each rank keeps of the training state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Stage {
-    /// Everything replicated (DDP).
-    #[default]
-    None,
-    /// ZeRO-1: optimizer state sharded.
-    Optimizer,
-    /// ZeRO-2: optimizer state and gradients sharded.
-    Gradients,
-    /// ZeRO-3: optimizer state, gradients and parameters sharded.
-    Full,
-}
-
-impl Stage {
-    /// The spelling [`FromStr`] reads back.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::None => "none",
-            Stage::Optimizer => "optimizer",
-            Stage::Gradients => "gradients",
-            Stage::Full => "full",
-        }
-    }
-}
-
-impl Stage {
-    /// The stage [`SHARDING_ENV`] names; `None` when it is unset or empty.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] naming the variable for an unknown
-    /// stage.
-    pub fn from_env() -> Result<Option<Stage>> {
-        Stage::from_env_value(std::env::var(SHARDING_ENV).ok().as_deref())
-    }
-
-    /// A value of [`SHARDING_ENV`] (read from the process environment or
-    /// from a worker's); `None` when absent or empty.
-    ///
-    /// # Errors
-    /// As [`from_env`](Self::from_env).
-    pub fn from_env_value(value: Option<&str>) -> Result<Option<Stage>> {
-        match value {
-            Some(v) if !v.trim().is_empty() => v.parse().map(Some).map_err(|e: Error| {
-                Error::invalid_config(SHARDING_ENV, v, e.message().to_string())
-                    .with_fix("set it to none, optimizer, gradients or full")
-            }),
-            _ => Ok(None),
-        }
-    }
-}
-
-impl std::fmt::Display for Stage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Stage {
-    type Err = Error;
-
-    /// `none|optimizer|gradients|full`, also DeepSpeed's stage numbers
-    /// (`0`-`3`, `zero1`-`zero3`) and FSDP's `NO_SHARD`, `SHARD_GRAD_OP`
-    /// and `FULL_SHARD`, case-insensitive.
-    fn from_str(s: &str) -> Result<Stage> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "none" | "no" | "0" | "zero0" | "no_shard" => Ok(Stage::None),
-            "optimizer" | "1" | "zero1" => Ok(Stage::Optimizer),
-            "gradients" | "2" | "zero2" | "shard_grad_op" => Ok(Stage::Gradients),
-            "full" | "3" | "zero3" | "full_shard" => Ok(Stage::Full),
-            other => Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!("unknown sharding stage {other:?}"),
-            )
-            .with_fix("use one of none, optimizer, gradients, full")),
-        }
-    }
-}
+/// What each rank keeps of the training state: a protocol value of the
+/// worker environment (`accel_api::worker`), re-exported here where the
+/// layout uses it.
+pub use accel_api::worker::Stage;
 
 /// How parameters are grouped into units. Units are always runs of
 /// consecutive parameters in visiting order.
@@ -167,7 +91,7 @@ impl ShardPlan {
     /// units under `policy`, padded for `world` ranks.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`] for a world of 0, no parameters, a
+    /// [`accel_api::ErrorKind::InvalidArgument`] for a world of 0, no parameters, a
     /// repeated name, or sizes that overflow.
     pub fn new(params: &[(String, usize)], policy: &WrapPolicy, world: usize) -> Result<ShardPlan> {
         let bad = |m: String| Error::invalid_argument("sharding plan", m);
@@ -281,6 +205,7 @@ impl ShardPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use accel_api::ErrorKind;
 
     fn params(spec: &[(&str, usize)]) -> Vec<(String, usize)> {
         spec.iter().map(|(n, s)| (n.to_string(), *s)).collect()

@@ -2,86 +2,18 @@
 //! scaler for fp16, and the per-step state (unscaled yet? overflow found?
 //! step skipped?) the optimizer, the scheduler and clipping share.
 
-use std::fmt;
-use std::str::FromStr;
-
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{Error, Result};
 use serde::{Deserialize, Serialize};
 
 /// The environment variable `accel launch --mixed-precision` sets (as
 /// Accelerate's `ACCELERATE_MIXED_PRECISION`).
-pub const MIXED_PRECISION_ENV: &str = "ACCEL_MIXED_PRECISION";
+pub const MIXED_PRECISION_ENV: &str = accel_api::worker::keys::ACCEL_MIXED_PRECISION;
 
-/// Mixed-precision mode (Accelerate's `mixed_precision`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MixedPrecision {
-    /// Everything in the model's own precision.
-    #[default]
-    No,
-    /// Forward under bf16 autocast (where the framework supports it); no
-    /// loss scaling (bf16 has f32's range).
-    Bf16,
-    /// Forward under fp16 autocast; the loss is scaled by a dynamic
-    /// [`GradScaler`] and steps with infinite or NaN gradients are skipped
-    /// on every rank together.
-    Fp16,
-}
-
-impl MixedPrecision {
-    /// `no`, `bf16` or `fp16`.
-    pub fn name(self) -> &'static str {
-        match self {
-            MixedPrecision::No => "no",
-            MixedPrecision::Bf16 => "bf16",
-            MixedPrecision::Fp16 => "fp16",
-        }
-    }
-
-    /// The mode `accel launch --mixed-precision` asked for through
-    /// [`MIXED_PRECISION_ENV`]; `No` when unset.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] naming the variable for another value.
-    pub fn from_env() -> Result<MixedPrecision> {
-        match std::env::var(MIXED_PRECISION_ENV) {
-            Ok(v) if !v.trim().is_empty() => v.parse().map_err(|e: Error| {
-                Error::invalid_config(MIXED_PRECISION_ENV, &v, e.to_string())
-                    .with_fix("set it to no, bf16 or fp16 (accel launch --mixed-precision)")
-            }),
-            _ => Ok(MixedPrecision::No),
-        }
-    }
-}
-
-impl fmt::Display for MixedPrecision {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for MixedPrecision {
-    type Err = Error;
-    /// `no`, `bf16`, `fp16` (case-insensitive; `none`/`fp32` mean `no`,
-    /// `f16`/`float16` mean `fp16`, `bfloat16` means `bf16`).
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidArgument`] naming the spelling.
-    fn from_str(s: &str) -> Result<MixedPrecision> {
-        Ok(match s.trim().to_ascii_lowercase().as_str() {
-            "no" | "none" | "fp32" | "f32" => MixedPrecision::No,
-            "bf16" | "bfloat16" => MixedPrecision::Bf16,
-            "fp16" | "f16" | "float16" | "half" => MixedPrecision::Fp16,
-            other => {
-                return Err(Error::new(
-                    ErrorKind::InvalidArgument,
-                    format!("unknown mixed precision `{other}`"),
-                )
-                .with_fix("use no, bf16 or fp16"))
-            }
-        })
-    }
-}
+/// Mixed-precision mode (Accelerate's `mixed_precision`): a protocol value
+/// of the worker environment (`accel_api::worker`), re-exported where the
+/// training loop has always named it. In fp16 the loss is scaled by a
+/// [`GradScaler`].
+pub use accel_api::worker::MixedPrecision;
 
 /// The dynamic loss scaler's settings, torch's `GradScaler` defaults.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

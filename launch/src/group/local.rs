@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use accel::worker_env::WorkerEnv;
+use accel_api::worker::WorkerEnv;
 use accel_api::Result;
 use nix::sys::signal::Signal;
 

@@ -9,9 +9,9 @@
 //!
 //! `ThreadsGroup` starts its one process with `LocalGroup`'s command
 //! set-up. All write the worker environment with
-//! [`WorkerEnv::to_vars`](accel::worker_env::WorkerEnv::to_vars); under
+//! [`WorkerEnv::to_vars`](accel_api::worker::WorkerEnv::to_vars); under
 //! mpirun the rank fields are left to MPI and
-//! [`keys::NUMBERED_BY_LAUNCHER`](accel::worker_env::keys::NUMBERED_BY_LAUNCHER)
+//! [`keys::NUMBERED_BY_LAUNCHER`](accel_api::worker::keys::NUMBERED_BY_LAUNCHER)
 //! is removed from its environment.
 
 mod local;
@@ -31,7 +31,7 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use accel::worker_env::WorkerEnv;
+use accel_api::worker::WorkerEnv;
 use accel_api::{Error, Result};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
@@ -223,8 +223,8 @@ pub(crate) fn spawn_member(
     Ok(Started { pid, pumps })
 }
 
-pub(crate) fn record(path: &Path) -> Option<accel::ErrorRecord> {
-    accel::ErrorRecord::read(path).ok()
+pub(crate) fn record(path: &Path) -> Option<accel_api::worker::ErrorRecord> {
+    accel_api::worker::ErrorRecord::read(path).ok()
 }
 
 /// The root cause at `(rank, local rank, machine)`: the error file's
@@ -232,7 +232,7 @@ pub(crate) fn record(path: &Path) -> Option<accel::ErrorRecord> {
 pub(crate) fn failure_at(
     (rank, local_rank, machine): (usize, usize, usize),
     host: &str,
-    rec: Option<accel::ErrorRecord>,
+    rec: Option<accel_api::worker::ErrorRecord>,
     exit: Exit,
     sink: Option<&Arc<RankSink>>,
 ) -> Failure {
@@ -258,7 +258,10 @@ pub fn error_file(attempt: &Attempt, rank: usize) -> PathBuf {
 
 /// The record in the one error file an attempt's ranks share (mpirun
 /// ranks, rank threads), when it names `rank` or no rank.
-pub(crate) fn shared_record(attempt: &Attempt, rank: usize) -> Option<accel::ErrorRecord> {
+pub(crate) fn shared_record(
+    attempt: &Attempt,
+    rank: usize,
+) -> Option<accel_api::worker::ErrorRecord> {
     record(&attempt.error_dir.join("error.json")).filter(|r| r.rank.is_none_or(|x| x == rank))
 }
 

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use accel::worker_env::{keys, WorkerEnv};
+use accel_api::worker::{keys, WorkerEnv};
 use accel_api::Result;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;

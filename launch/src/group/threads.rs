@@ -5,11 +5,11 @@
 //! The process gets the worker contract of its first rank (`RANK`,
 //! `LOCAL_RANK` = the first rank thread's, `LOCAL_WORLD_SIZE` = the number
 //! of rank threads) plus `ACCEL_PROCESS_MODEL=threads`; the program's
-//! [`accel::run`] starts the rank threads. One error file per attempt: the
+//! `accel::run` starts the rank threads. One error file per attempt: the
 //! rank that failed first writes it, with its rank, and the root-cause
 //! block names that rank.
 //!
-//! Output: lines a rank thread tags ([`accel::threads::tag_line`]) go to
+//! Output: lines a rank thread tags ([`accel_api::worker::tag_line`]) go to
 //! that rank's sink (its `[rank N]` prefix, `--tee` file, rank filter,
 //! stderr tail); untagged lines go to the first rank's sink (what the main
 //! process prints). Every line counts as a sign of life for every rank of
@@ -19,8 +19,8 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use accel::worker_env::WorkerEnv;
-use accel::ProcessModel;
+use accel_api::worker::ProcessModel;
+use accel_api::worker::WorkerEnv;
 use accel_api::Result;
 
 use super::{
@@ -54,7 +54,7 @@ impl ThreadsOutput {
         for s in &self.sinks {
             s.touch();
         }
-        let routed = accel::threads::untag_line(raw).and_then(|(rank, text)| {
+        let routed = accel_api::worker::untag_line(raw).and_then(|(rank, text)| {
             let i = rank.checked_sub(self.first)?;
             self.sinks.get(i).map(|s| (s, text))
         });
@@ -99,7 +99,7 @@ pub struct ThreadsGroup {
     /// The process's program, ranks and environment, started with the
     /// same command set-up as a local worker's (`local_world_size`: the
     /// rank threads on this machine; the program enters through
-    /// [`accel::run`]).
+    /// `accel::run`).
     pub workers: LocalGroup,
     out: Option<Arc<ThreadsOutput>>,
 }
@@ -306,11 +306,11 @@ mod tests {
         let (sinks, out) = three_ranks_from_3();
         out.line(
             Stream::Stderr,
-            accel::threads::tag_line(5, "five").as_bytes(),
+            accel_api::worker::tag_line(5, "five").as_bytes(),
         );
         out.line(Stream::Stderr, b"plain");
         // A rank outside the process is not trusted: the line stays whole.
-        let foreign = accel::threads::tag_line(9, "nine");
+        let foreign = accel_api::worker::tag_line(9, "nine");
         out.line(Stream::Stderr, foreign.as_bytes());
         assert_eq!(sinks[2].tail(), vec!["five".to_string()]);
         assert_eq!(sinks[0].tail(), vec!["plain".to_string(), foreign.clone()]);

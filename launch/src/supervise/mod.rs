@@ -9,146 +9,21 @@
 //! and how the attempt went across machines after it, prints the
 //! root-cause block and the summary, and returns the `--json` summary.
 
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::channel;
 use std::time::Instant;
 
-use accel::worker_env::WorkerEnv;
-use accel_api::{Error, Result};
-use accel_rendezvous::{TcpStoreServer, TorchStoreServer};
+use accel_api::Result;
 
 mod attempt;
 
-pub use crate::event::Event;
+pub use crate::event::{install_signals, Event, LAST_SIGNAL};
 pub use attempt::{run_attempt, AttemptResult, LocalOutcome, Supervision};
 
+use crate::coordinate::{Coordinator, Settled};
 use crate::group::{Attempt, ProcessGroup};
 use crate::output::{say, say_block};
 use crate::report::{self, AttemptReport, Exit, Failure, Status, Summary, WorkerEnd};
-
-/// The last signal the launcher received (0: none), for loops that do not
-/// read the event channel (the machines' join).
-pub static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-/// Forward SIGINT, SIGTERM and SIGHUP to `tx` as [`Event::Signal`] (and
-/// record them in [`LAST_SIGNAL`]).
-///
-/// # Errors
-/// The handlers or their thread cannot be installed.
-pub fn install_signals(tx: Sender<Event>) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
-        .map_err(|e| Error::io("cannot install the signal handlers", e))?;
-    std::thread::Builder::new()
-        .name("accel-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                LAST_SIGNAL.store(sig, Ordering::SeqCst);
-                if tx.send(Event::Signal(sig)).is_err() {
-                    break;
-                }
-            }
-        })
-        .map_err(|e| Error::io("cannot start the signal thread", e))?;
-    Ok(())
-}
-
-/// How an attempt went across machines.
-#[derive(Debug, Clone)]
-pub struct Settled {
-    /// Outcome.
-    pub status: Status,
-    /// What failed first, anywhere.
-    pub root: Option<Failure>,
-    /// The launcher's exit code if the run ends here.
-    pub code: u8,
-    /// What interrupted it (a signal's name, another machine's launcher).
-    pub interrupted_by: Option<String>,
-    /// A failed attempt may be restarted (false when the store is lost).
-    pub restartable: bool,
-}
-
-impl Settled {
-    /// The outcome on one machine (no one to agree with).
-    pub fn alone(local: LocalOutcome) -> Settled {
-        let failed = |root: Option<Box<Failure>>, code: u8, why: Option<String>| Settled {
-            status: Status::Failed,
-            root: root.map(|b| *b),
-            code,
-            interrupted_by: why,
-            restartable: true,
-        };
-        match local {
-            LocalOutcome::Succeeded => Settled {
-                status: Status::Succeeded,
-                root: None,
-                code: 0,
-                interrupted_by: None,
-                restartable: false,
-            },
-            LocalOutcome::Failed { root, code, exit } => {
-                let why = root
-                    .is_none()
-                    .then(|| format!("process {}", exit.describe()));
-                failed(root, code, why)
-            }
-            LocalOutcome::Interrupted(sig) => Settled {
-                status: Status::Interrupted,
-                root: None,
-                code: u8::try_from(128 + sig).unwrap_or(1),
-                interrupted_by: Some(report::signal_name(sig)),
-                restartable: false,
-            },
-            LocalOutcome::WallLimit(d) => failed(None, 124, Some(format!("wall limit of {d:?}"))),
-            LocalOutcome::Remote(f) => {
-                let code = f.exit.launcher_code();
-                failed(Some(f), code, None)
-            }
-            LocalOutcome::StoreLost(m) => Settled {
-                restartable: false,
-                ..failed(None, 1, Some(format!("lost store: {m}")))
-            },
-        }
-    }
-}
-
-/// What the restart loop asks of the machines' coordination.
-pub trait Coordinator {
-    /// Prepare attempt `n`: host or join the store, agree with the other
-    /// machines; `tx` receives remote failures.
-    ///
-    /// # Errors
-    /// The store cannot be hosted or reached, the machines do not agree.
-    fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt>;
-
-    /// A local root cause, as soon as it is known.
-    fn publish(&self, _n: u32, _failure: &Failure) {}
-
-    /// The attempt ended on this machine: how did it go everywhere?
-    fn settle(&mut self, n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
-        let _ = (n, attempt);
-        Settled::alone(local)
-    }
-
-    /// Restarts allowed.
-    fn max_restarts(&self) -> u32;
-
-    /// The run ended after attempt `last`.
-    fn end(&mut self, _last: u32) {}
-
-    /// Where the store of the last attempt listened (for `--json`).
-    fn store_url(&self) -> String;
-
-    /// The stall inspector's verdict for `attempt` (`accel::stall`), when
-    /// this coordinator can read the store and a rank that timed out wrote
-    /// one. The default reads nothing.
-    fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
-        let _ = attempt;
-        None
-    }
-}
 
 /// Point the root cause of a failed attempt at the rank the stall
 /// inspector found missing, instead of the first rank that timed out
@@ -223,159 +98,6 @@ fn blame_stall(
     });
 }
 
-/// The coordination of a run on one machine (or of an mpirun started from
-/// machine 0): this launcher hosts the store, a fresh one per attempt
-/// unless `per_run` (several machines reach one address).
-#[derive(Debug)]
-pub struct HostedStore {
-    /// Where the stores bind and the workers dial them.
-    pub addr: String,
-    /// MASTER_PORT (0: a free one): the torch-protocol endpoint torch
-    /// workers join (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
-    /// accel's own store, with the token, listens on a free port
-    /// (ACCEL_STORE_URL).
-    pub port: u16,
-    /// Bind exactly (several machines were told the port).
-    pub per_run: bool,
-    /// The store's token.
-    pub token: String,
-    /// What every worker of every attempt shares (run id, timeout, ...);
-    /// store fields and the restart count are filled in per attempt.
-    pub base: WorkerEnv,
-    /// Where error-file directories go.
-    pub scratch: PathBuf,
-    /// Host name for reports.
-    pub host: String,
-    /// Restarts allowed.
-    pub max_restarts: u32,
-    /// Say the store's notices (a busy port avoided).
-    pub echo: bool,
-    server: Option<TcpStoreServer>,
-    torch: Option<TorchStoreServer>,
-    url: String,
-}
-
-impl HostedStore {
-    /// A coordinator hosting the store at `addr:port` with `token`.
-    pub fn new(addr: &str, port: u16, per_run: bool, token: &str, base: WorkerEnv) -> Self {
-        HostedStore {
-            addr: addr.to_string(),
-            port,
-            per_run,
-            token: token.to_string(),
-            base,
-            scratch: std::env::temp_dir(),
-            host: host_name(),
-            max_restarts: 0,
-            echo: true,
-            server: None,
-            torch: None,
-            url: String::new(),
-        }
-    }
-}
-
-/// This machine's host name.
-pub fn host_name() -> String {
-    nix::unistd::gethostname()
-        .map(|h| h.to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
-impl Coordinator for HostedStore {
-    fn begin(&mut self, n: u32, _tx: &Sender<Event>) -> Result<Attempt> {
-        if !self.per_run || self.server.is_none() {
-            // A fresh store per attempt: no key of a failed attempt can
-            // confuse the next one.
-            self.server = None;
-            self.torch = None;
-            // Across machines (mpirun) the given port is accel's store's,
-            // which the other machines were told; on one machine it is the
-            // torch endpoint's, and accel's store takes a free port.
-            let accel_port = if self.per_run { self.port } else { 0 };
-            let (server, notice) =
-                crate::store::host(&self.addr, accel_port, self.per_run, &self.token)?;
-            let notice = if self.per_run {
-                notice
-            } else {
-                let (torch, notice) = crate::store::host_torch(&self.addr, self.port, false)?;
-                self.torch = Some(torch);
-                notice
-            };
-            if let Some(msg) = notice.filter(|_| n == 0 && self.echo) {
-                say(&msg);
-            }
-            self.server = Some(server);
-        }
-        let accel_port = self.server.as_ref().map_or(0, |s| s.local_addr().port());
-        let port = self
-            .torch
-            .as_ref()
-            .map_or(accel_port, |s| s.local_addr().port());
-        self.url = accel::worker_env::tcp_url(&self.addr, accel_port);
-        let mut env = self.base.clone();
-        env.master_addr = Some(
-            self.addr
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .into(),
-        );
-        env.master_port = Some(port);
-        env.store_url = Some(self.url.clone());
-        env.agent_store = self.torch.is_some().then_some(true);
-        env.token = Some(self.token.clone());
-        env.restart_count = Some(n);
-        env.max_restarts = Some(self.max_restarts);
-        Ok(Attempt {
-            number: n,
-            env,
-            rank_offset: 0,
-            error_dir: self.scratch.join(format!("attempt-{n}")),
-            host: self.host.clone(),
-        })
-    }
-
-    fn max_restarts(&self) -> u32 {
-        self.max_restarts
-    }
-
-    fn end(&mut self, _last: u32) {
-        if let Some(s) = self.server.take() {
-            s.shutdown();
-        }
-        if let Some(t) = self.torch.take() {
-            t.shutdown();
-        }
-    }
-
-    fn store_url(&self) -> String {
-        self.url.clone()
-    }
-
-    /// Reads the verdict from the hosted store.
-    fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
-        read_stall(self.server.as_ref()?.store().clone(), attempt)
-    }
-}
-
-/// The stall inspector's verdict for `attempt` in the run's `store` (the
-/// store root, as the launcher sees it), under the key the workers'
-/// `Accelerator` uses for this run and attempt.
-pub fn read_stall(store: Arc<dyn accel_api::Store>, attempt: &Attempt) -> Option<report::Stall> {
-    let run_id = attempt.env.run_id.as_deref().unwrap_or("default");
-    let store = accel_rendezvous::PrefixStore::new(
-        store,
-        accel::stall::store_prefix(run_id, attempt.number),
-    );
-    // Fresh at the moment of the report, not as of the first timeout.
-    let v = accel::stall::StallVerdict::read_fresh(&store)?;
-    Some(report::Stall {
-        seen_by: v.seen_by,
-        waiting_in: v.waiting_in,
-        missing: v.missing.into_iter().map(|m| (m.rank, m.last)).collect(),
-    })
-}
-
 /// A whole run: its summary and exit code.
 #[derive(Debug, Clone)]
 pub struct RunOutcome {
@@ -415,7 +137,7 @@ fn print_failure(group: &dyn ProcessGroup, n: u32, s: &Settled) {
     let said: Vec<String> = group
         .explain()
         .iter()
-        .map(|l| crate::mpirun::untag(l))
+        .map(|l| crate::output::tags::untag(l))
         .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with("-----"))
         .map(|l| format!("  | {l}"))
         .collect();
@@ -542,53 +264,4 @@ pub fn run(
 
 fn group_world(group: &dyn ProcessGroup, attempt: Option<&Attempt>) -> usize {
     attempt.map_or(0, |a| group.ranks(a).len())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn hosted_store_urls_bracket_ipv6_and_fill_the_attempt() {
-        let (tx, _rx) = channel();
-        let mut c = HostedStore::new("127.0.0.1", 0, false, "tok", WorkerEnv::default());
-        c.echo = false;
-        let a = c.begin(3, &tx).unwrap();
-        assert!(c.store_url().starts_with("tcp://127.0.0.1:"));
-        assert_eq!(a.env.store_url.as_deref(), Some(c.store_url().as_str()));
-        assert_eq!(
-            (a.env.restart_count, a.env.token.as_deref()),
-            (Some(3), Some("tok"))
-        );
-        c.end(3);
-        // IPv6, where this machine has a loopback for it.
-        if std::net::TcpListener::bind("[::1]:0").is_ok() {
-            let mut c = HostedStore::new("::1", 0, false, "tok", WorkerEnv::default());
-            c.echo = false;
-            let a = c.begin(0, &tx).unwrap();
-            assert!(
-                c.store_url().starts_with("tcp://[::1]:"),
-                "{}",
-                c.store_url()
-            );
-            assert_eq!(a.env.master_addr.as_deref(), Some("::1"));
-            c.end(0);
-        }
-    }
-
-    #[test]
-    fn one_machine_outcomes() {
-        let s = Settled::alone(LocalOutcome::Interrupted(15));
-        assert_eq!((s.code, s.restartable), (143, false));
-        let s = Settled::alone(LocalOutcome::WallLimit(Duration::from_secs(1)));
-        assert_eq!((s.code, s.restartable), (124, true));
-        let s = Settled::alone(LocalOutcome::Failed {
-            root: None,
-            code: 7,
-            exit: Exit::Code { code: 7 },
-        });
-        assert_eq!(s.code, 7);
-        assert!(s.interrupted_by.unwrap().contains("code 7"));
-    }
 }

@@ -1,18 +1,15 @@
-//! The arguments of `accel launch` and what both of its paths (the
-//! launcher's own process groups in `mod.rs`, mpirun in `mpi.rs`) make of
-//! them: the supervision, the workers' shared environment, the program, the
-//! `--json` summary.
+//! The arguments of `accel launch` ([`LaunchArgs`]) and what both of its
+//! paths (the launcher's own process groups in `local.rs`, mpirun in
+//! `mpi.rs`) make of them alone: the program, the `--json` summary. What
+//! they derive from the settings is `shared.rs`.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use accel::worker_env::WorkerEnv;
-use accel_api::{Error, Result};
-use accel_launch::output::{print_stdout, say};
-use accel_launch::{program, store, Supervision};
+use accel_launch::output::print_stdout;
+use accel_launch::program;
 
-use super::options::{Options, Settings, StdStreams};
+use super::options::Options;
 
 /// Arguments of `accel launch`.
 #[derive(Debug, clap::Args)]
@@ -118,94 +115,6 @@ impl LaunchArgs {
             command,
         }
     }
-}
-
-/// What the supervisor watches, from the settings.
-pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Result<Supervision> {
-    Ok(Supervision {
-        ranks: s.ranks.clone(),
-        tee: s.tee.clone(),
-        streams: s
-            .stream_logs
-            .as_ref()
-            .map(|l| stream_logs(l, s.run_id.as_deref()))
-            .transpose()?,
-        grace: s.grace,
-        hang_timeout: s.hang_timeout,
-        wall_limit: None,
-        echo: true,
-        forward_signals: true,
-        stdout_to_stderr: args.workers_stdout_to_stderr,
-        // Across machines, the ranks that lost a machine's ranks say so
-        // themselves: they wait in the same collective, so they time out
-        // (or lose the peer) together; 2 s bounds a rank that printed its
-        // error but hangs on its way out.
-        peer_drain: s.multi_machine().then_some(Duration::from_secs(2)),
-    })
-}
-
-/// torchrun's log layout: a new run directory `RUN_ID_XXXXXXXX` (run id
-/// `none` when not given, as torchrun's --rdzv-id) in `base`, or in a new
-/// `torchelastic_XXXXXXXX` under the temporary directory, said on stderr.
-fn stream_logs(
-    (base, tee, redirects): &(Option<PathBuf>, StdStreams, StdStreams),
-    run_id: Option<&str>,
-) -> Result<accel_launch::output::StreamLogs> {
-    let base = match base {
-        Some(b) => b.clone(),
-        None => std::env::temp_dir().join(format!("torchelastic_{}", store::random_hex(4)?)),
-    };
-    let dir = base.join(format!(
-        "{}_{}",
-        run_id.unwrap_or("none"),
-        store::random_hex(4)?
-    ));
-    std::fs::create_dir_all(&dir).map_err(|e| {
-        Error::io(
-            format!("cannot create the log directory {}", dir.display()),
-            e,
-        )
-        .with_fix("pass --log-dir a directory you can write to")
-    })?;
-    say(&format!("log directory set to: {}", dir.display()));
-    Ok(accel_launch::output::StreamLogs {
-        dir,
-        tee: tee.clone(),
-        redirects: redirects.clone(),
-    })
-}
-
-/// The environment every worker of the run shares (store fields and the
-/// restart count are added per attempt).
-pub(super) fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
-    WorkerEnv {
-        world_size: Some(s.world_size_claim()),
-        local_world_size: Some(s.nproc),
-        group_rank: Some(s.machine_rank),
-        group_world_size: Some(s.num_machines),
-        run_id: Some(run_id.to_string()),
-        timeout: Some(s.timeout),
-        backend: s.backend.clone(),
-        debug: Some(s.debug),
-        mixed_precision: s.mixed_precision,
-        sharding: s.sharding,
-        gradient_accumulation_steps: s.gradient_accumulation_steps,
-        launcher: Some("accel".into()),
-        // Lets the runtime tie the worker's life to this process.
-        launcher_pid: Some(std::process::id()),
-        // Process workers say so, against an inherited ACCEL_PROCESS_MODEL;
-        // the threads group writes its own.
-        process_model: Some(accel::ProcessModel::Processes),
-        ..WorkerEnv::default()
-    }
-}
-
-pub(super) fn scratch_dir() -> Result<PathBuf> {
-    Ok(std::env::temp_dir().join(format!(
-        "accel-{}-{}",
-        std::process::id(),
-        store::random_hex(4)?
-    )))
 }
 
 /// The command to start, torchrun's way: a `.py` file (or with -m a module,

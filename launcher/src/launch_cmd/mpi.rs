@@ -63,9 +63,10 @@ use accel_api::{Error, ErrorKind, Result};
 use accel_launch::mpirun::{detect_flavor, Hosts};
 use accel_launch::{store, HostedStore, MpirunGroup};
 
-use super::args::{base_env, finish, resolve_program, scratch_dir, supervision, LaunchArgs};
+use super::args::{finish, resolve_program, LaunchArgs};
 use super::default_backend::Choice;
-use super::options::Settings;
+use super::settings::Settings;
+use super::shared::{base_env, scratch_dir, supervision};
 
 /// `true` when the settings ask for the MPI launch path: `mpi` is the first
 /// backend of `--backend` / `ACCEL_BACKEND` / the config file.
@@ -130,7 +131,7 @@ pub fn hosts(s: &Settings, list: Option<&str>, file: Option<&Path>) -> Result<Ho
             for item in l.split(',').map(str::trim).filter(|x| !x.is_empty()) {
                 let (h, slots) = match item.rsplit_once(':') {
                     Some((h, n)) if !h.ends_with(':') && !h.is_empty() => {
-                        let n = accel::worker_env::parse_number::<usize>("--mpi-hosts", n)
+                        let n = accel_api::worker::parse_number::<usize>("--mpi-hosts", n)
                             .ok()
                             .filter(|&n| n > 0)
                             .ok_or_else(|| {

@@ -1,28 +1,16 @@
-//! The options of a launch, from flags, the environment and the config file,
-//! and their resolution into [`Settings`].
-//!
-//! Precedence, highest first: command-line flags, the `ACCEL_*` variables
-//! that have a flag (`ACCEL_RUN_TOKEN`, `ACCEL_TIMEOUT`, `ACCEL_BACKEND`,
-//! `ACCEL_DEBUG`), the config file, the defaults.
+//! The options of a launch as the flags, the environment and the config
+//! file give them ([`Options`], every field optional so that the layers
+//! stack with [`Options::overlay`]), and the parsers of their values. The
+//! environment's layer is [`Options::from_env`]; resolving the layers into
+//! what a launch needs is [`Settings`](super::settings::Settings).
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use accel::train::MixedPrecision;
-use accel_api::{Error, ErrorKind, Result};
-
-/// Port of the store on a run over several machines when none is given
-/// (torchrun's default).
-pub const DEFAULT_MULTI_MACHINE_PORT: u16 = 29500;
-/// Time between SIGTERM and SIGKILL when the launcher stops its workers.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
-/// How long an elastic round stays open for more machines once the fewest
-/// have joined (`--join-window`).
-pub const DEFAULT_JOIN_WINDOW: Duration = Duration::from_secs(10);
-/// Default bound for blocking calls, as in the runtime (`ACCEL_TIMEOUT`).
-pub const DEFAULT_TIMEOUT: Duration = accel::state::DEFAULT_TIMEOUT;
+use accel_api::worker::{MixedPrecision, Stage};
+use accel_api::{Error, Result};
 
 /// A comma-separated list of backend names (`--backend cpu-gloo,mpi`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -131,14 +119,14 @@ pub fn parse_steps(s: &str) -> std::result::Result<usize, String> {
 
 /// A ZeRO stage (`none`, `optimizer`, `gradients`, `full`, or DeepSpeed's
 /// and FSDP's spellings), for clap.
-pub fn parse_sharding(s: &str) -> std::result::Result<accel::zero::Stage, String> {
+pub fn parse_sharding(s: &str) -> std::result::Result<Stage, String> {
     s.parse().map_err(|e: Error| e.message().to_string())
 }
 
 /// A duration: `300`, `30s`, `500ms`, `5m`, `1h` (a bare number is
-/// seconds), at most [`accel::worker_env::MAX_TIMEOUT`].
+/// seconds), at most [`accel_api::worker::MAX_TIMEOUT`].
 pub fn parse_dur(s: &str) -> std::result::Result<Duration, String> {
-    accel::worker_env::parse_duration("duration", s).map_err(|e| {
+    accel_api::worker::parse_duration("duration", s).map_err(|e| {
         let m = e.message().to_string();
         // Drop the `duration="x": ` head: clap names the flag itself.
         let m = m.split_once(": ").map(|(_, r)| r.to_string()).unwrap_or(m);
@@ -148,7 +136,7 @@ pub fn parse_dur(s: &str) -> std::result::Result<Duration, String> {
 
 /// `30s`, `1500ms`: the shortest exact spelling [`parse_dur`] reads back.
 pub fn format_dur(d: Duration) -> String {
-    accel::worker_env::format_duration(d)
+    accel_api::worker::format_duration(d)
 }
 
 /// What `--tee` says: accel's directory, or torchrun's stream selector.
@@ -261,7 +249,7 @@ pub struct Options {
     /// gradients (ZeRO-2, SHARD_GRAD_OP) or full (ZeRO-3, FULL_SHARD).
     #[arg(long = "sharding", aliases = ["zero_stage", "zero-stage", "fsdp_sharding_strategy"],
           value_name = "none|optimizer|gradients|full", value_parser = parse_sharding)]
-    pub sharding: Option<accel::zero::Stage>,
+    pub sharding: Option<Stage>,
 
     /// Batches per optimizer step where the program leaves it at 1
     /// (ACCEL_GRADIENT_ACCUMULATION_STEPS, and Accelerate's
@@ -366,7 +354,7 @@ impl Options {
     /// ACCEL_TIMEOUT, ACCEL_BACKEND, ACCEL_DEBUG.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidConfig`] naming the variable when its value is
+    /// [`accel_api::ErrorKind::InvalidConfig`] naming the variable when its value is
     /// malformed.
     pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Options> {
         let mut o = Options {
@@ -374,7 +362,7 @@ impl Options {
             ..Options::default()
         };
         if let Some(v) = get("ACCEL_TIMEOUT").filter(|v| !v.trim().is_empty()) {
-            o.timeout = Some(accel::state::parse_duration("ACCEL_TIMEOUT", &v)?);
+            o.timeout = Some(accel_api::worker::parse_duration("ACCEL_TIMEOUT", &v)?);
         }
         if let Some(v) = get("ACCEL_BACKEND").filter(|v| !v.trim().is_empty()) {
             o.backend = Some(
@@ -388,13 +376,13 @@ impl Options {
                     .with_fix("set it to no, bf16 or fp16")
             })?);
         }
-        if let Some(s) = accel::zero::Stage::from_env_value(get("ACCEL_SHARDING").as_deref())? {
+        if let Some(s) = Stage::from_env_value(get("ACCEL_SHARDING").as_deref())? {
             o.sharding = Some(s);
         }
         let steps = accel_api::worker::keys::ACCEL_GRADIENT_ACCUMULATION_STEPS;
         if let Some(v) = get(steps).filter(|v| !v.trim().is_empty()) {
             o.gradient_accumulation_steps =
-                Some(accel::worker_env::parse_accumulation_steps(steps, &v)?);
+                Some(accel_api::worker::parse_accumulation_steps(steps, &v)?);
         }
         if let Some(v) = get("ACCEL_DEBUG") {
             o.debug = match v.trim().to_ascii_lowercase().as_str() {
@@ -410,462 +398,9 @@ impl Options {
     }
 }
 
-/// Everything a launch needs, resolved and checked.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    /// Workers on this machine.
-    pub nproc: usize,
-    /// Machines in the run (the most, in an elastic run).
-    pub num_machines: usize,
-    /// The fewest machines an elastic run goes on with (`num_machines`
-    /// when it is not elastic).
-    pub min_machines: usize,
-    /// How long an elastic round stays open once `min_machines` joined.
-    pub join_window: Duration,
-    /// This machine's rank.
-    pub machine_rank: usize,
-    /// Where the store listens (machine 0 binds it; others connect to it).
-    pub main_addr: String,
-    /// The store's port; 0 = choose a free one (one machine only).
-    pub main_port: u16,
-    /// The store's token; `None` on one machine until one is generated.
-    pub token: Option<String>,
-    /// ACCEL_BACKEND for the workers.
-    pub backend: Option<Vec<String>>,
-    /// ACCEL_TIMEOUT for the workers.
-    pub timeout: Duration,
-    /// ACCEL_DEBUG for the workers.
-    pub debug: bool,
-    /// ACCEL_MIXED_PRECISION for the workers (unset: the program decides).
-    pub mixed_precision: Option<MixedPrecision>,
-    /// ACCEL_SHARDING for the workers (unset: the program decides).
-    pub sharding: Option<accel::zero::Stage>,
-    /// ACCEL_GRADIENT_ACCUMULATION_STEPS for the workers (unset: the
-    /// program decides).
-    pub gradient_accumulation_steps: Option<usize>,
-    /// Directory for per-rank log files.
-    pub tee: Option<PathBuf>,
-    /// torchrun's per-stream logs: the base directory (`None`: a new
-    /// temporary one), the teed and the redirected streams.
-    pub stream_logs: Option<(Option<PathBuf>, StdStreams, StdStreams)>,
-    /// Ranks whose output is shown; `None` = all.
-    pub ranks: Option<RankFilter>,
-    /// Restarts of the whole group after a failure.
-    pub max_restarts: u32,
-    /// SIGTERM → SIGKILL delay.
-    pub grace: Duration,
-    /// Silence after which a worker is reported as hung.
-    pub hang_timeout: Option<Duration>,
-    /// Bound of the machines' join.
-    pub join_timeout: Duration,
-    /// The run id asked for, if any.
-    pub run_id: Option<String>,
-    /// Variables of Accelerate's config file for the workers
-    /// (ACCELERATE_USE_CPU, ACCELERATE_DEBUG_MODE).
-    pub extra_env: Vec<(String, String)>,
-}
-
-impl Settings {
-    /// `true` when the run spans several machines.
-    pub fn multi_machine(&self) -> bool {
-        self.num_machines > 1
-    }
-
-    /// `true` for `--num-machines MIN:MAX` with `MIN < MAX`.
-    pub fn elastic(&self) -> bool {
-        self.min_machines < self.num_machines
-    }
-
-    /// Total processes of the run, assuming every machine runs [`nproc`]
-    /// (what this machine claims when it joins).
-    ///
-    /// [`nproc`]: Settings::nproc
-    pub fn world_size_claim(&self) -> usize {
-        self.nproc * self.num_machines
-    }
-
-    /// The rank filter (`--ranks`) names only ranks of a run of `world`
-    /// ranks.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] naming `--ranks`, the rank and the
-    /// run's ranks.
-    pub fn check_rank_filter(&self, world: usize) -> Result<()> {
-        let Some(f) = &self.ranks else {
-            return Ok(());
-        };
-        let Some(&r) = f.0.iter().find(|&&r| r >= world) else {
-            return Ok(());
-        };
-        let shown: Vec<String> = f.0.iter().map(|r| r.to_string()).collect();
-        Err(bad(
-            "--ranks",
-            &shown.join(","),
-            &format!(
-                "rank {r} is not in this run: its {world} rank(s) are 0 to {}",
-                world.saturating_sub(1)
-            ),
-        )
-        .with_fix("name ranks below the run's world size (-n times --num-machines)"))
-    }
-
-    /// Resolve layered options into settings, checking each value and their
-    /// combinations.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidConfig`] with the flag to fix.
-    pub fn resolve(o: Options) -> Result<Settings> {
-        let machines = o.num_machines.unwrap_or(MachineCount::exact(1));
-        let num_machines = machines.max;
-        if machines.min < machines.max && o.total_processes.is_some() {
-            return Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!(
-                    "--num-processes counts all machines together, but an elastic run                      (--num-machines {machines}) has no fixed number of machines"
-                ),
-            )
-            .with_fix("pass -n / --nproc-per-node, the processes of each machine"));
-        }
-        let nproc = match (o.num_processes, o.total_processes) {
-            (Some(n), Some(t)) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!(
-                        "both -n/--nproc-per-node {n} (per machine) and --num-processes {t} \
-                         (all machines, as in Accelerate) are given"
-                    ),
-                )
-                .with_fix("pass one: -n / --nproc-per-node for processes per machine, or --num-processes for the total"))
-            }
-            (Some(n), None) => n,
-            (None, Some(t)) if num_machines > 0 && t % num_machines == 0 => t / num_machines,
-            (None, Some(t)) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!(
-                        "--num-processes {t} counts all machines together (as in Accelerate), \
-                         and does not divide by --num-machines {num_machines}"
-                    ),
-                )
-                .with_fix("pass a multiple of --num-machines, or -n / --nproc-per-node for processes per machine"))
-            }
-            (None, None) => 1,
-        };
-        if nproc > accel_launch::MAX_LOCAL_PROCESSES {
-            return Err(Error::invalid_config(
-                "--nproc-per-node",
-                &nproc.to_string(),
-                format!(
-                    "a machine starts at most {} processes (each costs the launcher three \
-                     threads and two pipes)",
-                    accel_launch::MAX_LOCAL_PROCESSES
-                ),
-            )
-            .with_fix("start fewer processes per machine, and more machines"));
-        }
-        let machine_rank = o.machine_rank.unwrap_or(0);
-        if nproc == 0 {
-            return Err(bad(
-                "--num-processes",
-                "0",
-                "a run needs at least one process",
-            ));
-        }
-        if num_machines == 0 {
-            return Err(bad(
-                "--num-machines",
-                "0",
-                "a run needs at least one machine",
-            ));
-        }
-        if machine_rank >= num_machines {
-            return Err(Error::new(
-                ErrorKind::InvalidConfig,
-                format!(
-                    "machine rank {machine_rank} is not below the number of machines {num_machines}: \
-                     machine ranks go from 0 to {}",
-                    num_machines - 1
-                ),
-            )
-            .with_fix("pass --machine-rank between 0 and --num-machines minus 1"));
-        }
-        let timeout = o.timeout.unwrap_or(DEFAULT_TIMEOUT);
-        if timeout < accel::state::MIN_TIMEOUT {
-            // The workers would refuse it (ACCEL_TIMEOUT): say so once, here.
-            return Err(bad(
-                "--timeout",
-                &format_dur(timeout),
-                "below the shortest timeout accel takes, 1ms (its waits poll at millisecond \
-                 steps, so a shorter one is refused, not rounded up)",
-            ));
-        }
-        let token = match (o.token, &o.token_file) {
-            (Some(_), Some(_)) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    "both --token and --token-file give the token",
-                )
-                .with_fix("pass --token-file FILE only (the token then stays out of `ps`)"))
-            }
-            (t, None) => t,
-            (None, Some(f)) => Some(read_token(f)?),
-        };
-        let (main_addr, main_port, token) = if num_machines == 1 {
-            // One machine: loopback only, never reachable from outside.
-            (
-                "127.0.0.1".to_string(),
-                o.main_process_port.unwrap_or(0),
-                token,
-            )
-        } else {
-            let addr = o
-                .main_process_ip
-                .filter(|a| !a.trim().is_empty())
-                .ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::InvalidConfig,
-                        format!(
-                        "--main-process-ip is required for a run over {num_machines} machines: \
-                         every machine must know where machine 0's store listens"
-                    ),
-                    )
-                    .with_fix("pass --main-process-ip ADDRESS_OF_MACHINE_0 on every machine")
-                })?;
-            let port = o.main_process_port.unwrap_or(DEFAULT_MULTI_MACHINE_PORT);
-            if port == 0 {
-                return Err(bad(
-                    "--main-process-port",
-                    "0",
-                    "the other machines cannot find a port chosen at random; \
-                     a run over several machines needs a fixed port",
-                )
-                .with_fix("pass the same --main-process-port (e.g. 29500) on every machine"));
-            }
-            let token = token.filter(|t| !t.is_empty()).ok_or_else(|| {
-                Error::new(
-                    ErrorKind::InvalidConfig,
-                    format!(
-                        "a run over {num_machines} machines needs a shared token: the store \
-                         listens on {addr}:{port}, reachable from other machines"
-                    ),
-                )
-                .with_fix(
-                    "give every machine the same token in a file: `od -An -tx1 -N16 /dev/urandom | \
-                     tr -d ' \\n' > ~/.accel-token`, copy it, and pass --token-file ~/.accel-token \
-                     (or set ACCEL_RUN_TOKEN, or `token` in the config file)",
-                )
-            })?;
-            (addr, port, Some(token))
-        };
-        if let Some(id) = &o.run_id {
-            check_run_id(id)?;
-        }
-        if let Some(b) = &o.backend {
-            check_backends(&b.0)?;
-        }
-        let (tee, stream_logs) = match (o.tee, o.log_dir, o.redirects) {
-            (Some(TeeArg::Dir(d)), Some(l), _) => {
-                return Err(bad(
-                    "--log-dir",
-                    &l.to_string_lossy(),
-                    &format!(
-                        "--tee {} already names the log directory; --log-dir goes with \
-                         torchrun's --tee 0-3 or --redirects",
-                        d.display()
-                    ),
-                )
-                .with_fix("give --tee DIR alone, or torchrun's --tee 3 --log-dir DIR"))
-            }
-            (Some(TeeArg::Dir(_)), _, Some(_)) => {
-                return Err(Error::new(
-                    ErrorKind::InvalidConfig,
-                    "--redirects is torchrun's and goes with its --tee 0-3 and --log-dir, \
-                     not with accel's --tee DIR",
-                )
-                .with_fix("give --redirects 3 --log-dir DIR (or --tee DIR alone)"))
-            }
-            (Some(TeeArg::Dir(d)), None, None) => (Some(d), None),
-            (Some(TeeArg::Streams(t)), base, r) => {
-                (None, Some((base, t, r.unwrap_or(StdStreams::All(0)))))
-            }
-            (None, base, Some(r)) => (None, Some((base, StdStreams::All(0), r))),
-            // --log-dir alone: accel's --tee DIR (torchrun logs no stream
-            // without --tee or --redirects).
-            (None, base, None) => (base, None),
-        };
-        let ranks = if o.quiet_ranks && o.ranks.is_none() {
-            Some(RankFilter([0].into_iter().collect()))
-        } else {
-            o.ranks
-        };
-        Ok(Settings {
-            nproc,
-            num_machines,
-            min_machines: machines.min,
-            join_window: o.join_window.unwrap_or(DEFAULT_JOIN_WINDOW),
-            machine_rank,
-            main_addr,
-            main_port,
-            token,
-            backend: o.backend.map(|b| b.0),
-            timeout,
-            debug: o.debug,
-            mixed_precision: o.mixed_precision,
-            sharding: o.sharding,
-            gradient_accumulation_steps: o.gradient_accumulation_steps,
-            tee,
-            stream_logs,
-            ranks,
-            max_restarts: o.max_restarts.unwrap_or(0),
-            grace: o.grace_period.unwrap_or(DEFAULT_GRACE),
-            hang_timeout: o.hang_timeout,
-            join_timeout: o.join_timeout.unwrap_or(timeout),
-            run_id: o.run_id,
-            extra_env: Vec::new(),
-        })
-    }
-}
-
-/// The token in `path`: its first line, trimmed.
-fn read_token(path: &std::path::Path) -> Result<String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::io(format!("cannot read the token file {}", path.display()), e)
-            .with_fix("pass --token-file a readable file holding the run's token")
-    })?;
-    let t = text.lines().next().unwrap_or("").trim().to_string();
-    if t.is_empty() {
-        return Err(Error::new(
-            ErrorKind::InvalidConfig,
-            format!("the token file {} is empty", path.display()),
-        )
-        .with_fix("write the token (e.g. 32 hex digits) on its first line"));
-    }
-    Ok(t)
-}
-
-/// The longest run id (it names store keys and log files).
-pub const MAX_RUN_ID: usize = 64;
-
-/// A run id is 1 to [`MAX_RUN_ID`] letters, digits, `.`, `_` and `-`, not
-/// starting with `.` or `-`: it becomes part of store keys and of file
-/// names, so no `/`, `..`, spaces or other characters.
-///
-/// # Errors
-/// [`ErrorKind::InvalidConfig`] naming `--run-id` and the allowed
-/// characters.
-pub fn check_run_id(id: &str) -> Result<()> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    let why = if id.is_empty() {
-        "a run id must not be empty".to_string()
-    } else if id.len() > MAX_RUN_ID {
-        format!(
-            "a run id has at most {MAX_RUN_ID} characters, this one {}",
-            id.len()
-        )
-    } else if let Some(c) = id.chars().find(|&c| !allowed(c)) {
-        format!("{c:?} is not allowed in a run id")
-    } else if id.starts_with(['.', '-']) {
-        "a run id must not start with `.` or `-`".to_string()
-    } else {
-        return Ok(());
-    };
-    Err(bad("--run-id", id, &why).with_fix(
-        "use letters, digits, `.`, `_` and `-` only (e.g. exp-7), starting with a letter or digit",
-    ))
-}
-
-/// Every name in `names` is a backend accel knows: one of
-/// [`accel::KNOWN_BACKENDS`] (compiled into the program or not:
-/// the workers' program decides) or a plugin found in `ACCEL_PLUGIN_PATH`.
-///
-/// # Errors
-/// [`ErrorKind::InvalidConfig`] naming `--backend`, the unknown name and
-/// the known ones.
-pub fn check_backends(names: &[String]) -> Result<()> {
-    let known = |n: &str| accel::KNOWN_BACKENDS.iter().any(|k| k.0 == n);
-    if names.iter().all(|n| known(n)) {
-        return Ok(());
-    }
-    // Only an unknown name pays for loading the plugins.
-    let plugins = accel::Registry::from_env().names();
-    let Some(unknown) = names.iter().find(|n| !known(n) && !plugins.contains(n)) else {
-        return Ok(());
-    };
-    let mut all: Vec<String> = accel::KNOWN_BACKENDS
-        .iter()
-        .map(|k| k.0.to_string())
-        .collect();
-    all.extend(plugins.into_iter().filter(|p| !known(p)));
-    Err(bad(
-        "--backend",
-        &names.join(","),
-        &format!("there is no backend named `{unknown}`"),
-    )
-    .with_fix(format!(
-        "choose from: {} (a plugin's name once its library is in ACCEL_PLUGIN_PATH)",
-        all.join(", ")
-    )))
-}
-
-fn bad(flag: &str, value: &str, why: &str) -> Error {
-    Error::invalid_config(flag, value, why)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Options from an environment holding only `key=value`.
-    fn one_var(key: &str, value: &str) -> Result<Options> {
-        Options::from_env(|k| (k == key).then(|| value.to_string()))
-    }
-
-    /// `key=value` read from the environment, a malformed `key` refused
-    /// naming it, and `flag` resolved over the environment's options.
-    fn flag_over_env(
-        key: &str,
-        value: &str,
-        set_flag: impl FnOnce(&mut Options),
-    ) -> (Options, Settings) {
-        let mut flag = Options::default();
-        set_flag(&mut flag);
-        let env = one_var(key, value).unwrap();
-        let e = one_var(key, "x").unwrap_err();
-        assert!(e.to_string().contains(key), "{e}");
-        let s = Settings::resolve(flag.overlay(env.clone())).unwrap();
-        (env, s)
-    }
-
-    /// `parse` reads `good.0` as `good.1`, and refuses `bad` naming it.
-    #[track_caller]
-    fn parses<T: PartialEq + std::fmt::Debug>(
-        parse: fn(&str) -> std::result::Result<T, String>,
-        good: (&str, T),
-        bad: &str,
-    ) {
-        assert_eq!(parse(good.0), Ok(good.1));
-        assert!(parse(bad).unwrap_err().contains(bad));
-    }
-
-    #[test]
-    fn machine_counts_are_exact_or_elastic_ranges() {
-        assert_eq!(parse_machines("3"), Ok(MachineCount::exact(3)));
-        assert_eq!(parse_machines("2:4"), Ok(MachineCount { min: 2, max: 4 }));
-        assert_eq!(MachineCount { min: 2, max: 4 }.to_string(), "2:4");
-        assert!(parse_machines("4:2").unwrap_err().contains("MIN <= MAX"));
-        assert!(parse_machines("0:2").unwrap_err().contains("at least 1"));
-        let s = Settings::resolve(Options {
-            num_machines: Some(MachineCount { min: 2, max: 4 }),
-            machine_rank: Some(3),
-            main_process_ip: Some("10.0.0.1".into()),
-            token: Some("t".into()),
-            ..Options::default()
-        })
-        .unwrap();
-        assert!(s.elastic() && s.multi_machine());
-        assert_eq!((s.min_machines, s.num_machines), (2, 4));
-        assert_eq!(s.join_window, DEFAULT_JOIN_WINDOW);
-    }
 
     #[test]
     fn counts_refuse_zero_and_negative() {
@@ -878,99 +413,6 @@ mod tests {
     }
 
     #[test]
-    fn process_counts_per_machine_and_in_total() {
-        let r = |n: Option<usize>, t: Option<usize>, m: usize| {
-            Settings::resolve(Options {
-                num_processes: n,
-                total_processes: t,
-                num_machines: Some(m.into()),
-                main_process_ip: Some("10.0.0.1".into()),
-                token: Some("t".into()),
-                ..Options::default()
-            })
-        };
-        assert_eq!(r(Some(2), None, 2).unwrap().world_size_claim(), 4);
-        // Accelerate's --num_processes 2 --num_machines 2: 2 ranks in all.
-        let s = r(None, Some(2), 2).unwrap();
-        assert_eq!((s.nproc, s.world_size_claim()), (1, 2));
-        assert!(r(None, Some(3), 2)
-            .unwrap_err()
-            .to_string()
-            .contains("does not divide"));
-        assert!(r(Some(2), Some(4), 2)
-            .unwrap_err()
-            .to_string()
-            .contains("both"));
-        let e = r(Some(100_000), None, 1).unwrap_err();
-        assert!(e.to_string().contains("at most 1024"), "{e}");
-    }
-
-    #[test]
-    fn tokens_come_from_a_file_and_not_twice() {
-        let dir = tempfile::tempdir().unwrap();
-        let f = dir.path().join("tok");
-        std::fs::write(&f, "abc123\n").unwrap();
-        let r = |token: Option<&str>, file: Option<&std::path::Path>| {
-            Settings::resolve(Options {
-                token: token.map(str::to_string),
-                token_file: file.map(|p| p.to_path_buf()),
-                ..Options::default()
-            })
-        };
-        assert_eq!(r(None, Some(&f)).unwrap().token.as_deref(), Some("abc123"));
-        assert!(r(Some("x"), Some(&f))
-            .unwrap_err()
-            .to_string()
-            .contains("both"));
-        std::fs::write(&f, "\n").unwrap();
-        assert!(r(None, Some(&f)).unwrap_err().to_string().contains("empty"));
-        assert!(r(None, Some(&dir.path().join("none"))).is_err());
-    }
-
-    #[test]
-    fn tee_takes_torchruns_selectors_and_accels_directories() {
-        assert_eq!(parse_tee("3"), Ok(TeeArg::Streams(StdStreams::All(3))));
-        assert!(matches!(parse_tee("0:1,1:2"), Ok(TeeArg::Streams(_))));
-        assert_eq!(parse_tee("./3"), Ok(TeeArg::Dir(PathBuf::from("./3"))));
-        let r = |tee: Option<&str>, log_dir: Option<&str>, redirects: Option<&str>| {
-            Settings::resolve(Options {
-                tee: tee.map(|t| parse_tee(t).unwrap()),
-                log_dir: log_dir.map(PathBuf::from),
-                redirects: redirects.map(|r| r.parse().unwrap()),
-                ..Options::default()
-            })
-        };
-        let s = r(Some("1"), Some("logs"), Some("2")).unwrap();
-        assert_eq!(
-            s.stream_logs,
-            Some((
-                Some(PathBuf::from("logs")),
-                StdStreams::All(1),
-                StdStreams::All(2)
-            ))
-        );
-        assert_eq!(s.tee, None);
-        // --log-dir alone is accel's --tee DIR.
-        assert_eq!(
-            r(None, Some("logs"), None).unwrap().tee,
-            Some("logs".into())
-        );
-        let s = r(None, None, Some("3")).unwrap();
-        assert_eq!(
-            s.stream_logs,
-            Some((None, StdStreams::All(0), StdStreams::All(3)))
-        );
-        assert!(r(Some("logs"), Some("x"), None)
-            .unwrap_err()
-            .to_string()
-            .contains("--tee logs already names"));
-        assert!(r(Some("logs"), None, Some("3"))
-            .unwrap_err()
-            .to_string()
-            .contains("--redirects is torchrun's"));
-    }
-
-    #[test]
     fn durations_round_trip() {
         for d in [
             Duration::from_secs(30),
@@ -980,37 +422,6 @@ mod tests {
             assert_eq!(parse_dur(&format_dur(d)).unwrap(), d);
         }
         assert!(parse_dur("soon").unwrap_err().contains("not a duration"));
-    }
-
-    #[test]
-    fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
-        parses(parse_mixed_precision, ("BF16", MixedPrecision::Bf16), "fp8");
-        let (env, s) = flag_over_env("ACCEL_MIXED_PRECISION", "fp16", |o| {
-            o.mixed_precision = Some(MixedPrecision::Bf16)
-        });
-        assert_eq!(env.mixed_precision, Some(MixedPrecision::Fp16));
-        assert_eq!(s.mixed_precision, Some(MixedPrecision::Bf16));
-    }
-
-    #[test]
-    fn sharding_comes_from_the_flag_or_the_env_and_reaches_the_workers() {
-        use accel::zero::Stage;
-        parses(parse_sharding, ("FULL_SHARD", Stage::Full), "zero9");
-        let (env, s) = flag_over_env("ACCEL_SHARDING", "zero2", |o| {
-            o.sharding = Some(Stage::Full)
-        });
-        assert_eq!(env.sharding, Some(Stage::Gradients));
-        assert_eq!(s.sharding, Some(Stage::Full));
-        let vars = accel::worker_env::WorkerEnv {
-            sharding: s.sharding,
-            ..Default::default()
-        }
-        .to_vars();
-        assert!(
-            vars.iter()
-                .any(|(k, v)| *k == "ACCEL_SHARDING" && v == "full"),
-            "{vars:?}"
-        );
     }
 
     #[test]
@@ -1030,45 +441,6 @@ mod tests {
             (o.num_processes, o.max_restarts, o.debug),
             (Some(4), Some(3), true)
         );
-    }
-
-    #[test]
-    fn resolve_checks_combinations() {
-        let refused = |o: Options, what: &str| {
-            let e = Settings::resolve(o).unwrap_err();
-            assert!(e.to_string().contains(what), "{e}");
-        };
-        let two = Options {
-            num_machines: Some(2.into()),
-            ..Options::default()
-        };
-        refused(
-            Options {
-                machine_rank: Some(2),
-                ..two.clone()
-            },
-            "machine rank 2 is not below",
-        );
-        refused(two.clone(), "--main-process-ip");
-        refused(
-            Options {
-                main_process_ip: Some("10.0.0.1".into()),
-                ..two.clone()
-            },
-            "token",
-        );
-        let s = Settings::resolve(Options {
-            num_machines: Some(2.into()),
-            main_process_ip: Some("10.0.0.1".into()),
-            token: Some("t".into()),
-            quiet_ranks: true,
-            ..Options::default()
-        })
-        .unwrap();
-        assert_eq!(s.main_port, DEFAULT_MULTI_MACHINE_PORT);
-        assert!(s.ranks.unwrap().shows(0));
-        let s = Settings::resolve(Options::default()).unwrap();
-        assert_eq!((s.main_addr.as_str(), s.main_port), ("127.0.0.1", 0));
     }
 
     #[test]

@@ -10,11 +10,10 @@
 //! process per rank even for xla. The program opts in by entering through
 //! `accel::run`, which starts the rank threads.
 
-use accel::worker_env::keys;
-use accel::ProcessModel;
+use accel_api::worker::{keys, ProcessModel};
 use accel_api::Result;
 
-use super::options::Settings;
+use super::settings::Settings;
 
 /// The process model of a launch with `s`, given the launcher's
 /// environment (`env`).

@@ -1,6 +1,9 @@
 //! Worker output: each stdout/stderr pipe is read on its own thread, split
 //! into lines, and every whole line is written with its `[rank N] ` prefix
 //! in one call under one lock, so lines of different ranks never mix.
+//! mpirun's rank-tagged lines are split by [`tags`].
+
+pub mod tags;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
@@ -15,7 +18,7 @@ use std::time::Instant;
 
 use accel_api::{Error, Result};
 
-use crate::mpirun::{split_tagged, Piece};
+use tags::{split_tagged, Piece};
 
 /// The global ranks whose output is shown (`--ranks 0,2-3`).
 #[derive(Debug, Clone, PartialEq, Eq)]

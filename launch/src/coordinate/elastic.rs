@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use accel_api::{Error, ErrorKind, Result, Store};
 
-use super::machines::{
+use super::membership::{
     self, abort, interrupted, json, key, parse, wait_key, Plan, Registration, Reply, ROOT, STEP,
 };
-use accel_launch::output::say;
+use crate::output::say;
 
 /// The bounds of a round.
 #[derive(Debug, Clone, Copy)]
@@ -166,7 +166,7 @@ pub fn host_round(
         .chain(regs.iter().map(|(_, r)| r))
         .collect();
     let replies: Vec<usize> = regs.iter().map(|(i, _)| *i).collect();
-    let plan = machines::close(store, round, (run_id, max_restarts), &members, &replies)?;
+    let plan = membership::close(store, round, (run_id, max_restarts), &members, &replies)?;
     say(&format!(
         "round {round}: {} machine(s), world size {}: {}",
         plan.machines.len(),
@@ -280,10 +280,10 @@ fn register(
     round: u32,
     deadline: Instant,
 ) -> Result<Option<Plan>> {
-    let i = machines::arrive(store, me, round)?;
+    let i = membership::arrive(store, me, round)?;
     let reply_key = key(round, &format!("reply/{i}"));
     loop {
-        let got = machines::reply(store, round, i, deadline)?;
+        let got = membership::reply(store, round, i, deadline)?;
         let left = deadline.saturating_duration_since(Instant::now());
         if let Some(got) = got {
             return match got {

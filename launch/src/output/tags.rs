@@ -1,7 +1,8 @@
 //! Reading mpirun's rank-tagged output: Open MPI's `--tag-output`
 //! (`[1,R]<stdout>:text`, one tag per write) and hydra's `-prepend-rank`
-//! (`[R] text`, one per line). A leaf: the output router and the culprit
-//! parser both read lines through it.
+//! (`[R] text`, one per line). Next to its main user, the output router
+//! (`output/mod.rs`), and a leaf: mpirun's report reader (`mpirun.rs`) and
+//! the root-cause block (`supervise`) strip tags through it too.
 
 /// Split a line tagged by the launcher into `(rank, line)`: Open MPI's
 /// `--tag-output` form `[1,3]<stdout>:text` and hydra's `-prepend-rank`
@@ -135,4 +136,77 @@ pub fn split_tagged(line: &str) -> Vec<Piece<'_>> {
 /// mpirun's own report, so that the root-cause block shows the words only.
 pub fn untag(line: &str) -> &str {
     parse_tagged_line(line).map_or(line, |(_, text)| text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_lines() {
+        assert_eq!(
+            parse_tagged_line("[1,3]<stdout>:hello: world"),
+            Some((3, "hello: world"))
+        );
+        assert_eq!(parse_tagged_line("[2] hi"), Some((2, "hi")));
+        assert_eq!(parse_tagged_line("mpirun noticed"), None);
+        // Open MPI 5 puts a space after the tag; it is part of the text.
+        assert_eq!(parse_tagged_line("[1,0]<stderr>: x"), Some((0, " x")));
+        assert_eq!(parse_tagged_line("[1,0]<bogus>:x"), None);
+        assert_eq!(
+            untag("[1,1]<stderr>:MPI_ABORT was invoked"),
+            "MPI_ABORT was invoked"
+        );
+    }
+
+    #[test]
+    fn interleaved_partial_writes_split_into_pieces() {
+        let p = split_tagged("[1,0]<stdout>:part1 [1,1]<stdout>:part1 [1,0]<stderr>:x");
+        assert_eq!(
+            p,
+            vec![
+                Piece::Rank {
+                    rank: 0,
+                    stderr: false,
+                    text: "part1 ",
+                    complete: false
+                },
+                Piece::Rank {
+                    rank: 1,
+                    stderr: false,
+                    text: "part1 ",
+                    complete: false
+                },
+                Piece::Rank {
+                    rank: 0,
+                    stderr: true,
+                    text: "x",
+                    complete: true
+                },
+            ]
+        );
+        assert_eq!(
+            split_tagged("mpirun noticed"),
+            vec![Piece::Untagged("mpirun noticed")]
+        );
+        assert_eq!(
+            split_tagged("[3] hi"),
+            vec![Piece::Rank {
+                rank: 3,
+                stderr: false,
+                text: "hi",
+                complete: true
+            }]
+        );
+        // A bracket in the text is text.
+        assert_eq!(
+            split_tagged("[1,2]<stdout>:a [b] [1,x]<stdout>:c"),
+            vec![Piece::Rank {
+                rank: 2,
+                stderr: false,
+                text: "a [b] [1,x]<stdout>:c",
+                complete: true
+            }]
+        );
+    }
 }

@@ -1,107 +1,11 @@
-//! The worker protocol: what a launcher and its workers agree on, below
-//! every crate that takes part (the launcher, the facade, the backends).
-//!
-//! * [`keys`]: the environment variables of the contract (accel's and
-//!   torchrun's names);
-//! * [`ErrorRecord`]: the root cause a failing worker writes to
-//!   `ACCEL_ERROR_FILE` (or `TORCHELASTIC_ERROR_FILE`) and the launcher
-//!   reads, in accel's format or torch elastic's `@record` format;
-//!   [`error_file_from_env`] finds where it goes;
-//! * the rank tag ([`tag_line`], [`untag_line`]): how a process whose ranks
-//!   are threads marks each output line with its rank for the launcher.
+//! The error record: the root cause a failing worker writes to
+//! `ACCEL_ERROR_FILE` (or `TORCHELASTIC_ERROR_FILE`) and the launcher reads,
+//! in accel's format or torch elastic's `@record` format.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// The variable names of the contract.
-pub mod keys {
-    /// Global rank.
-    pub const RANK: &str = "RANK";
-    /// Processes in the run.
-    pub const WORLD_SIZE: &str = "WORLD_SIZE";
-    /// Rank on this machine.
-    pub const LOCAL_RANK: &str = "LOCAL_RANK";
-    /// Processes on this machine.
-    pub const LOCAL_WORLD_SIZE: &str = "LOCAL_WORLD_SIZE";
-    /// This machine's rank (torchrun's node rank).
-    pub const GROUP_RANK: &str = "GROUP_RANK";
-    /// Machines in the run.
-    pub const GROUP_WORLD_SIZE: &str = "GROUP_WORLD_SIZE";
-    /// torchrun's role rank (= RANK: accel has one role).
-    pub const ROLE_RANK: &str = "ROLE_RANK";
-    /// torchrun's role world size (= WORLD_SIZE).
-    pub const ROLE_WORLD_SIZE: &str = "ROLE_WORLD_SIZE";
-    /// Where the store listens (host).
-    pub const MASTER_ADDR: &str = "MASTER_ADDR";
-    /// Where the store listens (port).
-    pub const MASTER_PORT: &str = "MASTER_PORT";
-    /// `accel` when `accel launch` started the worker.
-    pub const ACCEL_LAUNCHER: &str = "ACCEL_LAUNCHER";
-    /// The launcher's pid (the worker ties its life to it).
-    pub const ACCEL_LAUNCHER_PID: &str = "ACCEL_LAUNCHER_PID";
-    /// The store's URL (`tcp://h:p`, `file:///dir`).
-    pub const ACCEL_STORE_URL: &str = "ACCEL_STORE_URL";
-    /// The run's name.
-    pub const ACCEL_RUN_ID: &str = "ACCEL_RUN_ID";
-    /// The store's shared secret.
-    pub const ACCEL_RUN_TOKEN: &str = "ACCEL_RUN_TOKEN";
-    /// The bound of every blocking call.
-    pub const ACCEL_TIMEOUT: &str = "ACCEL_TIMEOUT";
-    /// Backends to choose from, in order.
-    pub const ACCEL_BACKEND: &str = "ACCEL_BACKEND";
-    /// Debug mode (0/1).
-    pub const ACCEL_DEBUG: &str = "ACCEL_DEBUG";
-    /// Mixed precision of the training loop (`no`, `bf16`, `fp16`).
-    pub const ACCEL_MIXED_PRECISION: &str = "ACCEL_MIXED_PRECISION";
-    /// ZeRO sharding stage of the training loop (`none`, `optimizer`,
-    /// `gradients`, `full`).
-    pub const ACCEL_SHARDING: &str = "ACCEL_SHARDING";
-    /// Gradient accumulation steps of the training loop, where the program
-    /// leaves them at 1 (`accel launch --gradient-accumulation-steps`).
-    pub const ACCEL_GRADIENT_ACCUMULATION_STEPS: &str = "ACCEL_GRADIENT_ACCUMULATION_STEPS";
-    /// Accelerate's mixed precision, which its `Accelerator()` reads where
-    /// the script passes none (written alongside ACCEL_MIXED_PRECISION).
-    pub const ACCELERATE_MIXED_PRECISION: &str = "ACCELERATE_MIXED_PRECISION";
-    /// Accelerate's gradient accumulation steps, read by its
-    /// `Accelerator()` where the script passes none (written alongside
-    /// ACCEL_GRADIENT_ACCUMULATION_STEPS).
-    pub const ACCELERATE_GRADIENT_ACCUMULATION_STEPS: &str =
-        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS";
-    /// The attempt number, 0 first.
-    pub const ACCEL_RESTART_COUNT: &str = "ACCEL_RESTART_COUNT";
-    /// Where a crashing worker writes its root cause.
-    pub const ACCEL_ERROR_FILE: &str = "ACCEL_ERROR_FILE";
-    /// Allow more local ranks than devices.
-    pub const ACCEL_SHARE_DEVICES: &str = "ACCEL_SHARE_DEVICES";
-    /// `processes` (one rank per process) or `threads` (this process hosts
-    /// LOCAL_WORLD_SIZE rank threads; docs/adr/0015-process-model.md).
-    pub const ACCEL_PROCESS_MODEL: &str = "ACCEL_PROCESS_MODEL";
-    /// torchrun's run id.
-    pub const TORCHELASTIC_RUN_ID: &str = "TORCHELASTIC_RUN_ID";
-    /// torchrun's restart count.
-    pub const TORCHELASTIC_RESTART_COUNT: &str = "TORCHELASTIC_RESTART_COUNT";
-    /// torchrun's restart limit.
-    pub const TORCHELASTIC_MAX_RESTARTS: &str = "TORCHELASTIC_MAX_RESTARTS";
-    /// torchrun's error file.
-    pub const TORCHELASTIC_ERROR_FILE: &str = "TORCHELASTIC_ERROR_FILE";
-    /// torchrun's `True` when its agent hosts the store at MASTER_ADDR:MASTER_PORT.
-    pub const TORCHELASTIC_USE_AGENT_STORE: &str = "TORCHELASTIC_USE_AGENT_STORE";
-
-    /// Variables an MPI launcher sets itself: a launcher that delegates to
-    /// mpirun removes these from mpirun's environment.
-    pub const NUMBERED_BY_LAUNCHER: [&str; 10] = [
-        RANK,
-        WORLD_SIZE,
-        LOCAL_RANK,
-        LOCAL_WORLD_SIZE,
-        GROUP_RANK,
-        GROUP_WORLD_SIZE,
-        ROLE_RANK,
-        ROLE_WORLD_SIZE,
-        ACCEL_LAUNCHER,
-        ACCEL_LAUNCHER_PID,
-    ];
-}
+use super::keys;
 
 /// Where this process writes its error record: `ACCEL_ERROR_FILE`, else
 /// torchrun's `TORCHELASTIC_ERROR_FILE`; `None` when neither is set.
@@ -250,30 +154,6 @@ pub fn write_first_error(path: &Path, record: &ErrorRecord) -> std::io::Result<b
         return Ok(false);
     }
     write_error_file(path, record).map(|()| true)
-}
-
-/// The first byte of a rank-tagged output line: `\x1e<rank>\x1f<line>`.
-const TAG_START: u8 = 0x1e;
-/// The byte that ends a line's rank tag.
-const TAG_END: u8 = 0x1f;
-
-/// `line` tagged with `rank`, as a rank thread writes it under
-/// `accel launch` (the launcher strips the tag and prefixes `[rank N]`).
-pub fn tag_line(rank: usize, line: &str) -> String {
-    format!("{}{rank}{}{line}", TAG_START as char, TAG_END as char)
-}
-
-/// The rank and the text of a tagged line ([`tag_line`]); `None` for a line
-/// without a well-formed tag.
-pub fn untag_line(line: &[u8]) -> Option<(usize, &[u8])> {
-    let rest = line.strip_prefix(&[TAG_START])?;
-    let end = rest.iter().position(|&b| b == TAG_END)?;
-    let digits = &rest[..end];
-    if digits.is_empty() || digits.len() > 9 || !digits.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let rank = std::str::from_utf8(digits).ok()?.parse().ok()?;
-    Some((rank, &rest[end + 1..]))
 }
 
 #[cfg(test)]

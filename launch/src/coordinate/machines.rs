@@ -1,0 +1,690 @@
+//! [`Machines`]: the coordination of one of several machines' launchers.
+//! Machine 0 hosts the store for the whole run, the others are its
+//! clients; every attempt starts with the machines' join (`membership.rs`,
+//! or in an elastic run a round, `elastic.rs`), runs under the launchers'
+//! heartbeats (`liveness.rs`) and ends with an outcome every machine
+//! agrees on. Machine 0 also hosts, for each attempt, a fresh torch
+//! endpoint on its address and a free port, which torch workers on every
+//! machine join (MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, as torchrun's
+//! agent store; torch expects a new store per attempt).
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use accel_api::worker::{tcp_url, WorkerEnv};
+use accel_api::{Error, ErrorKind, Result, Store};
+use accel_rendezvous::{TcpStore, TcpStoreServer, TorchStoreServer};
+
+use super::liveness::{lost_failure, Liveness, BEAT, SUSPECT};
+use super::membership::{self, Global, MachineSlot, Plan, Registration, Watcher};
+use super::{elastic, host_name, read_stall, Coordinator, Settled};
+use crate::event::{Event, LAST_SIGNAL};
+use crate::group::Attempt;
+use crate::output::say;
+use crate::report::{self, Exit, Failure, Status};
+use crate::store;
+use crate::supervise::LocalOutcome;
+
+/// What one machine's launcher brings to a run over several machines.
+#[derive(Debug, Clone)]
+pub struct MachinesConfig {
+    /// This machine's rank (machine 0 hosts the store).
+    pub machine_rank: usize,
+    /// Workers on this machine.
+    pub nproc: usize,
+    /// Machines in the run (the most, in an elastic run).
+    pub num_machines: usize,
+    /// The fewest machines an elastic run goes on with (`num_machines`
+    /// when it is not elastic).
+    pub min_machines: usize,
+    /// How long an elastic round stays open once `min_machines` joined.
+    pub join_window: Duration,
+    /// Bound of the machines' join.
+    pub join_timeout: Duration,
+    /// The workers' bound of every blocking call (ACCEL_TIMEOUT): a machine
+    /// silent for it and 2 s more is lost, and an elastic round waits that
+    /// long for the other machines' results.
+    pub timeout: Duration,
+    /// Machine 0's address, where the store listens.
+    pub main_addr: String,
+    /// The store's port; machine 0 may pass 0 for a free one (then
+    /// [`Machines::port`] says which, for the other machines).
+    pub main_port: u16,
+    /// The run id asked for, if any (machine 0's, or a random one, rules).
+    pub run_id: Option<String>,
+    /// Restarts allowed (machine 0's rule every machine).
+    pub max_restarts: u32,
+    /// What every worker of this machine shares (timeout, backend, ...);
+    /// the store, the run id, the ranks and the restart count are filled
+    /// in per attempt.
+    pub base: WorkerEnv,
+    /// Where error-file directories go.
+    pub scratch: PathBuf,
+}
+
+impl MachinesConfig {
+    /// `true` for `--num-machines MIN:MAX` with `MIN < MAX`.
+    pub fn elastic(&self) -> bool {
+        self.min_machines < self.num_machines
+    }
+
+    /// The world size this machine claims when it joins: every machine
+    /// runs [`nproc`](Self::nproc).
+    pub fn world_size_claim(&self) -> usize {
+        self.nproc * self.num_machines
+    }
+}
+
+/// The key under which machine 0 publishes the port of its torch endpoint
+/// of attempt `n` (in accel's store, which only the run's token reaches).
+fn torch_port_key(n: u32) -> String {
+    format!("accel-launch/a{n}/torch-port")
+}
+
+/// One of several machines' launchers. Machine 0 hosts the store for the
+/// whole run, the others are its clients; every attempt begins with the
+/// machines' join (in an elastic run, a round), runs under the launchers'
+/// heartbeats, and ends with an outcome every machine agrees on: the first
+/// root cause published anywhere, a lost machine named as the cause.
+/// Machine 0 also hosts a fresh torch endpoint per attempt, which torch
+/// workers on every machine join. [`Machines::join`] builds one;
+/// [`accel_launch::run`](crate::run) drives it.
+pub struct Machines {
+    cfg: MachinesConfig,
+    me: Registration,
+    server: Option<TcpStoreServer>,
+    torch: Option<TorchStoreServer>,
+    store: Arc<dyn Store>,
+    run_id: String,
+    max_restarts: u32,
+    host: String,
+    base: WorkerEnv,
+    watcher: Option<Watcher>,
+    /// The round (attempt) whose keys this machine uses: its attempt number,
+    /// or in an elastic run the round it joined.
+    round: u32,
+    /// This machine's rank in the round.
+    rank: usize,
+    /// Machines in the round.
+    count: usize,
+    /// Rounds this machine missed (it joined late): its attempt number is
+    /// `round - lag`.
+    lag: u32,
+    /// The ids of the last round's machines, in rank order (machine 0).
+    members: Vec<String>,
+    /// The last round's machines.
+    slots: Vec<MachineSlot>,
+    /// The heartbeats' own connection to the store.
+    beat_store: Arc<dyn Store>,
+    liveness: Option<Liveness>,
+    plan: Option<Plan>,
+}
+
+impl std::fmt::Debug for Machines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machines")
+            .field("machine_rank", &self.cfg.machine_rank)
+            .field("store", &self.store_at())
+            .field("run_id", &self.run_id)
+            .field("round", &self.round)
+            .field("rank", &self.rank)
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Machines {
+    /// Host the store (machine 0) or connect to it (the others) with
+    /// `token`; the join itself happens at each attempt's
+    /// [`begin`](Coordinator::begin).
+    ///
+    /// # Errors
+    /// Machine 0 cannot bind its address and port; another machine cannot
+    /// reach the store within the join timeout, or the store refuses its
+    /// token (naming the fix).
+    pub fn join(mut cfg: MachinesConfig, token: &str) -> Result<Machines> {
+        let host = host_name();
+        let me = Registration {
+            machine_rank: cfg.machine_rank,
+            nproc: cfg.nproc,
+            num_machines: cfg.num_machines,
+            world_size: cfg.world_size_claim(),
+            run_id: cfg.run_id.clone(),
+            host: host.clone(),
+            pid: std::process::id(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            id: format!("{host}:{}:{}", std::process::id(), store::random_hex(4)?),
+            min_machines: cfg.min_machines,
+        };
+        let (server, store, beat_store): (Option<TcpStoreServer>, Arc<dyn Store>, Arc<dyn Store>) =
+            if cfg.machine_rank == 0 {
+                let (server, _) = store::host(&cfg.main_addr, cfg.main_port, true, token)?;
+                // Port 0: the one the kernel chose, for the workers' URL.
+                cfg.main_port = server.local_addr().port();
+                let st: Arc<dyn Store> = server.store().clone();
+                (Some(server), st.clone(), st)
+            } else {
+                let addr = tcp_url(&cfg.main_addr, cfg.main_port);
+                let addr = addr.trim_start_matches("tcp://").to_string();
+                let c = TcpStore::connect(addr.as_str(), Some(token), cfg.join_timeout).map_err(|e| {
+                if matches!(e.kind(), ErrorKind::Unauthorized) {
+                    Error::new(
+                        ErrorKind::Unauthorized,
+                        format!(
+                            "machine {} cannot join the run: machine 0's store at {addr} refused \
+                             this machine's token",
+                            cfg.machine_rank
+                        ),
+                    )
+                    .with_op("machine join")
+                    .with_fix("pass the same token (--token-file, ACCEL_RUN_TOKEN, or `token` in the config file) on every machine")
+                    .with_source(e)
+                } else {
+                    e.with_op("machine join")
+                }
+            })?;
+                // Short: a beat must not outlive the lost threshold by much.
+                let beat = TcpStore::connect(addr.as_str(), Some(token), SUSPECT)
+                    .map_err(|e| e.with_op("machine join"))?;
+                (None, Arc::new(c), Arc::new(beat))
+            };
+        let run_id = match (cfg.machine_rank, &cfg.run_id) {
+            (0, Some(id)) => id.clone(),
+            (0, None) => store::random_hex(6)?,
+            _ => String::new(), // machine 0 decides
+        };
+        let mut base = cfg.base.clone();
+        base.run_id = Some(run_id.clone());
+        base.master_addr = Some(cfg.main_addr.clone());
+        base.master_port = Some(cfg.main_port);
+        base.store_url = Some(tcp_url(&cfg.main_addr, cfg.main_port));
+        base.token = Some(token.to_string());
+        Ok(Machines {
+            me,
+            server,
+            torch: None,
+            store,
+            run_id,
+            max_restarts: cfg.max_restarts,
+            host,
+            base,
+            watcher: None,
+            round: 0,
+            rank: cfg.machine_rank,
+            count: cfg.num_machines,
+            lag: 0,
+            members: Vec::new(),
+            slots: Vec::new(),
+            beat_store,
+            liveness: None,
+            plan: None,
+            cfg,
+        })
+    }
+
+    /// The port machine 0's store listens on (the one it chose when given
+    /// 0): what the other machines pass as their `main_port`.
+    pub fn port(&self) -> u16 {
+        self.cfg.main_port
+    }
+
+    /// Where machine 0's store listens (for messages).
+    fn store_at(&self) -> String {
+        tcp_url(&self.cfg.main_addr, self.cfg.main_port)
+            .trim_start_matches("tcp://")
+            .to_string()
+    }
+
+    /// `f` as the loss of a silent machine, when `f` speaks of a lost or
+    /// late peer and a machine went silent: waits up to
+    /// [`SUSPECT`] (and two beats) for the silence to show, as
+    /// the ranks of a killed machine's peers fail at once.
+    fn attribute(&self, f: &Failure) -> Failure {
+        let (Some(live), Some(plan)) = (&self.liveness, &self.plan) else {
+            return f.clone();
+        };
+        if !f.speaks_of_a_peer() {
+            return f.clone();
+        }
+        let deadline = Instant::now() + SUSPECT + 2 * BEAT;
+        loop {
+            // Cut off, or another machine's cause is already out: no wait.
+            if !live.reaches_store() || membership::failure(&*self.beat_store, self.round).is_some()
+            {
+                return f.clone();
+            }
+            let silent = live.silent(SUSPECT);
+            if !silent.is_empty() {
+                return lost_failure(plan, self.rank, &silent, &self.store_at(), Some(f));
+            }
+            if Instant::now() > deadline {
+                return f.clone();
+            }
+            std::thread::sleep(BEAT / 2);
+        }
+    }
+
+    /// `false` once this machine's heartbeat stopped reaching the store:
+    /// then nothing waits on the store any more.
+    fn reaches_store(&self) -> bool {
+        self.liveness.as_ref().is_none_or(Liveness::reaches_store)
+    }
+
+    /// The attempt's end on a machine that lost the store (and so the
+    /// others): named as this machine losing the others, without waiting
+    /// on the store. `None` without a plan (no attempt began).
+    fn settle_alone(&self, local: &LocalOutcome) -> Option<Settled> {
+        let (live, plan) = (self.liveness.as_ref()?, self.plan.as_ref()?);
+        let root = match local {
+            LocalOutcome::Interrupted(_) | LocalOutcome::Succeeded => return None,
+            LocalOutcome::Remote(f) if matches!(f.exit, Exit::Lost { .. }) => (**f).clone(),
+            other => {
+                let witness = match other {
+                    LocalOutcome::Failed { root: Some(f), .. } | LocalOutcome::Remote(f) => {
+                        Some((**f).clone())
+                    }
+                    _ => None,
+                };
+                let me = self.rank;
+                let silent = vec![(me, live.own_silence())];
+                let mut f = lost_failure(plan, me, &silent, &self.store_at(), witness.as_ref());
+                if let LocalOutcome::StoreLost(why) = other {
+                    let e = f.error.get_or_insert_with(String::new);
+                    e.push_str(&format!("\n{why}"));
+                }
+                f
+            }
+        };
+        Some(Settled {
+            status: Status::Failed,
+            code: root.exit.launcher_code(),
+            root: Some(root),
+            interrupted_by: None,
+            restartable: false,
+        })
+    }
+
+    /// Join round `n` (or, elastic and not machine 0, the first open round
+    /// from `n + lag` on): `(rank offset, world size)`.
+    fn join_round(&mut self, n: u32) -> Result<(usize, usize)> {
+        let s = self.cfg.clone();
+        if !s.elastic() {
+            let plan = if s.machine_rank == 0 {
+                membership::host_join(
+                    &*self.store,
+                    &self.me,
+                    &self.run_id,
+                    s.max_restarts,
+                    n,
+                    s.join_timeout,
+                )?
+            } else {
+                membership::member_join(&*self.store, &self.me, n, s.join_timeout)?
+            };
+            self.round = n;
+            self.take_plan(&plan);
+            let off = plan
+                .machines
+                .get(s.machine_rank)
+                .map(|m| m.rank_offset)
+                .unwrap_or(s.machine_rank * s.nproc);
+            return Ok((off, plan.world_size));
+        }
+        let bounds = elastic::Bounds {
+            min: s.min_machines,
+            max: s.num_machines,
+            window: s.join_window,
+            timeout: s.join_timeout,
+        };
+        let (round, plan) = if s.machine_rank == 0 {
+            let previous = std::mem::take(&mut self.members);
+            let plan = elastic::host_round(
+                &*self.store,
+                &self.me,
+                (&self.run_id, s.max_restarts),
+                n,
+                &previous,
+                bounds,
+            )?;
+            (n, plan)
+        } else {
+            elastic::member_round(&*self.store, &self.me, n + self.lag, s.join_timeout)?
+        };
+        self.round = round;
+        self.lag = round - n;
+        self.take_plan(&plan);
+        let slot = plan
+            .machines
+            .iter()
+            .find(|m| m.id == self.me.id)
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("round {round}'s plan does not hold this machine"),
+                )
+            })?;
+        self.rank = slot.machine_rank;
+        Ok((slot.rank_offset, plan.world_size))
+    }
+
+    fn take_plan(&mut self, plan: &Plan) {
+        if self.cfg.machine_rank != 0 {
+            self.run_id = plan.run_id.clone();
+            self.max_restarts = plan.max_restarts;
+        }
+        self.count = plan.machines.len();
+        self.members = plan.machines.iter().map(|m| m.id.clone()).collect();
+        self.slots = plan.machines.clone();
+        self.plan = Some(plan.clone());
+    }
+
+    /// The root cause when machines `missing` of an elastic round did not
+    /// report the end of their workers within `--timeout`.
+    fn silent(&self, missing: &[usize]) -> Failure {
+        let k = missing[0];
+        let slot = self.slots.get(k);
+        let host = slot.map_or_else(|| "?".to_string(), |m| m.host.clone());
+        Failure {
+            rank: slot.map_or(0, |m| m.rank_offset),
+            local_rank: 0,
+            machine: k,
+            host: host.clone(),
+            pid: None,
+            exit: Exit::Code { code: 1 },
+            error: Some(format!(
+                "machine {k} ({host}) did not report the end of its workers within {:?} of this machine's: its launcher froze or was lost (machine(s) {} silent)",
+                self.cfg.timeout,
+                missing
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            location: None,
+            stderr_tail: Vec::new(),
+            also_hung: Vec::new(),
+            interrupted: false,
+        }
+    }
+
+    /// Machine 0: a fresh torch endpoint for attempt `n`, its port
+    /// published before the join.
+    fn host_torch(&mut self, n: u32) -> Result<u16> {
+        if let Some(old) = self.torch.take() {
+            old.shutdown();
+        }
+        let (t, _) = store::host_torch(&self.cfg.main_addr, 0, true)?;
+        let port = t.local_addr().port();
+        self.torch = Some(t);
+        self.store
+            .set(&torch_port_key(n), port.to_string().as_bytes())?;
+        Ok(port)
+    }
+
+    /// Another machine, after the join of attempt `n`: the port machine 0
+    /// published (`None` from a machine 0 that hosts no torch endpoint, an
+    /// older accel).
+    fn joined_torch_port(&self, n: u32) -> Result<Option<u16>> {
+        Ok(self
+            .store
+            .try_get(&torch_port_key(n))?
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|p| p.trim().parse().ok()))
+    }
+
+    /// The record a launcher publishes when it is interrupted, so that the
+    /// other machines stop too (and do not restart).
+    fn interruption(&self, rank_offset: usize, sig: i32) -> Failure {
+        Failure {
+            rank: rank_offset,
+            local_rank: 0,
+            machine: self.rank,
+            host: self.host.clone(),
+            pid: Some(std::process::id()),
+            exit: Exit::Signal { signal: sig },
+            error: Some(format!(
+                "the launcher on machine {} ({}) received {}",
+                self.rank,
+                self.host,
+                report::signal_name(sig)
+            )),
+            location: None,
+            stderr_tail: Vec::new(),
+            also_hung: Vec::new(),
+            interrupted: true,
+        }
+    }
+}
+
+impl Coordinator for Machines {
+    fn begin(&mut self, n: u32, tx: &Sender<Event>) -> Result<Attempt> {
+        // Machine 0 hosts a fresh torch endpoint for each attempt (torch
+        // expects a new store on a retry) and publishes its port before
+        // the join; the others read it after.
+        let mut torch_port = if self.cfg.machine_rank == 0 {
+            Some(self.host_torch(n)?)
+        } else {
+            None
+        };
+        let (rank_offset, world_size) = self.join_round(n)?;
+        if self.cfg.machine_rank != 0 {
+            torch_port = self.joined_torch_port(self.round)?;
+        }
+        if let Some(l) = self.liveness.take() {
+            l.stop();
+        }
+        self.liveness = self.plan.clone().map(|plan| {
+            let (store, tx, me) = (self.beat_store.clone(), tx.clone(), self.rank);
+            let at = self.store_at();
+            let (attempt, round) = (n, self.round);
+            Liveness::start(
+                self.beat_store.clone(),
+                self.round,
+                me,
+                self.count,
+                self.cfg.timeout + Duration::from_secs(2),
+                Box::new(move |lost| {
+                    // This machine's own silence: the store is out of reach,
+                    // and so are the others; settle_alone names them.
+                    if let Some((k, silent)) = lost.first().filter(|(k, _)| *k == me) {
+                        let _ = tx.send(Event::StoreLost {
+                            attempt,
+                            message: format!(
+                                "machine {k}'s heartbeat has not reached the store at {at} for {:.1}s",
+                                silent.as_secs_f64()
+                            ),
+                        });
+                        return;
+                    }
+                    let f = lost_failure(&plan, me, &lost, &at, None);
+                    let first = membership::publish_failure(&*store, round, &f).unwrap_or(f);
+                    let _ = tx.send(Event::Remote {
+                        attempt,
+                        failure: Box::new(first),
+                    });
+                }),
+            )
+        });
+        self.watcher = Some(Watcher::start(
+            self.store.clone(),
+            self.round,
+            self.rank,
+            tx.clone(),
+        ));
+        let mut env = self.base.clone();
+        if let Some(port) = torch_port {
+            env.master_port = Some(port);
+            env.agent_store = Some(true);
+        }
+        env.run_id = Some(self.run_id.clone());
+        env.world_size = Some(world_size);
+        env.group_rank = Some(self.rank);
+        env.group_world_size = Some(self.count);
+        env.restart_count = Some(self.round);
+        env.max_restarts = Some(self.max_restarts);
+        Ok(Attempt {
+            number: self.round,
+            env,
+            rank_offset,
+            error_dir: self.cfg.scratch.join(format!("attempt-{n}")),
+            host: self.host.clone(),
+        })
+    }
+
+    fn publish(&self, _n: u32, f: &Failure) {
+        let f = self.attribute(f);
+        if self.reaches_store() {
+            membership::publish_failure(&*self.store, self.round, &f);
+        }
+    }
+
+    fn settle(&mut self, _n: u32, attempt: &Attempt, local: LocalOutcome) -> Settled {
+        if let Some(w) = self.watcher.take() {
+            w.stop();
+        }
+        if !self.reaches_store() || matches!(local, LocalOutcome::StoreLost(_)) {
+            if let Some(settled) = self.settle_alone(&local) {
+                return settled;
+            }
+        }
+        let (st, me, m, n) = (&*self.store, self.rank, self.count, self.round);
+        let failed = |root: Failure| Settled {
+            status: Status::Failed,
+            code: root.exit.launcher_code(),
+            root: Some(root),
+            interrupted_by: None,
+            restartable: true,
+        };
+        let lost = |why: String| Settled {
+            status: Status::Failed,
+            root: None,
+            code: 1,
+            interrupted_by: Some(format!("lost store: {why}")),
+            restartable: false,
+        };
+        match local {
+            LocalOutcome::Interrupted(sig) => {
+                let f = self.interruption(attempt.rank_offset, sig);
+                membership::publish_failure(st, n, &f);
+                let _ = membership::settle(st, n, me, m, false);
+                Settled::alone(LocalOutcome::Interrupted(sig))
+            }
+            LocalOutcome::StoreLost(why) => lost(why),
+            local => {
+                let ok = matches!(local, LocalOutcome::Succeeded);
+                let limit = self.cfg.elastic().then_some(self.cfg.timeout);
+                match (membership::settle_within(st, n, (me, m), ok, limit), local) {
+                    (Global::Missing(missing), _) => {
+                        // Everyone agrees on one root cause: the first published.
+                        let f = self.silent(&missing);
+                        failed(membership::publish_failure(st, n, &f).unwrap_or(f))
+                    }
+                    (Global::Succeeded, _) => Settled::alone(LocalOutcome::Succeeded),
+                    (Global::Failed(f), _) if f.interrupted => {
+                        say(&format!(
+                            "the run was stopped on machine {} ({})",
+                            f.machine,
+                            f.error.as_deref().unwrap_or("interrupted")
+                        ));
+                        let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+                        Settled {
+                            status: Status::Interrupted,
+                            code: if sig != 0 {
+                                u8::try_from(128 + sig).unwrap_or(1)
+                            } else {
+                                f.exit.launcher_code()
+                            },
+                            root: Some(*f),
+                            interrupted_by: Some("another machine's launcher".into()),
+                            restartable: false,
+                        }
+                    }
+                    (Global::Failed(f), _) => failed(*f),
+                    (
+                        Global::StoreLost(why),
+                        LocalOutcome::Failed { root: Some(f), .. } | LocalOutcome::Remote(f),
+                    ) => {
+                        say(&format!("lost the store on machine 0: {why}"));
+                        Settled {
+                            restartable: false,
+                            ..failed(*f)
+                        }
+                    }
+                    (Global::StoreLost(why), _) => {
+                        // Waiting for the other machines was cut short by a signal.
+                        let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+                        if sig != 0 {
+                            Settled::alone(LocalOutcome::Interrupted(sig))
+                        } else {
+                            lost(why)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// In rounds: a machine that joined late has `lag` fewer attempts.
+    fn max_restarts(&self) -> u32 {
+        self.max_restarts.saturating_sub(self.lag)
+    }
+
+    fn end(&mut self, _last: u32) {
+        if self.cfg.machine_rank == 0 && self.cfg.elastic() {
+            // Machines waiting for a round stop.
+            let _ = self
+                .store
+                .set(&elastic::done_key(), b"machine 0's launcher ended the run");
+        }
+        // Wait for no goodbye of a silent machine, nor of the machine the
+        // root cause says was lost (it may have gone silent a moment ago);
+        // say none to a store this machine cannot reach.
+        let lost = (self.rank == 0)
+            .then(|| membership::failure(&*self.store, self.round))
+            .flatten()
+            .filter(|f| matches!(f.exit, Exit::Lost { .. }))
+            .map(|f| f.machine);
+        let awaited: Vec<usize> = match &self.liveness {
+            Some(l) => {
+                let silent = l.silent(SUSPECT);
+                (0..self.count)
+                    .filter(|k| !silent.iter().any(|(s, _)| s == k) && lost != Some(*k))
+                    .collect()
+            }
+            // No attempt began: no machine joined to say goodbye.
+            None => Vec::new(),
+        };
+        if self.reaches_store() {
+            membership::farewell(
+                &*self.store,
+                self.round,
+                self.rank,
+                &awaited,
+                Duration::from_secs(5),
+            );
+        }
+        if let Some(l) = self.liveness.take() {
+            l.stop();
+        }
+        if let Some(server) = self.server.take() {
+            server.shutdown();
+        }
+        if let Some(t) = self.torch.take() {
+            t.shutdown();
+        }
+    }
+
+    fn store_url(&self) -> String {
+        tcp_url(&self.cfg.main_addr, self.cfg.main_port)
+    }
+
+    fn stall(&self, attempt: &Attempt) -> Option<report::Stall> {
+        if !self.reaches_store() {
+            return None;
+        }
+        read_stall(self.store.clone(), attempt)
+    }
+}

@@ -1,0 +1,837 @@
+//! [`Settings`]: the options of a launch resolved into what it needs.
+//!
+//! The layers, highest first:
+//!
+//! 1. **flags** ([`Options`] as clap parsed them), with torchrun's
+//!    `--rdzv-endpoint` and `--standalone` folded in ([`torchrun_flags`]);
+//! 2. **environment**: the `ACCEL_*` variables that have a flag
+//!    ([`Options::from_env`]);
+//! 3. **config file**: accel's TOML or Accelerate's YAML/JSON, only with
+//!    `--config` or `ACCEL_CONFIG_FILE` ([`file_layer`]);
+//! 4. **defaults**, with every value and combination checked
+//!    ([`Settings::resolve`], one function per concern: the processes and
+//!    machines, the timeout, the token, the store's endpoint, the logs).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use accel_api::worker::{MixedPrecision, Stage, WorkerEnv};
+use accel_api::{Error, ErrorKind, Result};
+use accel_launch::output::say;
+use accel_launch::MachinesConfig;
+
+use super::args::LaunchArgs;
+use super::options::{format_dur, MachineCount, Options, RankFilter, StdStreams, TeeArg};
+use super::{accelerate_config, config};
+
+/// Port of the store on a run over several machines when none is given
+/// (torchrun's default).
+pub const DEFAULT_MULTI_MACHINE_PORT: u16 = 29500;
+/// Time between SIGTERM and SIGKILL when the launcher stops its workers.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+/// How long an elastic round stays open for more machines once the fewest
+/// have joined (`--join-window`).
+pub const DEFAULT_JOIN_WINDOW: Duration = Duration::from_secs(10);
+/// Default bound for blocking calls, as in the runtime (`ACCEL_TIMEOUT`).
+pub const DEFAULT_TIMEOUT: Duration = accel_api::worker::DEFAULT_TIMEOUT;
+
+/// torchrun's per-stream logs: the base directory (`None`: a new
+/// temporary one), the teed and the redirected streams.
+pub type StreamLogs = (Option<PathBuf>, StdStreams, StdStreams);
+
+/// The config-file layer: the options of `--config` (accel's TOML, or
+/// Accelerate's file mapped key by key) and the variables Accelerate's file
+/// sets for the workers; nothing without `--config`.
+///
+/// # Errors
+/// The file cannot be read, or holds a key or value accel refuses.
+pub fn file_layer(args: &LaunchArgs) -> Result<(Options, Vec<(String, String)>)> {
+    Ok(match &args.config {
+        Some(p) if accelerate_config::is_accelerate_config(p) => {
+            let c = accelerate_config::read(p)?;
+            (c.options, c.env)
+        }
+        Some(p) => (config::read(p)?, Vec::new()),
+        None => (Options::default(), Vec::new()),
+    })
+}
+
+/// torchrun's flags that set other options, over the layered options `o`:
+/// `--rdzv-endpoint HOST[:PORT]` (machine 0's address and port) and
+/// `--standalone` (one machine).
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] when they contradict `o`.
+pub fn torchrun_flags(args: &LaunchArgs, mut o: Options) -> Result<Options> {
+    if let Some(ep) = &args.rdzv_endpoint {
+        let (host, port) = split_endpoint(ep)?;
+        if o.main_process_ip.as_deref().is_some_and(|h| h != host) {
+            return Err(Error::invalid_config(
+                "--rdzv-endpoint",
+                ep,
+                "contradicts --main-process-ip (--master-addr); give one of them",
+            ));
+        }
+        o.main_process_ip = Some(host.to_string());
+        if let Some(p) = port {
+            if o.main_process_port.is_some_and(|q| q != p) {
+                return Err(Error::invalid_config(
+                    "--rdzv-endpoint",
+                    ep,
+                    "contradicts --main-process-port (--master-port); give one of them",
+                ));
+            }
+            o.main_process_port = Some(p);
+        }
+    }
+    if args.standalone {
+        if o.num_machines.is_some_and(|m| m.max > 1) {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "--standalone runs on one machine, but --num-machines is more than 1",
+            ));
+        }
+        o.num_machines = Some(1.into());
+        o.machine_rank = Some(0);
+    }
+    Ok(o)
+}
+
+/// torchrun's `HOST[:PORT]` (IPv6 in brackets).
+fn split_endpoint(ep: &str) -> Result<(&str, Option<u16>)> {
+    let bad = |why: &str| Error::invalid_config("--rdzv-endpoint", ep, why.to_string());
+    let (host, port) = match ep.strip_prefix('[') {
+        Some(v6) => {
+            let (h, rest) = v6.split_once(']').ok_or_else(|| bad("unclosed `[`"))?;
+            (h, rest.strip_prefix(':'))
+        }
+        None if ep.matches(':').count() > 1 => (ep, None),
+        None => match ep.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (ep, None),
+        },
+    };
+    if host.is_empty() {
+        return Err(bad("the host is missing"));
+    }
+    let port = port
+        .map(|p| {
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad("the port is not in 1-65535"))
+        })
+        .transpose()?;
+    Ok((host, port))
+}
+
+/// Everything a launch needs, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Workers on this machine.
+    pub nproc: usize,
+    /// Machines in the run (the most, in an elastic run).
+    pub num_machines: usize,
+    /// The fewest machines an elastic run goes on with (`num_machines`
+    /// when it is not elastic).
+    pub min_machines: usize,
+    /// How long an elastic round stays open once `min_machines` joined.
+    pub join_window: Duration,
+    /// This machine's rank.
+    pub machine_rank: usize,
+    /// Where the store listens (machine 0 binds it; others connect to it).
+    pub main_addr: String,
+    /// The store's port; 0 = choose a free one (one machine only).
+    pub main_port: u16,
+    /// The store's token; `None` on one machine until one is generated.
+    pub token: Option<String>,
+    /// ACCEL_BACKEND for the workers.
+    pub backend: Option<Vec<String>>,
+    /// ACCEL_TIMEOUT for the workers.
+    pub timeout: Duration,
+    /// ACCEL_DEBUG for the workers.
+    pub debug: bool,
+    /// ACCEL_MIXED_PRECISION for the workers (unset: the program decides).
+    pub mixed_precision: Option<MixedPrecision>,
+    /// ACCEL_SHARDING for the workers (unset: the program decides).
+    pub sharding: Option<Stage>,
+    /// ACCEL_GRADIENT_ACCUMULATION_STEPS for the workers (unset: the
+    /// program decides).
+    pub gradient_accumulation_steps: Option<usize>,
+    /// Directory for per-rank log files.
+    pub tee: Option<PathBuf>,
+    /// torchrun's per-stream logs: the base directory (`None`: a new
+    /// temporary one), the teed and the redirected streams.
+    pub stream_logs: Option<StreamLogs>,
+    /// Ranks whose output is shown; `None` = all.
+    pub ranks: Option<RankFilter>,
+    /// Restarts of the whole group after a failure.
+    pub max_restarts: u32,
+    /// SIGTERM → SIGKILL delay.
+    pub grace: Duration,
+    /// Silence after which a worker is reported as hung.
+    pub hang_timeout: Option<Duration>,
+    /// Bound of the machines' join.
+    pub join_timeout: Duration,
+    /// The run id asked for, if any.
+    pub run_id: Option<String>,
+    /// Variables of Accelerate's config file for the workers
+    /// (ACCELERATE_USE_CPU, ACCELERATE_DEBUG_MODE).
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Settings {
+    /// `true` when the run spans several machines.
+    pub fn multi_machine(&self) -> bool {
+        self.num_machines > 1
+    }
+
+    /// `true` for `--num-machines MIN:MAX` with `MIN < MAX`.
+    pub fn elastic(&self) -> bool {
+        self.min_machines < self.num_machines
+    }
+
+    /// Total processes of the run, assuming every machine runs [`nproc`]
+    /// (what this machine claims when it joins).
+    ///
+    /// [`nproc`]: Settings::nproc
+    pub fn world_size_claim(&self) -> usize {
+        self.nproc * self.num_machines
+    }
+
+    /// The rank filter (`--ranks`) names only ranks of a run of `world`
+    /// ranks.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] naming `--ranks`, the rank and the
+    /// run's ranks.
+    pub fn check_rank_filter(&self, world: usize) -> Result<()> {
+        let Some(f) = &self.ranks else {
+            return Ok(());
+        };
+        let Some(&r) = f.0.iter().find(|&&r| r >= world) else {
+            return Ok(());
+        };
+        let shown: Vec<String> = f.0.iter().map(|r| r.to_string()).collect();
+        Err(bad(
+            "--ranks",
+            &shown.join(","),
+            &format!(
+                "rank {r} is not in this run: its {world} rank(s) are 0 to {}",
+                world.saturating_sub(1)
+            ),
+        )
+        .with_fix("name ranks below the run's world size (-n times --num-machines)"))
+    }
+
+    /// The settings of `accel launch ARGS`: its layers (flags over the
+    /// environment over the config file, see the [module docs](self))
+    /// resolved over the defaults.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] with the flag or variable to fix, and
+    /// the config file's errors.
+    pub fn from_args(args: &LaunchArgs) -> Result<Settings> {
+        let (file, extra_env) = file_layer(args)?;
+        let env = Options::from_env(|k| std::env::var(k).ok())?;
+        let o = torchrun_flags(args, args.options.clone().overlay(env).overlay(file))?;
+        if args.options.token.is_some() {
+            say(
+                "warning: --token on the command line is visible to every user of this machine \
+                 (`ps`); use --token-file FILE or the ACCEL_RUN_TOKEN variable instead",
+            );
+        }
+        let mut s = Settings::resolve(o)?;
+        s.extra_env = extra_env;
+        Ok(s)
+    }
+
+    /// Resolve layered options into settings: each value checked, their
+    /// combinations too, the defaults where nothing was given.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidConfig`] with the flag to fix.
+    pub fn resolve(o: Options) -> Result<Settings> {
+        let (machines, nproc, machine_rank) = processes(&o)?;
+        let timeout = timeout(&o)?;
+        let token = token(&o)?;
+        let (main_addr, main_port, token) = endpoint(&o, machines.max, token)?;
+        if let Some(id) = &o.run_id {
+            check_run_id(id)?;
+        }
+        if let Some(b) = &o.backend {
+            check_backends(&b.0)?;
+        }
+        let (tee, stream_logs) = logs(o.tee, o.log_dir, o.redirects)?;
+        let ranks = if o.quiet_ranks && o.ranks.is_none() {
+            Some(RankFilter([0].into_iter().collect()))
+        } else {
+            o.ranks
+        };
+        Ok(Settings {
+            nproc,
+            num_machines: machines.max,
+            min_machines: machines.min,
+            join_window: o.join_window.unwrap_or(DEFAULT_JOIN_WINDOW),
+            machine_rank,
+            main_addr,
+            main_port,
+            token,
+            backend: o.backend.map(|b| b.0),
+            timeout,
+            debug: o.debug,
+            mixed_precision: o.mixed_precision,
+            sharding: o.sharding,
+            gradient_accumulation_steps: o.gradient_accumulation_steps,
+            tee,
+            stream_logs,
+            ranks,
+            max_restarts: o.max_restarts.unwrap_or(0),
+            grace: o.grace_period.unwrap_or(DEFAULT_GRACE),
+            hang_timeout: o.hang_timeout,
+            join_timeout: o.join_timeout.unwrap_or(timeout),
+            run_id: o.run_id,
+            extra_env: Vec::new(),
+        })
+    }
+
+    /// This machine's part in a run over several machines, for
+    /// [`accel_launch::Machines`]: `base` is what its workers share,
+    /// `scratch` where their error files go.
+    pub fn machines_config(&self, base: WorkerEnv, scratch: PathBuf) -> MachinesConfig {
+        MachinesConfig {
+            machine_rank: self.machine_rank,
+            nproc: self.nproc,
+            num_machines: self.num_machines,
+            min_machines: self.min_machines,
+            join_window: self.join_window,
+            join_timeout: self.join_timeout,
+            timeout: self.timeout,
+            main_addr: self.main_addr.clone(),
+            main_port: self.main_port,
+            run_id: self.run_id.clone(),
+            max_restarts: self.max_restarts,
+            base,
+            scratch,
+        }
+    }
+}
+
+/// The machines (`--num-machines`, maybe `MIN:MAX`), the processes per
+/// machine (`-n`, or `--num-processes` over the machines) and this
+/// machine's rank.
+fn processes(o: &Options) -> Result<(MachineCount, usize, usize)> {
+    let machines = o.num_machines.unwrap_or(MachineCount::exact(1));
+    let num_machines = machines.max;
+    if machines.min < machines.max && o.total_processes.is_some() {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "--num-processes counts all machines together, but an elastic run \
+                 (--num-machines {machines}) has no fixed number of machines"
+            ),
+        )
+        .with_fix("pass -n / --nproc-per-node, the processes of each machine"));
+    }
+    let nproc = match (o.num_processes, o.total_processes) {
+        (Some(n), Some(t)) => {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "both -n/--nproc-per-node {n} (per machine) and --num-processes {t} \
+                     (all machines, as in Accelerate) are given"
+                ),
+            )
+            .with_fix("pass one: -n / --nproc-per-node for processes per machine, or --num-processes for the total"))
+        }
+        (Some(n), None) => n,
+        (None, Some(t)) if num_machines > 0 && t % num_machines == 0 => t / num_machines,
+        (None, Some(t)) => {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "--num-processes {t} counts all machines together (as in Accelerate), \
+                     and does not divide by --num-machines {num_machines}"
+                ),
+            )
+            .with_fix("pass a multiple of --num-machines, or -n / --nproc-per-node for processes per machine"))
+        }
+        (None, None) => 1,
+    };
+    if nproc > accel_launch::MAX_LOCAL_PROCESSES {
+        return Err(Error::invalid_config(
+            "--nproc-per-node",
+            &nproc.to_string(),
+            format!(
+                "a machine starts at most {} processes (each costs the launcher three \
+                 threads and two pipes)",
+                accel_launch::MAX_LOCAL_PROCESSES
+            ),
+        )
+        .with_fix("start fewer processes per machine, and more machines"));
+    }
+    let machine_rank = o.machine_rank.unwrap_or(0);
+    if nproc == 0 {
+        return Err(bad(
+            "--num-processes",
+            "0",
+            "a run needs at least one process",
+        ));
+    }
+    if num_machines == 0 {
+        return Err(bad(
+            "--num-machines",
+            "0",
+            "a run needs at least one machine",
+        ));
+    }
+    if machine_rank >= num_machines {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "machine rank {machine_rank} is not below the number of machines {num_machines}: \
+                 machine ranks go from 0 to {}",
+                num_machines - 1
+            ),
+        )
+        .with_fix("pass --machine-rank between 0 and --num-machines minus 1"));
+    }
+    Ok((machines, nproc, machine_rank))
+}
+
+/// The workers' bound of every blocking call (`--timeout`).
+fn timeout(o: &Options) -> Result<Duration> {
+    let timeout = o.timeout.unwrap_or(DEFAULT_TIMEOUT);
+    if timeout < accel_api::worker::MIN_TIMEOUT {
+        // The workers would refuse it (ACCEL_TIMEOUT): say so once, here.
+        return Err(bad(
+            "--timeout",
+            &format_dur(timeout),
+            "below the shortest timeout accel takes, 1ms (its waits poll at millisecond \
+             steps, so a shorter one is refused, not rounded up)",
+        ));
+    }
+    Ok(timeout)
+}
+
+/// The store's token: `--token` or `--token-file`, not both.
+fn token(o: &Options) -> Result<Option<String>> {
+    let token = match (o.token.clone(), &o.token_file) {
+        (Some(_), Some(_)) => {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "both --token and --token-file give the token",
+            )
+            .with_fix("pass --token-file FILE only (the token then stays out of `ps`)"))
+        }
+        (t, None) => t,
+        (None, Some(f)) => Some(read_token(f)?),
+    };
+    Ok(token)
+}
+
+/// Where the store listens and its token: loopback and any port on one
+/// machine; machine 0's address, a fixed port and a token on several.
+fn endpoint(
+    o: &Options,
+    num_machines: usize,
+    token: Option<String>,
+) -> Result<(String, u16, Option<String>)> {
+    let (main_addr, main_port, token) = if num_machines == 1 {
+        // One machine: loopback only, never reachable from outside.
+        (
+            "127.0.0.1".to_string(),
+            o.main_process_port.unwrap_or(0),
+            token,
+        )
+    } else {
+        let addr = o
+            .main_process_ip
+            .clone()
+            .filter(|a| !a.trim().is_empty())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!(
+                        "--main-process-ip is required for a run over {num_machines} machines: \
+                     every machine must know where machine 0's store listens"
+                    ),
+                )
+                .with_fix("pass --main-process-ip ADDRESS_OF_MACHINE_0 on every machine")
+            })?;
+        let port = o.main_process_port.unwrap_or(DEFAULT_MULTI_MACHINE_PORT);
+        if port == 0 {
+            return Err(bad(
+                "--main-process-port",
+                "0",
+                "the other machines cannot find a port chosen at random; \
+                 a run over several machines needs a fixed port",
+            )
+            .with_fix("pass the same --main-process-port (e.g. 29500) on every machine"));
+        }
+        let token = token.filter(|t| !t.is_empty()).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                format!(
+                    "a run over {num_machines} machines needs a shared token: the store \
+                     listens on {addr}:{port}, reachable from other machines"
+                ),
+            )
+            .with_fix(
+                "give every machine the same token in a file: `od -An -tx1 -N16 /dev/urandom | \
+                 tr -d ' \\n' > ~/.accel-token`, copy it, and pass --token-file ~/.accel-token \
+                 (or set ACCEL_RUN_TOKEN, or `token` in the config file)",
+            )
+        })?;
+        (addr, port, Some(token))
+    };
+    Ok((main_addr, main_port, token))
+}
+
+/// accel's `--tee DIR`, or torchrun's per-stream logs (`--tee 0-3`,
+/// `--redirects`, `--log-dir`).
+fn logs(
+    tee: Option<TeeArg>,
+    log_dir: Option<PathBuf>,
+    redirects: Option<StdStreams>,
+) -> Result<(Option<PathBuf>, Option<StreamLogs>)> {
+    let (tee, stream_logs) = match (tee, log_dir, redirects) {
+        (Some(TeeArg::Dir(d)), Some(l), _) => {
+            return Err(bad(
+                "--log-dir",
+                &l.to_string_lossy(),
+                &format!(
+                    "--tee {} already names the log directory; --log-dir goes with \
+                     torchrun's --tee 0-3 or --redirects",
+                    d.display()
+                ),
+            )
+            .with_fix("give --tee DIR alone, or torchrun's --tee 3 --log-dir DIR"))
+        }
+        (Some(TeeArg::Dir(_)), _, Some(_)) => {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "--redirects is torchrun's and goes with its --tee 0-3 and --log-dir, \
+                 not with accel's --tee DIR",
+            )
+            .with_fix("give --redirects 3 --log-dir DIR (or --tee DIR alone)"))
+        }
+        (Some(TeeArg::Dir(d)), None, None) => (Some(d), None),
+        (Some(TeeArg::Streams(t)), base, r) => {
+            (None, Some((base, t, r.unwrap_or(StdStreams::All(0)))))
+        }
+        (None, base, Some(r)) => (None, Some((base, StdStreams::All(0), r))),
+        // --log-dir alone: accel's --tee DIR (torchrun logs no stream
+        // without --tee or --redirects).
+        (None, base, None) => (base, None),
+    };
+    Ok((tee, stream_logs))
+}
+
+/// The token in `path`: its first line, trimmed.
+fn read_token(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::io(format!("cannot read the token file {}", path.display()), e)
+            .with_fix("pass --token-file a readable file holding the run's token")
+    })?;
+    let t = text.lines().next().unwrap_or("").trim().to_string();
+    if t.is_empty() {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!("the token file {} is empty", path.display()),
+        )
+        .with_fix("write the token (e.g. 32 hex digits) on its first line"));
+    }
+    Ok(t)
+}
+
+/// The longest run id (it names store keys and log files).
+pub const MAX_RUN_ID: usize = 64;
+
+/// A run id is 1 to [`MAX_RUN_ID`] letters, digits, `.`, `_` and `-`, not
+/// starting with `.` or `-`: it becomes part of store keys and of file
+/// names, so no `/`, `..`, spaces or other characters.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming `--run-id` and the allowed
+/// characters.
+pub fn check_run_id(id: &str) -> Result<()> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    let why = if id.is_empty() {
+        "a run id must not be empty".to_string()
+    } else if id.len() > MAX_RUN_ID {
+        format!(
+            "a run id has at most {MAX_RUN_ID} characters, this one {}",
+            id.len()
+        )
+    } else if let Some(c) = id.chars().find(|&c| !allowed(c)) {
+        format!("{c:?} is not allowed in a run id")
+    } else if id.starts_with(['.', '-']) {
+        "a run id must not start with `.` or `-`".to_string()
+    } else {
+        return Ok(());
+    };
+    Err(bad("--run-id", id, &why).with_fix(
+        "use letters, digits, `.`, `_` and `-` only (e.g. exp-7), starting with a letter or digit",
+    ))
+}
+
+/// Every name in `names` is a backend accel knows: one of
+/// [`accel::KNOWN_BACKENDS`] (compiled into the program or not:
+/// the workers' program decides) or a plugin found in `ACCEL_PLUGIN_PATH`.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming `--backend`, the unknown name and
+/// the known ones.
+pub fn check_backends(names: &[String]) -> Result<()> {
+    let known = |n: &str| accel::KNOWN_BACKENDS.iter().any(|k| k.0 == n);
+    if names.iter().all(|n| known(n)) {
+        return Ok(());
+    }
+    // Only an unknown name pays for loading the plugins.
+    let plugins = accel::Registry::from_env().names();
+    let Some(unknown) = names.iter().find(|n| !known(n) && !plugins.contains(n)) else {
+        return Ok(());
+    };
+    let mut all: Vec<String> = accel::KNOWN_BACKENDS
+        .iter()
+        .map(|k| k.0.to_string())
+        .collect();
+    all.extend(plugins.into_iter().filter(|p| !known(p)));
+    Err(bad(
+        "--backend",
+        &names.join(","),
+        &format!("there is no backend named `{unknown}`"),
+    )
+    .with_fix(format!(
+        "choose from: {} (a plugin's name once its library is in ACCEL_PLUGIN_PATH)",
+        all.join(", ")
+    )))
+}
+
+fn bad(flag: &str, value: &str, why: &str) -> Error {
+    Error::invalid_config(flag, value, why)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::launch_cmd::options::{
+        parse_machines, parse_mixed_precision, parse_sharding, parse_tee,
+    };
+
+    /// Options from an environment holding only `key=value`.
+    fn one_var(key: &str, value: &str) -> Result<Options> {
+        Options::from_env(|k| (k == key).then(|| value.to_string()))
+    }
+
+    /// `key=value` read from the environment, a malformed `key` refused
+    /// naming it, and `flag` resolved over the environment's options.
+    fn flag_over_env(
+        key: &str,
+        value: &str,
+        set_flag: impl FnOnce(&mut Options),
+    ) -> (Options, Settings) {
+        let mut flag = Options::default();
+        set_flag(&mut flag);
+        let env = one_var(key, value).unwrap();
+        let e = one_var(key, "x").unwrap_err();
+        assert!(e.to_string().contains(key), "{e}");
+        let s = Settings::resolve(flag.overlay(env.clone())).unwrap();
+        (env, s)
+    }
+
+    /// `parse` reads `good.0` as `good.1`, and refuses `bad` naming it.
+    #[track_caller]
+    fn parses<T: PartialEq + std::fmt::Debug>(
+        parse: fn(&str) -> std::result::Result<T, String>,
+        good: (&str, T),
+        bad: &str,
+    ) {
+        assert_eq!(parse(good.0), Ok(good.1));
+        assert!(parse(bad).unwrap_err().contains(bad));
+    }
+
+    #[test]
+    fn machine_counts_are_exact_or_elastic_ranges() {
+        assert_eq!(parse_machines("3"), Ok(MachineCount::exact(3)));
+        assert_eq!(parse_machines("2:4"), Ok(MachineCount { min: 2, max: 4 }));
+        assert_eq!(MachineCount { min: 2, max: 4 }.to_string(), "2:4");
+        assert!(parse_machines("4:2").unwrap_err().contains("MIN <= MAX"));
+        assert!(parse_machines("0:2").unwrap_err().contains("at least 1"));
+        let s = Settings::resolve(Options {
+            num_machines: Some(MachineCount { min: 2, max: 4 }),
+            machine_rank: Some(3),
+            main_process_ip: Some("10.0.0.1".into()),
+            token: Some("t".into()),
+            ..Options::default()
+        })
+        .unwrap();
+        assert!(s.elastic() && s.multi_machine());
+        assert_eq!((s.min_machines, s.num_machines), (2, 4));
+        assert_eq!(s.join_window, DEFAULT_JOIN_WINDOW);
+    }
+
+    #[test]
+    fn mixed_precision_comes_from_the_flag_the_env_or_the_file() {
+        parses(parse_mixed_precision, ("BF16", MixedPrecision::Bf16), "fp8");
+        let (env, s) = flag_over_env("ACCEL_MIXED_PRECISION", "fp16", |o| {
+            o.mixed_precision = Some(MixedPrecision::Bf16)
+        });
+        assert_eq!(env.mixed_precision, Some(MixedPrecision::Fp16));
+        assert_eq!(s.mixed_precision, Some(MixedPrecision::Bf16));
+    }
+
+    #[test]
+    fn sharding_comes_from_the_flag_or_the_env_and_reaches_the_workers() {
+        use Stage;
+        parses(parse_sharding, ("FULL_SHARD", Stage::Full), "zero9");
+        let (env, s) = flag_over_env("ACCEL_SHARDING", "zero2", |o| {
+            o.sharding = Some(Stage::Full)
+        });
+        assert_eq!(env.sharding, Some(Stage::Gradients));
+        assert_eq!(s.sharding, Some(Stage::Full));
+        let vars = accel_api::worker::WorkerEnv {
+            sharding: s.sharding,
+            ..Default::default()
+        }
+        .to_vars();
+        assert!(
+            vars.iter()
+                .any(|(k, v)| *k == "ACCEL_SHARDING" && v == "full"),
+            "{vars:?}"
+        );
+    }
+
+    #[test]
+    fn process_counts_per_machine_and_in_total() {
+        let r = |n: Option<usize>, t: Option<usize>, m: usize| {
+            Settings::resolve(Options {
+                num_processes: n,
+                total_processes: t,
+                num_machines: Some(m.into()),
+                main_process_ip: Some("10.0.0.1".into()),
+                token: Some("t".into()),
+                ..Options::default()
+            })
+        };
+        assert_eq!(r(Some(2), None, 2).unwrap().world_size_claim(), 4);
+        // Accelerate's --num_processes 2 --num_machines 2: 2 ranks in all.
+        let s = r(None, Some(2), 2).unwrap();
+        assert_eq!((s.nproc, s.world_size_claim()), (1, 2));
+        assert!(r(None, Some(3), 2)
+            .unwrap_err()
+            .to_string()
+            .contains("does not divide"));
+        assert!(r(Some(2), Some(4), 2)
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
+        let e = r(Some(100_000), None, 1).unwrap_err();
+        assert!(e.to_string().contains("at most 1024"), "{e}");
+    }
+
+    #[test]
+    fn tokens_come_from_a_file_and_not_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tok");
+        std::fs::write(&f, "abc123\n").unwrap();
+        let r = |token: Option<&str>, file: Option<&std::path::Path>| {
+            Settings::resolve(Options {
+                token: token.map(str::to_string),
+                token_file: file.map(|p| p.to_path_buf()),
+                ..Options::default()
+            })
+        };
+        assert_eq!(r(None, Some(&f)).unwrap().token.as_deref(), Some("abc123"));
+        assert!(r(Some("x"), Some(&f))
+            .unwrap_err()
+            .to_string()
+            .contains("both"));
+        std::fs::write(&f, "\n").unwrap();
+        assert!(r(None, Some(&f)).unwrap_err().to_string().contains("empty"));
+        assert!(r(None, Some(&dir.path().join("none"))).is_err());
+    }
+
+    #[test]
+    fn tee_takes_torchruns_selectors_and_accels_directories() {
+        assert_eq!(parse_tee("3"), Ok(TeeArg::Streams(StdStreams::All(3))));
+        assert!(matches!(parse_tee("0:1,1:2"), Ok(TeeArg::Streams(_))));
+        assert_eq!(parse_tee("./3"), Ok(TeeArg::Dir(PathBuf::from("./3"))));
+        let r = |tee: Option<&str>, log_dir: Option<&str>, redirects: Option<&str>| {
+            Settings::resolve(Options {
+                tee: tee.map(|t| parse_tee(t).unwrap()),
+                log_dir: log_dir.map(PathBuf::from),
+                redirects: redirects.map(|r| r.parse().unwrap()),
+                ..Options::default()
+            })
+        };
+        let s = r(Some("1"), Some("logs"), Some("2")).unwrap();
+        assert_eq!(
+            s.stream_logs,
+            Some((
+                Some(PathBuf::from("logs")),
+                StdStreams::All(1),
+                StdStreams::All(2)
+            ))
+        );
+        assert_eq!(s.tee, None);
+        // --log-dir alone is accel's --tee DIR.
+        assert_eq!(
+            r(None, Some("logs"), None).unwrap().tee,
+            Some("logs".into())
+        );
+        let s = r(None, None, Some("3")).unwrap();
+        assert_eq!(
+            s.stream_logs,
+            Some((None, StdStreams::All(0), StdStreams::All(3)))
+        );
+        assert!(r(Some("logs"), Some("x"), None)
+            .unwrap_err()
+            .to_string()
+            .contains("--tee logs already names"));
+        assert!(r(Some("logs"), None, Some("3"))
+            .unwrap_err()
+            .to_string()
+            .contains("--redirects is torchrun's"));
+    }
+
+    #[test]
+    fn resolve_checks_combinations() {
+        let refused = |o: Options, what: &str| {
+            let e = Settings::resolve(o).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        };
+        let two = Options {
+            num_machines: Some(2.into()),
+            ..Options::default()
+        };
+        refused(
+            Options {
+                machine_rank: Some(2),
+                ..two.clone()
+            },
+            "machine rank 2 is not below",
+        );
+        refused(two.clone(), "--main-process-ip");
+        refused(
+            Options {
+                main_process_ip: Some("10.0.0.1".into()),
+                ..two.clone()
+            },
+            "token",
+        );
+        let s = Settings::resolve(Options {
+            num_machines: Some(2.into()),
+            main_process_ip: Some("10.0.0.1".into()),
+            token: Some("t".into()),
+            quiet_ranks: true,
+            ..Options::default()
+        })
+        .unwrap();
+        assert_eq!(s.main_port, DEFAULT_MULTI_MACHINE_PORT);
+        assert!(s.ranks.unwrap().shows(0));
+        let s = Settings::resolve(Options::default()).unwrap();
+        assert_eq!((s.main_addr.as_str(), s.main_port), ("127.0.0.1", 0));
+    }
+}
