@@ -212,8 +212,16 @@ fn a_saved_mlp_loads_into_torch_strictly_and_gives_the_same_outputs() {
     let want = tch::no_grad(|| net.forward(&x));
     assert_eq!(y[0].1.size(), [5, 3]);
     let diff = f64::try_from((&y[0].1 - &want).abs().max()).unwrap();
-    // The same libtorch kernels on both sides: equal to the last bit.
-    assert_eq!(diff, 0.0, "torch's outputs differ from tch's by {diff}");
+    let scale = f64::try_from(want.abs().max()).unwrap();
+    // The same libtorch build on both sides, but the two processes may take
+    // different GEMM paths (alignment, CPU features): a few ulps of the
+    // outputs' magnitude, where a wrong or transposed weight is off by
+    // whole units.
+    let bound = 4.0 * f64::from(f32::EPSILON) * scale.max(1.0);
+    assert!(
+        diff <= bound,
+        "torch's outputs differ from tch's by {diff} (more than {bound})"
+    );
     assert!(f64::try_from(want.abs().sum(Kind::Float)).unwrap() > 0.1);
 }
 
