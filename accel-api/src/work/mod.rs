@@ -34,8 +34,9 @@
 
 mod call;
 mod ext;
-mod pending;
+pub(crate) mod pending;
 
 pub use call::{Call, CallInfo, CallMut, HostBytes, Owned, OwnedBuf, ENGINE_GRACE};
 pub use ext::StartExt;
-pub use pending::{Completer, Pending, Work, WorkLabel};
+pub use pending::{Pending, Work, WorkLabel};
+// The executor's side of a handle, `Completer`, is kit (`accel_api::kit`).

@@ -127,9 +127,8 @@ mod rendezvous;
 
 use std::sync::Arc;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Result, StaticBackend, PRIORITY_CPU,
-};
+use accel_api::kit::{StaticBackend, PRIORITY_CPU};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result};
 
 pub use engine::{capabilities, GlooCommunicator, GlooEngine};
 pub use name::NAME;
@@ -184,9 +183,9 @@ pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
         gloo_device: Arc::new(gloo_device),
         store: ctx.store.clone(),
         prefix: format!("cpu-gloo/{generation}"),
-        info: accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities()),
+        info: accel_api::kit::EngineInfo::world(NAME, &ctx, engine::capabilities()),
     })
-    .map(accel_api::Group::new)
+    .map(accel_api::kit::Group::new)
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));

@@ -6,9 +6,9 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use accel_api::kit::{BackendRegistration, PRIORITY_CPU};
 use accel_api::{
-    Backend, BackendRegistration, Communicator, CommunicatorExt, DeviceKind, ErrorKind,
-    ProbeContext, ReduceOp, Store, PRIORITY_CPU,
+    Backend, Communicator, CommunicatorExt, DeviceKind, ErrorKind, ProbeContext, ReduceOp, Store,
 };
 use accel_backend_cpu_gloo::BACKEND;
 use accel_rendezvous::MemoryStore;

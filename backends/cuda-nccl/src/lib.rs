@@ -117,10 +117,8 @@ mod probe;
 use std::sync::Arc;
 use std::time::Instant;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Group, Result, StaticBackend, StoreExt,
-    PRIORITY_CUDA,
-};
+use accel_api::kit::{Group, StaticBackend, PRIORITY_CUDA};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result, StoreExt};
 
 pub use buffer::{cudarc_view, cudarc_view_mut, DeviceBuffer};
 /// The cudarc this backend is built on (`=0.19.10`): name its types
@@ -234,4 +232,4 @@ pub fn connect(ctx: ConnectContext) -> Result<NcclCommunicator> {
     Ok(Group::new(engine))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));

@@ -148,9 +148,8 @@ mod watchdog;
 use std::sync::Arc;
 use std::time::Instant;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Result, StaticBackend, PRIORITY_MPI,
-};
+use accel_api::kit::{StaticBackend, PRIORITY_MPI};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result};
 
 pub use engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
 pub use name::NAME;
@@ -301,10 +300,10 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
         )),
         Err(_) => None,
     };
-    let info = accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities());
-    Ok(accel_api::Group::new(MpiEngine::new(
+    let info = accel_api::kit::EngineInfo::world(NAME, &ctx, engine::capabilities());
+    Ok(accel_api::kit::Group::new(MpiEngine::new(
         comm, info, shared, record,
     )))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));

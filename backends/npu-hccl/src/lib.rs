@@ -50,7 +50,7 @@
 //!
 //! | operation | element types | how |
 //! |---|---|---|
-//! | all_reduce, reduce | f16, bf16, f32, i8, i32 | `HcclAllReduce` / `HcclReduce` in place; sum, prod, min, max; `avg` = sum, then divide (host buffers by the group; device buffers by [`Engine::divide_device`](accel_api::Engine::divide_device): a copy to the host, the same division, a copy back) |
+//! | all_reduce, reduce | f16, bf16, f32, i8, i32 | `HcclAllReduce` / `HcclReduce` in place; sum, prod, min, max; `avg` = sum, then divide (host buffers by the group; device buffers by [`Engine::divide_device`](accel_api::kit::Engine::divide_device): a copy to the host, the same division, a copy back) |
 //! | reduce_scatter | same | `HcclReduceScatter` |
 //! | broadcast, all_gather, scatter, all_to_all | all eight | `HcclBroadcast`, `HcclAllGather`, `HcclScatter`, `HcclAlltoAll` on the bytes (`HCCL_DATA_TYPE_INT8`, exact for every type) |
 //! | gather | all eight | HCCL has none: `HcclAllGather` into scratch memory, the root keeps it |
@@ -104,9 +104,9 @@ mod probe;
 
 use std::path::{Path, PathBuf};
 
+use accel_api::kit::{Group, PRIORITY_NPU};
 use accel_api::{
-    Backend, Communicator, ConnectContext, DeviceKind, Error, Group, Probe, ProbeContext, Result,
-    PRIORITY_NPU,
+    Backend, Communicator, ConnectContext, DeviceKind, Error, Probe, ProbeContext, Result,
 };
 
 pub use engine::{capabilities, hccl_timeouts, NpuCommunicator, NpuEngine};
@@ -121,6 +121,10 @@ use probe::Search;
 pub fn required_symbols() -> (&'static [&'static str], &'static [&'static str]) {
     (ffi::acl_symbols(), ffi::hccl_symbols())
 }
+
+/// The `npu-hccl` backend's registration record, finding CANN through the
+/// environment ([`NpuHcclBackend::with_lib_dir`] for a fixed folder).
+pub const BACKEND: NpuHcclBackend = NpuHcclBackend::new();
 
 /// The `npu-hccl` backend.
 #[derive(Debug, Default, Clone)]
@@ -225,4 +229,4 @@ impl Backend for NpuHcclBackend {
     }
 }
 
-accel_api::submit_backend!(|| Box::new(NpuHcclBackend::new()));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));

@@ -13,9 +13,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use accel_api::kit::Engine;
 use accel_api::{
     Backend, Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, DType, Device, DeviceKind,
-    Engine, ErrorKind, ProbeContext, ReduceOp, Store,
+    ErrorKind, ProbeContext, ReduceOp, Store,
 };
 use accel_backend_npu_hccl::{NpuCommunicator, NpuHcclBackend};
 use accel_rendezvous::MemoryStore;

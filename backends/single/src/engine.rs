@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, Device, DeviceKind, Engine, EngineInfo, Group, Op,
-    ReduceOp, Result,
-};
+use accel_api::kit::{host, host_mut, Engine, EngineInfo, Group};
+use accel_api::{Buf, BufMut, Capabilities, Device, DeviceKind, Op, ReduceOp, Result};
 
 use crate::NAME;
 

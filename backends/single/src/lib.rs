@@ -7,10 +7,8 @@
 
 mod engine;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext, Result, StaticBackend,
-    PRIORITY_FALLBACK,
-};
+use accel_api::kit::{StaticBackend, PRIORITY_FALLBACK};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext, Result};
 
 pub use engine::{communicator, communicator_named, SingleCommunicator, SingleEngine};
 
@@ -57,4 +55,4 @@ pub fn connect_named(name: &'static str, ctx: ConnectContext) -> Result<SingleCo
     Ok(communicator_named(name, ctx.device, ctx.timeout))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));

@@ -8,10 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, Device, DeviceKind, Engine, EngineInfo, Error,
-    Group, Op, ReduceOp, Result, SplitPlan,
-};
+use accel_api::kit::{host, host_mut, Engine, EngineInfo, Group, SplitPlan};
+use accel_api::{Buf, BufMut, Capabilities, Device, DeviceKind, Error, Op, ReduceOp, Result};
 
 use crate::error::XlaError;
 use crate::meet::{CallKey, Deposit, Meet, Outcome, Work};

@@ -91,9 +91,8 @@ mod probe;
 mod programs;
 mod runtime;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Group, Result, StaticBackend, PRIORITY_XLA,
-};
+use accel_api::kit::{Group, StaticBackend, PRIORITY_XLA};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result};
 
 pub use engine::{capabilities, XlaCommunicator, XlaEngine};
 pub use probe::PROCESS_MODEL_VAR;
@@ -211,4 +210,4 @@ pub fn connect(ctx: ConnectContext) -> Result<XlaCommunicator> {
     Ok(Group::new(engine))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));

@@ -5,7 +5,8 @@
 //! `cpu-gloo` in errors, since that is the engine that ran.
 #![deny(unsafe_code)]
 
-use accel_api::{DeviceKind, StaticBackend, PRIORITY_CPU};
+use accel_api::kit::{StaticBackend, PRIORITY_CPU};
+use accel_api::DeviceKind;
 
 /// The registered name.
 pub const NAME: &str = "cpu-gloo-plugin";
