@@ -10,9 +10,12 @@ mod engine;
 use accel_api::kit::{StaticBackend, PRIORITY_FALLBACK};
 use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext, Result};
 
-pub use engine::{communicator, communicator_named, SingleCommunicator, SingleEngine};
+// What a program or a plugin may call: the record, the name, the probe,
+// a one-rank group (`communicator`, `connect_named`) and its type. The
+// engine stays private.
+pub use engine::{communicator, SingleCommunicator};
 
-/// The registered name.
+/// The registered name (what `ACCEL_BACKEND` takes).
 pub const NAME: &str = "single";
 
 /// The `single` backend.
@@ -21,7 +24,8 @@ pub const BACKEND: StaticBackend =
         Ok(Box::new(connect_named(NAME, ctx)?))
     });
 
-/// Available exactly when the run has one process.
+/// Available exactly when the run has one process (what [`BACKEND`]
+/// probes; plugins that reuse this engine probe with it).
 pub fn probe(ctx: &ProbeContext) -> Probe {
     if ctx.world_size == 1 {
         Probe::available(1, Some(env!("CARGO_PKG_VERSION").to_string()))
@@ -52,7 +56,7 @@ pub fn connect_named(name: &'static str, ctx: ConnectContext) -> Result<SingleCo
         .with_op("connect")
         .with_fix("enable a multi-process backend such as cpu-gloo, or run one process"));
     }
-    Ok(communicator_named(name, ctx.device, ctx.timeout))
+    Ok(engine::communicator_named(name, ctx.device, ctx.timeout))
 }
 
 accel_api::kit::submit_backend!(|| Box::new(BACKEND));
