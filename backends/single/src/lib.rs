@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod engine;
+mod name;
 
 use accel_api::kit::{StaticBackend, PRIORITY_FALLBACK};
 use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext, Result};
@@ -14,9 +15,7 @@ use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContex
 // a one-rank group (`communicator`, `connect_named`) and its type. The
 // engine stays private.
 pub use engine::{communicator, SingleCommunicator};
-
-/// The registered name (what `ACCEL_BACKEND` takes).
-pub const NAME: &str = "single";
+pub use name::NAME;
 
 /// The `single` backend.
 pub const BACKEND: StaticBackend =

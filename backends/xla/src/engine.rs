@@ -13,9 +13,9 @@ use accel_api::{Buf, BufMut, Capabilities, Device, DeviceKind, Error, Op, Reduce
 
 use crate::error::XlaError;
 use crate::meet::{CallKey, Deposit, Meet, Outcome, Work};
+use crate::name::NAME;
 use crate::programs::{dtypes, Program};
 use crate::runtime::Runtime;
-use crate::NAME;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -87,6 +87,7 @@ mod error;
 #[allow(unsafe_code)]
 mod ffi;
 mod meet;
+mod name;
 mod probe;
 mod programs;
 mod runtime;
@@ -97,12 +98,11 @@ use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result};
 // The crate's face (ADR 0034): the record, the name and the plugin's
 // description for diagnostics. Its own tests and examples reach the rest
 // through `__test`.
+pub use name::NAME;
+
 use engine::{XlaCommunicator, XlaEngine};
 use error::XlaError;
 use runtime::Runtime;
-
-/// The registered name.
-pub const NAME: &str = "xla";
 
 /// The `xla` backend. Its device kind is the host's: the communicator
 /// takes CPU buffers and copies them to the plugin's devices.
