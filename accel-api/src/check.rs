@@ -43,7 +43,8 @@ use crate::{
 };
 
 /// Whether a [`Group`](crate::kit::Group) compares every collective's shape
-/// across ranks before the engine runs it (see the [module docs](self)).
+/// across ranks before the engine runs it (ADR 0016; the kit's docs,
+/// [`kit`](crate::kit), say what an engine sees of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CallCheck {
     /// Check every collective (the default).

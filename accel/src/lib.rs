@@ -37,7 +37,10 @@
 //! * The contracts of [`accel_api`] by name ([`Communicator`], [`Store`],
 //!   buffer views, [`DType`], [`ReduceOp`], [`Device`], [`Error`],
 //!   [`Capabilities`], [`Layer`], [`Wrapper`], [`OffloadStore`], [`Backend`]
-//!   and its probe, ...), and [`worker`], the launcher-worker protocol.
+//!   and its probe, ...), the handles of work in flight ([`StartExt`],
+//!   [`Work`], [`Pending`], [`OwnedBuf`], [`HostBytes`]; the started call
+//!   itself in [`work`]), and [`worker`], the launcher-worker protocol.
+//! * [`flight`]: flight-recorder dumps.
 //! * [`kit`]: for engine authors only (`Engine`, `Group`, the poll loop,
 //!   `StaticBackend`, ...); never at this root (ADR 0034).
 #![forbid(unsafe_code)]

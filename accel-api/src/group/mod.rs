@@ -74,7 +74,7 @@ use crate::sync::lock;
 use crate::{BufMut, DType, Error, ErrorKind, HostBufMut, Op, ReduceOp, Result};
 use exec::{Turn, Worker};
 
-/// Any [`Engine`] as a [`Communicator`]: the checks, poisoning, mailbox,
+/// Any [`Engine`] as a [`Communicator`](crate::Communicator): the checks, poisoning, mailbox,
 /// average and error context described at the top of `accel-api/src/group/mod.rs`.
 ///
 /// Backends name their communicator as an alias
