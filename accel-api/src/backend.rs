@@ -325,7 +325,7 @@ impl Backend for StaticBackend {
 /// The `inventory` record in-tree backends submit.
 ///
 /// ```ignore
-/// accel_api::submit_backend!(MyBackend::default);
+/// accel_api::kit::submit_backend!(MyBackend::default);
 /// ```
 #[derive(Debug)]
 pub struct BackendRegistration {
@@ -338,12 +338,14 @@ pub struct BackendRegistration {
 inventory::collect!(BackendRegistration);
 
 /// Submit an in-tree backend to the `inventory` registry:
-/// `accel_api::submit_backend!(|| Box::new(MyBackend))`.
+/// `accel_api::kit::submit_backend!(|| Box::new(MyBackend))` (a kit item:
+/// its path at the crate root is hidden).
+#[doc(hidden)]
 #[macro_export]
 macro_rules! submit_backend {
     ($make:expr) => {
         $crate::__private::inventory::submit! {
-            $crate::BackendRegistration {
+            $crate::kit::BackendRegistration {
                 make: $make,
                 crate_name: ::core::env!("CARGO_PKG_NAME"),
             }

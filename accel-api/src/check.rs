@@ -1,5 +1,5 @@
 //! The always-on call check (ADR 0016): before every collective, the ranks
-//! of a [`Group`](crate::Group) compare the shape of the call (operation,
+//! of a [`Group`](crate::kit::Group) compare the shape of the call (operation,
 //! element type, length, root, reduction) with one tiny exchange through
 //! the engine itself, so that a call the engine cannot survive (mismatched
 //! lengths read or write past a buffer in MPI and abort Gloo's transport
@@ -42,8 +42,9 @@ use crate::{
     MismatchEntry, Op, ReduceOp, Result,
 };
 
-/// Whether a [`Group`](crate::Group) compares every collective's shape
-/// across ranks before the engine runs it (see the [module docs](self)).
+/// Whether a [`Group`](crate::kit::Group) compares every collective's shape
+/// across ranks before the engine runs it (ADR 0016; the kit's docs,
+/// [`kit`](crate::kit), say what an engine sees of it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum CallCheck {
     /// Check every collective (the default).
@@ -95,7 +96,7 @@ std::thread_local! {
 }
 
 impl CallCheck {
-    /// Run `f` with `check` as the setting of every [`Group`](crate::Group)
+    /// Run `f` with `check` as the setting of every [`Group`](crate::kit::Group)
     /// created on this thread during `f` (instead of the environment's).
     /// The plugin boundary uses it: the host's group in front of a plugin
     /// already checks every call, so the group inside the plugin checks

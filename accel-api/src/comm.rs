@@ -154,7 +154,7 @@ pub trait Communicator: Send + Sync {
     /// else from the handle's `wait`, naming the operation with its
     /// sequence number (`all_reduce#12`).
     ///
-    /// [`Group`]: crate::Group
+    /// [`Group`]: crate::kit::Group
     fn start(&self, mut call: Call) -> Result<Pending> {
         let op = call.info().op;
         let result = call.views_mut().run_blocking(self);

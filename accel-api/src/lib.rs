@@ -16,16 +16,25 @@
 //! | [`HostBuf`], [`HostBufMut`], [`DeviceBuf`], [`DeviceBufMut`], [`Buf`], [`BufMut`] | typed, object-safe buffer views; device views borrow their owner |
 //! | [`Capabilities`], [`Op`] | what a communicator declares it can do, up front |
 //! | [`Communicator`], [`CommunicatorExt`] | collectives over one process group |
-//! | [`Engine`], [`Group`], [`SplitPlan`] | the backend kit: engines drive a library, one generic group owns the runtime |
-//! | [`CallCheck`], [`check`] | the call check: every collective's shape compared across ranks before the engine runs it |
+//! | [`CallCheck`] | the call check: every collective's shape compared across ranks before the engine runs it (on by default; `ACCEL_CHECK_CALLS`) |
 //! | [`Layer`], [`Layered`], [`CallInfo`] | forwarding layers (debug fingerprinting, vendor wrappers) |
-//! | [`Backend`], [`StaticBackend`], [`Probe`], [`ConnectContext`], [`BackendRegistration`] | a registration record: name, priority, device kind, probe, connect |
+//! | [`Backend`], [`Probe`], [`Availability`], [`ProbeContext`], [`ConnectContext`] | a backend as the registry shows it: name, priority, device kind, probe, connect |
 //! | [`Store`], [`StoreExt`] | the rendezvous key-value store every engine bootstraps from |
 //! | [`Wrapper`] | what `prepare()` returns |
 //! | [`OffloadStore`] | named tensors for big-model offload |
 //! | [`Error`], [`ErrorKind`] | the one public error type |
 //! | [`files`] | opening files named by other files: regular files inside their folder only, reads bounded by size |
 //! | [`durable::write_atomic`] | the one durable file write (temporary file, fsync, rename, directory fsync) |
+//! | [`worker`] | the launcher-worker protocol: variable names, the error record |
+//! | [`kit`] | **for engine authors only**: [`Engine`](kit::Engine), [`Group`](kit::Group), the poll loop, the mailbox, the point-to-point header, [`StaticBackend`](kit::StaticBackend) and the registration |
+//!
+//! ## Two faces
+//!
+//! The root holds the contracts a program uses; [`kit`] holds what only a
+//! backend author needs, reached only as `accel_api::kit::Xxx` (OpenDAL's
+//! `raw`; docs/adr/0034-user-face-and-kit.md). `files` and `durable` are
+//! utilities accel's own crates share; the `accel` facade re-exports the
+//! contracts by name, [`worker`], and the kit as `accel::kit`.
 //!
 //! ## Rules every backend follows
 //!
@@ -44,14 +53,14 @@
 //!    [`Error::new`] and add the rank, the operation and the backend name.
 //! 5. **Collective calling convention.** Every rank of the group calls the
 //!    same operations in the same order with the same element type, element
-//!    count and root. Breaking it is a user error that [`Group`]'s call check
-//!    ([`check`], on by default) reports as [`ErrorKind::Mismatch`] on every
+//!    count and root. Breaking it is a user error that the call check
+//!    ([`CallCheck`], on by default) reports as [`ErrorKind::Mismatch`] on every
 //!    rank before the engine runs the call; debug mode adds a per-rank table
 //!    through the store.
 //!
-//! A backend implements rules 1-5 by implementing [`Engine`] and handing it
-//! to [`Group::new`]: the group does the checks, the poisoning and the error
-//! context once for every engine.
+//! A backend implements rules 1-5 by implementing [`kit::Engine`] and
+//! handing it to [`kit::Group::new`]: the group does the checks, the
+//! poisoning and the error context once for every engine.
 //!
 //! Plugins loaded with `dlopen` implement these same traits; the C boundary
 //! that carries them lives in the `accel-plugin` crate so that this crate can
@@ -69,7 +78,7 @@ mod codes;
 mod backend;
 mod buffer;
 mod caps;
-pub mod check;
+mod check;
 mod comm;
 mod device;
 mod dtype;
@@ -77,6 +86,7 @@ pub mod durable;
 mod error;
 pub mod files;
 mod group;
+pub mod kit;
 mod layer;
 mod offload;
 mod op;
@@ -86,22 +96,16 @@ pub mod work;
 pub mod worker;
 mod wrapper;
 
-pub use backend::{
-    Availability, Backend, BackendRegistration, ConnectContext, Probe, ProbeContext, StaticBackend,
-    PRIORITY_CPU, PRIORITY_CUDA, PRIORITY_FALLBACK, PRIORITY_MPI, PRIORITY_NPU, PRIORITY_XLA,
-};
+// The user contracts. The engine kit (the group folder, the call check's
+// machinery, the static registration, `validate`) is `kit`, never here.
+pub use backend::{Availability, Backend, ConnectContext, Probe, ProbeContext};
 pub use buffer::{Buf, BufMut, DeviceBuf, DeviceBufMut, HostBuf, HostBufMut};
 pub use caps::{Capabilities, Op};
 pub use check::CallCheck;
-pub use comm::{validate, Communicator, CommunicatorExt};
+pub use comm::{Communicator, CommunicatorExt};
 pub use device::{Device, DeviceKind};
 pub use dtype::{DType, Element};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
-pub use group::{
-    host, host_mut, message_does_not_fit, on_group_worker, timeout_error, Backoff, Clock, Deadline,
-    Engine, EngineInfo, Expired, Group, Growth, Mailbox, P2pHeader, Pause, Polled, Poller,
-    SplitPlan, SystemClock, Taken, Until, P2P_MAGIC, TIMEOUT_FIX,
-};
 pub use layer::{Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};
 pub use op::ReduceOp;

@@ -34,6 +34,15 @@
 //!   is that rank's.
 //! * [`stall`]: the stall inspector: a timed-out collective names the ranks
 //!   that never arrived and what they last entered.
+//! * The contracts of [`accel_api`] by name ([`Communicator`], [`Store`],
+//!   buffer views, [`DType`], [`ReduceOp`], [`Device`], [`Error`],
+//!   [`Capabilities`], [`Layer`], [`Wrapper`], [`OffloadStore`], [`Backend`]
+//!   and its probe, ...), the handles of work in flight ([`StartExt`],
+//!   [`Work`], [`Pending`], [`OwnedBuf`], [`HostBytes`]; the started call
+//!   itself in [`work`]), and [`worker`], the launcher-worker protocol.
+//! * [`flight`]: flight-recorder dumps.
+//! * [`kit`]: for engine authors only (`Engine`, `Group`, the poll loop,
+//!   `StaticBackend`, ...); never at this root (ADR 0034).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -43,6 +52,8 @@ mod debug;
 #[cfg(doctest)]
 mod doc_examples;
 pub mod env_check;
+#[cfg(test)]
+mod face;
 pub mod flight;
 #[cfg(test)]
 mod layering;
@@ -61,7 +72,19 @@ pub mod train;
 pub mod worker_env;
 pub mod zero;
 
-pub use accel_api::*;
+// accel-api's user contracts, by name: the root is the user's face, and a
+// name added here is added to `face.rs`'s list too. The engine kit is
+// reached only as `accel::kit` (docs/adr/0034-user-face-and-kit.md).
+pub use accel_api::{
+    bf16, f16, with_dtype, with_float, Availability, Backend, Buf, BufMut, CallCheck, CallInfo,
+    Capabilities, CasOutcome, Communicator, CommunicatorExt, ConnectContext, DType, Device,
+    DeviceBuf, DeviceBufMut, DeviceKind, Element, Error, ErrorKind, HostBuf, HostBufMut, Layer,
+    Layered, MismatchEntry, OffloadStore, Op, Probe, ProbeContext, ReduceOp, Result, Store,
+    StoreExt, TensorMeta, Wrapper,
+};
+// Work in flight (ADR 0033): the handles a program holds.
+pub use accel_api::{kit, work, worker};
+pub use accel_api::{HostBytes, OwnedBuf, Pending, StartExt, Work};
 pub use accelerator::Accelerator;
 pub use collectives::CollectivesExt;
 pub use debug::{debug_communicator, DebugCommunicator, DebugLayer};
@@ -82,21 +105,24 @@ pub use accel_rendezvous as rendezvous;
 #[cfg(feature = "cuda-nccl")]
 pub use accel_backend_cuda_nccl as cuda_nccl;
 
-/// Reference every enabled backend crate so the linker keeps their
-/// `inventory` registrations (an unreferenced crate can be dropped).
+/// Reference every enabled backend crate's registration record so the
+/// linker keeps their `inventory` registrations (an unreferenced crate can
+/// be dropped).
 pub(crate) fn link_backends() {
+    use accel_api::Backend;
     use std::hint::black_box;
-    // Function pointers, not constants: a constant can be inlined without
-    // keeping the crate's object code (and its registration) in the link.
-    black_box(accel_backend_single::connect_named as fn(_, _) -> _);
+    // Each record as a trait object: its vtable or its function pointers
+    // live in the backend crate's object code, which a constant alone
+    // would not keep in the link.
+    black_box(&accel_backend_single::BACKEND as &dyn Backend);
     #[cfg(feature = "cpu-gloo")]
-    black_box(accel_backend_cpu_gloo::connect as fn(_) -> _);
+    black_box(&accel_backend_cpu_gloo::BACKEND as &dyn Backend);
     #[cfg(feature = "mpi")]
-    black_box(accel_backend_mpi::connect as fn(_) -> _);
+    black_box(&accel_backend_mpi::BACKEND as &dyn Backend);
     #[cfg(feature = "npu-hccl")]
-    black_box(accel_backend_npu_hccl::backend as fn() -> _);
+    black_box(&accel_backend_npu_hccl::BACKEND as &dyn Backend);
     #[cfg(feature = "xla")]
-    black_box(accel_backend_xla::connect as fn(_) -> _);
+    black_box(&accel_backend_xla::BACKEND as &dyn Backend);
     #[cfg(feature = "cuda-nccl")]
-    black_box(accel_backend_cuda_nccl::connect as fn(_) -> _);
+    black_box(&accel_backend_cuda_nccl::BACKEND as &dyn Backend);
 }

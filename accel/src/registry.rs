@@ -5,9 +5,8 @@ use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use accel_api::{
-    Availability, Backend, BackendRegistration, Error, ErrorKind, Probe, ProbeContext, Result,
-};
+use accel_api::kit::BackendRegistration;
+use accel_api::{Availability, Backend, Error, ErrorKind, Probe, ProbeContext, Result};
 
 /// Every backend accel knows by name, with the cargo feature that compiles
 /// it in, in probe order. Used to report backends that are not compiled in.
@@ -132,7 +131,7 @@ impl Registry {
     }
 
     /// Every backend compiled into this binary (submitted with
-    /// `accel_api::submit_backend!`), without plugins.
+    /// `accel_api::kit::submit_backend!`), without plugins.
     pub fn builtin() -> Registry {
         crate::link_backends();
         let mut r = Registry::empty();

@@ -239,10 +239,8 @@ impl Layer for StallLayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use accel_api::{
-        Buf, BufMut, Capabilities, CommunicatorExt, Device, Engine, EngineInfo, Group, ReduceOp,
-        Result,
-    };
+    use accel_api::kit::{Engine, EngineInfo, Group};
+    use accel_api::{Buf, BufMut, Capabilities, CommunicatorExt, Device, ReduceOp, Result};
     use accel_rendezvous::MemoryStore;
     use std::sync::atomic::AtomicBool;
 

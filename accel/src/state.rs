@@ -442,7 +442,7 @@ impl ProcessState {
     /// As [`from_env`](Self::from_env).
     pub fn from_vars(vars: HashMap<String, String>) -> Result<ProcessState> {
         let env = WorkerEnv::from_vars(&vars)?;
-        // Read by every communicator (accel_api::Group); refused here so
+        // Read by every communicator (accel_api::kit::Group); refused here so
         // that a malformed value is an error naming it, not a silent default.
         if let Some(v) = vars
             .get(accel_api::CallCheck::VARIABLE)

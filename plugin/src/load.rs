@@ -13,10 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use accel_api::kit::{Engine, EngineInfo, Group};
 use accel_api::{
     Backend, Buf, BufMut, Capabilities, CasOutcome, Communicator, ConnectContext, Device,
-    DeviceKind, Engine, EngineInfo, Error, ErrorKind, Group, Probe, ProbeContext, ReduceOp, Result,
-    Store,
+    DeviceKind, Error, ErrorKind, Probe, ProbeContext, ReduceOp, Result, Store,
 };
 
 use crate::abi::*;
@@ -975,7 +975,7 @@ mod tests {
         const PLUGIN_VERSION: &'static str = "9.9.9";
 
         fn backend() -> &'static dyn Backend {
-            static B: accel_api::StaticBackend = accel_backend_single::BACKEND;
+            static B: accel_api::kit::StaticBackend = accel_backend_single::BACKEND;
             &B
         }
     }
@@ -994,7 +994,7 @@ mod tests {
         const PLUGIN_VERSION: &'static str = "1.1.0";
 
         fn backend() -> &'static dyn Backend {
-            static B: accel_api::StaticBackend = accel_api::StaticBackend::new(
+            static B: accel_api::kit::StaticBackend = accel_api::kit::StaticBackend::new(
                 "echo",
                 0,
                 DeviceKind::Cpu,

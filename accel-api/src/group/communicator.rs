@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use super::{Core, Engine, Group, Ticket};
 use crate::check::Shape;
+use crate::comm::validate;
 use crate::work::{Call, CallMut, Pending, WorkLabel};
 use crate::{
-    validate, Buf, BufMut, Capabilities, Communicator, DType, Device, Error, ErrorKind, Op,
-    ReduceOp, Result,
+    Buf, BufMut, Capabilities, Communicator, DType, Device, Error, ErrorKind, Op, ReduceOp, Result,
 };
 
 /// What admission found out about a call.

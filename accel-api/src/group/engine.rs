@@ -9,7 +9,7 @@ use crate::{
 };
 
 /// The calls into one collective engine (Gloo, MPI, NCCL, PJRT, HCCL, a
-/// plugin), wrapped by [`Group`] into a [`Communicator`].
+/// plugin), wrapped by [`Group`](crate::kit::Group) into a [`Communicator`](crate::Communicator).
 ///
 /// Every method is called by the group only after its checks passed, one at
 /// a time (the group serialises calls), so an engine may assume:
@@ -17,7 +17,7 @@ use crate::{
 /// * the operation, element type, reduction and device kind are in its
 ///   [`capabilities`](EngineInfo::capabilities);
 /// * roots and peers are ranks of the group; buffer lengths and dtypes
-///   satisfy the [`Communicator`] method's requirements; every buffer is on
+///   satisfy the [`Communicator`](crate::Communicator) method's requirements; every buffer is on
 ///   the communicator's [`device`](EngineInfo::device);
 /// * collectives get at least one element (zero-length calls never reach the
 ///   engine; point-to-point calls may carry zero elements);
@@ -44,57 +44,57 @@ pub trait Engine: Send + Sync + Sized + 'static {
 
     /// `true` when the engine's calls complete without waiting for peers
     /// (one process, no wire): calls started without waiting
-    /// ([`Communicator::start`]) then run in the caller's thread and
+    /// ([`Communicator::start`](crate::Communicator::start)) then run in the caller's thread and
     /// return completed handles. Otherwise (the default) the group runs
     /// them on its worker thread, in issue order, through the methods
     /// below.
     const STARTS_INLINE: bool = false;
 
     /// Who this engine's group is (backend, rank, size, device, timeout)
-    /// and what it accepts; read once by [`Group::new`], constant for the
+    /// and what it accepts; read once by [`Group::new`](crate::kit::Group::new), constant for the
     /// engine's lifetime.
     fn info(&self) -> &EngineInfo;
 
-    /// [`Communicator::all_reduce`] on checked arguments.
+    /// [`Communicator::all_reduce`](crate::Communicator::all_reduce) on checked arguments.
     fn all_reduce(&self, buf: BufMut<'_>, op: ReduceOp) -> Result<()>;
 
-    /// [`Communicator::reduce`] on checked arguments.
+    /// [`Communicator::reduce`](crate::Communicator::reduce) on checked arguments.
     fn reduce(&self, buf: BufMut<'_>, op: ReduceOp, root: usize) -> Result<()>;
 
-    /// [`Communicator::broadcast`] on checked arguments.
+    /// [`Communicator::broadcast`](crate::Communicator::broadcast) on checked arguments.
     fn broadcast(&self, buf: BufMut<'_>, root: usize) -> Result<()>;
 
-    /// [`Communicator::all_gather`] on checked arguments.
+    /// [`Communicator::all_gather`](crate::Communicator::all_gather) on checked arguments.
     fn all_gather(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
 
-    /// [`Communicator::gather`] on checked arguments: `recv` is `Some`
+    /// [`Communicator::gather`](crate::Communicator::gather) on checked arguments: `recv` is `Some`
     /// exactly on `root`.
     fn gather(&self, send: Buf<'_>, recv: Option<BufMut<'_>>, root: usize) -> Result<()>;
 
-    /// [`Communicator::scatter`] on checked arguments: `send` is `Some`
+    /// [`Communicator::scatter`](crate::Communicator::scatter) on checked arguments: `send` is `Some`
     /// exactly on `root`.
     fn scatter(&self, send: Option<Buf<'_>>, recv: BufMut<'_>, root: usize) -> Result<()>;
 
-    /// [`Communicator::reduce_scatter`] on checked arguments.
+    /// [`Communicator::reduce_scatter`](crate::Communicator::reduce_scatter) on checked arguments.
     fn reduce_scatter(&self, send: Buf<'_>, recv: BufMut<'_>, op: ReduceOp) -> Result<()>;
 
-    /// [`Communicator::all_to_all`] on checked arguments.
+    /// [`Communicator::all_to_all`](crate::Communicator::all_to_all) on checked arguments.
     fn all_to_all(&self, send: Buf<'_>, recv: BufMut<'_>) -> Result<()>;
 
-    /// [`Communicator::send`] to another rank (or to self for device memory).
+    /// [`Communicator::send`](crate::Communicator::send) to another rank (or to self for device memory).
     fn send(&self, buf: Buf<'_>, dst: usize, tag: u32) -> Result<()>;
 
-    /// [`Communicator::recv`] from another rank (or from self for device
+    /// [`Communicator::recv`](crate::Communicator::recv) from another rank (or from self for device
     /// memory). A message whose size or dtype differs from `buf` is an
-    /// [`ErrorKind::InvalidArgument`] error (the message is dropped), never a
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) error (the message is dropped), never a
     /// partial write.
     fn recv(&self, buf: BufMut<'_>, src: usize, tag: u32) -> Result<()>;
 
-    /// [`Communicator::barrier`].
+    /// [`Communicator::barrier`](crate::Communicator::barrier).
     fn barrier(&self) -> Result<()>;
 
-    /// [`Communicator::split`]: the engine of this rank's sub-group, `None`
-    /// when `color` is `None`. [`SplitPlan::exchange`] computes the
+    /// [`Communicator::split`](crate::Communicator::split): the engine of this rank's sub-group, `None`
+    /// when `color` is `None`. [`SplitPlan::exchange`](crate::kit::SplitPlan::exchange) computes the
     /// membership for engines that take host memory.
     fn split(&self, color: Option<u32>, key: u32) -> Result<Option<Self>>;
 
@@ -116,7 +116,7 @@ pub trait Engine: Send + Sync + Sized + 'static {
     /// Divide every element of a device buffer by `n` (the second half of
     /// [`ReduceOp::Avg`] when the engine has no native average). Host
     /// buffers are divided by the group. The default returns
-    /// [`ErrorKind::Unsupported`]: an engine that takes device memory
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported): an engine that takes device memory
     /// declares `Avg` only if it has a native average or overrides this.
     fn divide_device(&self, buf: DeviceBufMut<'_>, n: usize) -> Result<()> {
         let _ = n;
@@ -131,10 +131,10 @@ pub trait Engine: Send + Sync + Sized + 'static {
 }
 
 /// The identity of one engine's group and what it accepts: what
-/// [`Communicator::backend_name`], [`rank`](Communicator::rank),
-/// [`world_size`](Communicator::world_size),
-/// [`device`](Communicator::device), [`timeout`](Communicator::timeout)
-/// and [`capabilities`](Communicator::capabilities) return.
+/// [`Communicator::backend_name`](crate::Communicator::backend_name), [`rank`](crate::Communicator::rank),
+/// [`world_size`](crate::Communicator::world_size),
+/// [`device`](crate::Communicator::device), [`timeout`](crate::Communicator::timeout)
+/// and [`capabilities`](crate::Communicator::capabilities) return.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineInfo {
     /// The backend's registered name.
@@ -170,7 +170,7 @@ impl EngineInfo {
 /// (its capabilities take only [`DeviceKind::Cpu`](crate::DeviceKind::Cpu)).
 ///
 /// # Errors
-/// [`ErrorKind::Internal`] for a device view (the group's checks let it
+/// [`ErrorKind::Internal`](crate::ErrorKind::Internal) for a device view (the group's checks let it
 /// through: a bug).
 pub fn host(op: Op, b: Buf<'_>) -> Result<HostBuf<'_>> {
     b.host().ok_or_else(|| not_host(op))
@@ -179,7 +179,7 @@ pub fn host(op: Op, b: Buf<'_>) -> Result<HostBuf<'_>> {
 /// As [`host`], for a writable buffer.
 ///
 /// # Errors
-/// [`ErrorKind::Internal`] for a device view.
+/// [`ErrorKind::Internal`](crate::ErrorKind::Internal) for a device view.
 pub fn host_mut(op: Op, b: BufMut<'_>) -> Result<HostBufMut<'_>> {
     b.into_host().ok_or_else(|| not_host(op))
 }

@@ -24,7 +24,7 @@
 //!   [`ErrorKind::Poisoned`] naming that first failure;
 //! * error context: every error leaves with the backend, the rank and the
 //!   operation attached;
-//! * the call check ([`crate::check`], ADR 0016): before every collective
+//! * the call check (`check.rs`, ADR 0016): before every collective
 //!   the ranks compare its operation, element type, length, root and
 //!   reduction with one tiny all-gather through the engine, so that a
 //!   mismatched call is an [`ErrorKind::Mismatch`] error on every rank and
@@ -74,7 +74,7 @@ use crate::sync::lock;
 use crate::{BufMut, DType, Error, ErrorKind, HostBufMut, Op, ReduceOp, Result};
 use exec::{Turn, Worker};
 
-/// Any [`Engine`] as a [`Communicator`]: the checks, poisoning, mailbox,
+/// Any [`Engine`] as a [`Communicator`](crate::Communicator): the checks, poisoning, mailbox,
 /// average and error context described at the top of `accel-api/src/group/mod.rs`.
 ///
 /// Backends name their communicator as an alias
@@ -407,7 +407,7 @@ impl<E: Engine> Core<E> {
         f(&self.engine, checked).map_err(|e| self.fail(op, e))
     }
 
-    /// The call check of collective `seq` (see [`crate::check`]).
+    /// The call check of collective `seq` (see `check.rs`).
     fn exchange(&self, plan: Plan, mode: CallCheck, seq: u64, shape: &Shape) -> Result<()> {
         let mine = check::encode(shape, mode);
         match plan {

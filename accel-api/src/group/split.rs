@@ -1,10 +1,10 @@
-//! [`SplitPlan`]: who is in which sub-group after a split, and the
+//! [`SplitPlan`](crate::kit::SplitPlan): who is in which sub-group after a split, and the
 //! sub-group's [`EngineInfo`].
 
 use super::engine::{Engine, EngineInfo};
 use crate::{Buf, BufMut, Error, HostBuf, HostBufMut, Op, Result};
 
-/// Who is in which sub-group after a [`Communicator::split`]: what every
+/// Who is in which sub-group after a [`Communicator::split`](crate::Communicator::split): what every
 /// engine needs to build its sub-group, computed from the `(color, key)` of
 /// every rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +27,7 @@ impl SplitPlan {
     /// rank-major (`all[2 * r]`, `all[2 * r + 1]`).
     ///
     /// # Errors
-    /// [`ErrorKind::Internal`] when `all` does not have two entries per rank
+    /// [`ErrorKind::Internal`](crate::ErrorKind::Internal) when `all` does not have two entries per rank
     /// or does not contain this rank's own color.
     pub fn from_exchanged(rank: usize, color: Option<u32>, all: &[i64]) -> Result<SplitPlan> {
         if !all.len().is_multiple_of(2) || rank >= all.len() / 2 {

@@ -133,19 +133,19 @@ impl OwnedBuf for HostBytes {
 /// An owned buffer, type-erased.
 pub type Owned = Box<dyn OwnedBuf>;
 
-/// One call with the buffers it owns, as [`Communicator::start`] takes it.
+/// One call with the buffers it owns, as [`Communicator::start`](crate::Communicator::start) takes it.
 /// The requirements on each call are those of the blocking method of the
 /// same name.
 #[non_exhaustive]
 pub enum Call {
-    /// [`Communicator::all_reduce`].
+    /// [`Communicator::all_reduce`](crate::Communicator::all_reduce).
     AllReduce {
         /// Reduced in place.
         buf: Owned,
         /// The reduction.
         op: ReduceOp,
     },
-    /// [`Communicator::reduce`].
+    /// [`Communicator::reduce`](crate::Communicator::reduce).
     Reduce {
         /// Reduced in place (the result is guaranteed on `root` only).
         buf: Owned,
@@ -154,21 +154,21 @@ pub enum Call {
         /// The rank that gets the result.
         root: usize,
     },
-    /// [`Communicator::broadcast`].
+    /// [`Communicator::broadcast`](crate::Communicator::broadcast).
     Broadcast {
         /// `root`'s data, written everywhere else.
         buf: Owned,
         /// The rank whose data is copied.
         root: usize,
     },
-    /// [`Communicator::all_gather`].
+    /// [`Communicator::all_gather`](crate::Communicator::all_gather).
     AllGather {
         /// This rank's contribution.
         send: Owned,
         /// Every rank's contributions, rank-major.
         recv: Owned,
     },
-    /// [`Communicator::gather`].
+    /// [`Communicator::gather`](crate::Communicator::gather).
     Gather {
         /// This rank's contribution.
         send: Owned,
@@ -177,7 +177,7 @@ pub enum Call {
         /// The rank that gathers.
         root: usize,
     },
-    /// [`Communicator::scatter`].
+    /// [`Communicator::scatter`](crate::Communicator::scatter).
     Scatter {
         /// `root`'s chunks.
         send: Option<Owned>,
@@ -186,7 +186,7 @@ pub enum Call {
         /// The rank that scatters.
         root: usize,
     },
-    /// [`Communicator::reduce_scatter`].
+    /// [`Communicator::reduce_scatter`](crate::Communicator::reduce_scatter).
     ReduceScatter {
         /// This rank's full-size contribution.
         send: Owned,
@@ -195,14 +195,14 @@ pub enum Call {
         /// The reduction.
         op: ReduceOp,
     },
-    /// [`Communicator::all_to_all`].
+    /// [`Communicator::all_to_all`](crate::Communicator::all_to_all).
     AllToAll {
         /// Chunk `j` goes to rank `j`.
         send: Owned,
         /// Chunk `i` comes from rank `i`.
         recv: Owned,
     },
-    /// [`Communicator::send`].
+    /// [`Communicator::send`](crate::Communicator::send).
     Send {
         /// The message.
         buf: Owned,
@@ -211,7 +211,7 @@ pub enum Call {
         /// The message tag.
         tag: u32,
     },
-    /// [`Communicator::recv`].
+    /// [`Communicator::recv`](crate::Communicator::recv).
     Recv {
         /// Where the message lands.
         buf: Owned,
@@ -220,7 +220,7 @@ pub enum Call {
         /// The message tag.
         tag: u32,
     },
-    /// [`Communicator::barrier`].
+    /// [`Communicator::barrier`](crate::Communicator::barrier).
     Barrier,
 }
 

@@ -114,7 +114,7 @@ impl Drop for Completer {
 type MapErr = Box<dyn FnOnce(Error) -> Error + Send>;
 type Abort = Arc<dyn Fn(&str) + Send + Sync>;
 
-/// A started call, type-erased: what [`Communicator::start`] returns.
+/// A started call, type-erased: what [`Communicator::start`](crate::Communicator::start) returns.
 /// [`Work`] is its typed form.
 #[must_use = "a started call completes on `wait`; dropping the handle waits for it"]
 pub struct Pending {
@@ -139,7 +139,7 @@ impl fmt::Debug for Pending {
 
 impl Pending {
     /// A handle whose call already completed with `result` (engines that
-    /// finish at once, and the default [`Communicator::start`]).
+    /// finish at once, and the default [`Communicator::start`](crate::Communicator::start)).
     pub fn completed(label: WorkLabel, result: Result<()>, call: Call) -> Pending {
         Pending::with_slot(Slot::new(State::Done(result, Some(call))), label, None)
     }
@@ -216,7 +216,7 @@ impl Pending {
     /// # Errors
     /// The call's own error (timeout, lost peer, mismatch, ...) naming the
     /// rank, the operation and its sequence number, and the backend; or
-    /// [`ErrorKind::Timeout`] when the engine began the call and did not
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout) when the engine began the call and did not
     /// return within the communicator's timeout plus [`ENGINE_GRACE`] (the
     /// communicator is then aborted).
     pub fn wait(mut self) -> Result<Call> {
@@ -292,7 +292,7 @@ impl Drop for Pending {
 }
 
 /// A started call with its typed buffers: [`wait`](Work::wait) hands them
-/// back. Made by [`StartExt`].
+/// back. Made by [`StartExt`](crate::StartExt).
 #[must_use = "a started call completes on `wait`; dropping the handle waits for it"]
 pub struct Work<T> {
     pending: Pending,

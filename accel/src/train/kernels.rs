@@ -20,8 +20,8 @@ pub trait DeviceScratch: Send {
 }
 
 /// Arithmetic and copies on a framework's device memory, for the gradient
-/// views a [`Parameters`] hands out (return it from
-/// [`Parameters::grad_kernels`]).
+/// views a [`Parameters`](crate::train::Parameters) hands out (return it from
+/// [`Parameters::grad_kernels`](crate::train::Parameters::grad_kernels)).
 ///
 /// # Behavior
 /// Every method works on floating-point views (f16, bf16, f32, f64) and

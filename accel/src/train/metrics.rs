@@ -1,23 +1,14 @@
-//! Metrics across ranks: gather, gather-for-metrics, reduce, padding.
+//! Metrics across ranks: the gathers that drop the samples `even_batches`
+//! duplicated (Accelerate's `gather_for_metrics`). The plain gathers,
+//! reductions and padding are the runtime's (`accelerator/collectives.rs`).
 
-use accel_api::{Element, Error, ReduceOp, Result};
+use accel_api::Result;
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::prepare::Batch;
 use crate::{Accelerator, CollectivesExt, Scalar};
 
 impl Accelerator {
-    /// Gather every rank's `data` (lengths may differ), concatenated in rank
-    /// order, on every rank. Collective.
-    ///
-    /// # Errors
-    /// The communicator's.
-    pub fn gather_varsize<T: Scalar>(&self, data: &[T]) -> Result<Vec<T>> {
-        Ok(T::from_wire(
-            self.comm().all_gather_varsize(&T::to_wire(data))?.concat(),
-        ))
-    }
-
     /// Gather per-sample values for a metric and drop the samples that
     /// `even_batches` duplicated at the end of the epoch, so an epoch's
     /// gathers hold every sample exactly once, in order (Accelerate's
@@ -75,41 +66,5 @@ impl Accelerator {
             batch.end_of_dataloader,
             batch.remainder,
         ))
-    }
-
-    /// Reduce `data` across ranks by name and return the result on every
-    /// rank: `sum`, `mean` (or `avg`), `max`, `min` (and `prod`). Takes
-    /// every [`Scalar`], so `u64` step counters and `bool` flags reduce too.
-    /// Collective.
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
-    /// for any other name: an unknown reduction is an error, never a silent
-    /// sum; the communicator's.
-    pub fn reduce<T: Scalar>(&self, data: &[T], reduction: &str) -> Result<Vec<T>> {
-        let op: ReduceOp = reduction
-            .parse()
-            .map_err(|e: Error| e.with_op("reduce").with_rank(self.rank()))?;
-        let mut out = data.to_vec();
-        self.all_reduce(&mut out, op)?;
-        Ok(out)
-    }
-
-    /// Pad a row-major tensor along `dim` to the largest size across ranks
-    /// (at the end, or at the start with `pad_first`), so it can be
-    /// gathered. Returns the padded data and shape. Collective.
-    ///
-    /// # Errors
-    /// As [`CollectivesExt::pad_across_processes`].
-    pub fn pad_across_processes<T: Element>(
-        &self,
-        data: &[T],
-        shape: &[usize],
-        dim: usize,
-        pad_value: T,
-        pad_first: bool,
-    ) -> Result<(Vec<T>, Vec<usize>)> {
-        self.comm()
-            .pad_across_processes(data, shape, dim, pad_value, pad_first)
     }
 }

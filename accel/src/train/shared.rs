@@ -45,7 +45,7 @@ pub struct TrainConfig {
     /// The main process reads every step and sends each rank its slice
     /// (Accelerate's `dispatch_batches`). `None` (the default) means what
     /// Accelerate does: dispatch for iterable loaders
-    /// ([`IterableLoader`]), not for map-style ones. Map-style loaders
+    /// ([`IterableLoader`](crate::train::IterableLoader)), not for map-style ones. Map-style loaders
     /// read by index on every rank; `Some(true)` is refused for them.
     #[serde(default)]
     pub dispatch_batches: Option<bool>,
@@ -73,9 +73,9 @@ pub struct TrainConfig {
     pub total_limit: Option<usize>,
     /// Mixed precision (Accelerate's `mixed_precision`). `None` (the
     /// default) takes what `accel launch --mixed-precision` set
-    /// ([`MIXED_PRECISION_ENV`]), else [`MixedPrecision::No`]. In fp16 the
+    /// ([`MIXED_PRECISION_ENV`](crate::train::MIXED_PRECISION_ENV)), else [`MixedPrecision::No`]. In fp16 the
     /// loss scale handed to [`Accelerator::backward`](crate::Accelerator::backward)
-    /// includes the [`GradScaler`]'s scale, gradients are unscaled before
+    /// includes the [`GradScaler`](crate::train::GradScaler)'s scale, gradients are unscaled before
     /// clipping and stepping, and a step with an infinite or NaN gradient
     /// on any rank is skipped on every rank.
     #[serde(default)]

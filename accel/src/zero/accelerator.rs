@@ -10,7 +10,7 @@ use crate::train::Parameters;
 
 impl crate::Accelerator {
     /// The sharding stage in force: [`TrainConfig::sharding`](crate::train::TrainConfig::sharding),
-    /// else [`SHARDING_ENV`], else [`Stage::None`].
+    /// else [`SHARDING_ENV`](crate::zero::SHARDING_ENV), else [`Stage::None`].
     pub fn sharding(&self) -> Stage {
         crate::train::shared(self).lock().sharding
     }

@@ -299,7 +299,7 @@ impl<O: ShardOptimizer> Checkpointed for ZeroOptimizer<O> {
     }
 
     /// The shards of another world size, resharded for this rank (an
-    /// elastic restart): see [`ZeroOptimizer::reshard`].
+    /// elastic restart): see `ZeroOptimizer::reshard`.
     fn reshard_state(&self, saved: &[StateDict], rank: usize, _world: usize) -> Result<StateDict> {
         self.check_rank_states(saved)?;
         self.reshard(saved, rank)

@@ -33,7 +33,7 @@ pub trait UnitGate {
     /// zero gradients.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`] for a module with no parameters or a
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a module with no parameters or a
     /// model whose parameters are not the plan's; the communicator's
     /// errors.
     fn gather(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()>;
@@ -50,7 +50,7 @@ pub trait UnitGate {
     /// added to what is there already, and free the units.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`] when a parameter of a unit holds no
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when a parameter of a unit holds no
     /// gradient (the unit was not gathered before the backward); as
     /// [`gather`](Self::gather).
     fn reduce_grads(&mut self, model: &mut dyn Parameters, module: &str) -> Result<()>;

@@ -115,18 +115,18 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// chosen by `policy`. At [`Stage::Full`] it keeps this rank's slices
     /// of `model`'s current values (every rank must start from the same
     /// ones) and the model's own copy counts as out of date: the first
-    /// [`UnitGate::gather`] of each unit all-gathers it, and
+    /// [`UnitGate::gather`](crate::zero::UnitGate::gather) of each unit all-gathers it, and
     /// `release(&mut model, "")` frees it at once
     /// ([`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero)
     /// does). Collective at stage 3 (the prefetch's communicator is split
     /// off here).
     ///
     /// # Errors
-    /// [`ErrorKind::Unsupported`] when the communicator does not declare a
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) when the communicator does not declare a
     /// collective the stage needs (all-gather; all-reduce for `none` and
     /// `optimizer`; reduce-scatter for `gradients` and `full`), naming it
     /// and the backend; the errors of [`ShardPlan::new`];
-    /// [`ErrorKind::InvalidArgument`] at stage 3 when a value is not `f32`
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) at stage 3 when a value is not `f32`
     /// host memory.
     pub fn new(
         comm: Arc<dyn Communicator>,
@@ -272,11 +272,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// Stages 0-2: the model's gradients are read (the local sums of this
     /// rank's micro-batches) and left as they are; its values are replaced
     /// by the updated ones on every rank. Stage 3: the gradient shards
-    /// [`UnitGate::reduce_grads`] accumulated are stepped and cleared; the
+    /// [`UnitGate::reduce_grads`](crate::zero::UnitGate::reduce_grads) accumulated are stepped and cleared; the
     /// model's copies of the units become out of date (gather before use).
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidArgument`] when the model's parameters differ
+    /// [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) when the model's parameters differ
     /// from the plan's (names, sizes, order), or at stage 3 when a unit's
     /// gradients were not reduced since the last step; the communicator's
     /// errors.
@@ -305,7 +305,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// every rank.
     ///
     /// # Errors
-    /// As [`step`](Self::step); [`ErrorKind::InvalidArgument`] for a
+    /// As [`step`](Self::step); [`ErrorKind::InvalidArgument`](crate::ErrorKind::InvalidArgument) for a
     /// negative or non-finite `max_norm`.
     pub fn step_with(
         &mut self,

@@ -49,7 +49,7 @@ fn main() -> Result<()> {
     c.barrier()?;
     println!(
         "rank {rank}/{world}: connected in {connected:?}, all_reduce and all_gather correct ({})",
-        accel_backend_cpu_gloo::engine_version()
+        accel_backend_cpu_gloo::__test::engine_version()
     );
     Ok(())
 }

@@ -6,10 +6,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use accel_api::kit::{
+    host, host_mut, message_does_not_fit, Deadline, Engine, EngineInfo, Group, P2pHeader,
+    SplitPlan, P2P_MAGIC,
+};
 use accel_api::{
-    host, host_mut, message_does_not_fit, Buf, BufMut, Capabilities, DType, Deadline, Engine,
-    EngineInfo, Error, ErrorKind, Group, HostBuf, Op, P2pHeader, ReduceOp, Result, SplitPlan,
-    Store, P2P_MAGIC,
+    Buf, BufMut, Capabilities, DType, Error, ErrorKind, HostBuf, Op, ReduceOp, Result, Store,
 };
 
 use crate::error::{classify, to_api, Caught, Class, GlooError};

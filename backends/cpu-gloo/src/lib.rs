@@ -127,15 +127,16 @@ mod rendezvous;
 
 use std::sync::Arc;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Result, StaticBackend, PRIORITY_CPU,
-};
+use accel_api::kit::{StaticBackend, PRIORITY_CPU};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result};
 
-pub use engine::{capabilities, GlooCommunicator, GlooEngine};
+// The crate's face is its record and its name (ADR 0034): programs and
+// plugins reach the engine through `BACKEND` (a plugin that reuses it calls
+// `BACKEND.probe` and `BACKEND.connect`). Its own tests reach the rest
+// through `__test`.
 pub use name::NAME;
-pub use probe::{engine_version, probe, PACKAGE_VERSION};
 
-use engine::Params;
+use engine::{GlooCommunicator, GlooEngine, Params};
 
 /// The `cpu-gloo` backend.
 pub const BACKEND: StaticBackend =
@@ -143,14 +144,14 @@ pub const BACKEND: StaticBackend =
         Ok(Box::new(connect(ctx)?))
     });
 
-/// Connect the world communicator of this rank (what
-/// [`BACKEND`] does, with the concrete type).
+/// Connect the world communicator of this rank (what [`BACKEND`] does,
+/// with the concrete type).
 ///
 /// # Errors
 /// [`ErrorKind::InvalidConfig`] for a rank outside the world or a non-CPU
 /// device; [`ErrorKind::Unavailable`] when Gloo cannot listen on the chosen
 /// address; [`ErrorKind::Timeout`] naming the ranks that did not join.
-pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
+fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
     ctx.check(NAME, DeviceKind::Cpu)?;
     let fail = |kind: ErrorKind, msg: String| {
         Error::new(kind, msg)
@@ -184,9 +185,22 @@ pub fn connect(ctx: ConnectContext) -> Result<GlooCommunicator> {
         gloo_device: Arc::new(gloo_device),
         store: ctx.store.clone(),
         prefix: format!("cpu-gloo/{generation}"),
-        info: accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities()),
+        info: accel_api::kit::EngineInfo::world(NAME, &ctx, engine::capabilities()),
     })
-    .map(accel_api::Group::new)
+    .map(accel_api::kit::Group::new)
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));
+
+/// Not API: what this crate's own tests and examples reach beyond the
+/// record (the engine's concrete types and its version).
+#[doc(hidden)]
+pub mod __test {
+    pub use crate::engine::{capabilities, GlooCommunicator};
+    pub use crate::probe::{engine_version, PACKAGE_VERSION};
+
+    /// The world communicator with its concrete type.
+    pub fn connect(ctx: accel_api::ConnectContext) -> accel_api::Result<GlooCommunicator> {
+        crate::connect(ctx)
+    }
+}

@@ -5,7 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use accel_api::{Deadline, Error, ErrorKind, Store};
+use accel_api::kit::Deadline;
+use accel_api::{Error, ErrorKind, Store};
 
 use crate::ffi::RendezvousStore;
 use crate::name::NAME;

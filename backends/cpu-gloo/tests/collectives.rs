@@ -47,7 +47,7 @@ fn mismatched_receives_are_errors() {
 /// bf16 (which Gloo cannot reduce) for reductions.
 #[test]
 fn capabilities_leave_out_bf16_reductions() {
-    let caps = accel_backend_cpu_gloo::capabilities();
+    let caps = accel_backend_cpu_gloo::__test::capabilities();
     assert_eq!(caps.dtypes.len(), DType::ALL.len());
     assert!(!caps.reduce_dtypes.contains(&DType::BF16));
     assert_eq!(caps.reduce_dtypes.len(), DType::ALL.len() - 1);

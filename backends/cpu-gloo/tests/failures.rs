@@ -6,9 +6,9 @@ mod common;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
+use accel_api::kit::{BackendRegistration, PRIORITY_CPU};
 use accel_api::{
-    Backend, BackendRegistration, Communicator, CommunicatorExt, DeviceKind, ErrorKind,
-    ProbeContext, ReduceOp, Store, PRIORITY_CPU,
+    Backend, Communicator, CommunicatorExt, DeviceKind, ErrorKind, ProbeContext, ReduceOp, Store,
 };
 use accel_backend_cpu_gloo::BACKEND;
 use accel_rendezvous::MemoryStore;
@@ -69,7 +69,7 @@ fn probe_and_registration() {
 #[test]
 fn communicators_are_send_and_sync() {
     fn check<T: Send + Sync>() {}
-    check::<accel_backend_cpu_gloo::GlooCommunicator>();
+    check::<accel_backend_cpu_gloo::__test::GlooCommunicator>();
 }
 
 #[test]
@@ -78,8 +78,13 @@ fn peers_have_addresses_on_both_sides_of_each_connection() {
     // of finding the address Gloo prints must work.
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let out = common::spawn_ranks(3, DEADLINE, move |rank| {
-        let c = accel_backend_cpu_gloo::connect(common::context(store.clone(), rank, 3, SHORT * 5))
-            .unwrap();
+        let c = accel_backend_cpu_gloo::__test::connect(common::context(
+            store.clone(),
+            rank,
+            3,
+            SHORT * 5,
+        ))
+        .unwrap();
         c.barrier().unwrap();
         let addrs: Vec<Vec<String>> = (0..3).map(|r| c.engine().peer_addresses(r)).collect();
         addrs

@@ -18,7 +18,8 @@ use accel_api::{
     Buf, BufMut, Communicator, ConnectContext, DType, Device, DeviceKind, HostBuf, HostBufMut,
     ReduceOp, Store,
 };
-use accel_backend_cuda_nccl::{connect, inspect, DeviceBuffer};
+use accel_backend_cuda_nccl::__test::connect;
+use accel_backend_cuda_nccl::{inspect, DeviceBuffer};
 
 const ITERS: usize = 10;
 

@@ -5,9 +5,10 @@
 
 use std::time::Duration;
 
+use accel_api::kit::{Backoff, Deadline, Polled};
 use accel_api::{
-    Backoff, DType, Deadline, Device, DeviceBuf, DeviceBufMut, DeviceKind, Element, Error,
-    ErrorKind, HostBuf, HostBufMut, Polled, Result,
+    DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Element, Error, ErrorKind, HostBuf,
+    HostBufMut, Result,
 };
 
 use crate::error::NcclFailure;

@@ -14,10 +14,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use accel_api::kit::{
+    Backoff, Deadline, Engine, EngineInfo, Group, Growth, Mailbox, P2pHeader as Header, Polled,
+    Taken, Until,
+};
 use accel_api::{
-    Backoff, Buf, BufMut, Capabilities, DType, Deadline, Device, DeviceKind, Engine, EngineInfo,
-    Error, Group, Growth, Mailbox, Op, P2pHeader as Header, Polled, ReduceOp, Result, Store, Taken,
-    Until,
+    Buf, BufMut, Capabilities, DType, Device, DeviceKind, Error, Op, ReduceOp, Result, Store,
 };
 use cudarc::driver::CudaContext;
 

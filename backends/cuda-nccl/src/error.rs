@@ -11,7 +11,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use accel_api::{timeout_error, Error, ErrorKind};
+use accel_api::kit::timeout_error;
+use accel_api::{Error, ErrorKind};
 
 /// An NCCL entry point, for messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

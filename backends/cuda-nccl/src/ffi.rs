@@ -441,12 +441,12 @@ impl Comm {
         }
         let mut ok = self.finalize().is_ok();
         if ok {
-            let pause = accel_api::Backoff::sleep(std::time::Duration::from_micros(200));
-            let finished = accel_api::Deadline::after(budget).poll(&pause, || {
+            let pause = accel_api::kit::Backoff::sleep(std::time::Duration::from_micros(200));
+            let finished = accel_api::kit::Deadline::after(budget).poll(&pause, || {
                 self.async_error()
                     .map(|p| (p == Progress::Done).then_some(()))
             });
-            ok = !matches!(finished, Err(accel_api::Polled::Failed(_)));
+            ok = !matches!(finished, Err(accel_api::kit::Polled::Failed(_)));
         }
         if ok && matches!(self.async_error(), Ok(Progress::Done)) {
             self.dead.store(true, std::sync::atomic::Ordering::SeqCst);

@@ -117,32 +117,20 @@ mod probe;
 use std::sync::Arc;
 use std::time::Instant;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Group, Result, StaticBackend, StoreExt,
-    PRIORITY_CUDA,
-};
+use accel_api::kit::{Group, StaticBackend, PRIORITY_CUDA};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result, StoreExt};
 
 pub use buffer::{cudarc_view, cudarc_view_mut, DeviceBuffer};
 /// The cudarc this backend is built on (`=0.19.10`): name its types
 /// through this path so that [`cudarc_view`] accepts your slices.
 pub use cudarc;
-pub use engine::{capabilities, NcclCommunicator, NcclEngine};
 pub use name::NAME;
 pub use probe::{candidate_dirs, inspect, prepare_link_dir, ProbeReport};
 
-/// The NCCL symbols the backend calls; the probe finds every one before
-/// using the library.
-pub fn required_nccl_symbols() -> &'static [&'static str] {
-    ffi::NCCL_SYMBOLS
-}
-
-/// The CUDA driver symbols a communicator calls; the probe finds every one
-/// before using the driver.
-pub fn required_driver_symbols() -> &'static [&'static str] {
-    ffi::DRIVER_SYMBOLS
-}
-
-use engine::Shared;
+// The crate's face (ADR 0034): the record, the name, device memory and
+// views (above), the probe's report and the link folder. Its own tests and
+// examples reach the communicator's concrete type through `__test`.
+use engine::{NcclCommunicator, NcclEngine, Shared};
 use error::NcclFailure;
 
 /// The `cuda-nccl` backend: its registration record.
@@ -160,7 +148,7 @@ pub const BACKEND: StaticBackend =
 /// probe's reason; [`ErrorKind::Timeout`] when peers did not join (naming
 /// how many did) or NCCL's initialisation did not finish;
 /// [`ErrorKind::Backend`] for NCCL's refusals (two ranks on one GPU).
-pub fn connect(ctx: ConnectContext) -> Result<NcclCommunicator> {
+fn connect(ctx: ConnectContext) -> Result<NcclCommunicator> {
     ctx.check(NAME, DeviceKind::Cuda)?;
     let fail = |e: Error| e.with_op("connect").with_backend(NAME).with_rank(ctx.rank);
     let report = probe::inspect();
@@ -234,4 +222,27 @@ pub fn connect(ctx: ConnectContext) -> Result<NcclCommunicator> {
     Ok(Group::new(engine))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));
+
+/// Not API: what this crate's own tests and examples reach beyond its face.
+#[doc(hidden)]
+pub mod __test {
+    pub use crate::engine::{capabilities, NcclCommunicator, NcclEngine};
+
+    /// The world communicator with its concrete type.
+    pub fn connect(ctx: accel_api::ConnectContext) -> accel_api::Result<NcclCommunicator> {
+        crate::connect(ctx)
+    }
+
+    /// The NCCL symbols the backend calls; the probe finds every one
+    /// before using the library.
+    pub fn required_nccl_symbols() -> &'static [&'static str] {
+        crate::ffi::NCCL_SYMBOLS
+    }
+
+    /// The CUDA driver symbols a communicator calls; the probe finds every
+    /// one before using the driver.
+    pub fn required_driver_symbols() -> &'static [&'static str] {
+        crate::ffi::DRIVER_SYMBOLS
+    }
+}

@@ -210,9 +210,9 @@ fn child_refusals() {
             .with_device(device)
             .with_run_id("r")
     };
-    let e = accel_backend_cuda_nccl::connect(ctx(accel_api::Device::CPU)).unwrap_err();
+    let e = accel_backend_cuda_nccl::__test::connect(ctx(accel_api::Device::CPU)).unwrap_err();
     assert_eq!(e.kind(), &ErrorKind::InvalidConfig, "{e}");
-    let e = accel_backend_cuda_nccl::connect(ctx(accel_api::Device::new(
+    let e = accel_backend_cuda_nccl::__test::connect(ctx(accel_api::Device::new(
         accel_api::DeviceKind::Cuda,
         3,
     )))
@@ -235,7 +235,7 @@ fn child_missing_rank() {
     let ctx = accel_api::ConnectContext::local(0, 2, Duration::from_millis(300), store.clone())
         .with_device(common::CUDA0)
         .with_run_id("r");
-    let e = accel_backend_cuda_nccl::connect(ctx).unwrap_err();
+    let e = accel_backend_cuda_nccl::__test::connect(ctx).unwrap_err();
     assert!(matches!(e.kind(), ErrorKind::Timeout { .. }), "{e}");
     let s = e.to_string();
     // The store's barrier names itself and counts who arrived.
@@ -309,7 +309,7 @@ fn child_two_ranks() {
         .map(|rank| {
             let store = store.clone();
             std::thread::spawn(move || {
-                let c = accel_backend_cuda_nccl::connect(accel_api::ConnectContext {
+                let c = accel_backend_cuda_nccl::__test::connect(accel_api::ConnectContext {
                     rank,
                     world_size: 2,
                     local_rank: rank,
@@ -329,7 +329,7 @@ fn child_two_ranks() {
     }
 }
 
-fn two_rank_scenario(c: &accel_backend_cuda_nccl::NcclCommunicator, rank: usize) {
+fn two_rank_scenario(c: &accel_backend_cuda_nccl::__test::NcclCommunicator, rank: usize) {
     let me = rank as f32 + 1.0;
     let mut v = vec![me; 5];
     c.all_reduce_slice(&mut v, ReduceOp::Sum).unwrap();

@@ -7,7 +7,8 @@ mod common;
 
 use std::time::Duration;
 
-use accel_backend_cuda_nccl::{inspect, NcclCommunicator};
+use accel_backend_cuda_nccl::__test::NcclCommunicator;
+use accel_backend_cuda_nccl::inspect;
 
 /// The world communicator on cuda:0, or `None` (skip) without a GPU.
 fn world() -> Option<NcclCommunicator> {

@@ -116,7 +116,7 @@ fn driver_stub(dir: &Path, init: i32, count: i32, all_symbols: bool) {
     );
     if all_symbols {
         // The probe's own three are defined above.
-        for s in accel_backend_cuda_nccl::required_driver_symbols()
+        for s in accel_backend_cuda_nccl::__test::required_driver_symbols()
             .iter()
             .filter(|s| !src.contains(&format!("int {s}(")))
             .collect::<Vec<_>>()
@@ -213,7 +213,7 @@ fn the_link_dir_makes_the_soname_loadable() {
     let wheel = t.path().join("wheel");
     std::fs::create_dir_all(&wheel).unwrap();
     let mut src = String::from("int ncclGetVersion(int *v) { *v = 22803; return 0; }\n");
-    let others = accel_backend_cuda_nccl::required_nccl_symbols()
+    let others = accel_backend_cuda_nccl::__test::required_nccl_symbols()
         .iter()
         .filter(|s| **s != "ncclGetVersion");
     for s in others {
@@ -289,7 +289,7 @@ fn connect_without_a_driver_is_unavailable_with_the_reason() {
         store,
         run_id: "t".into(),
     };
-    let e = accel_backend_cuda_nccl::connect(ctx).unwrap_err();
+    let e = accel_backend_cuda_nccl::__test::connect(ctx).unwrap_err();
     assert_eq!(e.kind(), &accel_api::ErrorKind::Unavailable, "{e}");
     assert!(
         e.to_string().starts_with("[cuda-nccl rank 0] connect: "),

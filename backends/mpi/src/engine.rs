@@ -7,10 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use accel_api::kit::{
+    host, host_mut, message_does_not_fit, Backoff, Deadline, Engine, EngineInfo, Group, Growth,
+    P2pHeader, Polled, Poller, SplitPlan, Until, P2P_MAGIC,
+};
 use accel_api::{
-    bf16, f16, host, host_mut, message_does_not_fit, Backoff, Buf, BufMut, Capabilities, DType,
-    Deadline, Engine, EngineInfo, Error, ErrorKind, Group, Growth, HostBuf, Op, P2pHeader, Polled,
-    Poller, ReduceOp, Result, SplitPlan, Until, P2P_MAGIC,
+    bf16, f16, Buf, BufMut, Capabilities, DType, Error, ErrorKind, HostBuf, Op, ReduceOp, Result,
 };
 
 use crate::error::timeout_error;
@@ -155,7 +157,7 @@ fn poll_checked<'a>(
     check: &mut dyn FnMut(Duration) -> Option<Error>,
 ) -> std::result::Result<Request<'a>, Waited<'a>> {
     let mut next_check = PEER_CHECK;
-    let pause = if accel_api::on_group_worker() {
+    let pause = if accel_api::kit::on_group_worker() {
         STARTED_PAUSE
     } else {
         PAUSE
@@ -399,7 +401,7 @@ impl MpiEngine {
         let Some(watch) = &self.watch else {
             return self.run(s, send, recv, owned);
         };
-        if self.shared.started_poll && accel_api::on_group_worker() {
+        if self.shared.started_poll && accel_api::kit::on_group_worker() {
             // A started call: the caller computes meanwhile, so wait
             // without spinning a core.
             return self.run(s, send, recv, owned);

@@ -54,7 +54,7 @@ pub(crate) fn timeout_error(
             .collect::<Vec<_>>()
             .join("; ")
     };
-    accel_api::timeout_error(timeout, format!("{op} did not complete: {who}"))
+    accel_api::kit::timeout_error(timeout, format!("{op} did not complete: {who}"))
         .with_op(op)
         .with_backend(NAME)
         .with_rank(rank)

@@ -17,7 +17,8 @@
 //! ## Probe and connect
 //!
 //! * **Probe** (cheap, no `MPI_Init`): available when an MPI launcher
-//!   started the process ([`probe::LAUNCHER_VARIABLES`], or
+//!   started the process (`OMPI_COMM_WORLD_RANK`, `PMIX_RANK`, `PMI_RANK`,
+//!   `PMI_SIZE` or `MV2_COMM_WORLD_RANK` is set, or
 //!   [`ProbeContext::mpi_launched`]); priority [`PRIORITY_MPI`], above
 //!   cpu-gloo. Otherwise unavailable, saying so. The engine version is
 //!   `MPI_Get_library_version`.
@@ -93,8 +94,8 @@
 //! `ACCEL_MPI_BLOCKING=0`, every operation is non-blocking and polled, as
 //! before ADR 0017: large operations then run on the caller's memory and
 //! their timeout aborts the job too (printed, `MPI_Abort` with 124).
-//! [`MpiEngine::blocking_collectives`] and [`MpiEngine::threading_level`]
-//! say which applies.
+//! The engine's `blocking_collectives` and `threading_level` say which
+//! applies.
 //!
 //! A rank that dies takes the job down: Open MPI's mpirun kills the others
 //! and prints which rank exited and how.
@@ -140,7 +141,7 @@ mod error;
 #[allow(unsafe_code)]
 mod ffi;
 mod name;
-pub mod probe;
+mod probe;
 mod progress;
 mod registry;
 mod watchdog;
@@ -148,15 +149,14 @@ mod watchdog;
 use std::sync::Arc;
 use std::time::Instant;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Result, StaticBackend, PRIORITY_MPI,
-};
+use accel_api::kit::{StaticBackend, PRIORITY_MPI};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result};
 
-pub use engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
+// The crate's face is its record and its name (ADR 0034); its own tests
+// reach the rest through `__test`.
 pub use name::NAME;
-pub use probe::engine_version;
 
-use engine::{poll, timed_out, Shared, Waited};
+use engine::{poll, timed_out, MpiCommunicator, MpiEngine, Shared, Waited, DEFAULT_STAGING_BYTES};
 
 /// The `mpi` backend.
 pub const BACKEND: StaticBackend =
@@ -217,7 +217,7 @@ fn staging_from_env() -> Result<usize> {
 /// started by another MPI's launcher, or not by one at all with several
 /// ranks); [`ErrorKind::Backend`] when `MPI_Init` fails;
 /// [`ErrorKind::Timeout`] when the other ranks did not connect in time.
-pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
+fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
     let fail = |kind: ErrorKind, msg: String| {
         Error::new(kind, msg)
             .with_op("connect")
@@ -301,10 +301,23 @@ pub fn connect(ctx: ConnectContext) -> Result<MpiCommunicator> {
         )),
         Err(_) => None,
     };
-    let info = accel_api::EngineInfo::world(NAME, &ctx, engine::capabilities());
-    Ok(accel_api::Group::new(MpiEngine::new(
+    let info = accel_api::kit::EngineInfo::world(NAME, &ctx, engine::capabilities());
+    Ok(accel_api::kit::Group::new(MpiEngine::new(
         comm, info, shared, record,
     )))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));
+
+/// Not API: what this crate's own tests reach beyond the record (the
+/// engine's concrete types, its version, the staging default).
+#[doc(hidden)]
+pub mod __test {
+    pub use crate::engine::{capabilities, MpiCommunicator, MpiEngine, DEFAULT_STAGING_BYTES};
+    pub use crate::probe::{engine_version, launched_by_mpi, LAUNCHER_VARIABLES};
+
+    /// The world communicator with its concrete type.
+    pub fn connect(ctx: accel_api::ConnectContext) -> accel_api::Result<MpiCommunicator> {
+        crate::connect(ctx)
+    }
+}

@@ -23,7 +23,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-use accel_api::{EngineInfo, Op};
+use accel_api::kit::EngineInfo;
+use accel_api::Op;
 
 use accel_api::worker::{error_file_from_env, write_first_error, ErrorRecord};
 

@@ -358,7 +358,7 @@ fn absent_rank() {
 /// Which paths this process's communicators take, from the environment
 /// (the concrete engine says).
 fn paths() {
-    let c = accel_backend_mpi::connect(context(Duration::from_secs(20))).expect("connect");
+    let c = accel_backend_mpi::__test::connect(context(Duration::from_secs(20))).expect("connect");
     let (rank, world) = (c.rank(), c.world_size());
     let e = c.engine();
     println!(
@@ -482,7 +482,7 @@ fn the_thread_level_is_multiple_and_blocking_is_the_default() {
         assert!(
             out.contains(&format!(
                 "rank {r}: threading multiple blocking true staging {}",
-                accel_backend_mpi::DEFAULT_STAGING_BYTES
+                accel_backend_mpi::__test::DEFAULT_STAGING_BYTES
             )),
             "{out}"
         );
@@ -629,7 +629,7 @@ fn mismatch_child() {
     if std::env::var_os("ACCEL_MPI_MISMATCH_CHILD").is_none() {
         return;
     }
-    let e = accel_backend_mpi::connect(
+    let e = accel_backend_mpi::__test::connect(
         ConnectContext::local(
             1,
             2,

@@ -1,4 +1,4 @@
-//! [`NpuEngine`]: HCCL on one NPU, as an [`accel_api::Engine`].
+//! [`NpuEngine`]: HCCL on one NPU, as an [`accel_api::kit::Engine`].
 //!
 //! Every call enqueues HCCL work on the communicator's own AscendCL stream
 //! and then polls, until the accel timeout, `HcclGetCommAsyncError` and
@@ -12,10 +12,13 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use accel_api::kit::{
+    Backoff, Deadline, Engine, EngineInfo, Group, Growth, Mailbox, P2pHeader, Polled, SplitPlan,
+    Taken,
+};
 use accel_api::{
-    Backoff, Buf, BufMut, Capabilities, DType, Deadline, Device, DeviceKind, Element, Engine,
-    EngineInfo, Error, Group, Growth, HostBufMut, Mailbox, P2pHeader, Polled, ReduceOp, Result,
-    SplitPlan, Store, Taken,
+    Buf, BufMut, Capabilities, DType, Device, DeviceKind, Element, Error, HostBufMut, ReduceOp,
+    Result, Store,
 };
 
 use crate::error::{HcclError, HCCL_E_TIMEOUT};

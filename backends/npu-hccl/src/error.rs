@@ -11,7 +11,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use accel_api::{timeout_error, Error, ErrorKind};
+use accel_api::kit::timeout_error;
+use accel_api::{Error, ErrorKind};
 
 /// `HCCL_E_NOT_SUPPORT`.
 pub(crate) const HCCL_E_NOT_SUPPORT: i32 = 5;

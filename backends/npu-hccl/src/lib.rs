@@ -42,7 +42,7 @@
 //!
 //! Unless the user set them, `HCCL_CONNECT_TIMEOUT` and `HCCL_EXEC_TIMEOUT`
 //! are derived from the accel timeout of the first connect of the process
-//! ([`hccl_timeouts`]): at least the accel timeout, within HCCL's ranges,
+//! (`hccl_timeouts`): at least the accel timeout, within HCCL's ranges,
 //! so that accel's own deadline fires first. `HCCL_IF_IP` and
 //! `HCCL_SOCKET_IFNAME` are HCCL's and left alone.
 //!
@@ -50,7 +50,7 @@
 //!
 //! | operation | element types | how |
 //! |---|---|---|
-//! | all_reduce, reduce | f16, bf16, f32, i8, i32 | `HcclAllReduce` / `HcclReduce` in place; sum, prod, min, max; `avg` = sum, then divide (host buffers by the group; device buffers by [`Engine::divide_device`](accel_api::Engine::divide_device): a copy to the host, the same division, a copy back) |
+//! | all_reduce, reduce | f16, bf16, f32, i8, i32 | `HcclAllReduce` / `HcclReduce` in place; sum, prod, min, max; `avg` = sum, then divide (host buffers by the group; device buffers by [`Engine::divide_device`](accel_api::kit::Engine::divide_device): a copy to the host, the same division, a copy back) |
 //! | reduce_scatter | same | `HcclReduceScatter` |
 //! | broadcast, all_gather, scatter, all_to_all | all eight | `HcclBroadcast`, `HcclAllGather`, `HcclScatter`, `HcclAlltoAll` on the bytes (`HCCL_DATA_TYPE_INT8`, exact for every type) |
 //! | gather | all eight | HCCL has none: `HcclAllGather` into scratch memory, the root keeps it |
@@ -104,23 +104,25 @@ mod probe;
 
 use std::path::{Path, PathBuf};
 
+use accel_api::kit::{Group, PRIORITY_NPU};
 use accel_api::{
-    Backend, Communicator, ConnectContext, DeviceKind, Error, Group, Probe, ProbeContext, Result,
-    PRIORITY_NPU,
+    Backend, Communicator, ConnectContext, DeviceKind, Error, Probe, ProbeContext, Result,
 };
 
-pub use engine::{capabilities, hccl_timeouts, NpuCommunicator, NpuEngine};
+// The crate's face (ADR 0034): the record, the name, the backend type
+// (for a fixed CANN folder) and what a program uses for device memory: the
+// concrete communicator, its engine's `alloc`/`upload`/`download` and the
+// buffer they make. Its own tests reach the rest through `__test`.
+pub use engine::{NpuCommunicator, NpuEngine};
 pub use ffi::NpuBuffer;
 pub use name::NAME;
-pub use probe::{ACL_LIBRARY, HCCL_LIBRARY};
 
 use error::HcclError;
 use probe::Search;
 
-/// The AscendCL and HCCL symbols the backend resolves (all must exist).
-pub fn required_symbols() -> (&'static [&'static str], &'static [&'static str]) {
-    (ffi::acl_symbols(), ffi::hccl_symbols())
-}
+/// The `npu-hccl` backend's registration record, finding CANN through the
+/// environment ([`NpuHcclBackend::with_lib_dir`] for a fixed folder).
+pub const BACKEND: NpuHcclBackend = NpuHcclBackend::new();
 
 /// The `npu-hccl` backend.
 #[derive(Debug, Default, Clone)]
@@ -197,11 +199,6 @@ impl NpuHcclBackend {
     }
 }
 
-/// The backend as a trait object, for explicit registration.
-pub fn backend() -> Box<dyn Backend> {
-    Box::new(NpuHcclBackend::new())
-}
-
 impl Backend for NpuHcclBackend {
     fn name(&self) -> &str {
         NAME
@@ -225,4 +222,16 @@ impl Backend for NpuHcclBackend {
     }
 }
 
-accel_api::submit_backend!(|| Box::new(NpuHcclBackend::new()));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));
+
+/// Not API: what this crate's own tests reach beyond its face.
+#[doc(hidden)]
+pub mod __test {
+    pub use crate::engine::{capabilities, hccl_timeouts};
+    pub use crate::probe::{ACL_LIBRARY, HCCL_LIBRARY};
+
+    /// The AscendCL and HCCL symbols the backend resolves (all must exist).
+    pub fn required_symbols() -> (&'static [&'static str], &'static [&'static str]) {
+        (crate::ffi::acl_symbols(), crate::ffi::hccl_symbols())
+    }
+}

@@ -13,9 +13,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use accel_api::kit::Engine;
 use accel_api::{
     Backend, Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, DType, Device, DeviceKind,
-    Engine, ErrorKind, ProbeContext, ReduceOp, Store,
+    ErrorKind, ProbeContext, ReduceOp, Store,
 };
 use accel_backend_npu_hccl::{NpuCommunicator, NpuHcclBackend};
 use accel_rendezvous::MemoryStore;
@@ -352,7 +353,7 @@ fn hccl_timeouts_are_derived_unless_the_user_set_them() {
     let _c = connect(&stub, Duration::from_secs(5));
     // Every test here connects with at most 5 s, whose derived values are
     // HCCL's minimums, whichever test's connect came first.
-    let (connect_s, exec_s) = accel_backend_npu_hccl::hccl_timeouts(Duration::from_secs(5));
+    let (connect_s, exec_s) = accel_backend_npu_hccl::__test::hccl_timeouts(Duration::from_secs(5));
     let now = |v: &str| std::env::var(v).unwrap();
     if user.0.is_none() {
         assert_eq!(now("HCCL_CONNECT_TIMEOUT"), connect_s.to_string());
@@ -650,7 +651,7 @@ fn the_required_symbols_are_the_stubs_exports() {
     // Every symbol the backend resolves is defined by the stubs (and so
     // named in the docs' list): a symbol added to ffi.rs without a stub
     // fails here rather than on hardware.
-    let (acl, hccl) = accel_backend_npu_hccl::required_symbols();
+    let (acl, hccl) = accel_backend_npu_hccl::__test::required_symbols();
     let stub = Stub::ok();
     for (file, syms) in [("libascendcl.so", acl), ("libhccl.so", hccl)] {
         let lib = open(&stub.path().join(file));

@@ -4,12 +4,10 @@
 
 use std::time::Duration;
 
-use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, Device, DeviceKind, Engine, EngineInfo, Group, Op,
-    ReduceOp, Result,
-};
+use accel_api::kit::{host, host_mut, Engine, EngineInfo, Group};
+use accel_api::{Buf, BufMut, Capabilities, Device, DeviceKind, Op, ReduceOp, Result};
 
-use crate::NAME;
+use crate::name::NAME;
 
 /// The engine of a one-rank group.
 #[derive(Debug, Clone)]

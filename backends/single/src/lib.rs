@@ -6,16 +6,16 @@
 #![forbid(unsafe_code)]
 
 mod engine;
+mod name;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext, Result, StaticBackend,
-    PRIORITY_FALLBACK,
-};
+use accel_api::kit::{StaticBackend, PRIORITY_FALLBACK};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Probe, ProbeContext, Result};
 
-pub use engine::{communicator, communicator_named, SingleCommunicator, SingleEngine};
-
-/// The registered name.
-pub const NAME: &str = "single";
+// What a program or a plugin may call: the record, the name, the probe,
+// a one-rank group (`communicator`, `connect_named`) and its type. The
+// engine stays private.
+pub use engine::{communicator, SingleCommunicator};
+pub use name::NAME;
 
 /// The `single` backend.
 pub const BACKEND: StaticBackend =
@@ -23,7 +23,8 @@ pub const BACKEND: StaticBackend =
         Ok(Box::new(connect_named(NAME, ctx)?))
     });
 
-/// Available exactly when the run has one process.
+/// Available exactly when the run has one process (what [`BACKEND`]
+/// probes; plugins that reuse this engine probe with it).
 pub fn probe(ctx: &ProbeContext) -> Probe {
     if ctx.world_size == 1 {
         Probe::available(1, Some(env!("CARGO_PKG_VERSION").to_string()))
@@ -54,7 +55,7 @@ pub fn connect_named(name: &'static str, ctx: ConnectContext) -> Result<SingleCo
         .with_op("connect")
         .with_fix("enable a multi-process backend such as cpu-gloo, or run one process"));
     }
-    Ok(communicator_named(name, ctx.device, ctx.timeout))
+    Ok(engine::communicator_named(name, ctx.device, ctx.timeout))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));

@@ -82,7 +82,7 @@ fn main() {
                 let store = store.clone();
                 let sizes = &sizes;
                 s.spawn(move || {
-                    let c = accel_backend_xla::connect(ConnectContext {
+                    let c = accel_backend_xla::__test::connect(ConnectContext {
                         rank,
                         world_size: n,
                         local_rank: rank,

@@ -8,16 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use accel_api::{
-    host, host_mut, Buf, BufMut, Capabilities, Device, DeviceKind, Engine, EngineInfo, Error,
-    Group, Op, ReduceOp, Result, SplitPlan,
-};
+use accel_api::kit::{host, host_mut, Engine, EngineInfo, Group, SplitPlan};
+use accel_api::{Buf, BufMut, Capabilities, Device, DeviceKind, Error, Op, ReduceOp, Result};
 
 use crate::error::XlaError;
 use crate::meet::{CallKey, Deposit, Meet, Outcome, Work};
+use crate::name::NAME;
 use crate::programs::{dtypes, Program};
 use crate::runtime::Runtime;
-use crate::NAME;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())

@@ -6,7 +6,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use accel_api::{timeout_error, Error, ErrorKind};
+use accel_api::kit::timeout_error;
+use accel_api::{Error, ErrorKind};
 
 /// What went wrong below accel's API.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@
 //! (the CPU plugin has no multi-process collectives; TPU hosts drive their
 //! chips from one process). So this backend's ranks are threads of one
 //! process, one rank per thread and per device (docs/adr/0012). Each rank
-//! thread calls [`connect`] with its rank; the threads of one run find each
+//! thread connects ([`BACKEND`]) with its rank; the threads of one run find each
 //! other through the store (rank 0 publishes a token naming this process)
 //! and an in-process meeting point. Every collective is a *round*: each
 //! rank deposits its input, the last to arrive runs the compiled program
@@ -87,23 +87,22 @@ mod error;
 #[allow(unsafe_code)]
 mod ffi;
 mod meet;
+mod name;
 mod probe;
 mod programs;
 mod runtime;
 
-use accel_api::{
-    ConnectContext, DeviceKind, Error, ErrorKind, Group, Result, StaticBackend, PRIORITY_XLA,
-};
+use accel_api::kit::{Group, StaticBackend, PRIORITY_XLA};
+use accel_api::{ConnectContext, DeviceKind, Error, ErrorKind, Result};
 
-pub use engine::{capabilities, XlaCommunicator, XlaEngine};
-pub use probe::PROCESS_MODEL_VAR;
-pub use runtime::{DEFAULT_CPU_DEVICES, PLUGIN_FILE};
+// The crate's face (ADR 0034): the record, the name and the plugin's
+// description for diagnostics. Its own tests and examples reach the rest
+// through `__test`.
+pub use name::NAME;
 
+use engine::{XlaCommunicator, XlaEngine};
 use error::XlaError;
 use runtime::Runtime;
-
-/// The registered name.
-pub const NAME: &str = "xla";
 
 /// The `xla` backend. Its device kind is the host's: the communicator
 /// takes CPU buffers and copies them to the plugin's devices.
@@ -133,7 +132,7 @@ pub fn describe_plugin() -> Result<String> {
 /// [`ErrorKind::InvalidConfig`] for a rank outside the world, more ranks
 /// than devices, or ranks in another process; [`ErrorKind::Timeout`]
 /// naming the ranks that did not connect in time.
-pub fn connect(ctx: ConnectContext) -> Result<XlaCommunicator> {
+fn connect(ctx: ConnectContext) -> Result<XlaCommunicator> {
     let rank = ctx.rank;
     let fail = |e: XlaError| {
         Error::from(e)
@@ -211,4 +210,17 @@ pub fn connect(ctx: ConnectContext) -> Result<XlaCommunicator> {
     Ok(Group::new(engine))
 }
 
-accel_api::submit_backend!(|| Box::new(BACKEND));
+accel_api::kit::submit_backend!(|| Box::new(BACKEND));
+
+/// Not API: what this crate's own tests and examples reach beyond its face.
+#[doc(hidden)]
+pub mod __test {
+    pub use crate::engine::{capabilities, XlaCommunicator, XlaEngine};
+    pub use crate::probe::PROCESS_MODEL_VAR;
+    pub use crate::runtime::{DEFAULT_CPU_DEVICES, PLUGIN_FILE};
+
+    /// This rank thread's communicator with its concrete type.
+    pub fn connect(ctx: accel_api::ConnectContext) -> accel_api::Result<XlaCommunicator> {
+        crate::connect(ctx)
+    }
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 use accel_api::{
     bf16, f16, Buf, BufMut, Communicator, CommunicatorExt, DType, HostBuf, HostBufMut, ReduceOp,
 };
-use accel_backend_xla::XlaCommunicator;
+use accel_backend_xla::__test::XlaCommunicator;
 
 const TIMEOUT: Duration = Duration::from_secs(60);
 const LENS: [usize; 2] = [1, 7];

@@ -23,7 +23,7 @@ macro_rules! need_plugin {
 
 /// The error of rank `rank`'s connect to a group of `world` over `store`.
 fn connect_err(store: &Arc<MemoryStore>, rank: usize, world: usize) -> accel_api::Error {
-    accel_backend_xla::connect(common::ctx(store, rank, world, SHORT)).unwrap_err()
+    accel_backend_xla::__test::connect(common::ctx(store, rank, world, SHORT)).unwrap_err()
 }
 
 /// The error of rank `rank`'s connect to `world` ranks over a store holding

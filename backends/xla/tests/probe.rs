@@ -78,7 +78,10 @@ fn bad_plugins_are_unavailable_with_the_reason_and_the_real_one_is_available() {
     }
     let p = BACKEND.probe(&one);
     assert!(p.is_available(), "{p:?}");
-    assert_eq!(p.device_count, accel_backend_xla::DEFAULT_CPU_DEVICES);
+    assert_eq!(
+        p.device_count,
+        accel_backend_xla::__test::DEFAULT_CPU_DEVICES
+    );
     let v = p.engine_version.unwrap();
     assert!(
         v.starts_with("PJRT API 0.") && v.contains("plugin /"),
@@ -97,10 +100,10 @@ fn bad_plugins_are_unavailable_with_the_reason_and_the_real_one_is_available() {
         ..local(4)
     };
     assert!(probe_reason(&threads).is_none());
-    std::env::set_var(accel_backend_xla::PROCESS_MODEL_VAR, "threads");
+    std::env::set_var(accel_backend_xla::__test::PROCESS_MODEL_VAR, "threads");
     assert!(probe_reason(&four).is_none());
     let many = local(100);
     let reason = probe_reason(&many).expect("more ranks than devices");
     assert!(reason.contains("ACCEL_PJRT_CPU_DEVICES=100"), "{reason}");
-    std::env::remove_var(accel_backend_xla::PROCESS_MODEL_VAR);
+    std::env::remove_var(accel_backend_xla::__test::PROCESS_MODEL_VAR);
 }

@@ -5,7 +5,8 @@
 //! `cpu-gloo` in errors, since that is the engine that ran.
 #![deny(unsafe_code)]
 
-use accel_api::{DeviceKind, StaticBackend, PRIORITY_CPU};
+use accel_api::kit::{StaticBackend, PRIORITY_CPU};
+use accel_api::{Backend, DeviceKind};
 
 /// The registered name.
 pub const NAME: &str = "cpu-gloo-plugin";
@@ -15,8 +16,8 @@ pub const BACKEND: StaticBackend = StaticBackend::new(
     NAME,
     PRIORITY_CPU - 1,
     DeviceKind::Cpu,
-    accel_backend_cpu_gloo::probe,
-    |ctx| Ok(Box::new(accel_backend_cpu_gloo::connect(ctx)?)),
+    |ctx| accel_backend_cpu_gloo::BACKEND.probe(ctx),
+    |ctx| accel_backend_cpu_gloo::BACKEND.connect(ctx),
 );
 
 accel_plugin::export_plugin!(BACKEND);

@@ -23,7 +23,8 @@
 //! (`ACCEL_BACKEND=vendor-single`).
 #![deny(unsafe_code)]
 
-use accel_api::{DeviceKind, StaticBackend, PRIORITY_FALLBACK};
+use accel_api::kit::{StaticBackend, PRIORITY_FALLBACK};
+use accel_api::DeviceKind;
 
 /// The registered name of this plugin's backend.
 pub const NAME: &str = "vendor-single";

@@ -28,7 +28,7 @@ fn loads_with_name_version_priority_and_kind() {
         let b = PluginBackend::load(&p.vendor).unwrap();
         assert_eq!(b.name(), "vendor-single");
         assert_eq!(b.plugin_version(), env!("CARGO_PKG_VERSION"));
-        assert_eq!(b.priority(), accel_api::PRIORITY_FALLBACK - 1);
+        assert_eq!(b.priority(), accel_api::kit::PRIORITY_FALLBACK - 1);
         assert_eq!(b.device_kind(), DeviceKind::Cpu);
         assert_eq!(b.abi_version(), (1, 1));
         assert_eq!(b.path(), p.vendor.as_path());

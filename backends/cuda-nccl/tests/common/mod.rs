@@ -12,7 +12,8 @@ use accel_api::{
     Buf, BufMut, Communicator, CommunicatorExt, ConnectContext, DType, Device, DeviceKind, Element,
     ErrorKind, HostBuf, ReduceOp, Store,
 };
-use accel_backend_cuda_nccl::{connect, DeviceBuffer, NcclCommunicator};
+use accel_backend_cuda_nccl::__test::{connect, NcclCommunicator};
+use accel_backend_cuda_nccl::DeviceBuffer;
 
 pub const CUDA0: Device = Device::new(DeviceKind::Cuda, 0);
 

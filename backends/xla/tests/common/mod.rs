@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use accel_api::{ConnectContext, Result, Store};
-use accel_backend_xla::XlaCommunicator;
+use accel_backend_xla::__test::XlaCommunicator;
 use accel_rendezvous::MemoryStore;
 
 /// `true` when a PJRT plugin is there. Without one: under CI (`CI=true`)
@@ -51,7 +51,7 @@ pub fn on_ranks<T: Send>(
                 let store = &store;
                 let f = &f;
                 s.spawn(move || {
-                    let c = accel_backend_xla::connect(ctx(store, rank, world, timeout))?;
+                    let c = accel_backend_xla::__test::connect(ctx(store, rank, world, timeout))?;
                     Ok(f(rank, &c))
                 })
             })
