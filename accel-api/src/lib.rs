@@ -95,7 +95,7 @@ pub use caps::{Capabilities, Op};
 pub use check::CallCheck;
 pub use comm::{validate, Communicator, CommunicatorExt};
 pub use device::{Device, DeviceKind};
-pub use dtype::{DType, Element};
+pub use dtype::{DType, Element, Half16};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
 pub use group::{
     host, host_mut, message_does_not_fit, on_group_worker, timeout_error, Backoff, Clock, Deadline,
