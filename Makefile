@@ -52,6 +52,7 @@ fmt-check:
 # facade and launcher without their optional backends.
 lint: setup
 	python3 scripts/import_cycles.py --no-tests
+	python3 scripts/line_cap.py
 	$(CARGO) clippy --workspace --all-targets --features accel-launcher/mpi -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings

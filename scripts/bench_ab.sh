@@ -9,8 +9,15 @@
 #   A=/tmp/base/target/release/accel B=target/release/accel \
 #     OP=reduce_scatter N=4 SIZES=256K:16M ROUNDS=5 scripts/bench_ab.sh
 #
-# Variables: A, B (the two binaries), OP (reduce_scatter), BACKEND
-# (cpu-gloo), N (4), SIZES (256K:16M), ITERS (20), ROUNDS (5).
+# One build under two environments (the flight recorder off against on):
+#
+#   A=target/release/accel B=target/release/accel ENV_A=ACCEL_FLIGHT_RECORDER=0 \
+#     OP=all_reduce BACKEND=mpi N=2 SIZES=4K ITERS=200 ROUNDS=7 scripts/bench_ab.sh
+#
+# Variables: A, B (the two binaries), ENV_A, ENV_B (space-separated
+# VAR=value settings for each side's runs, empty by default), OP
+# (reduce_scatter), BACKEND (cpu-gloo), N (4), SIZES (256K:16M), ITERS (20),
+# ROUNDS (5).
 set -euo pipefail
 : "${A:?A=path of the first accel binary}" "${B:?B=path of the second accel binary}"
 OP=${OP:-reduce_scatter}
@@ -19,13 +26,17 @@ N=${N:-4}
 SIZES=${SIZES:-256K:16M}
 ITERS=${ITERS:-20}
 ROUNDS=${ROUNDS:-5}
+ENV_A=${ENV_A:-}
+ENV_B=${ENV_B:-}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-echo "# $OP on $N ranks, $BACKEND, $ROUNDS rounds x $ITERS iterations; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# $OP on $N ranks, $BACKEND, $ROUNDS rounds x $ITERS iterations; A: $A ${ENV_A:+($ENV_A)}; B: $B ${ENV_B:+($ENV_B)}; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$ROUNDS"); do
   for v in A B; do
     bin=${!v}
-    "$bin" bench --backend "$BACKEND" -n "$N" --op "$OP" --sizes "$SIZES" --iters "$ITERS" 2>&1 |
+    envs=ENV_$v
+    # shellcheck disable=SC2086 # the settings are words on purpose
+    env ${!envs} "$bin" bench --backend "$BACKEND" -n "$N" --op "$OP" --sizes "$SIZES" --iters "$ITERS" 2>&1 |
       awk -v v="$v" '/^ +[0-9]/ {print v, $1, $4}' >> "$out"
   done
 done

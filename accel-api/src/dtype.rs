@@ -248,3 +248,91 @@ mod tests {
         assert_eq!(<u8 as Element>::DTYPE, DType::U8);
     }
 }
+
+/// A 16-bit float type, and the one widening to f32 and narrowing back
+/// (round to nearest even, once) that engines and the facade share: an
+/// engine without native 16-bit reductions (MPI) reduces in f32, and the
+/// facade reads 16-bit checkpoints and compressed gradients in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half16 {
+    /// IEEE 754 half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl Half16 {
+    /// The 16-bit float type `d` is, if it is one.
+    pub fn of(d: DType) -> Option<Half16> {
+        match d {
+            DType::F16 => Some(Half16::F16),
+            DType::BF16 => Some(Half16::BF16),
+            _ => None,
+        }
+    }
+
+    /// This type as a [`DType`].
+    pub fn dtype(self) -> DType {
+        match self {
+            Half16::F16 => DType::F16,
+            Half16::BF16 => DType::BF16,
+        }
+    }
+
+    /// The value of the bit pattern `bits`, exactly, as f32.
+    pub fn to_f32(self, bits: u16) -> f32 {
+        match self {
+            Half16::F16 => half::f16::from_bits(bits).to_f32(),
+            Half16::BF16 => half::bf16::from_bits(bits).to_f32(),
+        }
+    }
+
+    /// `v` rounded to this type, as its bit pattern.
+    pub fn from_f32(self, v: f32) -> u16 {
+        match self {
+            Half16::F16 => half::f16::from_f32(v).to_bits(),
+            Half16::BF16 => half::bf16::from_f32(v).to_bits(),
+        }
+    }
+
+    /// Little-endian values of this type (`src`, two bytes each; a trailing
+    /// odd byte is ignored) widened to f32.
+    pub fn widen(self, src: &[u8]) -> impl Iterator<Item = f32> + '_ {
+        src.chunks_exact(2)
+            .map(move |c| self.to_f32(u16::from_le_bytes([c[0], c[1]])))
+    }
+
+    /// `src` narrowed into `dst` as little-endian values of this type, two
+    /// bytes per value, until either runs out.
+    pub fn narrow_into(self, src: impl IntoIterator<Item = f32>, dst: &mut [u8]) {
+        for (v, out) in src.into_iter().zip(dst.chunks_exact_mut(2)) {
+            out.copy_from_slice(&self.from_f32(v).to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod half16_tests {
+    use super::*;
+
+    #[test]
+    fn widen_and_narrow_round_trip_every_finite_value() {
+        for h in [Half16::F16, Half16::BF16] {
+            assert_eq!(Half16::of(h.dtype()), Some(h));
+            let bytes: Vec<u8> = (0..=u16::MAX)
+                .filter(|&b| h.to_f32(b).is_finite())
+                .flat_map(u16::to_le_bytes)
+                .collect();
+            let wide: Vec<f32> = h.widen(&bytes).collect();
+            assert_eq!(wide.len(), bytes.len() / 2);
+            let mut back = vec![0u8; bytes.len()];
+            h.narrow_into(wide, &mut back);
+            assert_eq!(back, bytes, "{h:?}");
+        }
+        assert_eq!(Half16::of(DType::F32), None);
+        assert_eq!(
+            Half16::BF16.from_f32(1.0 + 1.0 / 256.0),
+            Half16::BF16.from_f32(1.0)
+        );
+    }
+}

@@ -104,7 +104,7 @@ pub use caps::{Capabilities, Op};
 pub use check::CallCheck;
 pub use comm::{Communicator, CommunicatorExt};
 pub use device::{Device, DeviceKind};
-pub use dtype::{DType, Element};
+pub use dtype::{DType, Element, Half16};
 pub use error::{Error, ErrorKind, MismatchEntry, Result};
 pub use layer::{Layer, Layered};
 pub use offload::{OffloadStore, TensorMeta};

@@ -1,5 +1,5 @@
 //! The suite with ranks as threads of one process, over any
-//! [`Backend`](accel_api::Backend) that can connect several ranks in one
+//! [`accel_api::Backend`] that can connect several ranks in one
 //! process (single, cpu-gloo over loopback, xla): what a backend's own
 //! `#[test]` calls, in one line (object_store's `integration` pattern).
 //! The rank threads are accel's in-process entry, [`accel::Threads`]: each

@@ -29,9 +29,11 @@
 //!
 //! Unsafe code lives in [`ffi`] only (one `pre_exec` for the parent-death
 //! signal).
+#![deny(unsafe_code)]
 
 pub mod coordinate;
 mod event;
+#[allow(unsafe_code)]
 pub mod ffi;
 pub mod group;
 pub mod guard;

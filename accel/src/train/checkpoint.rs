@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use accel_api::{BufMut, DType, Error, ErrorKind, Result};
+use accel_api::{BufMut, DType, Error, ErrorKind, Half16, Result};
 use accel_sharding::{
     parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
     write_file_synced, AccumulatorState, CheckpointDir, CheckpointWriter, FileEntry, Manifest,
@@ -429,14 +429,8 @@ pub(crate) fn decode_tensors(
                     f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]) as f32
                 })
                 .collect(),
-            Dtype::F16 => raw
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => raw
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
+            Dtype::F16 => Half16::F16.widen(raw).collect(),
+            Dtype::BF16 => Half16::BF16.widen(raw).collect(),
             other => {
                 return Err(bad(format!(
                     "tensor {name:?} is {other:?}; accel loads F32, F64, F16 and BF16"

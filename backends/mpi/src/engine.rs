@@ -12,7 +12,7 @@ use accel_api::kit::{
     P2pHeader, Polled, Poller, SplitPlan, Until, P2P_MAGIC,
 };
 use accel_api::{
-    bf16, f16, Buf, BufMut, Capabilities, DType, Error, ErrorKind, HostBuf, Op, ReduceOp, Result,
+    Buf, BufMut, Capabilities, DType, Error, ErrorKind, Half16, HostBuf, Op, ReduceOp, Result,
 };
 
 use crate::error::timeout_error;
@@ -247,42 +247,27 @@ fn red(op: ReduceOp) -> RedOp {
     }
 }
 
-fn is_half(d: DType) -> bool {
-    matches!(d, DType::F16 | DType::BF16)
-}
-
 /// f16/bf16 bytes widened to f32, as scratch memory.
-fn widen(d: DType, src: &[u8]) -> Scratch {
-    let n = src.len() / 2;
-    let mut s = Scratch::new(n * 4);
-    let out = s.bytes_mut();
-    for (i, ch) in src.chunks_exact(2).enumerate() {
-        let bits = u16::from_le_bytes([ch[0], ch[1]]);
-        let v = if d == DType::F16 {
-            f16::from_bits(bits).to_f32()
-        } else {
-            bf16::from_bits(bits).to_f32()
-        };
-        out[i * 4..i * 4 + 4].copy_from_slice(&v.to_le_bytes());
+fn widen(half: Half16, src: &[u8]) -> Scratch {
+    let mut s = Scratch::new(src.len() / 2 * 4);
+    for (v, out) in half.widen(src).zip(s.bytes_mut().chunks_exact_mut(4)) {
+        out.copy_from_slice(&v.to_le_bytes());
     }
     s
 }
 
 /// f32 scratch narrowed back into f16/bf16 bytes (rounding once), divided
 /// by `div` first when it is not 1.
-fn narrow(d: DType, src: &[u8], dst: &mut [u8], div: usize) {
-    for (i, ch) in src.chunks_exact(4).enumerate() {
-        let mut v = f32::from_le_bytes([ch[0], ch[1], ch[2], ch[3]]);
+fn narrow(half: Half16, src: &[u8], dst: &mut [u8], div: usize) {
+    let wide = src.chunks_exact(4).map(|c| {
+        let v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         if div != 1 {
-            v /= div as f32;
-        }
-        let bits = if d == DType::F16 {
-            f16::from_f32(v).to_bits()
+            v / div as f32
         } else {
-            bf16::from_f32(v).to_bits()
-        };
-        dst[i * 2..i * 2 + 2].copy_from_slice(&bits.to_le_bytes());
-    }
+            v
+        }
+    });
+    half.narrow_into(wide, dst);
 }
 
 /// One MPI operation to start: which, on what type, how many elements.
@@ -560,9 +545,9 @@ impl MpiEngine {
         avg: bool,
     ) -> Result<()> {
         let div = if avg { self.info.world_size } else { 1 };
-        if is_half(dtype) {
+        if let Some(half) = Half16::of(dtype) {
             let s = Spec { t: Ty::F32, ..s };
-            let send = src.or(dst.as_deref()).map(|b| widen(dtype, b));
+            let send = src.or(dst.as_deref()).map(|b| widen(half, b));
             let recv = dst.as_ref().map(|d| Scratch::new(d.len() * 2));
             let to = if recv.is_some() {
                 Dst::Scratch
@@ -577,7 +562,7 @@ impl MpiEngine {
                 self.run_large(s, Src::Scratch, to, owned)?
             };
             if let (Some(d), Some(r)) = (dst, owned.recv) {
-                narrow(dtype, r.bytes(), d, div);
+                narrow(half, r.bytes(), d, div);
             }
             return Ok(());
         }
