@@ -53,6 +53,7 @@ fmt-check:
 lint: setup
 	python3 scripts/import_cycles.py --no-tests
 	python3 scripts/line_cap.py
+	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --workspace --lib --features accel-launcher/mpi
 	$(CARGO) clippy --workspace --all-targets --features accel-launcher/mpi -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings

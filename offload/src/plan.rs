@@ -73,9 +73,9 @@ pub use types::{DeviceMap, DevicePlan, MaxMemory, Plan, PlanOptions, Reserve, St
 /// Plan `layout` under `opts` (see the [module docs](self) for the policy).
 ///
 /// # Errors
-/// [`ErrorKind::InvalidConfig`] when no `max_memory` is given or an entry
+/// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig) when no `max_memory` is given or an entry
 /// fits on no device (naming it, its size and the budgets);
-/// [`ErrorKind::Internal`] if validation of the result fails (a planner bug,
+/// [`ErrorKind::Internal`](accel_api::ErrorKind::Internal) if validation of the result fails (a planner bug,
 /// reported instead of returning a wrong map).
 pub fn plan(layout: &Layout, opts: &PlanOptions) -> Result<Plan> {
     let max_memory = budget::max_memory(opts)?;

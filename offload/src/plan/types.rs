@@ -80,7 +80,7 @@ impl MaxMemory {
     /// (unbounded); every other device needs one.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidConfig`] naming the bad item.
+    /// [`ErrorKind::InvalidConfig`](accel_api::ErrorKind::InvalidConfig) naming the bad item.
     pub fn parse(spec: &str) -> Result<MaxMemory> {
         let bad = |item: &str, why: &str| {
             Error::invalid_config("--max-memory", item, why)

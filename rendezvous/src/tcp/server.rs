@@ -75,7 +75,7 @@ impl TcpStoreServer {
     /// server reachable from other machines without a `token` logs a warning.
     ///
     /// # Errors
-    /// [`ErrorKind::Io`] naming `addr` when it cannot be bound (in use, not
+    /// [`ErrorKind::Io`](accel_api::ErrorKind::Io) naming `addr` when it cannot be bound (in use, not
     /// a local address, permission).
     pub fn bind(addr: SocketAddr, token: Option<String>) -> Result<TcpStoreServer> {
         let listener = TcpListener::bind(addr).map_err(|e| {
@@ -103,7 +103,7 @@ impl TcpStoreServer {
     /// probe-then-bind race. Default [`ServerLimits`].
     ///
     /// # Errors
-    /// [`ErrorKind::Io`] when the listener's address cannot be read or the
+    /// [`ErrorKind::Io`](accel_api::ErrorKind::Io) when the listener's address cannot be read or the
     /// event loop cannot be started.
     pub fn from_listener(listener: TcpListener, token: Option<String>) -> Result<TcpStoreServer> {
         TcpStoreServer::from_listener_with(listener, token, ServerLimits::default())
