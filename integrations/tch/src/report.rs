@@ -8,7 +8,7 @@ use accel_api::{Error, Result};
 use tch::Tensor;
 
 use crate::ffi::GradHooks;
-use crate::{TchModel, Zero3TchModel};
+use crate::TchModel;
 
 impl TchModel {
     /// Run `loss.backward()` and tell `gate` each parameter's gradient as
@@ -19,6 +19,10 @@ impl TchModel {
     /// to run inside [`Accelerator::backward_overlapped`], whose gate then
     /// starts each gradient bucket's all-reduce while the rest of the
     /// backward runs (torch DDP's reducer, which hooks the same place).
+    /// Not for a [`ZeroOptimizer`](accel::zero::ZeroOptimizer)'s gate: it
+    /// reduces (and at stage 3 frees) a whole unit when told of one of its
+    /// parameters, so it needs the module-wise backward that reports a
+    /// unit once all of its gradients are final.
     ///
     /// # Behavior
     /// A post hook is armed on each parameter's gradient accumulator (the
@@ -54,36 +58,17 @@ impl TchModel {
     ///
     /// [`Accelerator::backward_overlapped`]: accel::Accelerator::backward_overlapped
     pub fn backward_reporting(&mut self, loss: &Tensor, gate: &mut dyn UnitGate) -> Result<()> {
-        report_backward(self, |m| m.named_parameters(), loss, gate)
+        report_backward(self, loss, gate)
     }
 }
 
-impl Zero3TchModel {
-    /// [`TchModel::backward_reporting`] for the wrapped model's
-    /// parameters, with `gate` given this model (a stage-3
-    /// [`ZeroOptimizer`](accel::zero::ZeroOptimizer) reduces the units each
-    /// parameter belongs to; gather every unit first, as the gate's order
-    /// asks).
-    ///
-    /// # Errors
-    /// As [`TchModel::backward_reporting`].
-    pub fn backward_reporting(&mut self, loss: &Tensor, gate: &mut dyn UnitGate) -> Result<()> {
-        report_backward(self, |m| m.model().named_parameters(), loss, gate)
-    }
-}
-
-/// `loss.backward()` reporting the variables `vars(model)` to `gate`.
-fn report_backward<M: Parameters>(
-    model: &mut M,
-    vars: fn(&M) -> &[(String, Tensor)],
-    loss: &Tensor,
-    gate: &mut dyn UnitGate,
-) -> Result<()> {
+/// `loss.backward()` reporting `model`'s parameters to `gate`.
+fn report_backward(model: &mut TchModel, loss: &Tensor, gate: &mut dyn UnitGate) -> Result<()> {
     // The adapters define every gradient on a visit (a backward of their
     // own where one is missing): do it now, before the hooks are armed.
     model.visit_params(&mut |_| {});
     let (hooks, names) = {
-        let vars = vars(model);
+        let vars = model.named_parameters();
         let names: Vec<String> = vars.iter().map(|(n, _)| n.clone()).collect();
         (GradHooks::arm(vars)?, names)
     };
