@@ -12,13 +12,14 @@
 //! or one visitor call, on the thread that owns the model.
 //!
 //! # Gradient hooks
-//! [`GradHooks`] arms a post hook on the gradient accumulator of each of a
-//! model's parameters (torch DDP's `Reducer` registers the same), so that a
-//! backward pass reports each parameter as soon as its gradient is final.
-//! On the CPU, libtorch runs a backward on the thread that calls it, so a
-//! hook runs inside `backward()`, between two autograd nodes: the receiver
-//! is called there, synchronously (see [`GradHooks::backward`] for why that
-//! is sound).
+//! `GradHooks` (crate-private) arms a post hook on the gradient accumulator
+//! of each of a model's parameters (torch DDP's `Reducer` registers the
+//! same), so that a backward pass reports each parameter as soon as its
+//! gradient is final. On the CPU, libtorch runs a backward on the thread
+//! that calls it, so a hook runs inside `backward()`, between two autograd
+//! nodes: the receiver is called there, synchronously (`GradHooks`'
+//! documentation says why that is sound). [`grad_post_hooks`] counts the
+//! hooks on a tensor's accumulator (none outlives its backward).
 
 use accel_api::{
     DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Element, Error, ErrorKind, Result,
