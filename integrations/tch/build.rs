@@ -6,6 +6,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
+    println!("cargo:rerun-if-changed=csrc/grad_hooks.cpp");
     let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         panic!("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB); build with `source .accel-cache/tch/env.sh` (make tch-setup)");
     };
@@ -19,10 +20,11 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("csrc/autocast.cpp")
+        .file("csrc/grad_hooks.cpp")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag("-std=c++20")
         .flag_if_supported("-Wno-unused-parameter")
         .define("_GLIBCXX_USE_CXX11_ABI", abi.as_str())
-        .compile("accel_tch_autocast");
+        .compile("accel_tch_shim");
 }

@@ -341,6 +341,12 @@ pub struct Report {
     /// `Accelerator::backward_overlapped`): the synchronisation the
     /// backward did not hide.
     pub sync_time: f64,
+    /// Synchronising batches on which some gradient bucket started its
+    /// all-reduce before the backward returned
+    /// (`PreparedModel::last_sync_started_early`): 0 with `--no-overlap`,
+    /// on one rank, or for an engine that reports its gradients only at
+    /// the end of the backward.
+    pub early_syncs: u64,
 }
 
 impl Report {

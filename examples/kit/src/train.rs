@@ -133,6 +133,7 @@ pub fn train_digits<M: Parameters, O: Optimizer>(
             })??;
             if step.all_reduce {
                 sync_acc += sync_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+                tally.early_syncs += u64::from(model.last_sync_started_early() > 0);
             }
             if let (Some(max), true) = (o.max_grad_norm, step.sync_gradients) {
                 acc.clip_grad_norm(&mut model, max, 2.0)?;
@@ -200,6 +201,7 @@ struct Tally {
     step_time: f64,
     sync_time: f64,
     timed_steps: u64,
+    early_syncs: u64,
 }
 
 impl Tally {
@@ -216,6 +218,7 @@ impl Tally {
             stopped,
             step_time: per_step(self.step_time),
             sync_time: per_step(self.sync_time),
+            early_syncs: self.early_syncs,
         }
     }
 }

@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 use accel::train::{Batch, Optimizer, Parameters, StateDict};
+use accel::zero::UnitGate;
 use accel::{Accelerator, Result};
 pub use accel_example_kit::digits::{Digits, Split, FEATURES};
 pub use accel_example_kit::run::{checksum, flat_params, Report};
@@ -174,13 +175,36 @@ struct Engine<'a> {
     net: nn::Sequential,
 }
 
+impl Engine<'_> {
+    /// The loss of `images` (bf16/fp16 under autocast, logits back in f32
+    /// for the loss).
+    fn loss(&self, images: &Digits) -> Result<Tensor> {
+        let (x, y) = collate(images);
+        let logits = autocast_forward(self.acc, tch::Device::Cpu, || self.net.forward(&x))?;
+        Ok(logits.cross_entropy_for_logits(&y))
+    }
+}
+
 impl DigitsEngine<TchModel> for Engine<'_> {
     fn loss_backward(&mut self, _: &mut TchModel, scale: f32, images: Digits) -> Result<f64> {
-        let (x, y) = collate(&images);
-        // bf16/fp16 under autocast, logits back in f32 for the loss.
-        let logits = autocast_forward(self.acc, tch::Device::Cpu, || self.net.forward(&x))?;
-        let loss = logits.cross_entropy_for_logits(&y);
+        let loss = self.loss(&images)?;
         (&loss * f64::from(scale)).backward();
+        Ok(loss.double_value(&[]))
+    }
+
+    /// libtorch's backward with a hook on each parameter's gradient
+    /// accumulator ([`TchModel::backward_reporting`]): `gate` hears of
+    /// each parameter as soon as autograd has finished it, in f32 and
+    /// under autocast alike (the parameters stay f32).
+    fn loss_backward_gated(
+        &mut self,
+        model: &mut TchModel,
+        scale: f32,
+        images: Digits,
+        gate: &mut dyn UnitGate,
+    ) -> Result<f64> {
+        let loss = self.loss(&images)?;
+        model.backward_reporting(&(&loss * f64::from(scale)), gate)?;
         Ok(loss.double_value(&[]))
     }
 

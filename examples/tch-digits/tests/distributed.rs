@@ -176,3 +176,52 @@ fn two_ranks_learn_the_digits_in_bf16() {
     let acc = accuracy_in(last);
     assert!(acc > 90.0, "accuracy {acc}% after 4 bf16 epochs:\n{out}");
 }
+
+/// 20 optimizer steps on 2 ranks end with the same parameters, bit for
+/// bit, whether each gradient bucket is all-reduced while libtorch's
+/// backward runs (started from its gradient hooks: the default) or after
+/// it (`--no-overlap`), in f32 and in bf16.
+#[test]
+fn overlapped_and_blocking_gradient_sync_end_bit_identical() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = data();
+    let dump = |name: &str, extra: &[&str]| {
+        let mut list = vec![
+            "--train-len",
+            "320",
+            "--epochs",
+            "1",
+            "--batch-size",
+            "8",
+            "--accumulation",
+            "1",
+            "--no-eval",
+            "--save-every",
+            "0",
+            "--no-log",
+        ];
+        list.extend(extra);
+        let mut a = demo_ranks::demo_args(&list, &data, &dir.path().join(format!("ck-{name}")));
+        let out = dir.path().join(format!("{name}.bin"));
+        a.push("--dump-params".into());
+        a.push(out.display().to_string());
+        let text = run(2, &dir.path().join(format!("store-{name}")), &a);
+        assert!(final_line(&text).contains("20 steps"), "{text}");
+        read_params(&out)
+    };
+    for precision in ["no", "bf16"] {
+        let p = ["--mixed-precision", precision];
+        let overlapped = dump(&format!("overlap-{precision}"), &p);
+        let blocking = dump(
+            &format!("blocking-{precision}"),
+            &[&p[..], &["--no-overlap"]].concat(),
+        );
+        assert!(!overlapped.is_empty());
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&overlapped),
+            bits(&blocking),
+            "{precision}: overlapped and blocking gradient sync differ"
+        );
+    }
+}

@@ -1,4 +1,5 @@
-//! Every `unsafe` operation of the crate: views of libtorch tensor memory.
+//! Every `unsafe` operation of the crate: views of libtorch tensor memory,
+//! and the C++ shim (autocast switches, gradient-accumulator hooks).
 //!
 //! # The contract of a view
 //! A view borrows the [`Tensor`] handle it was made from and points at the
@@ -9,12 +10,26 @@
 //! thread, and no call into libtorch that mutates it, while the view lives.
 //! The crate's own uses hold views only for the duration of one collective
 //! or one visitor call, on the thread that owns the model.
+//!
+//! # Gradient hooks
+//! `GradHooks` (crate-private) arms a post hook on the gradient accumulator
+//! of each of a model's parameters (torch DDP's `Reducer` registers the
+//! same), so that a backward pass reports each parameter as soon as its
+//! gradient is final. On the CPU, libtorch runs a backward on the thread
+//! that calls it, so a hook runs inside `backward()`, between two autograd
+//! nodes: the receiver is called there, synchronously (`GradHooks`'
+//! documentation says why that is sound). [`grad_post_hooks`] counts the
+//! hooks on a tensor's accumulator (none outlives its backward).
 
 use accel_api::{
     DType, Device, DeviceBuf, DeviceBufMut, DeviceKind, Element, Error, ErrorKind, Result,
 };
 use accel_api::{HostBuf, HostBufMut};
 use tch::{Kind, Tensor};
+
+mod grad_hooks;
+pub use grad_hooks::grad_post_hooks;
+pub(crate) use grad_hooks::GradHooks;
 
 /// The accel element type of a libtorch kind, if collectives can carry it.
 pub fn dtype_of(kind: Kind) -> Option<DType> {

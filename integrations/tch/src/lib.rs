@@ -7,7 +7,7 @@
 //!
 //! | piece | what it does |
 //! |---|---|
-//! | [`TchModel`] | a `VarStore`'s trainable variables as the training loop's `Parameters`: values and gradients viewed in place (host views for CPU tensors, device views for CUDA ones), averaged in buckets on synchronising batches |
+//! | [`TchModel`] | a `VarStore`'s trainable variables as the training loop's `Parameters`: values and gradients viewed in place (host views for CPU tensors, device views for CUDA ones), averaged in buckets on synchronising batches; [`TchModel::backward_reporting`] reports each gradient as autograd finishes it, so that its bucket is reduced while the backward goes on |
 //! | [`Zero3TchModel`] | a [`TchModel`] whose parameters ZeRO stage 3 (`accel::zero`, `Stage::Full`) frees between a unit's uses (`set_param_storage` swaps each tensor's data for an empty one) |
 //! | [`TchKernels`] | the training loop's arithmetic and bucket copies on device tensors |
 //! | [`autocast_forward`], [`autocast_with`] | the forward pass under libtorch's autocast (bf16 on the CPU; bf16/f16 on CUDA), outputs in f32 |
@@ -16,7 +16,7 @@
 //! | [`TensorCollectives`] | `gather`, `gather_for_metrics`, `reduce`, `pad_across_processes`, all-reduce and broadcast on tensors |
 //! | [`set_seed`], [`set_threads_per_rank`] | seed accel and libtorch together; share the cores between local ranks |
 //! | [`dispatch`] | big-model inference: [`load_checkpoint_and_dispatch`] plans a device map for a `VarStore` model, loads a safetensors checkpoint into it (device, host store, disk store) and runs offloaded blocks with prefetch |
-//! | [`ffi`] | zero-copy host views of CPU tensors, device views of CUDA tensors |
+//! | [`ffi`] | zero-copy host views of CPU tensors, device views of CUDA tensors; the C++ shim (autocast switches, gradient-accumulator hooks); the crate's only unsafe code |
 //!
 //! Checkpoints go through the Accelerator's `save_state` / `load_state`: a
 //! prepared [`TchModel`] saves its variables, [`AdamW`] its moments, in
@@ -55,12 +55,16 @@
 //! `LD_LIBRARY_PATH`. This crate lives outside the default workspace so that
 //! the rest of accel never needs libtorch (docs/adr/0004).
 
+#![deny(unsafe_code)]
+
 mod autocast;
 pub mod dispatch;
+#[allow(unsafe_code)]
 pub mod ffi;
 mod kernels;
 mod model;
 mod optim;
+mod report;
 mod seed;
 mod tensor_ops;
 mod zero;
