@@ -113,6 +113,7 @@ fn child_scenarios() {
     common::every_dtype_and_reduction(&c);
     common::data_movement(&c);
     common::host_buffers(&c);
+    common::started_calls(&c);
     common::split_and_abort(&c);
     // The shared suite through the fakes: glue (staging, views, framing),
     // not NCCL.

@@ -486,6 +486,38 @@ fn hccl_failures_are_classified_and_poison() {
 }
 
 #[test]
+fn started_calls_pass_hccl_codes_in_issue_order_and_fail_at_wait() {
+    use accel_api::StartExt;
+    let (_stub, k, c) = one_rank();
+    let calls = k.calls();
+    let works: Vec<_> = (0..4)
+        .map(|i| {
+            c.start_all_reduce(vec![i as f32, -1.5], ReduceOp::Max)
+                .unwrap()
+        })
+        .collect();
+    let b = c.start_broadcast(vec![3i64, 4], 0).unwrap();
+    c.barrier().unwrap();
+    assert!(
+        works.iter().all(|w| w.is_done()) && b.is_done(),
+        "a blocking call returns after the calls started before it"
+    );
+    for (i, w) in works.into_iter().enumerate() {
+        assert_eq!(w.wait().unwrap(), vec![i as f32, -1.5]);
+    }
+    assert_eq!(b.wait().unwrap(), vec![3, 4]);
+    assert!(k.calls() > calls, "the started calls reached HCCL");
+
+    // A failure inside HCCL comes back from the handle, naming the call.
+    k.hccl("fail_next", 4);
+    let w = c.start_all_reduce(vec![1.0f32], ReduceOp::Sum).unwrap();
+    let e = w.wait().unwrap_err();
+    assert_eq!(e.kind(), &ErrorKind::Backend, "{e}");
+    assert!(e.to_string().contains("all_reduce"), "{e}");
+    assert_eq!(c.barrier().unwrap_err().kind(), &ErrorKind::Poisoned);
+}
+
+#[test]
 fn asynchronous_errors_are_lost_peers() {
     let (_stub, k, c) = one_rank();
     k.hccl("async_error", 13);
