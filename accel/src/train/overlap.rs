@@ -104,13 +104,7 @@ impl<'a> OverlapGate<'a> {
     /// Mark the parameters under `module` (`""`: every one) final, and
     /// start the buckets that became complete, in order.
     fn mark(&mut self, model: &dyn Parameters, module: &str) -> Result<()> {
-        let under = |name: &str| {
-            module.is_empty()
-                || name == module
-                || name
-                    .strip_prefix(module)
-                    .is_some_and(|r| r.starts_with('.'))
-        };
+        let under = |name: &str| crate::zero::gate::is_under(name, module);
         for i in 0..self.names.len() {
             if self.ready[i] || !under(&self.names[i]) {
                 continue;

@@ -108,16 +108,20 @@ impl<O: ShardOptimizer> UnitGate for ZeroOptimizer<O> {
     }
 }
 
+/// Whether parameter `name` belongs to `module` (`""`: every parameter):
+/// the module itself or a dotted path below it.
+pub(crate) fn is_under(name: &str, module: &str) -> bool {
+    module.is_empty()
+        || name == module
+        || name
+            .strip_prefix(module)
+            .is_some_and(|r| r.starts_with('.'))
+}
+
 impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// The units holding parameters of `module` (`""`: every unit).
     fn units_of(&self, module: &str) -> Result<Vec<usize>> {
-        let under = |name: &str| {
-            module.is_empty()
-                || name == module
-                || name
-                    .strip_prefix(module)
-                    .is_some_and(|r| r.starts_with('.'))
-        };
+        let under = |name: &str| is_under(name, module);
         let units: Vec<usize> = (self.plan.units().iter().enumerate())
             .filter(|(_, u)| u.slots.iter().any(|s| under(&s.name)))
             .map(|(i, _)| i)

@@ -28,7 +28,7 @@
 
 mod accelerator;
 mod checkpoint;
-mod gate;
+pub(crate) mod gate;
 mod optimizer;
 mod plan;
 mod prefetch;
