@@ -43,7 +43,7 @@
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use accel_api::{Communicator, Error, ErrorKind, Result, Store};
@@ -57,6 +57,7 @@ use crate::rank_output::panic_message;
 
 use crate::state::{self, enter_rank_thread, ProcessModel, ProcessState, RankThread};
 use crate::{Accelerator, Registry, WorkerEnv};
+use accel_api::sync::lock;
 
 /// Under `accel launch`, how long the other rank threads get to end after
 /// the root-cause failure before the process exits (their communicators are
@@ -331,10 +332,6 @@ struct Shared {
     comms: Vec<Option<Arc<dyn Communicator>>>,
     /// The root cause's text, once a rank failed.
     failed: Option<String>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Run `f` on one thread per state; see [`Threads::run`] and [`run`].

@@ -7,9 +7,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex};
 use std::time::Instant;
 
+use crate::sync::lock;
 use crate::{DType, Result};
 
 /// One kept message: `bytes` bytes of `dtype` elements, held in `body`.
@@ -51,10 +52,6 @@ impl<M> fmt::Debug for Mailbox<M> {
             .field("kept", &kept)
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl<M> Mailbox<M> {

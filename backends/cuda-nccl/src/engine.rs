@@ -11,7 +11,7 @@
 //! error is fatal, so the group poisons itself.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use accel_api::kit::{
@@ -26,6 +26,7 @@ use cudarc::driver::CudaContext;
 use crate::error::NcclFailure;
 use crate::ffi::{Call, Comm, DeviceMem, NcclOp, NcclType, OwnedStream, Progress, Stream};
 use crate::name::NAME;
+use accel_api::sync::lock;
 
 /// The communicator of the `cuda-nccl` backend.
 pub type NcclCommunicator = Group<NcclEngine>;
@@ -70,10 +71,6 @@ fn nccl_op(r: ReduceOp) -> NcclOp {
         #[allow(unreachable_patterns)]
         _ => NcclOp::ncclSum,
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Everything a communicator shares with the sub-groups split from it.

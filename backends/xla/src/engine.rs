@@ -5,7 +5,7 @@
 //! the meeting's mailbox; a barrier is a meeting without a program.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use accel_api::kit::{host, host_mut, Engine, EngineInfo, Group, SplitPlan};
@@ -16,10 +16,7 @@ use crate::meet::{CallKey, Deposit, Meet, Outcome, Work};
 use crate::name::NAME;
 use crate::programs::{dtypes, Program};
 use crate::runtime::Runtime;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use accel_api::sync::lock;
 
 /// The communicator of one rank thread.
 pub type XlaCommunicator = Group<XlaEngine>;

@@ -20,10 +20,7 @@ use std::time::{Duration, Instant};
 use accel_api::{DType, ReduceOp};
 
 use crate::error::XlaError;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use accel_api::sync::lock;
 
 /// What a call is, as every rank must agree on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

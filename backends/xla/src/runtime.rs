@@ -18,13 +18,14 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use accel_api::DType;
 
 use crate::error::XlaError;
 use crate::ffi::{Client, Executable, Plugin};
 use crate::programs::{element, Program};
+use accel_api::sync::lock;
 
 /// The file name `scripts/fetch_pjrt_plugin.sh` installs.
 pub const PLUGIN_FILE: &str = "pjrt_c_api_cpu_plugin.so";
@@ -32,10 +33,6 @@ pub const PLUGIN_FILE: &str = "pjrt_c_api_cpu_plugin.so";
 /// CPU devices the client is created with unless `ACCEL_PJRT_CPU_DEVICES`
 /// says otherwise.
 pub const DEFAULT_CPU_DEVICES: usize = 8;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Where the plugin is, by the search order of the module docs.
 ///

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use accel_api::{CasOutcome, Error, ErrorKind, Result, Store};
@@ -12,6 +12,7 @@ use super::wire::{
     read_frame, write_frame, DecodeError, FrameError, Request, Response, WireErrorKind, MAX_FRAME,
 };
 use crate::memory::missing_keys_error;
+use accel_api::sync::lock;
 
 /// Added to a request's own timeout to bound each socket read and write: the
 /// server answers a blocking request when its timeout passes, so the reply
@@ -88,10 +89,6 @@ enum OpenError {
     Transient(io::Error),
     /// Final: refused token, protocol mismatch, not an accel store.
     Final(Error),
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn is_protocol_error(r: &Response) -> bool {

@@ -4,13 +4,14 @@ use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use accel_api::{CasOutcome, Error, ErrorKind, Result, Store};
 
 use super::wire::{self, q, Msg};
 use crate::memory::missing_keys_error;
+use accel_api::sync::lock;
 
 /// Every key goes over the wire under this prefix, as torch's own client
 /// sends them, so that torch programs and accel see the same keys.
@@ -62,10 +63,6 @@ impl fmt::Debug for TorchStore {
             .field("addr", &self.addr)
             .finish()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn prefixed(key: &str) -> Vec<u8> {

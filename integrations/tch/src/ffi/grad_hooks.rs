@@ -7,9 +7,10 @@ use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::thread::{self, ThreadId};
 
+use accel_api::sync::lock;
 use accel_api::{Error, ErrorKind, Result};
 use tch::Tensor;
 
@@ -45,10 +46,6 @@ struct Slot {
     queued: Mutex<Vec<usize>>,
     /// The receiver's first panic, resumed when the backward has returned.
     panic: Mutex<Option<Box<dyn Any + Send>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Slot {
