@@ -102,8 +102,19 @@ fn invalid_arguments(ctx: &Ctx) -> Outcome {
     }
 }
 
-const SHORT: Duration = Duration::from_secs(2);
-const SLACK: Duration = Duration::from_secs(20);
+pub(crate) const SHORT: Duration = Duration::from_secs(2);
+pub(crate) const SLACK: Duration = Duration::from_secs(20);
+
+/// On the rank a scenario leaves absent (connected, never calling): wait
+/// until every other rank set `<prefix>/done/<rank>`, at most long enough
+/// for them to time out.
+pub(crate) fn stay_absent(ctx: &Ctx, prefix: &str) {
+    let keys: Vec<String> = (0..ctx.world_size() - 1)
+        .map(|r| format!("{prefix}/done/{r}"))
+        .collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let _ = ctx.store.wait(&refs, SHORT + SLACK + SLACK);
+}
 
 /// The last rank never enters the collective: the others get Timeout (or
 /// PeerLost) within the bound, naming the operation.
@@ -116,9 +127,7 @@ fn missing_rank_times_out(ctx: &Ctx) -> Outcome {
     let done = |r: usize| format!("missing/done/{r}");
     if ctx.rank() == n - 1 {
         // Stay connected (not dead, just absent) until the others gave up.
-        let keys: Vec<String> = (0..n - 1).map(done).collect();
-        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let _ = ctx.store.wait(&refs, SHORT + SLACK + SLACK);
+        stay_absent(ctx, "missing");
         drop(comm);
         return Outcome::Pass;
     }
