@@ -164,38 +164,37 @@ pub const BACKEND: StaticBackend =
         Ok(Box::new(connect(ctx)?))
     });
 
-/// `ACCEL_MPI_BLOCKING`: `1` (the default) or `0`.
-fn blocking_from_env() -> Result<bool> {
-    match std::env::var("ACCEL_MPI_BLOCKING") {
+/// A two-way setting: `on` (or unset, or empty) is `true`, `off` is
+/// `false`, anything else an error naming the variable with `fix`.
+fn switch_from_env(key: &str, on: &str, off: &str, fix: &str) -> Result<bool> {
+    match std::env::var(key) {
         Err(_) => Ok(true),
         Ok(v) => match v.trim() {
-            "" | "1" => Ok(true),
-            "0" => Ok(false),
-            _ => Err(Error::invalid_config(
-                "ACCEL_MPI_BLOCKING",
-                &v,
-                "must be 1 (blocking collectives above ACCEL_MPI_STAGING_BYTES, the default) or 0 (every operation non-blocking, polled)",
-            )
-            .with_backend(NAME)),
+            t if t.is_empty() || t == on => Ok(true),
+            t if t == off => Ok(false),
+            _ => Err(Error::invalid_config(key, &v, fix).with_backend(NAME)),
         },
     }
 }
 
+/// `ACCEL_MPI_BLOCKING`: `1` (the default) or `0`.
+fn blocking_from_env() -> Result<bool> {
+    switch_from_env(
+        "ACCEL_MPI_BLOCKING",
+        "1",
+        "0",
+        "must be 1 (blocking collectives above ACCEL_MPI_STAGING_BYTES, the default) or 0 (every operation non-blocking, polled)",
+    )
+}
+
 /// `ACCEL_MPI_STARTED`: `true` (`poll`, the default) or `false` (`block`).
 fn started_poll_from_env() -> Result<bool> {
-    match std::env::var("ACCEL_MPI_STARTED") {
-        Err(_) => Ok(true),
-        Ok(v) => match v.trim() {
-            "" | "poll" => Ok(true),
-            "block" => Ok(false),
-            _ => Err(Error::invalid_config(
-                "ACCEL_MPI_STARTED",
-                &v,
-                "must be poll (started calls polled with pauses, the default) or block (the blocking MPI call on the worker thread)",
-            )
-            .with_backend(NAME)),
-        },
-    }
+    switch_from_env(
+        "ACCEL_MPI_STARTED",
+        "poll",
+        "block",
+        "must be poll (started calls polled with pauses, the default) or block (the blocking MPI call on the worker thread)",
+    )
 }
 
 fn staging_from_env() -> Result<usize> {
