@@ -56,8 +56,7 @@ where
 
 static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-#[path = "../../test-support/log_lines.rs"]
-mod log_lines;
+use accel_test_support::log_lines;
 
 /// Install the capturing subscriber for the whole test process (once).
 pub(crate) fn capture_logs() {

@@ -22,11 +22,9 @@ use tch::{Device, Kind, Tensor};
 
 mod common;
 use common::det;
-#[path = "../../../test-support/python.rs"]
-mod python;
+use accel_test_support::python;
 use python::{python_with, run_python, torch_python_candidates};
-#[path = "../../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 
 fn acc() -> Accelerator {
     // No launcher variables: one process, the exact `single` backend.
