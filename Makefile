@@ -51,7 +51,7 @@ fmt-check:
 # Clippy per feature set (rustls habit): the default workspace build, and the
 # facade and launcher without their optional backends.
 lint: setup
-	python3 scripts/import_cycles.py --no-tests
+	python3 scripts/import_cycles.py
 	$(CARGO) clippy --workspace --all-targets --features accel-launcher/mpi -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
