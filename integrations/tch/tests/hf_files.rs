@@ -21,10 +21,9 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 mod common;
+use accel_test_support::{python, skips};
 use common::det;
-use accel_test_support::python;
 use python::{python_with, run_python, torch_python_candidates};
-use accel_test_support::skips;
 
 fn acc() -> Accelerator {
     // No launcher variables: one process, the exact `single` backend.
