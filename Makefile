@@ -51,7 +51,7 @@ fmt-check:
 # Clippy per feature set (rustls habit): the default workspace build, and the
 # facade and launcher without their optional backends.
 lint: setup
-	python3 scripts/import_cycles.py --no-tests
+	python3 scripts/import_cycles.py
 	python3 scripts/line_cap.py
 	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --workspace --lib --features accel-launcher/mpi
 	$(CARGO) clippy --workspace --all-targets --features accel-launcher/mpi -- -D warnings

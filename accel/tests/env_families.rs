@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-mod env_cases;
+use accel_test_support::env_cases;
 
 use accel::{ErrorKind, ProcessState};
 use env_cases::{BAD, GOOD};

@@ -17,10 +17,7 @@ use env_cases::generate::{duration, vars, Reach};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-mod env_cases;
-
-#[path = "../../fuzz/budget.rs"]
-mod budget;
+use accel_test_support::{env_cases, fuzz::budget};
 
 fn check_state(vars: &HashMap<String, String>) -> Result<(), TestCaseError> {
     match ProcessState::from_vars(vars.clone()) {

@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use accel::ErrorKind;
 
 mod common;
+use accel_test_support::special_files;
 use common::{single, Linear};
-#[path = "../../test-support/special_files.rs"]
-mod special_files;
 use special_files::{mkfifo, timed};
 
 fn model(v: f32) -> Linear {

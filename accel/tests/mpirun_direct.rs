@@ -5,8 +5,7 @@
 //! `MPIRUN_DIRECT_WORKER` is set and nothing otherwise.
 #![cfg(feature = "mpi")]
 
-#[path = "../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 #[path = "common/two_ranks.rs"]
 mod two_ranks;
 

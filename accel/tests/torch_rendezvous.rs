@@ -9,8 +9,7 @@
 //! `TORCH_RDZV_WORKER` is set and nothing otherwise.
 #![cfg(feature = "cpu-gloo")]
 
-#[path = "../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 #[path = "common/two_ranks.rs"]
 mod two_ranks;
 

@@ -69,7 +69,10 @@ pub use ctx::{Ctx, Outcome, Scenario, ScenarioResult};
 pub use fixtures::ScenarioModel;
 pub use prop::agree;
 pub use seed::Seed;
-pub use threads::{assert_conformance, run_in_process, run_spec_in_process, run_world_in_process};
+pub use threads::{
+    assert_conformance, assert_scenario_list, run_in_process, run_spec_in_process,
+    run_world_in_process,
+};
 
 /// Every scenario, in the order the matrix lists them: the collectives, the
 /// runtime built on them, failure behaviour, then the training loop.
@@ -187,13 +190,17 @@ fn agree_outcome(ctx: &Ctx, name: &str, local: Outcome) -> Outcome {
 ///
 /// In-process form: each test runs the scenario with ranks as threads of the
 /// test process ([`run_in_process`]) at the given world sizes, over the
-/// backend built by the expression:
+/// backend built by the expression. Every scenario is either listed or
+/// skipped with a reason (an `#[ignore]`d test that says it; `--ignored`
+/// runs it): one more test, `scenario_list_is_complete`, fails naming the
+/// scenarios that are neither ([`assert_scenario_list`]).
 ///
 /// ```ignore
 /// accel_conformance::conformance_tests!(
 ///     in_process = std::sync::Arc::new(my_backend::MyBackend::new()),
 ///     world_sizes = [1, 2, 3, 4],
 ///     scenarios = [all_reduce, broadcast, barrier_ordering],
+///     skips = [split_subgroups: "no sub-communicators yet"],
 /// );
 /// ```
 ///
@@ -212,13 +219,29 @@ fn agree_outcome(ctx: &Ctx, name: &str, local: Outcome) -> Outcome {
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {
-    (in_process = $b:expr, world_sizes = $ws:expr, scenarios = [$($s:ident),* $(,)?] $(,)?) => {
+    (in_process = $b:expr, world_sizes = $ws:expr, scenarios = [$($s:ident),* $(,)?]
+        $(, skips = [$($k:ident: $why:literal),* $(,)?])? $(,)?) => {
         $(
             #[test]
             fn $s() {
                 $crate::assert_conformance($b, &$ws, Some(concat!("=", stringify!($s))));
             }
         )*
+        $($(
+            #[test]
+            #[ignore = $why]
+            fn $k() {
+                $crate::assert_conformance($b, &$ws, Some(concat!("=", stringify!($k))));
+            }
+        )*)?
+        #[test]
+        fn scenario_list_is_complete() {
+            $crate::assert_scenario_list(
+                $b,
+                &[$(stringify!($s)),*],
+                &[$($((stringify!($k), $why)),*)?],
+            );
+        }
     };
     (backend = $b:expr, plugin = $p:expr, worker = $w:expr, world_sizes = $ws:expr, scenarios = [$($s:ident),* $(,)?] $(,)?) => {
         $(

@@ -12,7 +12,7 @@ use std::time::Instant;
 use accel_api::{Backend, Device, Error, ErrorKind, Result};
 
 use crate::harness::{RunSpec, WorldReport};
-use crate::{run_all, Ctx, Outcome, ScenarioResult, Seed};
+use crate::{all_scenarios, run_all, Ctx, Outcome, ScenarioResult, Seed};
 
 /// Run every scenario (or those whose name contains `filter`) on `world`
 /// ranks, each a thread of this process that connects through `backend`
@@ -199,4 +199,101 @@ pub fn assert_conformance(backend: Arc<dyn Backend>, worlds: &[usize], filter: O
         failures.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// What is wrong with a backend's in-process scenario list: every
+/// scenario must be `listed` (run) or `skipped` with a reason, once. One
+/// line per problem: the scenarios neither lists nor skips, names that
+/// are no scenario, a skip without a reason, a scenario both run and
+/// skipped. Empty when the list is complete.
+pub fn scenario_list_gaps(listed: &[&str], skipped: &[(&str, &str)]) -> Vec<String> {
+    let all: Vec<&str> = all_scenarios().iter().map(|s| s.name).collect();
+    let skip_names: Vec<&str> = skipped.iter().map(|(n, _)| *n).collect();
+    let mut gaps = Vec::new();
+    let missing: Vec<&str> = all
+        .iter()
+        .copied()
+        .filter(|n| !listed.contains(n) && !skip_names.contains(n))
+        .collect();
+    if !missing.is_empty() {
+        gaps.push(format!(
+            "neither run nor skipped: {} (list each, or skip it with a reason)",
+            missing.join(", ")
+        ));
+    }
+    let unknown: Vec<&str> = listed
+        .iter()
+        .chain(&skip_names)
+        .copied()
+        .filter(|n| !all.contains(n))
+        .collect();
+    if !unknown.is_empty() {
+        gaps.push(format!("no such scenario: {}", unknown.join(", ")));
+    }
+    for (name, why) in skipped {
+        if why.trim().is_empty() {
+            gaps.push(format!("{name} is skipped without a reason"));
+        }
+        if listed.contains(name) {
+            gaps.push(format!("{name} is both run and skipped"));
+        }
+    }
+    gaps
+}
+
+/// Panic, naming `backend` and every gap, when its in-process list
+/// (`listed` plus `skipped`) is not every scenario
+/// ([`scenario_list_gaps`]); [`conformance_tests!`](crate::conformance_tests)
+/// stamps this as a test.
+///
+/// # Panics
+/// When the list has a gap.
+pub fn assert_scenario_list(backend: Arc<dyn Backend>, listed: &[&str], skipped: &[(&str, &str)]) {
+    let gaps = scenario_list_gaps(listed, skipped);
+    assert!(
+        gaps.is_empty(),
+        "the in-process conformance list of {} is not every scenario:\n{}",
+        backend.name(),
+        gaps.join("\n")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names() -> Vec<&'static str> {
+        all_scenarios().iter().map(|s| s.name).collect()
+    }
+
+    #[test]
+    fn every_scenario_listed_or_skipped_is_complete() {
+        let all = names();
+        assert_eq!(scenario_list_gaps(&all, &[]), Vec::<String>::new());
+        let (skipped, listed) = all.split_at(2);
+        let skips: Vec<(&str, &str)> = skipped.iter().map(|n| (*n, "not here")).collect();
+        assert_eq!(scenario_list_gaps(listed, &skips), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_gaps_name_the_missing_unknown_and_unreasoned() {
+        let all = names();
+        let listed: Vec<&str> = all[2..].iter().copied().chain(["no_such"]).collect();
+        let gaps = scenario_list_gaps(&listed, &[(all[1], " "), (all[3], "why")]);
+        let text = gaps.join("\n");
+        assert!(
+            text.contains(&format!("neither run nor skipped: {} (", all[0])),
+            "{text}"
+        );
+        assert!(text.contains("no such scenario: no_such"), "{text}");
+        assert!(
+            text.contains(&format!("{} is skipped without a reason", all[1])),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{} is both run and skipped", all[3])),
+            "{text}"
+        );
+        assert_eq!(gaps.len(), 4, "{text}");
+    }
 }

@@ -200,8 +200,7 @@ fn workers_die_with_a_killed_launcher() {
     }
 }
 
-#[path = "../../accel/tests/env_cases/mod.rs"]
-mod env_cases;
+use accel_test_support::env_cases;
 
 /// Environments the probing found `accel env` calling OK while the worker
 /// refused them (issue 32 item 4), and the decided edge cases: (case,

@@ -21,10 +21,7 @@ use std::time::Duration;
 use proptest::collection::vec;
 use proptest::prelude::*;
 
-#[path = "../../fuzz/budget.rs"]
-mod budget;
-#[path = "../../fuzz/mutate.rs"]
-mod mutate;
+use accel_test_support::{fuzz::budget, fuzz::mutate};
 
 use mutate::{apply, Mutation, Text};
 

@@ -7,8 +7,7 @@
 //! binary itself (probe-worker) needs `--features mpi`.
 
 mod common;
-#[path = "../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

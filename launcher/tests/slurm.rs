@@ -5,8 +5,7 @@
 #![cfg(feature = "cpu-gloo")]
 
 mod common;
-#[path = "../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

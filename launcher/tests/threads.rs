@@ -8,8 +8,7 @@
 //! Every run is under a hard deadline.
 
 mod common;
-#[path = "../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 
 use common::*;
 

@@ -3,8 +3,7 @@
 //! tests print why and skip; under CI they fail.
 
 mod common;
-#[path = "../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

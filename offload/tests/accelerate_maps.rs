@@ -16,8 +16,7 @@ use std::path::Path;
 use accel_offload::layout::{Layout, LayoutJson};
 use accel_offload::plan::{plan, MaxMemory, PlanOptions};
 
-#[path = "../../test-support/python.rs"]
-mod python;
+use accel_test_support::python;
 
 const CASES: &str = r#"
 import json, sys, itertools, warnings, logging

@@ -23,8 +23,7 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::{json, Value};
 
-#[path = "../../fuzz/budget.rs"]
-mod budget;
+use accel_test_support::fuzz::budget;
 
 // ------------------------------------------------------------ mutations
 

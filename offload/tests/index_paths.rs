@@ -12,8 +12,7 @@ use accel_api::{DType, OffloadStore, TensorMeta};
 use accel_offload::safetensors::{write_sharded, Checkpoint};
 use accel_offload::store::AccelerateFolder;
 
-#[path = "../../test-support/special_files.rs"]
-mod special_files;
+use accel_test_support::special_files;
 use special_files::{mkfifo, timed};
 
 /// `f()` must fail within 1 s naming `name`.

@@ -484,7 +484,7 @@ unsafe extern "C" fn comm_destroy(h: *mut AccelComm) -> AccelStatus {
 
 /// The host's [`Store`] behind an [`AccelStoreV1`] vtable. Owns one
 /// reference to the host's store; gives it back on drop.
-struct ForeignStore {
+pub(crate) struct ForeignStore {
     vt: AccelStoreV1,
 }
 
@@ -514,7 +514,7 @@ impl ForeignStore {
     /// # Safety
     /// `vt` is null or points to a store vtable readable for its
     /// `struct_size`.
-    unsafe fn adopt(vt: *const AccelStoreV1) -> Result<ForeignStore> {
+    pub(crate) unsafe fn adopt(vt: *const AccelStoreV1) -> Result<ForeignStore> {
         if vt.is_null() {
             return Err(store_error("the host passed no store".into()));
         }

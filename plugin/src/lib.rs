@@ -125,6 +125,8 @@ mod convert;
 pub mod export;
 mod load;
 mod path;
+#[cfg(test)]
+mod store_tests;
 
 pub use load::{load_plugin, PluginBackend};
 pub use path::{

@@ -760,6 +760,17 @@ fn store_vtable(store: Arc<dyn Store>) -> AccelStoreV1 {
     }
 }
 
+/// `store` as a plugin sees it: through the host's vtable and back as the
+/// plugin side's store (`store_tests.rs`, in one process).
+#[cfg(test)]
+pub(crate) fn across_the_abi(store: Arc<dyn Store>) -> Arc<dyn Store> {
+    let vt = store_vtable(store);
+    // SAFETY: `vt` is a complete 1.0 store vtable, live for this call; the
+    // plugin side's store takes over its one reference.
+    let foreign = unsafe { crate::export::ForeignStore::adopt(&vt) };
+    Arc::new(foreign.expect("a complete store vtable"))
+}
+
 /// The store behind `ctx`.
 ///
 /// # Safety

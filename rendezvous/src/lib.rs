@@ -32,6 +32,10 @@
 //! the file store's lock timeout). A store whose server went away fails
 //! each call within that bound with an error naming the server, never hangs.
 //!
+//! The behaviour every store shares is a set of scenarios, module `testkit`
+//! (feature `testkit`): another store's tests stamp them with
+//! `store_scenarios!`, as this crate's stores do.
+//!
 //! ## The TCP protocol
 //!
 //! Each message is a frame: a `u32` little-endian payload length, then the
@@ -70,9 +74,9 @@ mod tcp;
 mod torch;
 
 #[cfg(test)]
-mod scenarios;
-#[cfg(test)]
 mod test_util;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,8 +184,9 @@ fn parse_store_url(url: &str) -> Result<StoreUrl<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenarios::{store_scenarios, Fixture};
+    use crate::store_scenarios;
     use crate::test_util::TempDir;
+    use crate::testkit::Fixture;
     use accel_api::ErrorKind;
 
     const T: Duration = Duration::from_secs(5);

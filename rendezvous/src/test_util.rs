@@ -1,5 +1,5 @@
-//! Test helpers: temporary directories, threads that must all succeed,
-//! captured logs, child processes.
+//! Test helpers: temporary directories, captured logs, child processes
+//! (threads that must all succeed: `testkit::all_succeed`).
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -37,27 +37,11 @@ impl Drop for TempDir {
     }
 }
 
-// ---------------------------------------------------------------- threads
-
-/// Run `n` threads, each running what one call of `make` returns, and wait
-/// for all of them: each must return `Ok`.
-pub(crate) fn all_succeed<T, F>(n: usize, make: impl Fn() -> F)
-where
-    F: FnOnce() -> accel_api::Result<T> + Send + 'static,
-    T: Send + 'static,
-{
-    let hs: Vec<_> = (0..n).map(|_| std::thread::spawn(make())).collect();
-    for h in hs {
-        h.join().unwrap().unwrap();
-    }
-}
-
 // ---------------------------------------------------------------- logs
 
 static LOGS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-#[path = "../../test-support/log_lines.rs"]
-mod log_lines;
+use accel_test_support::log_lines;
 
 /// Install the capturing subscriber for the whole test process (once).
 pub(crate) fn capture_logs() {
@@ -96,21 +80,17 @@ pub(crate) fn wait_for_log(needles: &[&str]) -> Vec<String> {
 
 const CHILD_ENV: &str = "ACCEL_RDV_TEST_CHILD";
 
-/// This test binary re-run as a child process running only
-/// [`child_main`] in role `role`. Killed on drop.
+/// This test binary re-run as a child process running only one test (see
+/// [`spawn_entry`]). Killed on drop.
 pub(crate) struct ChildProc {
     child: Child,
     lines: Receiver<String>,
     seen: Vec<String>,
 }
 
-pub(crate) fn spawn_child(role: &str, env: &[(&str, &str)]) -> ChildProc {
-    spawn_entry("test_util::child_main", role, env)
-}
-
-/// [`spawn_child`] with another test as the child's entry point (its full
-/// path, e.g. `file::tests::file_adder_child`): a test that does its part
-/// when [`child_role`] is its role and nothing otherwise.
+/// This test binary re-run with one test as the child's entry point (its
+/// full path, e.g. `file::tests::file_adder_child`): a test that does its
+/// part when [`child_role`] is `role` and nothing otherwise.
 pub(crate) fn spawn_entry(entry: &str, role: &str, env: &[(&str, &str)]) -> ChildProc {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.args(["--exact", entry, "--nocapture", "--test-threads=1"])
@@ -215,22 +195,4 @@ impl Drop for ChildProc {
 /// The role this process was started in by [`spawn_entry`], if any.
 pub(crate) fn child_role() -> Option<String> {
     std::env::var(CHILD_ENV).ok()
-}
-
-/// The child side: a no-op in the normal test run.
-#[test]
-fn child_main() {
-    let Ok(role) = std::env::var(CHILD_ENV) else {
-        return;
-    };
-    match role.as_str() {
-        "tcp-server" => {
-            let token = std::env::var("ACCEL_RDV_TEST_TOKEN").ok();
-            let server = crate::TcpStoreServer::bind_loopback(0, token).unwrap();
-            println!("CHILD_ADDR={}", server.local_addr());
-            // Bounded: the parent kills us long before.
-            std::thread::sleep(Duration::from_secs(30));
-        }
-        other => panic!("unknown child role {other}"),
-    }
 }

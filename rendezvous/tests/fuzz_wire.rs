@@ -19,10 +19,7 @@ use proptest::test_runner::TestCaseError;
 #[path = "../src/tcp/wire.rs"]
 mod wire;
 
-#[path = "../../fuzz/budget.rs"]
-mod budget;
-#[path = "../../fuzz/mutate.rs"]
-mod mutate;
+use accel_test_support::{fuzz::budget, fuzz::mutate};
 
 use mutate::{apply, Mutation};
 use wire::{read_frame, FrameError, Request, Response, WireErrorKind, MAGIC, MAX_FRAME};

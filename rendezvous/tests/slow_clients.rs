@@ -29,8 +29,7 @@ static WARNINGS: AtomicU64 = AtomicU64::new(0);
 static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
 static FIRST_LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-#[path = "../../test-support/log_lines.rs"]
-mod log_lines;
+use accel_test_support::log_lines;
 
 /// Counts the store's warnings (the launcher would print each of them).
 fn count_warnings() -> log_lines::LineSubscriber {

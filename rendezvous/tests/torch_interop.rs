@@ -13,8 +13,7 @@ use accel_rendezvous::{TorchStore, TorchStoreServer};
 
 const T: Duration = Duration::from_secs(20);
 
-#[path = "../../test-support/python.rs"]
-mod python;
+use accel_test_support::python;
 
 /// `ACCEL_TORCH_PYTHON`, else the workspace's `.accel-cache/torch-venv`.
 fn torch_python() -> Option<PathBuf> {

@@ -138,7 +138,6 @@ pub fn ranks<T: Send + 'static>(
     out.into_iter().map(Option::unwrap).collect()
 }
 
-#[path = "../../../test-support/python.rs"]
-mod python;
+use accel_test_support::python;
 #[allow(unused_imports)]
 pub use python::{python_from, run_python, torch_python_candidates};

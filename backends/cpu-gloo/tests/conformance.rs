@@ -1,5 +1,6 @@
 //! The conformance suite on cpu-gloo with ranks as threads of this process
-//! (over loopback TCP), one test per scenario at world sizes 1 to 4. The
+//! (over loopback TCP), one test per scenario at world sizes 1 to 4, every
+//! scenario (`scenario_list_is_complete` fails naming one left out). The
 //! suite holds the oracle; the tests beside this file cover what is
 //! particular to Gloo (its framing, rounding, failures and splits).
 
@@ -26,6 +27,10 @@ accel_conformance::conformance_tests!(
         invalid_arguments,
         missing_rank_times_out,
         lost_rank_is_named,
+        mismatched_lengths_fail,
+        mismatched_reductions_fail,
+        mismatched_dtypes_fail,
+        mismatched_kinds_fail,
         debug_mismatch_table,
         async_mixed_in_flight,
         async_issue_order,
@@ -37,11 +42,13 @@ accel_conformance::conformance_tests!(
         train_accumulation_cadence,
         train_equivalence,
         train_resume,
+        train_streams,
         train_fp16_skip_agreed,
         train_bf16_equivalence,
         train_clip_norm_agreed,
         train_overlap_bit_identical,
         zero_equivalence,
         zero_clipping,
+        zero_fp16_skip_agreed,
     ],
 );

@@ -10,8 +10,7 @@
 //! waits until the victim has run a few rounds, kills it, and checks every
 //! survivor's report.
 
-#[path = "../../../test-support/child.rs"]
-mod child;
+use accel_test_support::child;
 mod common;
 
 use std::path::{Path, PathBuf};

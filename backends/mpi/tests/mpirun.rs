@@ -2,10 +2,7 @@
 //! (built by `mpirun_command`); `worker_process` does the work when
 //! ACCEL_MPI_TEST_WORKER is set and nothing otherwise.
 
-#[path = "../../../test-support/child.rs"]
-mod child;
-#[path = "../../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::{child, skips};
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;

@@ -14,8 +14,7 @@ use accel_example_candle_minilm::{similarities, Minilm, SENTENCES};
 use accel_example_minilm_data as data;
 use accel_offload::plan::MaxMemory;
 
-#[path = "../../../test-support/child.rs"]
-mod child;
+use accel_test_support::child;
 
 #[test]
 fn offloaded_embeddings_equal_resident_ones_and_match_the_reference() {

@@ -10,10 +10,7 @@ use std::path::{Path, PathBuf};
 use accel_api::{Error, ErrorKind};
 
 // Finding the Python and skipping a test: as the tests of other crates do.
-#[path = "../../../test-support/python.rs"]
-mod python;
-#[path = "../../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::{python, skips};
 
 /// The example sentences of `make infer-demo` (the pairs (0, 1) and (2, 3)
 /// are the ones whose sentence-transformers similarities are known).

@@ -13,8 +13,7 @@ use accel_offload::plan::{MaxMemory, Target};
 use tch::nn::VarStore;
 use tch::Device;
 
-#[path = "../../../test-support/child.rs"]
-mod child;
+use accel_test_support::child;
 
 #[test]
 fn offloaded_embeddings_equal_resident_ones_and_match_sentence_transformers() {

@@ -21,12 +21,9 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 mod common;
+use accel_test_support::{python, skips};
 use common::det;
-#[path = "../../../test-support/python.rs"]
-mod python;
 use python::{python_with, run_python, torch_python_candidates};
-#[path = "../../../test-support/skips.rs"]
-mod skips;
 
 fn acc() -> Accelerator {
     // No launcher variables: one process, the exact `single` backend.

@@ -21,8 +21,7 @@ use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
 mod common;
-#[path = "../../../test-support/ranks.rs"]
-mod ranks;
+use accel_test_support::ranks;
 use common::det;
 use ranks::two_ranks;
 

@@ -11,7 +11,6 @@
 
 mod common;
 mod failures;
-#[path = "../../../test-support/special_files.rs"]
-mod special_files;
+use accel_test_support::special_files;
 mod store;
 mod vendor;

@@ -8,8 +8,9 @@ use accel_api::{Error, ErrorKind, Store, StoreExt};
 use super::conn::token_eq;
 use super::wire::{read_frame, Request, Response, MAX_FRAME, PROTOCOL_VERSION};
 use super::{ServerLimits, TcpStore, TcpStoreServer};
-use crate::scenarios::{store_scenarios, Fixture};
+use crate::store_scenarios;
 use crate::test_util::{self, capture_logs, wait_for_log};
+use crate::testkit::Fixture;
 
 const TOKEN: &str = "s3cret-token";
 const T: Duration = Duration::from_secs(5);
@@ -301,7 +302,11 @@ fn shutdown_fails_a_waiting_client_promptly() {
 
 #[test]
 fn a_killed_server_process_fails_every_call_promptly() {
-    let mut child = test_util::spawn_child("tcp-server", &[("ACCEL_RDV_TEST_TOKEN", TOKEN)]);
+    let mut child = test_util::spawn_entry(
+        "tcp::tests::tcp_server_child",
+        "tcp-server",
+        &[("ACCEL_RDV_TEST_TOKEN", TOKEN)],
+    );
     let addr = child.line_with("CHILD_ADDR=", Duration::from_secs(10));
     let c = Arc::new(TcpStore::connect(addr.as_str(), Some(TOKEN), T).unwrap());
     c.set("k", b"v").unwrap();
@@ -320,6 +325,20 @@ fn a_killed_server_process_fails_every_call_promptly() {
         assert!(start.elapsed() < T, "{op} took {:?}", start.elapsed());
         assert!(e.to_string().contains(&addr), "{op}: {e}");
     }
+}
+
+/// The child of `a_killed_server_process_fails_every_call_promptly`: a
+/// server on loopback until killed; a no-op in the normal test run.
+#[test]
+fn tcp_server_child() {
+    if test_util::child_role().as_deref() != Some("tcp-server") {
+        return;
+    }
+    let token = std::env::var("ACCEL_RDV_TEST_TOKEN").ok();
+    let server = TcpStoreServer::bind_loopback(0, token).unwrap();
+    println!("CHILD_ADDR={}", server.local_addr());
+    // Bounded: the parent kills us long before.
+    std::thread::sleep(Duration::from_secs(30));
 }
 
 #[test]

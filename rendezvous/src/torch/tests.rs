@@ -7,7 +7,8 @@ use accel_api::{ErrorKind, Store};
 
 use super::wire::{self, q, Msg};
 use super::{TorchServerLimits, TorchStore, TorchStoreServer};
-use crate::scenarios::{store_scenarios, Fixture};
+use crate::store_scenarios;
+use crate::testkit::Fixture;
 
 const T: Duration = Duration::from_secs(5);
 
@@ -82,7 +83,7 @@ fn the_extended_operations_follow_torchs_semantics() {
     assert_eq!(t.join().unwrap().unwrap().unwrap(), b"late");
 
     // The server-side barrier.
-    crate::test_util::all_succeed(3, || {
+    crate::testkit::all_succeed(3, || {
         let c = client(&s);
         move || c.server_barrier("bar", 3, T)
     });

@@ -1,7 +1,5 @@
 //! A tracing subscriber that hands each event it takes to a function, as one
-//! line `LEVEL field=value ...`. Shared by several crates' tests through
-//! `#[path]`.
-#![allow(dead_code)]
+//! line `LEVEL field=value ...`.
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -9,6 +7,7 @@ use tracing::{Event, Metadata, Subscriber};
 
 /// Takes the events `wanted` accepts, from every thread, and hands each to
 /// `line` as one line of text.
+#[derive(Debug)]
 pub struct LineSubscriber {
     /// Which events to take.
     pub wanted: fn(&Metadata<'_>) -> bool,

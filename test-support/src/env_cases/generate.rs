@@ -35,6 +35,7 @@ pub const RANKS: &[&str] = &[
     "TORCHELASTIC_RESTART_COUNT",
     "MASTER_PORT",
 ];
+/// The other variables the parser reads (no count or index).
 pub const OTHERS: &[&str] = &[
     "SLURM_TASKS_PER_NODE",
     "ACCEL_TIMEOUT",

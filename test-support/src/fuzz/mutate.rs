@@ -1,17 +1,21 @@
 //! Byte-level edits of fuzz inputs, and bytes that print as text in a
-//! failure report (included with `#[path]` by the crates' `tests/fuzz_*.rs`;
-//! each harness draws the edits that fit its input).
-#![allow(dead_code)]
+//! failure report (each crate's `tests/fuzz_*.rs` draws the edits that fit
+//! its input).
 
 /// One edit of a valid input; an index past the end wraps around.
 #[derive(Debug, Clone)]
 pub enum Mutation {
+    /// Flip a bit (the second field) of the byte at the first.
     FlipBit(usize, u8),
+    /// Set the byte at the first field to the second.
     SetByte(usize, u8),
     /// Overwrite 4 bytes (a length or count field, often) with this value.
     SetU32(usize, u32),
+    /// Keep this many bytes.
     Truncate(usize),
+    /// Insert these bytes at the first field.
     Insert(usize, Vec<u8>),
+    /// Remove up to the second field's count of bytes from the first.
     Remove(usize, usize),
 }
 

@@ -1,5 +1,22 @@
-//! Behaviour every [`Store`] shares, as scenario functions; the
-//! [`store_scenarios!`] macro stamps one `#[test]` per scenario for a store.
+//! Behaviour every [`Store`] shares, as scenario functions a store's own
+//! tests run (feature `testkit`): the
+//! [`store_scenarios!`](crate::store_scenarios) macro stamps one `#[test]`
+//! per scenario, each on a fresh [`Fixture`].
+//! Every store of this crate passes them; a third-party store (a plugin's,
+//! a vendor's) proves itself the same way:
+//!
+//! ```
+//! mod my_store {
+//!     use std::sync::Arc;
+//!     use accel_rendezvous::testkit::Fixture;
+//!     # use accel_rendezvous::MemoryStore as MyStore;
+//!     // The second argument outlives the store (a server, a folder).
+//!     accel_rendezvous::store_scenarios!(Fixture::new(Arc::new(MyStore::new()), ()));
+//! }
+//! ```
+//!
+//! Each scenario panics on what it finds wrong. A store's errors must name
+//! the key and the store ([`Fixture::names`]).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -8,16 +25,28 @@ use std::time::{Duration, Instant};
 use accel_api::{CasOutcome, ErrorKind, Store, StoreExt};
 
 /// A store under test, plus whatever must outlive it (server, directory).
-pub(crate) struct Fixture {
-    pub(crate) store: Arc<dyn Store>,
+pub struct Fixture {
+    /// The store the scenario calls.
+    pub store: Arc<dyn Store>,
     /// What its errors must contain to name the store: its description, or
     /// for a prefix view the description of the store underneath.
-    pub(crate) names: String,
-    pub(crate) _keep: Box<dyn Any>,
+    pub names: String,
+    _keep: Box<dyn Any>,
+}
+
+impl std::fmt::Debug for Fixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fixture")
+            .field("store", &self.store.describe())
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fixture {
-    pub(crate) fn new(store: Arc<dyn Store>, keep: impl Any) -> Fixture {
+    /// `store`, named by its own description, keeping `keep` alive as long
+    /// as the fixture.
+    pub fn new(store: Arc<dyn Store>, keep: impl Any) -> Fixture {
         Fixture {
             names: store.describe(),
             store,
@@ -25,8 +54,10 @@ impl Fixture {
         }
     }
 
-    /// `self` seen under `prefix` (nested twice, to cover nesting).
-    pub(crate) fn prefixed(self, prefix: &str) -> Fixture {
+    /// `self` seen under `prefix` (nested twice, to cover nesting) through
+    /// [`PrefixStore`](crate::PrefixStore); its errors still name the
+    /// store underneath.
+    pub fn prefixed(self, prefix: &str) -> Fixture {
         let inner = Arc::new(crate::PrefixStore::new(self.store.clone(), prefix));
         Fixture {
             store: Arc::new(crate::PrefixStore::new(inner, "sub/")),
@@ -36,10 +67,14 @@ impl Fixture {
     }
 }
 
-/// One `#[test]` per scenario, each on a fresh store from `$make`.
+/// One `#[test]` per [`testkit`](crate::testkit) scenario, each on a fresh
+/// store from `$make` (an expression of type
+/// [`Fixture`](crate::testkit::Fixture)). Stamp it into a module of its
+/// own per store: the tests are named as the scenarios.
+#[macro_export]
 macro_rules! store_scenarios {
     ($make:expr) => {
-        store_scenarios!(@each $make;
+        $crate::store_scenarios!(@each $make;
             set_get_overwrite,
             try_get_absent_is_none,
             get_waits_for_a_later_set,
@@ -57,17 +92,31 @@ macro_rules! store_scenarios {
         $(
             #[test]
             fn $name() {
-                let f: $crate::scenarios::Fixture = $make;
-                $crate::scenarios::$name(&f);
+                let f: $crate::testkit::Fixture = $make;
+                $crate::testkit::$name(&f);
             }
         )*
     };
 }
-pub(crate) use store_scenarios;
+
+/// Run `n` threads, each running what one call of `make` returns, and wait
+/// for all of them: each must return `Ok` (a panic or an error fails the
+/// caller).
+pub fn all_succeed<T, F>(n: usize, make: impl Fn() -> F)
+where
+    F: FnOnce() -> accel_api::Result<T> + Send + 'static,
+    T: Send + 'static,
+{
+    let hs: Vec<_> = (0..n).map(|_| std::thread::spawn(make())).collect();
+    for h in hs {
+        h.join().unwrap().unwrap();
+    }
+}
 
 const LONG: Duration = Duration::from_secs(10);
 
-pub(crate) fn set_get_overwrite(f: &Fixture) {
+/// A set value reads back, an overwrite replaces it, an empty value is a value.
+pub fn set_get_overwrite(f: &Fixture) {
     let s = &f.store;
     s.set("k", &[0, 1, 255]).unwrap();
     assert_eq!(s.get("k", LONG).unwrap(), vec![0, 1, 255]);
@@ -76,12 +125,14 @@ pub(crate) fn set_get_overwrite(f: &Fixture) {
     assert_eq!(s.try_get("k").unwrap(), Some(vec![]));
 }
 
-pub(crate) fn try_get_absent_is_none(f: &Fixture) {
+/// An absent key is `None`, not an error.
+pub fn try_get_absent_is_none(f: &Fixture) {
     let s = &f.store;
     assert_eq!(s.try_get("absent").unwrap(), None);
 }
 
-pub(crate) fn get_waits_for_a_later_set(f: &Fixture) {
+/// A `get` waits for a set from another thread.
+pub fn get_waits_for_a_later_set(f: &Fixture) {
     let s = &f.store;
     let s2 = s.clone();
     let t = std::thread::spawn(move || s2.get("late", LONG));
@@ -90,7 +141,9 @@ pub(crate) fn get_waits_for_a_later_set(f: &Fixture) {
     assert_eq!(t.join().unwrap().unwrap(), b"v");
 }
 
-pub(crate) fn get_times_out_naming_the_key_and_store(f: &Fixture) {
+/// A `get` of an absent key times out after its timeout (not long after), with
+/// a `Timeout` naming the key and the store; the store works afterwards.
+pub fn get_times_out_naming_the_key_and_store(f: &Fixture) {
     let s = &f.store;
     let start = Instant::now();
     let e = s.get("absent-key", Duration::from_millis(60)).unwrap_err();
@@ -105,7 +158,8 @@ pub(crate) fn get_times_out_naming_the_key_and_store(f: &Fixture) {
     assert_eq!(s.get("absent-key", LONG).unwrap(), b"1");
 }
 
-pub(crate) fn wait_names_only_the_missing_keys(f: &Fixture) {
+/// A `wait` that times out names the keys still missing, not the present ones.
+pub fn wait_names_only_the_missing_keys(f: &Fixture) {
     let s = &f.store;
     s.set("present-key", b"1").unwrap();
     let e = s
@@ -119,7 +173,8 @@ pub(crate) fn wait_names_only_the_missing_keys(f: &Fixture) {
     );
 }
 
-pub(crate) fn wait_returns_once_all_are_set(f: &Fixture) {
+/// A `wait` returns once every key is set; a `wait` for no key returns at once.
+pub fn wait_returns_once_all_are_set(f: &Fixture) {
     let s = &f.store;
     s.set("w1", b"1").unwrap();
     let s2 = s.clone();
@@ -130,7 +185,9 @@ pub(crate) fn wait_returns_once_all_are_set(f: &Fixture) {
     s.wait(&[], Duration::ZERO).unwrap();
 }
 
-pub(crate) fn add_counts_and_rejects_non_integers(f: &Fixture) {
+/// `add` counts from 0; a non-integer value is `Corrupt` naming the key and
+/// stays; an overflow is an error naming the key.
+pub fn add_counts_and_rejects_non_integers(f: &Fixture) {
     let s = &f.store;
     assert_eq!(s.add("c", 5).unwrap(), 5);
     assert_eq!(s.add("c", -7).unwrap(), -2);
@@ -148,7 +205,7 @@ pub(crate) fn add_counts_and_rejects_non_integers(f: &Fixture) {
 /// `compare_set(key, expected, new)` on `s`, one step after another, each
 /// with the outcome given.
 #[track_caller]
-pub(crate) fn cas_steps(s: &dyn Store, key: &str, steps: &[(Option<&str>, &str, CasOutcome)]) {
+pub fn cas_steps(s: &dyn Store, key: &str, steps: &[(Option<&str>, &str, CasOutcome)]) {
     for (expected, new, outcome) in steps {
         let got = s.compare_set(key, expected.map(str::as_bytes), new.as_bytes());
         assert_eq!(
@@ -159,7 +216,9 @@ pub(crate) fn cas_steps(s: &dyn Store, key: &str, steps: &[(Option<&str>, &str, 
     }
 }
 
-pub(crate) fn compare_set_swaps_only_on_match(f: &Fixture) {
+/// `compare_set` swaps only when the current value is the expected one (absence
+/// included) and otherwise reports the current value.
+pub fn compare_set_swaps_only_on_match(f: &Fixture) {
     let s = &f.store;
     let one = || CasOutcome::Current(Some(b"1".to_vec()));
     let steps = [
@@ -178,7 +237,8 @@ pub(crate) fn compare_set_swaps_only_on_match(f: &Fixture) {
     assert_eq!(s.try_get("absent").unwrap(), None);
 }
 
-pub(crate) fn delete_reports_existence(f: &Fixture) {
+/// `delete` says whether the key existed, and removes it.
+pub fn delete_reports_existence(f: &Fixture) {
     let s = &f.store;
     s.set("d", b"1").unwrap();
     assert!(s.delete("d").unwrap());
@@ -186,7 +246,9 @@ pub(crate) fn delete_reports_existence(f: &Fixture) {
     assert_eq!(s.try_get("d").unwrap(), None);
 }
 
-pub(crate) fn concurrent_adds_and_cas_are_atomic(f: &Fixture) {
+/// Concurrent `add`s lose no count, and of concurrent `compare_set`s on an
+/// absent key exactly one wins.
+pub fn concurrent_adds_and_cas_are_atomic(f: &Fixture) {
     let s = &f.store;
     let threads = 4;
     let per = 25;
@@ -217,7 +279,9 @@ pub(crate) fn concurrent_adds_and_cas_are_atomic(f: &Fixture) {
     );
 }
 
-pub(crate) fn odd_keys_are_distinct(f: &Fixture) {
+/// Keys that a naive encoding would confuse (empty, slashes, escapes, dots,
+/// non-ASCII, spaces, newlines, long) are distinct keys.
+pub fn odd_keys_are_distinct(f: &Fixture) {
     let s = &f.store;
     let long = "x".repeat(500);
     let keys = [
@@ -247,9 +311,11 @@ pub(crate) fn odd_keys_are_distinct(f: &Fixture) {
     }
 }
 
-pub(crate) fn barrier_releases_everyone(f: &Fixture) {
+/// `StoreExt::barrier` releases every party once all arrive; one alone times
+/// out saying how many arrived.
+pub fn barrier_releases_everyone(f: &Fixture) {
     let s = &f.store;
-    crate::test_util::all_succeed(3, || {
+    all_succeed(3, || {
         let s = s.clone();
         move || s.barrier("b", 3, LONG)
     });

@@ -1,8 +1,7 @@
 //! Running an example's binary as rank processes, the way torchrun starts
 //! them (`RANK`, `WORLD_SIZE`, ... and a file store, so no launcher binary
 //! is needed), all under one hard deadline, and reading the digits demos'
-//! output. Shared by the demos' tests through `#[path]`.
-#![allow(dead_code)]
+//! output.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,5 +1,5 @@
-//! The budget of accel's bounded fuzz harnesses (included with `#[path]` by
-//! each crate's `tests/fuzz_*.rs`).
+//! The budget of accel's bounded fuzz harnesses (each crate's
+//! `tests/fuzz_*.rs`).
 //!
 //! A harness is a proptest strategy (arbitrary bytes and structure-aware
 //! mutations of valid inputs) and a property. By default it runs a fixed

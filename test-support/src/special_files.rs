@@ -1,7 +1,6 @@
-//! Special files for the bounded-read tests (issue 32), shared by several
-//! crates' tests through `#[path]`: FIFOs, and a runner that reports how
-//! long a call took without letting a blocked call hang the test.
-#![allow(dead_code)]
+//! Special files for the bounded-read tests (issue 32): FIFOs, and a runner
+//! that reports how long a call took without letting a blocked call hang
+//! the test.
 
 use std::path::Path;
 use std::time::{Duration, Instant};

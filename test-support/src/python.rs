@@ -1,13 +1,11 @@
 //! Finding and running the Python a test compares against (the torch venv,
-//! `.venv-tb`), shared by several crates' tests through `#[path]`.
-#![allow(dead_code)]
+//! `.venv-tb`).
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[path = "child.rs"]
-mod child;
+use crate::child;
 
 /// Where the torch venv's Python may be, first choice first:
 /// `$ACCEL_TORCH_PYTHON`, then the venv `make torch-venv` makes under

@@ -1,7 +1,5 @@
 //! Rank threads for tests: a world of `accel::Threads` under a hard
-//! bound. Shared by several crates' tests through `#[path]` (the crate
-//! must depend on `accel` with cpu-gloo).
-#![allow(dead_code)]
+//! bound (feature `ranks`: `accel` with cpu-gloo).
 
 use std::sync::mpsc;
 use std::time::Duration;

@@ -2,16 +2,15 @@
 //! `accel env` test share: malformed or contradictory environments over
 //! the five launcher families (each refused naming a variable), and
 //! legitimate nestings (each read).
-#![allow(dead_code)]
 
 use accel::LaunchSource;
 
 pub mod generate;
 
-/// (case, variables, the variable the message must name)
 /// Variables of one case.
 pub type Env = &'static [(&'static str, &'static str)];
 
+/// (case, variables, the variable the message must name)
 pub const BAD: &[(&str, Env, &str)] = &[
     // ---- ranges and edge values (issue 32 item 4) ----
     (

@@ -1,6 +1,5 @@
 //! Waiting for a child process under a hard deadline, and running one to
-//! the end. Shared by several crates' tests through `#[path]`.
-#![allow(dead_code)]
+//! the end.
 
 use std::process::{Child, Command, ExitStatus, Output};
 use std::time::{Duration, Instant};

@@ -1,8 +1,6 @@
-//! Whether a test can run here: root, mpirun. Shared by several crates'
-//! tests through `#[path]`. A test that cannot run says why and returns;
-//! under CI (which runs `make setup` as root) that is a failure instead,
-//! because a skip is not a pass.
-#![allow(dead_code)]
+//! Whether a test can run here: root, mpirun. A test that cannot run says
+//! why and returns; under CI (which runs `make setup` as root) that is a
+//! failure instead, because a skip is not a pass.
 
 use std::process::{Command, Stdio};
 
