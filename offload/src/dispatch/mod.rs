@@ -3,7 +3,7 @@
 //! through [`Framework`] (accel-tch, accel-candle).
 //!
 //! [`load_and_dispatch`] takes the model's [`Layout`] (the framework
-//! builds it: from its modules, or from the checkpoint), a safetensors
+//! builds it: from its modules, or from the opened checkpoint), a safetensors
 //! checkpoint (one file, a shard index or a folder), the blocks the
 //! forward pass steps through and [`DispatchOptions`], and
 //!
@@ -131,11 +131,12 @@ use crate::layout::Layout;
 /// let (ab, bb) = (bytes(&a), bytes(&b));
 /// write_file(&path, [("l0.w", &meta, &ab[..]), ("l1.w", &meta, &bb[..])])?;
 ///
-/// let layout = Layout::from_checkpoint(&Checkpoint::open(&path)?, &[])?;
 /// let opts = DispatchOptions {
 ///     max_memory: Some(MaxMemory::parse("disk")?),
 ///     ..DispatchOptions::default()
 /// };
+/// // The layout from the checkpoint: module order inferred from the names.
+/// let layout = |ck: &Checkpoint| Layout::from_checkpoint(ck, &[]);
 /// let d = load_and_dispatch(Toy::default(), layout, &path, &["l0", "l1"], &opts)?;
 /// assert!(d.framework().0.lock().unwrap()["l0.w"].is_empty());
 /// let mut sums = vec![];

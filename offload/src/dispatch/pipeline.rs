@@ -27,9 +27,11 @@ enum Place<D> {
     Disk,
 }
 
-/// Plan a device map for `layout` and load `checkpoint` into it through
-/// `framework` (the steps of the [module docs](super)); `blocks` are the
-/// modules [`Dispatched::run`] steps through, in forward order.
+/// Plan a device map for the model and load `checkpoint` into it through
+/// `framework` (the steps of the [module docs](super)). `layout` gives the
+/// model's layout (from the framework's modules, or from the opened
+/// checkpoint); `blocks` are the modules [`Dispatched::run`] steps
+/// through, in forward order.
 ///
 /// # Errors
 /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument) naming the tensor when one of the layout
@@ -37,16 +39,17 @@ enum Place<D> {
 /// is no module of the layout, and for planning failures (a budget too
 /// small: the planner's message); [`Framework::device`]'s errors for a
 /// planned device the framework lacks; the framework's errors; I/O and
-/// corruption errors naming the file.
+/// corruption errors naming the file; `layout`'s errors.
 pub fn load_and_dispatch<F: Framework, B: AsRef<str>>(
     mut framework: F,
-    layout: Layout,
+    layout: impl FnOnce(&Checkpoint) -> Result<Layout>,
     checkpoint: &Path,
     blocks: &[B],
     opts: &DispatchOptions,
 ) -> Result<Dispatched<F>> {
     let start = Instant::now();
     let ck = Checkpoint::open(checkpoint)?;
+    let layout = layout(&ck)?;
     let owner_of_entry = match_entries(&layout, &ck, checkpoint)?;
     let plan = plan_for(&layout, opts)?;
     let (device, places) = place(&framework, &layout, &plan)?;
