@@ -9,6 +9,7 @@
 //! | safetensors reading/writing, sharded checkpoints | [`safetensors`] |
 //! | loading a checkpoint into a plan, with progress | [`load`] |
 //! | layer-by-layer execution with prefetch | [`exec`] |
+//! | `load_checkpoint_and_dispatch` for any framework: match, tie, plan, place, load, check, run blocks ([`dispatch::Framework`] is a framework's part) | [`dispatch`] |
 //! | a model's layout from a checkpoint or a layout file, for `accel plan` | [`source`] |
 //! | model size, largest layer, Adam training memory per dtype (`accel estimate-memory`) | [`estimate`] |
 //! | synthetic layouts and checkpoints (tests, benchmarks) | [`synth`] |
@@ -23,7 +24,7 @@
 
 mod arena;
 mod convert;
-pub mod dispatched;
+pub mod dispatch;
 pub mod estimate;
 pub mod exec;
 pub mod layout;
