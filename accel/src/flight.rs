@@ -19,7 +19,7 @@ use accel_api::{Error, ErrorKind, Result};
 pub mod trace;
 
 /// Where dumps go (`accel launch --dump-dir` sets it for its workers).
-pub const DUMP_DIR_ENV: &str = "ACCEL_DUMP_DIR";
+pub const DUMP_DIR_ENV: &str = accel_api::worker::keys::ACCEL_DUMP_DIR;
 
 /// The `format` of a dump file.
 pub const DUMP_FORMAT: &str = "accel-flight-dump/1";
@@ -77,7 +77,7 @@ fn run_id() -> String {
 pub fn dump_dir() -> PathBuf {
     match std::env::var_os(DUMP_DIR_ENV) {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => std::env::temp_dir().join("accel-dumps").join(run_id()),
+        _ => accel_api::worker::default_dump_dir(&run_id()),
     }
 }
 

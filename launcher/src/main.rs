@@ -19,12 +19,14 @@ macro_rules! outln {
 
 mod bench;
 mod config_cmd;
+mod dump_cmd;
 mod elastic_worker;
 mod env_cmd;
 mod launch_cmd;
 mod plan_cmd;
 mod probe_cmd;
 mod test_cmd;
+mod trace_cmd;
 
 use std::process::ExitCode;
 
@@ -72,6 +74,13 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// Merge the flight-recorder dumps of a run: per group, the first
+    /// collective where the ranks part ways; the ranks inside a collective;
+    /// a Chrome / Perfetto timeline.
+    Trace(trace_cmd::TraceArgs),
+    /// Ask a running `accel launch` on this machine to make every rank dump
+    /// its flight recorder (the job goes on).
+    Dump(dump_cmd::DumpArgs),
     /// Run the conformance suite on backends and plugins at several world
     /// sizes and print the matrix.
     Test(test_cmd::TestArgs),
@@ -122,6 +131,8 @@ fn main() -> ExitCode {
         Command::ProbeWorker(args) => probe_cmd::run(args),
         Command::ElasticWorker(args) => elastic_worker::run(args),
         Command::Test(args) => test_cmd::run(args),
+        Command::Trace(args) => trace_cmd::run(args),
+        Command::Dump(args) => dump_cmd::run(args),
         Command::MpirunGuard { command } => {
             let code = accel_launch::guard::run(&command[0], &command[1..]);
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))
