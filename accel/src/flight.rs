@@ -191,6 +191,36 @@ pub fn dump_on_failure(err: &Error) {
     }
 }
 
+/// The layer over a sub-group's communicator (made by `split` under the
+/// stall inspector): its first timeout, mismatch or lost peer dumps too,
+/// as the world's does.
+#[derive(Debug)]
+pub(crate) struct DumpOnFailure;
+
+impl accel_api::Layer for DumpOnFailure {
+    fn before(&self, _: &dyn accel_api::Communicator, _: &accel_api::CallInfo) -> Result<()> {
+        Ok(())
+    }
+
+    fn on_error(
+        &self,
+        _: &dyn accel_api::Communicator,
+        _: &accel_api::CallInfo,
+        err: Error,
+    ) -> Error {
+        dump_on_failure(&err);
+        err
+    }
+
+    fn wrap_split(
+        &self,
+        sub: Box<dyn accel_api::Communicator>,
+        _: u32,
+    ) -> Box<dyn accel_api::Communicator> {
+        Box::new(accel_api::Layered::new(sub, DumpOnFailure))
+    }
+}
+
 /// Dump on every `SIGUSR1` (from `accel launch`, `accel dump` or `kill
 /// -USR1`), from a thread of its own; the program goes on. Idempotent.
 pub fn install_dump_on_signal() {

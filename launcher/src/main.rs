@@ -22,6 +22,7 @@ mod config_cmd;
 mod dump_cmd;
 mod elastic_worker;
 mod env_cmd;
+mod flight_worker;
 mod launch_cmd;
 mod plan_cmd;
 mod probe_cmd;
@@ -66,6 +67,9 @@ enum Command {
     /// samples of every step (elastic launches' tests and demo).
     #[command(hide = true, name = "elastic-worker")]
     ElasticWorker(elastic_worker::ElasticWorkerArgs),
+    /// A job that hangs on purpose, for `accel trace` (tests, docs).
+    #[command(hide = true, name = "flight-worker")]
+    FlightWorker(flight_worker::FlightWorkerArgs),
     /// The single-threaded parent of mpirun under `accel launch --backend
     /// mpi` (accel_launch::guard).
     #[command(hide = true, name = "mpirun-guard")]
@@ -130,6 +134,7 @@ fn main() -> ExitCode {
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
         Command::ElasticWorker(args) => elastic_worker::run(args),
+        Command::FlightWorker(args) => flight_worker::run(args),
         Command::Test(args) => test_cmd::run(args),
         Command::Trace(args) => trace_cmd::run(args),
         Command::Dump(args) => dump_cmd::run(args),

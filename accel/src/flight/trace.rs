@@ -743,6 +743,16 @@ pub fn human_us(us: u64) -> String {
     }
 }
 
+/// The start of a long reason (an error message with its fix), on one
+/// line.
+fn short(reason: &str) -> String {
+    let first = reason.lines().next().unwrap_or("");
+    match first.char_indices().nth(100) {
+        Some((i, _)) => format!("{}...", &first[..i]),
+        None => first.to_string(),
+    }
+}
+
 fn ranks_list(v: &[usize]) -> String {
     v.iter()
         .map(usize::to_string)
@@ -777,7 +787,7 @@ impl Trace {
                 "  {}: {} ({})",
                 d.rank
                     .map_or_else(|| format!("pid {}", d.pid), |r| format!("rank {r}")),
-                d.reason,
+                short(&d.reason),
                 d.file.display()
             ));
         }

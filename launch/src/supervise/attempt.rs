@@ -459,7 +459,7 @@ impl<'a> Supervisor<'a> {
             return None;
         }
         self.tell(&format!(
-            "asking the other {asked} process(es) to dump their flight recorders to {} before              stopping them",
+            "asking the other {asked} process(es) to dump their flight recorders to {} before stopping them",
             dir.display()
         ));
         self.dumps_asked = Some((at, asked));
@@ -527,7 +527,7 @@ impl<'a> Supervisor<'a> {
             |d| d.display().to_string(),
         );
         let mut line = format!(
-            "received SIGUSR1: asked {asked} {} process(es) to dump their flight recorders to {dir}",
+            "received SIGUSR1: asked {asked} process(es) ({}) to dump their flight recorders to {dir}",
             self.group.kind()
         );
         if !not_ready.is_empty() {
