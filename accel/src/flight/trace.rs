@@ -833,10 +833,12 @@ impl Trace {
                 }
             }
             if !d.no_dump.is_empty() {
-                line(format!(
-                    "    group rank(s) {}: no dump",
-                    ranks_list(&d.no_dump)
-                ));
+                let who = if g.name == "world" {
+                    "rank(s)"
+                } else {
+                    "group rank(s)"
+                };
+                line(format!("    {who} {}: no dump", ranks_list(&d.no_dump)));
             }
         }
         if !self.stuck.is_empty() {
