@@ -243,7 +243,8 @@ fn gloo_a_skipped_all_reduce_is_named_and_the_timeline_is_a_chrome_trace() {
     let t = skipped_rank_is_named(&r, &dumps);
     assert!(
         t["ranks_without_dump"].as_array().unwrap().is_empty(),
-        "{t:#}"
+        "{}\n{t:#}",
+        r.all()
     );
     let timeline = dir.path().join("timeline.json");
     trace_json(&dumps, &["--timeline", timeline.to_str().unwrap()]);

@@ -175,7 +175,7 @@ struct Supervisor<'a> {
     /// After a failure that dumped: when the other processes were asked to
     /// dump, and how many; SIGTERM goes once they all have (or after
     /// [`DUMP_WAIT`]).
-    dumps_asked: Option<(SystemTime, usize)>,
+    dumps_asked: Option<(SystemTime, Vec<u32>)>,
     /// The first process that exited 0 while others still ran (one process
     /// per rank): the root cause if another fails after it saying that it
     /// lost that peer.
@@ -448,43 +448,46 @@ impl<'a> Supervisor<'a> {
             return None;
         }
         let at = SystemTime::now();
-        let asked = self
+        let asked: Vec<u32> = self
             .members
             .iter()
             .enumerate()
             .filter(|(i, m)| *i != failed && m.exit.is_none())
             .filter(|(_, m)| self.group.request_dump(m.pid))
-            .count();
-        if asked == 0 {
+            .map(|(_, m)| m.pid)
+            .collect();
+        if asked.is_empty() {
             return None;
         }
         self.tell(&format!(
-            "asking the other {asked} process(es) to dump their flight recorders to {} before stopping them",
+            "asking the other {} process(es) to dump their flight recorders to {} before \
+             stopping them",
+            asked.len(),
             dir.display()
         ));
         self.dumps_asked = Some((at, asked));
         Some(DUMP_WAIT)
     }
 
-    /// Every process asked by [`Self::ask_for_dumps`] has dumped.
+    /// Every process asked by [`Self::ask_for_dumps`] has dumped (or
+    /// ended).
     fn dumps_done(&self) -> bool {
-        let (Some((at, asked)), Some(dir)) = (self.dumps_asked, &self.attempt.env.dump_dir) else {
+        let (Some((at, asked)), Some(dir)) = (&self.dumps_asked, &self.attempt.env.dump_dir) else {
             return false;
         };
         // File times lag the clock by a tick or so.
-        let since = (at - Duration::from_millis(50)).max(self.began_wall);
-        let failed: Vec<u32> = self
-            .members
-            .iter()
-            .filter(|m| m.exit.is_some())
-            .map(|m| m.pid)
-            .collect();
-        let pids: std::collections::BTreeSet<u32> = crate::running::dumps_since(dir, since)
+        let since = (*at - Duration::from_millis(50)).max(self.began_wall);
+        let dumped: std::collections::BTreeSet<u32> = crate::running::dumps_since(dir, since)
             .iter()
             .filter_map(|p| crate::running::dump_pid(p))
-            .filter(|p| !failed.contains(p))
             .collect();
-        pids.len() >= asked
+        asked.iter().all(|pid| {
+            dumped.contains(pid)
+                || self
+                    .members
+                    .iter()
+                    .any(|m| m.pid == *pid && m.exit.is_some())
+        })
     }
 
     /// The root cause when process `early` exited 0 before `noticer`'s
