@@ -5,6 +5,8 @@
 //! bounded (`--timeout 3s`, a hard limit on the launcher). Cost: about 4 s
 //! per cpu-gloo hang, 5-7 s per mpi one (mpirun's teardown), 4-5 s per
 //! dump test; the tests run in parallel.
+// Without an engine feature only the refusals run.
+#![cfg_attr(not(any(feature = "cpu-gloo", feature = "mpi")), allow(dead_code))]
 
 mod common;
 #[cfg(feature = "mpi")]
