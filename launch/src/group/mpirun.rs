@@ -210,6 +210,7 @@ impl ProcessGroup for MpirunGroup {
     fn forwarding(&self, signal: &str) -> String {
         format!("received {signal}, sending SIGTERM to mpirun")
     }
+
     fn failure(&self, attempt: &Attempt, ended: Ended, sinks: &Sinks) -> Option<Failure> {
         let c = culprit(&self.explain());
         let named = c.rank.filter(|&r| r < self.total);
