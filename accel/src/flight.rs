@@ -6,7 +6,8 @@
 //! say what every rank was doing. The folder is `ACCEL_DUMP_DIR` (`accel
 //! launch --dump-dir`; the launcher sets one under its logs by default),
 //! else `<temp>/accel-dumps/<run id>`. Each dump is one JSON file written
-//! atomically, at most [`MAX_CALLS`] calls.
+//! atomically, at most [`MAX_CALLS`] calls. [`trace`] merges the dumps of
+//! a run.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -15,8 +16,10 @@ use std::sync::{Mutex, Once, OnceLock};
 use accel_api::flight::{flight_recorders, CallRecord, GroupIdentity};
 use accel_api::{Error, ErrorKind, Result};
 
+pub mod trace;
+
 /// Where dumps go (`accel launch --dump-dir` sets it for its workers).
-pub const DUMP_DIR_ENV: &str = "ACCEL_DUMP_DIR";
+pub const DUMP_DIR_ENV: &str = accel_api::worker::keys::ACCEL_DUMP_DIR;
 
 /// The `format` of a dump file.
 pub const DUMP_FORMAT: &str = "accel-flight-dump/1";
@@ -46,6 +49,10 @@ pub struct Dump {
     pub rank: Option<usize>,
     /// Ranks in the run.
     pub world_size: Option<usize>,
+    /// The attempt (`ACCEL_RESTART_COUNT`), so that `accel trace` reads
+    /// one attempt of a restarted run.
+    #[serde(default)]
+    pub restart: Option<u32>,
     /// This machine's name.
     pub host: String,
     /// This process.
@@ -70,7 +77,7 @@ fn run_id() -> String {
 pub fn dump_dir() -> PathBuf {
     match std::env::var_os(DUMP_DIR_ENV) {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => std::env::temp_dir().join("accel-dumps").join(run_id()),
+        _ => accel_api::worker::default_dump_dir(&run_id()),
     }
 }
 
@@ -104,12 +111,23 @@ pub fn snapshot(reason: &str) -> Dump {
             g.calls.retain(|c| c.issued_us >= cut);
         }
     }
+    let world = groups
+        .iter()
+        .map(|g| &g.identity)
+        .find(|i| i.name == "world")
+        .cloned();
+    let world = world.as_ref();
     Dump {
         format: DUMP_FORMAT.into(),
         reason: reason.to_string(),
         run_id: run_id(),
-        rank: crate::state::thread_rank().or_else(|| env_usize("RANK")),
-        world_size: env_usize("WORLD_SIZE"),
+        // Under mpirun no RANK: the world ring's.
+        rank: crate::state::thread_rank()
+            .or_else(|| env_usize("RANK"))
+            .or_else(|| world.map(|w| w.rank)),
+        world_size: env_usize("WORLD_SIZE").or_else(|| world.map(|w| w.world_size)),
+        restart: env_usize(accel_api::worker::keys::ACCEL_RESTART_COUNT)
+            .and_then(|r| u32::try_from(r).ok()),
         host: nix::unistd::gethostname()
             .map(|h| h.to_string_lossy().into_owned())
             .unwrap_or_default(),
@@ -170,6 +188,36 @@ pub fn dump_on_failure(err: &Error) {
     match dump_now(&format!("{kind}: {err}")) {
         Ok(p) => tracing::warn!("flight recorder dumped to {} ({kind})", p.display()),
         Err(e) => tracing::warn!("the flight recorder could not be dumped: {e}"),
+    }
+}
+
+/// The layer over a sub-group's communicator (made by `split` under the
+/// stall inspector): its first timeout, mismatch or lost peer dumps too,
+/// as the world's does.
+#[derive(Debug)]
+pub(crate) struct DumpOnFailure;
+
+impl accel_api::Layer for DumpOnFailure {
+    fn before(&self, _: &dyn accel_api::Communicator, _: &accel_api::CallInfo) -> Result<()> {
+        Ok(())
+    }
+
+    fn on_error(
+        &self,
+        _: &dyn accel_api::Communicator,
+        _: &accel_api::CallInfo,
+        err: Error,
+    ) -> Error {
+        dump_on_failure(&err);
+        err
+    }
+
+    fn wrap_split(
+        &self,
+        sub: Box<dyn accel_api::Communicator>,
+        _: u32,
+    ) -> Box<dyn accel_api::Communicator> {
+        Box::new(accel_api::Layered::new(sub, DumpOnFailure))
     }
 }
 

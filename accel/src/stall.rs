@@ -197,6 +197,12 @@ impl Layer for StallLayer {
         Ok(())
     }
 
+    /// A sub-group's failures dump the flight recorder as the world's do
+    /// (its collectives are not the world's: no stall records).
+    fn wrap_split(&self, sub: Box<dyn Communicator>, _color: u32) -> Box<dyn Communicator> {
+        Box::new(accel_api::Layered::new(sub, crate::flight::DumpOnFailure))
+    }
+
     /// After a collective's timeout, names the ranks that never entered it.
     fn on_error(&self, _inner: &dyn Communicator, call: &CallInfo, err: Error) -> Error {
         // The first timeout, mismatch or lost peer: what every communicator

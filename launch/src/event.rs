@@ -15,20 +15,26 @@ use crate::report::{Exit, Failure};
 pub static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
 
 /// Forward SIGINT, SIGTERM and SIGHUP to `tx` as [`Event::Signal`] (and
-/// record them in [`LAST_SIGNAL`]).
+/// record them in [`LAST_SIGNAL`]), and SIGUSR1 as [`Event::Dump`] (the
+/// run goes on).
 ///
 /// # Errors
 /// The handlers or their thread cannot be installed.
 pub fn install_signals(tx: Sender<Event>) -> Result<()> {
-    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGUSR1])
         .map_err(|e| Error::io("cannot install the signal handlers", e))?;
     std::thread::Builder::new()
         .name("accel-signals".into())
         .spawn(move || {
             for sig in signals.forever() {
-                LAST_SIGNAL.store(sig, Ordering::SeqCst);
-                if tx.send(Event::Signal(sig)).is_err() {
+                let event = if sig == SIGUSR1 {
+                    Event::Dump
+                } else {
+                    LAST_SIGNAL.store(sig, Ordering::SeqCst);
+                    Event::Signal(sig)
+                };
+                if tx.send(event).is_err() {
                     break;
                 }
             }
@@ -51,6 +57,9 @@ pub enum Event {
     },
     /// The launcher received a signal (SIGINT, SIGTERM, SIGHUP).
     Signal(i32),
+    /// The launcher received SIGUSR1 (`accel dump`): every rank is asked
+    /// to dump its flight recorder, and the run goes on.
+    Dump,
     /// A worker on another machine failed first.
     Remote {
         /// Attempt it belongs to.

@@ -9,8 +9,9 @@
 //! launcher dies, starts mpirun with SIGTERM as *its* parent-death signal
 //! (sent once, when the guard dies), forwards the first SIGTERM, SIGINT or
 //! SIGHUP it receives to mpirun as SIGTERM (and ignores repeats: the
-//! launcher escalates with SIGKILL to the process group), and ends the way
-//! mpirun ended.
+//! launcher escalates with SIGKILL to the process group), passes every
+//! SIGUSR1 on (`accel dump`; mpirun passes it on to the ranks), and ends
+//! the way mpirun ended.
 
 use std::ffi::OsString;
 use std::process::Command;
@@ -42,6 +43,13 @@ pub fn run(program: &OsString, args: &[OsString]) -> i32 {
             return 1;
         }
     }
+    // SIGUSR1 (`accel dump`): passed on to mpirun, which passes it on to
+    // the ranks.
+    let dump = Arc::new(AtomicBool::new(false));
+    if signal_hook::flag::register(signal_hook::consts::SIGUSR1, dump.clone()).is_err() {
+        eprintln!("accel mpirun-guard: cannot install a signal handler");
+        return 1;
+    }
     let mut cmd = Command::new(program);
     cmd.args(args);
     crate::ffi::die_with_parent(&mut cmd, Signal::SIGTERM, false);
@@ -59,6 +67,11 @@ pub fn run(program: &OsString, args: &[OsString]) -> i32 {
             Ok(Some(s)) => break s,
             Ok(None) => {}
             Err(_) => return 1,
+        }
+        // Only once mpirun has its handler (SIGUSR1 would end it before).
+        if dump.swap(false, Ordering::SeqCst) && crate::group::catches(child.id(), Signal::SIGUSR1)
+        {
+            let _ = kill(pid, Signal::SIGUSR1);
         }
         if !forwarded && stop.load(Ordering::SeqCst) {
             forwarded = true;

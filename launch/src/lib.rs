@@ -21,6 +21,8 @@
 //!   mpirun, [`coordinate::Machines`] for several machines' launchers (the
 //!   join, heartbeats and machine loss, elastic rounds), so that the CLI,
 //!   the conformance harness and `accel bench` run any of them.
+//! * [`running`]: the record a running launcher keeps of itself (pid, run,
+//!   dump folder), which `accel dump` reads to reach it.
 //! * [`mpirun`]: the mpirun command builder and the readers of mpirun's
 //!   output. It formats text only: nothing here links MPI.
 //! * The worker environment itself is [`accel_api::worker::WorkerEnv`]
@@ -42,6 +44,7 @@ pub mod mpirun;
 pub mod output;
 pub mod program;
 pub mod report;
+pub mod running;
 pub mod store;
 pub mod supervise;
 

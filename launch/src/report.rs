@@ -196,6 +196,11 @@ impl Failure {
 
     /// Print the root-cause block to stderr.
     pub fn print(&self, attempt: u32) {
+        say_block(&self.block(attempt));
+    }
+
+    /// The root-cause block's lines, its bars included.
+    pub fn block(&self, attempt: u32) -> Vec<String> {
         let mut lines = vec![
             "==================== root cause ====================".to_string(),
             format!("attempt:   {attempt}"),
@@ -243,7 +248,7 @@ impl Failure {
             }
         }
         lines.push("====================================================".to_string());
-        say_block(&lines);
+        lines
     }
 }
 

@@ -19,12 +19,15 @@ macro_rules! outln {
 
 mod bench;
 mod config_cmd;
+mod dump_cmd;
 mod elastic_worker;
 mod env_cmd;
+mod flight_worker;
 mod launch_cmd;
 mod plan_cmd;
 mod probe_cmd;
 mod test_cmd;
+mod trace_cmd;
 
 use std::process::ExitCode;
 
@@ -64,6 +67,9 @@ enum Command {
     /// samples of every step (elastic launches' tests and demo).
     #[command(hide = true, name = "elastic-worker")]
     ElasticWorker(elastic_worker::ElasticWorkerArgs),
+    /// A job that hangs on purpose, for `accel trace` (tests, docs).
+    #[command(hide = true, name = "flight-worker")]
+    FlightWorker(flight_worker::FlightWorkerArgs),
     /// The single-threaded parent of mpirun under `accel launch --backend
     /// mpi` (accel_launch::guard).
     #[command(hide = true, name = "mpirun-guard")]
@@ -72,6 +78,13 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<std::ffi::OsString>,
     },
+    /// Merge the flight-recorder dumps of a run: per group, the first
+    /// collective where the ranks part ways; the ranks inside a collective;
+    /// a Chrome / Perfetto timeline.
+    Trace(trace_cmd::TraceArgs),
+    /// Ask a running `accel launch` on this machine to make every rank dump
+    /// its flight recorder (the job goes on).
+    Dump(dump_cmd::DumpArgs),
     /// Run the conformance suite on backends and plugins at several world
     /// sizes and print the matrix.
     Test(test_cmd::TestArgs),
@@ -121,7 +134,10 @@ fn main() -> ExitCode {
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
         Command::ElasticWorker(args) => elastic_worker::run(args),
+        Command::FlightWorker(args) => flight_worker::run(args),
         Command::Test(args) => test_cmd::run(args),
+        Command::Trace(args) => trace_cmd::run(args),
+        Command::Dump(args) => dump_cmd::run(args),
         Command::MpirunGuard { command } => {
             let code = accel_launch::guard::run(&command[0], &command[1..]);
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)))

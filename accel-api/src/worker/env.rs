@@ -57,6 +57,8 @@ pub struct WorkerEnv {
     pub max_restarts: Option<u32>,
     /// ACCEL_ERROR_FILE (also TORCHELASTIC_ERROR_FILE).
     pub error_file: Option<PathBuf>,
+    /// ACCEL_DUMP_DIR: where flight-recorder dumps go.
+    pub dump_dir: Option<PathBuf>,
     /// ACCEL_LAUNCHER (`accel` for `accel launch`).
     pub launcher: Option<String>,
     /// ACCEL_LAUNCHER_PID.
@@ -69,6 +71,13 @@ pub struct WorkerEnv {
     /// MASTER_ADDR:MASTER_PORT for torch workers (as torchrun's agent does),
     /// so that their rank 0 does not try to host one there.
     pub agent_store: Option<bool>,
+}
+
+/// Where the flight-recorder dumps of run `run_id` go when
+/// `ACCEL_DUMP_DIR` is not set: `<temp>/accel-dumps/<run id>` (the worker
+/// and the launcher agree on it).
+pub fn default_dump_dir(run_id: &str) -> PathBuf {
+    std::env::temp_dir().join("accel-dumps").join(run_id)
 }
 
 fn bool_str(b: bool) -> String {
@@ -131,6 +140,12 @@ impl WorkerEnv {
             .as_ref()
             .map(|p| p.to_string_lossy().into_owned());
         put(ACCEL_ERROR_FILE, err.clone());
+        put(
+            ACCEL_DUMP_DIR,
+            self.dump_dir
+                .as_ref()
+                .map(|p| p.to_string_lossy().into_owned()),
+        );
         put(ACCEL_SHARE_DEVICES, self.share_devices.map(bool_str));
         put(
             ACCEL_PROCESS_MODEL,
@@ -224,6 +239,9 @@ impl WorkerEnv {
             max_restarts: u32_of(TORCHELASTIC_MAX_RESTARTS)?,
             error_file: either(ACCEL_ERROR_FILE, TORCHELASTIC_ERROR_FILE)
                 .map(|(_, v)| PathBuf::from(v)),
+            dump_dir: get(ACCEL_DUMP_DIR)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from),
             launcher: get(ACCEL_LAUNCHER).map(str::to_string),
             launcher_pid: get(ACCEL_LAUNCHER_PID)
                 .map(|v| parse_number::<u32>(ACCEL_LAUNCHER_PID, v))
@@ -279,7 +297,8 @@ mod tests {
             backend in opt(prop::collection::vec("[a-z][a-z0-9-]{0,8}", 1..3)),
             flags in (opt(any::<bool>()), opt(any::<bool>())),
             counts in (opt(any::<u32>()), opt(any::<u32>()), opt(any::<u32>())),
-            error_file in opt("/[a-z0-9/._-]{1,20}"), launcher in opt("[a-z]{1,6}"),
+            files in (opt("/[a-z0-9/._-]{1,20}"), opt("/[a-z0-9/._-]{1,20}")),
+            launcher in opt("[a-z]{1,6}"),
             threads in opt(any::<bool>()),
             agent_store in opt(any::<bool>()),
             mixed_precision in opt(prop::sample::select(vec![
@@ -302,7 +321,8 @@ mod tests {
                 timeout: timeout.map(|(s, n)| Duration::new(s, n)).filter(|d| !d.is_zero()),
                 backend, debug: flags.0, share_devices: flags.1,
                 restart_count: counts.0, max_restarts: counts.1, launcher_pid: counts.2,
-                error_file: error_file.map(PathBuf::from), launcher, mixed_precision, sharding,
+                error_file: files.0.map(PathBuf::from), dump_dir: files.1.map(PathBuf::from),
+                launcher, mixed_precision, sharding,
                 gradient_accumulation_steps: steps,
                 process_model: threads
                     .map(|t| if t { ProcessModel::Threads } else { ProcessModel::Processes }),

@@ -55,6 +55,9 @@ pub const ACCELERATE_GRADIENT_ACCUMULATION_STEPS: &str = "ACCELERATE_GRADIENT_AC
 pub const ACCEL_RESTART_COUNT: &str = "ACCEL_RESTART_COUNT";
 /// Where a crashing worker writes its root cause.
 pub const ACCEL_ERROR_FILE: &str = "ACCEL_ERROR_FILE";
+/// Where flight-recorder dumps go (`accel launch --dump-dir`; read by
+/// `accel trace`).
+pub const ACCEL_DUMP_DIR: &str = "ACCEL_DUMP_DIR";
 /// Allow more local ranks than devices.
 pub const ACCEL_SHARE_DEVICES: &str = "ACCEL_SHARE_DEVICES";
 /// `processes` (one rank per process) or `threads` (this process hosts

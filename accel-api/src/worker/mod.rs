@@ -7,6 +7,8 @@
 //! * [`WorkerEnv`] (`env.rs`): the variables one worker gets, written by
 //!   every launcher ([`WorkerEnv::to_vars`]) and read back by the runtime
 //!   ([`WorkerEnv::from_vars`]); a property test round-trips every field;
+//!   [`default_dump_dir`]: where a run's flight-recorder dumps go when
+//!   `ACCEL_DUMP_DIR` says nothing;
 //! * `parse.rs`: the parsers of its values ([`parse_number`],
 //!   [`parse_flag`], [`parse_duration`], ...) and the bounds of the one
 //!   timeout ([`MIN_TIMEOUT`], [`DEFAULT_TIMEOUT`], [`MAX_TIMEOUT`]);
@@ -34,7 +36,7 @@ mod settings;
 pub mod stall;
 mod tag;
 
-pub use env::WorkerEnv;
+pub use env::{default_dump_dir, WorkerEnv};
 pub use parse::{
     format_duration, parse_accumulation_steps, parse_duration, parse_flag, parse_number, tcp_url,
     DEFAULT_TIMEOUT, MAX_TIMEOUT, MIN_TIMEOUT,

@@ -136,6 +136,18 @@ pub trait ProcessGroup {
     /// The root cause for the rank at `sinks[index]` (a hang).
     fn rank_failure(&self, attempt: &Attempt, index: usize, exit: Exit, sinks: &Sinks) -> Failure;
 
+    /// Ask started process `pid` to dump its flight recorder (SIGUSR1);
+    /// `false` when it was not asked. The default signals the process
+    /// itself, not its group (a child of the rank may not catch SIGUSR1),
+    /// and only once it catches SIGUSR1 (`accel::Accelerator::new` installs
+    /// the handler; before that, or in a program without accel, SIGUSR1
+    /// would end it). Under mpirun the process is the guard (or mpirun),
+    /// which passes SIGUSR1 on to mpirun, which passes it on to every rank
+    /// (Open MPI's mpirun propagates SIGUSR1 and SIGUSR2 to the job).
+    fn request_dump(&self, pid: u32) -> bool {
+        catches(pid, Signal::SIGUSR1) && kill(Pid::from_raw(pid as i32), Signal::SIGUSR1).is_ok()
+    }
+
     /// What the supervisor says when it forwards the launcher's `signal`.
     fn forwarding(&self, signal: &str) -> String {
         format!("received {signal}, forwarding it to the workers")
@@ -148,6 +160,19 @@ pub trait ProcessGroup {
 
     /// The attempt's processes have ended and their pipes are drained.
     fn finish(&self) {}
+}
+
+/// `true` when process `pid` has a handler for `sig` (its `SigCgt` mask in
+/// `/proc/PID/status`).
+pub(crate) fn catches(pid: u32, sig: Signal) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1u64 << (sig as i32 - 1)) != 0)
 }
 
 /// Send `sig` to the process group of `pid` (the process and whatever it

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use accel_api::{Error, Result};
 use nix::sys::signal::Signal;
@@ -51,6 +51,10 @@ pub struct Supervision {
     /// (their collectives time out and say which ranks they miss) before
     /// SIGTERM. `None`: SIGTERM at once.
     pub peer_drain: Option<Duration>,
+    /// Where to keep the launcher's record of itself
+    /// ([`LauncherRecord`](crate::running::LauncherRecord)), rewritten at
+    /// every attempt's start, so that `accel dump` finds this run.
+    pub record: Option<PathBuf>,
 }
 
 impl Default for Supervision {
@@ -66,6 +70,7 @@ impl Default for Supervision {
             forward_signals: true,
             stdout_to_stderr: false,
             peer_drain: None,
+            record: None,
         }
     }
 }
@@ -148,6 +153,10 @@ enum Phase {
 /// How often the supervisor looks at the clock without an event.
 const TICK: Duration = Duration::from_millis(50);
 
+/// After a failure that dumped its flight recorder, how long the other
+/// processes get to dump theirs before SIGTERM (less when they all have).
+pub const DUMP_WAIT: Duration = Duration::from_secs(1);
+
 /// The supervisor of one attempt.
 struct Supervisor<'a> {
     group: &'a mut dyn ProcessGroup,
@@ -160,6 +169,13 @@ struct Supervisor<'a> {
     phase: Phase,
     killed: Vec<usize>,
     began: Instant,
+    /// The same on the wall clock (dump files newer than it are this
+    /// attempt's).
+    began_wall: SystemTime,
+    /// After a failure that dumped: when the other processes were asked to
+    /// dump, and how many; SIGTERM goes once they all have (or after
+    /// [`DUMP_WAIT`]).
+    dumps_asked: Option<(SystemTime, Vec<u32>)>,
     /// The first process that exited 0 while others still ran (one process
     /// per rank): the root cause if another fails after it saying that it
     /// lost that peer.
@@ -229,6 +245,8 @@ impl<'a> Supervisor<'a> {
             phase: Phase::Running,
             killed: Vec::new(),
             began: Instant::now(),
+            began_wall: SystemTime::now(),
+            dumps_asked: None,
             early: None,
         })
     }
@@ -270,6 +288,7 @@ impl<'a> Supervisor<'a> {
                 exit,
             } if attempt == n => self.on_exit(index, exit),
             Event::Signal(sig) => self.on_signal(sig),
+            Event::Dump => self.on_dump_request(),
             Event::Remote { attempt, failure } if attempt == n => {
                 let what = match failure.exit {
                     Exit::Lost { .. } => "was lost",
@@ -408,10 +427,67 @@ impl<'a> Supervisor<'a> {
             code: exit.launcher_code(),
             exit,
         };
-        match drain {
+        let dump_wait = self.ask_for_dumps(index);
+        match drain.max(dump_wait) {
             Some(d) => self.stop_later(outcome, d),
             None => self.stop(outcome, Signal::SIGTERM),
         }
+        if drain.is_some() {
+            // The peers' drain is not cut short by the dumps.
+            self.dumps_asked = None;
+        }
+    }
+
+    /// The process at `failed` failed having dumped its flight recorder (a
+    /// timeout, a mismatch, a lost peer, a panic): ask the others to dump
+    /// too, so that `accel trace` sees every rank, and say how long to
+    /// wait for them ([`DUMP_WAIT`]; `None`: nobody was asked).
+    fn ask_for_dumps(&mut self, failed: usize) -> Option<Duration> {
+        let dir = self.attempt.env.dump_dir.as_deref()?;
+        if crate::running::dumps_since(dir, self.began_wall).is_empty() {
+            return None;
+        }
+        let at = SystemTime::now();
+        let asked: Vec<u32> = self
+            .members
+            .iter()
+            .enumerate()
+            .filter(|(i, m)| *i != failed && m.exit.is_none())
+            .filter(|(_, m)| self.group.request_dump(m.pid))
+            .map(|(_, m)| m.pid)
+            .collect();
+        if asked.is_empty() {
+            return None;
+        }
+        self.tell(&format!(
+            "asking the other {} process(es) to dump their flight recorders to {} before \
+             stopping them",
+            asked.len(),
+            dir.display()
+        ));
+        self.dumps_asked = Some((at, asked));
+        Some(DUMP_WAIT)
+    }
+
+    /// Every process asked by [`Self::ask_for_dumps`] has dumped (or
+    /// ended).
+    fn dumps_done(&self) -> bool {
+        let (Some((at, asked)), Some(dir)) = (&self.dumps_asked, &self.attempt.env.dump_dir) else {
+            return false;
+        };
+        // File times lag the clock by a tick or so.
+        let since = (*at - Duration::from_millis(50)).max(self.began_wall);
+        let dumped: std::collections::BTreeSet<u32> = crate::running::dumps_since(dir, since)
+            .iter()
+            .filter_map(|p| crate::running::dump_pid(p))
+            .collect();
+        asked.iter().all(|pid| {
+            dumped.contains(pid)
+                || self
+                    .members
+                    .iter()
+                    .any(|m| m.pid == *pid && m.exit.is_some())
+        })
     }
 
     /// The root cause when process `early` exited 0 before `noticer`'s
@@ -424,6 +500,46 @@ impl<'a> Supervisor<'a> {
             .rank_failure(self.attempt, early, code0, &self.sinks);
         f.pid = Some(self.members[early].pid);
         Failure::blame_early_exit(f, noticer)
+    }
+
+    /// SIGUSR1 (`accel dump`): ask every live process to dump its flight
+    /// recorder; the attempt goes on.
+    fn on_dump_request(&mut self) {
+        if !self.running() {
+            return;
+        }
+        let mut asked = 0;
+        let mut not_ready = Vec::new();
+        let first = self.first_rank();
+        for (i, m) in self.members.iter().enumerate() {
+            if m.exit.is_some() {
+                continue;
+            }
+            if self.group.request_dump(m.pid) {
+                asked += 1;
+            } else {
+                not_ready.push(if self.one_per_rank() {
+                    format!("rank {}", first + i)
+                } else {
+                    format!("pid {}", m.pid)
+                });
+            }
+        }
+        let dir = self.attempt.env.dump_dir.as_ref().map_or_else(
+            || "the ranks' dump folder".into(),
+            |d| d.display().to_string(),
+        );
+        let mut line = format!(
+            "received SIGUSR1: asked {asked} process(es) ({}) to dump their flight recorders to {dir}",
+            self.group.kind()
+        );
+        if !not_ready.is_empty() {
+            line.push_str(&format!(
+                "; not asked (no SIGUSR1 handler yet: accel::Accelerator::new installs it): {}",
+                not_ready.join(", ")
+            ));
+        }
+        self.tell(&line);
     }
 
     /// Forward the launcher's signal; a second one kills everything.
@@ -451,7 +567,10 @@ impl<'a> Supervisor<'a> {
         match self.phase {
             Phase::Stopping {
                 term_at: Some(t), ..
-            } if now >= t => self.stop_now(),
+            } if now >= t || self.dumps_done() => {
+                self.dumps_asked = None;
+                self.stop_now();
+            }
             Phase::Stopping { kill_at, .. } if now >= kill_at => self.escalate(now),
             Phase::Stopping { .. } => {}
             Phase::Running => {

@@ -7,11 +7,15 @@
 //! bounds the whole attempt (`wall_limit`). [`run`] repeats attempts up to
 //! the restart limit, asks a [`Coordinator`] where the store is before each
 //! and how the attempt went across machines after it, prints the
-//! root-cause block and the summary, and returns the `--json` summary.
+//! root-cause block (with the flight-recorder dumps the attempt wrote) and
+//! the summary, and returns the `--json` summary. Each attempt's ranks get
+//! `ACCEL_DUMP_DIR` (the run's default when none is set), and SIGUSR1 asks
+//! them to dump (`accel dump`).
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::channel;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use accel_api::Result;
 
@@ -24,6 +28,7 @@ use crate::coordinate::{Coordinator, Settled};
 use crate::group::{Attempt, ProcessGroup};
 use crate::output::{say, say_block};
 use crate::report::{self, AttemptReport, Exit, Failure, Status, Summary, WorkerEnd};
+use crate::running::{self, LauncherRecord};
 
 /// Point the root cause of a failed attempt at the rank the stall
 /// inspector found missing, instead of the first rank that timed out
@@ -111,12 +116,25 @@ pub struct RunOutcome {
     pub why: Option<String>,
 }
 
+/// The root-cause block's line for the flight-recorder dumps the attempt
+/// wrote (`None`: it wrote none).
+fn dumps_line(dir: &Path, since: SystemTime) -> Option<String> {
+    let n = running::dumps_since(dir, since).len();
+    (n > 0).then(|| {
+        format!(
+            "dumps:     {n} flight-recorder dump(s) in {} (read them: accel trace {0})",
+            dir.display()
+        )
+    })
+}
+
 /// Print the root-cause block of a failed attempt, or say that the group
-/// could not name a rank, then the group's own explanation.
-fn print_failure(group: &dyn ProcessGroup, n: u32, s: &Settled) {
-    match &s.root {
-        Some(f) => f.print(n),
-        None => say_block(&[
+/// could not name a rank, then the group's own explanation. `dumps`: the
+/// block's line for the attempt's flight-recorder dumps.
+fn print_failure(group: &dyn ProcessGroup, n: u32, s: &Settled, dumps: Option<String>) {
+    let mut lines = match &s.root {
+        Some(f) => f.block(n),
+        None => vec![
             "==================== root cause ====================".to_string(),
             format!("attempt:   {n}"),
             format!(
@@ -132,8 +150,13 @@ fn print_failure(group: &dyn ProcessGroup, n: u32, s: &Settled) {
                 s.interrupted_by.as_deref().unwrap_or("unknown cause")
             ),
             "====================================================".to_string(),
-        ]),
+        ],
+    };
+    if let Some(d) = dumps {
+        // Before the closing bar.
+        lines.insert(lines.len() - 1, d);
     }
+    say_block(&lines);
     let said: Vec<String> = group
         .explain()
         .iter()
@@ -179,7 +202,24 @@ pub fn run(
                 return Ok(u8::try_from(128 + sig).unwrap_or(1));
             }
             let a0 = Instant::now();
-            let attempt = coord.begin(n, &tx)?;
+            let since = SystemTime::now();
+            let mut attempt = coord.begin(n, &tx)?;
+            let dump_dir = dump_dir(&mut attempt);
+            if let Some(path) = &sup.record {
+                let rec = LauncherRecord {
+                    format: running::RECORD_FORMAT.into(),
+                    pid: std::process::id(),
+                    run_id: attempt.env.run_id.clone().unwrap_or_default(),
+                    attempt: n,
+                    dump_dir: dump_dir.clone(),
+                    ranks: group.ranks(&attempt).len(),
+                    group: group.kind().into(),
+                    since_s: running::now_s(),
+                };
+                if let Err(e) = rec.write(path) {
+                    tracing::warn!("accel dump will not find this run: {e}");
+                }
+            }
             let result = {
                 let c: &dyn Coordinator = coord;
                 let mut publish = |f: &Failure| c.publish(n, f);
@@ -201,7 +241,7 @@ pub fn run(
             let code = settled.code;
             let status = settled.status.clone();
             if matches!(status, Status::Failed) && sup.echo {
-                print_failure(&*group, n, &settled);
+                print_failure(&*group, n, &settled, dumps_line(&dump_dir, since));
             }
             let again = matches!(status, Status::Failed)
                 && settled.restartable
@@ -260,6 +300,22 @@ pub fn run(
         root: settled.as_ref().and_then(|s| s.root.clone()),
         why: settled.and_then(|s| s.interrupted_by),
     })
+}
+
+/// Where the attempt's ranks dump their flight recorders: the attempt's
+/// `ACCEL_DUMP_DIR` (`accel launch --dump-dir`), else the run's default,
+/// now written into the attempt's environment.
+fn dump_dir(attempt: &mut Attempt) -> PathBuf {
+    let run_id = attempt
+        .env
+        .run_id
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    attempt
+        .env
+        .dump_dir
+        .get_or_insert_with(|| accel_api::worker::default_dump_dir(&run_id))
+        .clone()
 }
 
 fn group_world(group: &dyn ProcessGroup, attempt: Option<&Attempt>) -> usize {

@@ -61,8 +61,8 @@ pub(super) fn launch(s: &Settings, args: &LaunchArgs, program: Program) -> Resul
         None => store::random_hex(16)?,
     };
     let mut group = group(s, program)?;
-    let sup = supervision(s, args)?;
     let scratch = scratch_dir()?;
+    let sup = supervision(s, args, &scratch)?;
     let (mut coord, label): (Box<dyn Coordinator>, String) = if s.multi_machine() {
         // Machine 0 decides the run id (its own or a random one).
         let cfg = s.machines_config(base_env(s, ""), scratch.clone());

@@ -31,7 +31,9 @@
 //! `GROUP_WORLD_SIZE`, `ROLE_RANK`, `ROLE_WORLD_SIZE`, `MASTER_ADDR`,
 //! `MASTER_PORT`, `ACCEL_LAUNCHER=accel`, `ACCEL_STORE_URL=tcp://addr:port`,
 //! `ACCEL_RUN_ID`, `ACCEL_RUN_TOKEN`, `ACCEL_TIMEOUT`, `ACCEL_DEBUG` (0/1),
-//! `ACCEL_RESTART_COUNT`, `ACCEL_ERROR_FILE`, `ACCEL_BACKEND` (when chosen),
+//! `ACCEL_RESTART_COUNT`, `ACCEL_ERROR_FILE`, `ACCEL_DUMP_DIR` (where
+//! flight-recorder dumps go: `--dump-dir`, else `dumps` under the logs, else
+//! the run's default), `ACCEL_BACKEND` (when chosen),
 //! `ACCEL_MIXED_PRECISION`, `ACCEL_SHARDING` and
 //! `ACCEL_GRADIENT_ACCUMULATION_STEPS` (when set; the first and last also as
 //! Accelerate's `ACCELERATE_*`),
@@ -75,6 +77,12 @@
 //!   (`accel/{run_id}/{restart}/...`), so they cannot collide. Machine 0's
 //!   `--max-restarts` rules every machine. A Ctrl-C on any machine stops
 //!   the run everywhere, without restarts.
+//! * Flight-recorder dumps: SIGUSR1 to the launcher (`accel dump`) is
+//!   passed on to every rank that catches it (under mpirun, to mpirun, which
+//!   passes it on); after a rank fails having dumped, the other ranks are
+//!   asked to dump too (at most 1 s) before SIGTERM; the root-cause block
+//!   names the dump folder. The launcher keeps a record of itself
+//!   (`launcher.json` in its scratch folder) for `accel dump`.
 //! * Exit codes: the root-cause worker's code, 128 + signal when a signal
 //!   killed it, 124 for a hang, 128 + signal when the launcher itself was
 //!   interrupted, 127 / 126 for a program that is missing / not executable

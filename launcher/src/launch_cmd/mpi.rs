@@ -249,7 +249,8 @@ pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Resu
     let scratch = scratch_dir()?;
     coord.scratch = scratch.clone();
     let label = format!("run {run_id} (mpirun, {total} ranks)");
-    let out = accel_launch::run(&mut group, &mut coord, &supervision(s, args)?, &label);
+    let sup = supervision(s, args, &scratch)?;
+    let out = accel_launch::run(&mut group, &mut coord, &sup, &label);
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(finish(args, &out?))
 }

@@ -276,6 +276,12 @@ pub struct Options {
     #[arg(short = 'r', long = "redirects", value_name = "0-3", value_parser = parse_streams)]
     pub redirects: Option<StdStreams>,
 
+    /// Where the ranks write their flight-recorder dumps (ACCEL_DUMP_DIR;
+    /// read them with `accel trace DIR`) [default: DIR/dumps under --tee
+    /// or --log-dir, else <temp>/accel-dumps/RUN_ID].
+    #[arg(long = "dump-dir", value_name = "DIR")]
+    pub dump_dir: Option<PathBuf>,
+
     /// Show the output of these global ranks only (e.g. 0 or 0,2-3; each
     /// below the world size); the others still go to --tee files and
     /// failure reports.
@@ -339,6 +345,7 @@ impl Options {
             tee: self.tee.or(lower.tee),
             log_dir: self.log_dir.or(lower.log_dir),
             redirects: self.redirects.or(lower.redirects),
+            dump_dir: self.dump_dir.or(lower.dump_dir),
             ranks: self.ranks.or(lower.ranks),
             quiet_ranks: self.quiet_ranks || lower.quiet_ranks,
             max_restarts: self.max_restarts.or(lower.max_restarts),
@@ -351,7 +358,7 @@ impl Options {
     }
 
     /// The options the launcher's own environment sets: ACCEL_RUN_TOKEN,
-    /// ACCEL_TIMEOUT, ACCEL_BACKEND, ACCEL_DEBUG.
+    /// ACCEL_TIMEOUT, ACCEL_BACKEND, ACCEL_DEBUG, ACCEL_DUMP_DIR.
     ///
     /// # Errors
     /// [`accel_api::ErrorKind::InvalidConfig`] naming the variable when its value is
@@ -384,6 +391,9 @@ impl Options {
             o.gradient_accumulation_steps =
                 Some(accel_api::worker::parse_accumulation_steps(steps, &v)?);
         }
+        o.dump_dir = get(accel_api::worker::keys::ACCEL_DUMP_DIR)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from);
         if let Some(v) = get("ACCEL_DEBUG") {
             o.debug = match v.trim().to_ascii_lowercase().as_str() {
                 "" | "0" | "false" | "no" | "off" => false,

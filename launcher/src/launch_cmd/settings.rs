@@ -163,6 +163,10 @@ pub struct Settings {
     /// torchrun's per-stream logs: the base directory (`None`: a new
     /// temporary one), the teed and the redirected streams.
     pub stream_logs: Option<StreamLogs>,
+    /// Where the ranks dump their flight recorders (`--dump-dir`,
+    /// ACCEL_DUMP_DIR, else `dumps` under the logs); `None`: the run's
+    /// default, `<temp>/accel-dumps/RUN_ID`.
+    pub dump_dir: Option<PathBuf>,
     /// Ranks whose output is shown; `None` = all.
     pub ranks: Option<RankFilter>,
     /// Restarts of the whole group after a failure.
@@ -268,6 +272,12 @@ impl Settings {
         } else {
             o.ranks
         };
+        let dump_dir = o.dump_dir.or_else(|| {
+            let logs = tee
+                .clone()
+                .or_else(|| stream_logs.as_ref().and_then(|l| l.0.clone()));
+            logs.map(|d| d.join("dumps"))
+        });
         Ok(Settings {
             nproc,
             num_machines: machines.max,
@@ -285,6 +295,7 @@ impl Settings {
             gradient_accumulation_steps: o.gradient_accumulation_steps,
             tee,
             stream_logs,
+            dump_dir,
             ranks,
             max_restarts: o.max_restarts.unwrap_or(0),
             grace: o.grace_period.unwrap_or(DEFAULT_GRACE),

@@ -2,7 +2,7 @@
 //! `local.rs`, mpirun in `mpi.rs`) derive from the [`Settings`]: the
 //! supervision, the workers' shared environment, the scratch folder.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use accel_api::worker::{ProcessModel, WorkerEnv};
@@ -13,8 +13,9 @@ use accel_launch::{store, Supervision};
 use super::args::LaunchArgs;
 use super::settings::{Settings, StreamLogs};
 
-/// What the supervisor watches, from the settings.
-pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Result<Supervision> {
+/// What the supervisor watches, from the settings; the launcher's record
+/// of itself (for `accel dump`) goes to `scratch`.
+pub(super) fn supervision(s: &Settings, args: &LaunchArgs, scratch: &Path) -> Result<Supervision> {
     Ok(Supervision {
         ranks: s.ranks.clone(),
         tee: s.tee.clone(),
@@ -34,6 +35,7 @@ pub(super) fn supervision(s: &Settings, args: &LaunchArgs) -> Result<Supervision
         // (or lose the peer) together; 2 s bounds a rank that printed its
         // error but hangs on its way out.
         peer_drain: s.multi_machine().then_some(Duration::from_secs(2)),
+        record: Some(scratch.join(accel_launch::running::RECORD_FILE)),
     })
 }
 
@@ -83,6 +85,7 @@ pub(super) fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
         mixed_precision: s.mixed_precision,
         sharding: s.sharding,
         gradient_accumulation_steps: s.gradient_accumulation_steps,
+        dump_dir: s.dump_dir.clone(),
         launcher: Some("accel".into()),
         // Lets the runtime tie the worker's life to this process.
         launcher_pid: Some(std::process::id()),
@@ -93,6 +96,9 @@ pub(super) fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
     }
 }
 
+/// The launcher's scratch folder, `<temp>/accel-<pid>-<hex>` (the
+/// attempts' error files, its record for `accel dump`), removed when the
+/// run ends.
 pub(super) fn scratch_dir() -> Result<PathBuf> {
     Ok(std::env::temp_dir().join(format!(
         "accel-{}-{}",
