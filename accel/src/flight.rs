@@ -54,6 +54,10 @@ pub struct Dump {
     pub time_us: u64,
     /// Every ring of the process.
     pub groups: Vec<GroupDump>,
+    /// What each rank of the process was doing: section, step, the last
+    /// step's phase times, straggler score ([`crate::watch`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<crate::watch::RankStatus>,
 }
 
 fn env_usize(key: &str) -> Option<usize> {
@@ -116,6 +120,7 @@ pub fn snapshot(reason: &str) -> Dump {
         pid: std::process::id(),
         time_us: now_us(),
         groups,
+        ranks: crate::watch::watches().iter().map(|w| w.status()).collect(),
     }
 }
 

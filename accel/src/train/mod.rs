@@ -83,12 +83,15 @@ mod metrics;
 mod model_io;
 pub(crate) mod optim;
 mod overlap;
+mod phases;
 mod prepare;
 mod rng;
 mod shared;
 mod tracker;
 mod trackers;
 
+/// The phases of a step and their times ([`crate::watch`]).
+pub use crate::watch::{Phase, PhaseTimes};
 pub use adapters::{
     try_visit_params, try_visit_params_mut, zero_grads, DataLoader, Dataset, Optimizer, ParamMut,
     ParamRef, Parameters, Scheduler, SharedStateful, StateDict, Stateful, Tensor,
@@ -105,6 +108,7 @@ pub use model_io::{
     SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
+pub use phases::{PhaseGuard, StragglerReport, DEFAULT_STRAGGLER_EVERY, STRAGGLER_EVERY_ENV};
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
     ScheduledOptimizer,
