@@ -151,6 +151,15 @@ pub fn dump_now(reason: &str) -> Result<PathBuf> {
     dump_to(&dump_dir(), reason)
 }
 
+/// [`dump_now`] for `reason`, said on stderr: what a section timeout
+/// ([`crate::watch`]) calls before it ends the process.
+pub fn dump_for_watch(reason: &str) {
+    match dump_now(reason) {
+        Ok(p) => eprintln!("accel: flight recorder dumped to {}", p.display()),
+        Err(e) => eprintln!("accel: the flight recorder could not be dumped: {e}"),
+    }
+}
+
 /// Dump once per kind of failure (the first timeout, the first mismatch,
 /// ...): what a communicator's error path calls. Failures to write are
 /// logged, never returned (the communicator's error is what matters).

@@ -29,7 +29,7 @@
 //!
 //! # Status files
 //! Every [`STATUS_EVERY_ENV`] (default 2 s, `0`: off), under a launcher, a
-//! background thread writes `<dump dir>/status/rank<R>.json`
+//! background thread writes `<dump dir>/`[`STATUS_DIR`]`/rank<R>.json`
 //! ([`RankStatus`]) where `accel top` reads them. Files rather than the
 //! run's store: reaching the launcher's store from another process needs
 //! the run's token, which only the workers hold; the dump folder is
@@ -51,6 +51,8 @@ pub const TIMEOUT_STEP_ENV: &str = "ACCEL_TIMEOUT_STEP";
 pub const TIMEOUT_CHECKPOINT_ENV: &str = "ACCEL_TIMEOUT_CHECKPOINT";
 /// How often each rank writes its status file (a duration; `0`: never).
 pub const STATUS_EVERY_ENV: &str = "ACCEL_STATUS_EVERY";
+/// The folder of the status files, under the run's dump folder.
+pub const STATUS_DIR: &str = "status";
 /// The status interval unless [`STATUS_EVERY_ENV`] says otherwise.
 pub const DEFAULT_STATUS_EVERY: Duration = Duration::from_secs(2);
 
@@ -284,6 +286,26 @@ pub struct Watch {
     state: Mutex<State>,
 }
 
+/// Where a watch reports, besides its error: its status files' folder and
+/// interval, and what dumps the flight recorder before a timeout ends the
+/// process.
+#[derive(Clone, Debug)]
+pub struct Reporting {
+    /// Status files every this long into `dir` (`None`: none).
+    pub status: Option<(Duration, PathBuf)>,
+    /// Called with the reason before a section timeout exits.
+    pub dump: fn(&str),
+}
+
+impl Default for Reporting {
+    fn default() -> Reporting {
+        Reporting {
+            status: None,
+            dump: |_| {},
+        }
+    }
+}
+
 fn registry() -> &'static Mutex<Vec<Weak<Watch>>> {
     static R: OnceLock<Mutex<Vec<Weak<Watch>>>> = OnceLock::new();
     R.get_or_init(|| Mutex::new(Vec::new()))
@@ -315,12 +337,12 @@ fn op_status(group: &str, r: &CallRecord, time_us: u64) -> OpStatus {
 impl Watch {
     /// A watch for `rank` of `world_size`, in the start-up section, with
     /// `bounds`; registered for dumps. Starts the watchdog thread when a
-    /// bound is set and, with `status`, the status-file thread.
+    /// bound is set and, with `reporting.status`, the status-file thread.
     pub fn new(
         rank: usize,
         world_size: usize,
         bounds: SectionTimeouts,
-        status: Option<Duration>,
+        reporting: Reporting,
     ) -> Arc<Watch> {
         let w = Arc::new(Watch {
             rank,
@@ -344,20 +366,26 @@ impl Watch {
             .unwrap_or_else(|p| p.into_inner())
             .push(Arc::downgrade(&w));
         if bounds.any() {
-            spawn_watchdog(&w);
+            spawn_watchdog(&w, reporting.dump);
         }
-        if let Some(every) = status.filter(|d| !d.is_zero()) {
-            spawn_status(&w, every);
+        if let Some((every, dir)) = reporting.status.filter(|(d, _)| !d.is_zero()) {
+            spawn_status(&w, every, dir);
         }
         w
     }
 
     /// A watch from the environment: the section bounds, and status files
-    /// under a launcher ([`STATUS_EVERY_ENV`]).
+    /// under a launcher ([`STATUS_EVERY_ENV`]) in `dump_dir`/[`STATUS_DIR`];
+    /// `dump` as in [`Reporting`].
     ///
     /// # Errors
     /// A malformed bound or interval, naming its variable.
-    pub fn from_env(rank: usize, world_size: usize) -> Result<Arc<Watch>> {
+    pub fn from_env(
+        rank: usize,
+        world_size: usize,
+        dump_dir: &std::path::Path,
+        dump: fn(&str),
+    ) -> Result<Arc<Watch>> {
         let bounds = SectionTimeouts::from_env()?;
         let status = match std::env::var(STATUS_EVERY_ENV) {
             Ok(v) if v.trim() == "0" => None,
@@ -368,7 +396,13 @@ impl Watch {
                 launched.then_some(DEFAULT_STATUS_EVERY)
             }
         };
-        Ok(Watch::new(rank, world_size, bounds, status))
+        let status = status.map(|d| (d, dump_dir.join(STATUS_DIR)));
+        Ok(Watch::new(
+            rank,
+            world_size,
+            bounds,
+            Reporting { status, dump },
+        ))
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -622,7 +656,7 @@ fn overdue_message(rank: usize, o: &Overdue, in_op: Option<&OpStatus>) -> String
     )
 }
 
-fn fire(rank: usize, message: &str, section: Section) -> ! {
+fn fire(rank: usize, message: &str, section: Section, dump: fn(&str)) -> ! {
     eprintln!("accel: error: {message}");
     tracing::error!("{message}");
     if let Some(path) = accel_api::worker::error_file_from_env() {
@@ -633,11 +667,11 @@ fn fire(rank: usize, message: &str, section: Section) -> ! {
         );
         let _ = accel_api::worker::write_first_error(&path, &record);
     }
-    let _ = crate::flight::dump_now(&format!("timeout: {message}"));
+    dump(&format!("timeout: {message}"));
     std::process::exit(1)
 }
 
-fn spawn_watchdog(w: &Arc<Watch>) {
+fn spawn_watchdog(w: &Arc<Watch>, dump: fn(&str)) {
     let weak = Arc::downgrade(w);
     let rank = w.rank;
     let tick = [w.bounds.startup, w.bounds.step, w.bounds.checkpoint]
@@ -657,16 +691,16 @@ fn spawn_watchdog(w: &Arc<Watch>) {
             if in_op.is_some() && o.elapsed < o.bound + grace(o.bound) {
                 continue;
             }
-            fire(rank, &overdue_message(rank, &o, in_op.as_ref()), o.section);
+            fire(
+                rank,
+                &overdue_message(rank, &o, in_op.as_ref()),
+                o.section,
+                dump,
+            );
         });
     if let Err(e) = spawned {
         tracing::warn!("section timeouts are off on rank {rank}: {e}");
     }
-}
-
-/// `<dump dir>/status`, where the status files go.
-pub fn status_dir() -> PathBuf {
-    crate::flight::dump_dir().join("status")
 }
 
 /// Write `w`'s status to `<dir>/rank<R>.json` (a temporary file renamed).
@@ -686,10 +720,9 @@ pub fn write_status(w: &Watch, dir: &std::path::Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn spawn_status(w: &Arc<Watch>, every: Duration) {
+fn spawn_status(w: &Arc<Watch>, every: Duration, dir: PathBuf) {
     let weak = Arc::downgrade(w);
     let rank = w.rank;
-    let dir = status_dir();
     let spawned = std::thread::Builder::new()
         .name(format!("accel-status-{rank}"))
         .spawn(move || {
@@ -718,7 +751,7 @@ mod tests {
 
     #[test]
     fn steps_keep_their_phase_times_and_the_window_means_them() {
-        let w = Watch::new(0, 1, SectionTimeouts::default(), None);
+        let w = Watch::new(0, 1, SectionTimeouts::default(), Reporting::default());
         assert_eq!(w.status().section, Section::Startup);
         for step in 1..=3u64 {
             assert_eq!(w.begin_step(false), step);
@@ -737,7 +770,7 @@ mod tests {
 
     #[test]
     fn the_last_batch_of_a_loader_ends_the_step_section_after_the_optimizer() {
-        let w = Watch::new(0, 1, SectionTimeouts::default(), None);
+        let w = Watch::new(0, 1, SectionTimeouts::default(), Reporting::default());
         w.begin_step(true);
         {
             let _c = w.section(Section::Checkpoint);

@@ -87,6 +87,7 @@ mod phases;
 mod prepare;
 mod rng;
 mod shared;
+mod stragglers;
 mod tracker;
 mod trackers;
 
@@ -108,7 +109,7 @@ pub use model_io::{
     SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
-pub use phases::{PhaseGuard, StragglerReport, DEFAULT_STRAGGLER_EVERY, STRAGGLER_EVERY_ENV};
+pub use phases::PhaseGuard;
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
     ScheduledOptimizer,
@@ -116,6 +117,7 @@ pub use prepare::{
 pub use rng::Rng;
 pub(crate) use shared::{shared, Kind, TrainShared};
 pub use shared::{TrainConfig, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
+pub use stragglers::{StragglerReport, DEFAULT_STRAGGLER_EVERY, STRAGGLER_EVERY_ENV};
 pub use tracker::Tracker;
 pub use trackers::{JsonlTracker, TensorBoardTracker, TRACKER_NAMES};
 

@@ -3,7 +3,8 @@
 //! its gradient sync, the optimizer step and `save_state` time themselves.
 //! Every `K` optimizer steps ([`TrainConfig::straggler_every`]) the ranks
 //! all-gather their mean per-phase times and score each rank against the
-//! group's median, per phase; the main process logs them to its trackers.
+//! group's median, per phase (`stragglers.rs`); the main process logs them
+//! to its trackers.
 //!
 //! [`TrainConfig::straggler_every`]: super::TrainConfig::straggler_every
 
@@ -12,24 +13,9 @@ use std::time::Instant;
 use accel_api::{Communicator, CommunicatorExt, ErrorKind, Result};
 
 use super::shared::TrainShared;
-use crate::watch::{Phase, PhaseTimes, StragglerMark, Watch};
+use super::stragglers::StragglerReport;
+use crate::watch::{Phase, PhaseTimes, Watch};
 use crate::Accelerator;
-
-/// `ACCEL_STRAGGLER_EVERY`: optimizer steps between straggler reports
-/// (`0`: none), when [`TrainConfig::straggler_every`](super::TrainConfig::straggler_every)
-/// is not set.
-pub const STRAGGLER_EVERY_ENV: &str = "ACCEL_STRAGGLER_EVERY";
-
-/// Straggler reports every this many optimizer steps by default.
-pub const DEFAULT_STRAGGLER_EVERY: usize = 50;
-
-/// The report interval the environment sets, else the default.
-pub(crate) fn straggler_every_from_env() -> Result<usize> {
-    match std::env::var(STRAGGLER_EVERY_ENV) {
-        Ok(v) if !v.trim().is_empty() => accel_api::worker::parse_number(STRAGGLER_EVERY_ENV, &v),
-        _ => Ok(DEFAULT_STRAGGLER_EVERY),
-    }
-}
 
 /// Times a phase until dropped ([`Accelerator::phase_guard`]).
 #[derive(Debug)]
@@ -56,79 +42,6 @@ impl Drop for PhaseGuard<'_> {
     fn drop(&mut self) {
         self.watch
             .leave_phase(self.phase, self.start.elapsed(), self.previous);
-    }
-}
-
-/// Every rank's mean per-phase times over the steps of one report window,
-/// and what follows: medians, scores, the straggler.
-#[derive(Clone, Debug, PartialEq)]
-pub struct StragglerReport {
-    /// The optimizer step of the report.
-    pub step: u64,
-    /// Per rank, its mean time per step of each phase.
-    pub times: Vec<PhaseTimes>,
-}
-
-impl StragglerReport {
-    /// The group's median time of `phase`, in milliseconds (the lower
-    /// middle for an even number of ranks, the mean of the two middles).
-    pub fn median(&self, phase: Phase) -> f64 {
-        let mut v: Vec<f64> = self.times.iter().map(|t| t.get(phase)).collect();
-        v.sort_by(f64::total_cmp);
-        match v.len() {
-            0 => 0.0,
-            n if n % 2 == 1 => v[n / 2],
-            n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-        }
-    }
-
-    /// Each rank's time of `phase` against the group's median (1.0 when
-    /// the median is under a microsecond: the phase is not used).
-    pub fn scores(&self, phase: Phase) -> Vec<f64> {
-        let m = self.median(phase);
-        self.times
-            .iter()
-            .map(|t| if m < 1e-3 { 1.0 } else { t.get(phase) / m })
-            .collect()
-    }
-
-    /// The slowest rank in `phase` and its score.
-    pub fn straggler(&self, phase: Phase) -> Option<(usize, f64)> {
-        self.scores(phase)
-            .into_iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-    }
-
-    /// `rank`'s worst score, over the phases.
-    pub fn mark(&self, rank: usize) -> Option<StragglerMark> {
-        Phase::ALL
-            .into_iter()
-            .filter_map(|p| self.scores(p).get(rank).map(|&s| (p, s)))
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(phase, score)| StragglerMark {
-                score,
-                phase,
-                at_step: self.step,
-            })
-    }
-
-    /// The trackers' scalars: `phase/<name>_ms` (the median),
-    /// `straggler/<name>` (the highest score) and `straggler/<name>_rank`
-    /// (whose), for every phase some rank spent time in.
-    pub fn scalars(&self) -> Vec<(String, f64)> {
-        let mut out = Vec::new();
-        for p in Phase::ALL {
-            if self.times.iter().all(|t| t.get(p) <= 0.0) {
-                continue;
-            }
-            out.push((format!("phase/{}_ms", p.name()), self.median(p)));
-            if let Some((rank, score)) = self.straggler(p) {
-                out.push((format!("straggler/{}", p.name()), score));
-                out.push((format!("straggler/{}_rank", p.name()), rank as f64));
-            }
-        }
-        out
     }
 }
 
@@ -208,38 +121,5 @@ impl Accelerator {
     /// scores), on every rank; `None` before the first.
     pub fn straggler_report(&self) -> Option<StragglerReport> {
         super::shared(self).lock().straggler_report.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn times(ms: [f64; 6]) -> PhaseTimes {
-        PhaseTimes { ms }
-    }
-
-    #[test]
-    fn scores_are_time_over_the_median_and_name_the_slowest_rank() {
-        let r = StragglerReport {
-            step: 50,
-            times: vec![
-                times([1.0, 10.0, 0.0, 0.0, 0.0, 0.0]),
-                times([1.0, 40.0, 0.0, 0.0, 0.0, 0.0]),
-                times([2.0, 10.0, 0.0, 0.0, 0.0, 0.0]),
-            ],
-        };
-        assert_eq!(r.median(Phase::Forward), 10.0);
-        assert_eq!(r.scores(Phase::Forward), vec![1.0, 4.0, 1.0]);
-        assert_eq!(r.straggler(Phase::Forward), Some((1, 4.0)));
-        assert_eq!(r.scores(Phase::Backward), vec![1.0; 3], "an unused phase");
-        let m = r.mark(1).unwrap();
-        assert_eq!((m.phase, m.score, m.at_step), (Phase::Forward, 4.0, 50));
-        let s: std::collections::BTreeMap<String, f64> = r.scalars().into_iter().collect();
-        assert_eq!(s["phase/forward_ms"], 10.0);
-        assert_eq!(s["straggler/forward"], 4.0);
-        assert_eq!(s["straggler/forward_rank"], 1.0);
-        assert_eq!(s["straggler/data"], 2.0);
-        assert!(!s.contains_key("phase/backward_ms"));
     }
 }

@@ -275,7 +275,7 @@ pub(crate) struct TrainState {
     /// Optimizer steps between straggler reports (0: none).
     pub(crate) straggler_every: usize,
     /// The last straggler report.
-    pub(crate) straggler_report: Option<super::StragglerReport>,
+    pub(crate) straggler_report: Option<super::stragglers::StragglerReport>,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -314,12 +314,12 @@ impl TrainShared {
             say(format!("{e}; ignored settings are warnings"));
             false
         });
-        let straggler_every = super::phases::straggler_every_from_env().unwrap_or_else(|e| {
+        let straggler_every = super::stragglers::straggler_every_from_env().unwrap_or_else(|e| {
             say(format!(
                 "{e}; straggler reports every {} steps",
-                super::DEFAULT_STRAGGLER_EVERY
+                super::stragglers::DEFAULT_STRAGGLER_EVERY
             ));
-            super::DEFAULT_STRAGGLER_EVERY
+            super::stragglers::DEFAULT_STRAGGLER_EVERY
         });
         let applied = super::applied::Applied {
             mixed_precision: super::applied::env_source(super::MIXED_PRECISION_ENV),
@@ -396,7 +396,7 @@ impl TrainShared {
         let strict = config.strict || super::applied::strict_from_env()?;
         let straggler_every = match config.straggler_every {
             Some(k) => k,
-            None => super::phases::straggler_every_from_env()?,
+            None => super::stragglers::straggler_every_from_env()?,
         };
         let source = |set: bool, env: &str| {
             if set {
