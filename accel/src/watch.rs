@@ -284,6 +284,17 @@ pub struct Watch {
     world_size: usize,
     bounds: SectionTimeouts,
     state: Mutex<State>,
+    /// Where its status file goes (a last one when it drops).
+    status_dir: Option<PathBuf>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(dir) = self.status_dir.take() {
+            self.lock().section = Section::Idle;
+            let _ = write_status(self, &dir);
+        }
+    }
 }
 
 /// Where a watch reports, besides its error: its status files' folder and
@@ -360,6 +371,7 @@ impl Watch {
                 closing: false,
                 straggler: None,
             }),
+            status_dir: reporting.status.as_ref().map(|(_, d)| d.clone()),
         });
         registry()
             .lock()
@@ -647,10 +659,9 @@ fn overdue_message(rank: usize, o: &Overdue, in_op: Option<&OpStatus>) -> String
         ),
     };
     format!(
-        "rank {rank}: section {} timed out: {what} ran {} past its bound {} ({}={}); {whose}",
+        "rank {rank}: section {} timed out: {what} ran for {:.1}s, past its bound ({}={}); {whose}",
         o.section.name(),
-        fmt(o.elapsed.saturating_sub(o.bound)),
-        fmt(o.bound),
+        o.elapsed.as_secs_f64(),
         o.var,
         fmt(o.bound),
     )

@@ -41,11 +41,12 @@ mod processes;
 /// | trackers | `train/trackers.rs` | [`init_trackers`](Self::init_trackers), [`add_tracker`](Self::add_tracker), [`trackers`](Self::trackers), [`log`](Self::log), [`end_training`](Self::end_training) |
 /// | ZeRO sharding | `zero/accelerator.rs` | [`sharding`](Self::sharding), [`prepare_zero`](Self::prepare_zero), [`zero_step`](Self::zero_step) |
 pub struct Accelerator {
+    /// This rank's section, step and phase clock (section timeouts,
+    /// status). First: dropped first, its last status sees the rings.
+    watch: Arc<crate::watch::Watch>,
     state: Arc<ProcessState>,
     comm: Arc<dyn Communicator>,
     store: Arc<dyn Store>,
-    /// This rank's section, step and phase clock (section timeouts, status).
-    watch: Arc<crate::watch::Watch>,
     /// The state of the layer above the runtime (the training loop's),
     /// made on its first use: the runtime does not know its type.
     extension: OnceLock<Box<dyn Any + Send + Sync>>,

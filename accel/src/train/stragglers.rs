@@ -46,13 +46,17 @@ impl StragglerReport {
         }
     }
 
-    /// Each rank's time of `phase` against the group's median (1.0 when
-    /// the median is under a microsecond: the phase is not used).
+    /// Each rank's time of `phase` against the group's median; against
+    /// the mean when most ranks spend no time in it (a median under a
+    /// microsecond); 1.0 for a phase no rank uses.
     pub fn scores(&self, phase: Phase) -> Vec<f64> {
+        let n = self.times.len().max(1) as f64;
+        let mean = self.times.iter().map(|t| t.get(phase)).sum::<f64>() / n;
         let m = self.median(phase);
+        let d = if m >= 1e-3 { m } else { mean };
         self.times
             .iter()
-            .map(|t| if m < 1e-3 { 1.0 } else { t.get(phase) / m })
+            .map(|t| if d < 1e-3 { 1.0 } else { t.get(phase) / d })
             .collect()
     }
 
@@ -126,5 +130,15 @@ mod tests {
         assert_eq!(s["straggler/forward_rank"], 1.0);
         assert_eq!(s["straggler/data"], 2.0);
         assert!(!s.contains_key("phase/backward_ms"));
+        // One rank alone in a phase: scored against the mean.
+        let r = StragglerReport {
+            step: 2,
+            times: vec![
+                times([0.0; 6]),
+                times([0.0, 30.0, 0.0, 0.0, 0.0, 0.0]),
+                times([0.0; 6]),
+            ],
+        };
+        assert_eq!(r.straggler(Phase::Forward), Some((1, 3.0)));
     }
 }
