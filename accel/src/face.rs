@@ -43,6 +43,7 @@ const ALLOWED: &[&str] = &[
     "threads",
     "tie_to_launcher",
     "train",
+    "watch",
     "worker_env",
     "write_error_file",
     "zero",

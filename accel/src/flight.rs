@@ -61,6 +61,10 @@ pub struct Dump {
     pub time_us: u64,
     /// Every ring of the process.
     pub groups: Vec<GroupDump>,
+    /// What each rank of the process was doing: section, step, the last
+    /// step's phase times, straggler score ([`crate::watch`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<crate::watch::RankStatus>,
 }
 
 fn env_usize(key: &str) -> Option<usize> {
@@ -134,6 +138,7 @@ pub fn snapshot(reason: &str) -> Dump {
         pid: std::process::id(),
         time_us: now_us(),
         groups,
+        ranks: crate::watch::watches().iter().map(|w| w.status()).collect(),
     }
 }
 
@@ -162,6 +167,15 @@ pub fn dump_to(dir: &Path, reason: &str) -> Result<PathBuf> {
 /// As [`dump_to`].
 pub fn dump_now(reason: &str) -> Result<PathBuf> {
     dump_to(&dump_dir(), reason)
+}
+
+/// [`dump_now`] for `reason`, said on stderr: what a section timeout
+/// ([`crate::watch`]) calls before it ends the process.
+pub fn dump_for_watch(reason: &str) {
+    match dump_now(reason) {
+        Ok(p) => eprintln!("accel: flight recorder dumped to {}", p.display()),
+        Err(e) => eprintln!("accel: the flight recorder could not be dumped: {e}"),
+    }
 }
 
 /// Dump once per kind of failure (the first timeout, the first mismatch,

@@ -41,6 +41,9 @@
 //!   [`Work`], [`Pending`], [`OwnedBuf`], [`HostBytes`]; the started call
 //!   itself in [`work`]), and [`worker`], the launcher-worker protocol.
 //! * [`flight`]: flight-recorder dumps.
+//! * [`watch`]: what a rank is doing now (section, step, phase times,
+//!   straggler score), section timeouts, and the status files `accel top`
+//!   reads.
 //! * [`kit`]: for engine authors only (`Engine`, `Group`, the poll loop,
 //!   `StaticBackend`, ...); never at this root (ADR 0034).
 #![forbid(unsafe_code)]
@@ -69,6 +72,7 @@ pub mod state;
 mod store_plan;
 pub mod threads;
 pub mod train;
+pub mod watch;
 pub mod worker_env;
 pub mod zero;
 

@@ -27,6 +27,7 @@ mod launch_cmd;
 mod plan_cmd;
 mod probe_cmd;
 mod test_cmd;
+mod top_cmd;
 mod trace_cmd;
 
 use std::process::ExitCode;
@@ -92,6 +93,8 @@ enum Command {
     Plan(plan_cmd::PlanArgs),
     /// Model size, largest layer and training-memory estimate per dtype.
     EstimateMemory(plan_cmd::EstimateArgs),
+    /// What every rank of a running job is doing (section, step, phase, collective, straggler score).
+    Top(top_cmd::TopArgs),
 }
 
 /// Write to stdout; on a broken pipe (the reader went away), exit 0: the
@@ -152,6 +155,7 @@ fn main() -> ExitCode {
         }),
         Command::Bench(args) => bench::run(args),
         Command::BenchWorker(args) => bench::worker::run(args),
+        Command::Top(args) => top_cmd::run(args),
     };
     match result {
         Ok(code) => code,

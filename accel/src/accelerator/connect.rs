@@ -44,6 +44,13 @@ impl Accelerator {
         let checked =
             crate::env_check::check_environment(&state, registry, &|k| std::env::var(k).ok())?;
         let (backend, device) = (checked.backend, checked.device);
+        // Start-up's clock runs from here (ACCEL_TIMEOUT_STARTUP).
+        let watch = crate::watch::Watch::from_env(
+            state.rank,
+            state.world_size,
+            &crate::flight::dump_dir(),
+            crate::flight::dump_for_watch,
+        )?;
         let root = state.open_store()?;
         let scope = format!("accel/{}/{}", state.run_id, state.restart_count);
         let store: Arc<dyn Store> = Arc::new(PrefixStore::new(root, scope));
@@ -78,6 +85,7 @@ impl Accelerator {
             state,
             comm: Arc::from(comm),
             store,
+            watch,
         })
     }
 
@@ -108,11 +116,18 @@ impl Accelerator {
             .map(|(k, v)| (k.to_string(), v))
             .collect();
         let state = Arc::new(ProcessState::from_vars(vars)?);
+        let watch = crate::watch::Watch::from_env(
+            state.rank,
+            state.world_size,
+            &crate::flight::dump_dir(),
+            crate::flight::dump_for_watch,
+        )?;
         Ok(Accelerator {
             extension: OnceLock::new(),
             state,
             comm,
             store,
+            watch,
         })
     }
 }

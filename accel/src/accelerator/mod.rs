@@ -34,12 +34,16 @@ mod processes;
 /// | preparing models, optimizers, schedulers, loaders | `train/prepare.rs` | [`prepare`](Self::prepare), [`prepare_model`](Self::prepare_model), [`prepare_optimizer`](Self::prepare_optimizer), [`prepare_scheduler`](Self::prepare_scheduler), [`prepare_scheduler_for`](Self::prepare_scheduler_for), [`prepare_loader`](Self::prepare_loader) |
 /// | streaming (iterable) loaders | `train/iterable.rs` | [`prepare_iterable_loader`](Self::prepare_iterable_loader) |
 /// | accumulation, backward, gradient sync, mixed precision, clipping | `train/grad_sync.rs` | [`accumulate`](Self::accumulate), [`accumulate_step`](Self::accumulate_step), [`sync_gradients`](Self::sync_gradients), [`gradient_accumulation_steps`](Self::gradient_accumulation_steps), [`backward`](Self::backward), [`backward_overlapped`](Self::backward_overlapped), [`no_sync`](Self::no_sync), [`mixed_precision`](Self::mixed_precision), [`grad_scaler`](Self::grad_scaler), [`optimizer_step_was_skipped`](Self::optimizer_step_was_skipped), [`unscale_gradients`](Self::unscale_gradients), [`clip_grad_norm`](Self::clip_grad_norm), [`clip_grad_value`](Self::clip_grad_value) |
+/// | step phases, straggler reports | `train/phases.rs` | [`phase`](Self::phase), [`phase_guard`](Self::phase_guard), [`last_step_phases`](Self::last_step_phases), [`straggler_report`](Self::straggler_report) |
 /// | metrics | `train/metrics.rs` | [`gather_for_metrics`](Self::gather_for_metrics), [`gather_for_metrics_rows`](Self::gather_for_metrics_rows), [`gather_objects_for_metrics`](Self::gather_objects_for_metrics) |
 /// | checkpoints | `train/checkpoint.rs` | [`register_for_checkpointing`](Self::register_for_checkpointing), [`save_iteration`](Self::save_iteration), [`set_save_iteration`](Self::set_save_iteration), [`save_state`](Self::save_state), [`save_state_to`](Self::save_state_to), [`latest_checkpoint`](Self::latest_checkpoint), [`load_state`](Self::load_state), [`load_latest_intact`](Self::load_latest_intact), [`load_weights`](Self::load_weights) |
 /// | model files (the Hugging Face layout) | `train/model_io.rs` | [`save_model`](Self::save_model), [`load_model`](Self::load_model), [`load_model_converting`](Self::load_model_converting) |
 /// | trackers | `train/trackers.rs` | [`init_trackers`](Self::init_trackers), [`add_tracker`](Self::add_tracker), [`trackers`](Self::trackers), [`log`](Self::log), [`end_training`](Self::end_training) |
 /// | ZeRO sharding | `zero/accelerator.rs` | [`sharding`](Self::sharding), [`prepare_zero`](Self::prepare_zero), [`zero_step`](Self::zero_step) |
 pub struct Accelerator {
+    /// This rank's section, step and phase clock (section timeouts,
+    /// status). First: dropped first, its last status sees the rings.
+    watch: Arc<crate::watch::Watch>,
     state: Arc<ProcessState>,
     comm: Arc<dyn Communicator>,
     store: Arc<dyn Store>,
@@ -71,6 +75,11 @@ impl Accelerator {
             .get_or_init(|| Box::new(make()))
             .downcast_ref::<T>()
             .expect("one type owns the accelerator's extension slot")
+    }
+
+    /// This rank's section, step and phase clock.
+    pub(crate) fn watch(&self) -> &Arc<crate::watch::Watch> {
+        &self.watch
     }
 }
 

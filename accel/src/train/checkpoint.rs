@@ -667,6 +667,9 @@ impl Accelerator {
         root: impl AsRef<Path>,
         objects: &[&dyn Checkpointed],
     ) -> Result<PathBuf> {
+        // ACCEL_TIMEOUT_CHECKPOINT's section and the checkpoint phase.
+        let _section = self.watch().section(crate::watch::Section::Checkpoint);
+        let _phase = self.phase_guard(crate::watch::Phase::Checkpoint);
         let (n, limit) = {
             let st = super::shared(self).lock();
             (st.iteration, st.config.total_limit)
@@ -714,6 +717,8 @@ impl Accelerator {
         dir: impl AsRef<Path>,
         objects: &[&dyn Checkpointed],
     ) -> Result<PathBuf> {
+        let _section = self.watch().section(crate::watch::Section::Checkpoint);
+        let _phase = self.phase_guard(crate::watch::Phase::Checkpoint);
         self.write_checkpoint(dir.as_ref(), true, None, objects)
     }
 

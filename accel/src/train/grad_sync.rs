@@ -8,6 +8,7 @@ use super::amp::MixedPrecision;
 use super::grads::{self, BucketPlan, Reduce};
 use super::overlap::OverlapGate;
 use super::prepare::{Batch, PreparedModel};
+use crate::watch::Phase;
 use crate::zero::{NoGate, UnitGate};
 use crate::Accelerator;
 
@@ -101,6 +102,8 @@ impl Accelerator {
     /// [`PreparedLoader`](super::PreparedLoader): `end_of_dataloader` says
     /// this batch is the last of its loader.
     pub fn accumulate_step(&self, end_of_dataloader: bool) -> StepDecision {
+        // A step begins: its section (ACCEL_TIMEOUT_STEP) and phase clock.
+        self.watch().begin_step(end_of_dataloader);
         let mut st = super::shared(self).lock();
         let d = st.accumulator.next_batch(end_of_dataloader);
         st.decision = Some(d);
@@ -145,11 +148,15 @@ impl Accelerator {
         let shared = super::shared(self);
         let d = shared.decision();
         let loss_scale = shared.lock().amp.loss_scale();
-        let out = f(
-            &mut model.model,
-            (loss_scale / d.loss_divisor.max(1) as f64) as f32,
-        );
+        let out = {
+            let _p = self.phase_guard(Phase::Backward);
+            f(
+                &mut model.model,
+                (loss_scale / d.loss_divisor.max(1) as f64) as f32,
+            )
+        };
         if d.all_reduce && !model.sharded {
+            let _p = self.phase_guard(Phase::Sync);
             model.all_reduce_gradients()?;
         }
         Ok(out)
@@ -199,8 +206,12 @@ impl Accelerator {
         let scale = (loss_scale / d.loss_divisor.max(1) as f64) as f32;
         let sync = d.all_reduce && !model.sharded;
         if !sync || !overlap || model.comm.world_size() == 1 {
-            let out = f(&mut model.model, scale, &mut NoGate);
+            let out = {
+                let _p = self.phase_guard(Phase::Backward);
+                f(&mut model.model, scale, &mut NoGate)
+            };
             if sync {
+                let _p = self.phase_guard(Phase::Sync);
                 model.all_reduce_gradients()?;
             }
             return Ok(out);
@@ -209,8 +220,15 @@ impl Accelerator {
         let (plan, how) = model.sync_plan()?;
         let mut pool = std::mem::take(&mut model.pool);
         let mut gate = OverlapGate::new(model.comm.clone(), &model.model, &plan, how, &mut pool);
-        let out = f(&mut model.model, scale, &mut gate);
-        let report = gate.finish(&mut model.model, &mut model.staging);
+        let out = {
+            let _p = self.phase_guard(Phase::Backward);
+            f(&mut model.model, scale, &mut gate)
+        };
+        // What the backward did not hide of the gradients' all-reduce.
+        let report = {
+            let _p = self.phase_guard(Phase::Sync);
+            gate.finish(&mut model.model, &mut model.staging)
+        };
         model.pool = pool;
         let (report, early) = report?;
         model.last_buckets = report.buckets;

@@ -83,12 +83,16 @@ mod metrics;
 mod model_io;
 pub(crate) mod optim;
 mod overlap;
+mod phases;
 mod prepare;
 mod rng;
 mod shared;
+mod stragglers;
 mod tracker;
 mod trackers;
 
+/// The phases of a step and their times ([`crate::watch`]).
+pub use crate::watch::{Phase, PhaseTimes};
 pub use adapters::{
     try_visit_params, try_visit_params_mut, zero_grads, DataLoader, Dataset, Optimizer, ParamMut,
     ParamRef, Parameters, Scheduler, SharedStateful, StateDict, Stateful, Tensor,
@@ -105,6 +109,7 @@ pub use model_io::{
     SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
+pub use phases::PhaseGuard;
 pub use prepare::{
     Batch, Prepare, PreparedLoader, PreparedModel, PreparedOptimizer, PreparedScheduler,
     ScheduledOptimizer,
@@ -112,6 +117,7 @@ pub use prepare::{
 pub use rng::Rng;
 pub(crate) use shared::{shared, Kind, TrainShared};
 pub use shared::{TrainConfig, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
+pub use stragglers::{StragglerReport, DEFAULT_STRAGGLER_EVERY, STRAGGLER_EVERY_ENV};
 pub use tracker::Tracker;
 pub use trackers::{JsonlTracker, TensorBoardTracker, TRACKER_NAMES};
 

@@ -312,6 +312,10 @@ pub struct PreparedOptimizer<O: Optimizer> {
     /// `n` of `optimizer_n`: the scheduler of the same number gives it
     /// its first rate.
     pub(crate) index: usize,
+    /// The rank's clock: the optimizer phase, straggler reports.
+    pub(crate) watch: Arc<crate::watch::Watch>,
+    /// Synchronising steps seen (stepped or skipped): when to report.
+    pub(crate) sync_steps: u64,
 }
 
 impl<O: Optimizer> std::fmt::Debug for PreparedOptimizer<O> {
@@ -338,6 +342,8 @@ impl<O: Optimizer> Prepare<PreparedOptimizer<O>> for O {
             comm: acc.comm().clone(),
             steps: 0,
             skipped: false,
+            watch: acc.watch().clone(),
+            sync_steps: 0,
         })
     }
 }
@@ -366,6 +372,21 @@ impl<O: Optimizer> PreparedOptimizer<O> {
         if !self.shared.decision().optimizer_step {
             return Ok(false);
         }
+        let stepped = {
+            let watch = self.watch.clone();
+            let _p = super::PhaseGuard::new(&watch, crate::watch::Phase::Optimizer);
+            self.step_now(model)?
+        };
+        self.sync_steps += 1;
+        self.watch.optimizer_stepped();
+        // The first optimizer reports (every rank steps it alike).
+        if self.index == 0 {
+            super::phases::report_phases(&self.shared, &*self.comm, &self.watch, self.sync_steps)?;
+        }
+        Ok(stepped)
+    }
+
+    fn step_now<M: Parameters>(&mut self, model: &mut PreparedModel<M>) -> Result<bool> {
         if !model.sharded {
             self.shared
                 .check_sharding(self.comm.rank(), "PreparedOptimizer::step")?;

@@ -103,6 +103,15 @@ pub struct TrainConfig {
     /// [`settings_not_applied`](crate::Accelerator::settings_not_applied).
     #[serde(default)]
     pub strict: bool,
+    /// Optimizer steps between straggler reports: every rank's per-phase
+    /// times all-gathered, scored against the median and logged to the
+    /// trackers (`phase/<name>_ms`, `straggler/<name>`,
+    /// `straggler/<name>_rank`). `None` (the default) takes
+    /// [`STRAGGLER_EVERY_ENV`](super::STRAGGLER_EVERY_ENV), else 50; `0`
+    /// turns them off. Collective on those steps (through
+    /// [`PreparedOptimizer::step`](super::PreparedOptimizer::step)).
+    #[serde(default)]
+    pub straggler_every: Option<usize>,
 }
 
 impl Default for TrainConfig {
@@ -124,6 +133,7 @@ impl Default for TrainConfig {
             gradient_compression: None,
             sharding: None,
             strict: false,
+            straggler_every: None,
         }
     }
 }
@@ -262,6 +272,10 @@ pub(crate) struct TrainState {
     pub(crate) initial_lr: std::collections::BTreeMap<usize, f64>,
     /// Where the settings came from and which did not apply.
     pub(crate) applied: super::applied::Applied,
+    /// Optimizer steps between straggler reports (0: none).
+    pub(crate) straggler_every: usize,
+    /// The last straggler report.
+    pub(crate) straggler_report: Option<super::stragglers::StragglerReport>,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -300,6 +314,13 @@ impl TrainShared {
             say(format!("{e}; ignored settings are warnings"));
             false
         });
+        let straggler_every = super::stragglers::straggler_every_from_env().unwrap_or_else(|e| {
+            say(format!(
+                "{e}; straggler reports every {} steps",
+                super::stragglers::DEFAULT_STRAGGLER_EVERY
+            ));
+            super::stragglers::DEFAULT_STRAGGLER_EVERY
+        });
         let applied = super::applied::Applied {
             mixed_precision: super::applied::env_source(super::MIXED_PRECISION_ENV),
             sharding: super::applied::env_source(crate::zero::SHARDING_ENV),
@@ -320,6 +341,8 @@ impl TrainShared {
                 sharding,
                 initial_lr: std::collections::BTreeMap::new(),
                 applied,
+                straggler_every,
+                straggler_report: None,
             }),
             rng: Mutex::new(RngSlot::new()),
             trackers: Mutex::new(Vec::new()),
@@ -371,6 +394,10 @@ impl TrainShared {
             None => Stage::from_env()?.unwrap_or_default(),
         };
         let strict = config.strict || super::applied::strict_from_env()?;
+        let straggler_every = match config.straggler_every {
+            Some(k) => k,
+            None => super::stragglers::straggler_every_from_env()?,
+        };
         let source = |set: bool, env: &str| {
             if set {
                 super::applied::Source::Config
@@ -385,6 +412,7 @@ impl TrainShared {
         st.applied.sharding = sharding_source;
         st.applied.strict = strict;
         st.sharding = sharding;
+        st.straggler_every = straggler_every;
         if st.amp.mode != mode || st.amp.scaler.map(|s| s.config) != Some(config.grad_scaler) {
             st.amp = AmpState::new(mode, config.grad_scaler);
         }

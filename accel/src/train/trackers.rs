@@ -378,6 +378,8 @@ impl Accelerator {
     /// # Errors
     /// The first tracker error (every tracker is still closed).
     pub fn end_training(&self) -> Result<()> {
+        // No step bound after training (ACCEL_TIMEOUT_STEP).
+        self.watch().idle();
         let trackers: Vec<Box<dyn Tracker>> = std::mem::take(&mut *super::shared(self).trackers());
         let mut first = None;
         for mut t in trackers {

@@ -7,7 +7,7 @@
 //! machinery (sharded data, gradient accumulation and averaging, metrics
 //! with `gather_for_metrics`, exact-resume checkpoints), not the model.
 
-use accel::train::{DataLoader, LinearSchedule, Sgd, TrainConfig};
+use accel::train::{DataLoader, LinearSchedule, Phase, Sgd, TrainConfig};
 use accel::{Accelerator, Result};
 use accel_example_kit::run::{self, Steps};
 use std::path::PathBuf;
@@ -53,6 +53,16 @@ pub struct Options {
     pub stop_after: Option<u64>,
     /// Sleep this long after each optimizer step (to leave time for a kill).
     pub step_delay_ms: u64,
+    /// Log loss, per-phase times and straggler scores to JSON Lines and
+    /// TensorBoard under `<log_dir>/train` (main process).
+    pub log_dir: Option<PathBuf>,
+    /// Simulate a slow rank: this rank's forward phase takes `slow_ms`
+    /// longer ([`Options::slow_at`]: only at that batch).
+    pub slow_rank: Option<usize>,
+    /// How much longer, in milliseconds.
+    pub slow_ms: u64,
+    /// Only at this batch of the run (1-based; `None`: every batch).
+    pub slow_at: Option<u64>,
 }
 
 impl Default for Options {
@@ -73,6 +83,10 @@ impl Default for Options {
             resume: false,
             stop_after: None,
             step_delay_ms: 0,
+            log_dir: None,
+            slow_rank: None,
+            slow_ms: 0,
+            slow_at: None,
         }
     }
 }
@@ -135,6 +149,11 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     let total = steps_per_epoch * opts.epochs * acc.world_size() as u64;
     let mut sched = acc.prepare_scheduler(LinearSchedule::new(opts.lr, total / 10, total))?;
     let progress = Steps::register(acc);
+    if let Some(dir) = &opts.log_dir {
+        let config = serde_json::json!({"lr": opts.lr, "batch_size": opts.batch_size});
+        acc.init_trackers("train", dir, &["jsonl", "tensorboard"], &config)?;
+    }
+    let mut batches = 0u64;
 
     // A fresh run owns its checkpoint folder.
     let resumed_from = run::resume_or_start_fresh(
@@ -155,10 +174,21 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
         let epoch = loader.epoch();
         while let Some(batch) = loader.next_batch() {
             let step = acc.accumulate(&batch);
-            let mut items = batch.items.clone();
-            if opts.noise > 0.0 {
-                let mut rng = acc.rng()?;
-                add_noise(&mut items, opts.noise, &mut rng);
+            batches += 1;
+            let items = acc.phase(Phase::Data, || -> Result<_> {
+                let mut items = batch.items.clone();
+                if opts.noise > 0.0 {
+                    let mut rng = acc.rng()?;
+                    add_noise(&mut items, opts.noise, &mut rng);
+                }
+                Ok(items)
+            })?;
+            // The model's forward and backward are one pass (backward's
+            // closure); a slow rank is simulated in a forward phase.
+            if opts.slow_rank == Some(acc.rank()) && opts.slow_at.is_none_or(|b| b == batches) {
+                acc.phase(Phase::Forward, || {
+                    std::thread::sleep(std::time::Duration::from_millis(opts.slow_ms))
+                });
             }
             let loss = acc.backward(&mut model, |m, scale| m.loss_and_grad(&items, scale))?;
             opt.step(&mut model)?;
@@ -172,6 +202,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
             let mean = acc.reduce(&[group_loss / group_batches as f32], "mean")?[0];
             (group_loss, group_batches) = (0.0, 0);
             let steps = progress.advance();
+            acc.log(&[("loss", f64::from(mean)), ("lr", opt.lr)], steps)?;
             say(format!(
                 "step {steps:>3}  epoch {epoch}  loss {mean:.6}  lr {:.5}",
                 opt.lr
@@ -216,6 +247,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     }
     let steps = progress.get();
     let params = model.flat_values();
+    acc.end_training()?;
     Ok(Report {
         steps,
         checksum: checksum(&params),

@@ -20,7 +20,8 @@ use accel_example_train::{train, Options};
 const USAGE: &str = "usage: train [--epochs N] [--train-len N] [--eval-len N] [--batch-size N]
              [--accumulation K] [--lr X] [--hidden N] [--seed N] [--noise X]
              [--save-every N] [--keep N] [--checkpoint-dir DIR]
-             [--resume] [--stop-after STEP] [--step-delay-ms MS]";
+             [--resume] [--stop-after STEP] [--step-delay-ms MS] [--log-dir DIR]
+             [--slow-rank R --slow-ms MS [--slow-at BATCH]]";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options::default();
@@ -41,6 +42,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--resume" => o.resume = true,
             "--stop-after" => o.stop_after = Some(flags.num(flag)?),
             "--step-delay-ms" => o.step_delay_ms = flags.num(flag)?,
+            "--log-dir" => o.log_dir = Some(flags.path(flag)?),
+            "--slow-rank" => o.slow_rank = Some(flags.num(flag)?),
+            "--slow-ms" => o.slow_ms = flags.num(flag)?,
+            "--slow-at" => o.slow_at = Some(flags.num(flag)?),
             _ => return Ok(false),
         }
         Ok(true)

@@ -1,0 +1,292 @@
+//! Step phases, straggler scores and section timeouts, with the demo under
+//! `accel launch -n 3` on cpu-gloo (issue 40): a slow rank is the
+//! straggler of its phase in the trackers (JSON Lines, TensorBoard read
+//! back with TensorBoard's own reader), `accel top` reads the ranks'
+//! status files, and a rank stuck in compute past `ACCEL_TIMEOUT_STEP` ends
+//! the job named as the straggler of section "step". Every launch runs
+//! under a hard timeout.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "../../../test-support/python.rs"]
+mod python;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// `target/<profile>/accel`, built with cargo when missing.
+fn accel_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>")
+        .to_path_buf();
+    let bin = profile_dir.join("accel");
+    if bin.exists() {
+        return bin;
+    }
+    let target = profile_dir.parent().expect("target dir");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .and_then(Path::parent)
+        .expect("workspace root");
+    let mut args = vec!["-p", "accel-launcher"];
+    if profile_dir.file_name().and_then(|f| f.to_str()) == Some("release") {
+        args.push("--release");
+    }
+    if let Err(e) = accel_conformance::harness::cargo_build(workspace, target, &args) {
+        panic!("building accel-launcher failed: {e}");
+    }
+    bin
+}
+
+/// Run `cmd` to its end under [`LIMIT`] (killed past it); its output.
+fn bounded(cmd: &mut Command) -> Output {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting accel");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let start = Instant::now();
+    match rx.recv_timeout(LIMIT) {
+        Ok(out) => out.expect("waiting for accel"),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+            panic!(
+                "accel ran past {LIMIT:?} (started {:?} ago)",
+                start.elapsed()
+            );
+        }
+    }
+}
+
+/// `accel launch -n 3 --backend cpu-gloo -- train <args>` with `env`.
+fn launch3(env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut cmd = Command::new(accel_bin());
+    cmd.args(["launch", "-n", "3", "--backend", "cpu-gloo", "--"])
+        .arg(env!("CARGO_BIN_EXE_train"))
+        .args(args)
+        .env("ACCEL_TIMEOUT", "60s");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    bounded(&mut cmd)
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn a_slow_rank_is_the_straggler_of_its_phase_in_the_trackers_and_in_accel_top() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let (logs, dumps) = (p("logs"), p("dumps"));
+    let out = launch3(
+        &[
+            ("ACCEL_STRAGGLER_EVERY", "2"),
+            ("ACCEL_DUMP_DIR", &dumps),
+            ("ACCEL_STATUS_EVERY", "200ms"),
+        ],
+        &[
+            "--epochs",
+            "2",
+            "--train-len",
+            "480",
+            "--save-every",
+            "3",
+            "--checkpoint-dir",
+            &p("ck"),
+            "--log-dir",
+            &logs,
+            "--slow-rank",
+            "1",
+            "--slow-ms",
+            "15",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+
+    // JSON Lines: every report names rank 1 as the forward straggler.
+    let run = Path::new(&logs).join("train");
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let reports: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["values"].get("straggler/forward").is_some())
+        .collect();
+    // 10 batches per rank per epoch, 2 per optimizer step: 10 steps, a
+    // report every 2.
+    assert_eq!(reports.len(), 5, "{lines:?}");
+    for r in &reports {
+        let v = &r["values"];
+        assert_eq!(v["straggler/forward_rank"], 1.0, "{r}");
+        assert!(v["straggler/forward"].as_f64().unwrap() > 2.0, "{r}");
+        for phase in ["data", "backward", "sync", "optimizer"] {
+            assert!(
+                v[format!("phase/{phase}_ms")].as_f64().is_some(),
+                "{phase}: {r}"
+            );
+        }
+    }
+    assert!(
+        reports
+            .iter()
+            .any(|r| r["values"].get("phase/checkpoint_ms").is_some()),
+        "a window with a checkpoint times it: {reports:?}"
+    );
+
+    // `accel top` reads the ranks' last status files.
+    let top = bounded(Command::new(accel_bin()).args(["top", "--json", &dumps]));
+    assert!(top.status.success(), "{}", text(&top));
+    let statuses: Vec<accel::watch::RankStatus> = String::from_utf8_lossy(&top.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        statuses.iter().map(|s| s.rank).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
+    for s in &statuses {
+        assert_eq!(s.step, 20, "{s:?}");
+        assert!(s.last_op.is_some(), "{s:?}");
+        let mark = s.straggler.expect("a straggler score");
+        assert_eq!(mark.at_step, 10, "{s:?}");
+        if s.rank == 1 {
+            assert_eq!(mark.phase, accel::train::Phase::Forward, "{s:?}");
+            assert!(mark.score > 2.0, "{s:?}");
+        }
+    }
+    let once = bounded(Command::new(accel_bin()).args(["top", "--once", &dumps]));
+    assert!(
+        String::from_utf8_lossy(&once.stdout).contains("forward"),
+        "{}",
+        text(&once)
+    );
+
+    // TensorBoard's own reader sees the same scalars.
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-tb/bin/python");
+    let candidates: Vec<PathBuf> = std::env::var_os("ACCEL_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([venv])
+        .collect();
+    let Some(py) = python::python_from(
+        candidates,
+        "import tensorboard",
+        "`make venv-tb` installs it",
+    ) else {
+        return;
+    };
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1])
+acc.Reload()
+print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}))
+"#;
+    let got: BTreeMap<String, Vec<(u64, f64)>> =
+        serde_json::from_str(&python::run_python(&py, script, &[&run])).unwrap();
+    let steps = |tag: &str| -> Vec<u64> { got[tag].iter().map(|(s, _)| *s).collect() };
+    assert_eq!(
+        steps("straggler/forward_rank"),
+        vec![2, 4, 6, 8, 10],
+        "{got:?}"
+    );
+    assert!(got["straggler/forward_rank"].iter().all(|(_, r)| *r == 1.0));
+    assert!(got["straggler/forward"].iter().all(|(_, s)| *s > 2.0));
+    for tag in [
+        "phase/data_ms",
+        "phase/backward_ms",
+        "phase/sync_ms",
+        "loss",
+    ] {
+        assert!(got.contains_key(tag), "{tag}: {:?}", got.keys());
+    }
+}
+
+#[test]
+fn a_rank_stuck_in_compute_past_the_step_timeout_is_named_the_straggler_of_section_step() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let dumps = p("dumps");
+    let start = Instant::now();
+    let out = launch3(
+        &[("ACCEL_TIMEOUT_STEP", "2s"), ("ACCEL_DUMP_DIR", &dumps)],
+        &[
+            "--epochs",
+            "1",
+            "--train-len",
+            "480",
+            "--save-every",
+            "0",
+            "--checkpoint-dir",
+            &p("ck"),
+            "--slow-rank",
+            "2",
+            "--slow-ms",
+            "100000",
+            "--slow-at",
+            "3",
+        ],
+    );
+    let took = start.elapsed();
+    let all = text(&out);
+    assert!(!out.status.success(), "{all}");
+    assert!(took < Duration::from_secs(30), "no hang: {took:?}\n{all}");
+    // The launcher's root cause is rank 2, in section step, at step 3.
+    let cause = all
+        .split("root cause")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no root cause block:\n{all}"));
+    for says in [
+        "rank:      2",
+        "rank 2: section step timed out: step 3",
+        "rank 2 is the straggler",
+        "ACCEL_TIMEOUT_STEP=2s",
+    ] {
+        assert!(cause.contains(says), "{says:?} in\n{all}");
+    }
+    // Its flight dump says where every rank stood.
+    let dump = std::fs::read_dir(&dumps)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("rank2-")
+        })
+        .unwrap_or_else(|| panic!("no dump of rank 2 in {dumps}\n{all}"));
+    let d: accel::flight::Dump = serde_json::from_slice(&std::fs::read(dump).unwrap()).unwrap();
+    assert!(d.reason.contains("section step"), "{}", d.reason);
+    let me = &d.ranks[0];
+    assert_eq!(
+        (me.rank, me.section, me.step, me.phase),
+        (
+            2,
+            accel::watch::Section::Step,
+            3,
+            Some(accel::train::Phase::Forward)
+        )
+    );
+    assert!(me.in_op.is_none() && me.last_step.is_some(), "{me:?}");
+}
