@@ -60,12 +60,14 @@ impl HostVec {
                     .map_err(|e| data_err("read", e))?
                     .to_vec(),
             ),
-            other => return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
+            other => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
                     "accel-burn: a tensor of {other:?}; it trains f32, f64, f16 and bf16 tensors"
                 ),
-            )),
+                ))
+            }
         })
     }
 
