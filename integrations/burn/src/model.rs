@@ -190,7 +190,9 @@ impl ModuleMapper for Push<'_> {
         self.bytes += data.as_bytes().len() as u64;
         param.map(|t| {
             let require_grad = t.is_require_grad();
-            let fresh = Tensor::<D>::from_data(data, &t.device());
+            // In the parameter's own dtype (burn would convert to the
+            // device's default float type otherwise).
+            let fresh = Tensor::<D>::from_data(data, (&t.device(), t.dtype()));
             if require_grad {
                 fresh.require_grad()
             } else {

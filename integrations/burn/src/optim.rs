@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use accel::train::{try_visit_params_mut, Optimizer, Parameters, StateDict};
+use accel::train::{
+    host_from_f32, host_to_f32, try_visit_params_mut, Optimizer, Parameters, StateDict,
+};
 use accel::zero::ShardOptimizer;
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{BufMut, Error, ErrorKind, Result};
 use burn::optim::{Optimizer as BurnOpt, RecordState, StateSink, StateSource};
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_pack::Scalar;
 use serde::{Deserialize, Serialize};
 
@@ -62,7 +64,9 @@ impl From<ScalarValue> for Scalar {
 /// scalars as they are): a resume is exact.
 ///
 /// # Requires
-/// f32 parameter values and gradients on the host.
+/// Float parameter values and gradients on the host; f32 ones step in
+/// place, others (f16, bf16, f64) in f32 with the values rounded once
+/// back (keep f32 master weights for mixed precision).
 pub struct BurnOptimizer<O: BurnOpt> {
     inner: O,
     lr: f64,
@@ -130,8 +134,14 @@ impl<O: BurnOpt> BurnOptimizer<O> {
         if n == 0 {
             return Ok(());
         }
-        let t = Tensor::<1>::from_data(TensorData::new(values.to_vec(), [n]), &self.device);
-        let g = Tensor::<1>::from_data(TensorData::new(grads.to_vec(), [n]), &self.device);
+        let t = Tensor::<1>::from_data(
+            TensorData::new(values.to_vec(), [n]),
+            (&self.device, DType::F32),
+        );
+        let g = Tensor::<1>::from_data(
+            TensorData::new(grads.to_vec(), [n]),
+            (&self.device, DType::F32),
+        );
         let state = self.states.remove(key);
         let (t, state) = self.inner.step(self.lr, t, g, state);
         if let Some(s) = state {
@@ -202,8 +212,23 @@ impl<O: BurnOpt> Optimizer for BurnOptimizer<O> {
     fn step(&mut self, params: &mut dyn Parameters) -> Result<()> {
         try_visit_params_mut(params, |_, mut p| {
             let name = p.name;
-            let (v, g) = p.f32_mut()?;
-            self.step_flat(name, v, g)
+            if let Ok((v, g)) = p.f32_mut() {
+                return self.step_flat(name, v, g);
+            }
+            // Another float type (f16, bf16, f64): stepped in f32, the
+            // values rounded once back.
+            let (BufMut::Host(v), BufMut::Host(g)) = (&mut p.value, &p.grad) else {
+                return Err(Error::invalid_argument(
+                    "BurnOptimizer::step",
+                    format!(
+                        "parameter {name:?} is in device memory; accel-burn steps host parameters"
+                    ),
+                ));
+            };
+            let g = host_to_f32(g.as_buf())?.into_owned();
+            let mut vals = host_to_f32(v.as_buf())?.into_owned();
+            self.step_flat(name, &mut vals, &g)?;
+            host_from_f32(v, &vals)
         })?;
         self.steps += 1;
         Ok(())

@@ -25,7 +25,7 @@ use accel_conformance::harness::{cpu_columns, Matrix};
 use accel_conformance::{model_scenarios, worker, ScenarioModel};
 use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{DType, Device, Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 
 /// A dense layer with its weight stored (out, in), as the fixture (and
 /// PyTorch) store it: `y = x wᵀ + b`.
@@ -43,12 +43,8 @@ impl Dense {
         }
     }
 
-    /// The layer computed in `dt` (differentiable casts of the f32
-    /// parameters and input; the output back in f32).
-    fn forward(&self, x: Tensor<2>, dt: DType) -> Tensor<2> {
-        let w = self.weight.val().cast(dt);
-        let b = self.bias.val().cast(dt).unsqueeze::<2>();
-        (x.cast(dt).matmul(w.transpose()) + b).cast(DType::F32)
+    fn forward(&self, x: Tensor<2>) -> Tensor<2> {
+        x.matmul(self.weight.val().transpose()) + self.bias.val().unsqueeze::<2>()
     }
 }
 
@@ -86,22 +82,17 @@ impl ScenarioModel for BurnMlp {
     /// `fc1`'s forward, release; `fc2`'s forward and the loss; one burn
     /// backward; then fc2's gradients added and reduced, fc1 gathered
     /// again, its gradients added and reduced (the module order a ZeRO-3
-    /// gate needs). Under fp16 the layers compute on f16 casts of the f32
-    /// parameters; under bf16 in f32 (burn's NdArray backend has no bf16
-    /// kernels: the scenario then checks accel's bf16 path alone).
+    /// gate needs). burn's NdArray backend has f32 and f64 floats only
+    /// (no f16 or bf16 kernels), so the layers compute in f32 under every
+    /// precision: the mixed-precision scenarios check accel's side (the
+    /// loss scaler, the skip agreed by every rank) with burn's gradients.
     fn loss_and_grad_gated(
         &mut self,
         batch: &[Sample],
         scale: f32,
-        precision: MixedPrecision,
+        _: MixedPrecision,
         gate: &mut dyn UnitGate,
     ) -> accel::Result<f32> {
-        let dt = match precision {
-            // burn's NdArray backend has no bf16 kernels: f32 compute.
-            MixedPrecision::Bf16 => DType::F32,
-            MixedPrecision::Fp16 => DType::F16,
-            MixedPrecision::No => DType::F32,
-        };
         let n = batch.len();
         let d = device();
         let x: Vec<f32> = batch.iter().flat_map(|s| s.x).collect();
@@ -111,11 +102,11 @@ impl ScenarioModel for BurnMlp {
 
         gate.gather(self, "fc1")?;
         let first = self.model.module().clone();
-        let h = first.fc1.forward(x, dt).tanh();
+        let h = first.fc1.forward(x).tanh();
         gate.release(self, "fc1")?;
         gate.gather(self, "fc2")?;
         let second = self.model.module().clone();
-        let loss = (second.fc2.forward(h, dt) - y).powi_scalar(2).mean();
+        let loss = (second.fc2.forward(h) - y).powi_scalar(2).mean();
         let value: f32 = loss.to_data().as_slice::<f32>().expect("an f32 loss")[0];
         let mut grads = loss.mul_scalar(scale).backward();
         // Each layer's gradients from the module copy its forward ran on.
@@ -142,10 +133,6 @@ impl Parameters for BurnMlp {
     }
     fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
         self.model.param_shape(name)
-    }
-    /// The forward pass computes in the mixed precision's type.
-    fn uses_mixed_precision(&self) -> bool {
-        true
     }
     fn set_param_storage(&mut self, name: &str, numel: usize) -> accel::Result<()> {
         self.model.set_param_storage(name, numel)
