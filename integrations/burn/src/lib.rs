@@ -50,6 +50,11 @@
 //! (docs/adr/0035-burn-workspace.md).
 #![forbid(unsafe_code)]
 
+/// docs/burn.md's examples, compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/burn.md")]
+pub struct DocsBurnMd;
+
 mod host;
 mod model;
 mod optim;
