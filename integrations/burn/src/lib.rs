@@ -1,6 +1,6 @@
 //! # accel-burn: accel for burn
 //!
-//! Distributed data-parallel training for [burn](burn) programs: wrap a
+//! Distributed data-parallel training for [burn] programs: wrap a
 //! burn `Module` and a burn optimizer, prepare them with accel's
 //! [`Accelerator`](accel::Accelerator), and the same program runs on one
 //! process or many, on any engine accel has (cpu-gloo, MPI, ...), across
