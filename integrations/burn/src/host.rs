@@ -34,6 +34,16 @@ impl HostVec {
         }
     }
 
+    /// `values` in `dtype` (rounded once).
+    pub(crate) fn from_f32(dtype: DType, values: &[f32]) -> HostVec {
+        match dtype {
+            DType::F64 => HostVec::F64(values.iter().map(|&v| f64::from(v)).collect()),
+            DType::F16 => HostVec::F16(values.iter().map(|&v| f16::from_f32(v)).collect()),
+            DType::BF16 => HostVec::BF16(values.iter().map(|&v| bf16::from_f32(v)).collect()),
+            _ => HostVec::F32(values.to_vec()),
+        }
+    }
+
     /// A copy of `data`'s elements (one copy out of burn).
     ///
     /// # Errors

@@ -360,6 +360,32 @@ impl<M: Module> BurnModel<M> {
         Ok(())
     }
 
+    /// Give every parameter seeded values, in record-path order: uniform
+    /// in `±1/sqrt(fan_in)`, where `fan_in` is the product of a
+    /// parameter's dimensions but the last (burn's `Linear` stores its
+    /// weight (in, out)) and its length for a 1-D one. burn's own
+    /// initialisers draw from an unseeded generator; call this for runs
+    /// that must start equal (a run and its resumed twin). The module gets
+    /// the values at the next [`module`](Self::module) call.
+    pub fn init_uniform(&mut self, seed: u64) {
+        let mut order: Vec<usize> = (0..self.entries.len()).collect();
+        order.sort_by(|&a, &b| self.entries[a].name.cmp(&self.entries[b].name));
+        let mut rng = accel::train::Rng::seed_from_u64(seed);
+        for i in order {
+            let e = &mut self.entries[i];
+            let fan_in: usize = match e.shape.split_last() {
+                Some((_, rest)) if !rest.is_empty() => rest.iter().product(),
+                _ => e.shape.iter().product(),
+            };
+            let bound = 1.0 / (fan_in.max(1) as f32).sqrt();
+            let values: Vec<f32> = (0..e.shape.iter().product::<usize>())
+                .map(|_| (2.0 * rng.uniform() - 1.0) * bound)
+                .collect();
+            e.value = HostVec::from_f32(e.dtype, &values);
+        }
+        self.dirty = true;
+    }
+
     /// The parameters' record paths, in the training loop's order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|e| e.name.as_str())
