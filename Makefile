@@ -169,6 +169,18 @@ demo-candle: digits-data
 	$(CARGO) build --release -p accel-launcher -p accel-example-candle-digits
 	DEMO_LAUNCH="$(DEMO_LAUNCH)" ./scripts/demo_candle.sh $(ARGS)
 
+# ---- burn integration (integrations/burn, default workspace: ADR 0035) ----
+# make demo-burn    the burn digits demo on 2 ranks through accel launch, as
+#                   demo-candle: 10 epochs, then a run stopped after step 63 and
+#                   resumed, whose checksum must equal the first run's. Needs
+#                   only the data set. make test runs the same checks through
+#                   examples/burn-digits/tests/distributed.rs (about 6 s of
+#                   run time on 2 cores, in the unit lane).
+.PHONY: demo-burn
+demo-burn: digits-data
+	$(CARGO) build --release -p accel-launcher -p accel-example-burn-digits
+	DEMO_LAUNCH="$(DEMO_LAUNCH)" ./scripts/demo_burn.sh $(ARGS)
+
 # Two processes, so that each peak resident memory is its own run's. A fixed
 # glibc mmap threshold returns each released block to the system at once
 # (glibc's default raises the threshold after the first large free and keeps
