@@ -10,8 +10,7 @@
 
 mod common;
 #[cfg(feature = "mpi")]
-#[path = "../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::skips;
 
 use std::path::Path;
 use std::time::Duration;

@@ -11,9 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-#[path = "../../../test-support/demo_ranks.rs"]
-mod demo_ranks;
 use accel_example_burn_digits::Digits;
+use accel_test_support::demo_ranks;
 use demo_ranks::{accuracy_in, checksum_of, final_line};
 
 const LIMIT: Duration = Duration::from_secs(240);

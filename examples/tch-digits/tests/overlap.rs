@@ -7,8 +7,7 @@
 
 use accel_example_tch_digits::{train, Digits, Options};
 
-#[path = "../../../test-support/ranks.rs"]
-mod ranks;
+use accel_test_support::ranks;
 use ranks::two_ranks;
 
 #[test]

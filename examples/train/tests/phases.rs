@@ -11,8 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-#[path = "../../../test-support/python.rs"]
-mod python;
+use accel_test_support::python;
 
 const LIMIT: Duration = Duration::from_secs(120);
 

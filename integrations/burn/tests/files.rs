@@ -14,8 +14,7 @@ use burn::optim::{AdamW, AdamWConfig};
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use burn_store::{ModuleSnapshot, SafetensorsStore};
 
-#[path = "../../../test-support/python.rs"]
-mod python;
+use accel_test_support::python;
 
 fn acc() -> Accelerator {
     Accelerator::new().expect("a one-process accelerator")

@@ -31,13 +31,10 @@ use accel_tch::TchModel;
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
-#[path = "../../../test-support/child.rs"]
-mod child;
+use accel_test_support::child;
 mod common;
-#[path = "../../../test-support/ranks.rs"]
-mod ranks;
-#[path = "../../../test-support/skips.rs"]
-mod skips;
+use accel_test_support::ranks;
+use accel_test_support::skips;
 use common::det;
 use ranks::two_ranks;
 

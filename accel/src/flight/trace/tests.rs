@@ -75,6 +75,7 @@ fn dump(rank: usize, world: usize, time_us: u64, groups: Vec<GroupDump>) -> Dump
             pid: 100 + rank as u32,
             time_us,
             groups,
+            ranks: Vec::new(),
         },
     }
 }

@@ -1,6 +1,5 @@
 //! Shared by the integration tests.
 
-#[path = "../../../../test-support/ranks.rs"]
-mod ranks;
+use accel_test_support::ranks;
 
 pub use ranks::two_ranks;
