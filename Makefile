@@ -12,7 +12,8 @@ export CARGO_INCREMENTAL ?= 0
 # Open MPI for the mpi backend, libclang for bindgen in its mpi-sys build.
 # iproute2: the launcher's network-namespace machines (ip netns: tests/machines.rs,
 # tests/cluster.rs, torchrun across machines in tests/torch.rs).
-DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2
+# shellcheck: the scripts are checked by a test (backends/cuda-nccl/tests/scripts.rs).
+DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2 shellcheck
 
 .PHONY: setup build demo demo-light elastic-demo test lint fmt-check unit pjrt-setup
 
@@ -108,8 +109,21 @@ unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data minilm-setup
 
 # tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
 # separate cargo step so the default build never needs libtorch.
-test: setup pjrt-setup fmt-check lint unit tch-test
-	@echo "make test: all checks passed"
+# Every lane's output goes to TEST_LOG too; the last lines are one total
+# and each skipped test with its reason (scripts/test_totals.py). Under
+# make test a skip of what this Makefile's setup provides is a failure
+# (ACCEL_TEST_STRICT, as under CI); hardware no setup provides (a GPU) is
+# only listed.
+TEST_LOG := target/make-test.log
+SKIP_LOG := target/make-test-skips.log
+test: setup pjrt-setup fmt-check lint
+	@mkdir -p target && rm -f $(SKIP_LOG)
+	@set -o pipefail; export ACCEL_TEST_STRICT=1 ACCEL_SKIP_LOG="$(CURDIR)/$(SKIP_LOG)"; \
+	{ $(MAKE) --no-print-directory unit; u=$$?; $(MAKE) --no-print-directory tch-test; t=$$?; \
+	  [ $$u = 0 ] && [ $$t = 0 ]; } 2>&1 | tee $(TEST_LOG); rc=$$?; \
+	python3 scripts/test_totals.py $(TEST_LOG) $(SKIP_LOG); \
+	if [ $$rc = 0 ]; then echo "make test: all checks passed"; else echo "make test: failed (see $(TEST_LOG))"; fi; \
+	exit $$rc
 
 # ---- tch (libtorch) integration: a second workspace (docs/adr/0004) --------
 # make tch-setup   fetch libtorch 2.13.0 (CPU part) + the digits data set into

@@ -31,7 +31,7 @@ ENV_B=${ENV_B:-}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 echo "# $OP on $N ranks, $BACKEND, $ROUNDS rounds x $ITERS iterations; A: $A ${ENV_A:+($ENV_A)}; B: $B ${ENV_B:+($ENV_B)}; load: $(cut -d' ' -f1-3 /proc/loadavg)"
-for r in $(seq 1 "$ROUNDS"); do
+for _ in $(seq 1 "$ROUNDS"); do
   for v in A B; do
     bin=${!v}
     envs=ENV_$v

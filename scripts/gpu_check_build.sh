@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CARGO=${CARGO:-cargo}
 out=target/gpu-check
-feat=(--no-default-features --features cuda-nccl,xla)
+feat=(--no-default-features --features "cuda-nccl,xla")
 
 $CARGO build --release -p accel-launcher -p accel-conformance "${feat[@]}"
 $CARGO build --release -p accel-backend-cuda-nccl --example nccl_device_bench

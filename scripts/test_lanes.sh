@@ -12,7 +12,7 @@
 # builds. The waiting lane's output is printed whole when it ends; the exit
 # status is non-zero when any lane failed.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 CARGO=${CARGO:-cargo}
 waiting=(slurm cluster elastic machines)
 args=("$@" --no-fail-fast)
@@ -34,10 +34,14 @@ print("\n".join(sorted(names - skip)))
 log=$(mktemp -t accel-lane-XXXXXX.log)
 trap 'rm -f "$log"' EXIT
 start=$(date +%s)
-( "$CARGO" test "${args[@]}" $(printf -- '--test %s ' "${waiting[@]}") > "$log" 2>&1 ) &
+waiting_args=()
+for t in "${waiting[@]}"; do waiting_args+=(--test "$t"); done
+other_args=()
+for t in "${others[@]}"; do other_args+=(--test "$t"); done
+( "$CARGO" test "${args[@]}" "${waiting_args[@]}" > "$log" 2>&1 ) &
 lane=$!
 
-"$CARGO" test "${args[@]}" --lib --bins $(printf -- '--test %s ' "${others[@]}")
+"$CARGO" test "${args[@]}" --lib --bins "${other_args[@]}"
 main_rc=$?
 "$CARGO" test "${args[@]}" --doc
 doc_rc=$?

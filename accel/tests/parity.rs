@@ -123,9 +123,11 @@ fn a_live_rng_guard_blocks_nothing_and_rng_users_fail_at_once() {
     let mut guard = acc.rng().unwrap();
     let first = guard.next_u64();
     // Training methods that used to wait for the guard forever.
-    let _ = acc.accumulate_step(false);
+    let decision = acc.accumulate_step(false);
     let _ = acc.training_config();
-    assert!(acc.sync_gradients() || !acc.sync_gradients());
+    // One accumulation step (the default): every batch synchronises.
+    assert!(decision.sync_gradients);
+    assert_eq!(acc.sync_gradients(), decision.sync_gradients);
     acc.set_trigger();
     assert!(acc.check_trigger().unwrap());
     // Methods that need the generator say so at once.

@@ -36,7 +36,7 @@ impl Cluster {
                 .is_ok_and(|s| s.success())
         });
         if !root || !have {
-            skips::skip(&format!(
+            skips::skip_needs_root(&format!(
                 "a Slurm cluster needs root ({root}) and slurmd, slurmctld, srun, munged ({have}; `make slurm-setup`)"
             ));
             return None;

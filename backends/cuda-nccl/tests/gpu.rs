@@ -17,7 +17,7 @@ fn world() -> Option<NcclCommunicator> {
             std::env::var("ACCEL_REQUIRE_GPU").as_deref() != Ok("1"),
             "ACCEL_REQUIRE_GPU=1 but cuda-nccl is unavailable: {why}"
         );
-        eprintln!("skipped (no usable GPU): {why}");
+        accel_test_support::skips::skip_absent_hardware(&format!("no usable GPU: {why}"));
         return None;
     }
     Some(common::connect_one(Duration::from_secs(60)))

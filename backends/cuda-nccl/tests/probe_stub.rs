@@ -149,7 +149,10 @@ fn no_driver_library_is_a_reason_not_a_panic() {
     assert_quiet(&o);
     if o.json["available"] == true || !reason(&o).contains("libcuda.so") {
         // A real driver is installed system-wide: this case cannot be made.
-        eprintln!("skipped: this machine has a system libcuda ({})", o.json);
+        accel_test_support::skips::skip_absent_hardware(&format!(
+            "this machine has a system libcuda ({})",
+            o.json
+        ));
         return;
     }
     assert!(reason(&o).contains("was not found"), "{}", o.json);
@@ -274,7 +277,9 @@ fn child_link_dir() {
 #[test]
 fn connect_without_a_driver_is_unavailable_with_the_reason() {
     if accel_backend_cuda_nccl::inspect().unavailable.is_none() {
-        eprintln!("skipped: CUDA and NCCL are usable here (tests/gpu.rs covers it)");
+        accel_test_support::skips::skip_absent_hardware(
+            "CUDA and NCCL are usable here (tests/gpu.rs covers it)",
+        );
         return;
     }
     let store: std::sync::Arc<dyn accel_api::Store> =

@@ -62,7 +62,9 @@ const NOT_MAPPED: &[(&str, &str)] = &[
     ),
     (
         "cpu",
-        "accel launches -n processes on CPU backends already; choose one with --backend",
+        "accel launches -n processes on CPU backends already (choose one with --backend); \
+         an Accelerate script that must not use a GPU needs ACCELERATE_USE_CPU=1 in its \
+         environment (or `use_cpu: true` in the Accelerate config file accel reads)",
     ),
     (
         "use-deepspeed",
@@ -129,4 +131,18 @@ pub(super) fn unknown_flag(word: &std::ffi::OsStr) -> Option<Error> {
              starts with `-` needs a path, like ./{w})"
         )),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accelerates_cpu_flag_is_refused_naming_what_an_accelerate_script_needs() {
+        let e = unknown_flag(std::ffi::OsStr::new("--cpu")).expect("refused");
+        let text = e.to_string();
+        assert!(text.contains("`--cpu`"), "{text}");
+        assert!(text.contains("ACCELERATE_USE_CPU=1"), "{text}");
+        assert!(unknown_flag(std::ffi::OsStr::new("prog.py")).is_none());
+    }
 }
