@@ -15,6 +15,10 @@ export CARGO_INCREMENTAL ?= 0
 # shellcheck: the scripts are checked by a test (backends/cuda-nccl/tests/scripts.rs).
 DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2 shellcheck
 
+# The default workspace's features in lint and tests: the mpi engine in the
+# launcher and the pure-Rust demo (both need Open MPI, which setup installs).
+WORKSPACE_FEATURES := accel-launcher/mpi,accel-example-train/mpi
+
 .PHONY: setup build demo demo-light elastic-demo test lint fmt-check unit pjrt-setup
 
 setup:
@@ -54,8 +58,8 @@ fmt-check:
 lint: setup
 	python3 scripts/import_cycles.py
 	python3 scripts/line_cap.py
-	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --workspace --lib --features accel-launcher/mpi
-	$(CARGO) clippy --workspace --all-targets --features accel-launcher/mpi -- -D warnings
+	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --workspace --lib --features $(WORKSPACE_FEATURES)
+	$(CARGO) clippy --workspace --all-targets --features $(WORKSPACE_FEATURES) -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --all-targets -- -D warnings
 	$(CARGO) clippy -p accel -p accel-launcher --no-default-features --features cuda-nccl --all-targets -- -D warnings
 
@@ -105,7 +109,7 @@ slurm-setup:
 # a lane beside the rest: the same tests, sooner.
 # minilm-setup: the candle MiniLM example's test (examples/candle-minilm).
 unit: setup pjrt-setup venv-tb torch-venv slurm-setup digits-data minilm-setup
-	CARGO=$(CARGO) ./scripts/test_lanes.sh --workspace --features accel-launcher/mpi
+	CARGO=$(CARGO) ./scripts/test_lanes.sh --workspace --features $(WORKSPACE_FEATURES)
 
 # tch-test last: the libtorch workspace (set-up, fmt, clippy, tests), a
 # separate cargo step so the default build never needs libtorch.

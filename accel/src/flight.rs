@@ -138,7 +138,10 @@ pub fn snapshot(reason: &str) -> Dump {
         pid: std::process::id(),
         time_us: now_us(),
         groups,
-        ranks: crate::watch::watches().iter().map(|w| w.status()).collect(),
+        ranks: crate::watch::watches()
+            .iter()
+            .map(|w| w.status_with_phases())
+            .collect(),
     }
 }
 

@@ -227,6 +227,23 @@ pub struct OpStatus {
     pub time_us: u64,
 }
 
+/// How many phase spans a watch keeps for the trace's timeline (the last
+/// 40-odd steps of six phases).
+pub const PHASE_SPANS: usize = 256;
+
+/// One phase of one step as it ran: what `accel trace --timeline` draws.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PhaseSpan {
+    /// The step.
+    pub step: u64,
+    /// The phase.
+    pub phase: Phase,
+    /// When it began, in microseconds since the Unix epoch.
+    pub start_us: u64,
+    /// How long it ran, in microseconds.
+    pub dur_us: u64,
+}
+
 /// What a rank is doing, as its status file and a flight dump hold it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RankStatus {
@@ -258,6 +275,10 @@ pub struct RankStatus {
     /// Its straggler score at the last report.
     #[serde(default)]
     pub straggler: Option<StragglerMark>,
+    /// Its last [`PHASE_SPANS`] phase spans, oldest first: in flight dumps
+    /// only (status files leave them out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent_phases: Vec<PhaseSpan>,
 }
 
 #[derive(Debug)]
@@ -275,6 +296,8 @@ struct State {
     /// The loader's last batch began this step: idle after its optimizer step.
     closing: bool,
     straggler: Option<StragglerMark>,
+    /// The last [`PHASE_SPANS`] spans (allocated once).
+    spans: std::collections::VecDeque<PhaseSpan>,
 }
 
 /// One rank's clock: section, step, phases (see the module docs).
@@ -370,6 +393,7 @@ impl Watch {
                 window_steps: 0,
                 closing: false,
                 straggler: None,
+                spans: std::collections::VecDeque::with_capacity(PHASE_SPANS),
             }),
             status_dir: reporting.status.as_ref().map(|(_, d)| d.clone()),
         });
@@ -499,9 +523,21 @@ impl Watch {
     /// `phase` ran for `took`: added to this step's time; `previous` (from
     /// [`enter_phase`](Self::enter_phase)) becomes the running phase again.
     pub fn leave_phase(&self, phase: Phase, took: Duration, previous: Option<Phase>) {
+        let dur_us = took.as_micros() as u64;
+        let start_us = now_us().saturating_sub(dur_us);
         let mut s = self.lock();
-        s.current[phase.index()] += took.as_micros() as u64;
+        s.current[phase.index()] += dur_us;
         s.phase = previous;
+        if s.spans.len() == PHASE_SPANS {
+            s.spans.pop_front();
+        }
+        let step = s.step;
+        s.spans.push_back(PhaseSpan {
+            step,
+            phase,
+            start_us,
+            dur_us,
+        });
     }
 
     /// The last completed step's phase times and its number.
@@ -585,7 +621,16 @@ impl Watch {
             in_op,
             last_op,
             straggler: s.straggler,
+            recent_phases: Vec::new(),
         }
+    }
+
+    /// [`status`](Self::status) with its recent phase spans, for a flight
+    /// dump.
+    pub fn status_with_phases(&self) -> RankStatus {
+        let mut st = self.status();
+        st.recent_phases = self.lock().spans.iter().copied().collect();
+        st
     }
 
     /// The section past its bound now, if any: (section, step, phase,

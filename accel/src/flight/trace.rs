@@ -304,6 +304,18 @@ pub struct Trace {
     /// Ranks that wait for each other in a circle (sub-groups called in
     /// different orders), each circle once, smallest rank first.
     pub cycles: Vec<Vec<usize>>,
+    /// Each rank's recent step phases, where its dump holds them (the
+    /// training loop's; by rank).
+    pub phases: Vec<RankPhases>,
+}
+
+/// One rank's recent step phases, from its newest dump.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RankPhases {
+    /// The rank.
+    pub rank: usize,
+    /// Its spans, oldest first.
+    pub spans: Vec<crate::watch::PhaseSpan>,
 }
 
 /// Which dumps to read when a folder holds several runs or restarts.
@@ -405,6 +417,24 @@ pub fn analyze(files: &[DumpFile], select: &Select) -> Result<Trace> {
         .unwrap_or_default();
     let stuck = stuck_ranks(&groups);
     let cycles = cycles(&stuck);
+    let mut phases: BTreeMap<usize, RankPhases> = BTreeMap::new();
+    for f in newest_of.values() {
+        for st in f
+            .dump
+            .ranks
+            .iter()
+            .filter(|st| !st.recent_phases.is_empty())
+        {
+            phases.insert(
+                st.rank,
+                RankPhases {
+                    rank: st.rank,
+                    spans: st.recent_phases.clone(),
+                },
+            );
+        }
+    }
+    let phases = phases.into_values().collect();
     Ok(Trace {
         run_id,
         restart,
@@ -414,6 +444,7 @@ pub fn analyze(files: &[DumpFile], select: &Select) -> Result<Trace> {
         groups,
         stuck,
         cycles,
+        phases,
     })
 }
 
@@ -659,20 +690,27 @@ fn cycles(stuck: &[Stuck]) -> Vec<Vec<usize>> {
     found.into_iter().collect()
 }
 
+/// The thread of a rank's step phases on the timeline (below its groups').
+const PHASES_TID: usize = 10_000;
+
 /// The Chrome / Perfetto trace of `trace` (ui.perfetto.dev,
 /// chrome://tracing): one process per rank, one thread per group, one
 /// complete event per call (issue to end, or to the dump when it had not
-/// ended), an instant event at each dump. Times in microseconds from the
-/// first call.
+/// ended), an instant event at each dump, and a thread `steps` with one
+/// complete event per step phase where the dumps hold them. Times in
+/// microseconds from the first call or phase.
 pub fn timeline(trace: &Trace) -> serde_json::Value {
     use serde_json::json;
-    let t0 = trace
+    let calls = trace
         .groups
         .iter()
         .flat_map(|g| g.members.iter().flat_map(|m| m.calls.iter()))
-        .map(|c| c.issued_us)
-        .min()
-        .unwrap_or(0);
+        .map(|c| c.issued_us);
+    let spans = trace
+        .phases
+        .iter()
+        .flat_map(|p| p.spans.iter().map(|s| s.start_us));
+    let t0 = calls.chain(spans).min().unwrap_or(0);
     let rel = |t: u64| t.saturating_sub(t0);
     let mut events = Vec::new();
     let mut named_pids = BTreeSet::new();
@@ -725,6 +763,26 @@ pub fn timeline(trace: &Trace) -> serde_json::Value {
                     "pid": pid, "tid": tid, "ts": rel(m.dumped_us)}),
                 );
             }
+        }
+    }
+    for p in &trace.phases {
+        let pid = p.rank;
+        if named_pids.insert(pid) {
+            events.push(
+                json!({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                "ts": 0, "args": {"name": format!("rank {pid}")}}),
+            );
+        }
+        events.push(
+            json!({"ph": "M", "name": "thread_name", "pid": pid, "tid": PHASES_TID,
+            "ts": 0, "args": {"name": "steps (phases)"}}),
+        );
+        for s in &p.spans {
+            events.push(json!({
+                "ph": "X", "name": s.phase.name(), "cat": "phase", "pid": pid,
+                "tid": PHASES_TID, "ts": rel(s.start_us), "dur": s.dur_us,
+                "args": {"step": s.step},
+            }));
         }
     }
     json!({

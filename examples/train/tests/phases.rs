@@ -1,5 +1,6 @@
 //! Step phases, straggler scores and section timeouts, with the demo under
-//! `accel launch -n 3` on cpu-gloo (issue 40): a slow rank is the
+//! `accel launch -n 3` on cpu-gloo (and the stuck rank on mpi too, with the
+//! `mpi` feature; issue 40): a slow rank is the
 //! straggler of its phase in the trackers (JSON Lines, TensorBoard read
 //! back with TensorBoard's own reader), `accel top` reads the ranks'
 //! status files, and a rank stuck in compute past `ACCEL_TIMEOUT_STEP` ends
@@ -72,8 +73,13 @@ fn bounded(cmd: &mut Command) -> Output {
 
 /// `accel launch -n 3 --backend cpu-gloo -- train <args>` with `env`.
 fn launch3(env: &[(&str, &str)], args: &[&str]) -> Output {
+    launch3_on("cpu-gloo", env, args)
+}
+
+/// `accel launch -n 3 --backend BACKEND -- train <args>` with `env`.
+fn launch3_on(backend: &str, env: &[(&str, &str)], args: &[&str]) -> Output {
     let mut cmd = Command::new(accel_bin());
-    cmd.args(["launch", "-n", "3", "--backend", "cpu-gloo", "--"])
+    cmd.args(["launch", "-n", "3", "--backend", backend, "--"])
         .arg(env!("CARGO_BIN_EXE_train"))
         .args(args)
         .env("ACCEL_TIMEOUT", "60s");
@@ -223,12 +229,47 @@ print(json.dumps({tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in 
 }
 
 #[test]
-fn a_rank_stuck_in_compute_past_the_step_timeout_is_named_the_straggler_of_section_step() {
+fn gloo_a_rank_stuck_in_compute_past_the_step_timeout_is_named_the_straggler_of_section_step() {
+    let trace = stuck_in_compute("cpu-gloo");
+    // The launcher asked the two others to dump: both wait for rank 2.
+    let stuck = trace["stuck"].as_array().unwrap();
+    let waiting: Vec<u64> = stuck.iter().map(|s| s["rank"].as_u64().unwrap()).collect();
+    assert_eq!(
+        {
+            let mut w = waiting.clone();
+            w.sort_unstable();
+            w
+        },
+        vec![0, 1],
+        "{trace:#}"
+    );
+    for s in stuck {
+        assert_eq!(s["waiting_for_ranks"], serde_json::json!([2]), "{trace:#}");
+    }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn mpi_a_rank_stuck_in_compute_past_the_step_timeout_is_named_the_straggler_of_section_step() {
+    if !accel_test_support::skips::mpirun_or_skip() {
+        return;
+    }
+    // mpirun may end the others before they dump: rank 2's own dump and
+    // the root cause are what every launch path must give.
+    stuck_in_compute("mpi");
+}
+
+/// Rank 2 of 3 sleeps in its forward at step 3 under ACCEL_TIMEOUT_STEP=2s:
+/// the job ends (no hang), the root cause names rank 2 in section step,
+/// its dump says where it stood, and `accel trace --json` reads the dumps
+/// back naming the same. Returns the trace.
+fn stuck_in_compute(backend: &str) -> serde_json::Value {
     let tmp = tempfile::tempdir().unwrap();
     let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
     let dumps = p("dumps");
     let start = Instant::now();
-    let out = launch3(
+    let out = launch3_on(
+        backend,
         &[("ACCEL_TIMEOUT_STEP", "2s"), ("ACCEL_DUMP_DIR", &dumps)],
         &[
             "--epochs",
@@ -288,4 +329,19 @@ fn a_rank_stuck_in_compute_past_the_step_timeout_is_named_the_straggler_of_secti
         )
     );
     assert!(me.in_op.is_none() && me.last_step.is_some(), "{me:?}");
+    // accel trace --json reads the same folder back.
+    let o = bounded(Command::new(accel_bin()).args(["trace", "--json", &dumps]));
+    assert!(o.status.success(), "{}", text(&o));
+    let trace: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let two = trace["dumps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["rank"] == 2)
+        .unwrap_or_else(|| panic!("no dump of rank 2 in the trace: {trace:#}"));
+    assert!(
+        two["reason"].as_str().unwrap().contains("section step"),
+        "{trace:#}"
+    );
+    trace
 }

@@ -98,11 +98,81 @@ pub(super) fn base_env(s: &Settings, run_id: &str) -> WorkerEnv {
 
 /// The launcher's scratch folder, `<temp>/accel-<pid>-<hex>` (the
 /// attempts' error files, its record for `accel dump`), removed when the
-/// run ends.
+/// run ends. The folders of earlier launchers that ended without removing
+/// theirs (SIGKILL) are removed first.
 pub(super) fn scratch_dir() -> Result<PathBuf> {
+    remove_stale_scratch(&std::env::temp_dir());
     Ok(std::env::temp_dir().join(format!(
         "accel-{}-{}",
         std::process::id(),
         store::random_hex(4)?
     )))
+}
+
+/// Remove every `accel-<pid>-<8 hex>` folder in `temp` whose launcher is
+/// gone (no process `<pid>`). A pid reused by another process keeps its
+/// folder until that process ends too: a live launcher's files are never
+/// at risk. Best effort: a folder that cannot be removed is left.
+fn remove_stale_scratch(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = scratch_pid(&name.to_string_lossy()) else {
+            continue;
+        };
+        let alive = Path::new(&format!("/proc/{pid}")).exists();
+        if !alive && e.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The launcher pid in a scratch folder's name `accel-<pid>-<8 hex>`.
+fn scratch_pid(name: &str) -> Option<u32> {
+    let (pid, hex) = name.strip_prefix("accel-")?.split_once('-')?;
+    let hex_ok = hex.len() == 8 && hex.bytes().all(|b| b.is_ascii_hexdigit());
+    let pid_ok = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    (hex_ok && pid_ok).then(|| pid.parse().ok()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scratch_folders_of_gone_launchers_are_removed_and_others_kept() {
+        let temp = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        // This test's own process stands for a live launcher.
+        let live = format!("accel-{}-89abcdef", std::process::id());
+        let keep = [
+            "accel-dumps",
+            "accel-12-nothex!",
+            "accel-x-0123abcd",
+            "other-1-0123abcd",
+            &live,
+        ];
+        let stale = [format!("accel-{gone}-0123abcd")];
+        for n in keep
+            .iter()
+            .map(|s| s.to_string())
+            .chain(stale.iter().cloned())
+        {
+            std::fs::create_dir(temp.path().join(&n)).unwrap();
+            std::fs::write(temp.path().join(&n).join("error.json"), b"{}").unwrap();
+        }
+        remove_stale_scratch(temp.path());
+        for n in keep {
+            assert!(temp.path().join(n).is_dir(), "{n} was removed");
+        }
+        for n in &stale {
+            assert!(!temp.path().join(n).exists(), "{n} was kept");
+        }
+        assert_eq!(scratch_pid("accel-4242-0123abcd"), Some(4242));
+        assert_eq!(scratch_pid("accel-4242-0123abc"), None);
+    }
 }

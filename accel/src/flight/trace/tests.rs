@@ -307,6 +307,65 @@ fn the_timeline_is_a_chrome_trace_with_one_track_per_rank_and_group() {
 }
 
 #[test]
+fn the_timeline_draws_each_ranks_step_phases_from_its_dump() {
+    use crate::watch::{Phase, Reporting, SectionTimeouts, Watch};
+    let mut files = skipped(true);
+    for (i, f) in files.iter_mut().enumerate() {
+        let w = Watch::new(i, 3, SectionTimeouts::default(), Reporting::default());
+        for _ in 0..2 {
+            w.begin_step(false);
+            for p in [Phase::Forward, Phase::Backward] {
+                let before = w.enter_phase(p);
+                w.leave_phase(p, std::time::Duration::from_millis(5), before);
+            }
+        }
+        let st = w.status_with_phases();
+        assert_eq!(st.recent_phases.len(), 4);
+        assert_eq!(
+            w.status().recent_phases.len(),
+            0,
+            "status files leave them out"
+        );
+        f.dump.ranks = vec![st];
+    }
+    let t = run(&files);
+    assert_eq!(
+        t.phases.iter().map(|p| p.rank).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
+    let v = timeline(&t);
+    let events = v["traceEvents"].as_array().unwrap();
+    for rank in 0..3 {
+        let spans: Vec<(&str, u64, u64)> = events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["cat"] == "phase" && e["pid"] == rank)
+            .map(|e| {
+                let name = e["name"].as_str().unwrap();
+                (
+                    name,
+                    e["args"]["step"].as_u64().unwrap(),
+                    e["dur"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            spans,
+            [
+                ("forward", 1, 5_000),
+                ("backward", 1, 5_000),
+                ("forward", 2, 5_000),
+                ("backward", 2, 5_000)
+            ],
+            "rank {rank}"
+        );
+        let named = events
+            .iter()
+            .any(|e| e["ph"] == "M" && e["pid"] == rank && e["args"]["name"] == "steps (phases)");
+        assert!(named, "rank {rank} has no steps track");
+    }
+}
+
+#[test]
 fn dumps_read_back_from_a_folder() {
     let dir = tempfile::tempdir().unwrap();
     for f in skipped(true) {
