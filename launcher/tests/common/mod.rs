@@ -444,7 +444,7 @@ pub fn workspace_and_target() -> (&'static Path, &'static Path) {
 /// `target/<profile>/train` (examples/train) beside the `accel` under test,
 /// (re)built with cargo first, once per test process (a `cargo test -p
 /// accel-launcher` alone does not build it, and a stale one would test old
-/// code).
+/// code), with the mpi engine when the launcher has it.
 pub fn train_bin() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
@@ -458,6 +458,12 @@ pub fn train_bin() -> PathBuf {
                 .arg("--target-dir")
                 .arg(profile.parent().expect("target"))
                 .args(["-p", "accel-example-train"]);
+            // The features make test builds it with (its mpi engine when this
+            // launcher has one): a rebuild here replaces the binary other
+            // tests of the same run use (examples/train/tests/phases.rs).
+            if cfg!(feature = "mpi") {
+                cmd.args(["--features", "mpi"]);
+            }
             if profile.file_name().is_some_and(|f| f == "release") {
                 cmd.arg("--release");
             }
