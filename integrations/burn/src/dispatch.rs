@@ -384,17 +384,15 @@ impl<M: Module> Params<M> {
             err: None,
         };
         *guard = Some(module.map(&mut apply));
-        if let Some(e) = apply.err {
-            return Err(e);
-        }
+        let err = apply.err;
         let left: Vec<String> = pending.drain().map(|(n, _)| n).collect();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::internal(
+        match err {
+            Some(e) => Err(e),
+            None if left.is_empty() => Ok(()),
+            None => Err(Error::internal(
                 "dispatch",
                 format!("the module has no float parameters {left:?}"),
-            ))
+            )),
         }
     }
 }
