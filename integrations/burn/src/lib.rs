@@ -10,6 +10,7 @@
 //! |---|---|
 //! | [`BurnModel`] | a `Module`'s float parameters as the training loop's `Parameters`: named by their record paths, with their shapes and dtypes; burn's `GradientsParams` added into one host buffer per parameter (1 copy in), values written back into the module when accel changed them (1 copy out per step) |
 //! | [`BurnOptimizer`] | a burn optimizer (`Sgd`, `Adam`, `AdamW`, ...) stepping on the averaged gradients, only on synchronising batches, with its state in checkpoints (exact resume); also ZeRO's `ShardOptimizer` |
+//! | [`load_checkpoint_and_dispatch`] | big-model inference: a module's weights planned over device / host / disk budgets on accel-offload's shared pipeline, each block's offloaded record loaded into the module just before it runs ([`dispatch`]) |
 //!
 //! Gradient accumulation, `clip_grad_norm` / `clip_grad_value`, the fp16
 //! loss scaler and checkpoints are accel's own (the training loop works on
@@ -55,9 +56,11 @@
 #[doc = include_str!("../../../docs/burn.md")]
 pub struct DocsBurnMd;
 
+pub mod dispatch;
 mod host;
 mod model;
 mod optim;
 
+pub use dispatch::{load_checkpoint_and_dispatch, Dispatched};
 pub use model::BurnModel;
 pub use optim::BurnOptimizer;
