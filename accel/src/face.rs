@@ -33,6 +33,7 @@ const ALLOWED: &[&str] = &[
     "env_check",
     "flight",
     "install_panic_hook",
+    "mesh",
     "rank_eprintln",
     "rank_println",
     "rendezvous",

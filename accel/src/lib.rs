@@ -61,6 +61,7 @@ pub mod flight;
 #[cfg(test)]
 mod layering;
 mod lifeline;
+pub mod mesh;
 mod no_store;
 mod notice;
 mod panic_hook;

@@ -82,6 +82,7 @@ impl Accelerator {
         );
         Ok(Accelerator {
             extension: OnceLock::new(),
+            mesh: std::sync::Mutex::new(None),
             state,
             comm: Arc::from(comm),
             store,
@@ -124,6 +125,7 @@ impl Accelerator {
         )?;
         Ok(Accelerator {
             extension: OnceLock::new(),
+            mesh: std::sync::Mutex::new(None),
             state,
             comm,
             store,
