@@ -6,8 +6,8 @@
 //! flight recorder and timeout.
 //!
 //! [`ParallelismConfig`] holds Accelerate's sizes and their rules
-//! (`config.rs`); [`Accelerator::device_mesh`] builds the mesh once from
-//! the environment and keeps it.
+//! (`config.rs`); `Accelerator::device_mesh` (accelerator/mesh.rs) builds
+//! the mesh once from the environment and keeps it.
 
 mod config;
 
@@ -20,8 +20,6 @@ pub use config::{
     ParallelismConfig, CP_BACKEND_ENV, CP_SIZE_ENV, DP_REPLICATE_SIZE_ENV, DP_SHARD_SIZE_ENV,
     SP_SIZE_ENV, TP_SIZE_ENV,
 };
-
-use crate::Accelerator;
 
 /// The joint dimensions Accelerate flattens, each over the mesh's
 /// dimensions it names that are on (a joint with none is absent).
@@ -169,28 +167,6 @@ impl DeviceMesh {
             .with_op("device mesh")
             .with_fix("a dimension of size 1 is off: its group is absent")
         })
-    }
-}
-
-impl Accelerator {
-    /// The device mesh of this run, built on first use (collective: every
-    /// rank calls it first at the same point) from the configuration
-    /// `accelerate launch` exports (`PARALLELISM_CONFIG_*`), else plain
-    /// data parallel over the world, and kept.
-    ///
-    /// # Errors
-    /// The environment's and the configuration's
-    /// ([`ParallelismConfig::from_env`], [`DeviceMesh::new`]), the same on
-    /// every rank.
-    pub fn device_mesh(&self) -> Result<Arc<DeviceMesh>> {
-        let mut slot = accel_api::sync::lock(&self.mesh);
-        if let Some(m) = slot.as_ref() {
-            return Ok(m.clone());
-        }
-        let config = ParallelismConfig::from_env()?.unwrap_or_default();
-        let mesh = Arc::new(DeviceMesh::new(self.comm(), config)?);
-        *slot = Some(mesh.clone());
-        Ok(mesh)
     }
 }
 
