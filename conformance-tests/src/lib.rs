@@ -54,6 +54,7 @@ pub mod data;
 mod failures;
 pub mod fixtures;
 pub mod harness;
+mod mesh_scenarios;
 pub mod oracle;
 mod prop;
 mod runtime;
@@ -78,6 +79,7 @@ pub use threads::{
 /// runtime built on them, failure behaviour, then the training loop.
 pub fn all_scenarios() -> Vec<Scenario> {
     let mut all = collectives::scenarios();
+    all.extend(mesh_scenarios::scenarios());
     all.extend(runtime::scenarios());
     all.extend(failures::scenarios());
     all.extend(async_scenarios::scenarios());

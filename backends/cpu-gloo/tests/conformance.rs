@@ -20,6 +20,7 @@ accel_conformance::conformance_tests!(
         all_reduce_multi_mib,
         barrier_ordering,
         split_subgroups,
+        mesh_groups,
         varsize_gather,
         pad_across_processes,
         objects,
