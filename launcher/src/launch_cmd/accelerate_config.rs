@@ -79,7 +79,9 @@ const REFUSED: &[(&str, &str)] = &[
     ),
     (
         "parallelism_config",
-        "accel does not set up Accelerate's tensor, context or pipeline parallel meshes",
+        "accel does not read this section yet: give the sizes as accel launch \
+         --parallelism-config-dp-shard-size N (and its siblings), which export \
+         PARALLELISM_CONFIG_* as accelerate launch does",
     ),
     (
         "mpirun_config",

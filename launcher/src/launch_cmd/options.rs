@@ -258,6 +258,35 @@ pub struct Options {
           value_name = "K", allow_negative_numbers = true, value_parser = parse_steps)]
     pub gradient_accumulation_steps: Option<usize>,
 
+    /// Accelerate's ParallelismConfig (`--parallelism_config_*`): replicas
+    /// of the model, exported to the workers as
+    /// PARALLELISM_CONFIG_DP_REPLICATE_SIZE (read by accel::mesh and by
+    /// Accelerate scripts); the sizes must multiply to the world size.
+    #[arg(long = "parallelism-config-dp-replicate-size",
+          aliases = ["parallelism_config_dp_replicate_size"], value_name = "N")]
+    pub pc_dp_replicate: Option<usize>,
+
+    /// Ranks one replica is sharded over (PARALLELISM_CONFIG_DP_SHARD_SIZE).
+    #[arg(long = "parallelism-config-dp-shard-size",
+          aliases = ["parallelism_config_dp_shard_size"], value_name = "N")]
+    pub pc_dp_shard: Option<usize>,
+
+    /// Tensor-parallel ranks (PARALLELISM_CONFIG_TP_SIZE).
+    #[arg(long = "parallelism-config-tp-size",
+          aliases = ["parallelism_config_tp_size"], value_name = "N")]
+    pub pc_tp: Option<usize>,
+
+    /// Context-parallel ranks (PARALLELISM_CONFIG_CP_SIZE; above 1 refused:
+    /// not supported yet).
+    #[arg(long = "parallelism-config-cp-size",
+          aliases = ["parallelism_config_cp_size"], value_name = "N")]
+    pub pc_cp: Option<usize>,
+
+    /// Accelerate's switch for the sizes above; accel uses them whenever one
+    /// is given, so it changes nothing.
+    #[arg(long = "use-parallelism-config", aliases = ["use_parallelism_config"])]
+    pub use_parallelism_config: bool,
+
     /// Also write each rank's output to DIR/rank-N.log; or torchrun's
     /// `--tee 0-3` (none, stdout, stderr, both; per local rank as
     /// `0:3,1:1`): those streams also to --log-dir's
@@ -342,6 +371,11 @@ impl Options {
             gradient_accumulation_steps: self
                 .gradient_accumulation_steps
                 .or(lower.gradient_accumulation_steps),
+            pc_dp_replicate: self.pc_dp_replicate.or(lower.pc_dp_replicate),
+            pc_dp_shard: self.pc_dp_shard.or(lower.pc_dp_shard),
+            pc_tp: self.pc_tp.or(lower.pc_tp),
+            pc_cp: self.pc_cp.or(lower.pc_cp),
+            use_parallelism_config: self.use_parallelism_config || lower.use_parallelism_config,
             tee: self.tee.or(lower.tee),
             log_dir: self.log_dir.or(lower.log_dir),
             redirects: self.redirects.or(lower.redirects),

@@ -182,6 +182,9 @@ pub struct Settings {
     /// Variables of Accelerate's config file for the workers
     /// (ACCELERATE_USE_CPU, ACCELERATE_DEBUG_MODE).
     pub extra_env: Vec<(String, String)>,
+    /// Accelerate's ParallelismConfig from the `--parallelism-config-*`
+    /// flags, checked against the world size; exported to the workers.
+    pub parallelism: Option<accel::mesh::ParallelismConfig>,
 }
 
 impl Settings {
@@ -247,6 +250,7 @@ impl Settings {
         }
         let mut s = Settings::resolve(o)?;
         s.extra_env = extra_env;
+        s.extra_env.extend(s.parallelism_env());
         Ok(s)
     }
 
@@ -257,6 +261,7 @@ impl Settings {
     /// [`ErrorKind::InvalidConfig`] with the flag to fix.
     pub fn resolve(o: Options) -> Result<Settings> {
         let (machines, nproc, machine_rank) = processes(&o)?;
+        let parallelism = parallelism(&o, machines, nproc)?;
         let timeout = timeout(&o)?;
         let token = token(&o)?;
         let (main_addr, main_port, token) = endpoint(&o, machines.max, token)?;
@@ -303,7 +308,24 @@ impl Settings {
             join_timeout: o.join_timeout.unwrap_or(timeout),
             run_id: o.run_id,
             extra_env: Vec::new(),
+            parallelism,
         })
+    }
+
+    /// What the workers get for [`parallelism`](Self::parallelism):
+    /// Accelerate's variables, as `accelerate launch` exports them.
+    pub fn parallelism_env(&self) -> Vec<(String, String)> {
+        use accel::mesh::{CP_SIZE_ENV, DP_REPLICATE_SIZE_ENV, DP_SHARD_SIZE_ENV, TP_SIZE_ENV};
+        let Some(p) = self.parallelism else {
+            return Vec::new();
+        };
+        vec![
+            ("ACCELERATE_USE_PARALLELISM_CONFIG".into(), "true".into()),
+            (DP_REPLICATE_SIZE_ENV.into(), p.dp_replicate.to_string()),
+            (DP_SHARD_SIZE_ENV.into(), p.dp_shard.to_string()),
+            (TP_SIZE_ENV.into(), p.tp.to_string()),
+            (CP_SIZE_ENV.into(), p.cp.to_string()),
+        ]
     }
 
     /// This machine's part in a run over several machines, for
@@ -624,6 +646,41 @@ fn bad(flag: &str, value: &str, why: &str) -> Error {
     Error::invalid_config(flag, value, why)
 }
 
+/// The `--parallelism-config-*` sizes, each 1 when not given; `None` when
+/// none is. Checked against the world size unless the run is elastic (its
+/// workers check it against theirs), so a wrong product fails here, before
+/// any worker starts.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming the flags and the rule.
+fn parallelism(
+    o: &Options,
+    machines: MachineCount,
+    nproc: usize,
+) -> Result<Option<accel::mesh::ParallelismConfig>> {
+    let sizes = [o.pc_dp_replicate, o.pc_dp_shard, o.pc_tp, o.pc_cp];
+    if sizes.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    let [dp_replicate, dp_shard, tp, cp] = sizes.map(|s| s.unwrap_or(1));
+    let p = accel::mesh::ParallelismConfig {
+        dp_replicate,
+        dp_shard,
+        tp,
+        cp,
+    };
+    if machines.min == machines.max {
+        p.for_world(nproc * machines.max).map_err(|e| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                format!("--parallelism-config-*: {}", e.message()),
+            )
+            .with_fix(e.fix().unwrap_or_default().to_string())
+        })?;
+    }
+    Ok(Some(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -844,5 +901,45 @@ mod tests {
         assert!(s.ranks.unwrap().shows(0));
         let s = Settings::resolve(Options::default()).unwrap();
         assert_eq!((s.main_addr.as_str(), s.main_port), ("127.0.0.1", 0));
+    }
+
+    #[test]
+    fn parallelism_flags_are_checked_against_the_world_and_exported_as_accelerate_does() {
+        let opts = |n: usize, shard: Option<usize>, tp: Option<usize>| Options {
+            num_processes: Some(n),
+            pc_dp_shard: shard,
+            pc_tp: tp,
+            ..Options::default()
+        };
+        let s = Settings::resolve(opts(4, Some(2), Some(2))).unwrap();
+        let p = s.parallelism.unwrap();
+        assert_eq!((p.dp_replicate, p.dp_shard, p.tp, p.cp), (1, 2, 2, 1));
+        let env = s.parallelism_env();
+        for (k, v) in [
+            ("ACCELERATE_USE_PARALLELISM_CONFIG", "true"),
+            ("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "1"),
+            ("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2"),
+            ("PARALLELISM_CONFIG_TP_SIZE", "2"),
+            ("PARALLELISM_CONFIG_CP_SIZE", "1"),
+        ] {
+            assert!(
+                env.contains(&(k.to_string(), v.to_string())),
+                "{k}={v} in {env:?}"
+            );
+        }
+        // None given: nothing exported.
+        let s = Settings::resolve(opts(4, None, None)).unwrap();
+        assert_eq!(s.parallelism, None);
+        assert!(s.parallelism_env().is_empty());
+        // A product other than the world, and Accelerate's TP rule: refused
+        // before any worker starts, naming the flags.
+        let e = Settings::resolve(opts(3, Some(2), Some(2))).unwrap_err();
+        assert_eq!(e.kind(), &ErrorKind::InvalidConfig);
+        assert!(e.to_string().contains("--parallelism-config-*"), "{e}");
+        assert!(e.to_string().contains("but the run has 3"), "{e}");
+        let mut o = opts(4, None, Some(2));
+        o.pc_dp_replicate = Some(2);
+        let e = Settings::resolve(o).unwrap_err();
+        assert!(e.to_string().contains("pure replication"), "{e}");
     }
 }
