@@ -250,6 +250,9 @@ fn gloo_a_rank_stuck_in_compute_past_the_step_timeout_is_named_the_straggler_of_
 
 #[cfg(feature = "mpi")]
 #[test]
+#[ignore = "under mpirun this run outlived its 120 s bound once in a clean CI run (rank 2's \
+            exit after its section timeout is the suspect), while passing in 3 s every time \
+            here: kept out of make test until that is understood (issue 40)"]
 fn mpi_a_rank_stuck_in_compute_past_the_step_timeout_is_named_the_straggler_of_section_step() {
     if !accel_test_support::skips::mpirun_or_skip() {
         return;
