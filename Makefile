@@ -185,7 +185,7 @@ digits-data:
 
 demo-candle: digits-data
 	$(CARGO) build --release -p accel-launcher -p accel-example-candle-digits
-	DEMO_LAUNCH="$(DEMO_LAUNCH)" ./scripts/demo_candle.sh $(ARGS)
+	DEMO_LAUNCH="$(DEMO_LAUNCH)" ./scripts/demo_digits.sh candle $(ARGS)
 
 # ---- burn integration (integrations/burn, default workspace: ADR 0035) ----
 # make demo-burn    the burn digits demo on 2 ranks through accel launch, as
@@ -197,7 +197,7 @@ demo-candle: digits-data
 .PHONY: demo-burn
 demo-burn: digits-data
 	$(CARGO) build --release -p accel-launcher -p accel-example-burn-digits
-	DEMO_LAUNCH="$(DEMO_LAUNCH)" ./scripts/demo_burn.sh $(ARGS)
+	DEMO_LAUNCH="$(DEMO_LAUNCH)" ./scripts/demo_digits.sh burn $(ARGS)
 
 # Two processes, so that each peak resident memory is its own run's. A fixed
 # glibc mmap threshold returns each released block to the system at once

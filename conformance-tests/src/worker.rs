@@ -117,3 +117,60 @@ fn run(scenarios: &[Scenario]) -> accel_api::Result<()> {
     }
     Ok(())
 }
+
+/// A framework's conformance test binary (`harness = false`), whole: as a
+/// worker (under [`OUT_ENV`]) it runs `M`'s model scenarios on one rank;
+/// as a test it answers libtest's `--list` and name filters for its one
+/// test `{framework}_conformance_matrix`, runs the scenarios on every CPU
+/// column of the matrix ([`harness::cpu_columns`](crate::harness::cpu_columns))
+/// with itself as the worker, prints the matrix, and fails on any failure
+/// or any column that did not run every scenario. `workspace` is the
+/// repository root, `target` the cargo target folder.
+pub fn framework_main<M: crate::ScenarioModel>(
+    framework: &str,
+    workspace: &std::path::Path,
+    target: &std::path::Path,
+) -> ExitCode {
+    let scenarios = crate::model_scenarios::<M>();
+    if std::env::var_os(OUT_ENV).is_some() {
+        return main_with(&scenarios); // one rank
+    }
+    let name = format!("{framework}_conformance_matrix");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--list") {
+        println!("{name}: test");
+        return ExitCode::SUCCESS;
+    }
+    // `cargo test -p accel-candle zero` runs every test binary with the
+    // filter `zero`: one that is not part of the name skips it.
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+        println!("{name}: filtered out");
+        return ExitCode::SUCCESS;
+    }
+    let me = std::env::current_exe().expect("the test binary's path");
+    let specs =
+        crate::harness::cpu_columns(&me, workspace, target).unwrap_or_else(|e| panic!("{e}"));
+    let matrix = crate::harness::Matrix::run_jobs(&specs, 3);
+    println!("{}", matrix.render());
+    let s = matrix.summary();
+    let names = scenarios.len();
+    let ok = s.failed == 0 && s.passed > 0;
+    // Every column ran every scenario (a world that did not run would
+    // count nothing, neither pass nor failure).
+    let complete = matrix.worlds.iter().all(|w| w.results.len() == names);
+    if !ok || !complete {
+        eprintln!(
+            "{framework} conformance: {} failed, {} passed; every column ran all {names} scenarios: {complete}",
+            s.failed, s.passed
+        );
+        return ExitCode::FAILURE;
+    }
+    println!(
+        "{framework} conformance: {} passed, {} skipped over {} columns",
+        s.passed,
+        s.skipped,
+        specs.len()
+    );
+    ExitCode::SUCCESS
+}

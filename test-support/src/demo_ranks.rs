@@ -174,3 +174,60 @@ pub fn stop_and_resume(
     );
     (full, stopped, resumed)
 }
+
+/// The tests the pure-Rust digits demos (candle's, burn's) share, on 2
+/// ranks over cpu-gloo with one rayon thread per rank: a run stopped 3
+/// optimizer steps after a checkpoint and resumed ends bit-identical to an
+/// uninterrupted one, and 10 epochs reach 95 % held out with the weights
+/// saved. Defines `data()`, `run(store, args)` and `accuracy_of(stdout)` for
+/// the crate's other tests. `$exe`: the demo's binary
+/// (`env!("CARGO_BIN_EXE_...")`); `$data`: its data set's default path.
+#[macro_export]
+macro_rules! digits_demo_tests {
+    (exe = $exe:expr, data = $data:expr $(,)?) => {
+        const LIMIT: std::time::Duration = std::time::Duration::from_secs(240);
+
+        fn data() -> std::path::PathBuf {
+            $crate::demo_ranks::digits_data($data)
+        }
+
+        /// Run the demo on 2 ranks over cpu-gloo; rank 0's stdout.
+        fn run(store: &std::path::Path, args: &[String]) -> String {
+            $crate::demo_ranks::run_ranks($exe, 2, "cpu-gloo", store, args, LIMIT, |cmd| {
+                // One rayon thread per rank on a small machine.
+                cmd.env("RAYON_NUM_THREADS", "1");
+            })
+        }
+
+        /// The held-out accuracy (percent) on rank 0's final line, which
+        /// must count all 360 held-out images.
+        fn accuracy_of(out: &str) -> f64 {
+            let last = $crate::demo_ranks::final_line(out);
+            assert!(last.contains("over 360 held-out images"), "{last}");
+            $crate::demo_ranks::accuracy_in(last)
+        }
+
+        #[test]
+        fn stopped_and_resumed_run_ends_bit_identical() {
+            use $crate::demo_ranks::checksum_of;
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (full, stopped, resumed) =
+                $crate::demo_ranks::stop_and_resume(dir.path(), &data(), run, |_, _| Vec::new());
+            assert_ne!(checksum_of(&stopped), checksum_of(&full));
+            assert!(resumed.contains("at step 8"), "{resumed}");
+        }
+
+        #[test]
+        fn two_ranks_reach_95_percent_held_out_in_10_epochs() {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let list = ["--epochs", "10", "--save-every", "0"];
+            let mut a = $crate::demo_ranks::demo_args(&list, &data(), &dir.path().join("ck"));
+            a.push("--save-model".into());
+            a.push(dir.path().join("weights").display().to_string());
+            let out = run(&dir.path().join("store"), &a);
+            let acc = accuracy_of(&out);
+            assert!(acc >= 95.0, "accuracy {acc}% after 10 epochs:\n{out}");
+            assert!(dir.path().join("weights/model.safetensors").is_file());
+        }
+    };
+}

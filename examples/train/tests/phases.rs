@@ -14,34 +14,11 @@ use std::time::{Duration, Instant};
 
 use accel_test_support::python;
 
-const LIMIT: Duration = Duration::from_secs(120);
+mod common;
 
-/// `target/<profile>/accel`, built with cargo when missing.
-fn accel_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("test exe");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target/<profile>")
-        .to_path_buf();
-    let bin = profile_dir.join("accel");
-    if bin.exists() {
-        return bin;
-    }
-    let target = profile_dir.parent().expect("target dir");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .and_then(Path::parent)
-        .expect("workspace root");
-    let mut args = vec!["-p", "accel-launcher"];
-    if profile_dir.file_name().and_then(|f| f.to_str()) == Some("release") {
-        args.push("--release");
-    }
-    if let Err(e) = accel_conformance::harness::cargo_build(workspace, target, &args) {
-        panic!("building accel-launcher failed: {e}");
-    }
-    bin
-}
+use common::accel_bin;
+
+const LIMIT: Duration = Duration::from_secs(120);
 
 /// Run `cmd` to its end under [`LIMIT`] (killed past it); its output.
 fn bounded(cmd: &mut Command) -> Output {

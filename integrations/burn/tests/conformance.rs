@@ -14,15 +14,14 @@
 //! test, `burn_conformance_matrix`, for libtest's `--list` and name
 //! filters).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use accel::train::{MixedPrecision, ParamMut, ParamRef, Parameters};
 use accel::zero::UnitGate;
 use accel_burn::BurnModel;
 use accel_conformance::fixtures::{Mlp, Sample, FEATURES};
-use accel_conformance::harness::{cpu_columns, Matrix};
-use accel_conformance::{model_scenarios, worker, ScenarioModel};
+use accel_conformance::{worker, ScenarioModel};
 use burn::module::{Module, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -142,56 +141,13 @@ impl Parameters for BurnMlp {
     }
 }
 
-/// The one test's name, for libtest's arguments: `--list` lists it, and a
-/// filter that is not part of it skips it.
-const NAME: &str = "burn_conformance_matrix";
-
 fn main() -> ExitCode {
-    let scenarios = model_scenarios::<BurnMlp>();
-    if std::env::var_os(worker::OUT_ENV).is_some() {
-        return worker::main_with(&scenarios);
-    }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        println!("{NAME}: test");
-        return ExitCode::SUCCESS;
-    }
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| NAME.contains(f.as_str())) {
-        println!("{NAME}: filtered out");
-        return ExitCode::SUCCESS;
-    }
-    let me = std::env::current_exe().expect("the test binary's path");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()
         .expect("workspace root");
-    let target: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR"))
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
-        .expect("target dir")
-        .to_path_buf();
-    let specs = cpu_columns(&me, &workspace, &target).unwrap_or_else(|e| panic!("{e}"));
-    let matrix = Matrix::run_jobs(&specs, 3);
-    let text = matrix.render();
-    println!("{text}");
-    let s = matrix.summary();
-    let names = scenarios.len();
-    let ok = s.failed == 0 && s.passed > 0;
-    // Every column ran every burn scenario (a world that did not run
-    // would count nothing, neither pass nor failure).
-    let complete = matrix.worlds.iter().all(|w| w.results.len() == names);
-    if !ok || !complete {
-        eprintln!(
-            "burn conformance: {} failed, {} passed; every column ran all {names} scenarios: {complete}",
-            s.failed, s.passed
-        );
-        return ExitCode::FAILURE;
-    }
-    println!(
-        "burn conformance: {} passed, {} skipped over {} columns",
-        s.passed,
-        s.skipped,
-        specs.len()
-    );
-    ExitCode::SUCCESS
+        .expect("target dir");
+    worker::framework_main::<BurnMlp>("burn", &workspace, target)
 }

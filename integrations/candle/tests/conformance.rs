@@ -15,15 +15,14 @@
 //! and name filters). The suite itself does not depend on candle, so no other
 //! backend's tests compile it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 
 use accel::train::{MixedPrecision, ParamMut, ParamRef, Parameters};
 use accel::zero::UnitGate;
 use accel_candle::{compute_var_builder, sequential_loss_and_grad, CandleModel, Link};
 use accel_conformance::fixtures::{Mlp, Sample, FEATURES, NAMES};
-use accel_conformance::harness::{cpu_columns, Matrix};
-use accel_conformance::{model_scenarios, worker, ScenarioModel};
+use accel_conformance::{worker, ScenarioModel};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{Linear, Module, VarBuilder, VarMap};
 
@@ -154,57 +153,13 @@ impl Parameters for CandleMlp {
     }
 }
 
-/// The one test's name, for libtest's arguments: `--list` lists it, and a
-/// filter that is not part of it skips it (`cargo test -p accel-candle
-/// zero` runs every test binary with the filter `zero`).
-const NAME: &str = "candle_conformance_matrix";
-
 fn main() -> ExitCode {
-    let scenarios = model_scenarios::<CandleMlp>();
-    if std::env::var_os(worker::OUT_ENV).is_some() {
-        return worker::main_with(&scenarios);
-    }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "--list") {
-        println!("{NAME}: test");
-        return ExitCode::SUCCESS;
-    }
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
-    if !filters.is_empty() && !filters.iter().any(|f| NAME.contains(f.as_str())) {
-        println!("{NAME}: filtered out");
-        return ExitCode::SUCCESS;
-    }
-    let me = std::env::current_exe().expect("the test binary's path");
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../..")
         .canonicalize()
         .expect("workspace root");
-    let target: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR"))
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
-        .expect("target dir")
-        .to_path_buf();
-    let specs = cpu_columns(&me, &workspace, &target).unwrap_or_else(|e| panic!("{e}"));
-    let matrix = Matrix::run_jobs(&specs, 3);
-    let text = matrix.render();
-    println!("{text}");
-    let s = matrix.summary();
-    let names = scenarios.len();
-    let ok = s.failed == 0 && s.passed > 0;
-    // Every column ran every candle scenario (a world that did not run
-    // would count nothing, neither pass nor failure).
-    let complete = matrix.worlds.iter().all(|w| w.results.len() == names);
-    if !ok || !complete {
-        eprintln!(
-            "candle conformance: {} failed, {} passed; every column ran all {names} scenarios: {complete}",
-            s.failed, s.passed
-        );
-        return ExitCode::FAILURE;
-    }
-    println!(
-        "candle conformance: {} passed, {} skipped over {} columns",
-        s.passed,
-        s.skipped,
-        specs.len()
-    );
-    ExitCode::SUCCESS
+        .expect("target dir");
+    worker::framework_main::<CandleMlp>("candle", &workspace, target)
 }
