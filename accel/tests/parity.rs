@@ -14,23 +14,6 @@ use common::{ranks, run_python, single, Data, Linear};
 
 // ------------------------------------------------------------------ helpers
 
-/// A Python interpreter that can import `module`: `ACCEL_PYTHON`, else the
-/// workspace's `.venv-tb` (made by `make test`). `None` prints why; under
-/// CI a missing module fails the test instead (the Makefile installs it).
-fn python_with(module: &str) -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv-tb/bin/python");
-    let candidates: Vec<PathBuf> = std::env::var_os("ACCEL_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([venv])
-        .collect();
-    common::python_from(
-        candidates,
-        &format!("import {module}"),
-        "`make venv-tb` installs it",
-    )
-}
-
 /// Rewrite the manifest of `dir` after its files were edited (what a
 /// careful tamperer does, so the checksums alone do not catch it).
 fn reseal(dir: &Path) {
@@ -350,7 +333,7 @@ fn save_model_on_two_ranks_loads_on_three_and_on_one() {
     assert_eq!(params(&*one), want);
 
     // Python's safetensors reads the folder, and the index matches the files.
-    let Some(py) = python_with("safetensors") else {
+    let Some(py) = accel_test_support::python::venv_tb_python("safetensors") else {
         return;
     };
     let script = r#"
@@ -656,19 +639,9 @@ fn trackers_write_json_lines_and_tensorboard_events_on_the_main_process() {
     assert_eq!(events.len(), 1);
 
     // Read the scalars back with TensorBoard's own event reader.
-    let Some(py) = python_with("tensorboard") else {
+    let Some(got) = accel_test_support::python::tensorboard_scalars(&run) else {
         return;
     };
-    let script = r#"
-import json, sys
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-acc = EventAccumulator(sys.argv[1])
-acc.Reload()
-out = {tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
-print(json.dumps(out))
-"#;
-    let got: BTreeMap<String, Vec<(u64, Option<f64>)>> =
-        serde_json::from_str(&run_python(&py, script, &[&run]).replace("NaN", "null")).unwrap();
     let loss: Vec<(u64, Option<f64>)> = (0..5)
         .map(|s| (s, Some((1.0 / (s as f64 + 1.0)) as f32 as f64)))
         .chain([(5, None)])

@@ -64,3 +64,40 @@ pub fn run_python_file(py: &Path, script: &Path, args: &[&OsStr]) -> String {
     let what = script.display().to_string();
     String::from_utf8(child::output_ok(&mut cmd, &what).stdout).unwrap()
 }
+
+/// A Python that can import `module` (e.g. `tensorboard`): `$ACCEL_PYTHON`,
+/// else the workspace's `.venv-tb` (`make venv-tb`). `None` after a skip
+/// ([`python_from`]).
+pub fn venv_tb_python(module: &str) -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv-tb/bin/python");
+    let candidates = std::env::var_os("ACCEL_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([venv])
+        .collect();
+    python_from(
+        candidates,
+        &format!("import {module}"),
+        "`make venv-tb` installs it",
+    )
+}
+
+/// One tag's scalars in a TensorBoard run: (step, value), NaN as `None`.
+pub type Scalars = std::collections::BTreeMap<String, Vec<(u64, Option<f64>)>>;
+
+/// Every scalar of the TensorBoard event files in `dir`, read with
+/// TensorBoard's own reader; `None` after a skip when no Python has
+/// tensorboard ([`venv_tb_python`]).
+pub fn tensorboard_scalars(dir: &Path) -> Option<Scalars> {
+    let py = venv_tb_python("tensorboard")?;
+    let script = r#"
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1])
+acc.Reload()
+out = {tag: [[e.step, e.value] for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+print(json.dumps(out))
+"#;
+    let text = run_python(&py, script, &[dir]).replace("NaN", "null");
+    Some(serde_json::from_str(&text).expect("the reader's JSON"))
+}

@@ -3,7 +3,7 @@
 //! with the record paths, shapes and dtypes; `save_state` / `load_state`
 //! resuming a prepared model and burn AdamW exactly.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use accel::train::{Optimizer, Parameters, PreparedModel, PreparedOptimizer, TrainConfig};
 use accel::Accelerator;
@@ -68,17 +68,7 @@ fn values(model: &dyn Parameters) -> Vec<f32> {
 }
 
 fn python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.venv-tb/bin/python");
-    let candidates = std::env::var_os("ACCEL_PYTHON")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([venv])
-        .collect();
-    python::python_from(
-        candidates,
-        "import safetensors, numpy",
-        "`make venv-tb` installs it",
-    )
+    python::venv_tb_python("safetensors, numpy")
 }
 
 #[test]
