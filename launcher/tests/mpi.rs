@@ -572,3 +572,31 @@ fn kill_9_of_the_launcher_leaves_no_mpi_rank() {
         processes_with(&marker)
     );
 }
+
+/// Open MPI 4.1's mpirun can deadlock in its own shutdown after all its
+/// ranks ended, ignoring SIGTERM and never reaping them. A stand-in with
+/// that behaviour (two children that end, one with code 3, never reaped)
+/// under the guard: the guard ends it within seconds, says why, and ends
+/// with the failed child's code.
+#[test]
+fn the_guard_ends_an_mpirun_stuck_after_its_ranks_ended() {
+    let marker = format!("stuck-mpirun.{}", std::process::id());
+    let stuck = "import os, signal, sys, time\n\
+                 signal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+                 for code in (0, 3):\n    \
+                     if os.fork() == 0:\n        os._exit(code)\n\
+                 time.sleep(100)\n";
+    let start = Instant::now();
+    let run = run(
+        &owned(&["mpirun-guard", "--", "python3", "-c", stuck, &marker]),
+        Duration::from_secs(60),
+    );
+    run.code_is(3);
+    run.has_stderr("has not exited 5 s after all 2 of its ranks ended");
+    run.has_stderr("exit code 3");
+    assert!(start.elapsed() < Duration::from_secs(30), "{}", run.all());
+    assert!(
+        wait_for(|| processes_with(&marker) == 0, 10),
+        "the stuck stand-in outlived its guard"
+    );
+}
