@@ -3,6 +3,9 @@
 //! on cpu-gloo, all-reducing in a loop with a short collective timeout and
 //! a checkpoint every 5 steps. In the middle of it, one machine's link is
 //! cut, its launcher is killed, or it is frozen; or a machine never joins.
+//! The same faults (and one rank stopped or killed on machine 1) also hit
+//! ranks that all-reduce back to back (`accel flight-worker`), so that the
+//! fault lands inside a collective.
 //! Each run must end everywhere with the lost machine named as the root
 //! cause (not a rank that timed out waiting for it), no process left, and
 //! the newest checkpoint intact. Needs root and `ip netns`; skips with the
@@ -451,4 +454,210 @@ fn a_machine_that_joins_late_within_the_join_timeout_runs() {
             }
         },
     );
+}
+
+/// Machines 0-2 running `accel flight-worker --scenario steady`: ranks
+/// all-reducing back to back (in a collective almost all the time), with
+/// the collective timeout [`T`]. Returns once every rank has stepped.
+fn collectives_loop(c: &Cluster) -> Vec<Running> {
+    let t = format!("{T}s");
+    let prog = [
+        ACCEL,
+        "flight-worker",
+        "--scenario",
+        "steady",
+        "--steps",
+        "100000000",
+        "--step-ms",
+        "2",
+    ];
+    let runs: Vec<Running> = (0..MACHINES)
+        .map(|i| {
+            start(machine(
+                c,
+                i,
+                &["--join-timeout", "20s", "--timeout", &t],
+                &prog,
+            ))
+        })
+        .collect();
+    // Connected and stepping (the first all-reduce needs every rank).
+    std::thread::sleep(Duration::from_secs(4));
+    runs
+}
+
+/// What a fault leaves to undo once the machines that can end have ended.
+enum After {
+    Nothing,
+    /// Thaw machine `i` (frozen: it ends only once it runs again).
+    Thaw(usize),
+}
+
+/// The issue-43 faults, injected while the ranks are inside collectives:
+/// start [`collectives_loop`], apply `fault`, wait for every launcher
+/// (a frozen machine's after the others, once thawed), each with how long
+/// after the fault it ended.
+fn mid_collective(
+    name: &str,
+    fault: impl FnOnce(&Cluster) -> After,
+    check: impl FnOnce(&[(usize, Duration, Run)]),
+) {
+    let _one = ONE_LOOP.lock().unwrap_or_else(|p| p.into_inner());
+    on_cluster(name, |c| {
+        let runs = collectives_loop(c);
+        let after = fault(c);
+        let at = Instant::now();
+        let ends: Vec<(usize, Duration, Run)> = std::thread::scope(|s| {
+            let waits: Vec<_> = runs
+                .into_iter()
+                .map(|r| {
+                    s.spawn(move || {
+                        let r = r.finish(HARD);
+                        (at.elapsed(), r)
+                    })
+                })
+                .collect();
+            let mut ends = Vec::new();
+            let mut frozen = None;
+            for (i, w) in waits.into_iter().enumerate() {
+                match after {
+                    After::Thaw(f) if f == i => frozen = Some((i, w)),
+                    _ => {
+                        let (took, r) = w.join().expect("waiter");
+                        ends.push((i, took, r));
+                    }
+                }
+            }
+            if let Some((i, w)) = frozen {
+                c.thaw(i);
+                let (took, r) = w.join().expect("waiter");
+                ends.push((i, took, r));
+            }
+            ends
+        });
+        let v: Vec<String> = ends
+            .iter()
+            .map(|(i, d, _)| format!("machine {i} after {:.1}s", d.as_secs_f64()))
+            .collect();
+        eprintln!("{name}: launchers ended {} (from the fault)", v.join(", "));
+        check(&ends);
+    });
+}
+
+/// Machine `i` ended `took` after the fault, under `limit`.
+#[track_caller]
+fn ended_within(i: usize, took: Duration, limit: Duration, r: &Run) {
+    assert!(
+        took < limit,
+        "machine {i} ended {took:?} after the fault (limit {limit:?}):\n{}",
+        r.all()
+    );
+}
+
+/// Survivors name machine 2 as lost within timeout + 2 s (+ 1 s to
+/// settle); machine 2, cut off or frozen, names machine 0 within
+/// 2 × (timeout + 2 s) when it ends by itself.
+#[track_caller]
+fn machine_2_lost_everywhere(ends: &[(usize, Duration, Run)], cut_off_ends: bool) {
+    for (i, took, r) in ends {
+        if *i == 2 {
+            if cut_off_ends {
+                names_lost_machine(r, 0, "the cut machine");
+                ended_within(2, *took, Duration::from_secs(2 * (T + 2)), r);
+            }
+            continue;
+        }
+        names_lost_machine(r, 2, &format!("machine {i}"));
+        r.has_stderr(&format!("machine 2 (host {}, ranks 4-5) was lost", host()));
+        ended_within(*i, *took, Duration::from_secs(T + 2 + 1), r);
+    }
+}
+
+#[test]
+fn a_link_cut_mid_collective_names_the_cut_machine_everywhere() {
+    mid_collective(
+        "a_link_cut_mid_collective_names_the_cut_machine_everywhere",
+        |c| {
+            c.cut(2);
+            After::Nothing
+        },
+        |ends| machine_2_lost_everywhere(ends, true),
+    );
+}
+
+#[test]
+fn a_machine_frozen_mid_collective_is_named_by_the_others() {
+    mid_collective(
+        "a_machine_frozen_mid_collective_is_named_by_the_others",
+        |c| {
+            c.freeze(2);
+            After::Thaw(2)
+        },
+        |ends| {
+            // Thawed after the others ended, machine 2 finds machine 0's
+            // store gone and says it lost the others.
+            machine_2_lost_everywhere(ends, false);
+            let (_, _, r2) = ends.iter().find(|(i, _, _)| *i == 2).expect("machine 2");
+            names_lost_machine(r2, 0, "the thawed machine");
+        },
+    );
+}
+
+/// The pid of rank `rank` on machine `i` (its environment says `RANK`).
+fn rank_pid(c: &Cluster, i: usize, rank: usize) -> u32 {
+    let want = format!("RANK={rank}");
+    c.pids(i)
+        .into_iter()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .is_ok_and(|env| env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()))
+        })
+        .unwrap_or_else(|| panic!("no process of rank {rank} on machine {i}"))
+}
+
+/// Every machine's root cause names rank 3 (local rank 1 of machine 1),
+/// and every launcher ended within 2 × (timeout + 2 s) of the fault.
+#[track_caller]
+fn rank_3_named_everywhere(ends: &[(usize, Duration, Run)], says: &str) {
+    for (i, took, r) in ends {
+        r.has_stderr("==================== root cause ====================");
+        r.has_stderr("rank:      3 (local rank 1)");
+        r.has_stderr(" (machine 1)\n");
+        r.has_stderr(says);
+        r.lacks_stderr("machine lost");
+        ended_within(*i, *took, Duration::from_secs(2 * (T + 2)), r);
+    }
+}
+
+#[test]
+fn a_rank_stopped_on_another_machine_is_named_everywhere() {
+    mid_collective(
+        "a_rank_stopped_on_another_machine_is_named_everywhere",
+        |c| {
+            // The launcher continues it as it stops its workers.
+            kill_with(rank_pid(c, 1, 3), "-STOP");
+            After::Nothing
+        },
+        |ends| rank_3_named_everywhere(ends, "rank 3 did not arrive at all_reduce#"),
+    );
+}
+
+#[test]
+fn a_rank_killed_on_another_machine_is_named_everywhere() {
+    mid_collective(
+        "a_rank_killed_on_another_machine_is_named_everywhere",
+        |c| {
+            kill_with(rank_pid(c, 1, 3), "-KILL");
+            After::Nothing
+        },
+        |ends| rank_3_named_everywhere(ends, "SIGKILL"),
+    );
+}
+
+fn kill_with(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(ok, "kill {sig} {pid}");
 }

@@ -687,4 +687,18 @@ impl Coordinator for Machines {
         }
         read_stall(self.store.clone(), attempt)
     }
+
+    fn place(&self, rank: usize) -> Option<(usize, usize, String)> {
+        let slot = self
+            .plan
+            .as_ref()?
+            .machines
+            .iter()
+            .find(|m| (m.rank_offset..m.rank_offset + m.nproc).contains(&rank))?;
+        Some((
+            rank - slot.rank_offset,
+            slot.machine_rank,
+            slot.host.clone(),
+        ))
+    }
 }

@@ -128,6 +128,14 @@ pub trait Coordinator {
         let _ = attempt;
         None
     }
+
+    /// Where global `rank` runs when it runs on another machine of this
+    /// attempt: its local rank, machine and host. The default (one
+    /// machine) knows no other machine.
+    fn place(&self, rank: usize) -> Option<(usize, usize, String)> {
+        let _ = rank;
+        None
+    }
 }
 
 /// This machine's host name.

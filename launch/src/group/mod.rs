@@ -181,11 +181,17 @@ pub(crate) fn catches(pid: u32, sig: Signal) -> bool {
 /// reached: it is the program's own, and outlives the run.
 pub(crate) fn signal_group(pid: u32, sig: Signal, leader_alive: bool) {
     let p = Pid::from_raw(pid as i32);
-    // The whole group: the process and whatever it started.
-    let _ = killpg(p, sig);
-    // And the process itself, should it have left its group (setsid).
-    if leader_alive {
-        let _ = kill(p, sig);
+    // A stopped process (SIGSTOP, a debugger's stop) acts on SIGTERM only
+    // once continued: continue it, so that a stop ends it within the grace
+    // period instead of waiting for SIGKILL.
+    let stopping = matches!(sig, Signal::SIGTERM | Signal::SIGINT | Signal::SIGHUP);
+    for s in std::iter::once(sig).chain(stopping.then_some(Signal::SIGCONT)) {
+        // The whole group: the process and whatever it started.
+        let _ = killpg(p, s);
+        // And the process itself, should it have left its group (setsid).
+        if leader_alive {
+            let _ = kill(p, s);
+        }
     }
 }
 

@@ -33,8 +33,11 @@ use crate::running::{self, LauncherRecord};
 /// Point the root cause of a failed attempt at the rank the stall
 /// inspector found missing, instead of the first rank that timed out
 /// waiting for it (or instead of no rank at all, when mpirun named none).
+/// A missing rank on another machine is placed by `coord`; a machine lost
+/// stays the cause (the stall only witnessed it).
 fn blame_stall(
     group: &dyn ProcessGroup,
+    coord: &dyn Coordinator,
     attempt: &Attempt,
     settled: &mut Settled,
     stall: &report::Stall,
@@ -60,7 +63,8 @@ fn blame_stall(
             .contains(&rank)
             .then(|| group.rank_failure(attempt, rank - ranks.start, exit, &[]))
     };
-    let place = here(missing, Exit::Code { code: 1 }).map(|f| (f.local_rank, f.machine, f.host));
+    let local = here(missing, Exit::Code { code: 1 }).map(|f| (f.local_rank, f.machine, f.host));
+    let place = local.clone().or_else(|| coord.place(missing));
     let victim = match settled.root.take() {
         Some(v) => Some(v),
         None => here(
@@ -72,8 +76,8 @@ fn blame_stall(
     };
     settled.root = victim.map(|v| {
         let Some(place) = place else {
-            // The missing rank runs on another machine: keep the victim,
-            // and say who it waited for.
+            // The missing rank runs where this launcher cannot place it:
+            // keep the victim, and say who it waited for.
             let mut v = v;
             let said = v.error.take().or_else(|| v.stderr_tail.last().cloned());
             let mut e = format!(
@@ -96,7 +100,7 @@ fn blame_stall(
         };
         let mut f = Failure::blame_stall(v, stall, Some(place));
         // One process per rank: the blamed rank's own pid.
-        if group.kind() == "workers" {
+        if group.kind() == "workers" && local.is_some() {
             f.pid = workers.iter().find(|w| w.rank == f.rank).map(|w| w.pid);
         }
         f
@@ -227,7 +231,14 @@ pub fn run(
             };
             let mut settled = coord.settle(n, &attempt, result.outcome);
             if let Some(stall) = coord.stall(&attempt) {
-                blame_stall(&*group, &attempt, &mut settled, &stall, &result.workers);
+                blame_stall(
+                    &*group,
+                    &*coord,
+                    &attempt,
+                    &mut settled,
+                    &stall,
+                    &result.workers,
+                );
             }
             reports.push(AttemptReport {
                 attempt: n,
