@@ -13,7 +13,7 @@ export CARGO_INCREMENTAL ?= 0
 # iproute2: the launcher's network-namespace machines (ip netns: tests/machines.rs,
 # tests/cluster.rs, torchrun across machines in tests/torch.rs).
 # shellcheck: the scripts are checked by a test (backends/cuda-nccl/tests/scripts.rs).
-DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2 shellcheck
+DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2 shellcheck python3 openssl
 
 # The default workspace's features in lint and tests: the mpi engine in the
 # launcher and the pure-Rust demo (both need Open MPI, which setup installs).

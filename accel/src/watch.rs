@@ -275,6 +275,17 @@ pub struct RankStatus {
     /// Its straggler score at the last report.
     #[serde(default)]
     pub straggler: Option<StragglerMark>,
+    /// The values the main process last logged
+    /// ([`Accelerator::log`](crate::Accelerator::log)), by name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metrics: std::collections::BTreeMap<String, f64>,
+    /// The step those values were logged at.
+    #[serde(default)]
+    pub metrics_step: Option<u64>,
+    /// The run's total steps, when the program said
+    /// ([`Accelerator::set_total_steps`](crate::Accelerator::set_total_steps)).
+    #[serde(default)]
+    pub total_steps: Option<u64>,
     /// Its last [`PHASE_SPANS`] phase spans, oldest first: in flight dumps
     /// only (status files leave them out).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -298,6 +309,10 @@ struct State {
     straggler: Option<StragglerMark>,
     /// The last [`PHASE_SPANS`] spans (allocated once).
     spans: std::collections::VecDeque<PhaseSpan>,
+    /// The last logged values and their step; the total steps.
+    metrics: std::collections::BTreeMap<String, f64>,
+    metrics_step: Option<u64>,
+    total_steps: Option<u64>,
 }
 
 /// One rank's clock: section, step, phases (see the module docs).
@@ -394,6 +409,9 @@ impl Watch {
                 closing: false,
                 straggler: None,
                 spans: std::collections::VecDeque::with_capacity(PHASE_SPANS),
+                metrics: std::collections::BTreeMap::new(),
+                metrics_step: None,
+                total_steps: None,
             }),
             status_dir: reporting.status.as_ref().map(|(_, d)| d.clone()),
         });
@@ -621,8 +639,26 @@ impl Watch {
             in_op,
             last_op,
             straggler: s.straggler,
+            metrics: s.metrics.clone(),
+            metrics_step: s.metrics_step,
+            total_steps: s.total_steps,
             recent_phases: Vec::new(),
         }
+    }
+
+    /// Keep `values` logged at `step` for the status file (progress
+    /// reporters read them there).
+    pub(crate) fn set_metrics(&self, values: &[(&str, f64)], step: u64) {
+        let mut s = self.lock();
+        for (k, v) in values {
+            s.metrics.insert((*k).to_string(), *v);
+        }
+        s.metrics_step = Some(step);
+    }
+
+    /// Keep the run's total steps for the status file.
+    pub(crate) fn set_total_steps(&self, steps: u64) {
+        self.lock().total_steps = Some(steps);
     }
 
     /// [`status`](Self::status) with its recent phase spans, for a flight

@@ -39,7 +39,7 @@ mod processes;
 /// | metrics | `train/metrics.rs` | [`gather_for_metrics`](Self::gather_for_metrics), [`gather_for_metrics_rows`](Self::gather_for_metrics_rows), [`gather_objects_for_metrics`](Self::gather_objects_for_metrics) |
 /// | checkpoints | `train/checkpoint.rs` | [`register_for_checkpointing`](Self::register_for_checkpointing), [`save_iteration`](Self::save_iteration), [`set_save_iteration`](Self::set_save_iteration), [`save_state`](Self::save_state), [`save_state_to`](Self::save_state_to), [`latest_checkpoint`](Self::latest_checkpoint), [`load_state`](Self::load_state), [`load_latest_intact`](Self::load_latest_intact), [`load_weights`](Self::load_weights) |
 /// | model files (the Hugging Face layout) | `train/model_io.rs` | [`save_model`](Self::save_model), [`load_model`](Self::load_model), [`load_model_converting`](Self::load_model_converting) |
-/// | trackers | `train/trackers.rs` | [`init_trackers`](Self::init_trackers), [`add_tracker`](Self::add_tracker), [`trackers`](Self::trackers), [`log`](Self::log), [`end_training`](Self::end_training) |
+/// | trackers | `train/trackers.rs` | [`init_trackers`](Self::init_trackers), [`add_tracker`](Self::add_tracker), [`trackers`](Self::trackers), [`log`](Self::log), [`set_total_steps`](Self::set_total_steps), [`end_training`](Self::end_training) |
 /// | the device mesh | `accelerator/mesh.rs` | [`device_mesh`](Self::device_mesh) |
 /// | ZeRO sharding | `zero/accelerator.rs` | [`sharding`](Self::sharding), [`prepare_zero`](Self::prepare_zero), [`zero_step`](Self::zero_step) |
 pub struct Accelerator {

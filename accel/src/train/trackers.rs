@@ -363,6 +363,10 @@ impl Accelerator {
     /// # Errors
     /// The first tracker error (the others still get the values).
     pub fn log(&self, values: &[(&str, f64)], step: u64) -> Result<()> {
+        if self.is_main_process() {
+            // For progress reporters (the launcher's Kubeflow status posts).
+            self.watch().set_metrics(values, step);
+        }
         let mut first = None;
         for t in super::shared(self).trackers().iter_mut() {
             if let Err(e) = t.log(values, step) {
@@ -370,6 +374,14 @@ impl Accelerator {
             }
         }
         first.map_or(Ok(()), Err)
+    }
+
+    /// Say how many steps the run will take in all (a Hugging Face
+    /// `Trainer`'s `max_steps`): rank status files carry it, so that
+    /// `accel launch` can report progress and an ETA (Kubeflow Trainer's
+    /// status, docs/multi-machine.md). Not collective; never fails.
+    pub fn set_total_steps(&self, steps: u64) {
+        self.watch().set_total_steps(steps);
     }
 
     /// Flush and close every tracker (Accelerate's `end_training`); later

@@ -149,6 +149,7 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
     let total = steps_per_epoch * opts.epochs * acc.world_size() as u64;
     let mut sched = acc.prepare_scheduler(LinearSchedule::new(opts.lr, total / 10, total))?;
     let progress = Steps::register(acc);
+    acc.set_total_steps(steps_per_epoch * opts.epochs);
     if let Some(dir) = &opts.log_dir {
         let config = serde_json::json!({"lr": opts.lr, "batch_size": opts.batch_size});
         acc.init_trackers("train", dir, &["jsonl", "tensorboard"], &config)?;

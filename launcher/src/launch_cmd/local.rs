@@ -12,7 +12,7 @@ use accel_launch::{
 
 use super::args::finish;
 use super::settings::Settings;
-use super::shared::{base_env, scratch_dir, supervision};
+use super::shared::{base_env, scratch_dir, supervision, with_progress_posts};
 use super::{process_model, LaunchArgs};
 
 /// torchrun's OMP_NUM_THREADS policy: with several workers on a machine and
@@ -83,7 +83,9 @@ pub(super) fn launch(s: &Settings, args: &LaunchArgs, program: Program) -> Resul
         coord.scratch = scratch.clone();
         (Box::new(coord), format!("run {run_id}"))
     };
-    let out = accel_launch::run(&mut *group, &mut *coord, &sup, &label);
+    let out = with_progress_posts(&sup, || {
+        accel_launch::run(&mut *group, &mut *coord, &sup, &label)
+    })?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(finish(args, &out?))
 }

@@ -132,6 +132,7 @@ mod args;
 pub mod config;
 pub mod default_backend;
 mod flags;
+pub mod kubeflow;
 mod local;
 pub mod mpi;
 pub mod options;

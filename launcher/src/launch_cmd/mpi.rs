@@ -66,7 +66,7 @@ use accel_launch::{store, HostedStore, MpirunGroup};
 use super::args::{finish, resolve_program, LaunchArgs};
 use super::default_backend::Choice;
 use super::settings::Settings;
-use super::shared::{base_env, scratch_dir, supervision};
+use super::shared::{base_env, scratch_dir, supervision, with_progress_posts};
 
 /// `true` when the settings ask for the MPI launch path: `mpi` is the first
 /// backend of `--backend` / `ACCEL_BACKEND` / the config file.
@@ -250,7 +250,9 @@ pub fn launch(s: &Settings, args: &LaunchArgs, default: Option<&Choice>) -> Resu
     coord.scratch = scratch.clone();
     let label = format!("run {run_id} (mpirun, {total} ranks)");
     let sup = supervision(s, args, &scratch)?;
-    let out = accel_launch::run(&mut group, &mut coord, &sup, &label);
+    let out = with_progress_posts(&sup, || {
+        accel_launch::run(&mut group, &mut coord, &sup, &label)
+    })?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(finish(args, &out?))
 }

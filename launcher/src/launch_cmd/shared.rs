@@ -39,6 +39,25 @@ pub(super) fn supervision(s: &Settings, args: &LaunchArgs, scratch: &Path) -> Re
     })
 }
 
+/// Run `f` (the supervised run) with Kubeflow Trainer's progress posts
+/// when the pod has `KUBEFLOW_TRAINER_STATUS_URL` (the launcher whose
+/// machine runs rank 0 posts: only its dump folder has rank 0's status).
+///
+/// # Errors
+/// A malformed Kubeflow setting (URL, CA file, interval), before `f` runs.
+pub(super) fn with_progress_posts<T>(sup: &Supervision, f: impl FnOnce() -> T) -> Result<T> {
+    let target = super::kubeflow::Target::from_env(|k| std::env::var(k).ok())?;
+    let reporter = match (target, &sup.record) {
+        (Some(t), Some(record)) => Some(super::kubeflow::start(t, record.clone())?),
+        _ => None,
+    };
+    let out = f();
+    if let Some(r) = reporter {
+        r.finish();
+    }
+    Ok(out)
+}
+
 /// torchrun's log layout: a new run directory `RUN_ID_XXXXXXXX` (run id
 /// `none` when not given, as torchrun's --rdzv-id) in `base`, or in a new
 /// `torchelastic_XXXXXXXX` under the temporary directory, said on stderr.
