@@ -11,6 +11,8 @@
 
 use std::path::PathBuf;
 
+pub mod plain;
+
 use accel::train::{Batch, Optimizer, Parameters, StateDict};
 use accel::zero::UnitGate;
 use accel::{Accelerator, Error, ErrorKind, Result};
@@ -37,7 +39,7 @@ pub fn collate(images: Digits) -> Result<(Tensor, Tensor)> {
     Ok((x, y))
 }
 
-fn candle(e: candle_core::Error) -> Error {
+pub(crate) fn candle(e: candle_core::Error) -> Error {
     Error::new(ErrorKind::Backend, format!("candle: {e}"))
 }
 
@@ -275,7 +277,7 @@ impl DigitsEngine<CandleModel> for Engine<'_> {
     }
 }
 
-fn adamw(lr: f64) -> ParamsAdamW {
+pub(crate) fn adamw(lr: f64) -> ParamsAdamW {
     ParamsAdamW {
         lr,
         ..ParamsAdamW::default()

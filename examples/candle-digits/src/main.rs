@@ -27,13 +27,19 @@ const USAGE: &str =
                      [--save-every N] [--keep N] [--checkpoint-dir DIR]
                      [--resume] [--stop-after STEP] [--dump-params FILE]
                      [--max-grad-norm X] [--save-model DIR]
-                     [--mixed-precision no|bf16|fp16]";
+                     [--mixed-precision no|bf16|fp16] [--plain]";
 
-fn parse(args: &[String]) -> Result<(Options, Option<PathBuf>), String> {
+/// The flags, the parameters' dump file, and `--plain`: the same training
+/// in plain candle without accel (one process; for the integration's cost).
+type Parsed = (Options, Option<PathBuf>, bool);
+
+fn parse(args: &[String]) -> Result<Parsed, String> {
     let mut o = Options::default();
     let mut dump = None;
+    let mut plain = false;
     cli::read_flags(args, USAGE, |flag, flags| {
         match flag {
+            "--plain" => plain = true,
             "--optimizer" => o.optimizer = optimizer(&flags.value(flag)?)?,
             "--dump-params" => dump = Some(flags.path(flag)?),
             "--save-model" => o.own.save_model = Some(flags.path(flag)?),
@@ -44,7 +50,7 @@ fn parse(args: &[String]) -> Result<(Options, Option<PathBuf>), String> {
     if o.run.batch_size == 0 || o.run.accumulation == 0 {
         return Err("--batch-size and --accumulation must be at least 1".into());
     }
-    Ok((o, dump))
+    Ok((o, dump, plain))
 }
 
 fn optimizer(v: &str) -> Result<OptimizerChoice, String> {
@@ -61,7 +67,12 @@ fn optimizer(v: &str) -> Result<OptimizerChoice, String> {
 }
 
 fn main() -> ExitCode {
-    cli::main("candle-digits", parse, |(opts, dump)| {
+    cli::main("candle-digits", parse, |(opts, dump, plain)| {
+        if plain {
+            let r = accel_example_candle_digits::plain::train_plain(&opts.run)?;
+            println!("{}", r.line("candle"));
+            return Ok(());
+        }
         let acc = accel::Accelerator::new()?;
         if acc.is_main_process() {
             println!("{}", opts.banner(&acc));

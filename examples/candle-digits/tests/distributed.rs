@@ -41,3 +41,37 @@ fn two_ranks_learn_the_digits_with_bf16_compute_copies() {
     let acc = accuracy_of(&out);
     assert!(acc > 90.0, "accuracy {acc}% after 4 bf16 epochs:\n{out}");
 }
+
+/// `--plain` (the benchmark's twin without accel) trains the same model in
+/// one process: every optimizer step of 2 epochs (1,437 images, batch 16,
+/// 2 accumulation steps: 45 per epoch), ending below chance's loss.
+#[test]
+fn the_plain_candle_twin_trains_the_same_steps() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_candle-digits"))
+        .args([
+            "--plain",
+            "--epochs",
+            "2",
+            "--no-eval",
+            "--save-every",
+            "0",
+            "--data",
+        ])
+        .arg(data())
+        .output()
+        .expect("candle-digits");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("plain candle: 90 steps, loss "), "{text}");
+    let loss: f64 = text
+        .split("loss ")
+        .nth(1)
+        .and_then(|r| r.split(',').next())
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("no loss in {text}"));
+    assert!(loss < 10f64.ln(), "loss {loss} after 2 epochs: {text}");
+}

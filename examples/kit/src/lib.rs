@@ -7,7 +7,9 @@
 //!   parameter checksum, resume-or-start-fresh, the digits demos' common
 //!   settings and their final report;
 //! * [`train`]: the digits demos' training loop, over any engine;
-//! * [`cli`]: reading the flags of the demos' hand-written command lines.
+//! * [`cli`]: reading the flags of the demos' hand-written command lines;
+//! * [`plain`]: the same training without accel, for the integrations'
+//!   benchmark.
 //!
 //! It depends on `accel` and nothing of tch or candle, so the main
 //! workspace (candle-digits, train) and the libtorch one (tch-digits,
@@ -17,5 +19,6 @@
 
 pub mod cli;
 pub mod digits;
+pub mod plain;
 pub mod run;
 pub mod train;

@@ -9,6 +9,8 @@
 
 use std::path::PathBuf;
 
+pub mod plain;
+
 use accel::train::{Batch, Optimizer, Parameters, StateDict};
 use accel::zero::UnitGate;
 use accel::{Accelerator, Result};

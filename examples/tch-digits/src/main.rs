@@ -27,12 +27,15 @@ const USAGE: &str = "usage: tch-digits [--data FILE] [--epochs N] [--train-len N
                   [--save-every N] [--keep N] [--checkpoint-dir DIR]
                   [--resume] [--stop-after STEP] [--threads N]
                   [--log-dir DIR | --no-log] [--dump-params FILE]
-                  [--mixed-precision no|bf16|fp16] [--max-grad-norm X]";
+                  [--mixed-precision no|bf16|fp16] [--max-grad-norm X] [--plain]";
 
 struct Extra {
     threads: Option<i32>,
     /// Write the final parameters (little-endian f32, visiting order) here.
     dump_params: Option<PathBuf>,
+    /// The same training in plain tch without accel (one process; for the
+    /// integration's cost).
+    plain: bool,
 }
 
 fn parse(args: &[String]) -> Result<(Options, Extra), String> {
@@ -40,6 +43,7 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
     let mut x = Extra {
         threads: None,
         dump_params: None,
+        plain: false,
     };
     cli::read_flags(args, USAGE, |flag, flags| {
         match flag {
@@ -48,6 +52,7 @@ fn parse(args: &[String]) -> Result<(Options, Extra), String> {
             "--no-log" => o.own.log_dir = None,
             "--threads" => x.threads = Some(flags.num(flag)?),
             "--dump-params" => x.dump_params = Some(flags.path(flag)?),
+            "--plain" => x.plain = true,
             _ => return o.run.read_flag(flag, flags),
         }
         Ok(true)
@@ -65,6 +70,14 @@ fn optimizer(v: &str) -> Result<OptimizerChoice, String> {
 
 fn main() -> ExitCode {
     cli::main("tch-digits", parse, |(opts, extra)| {
+        if extra.plain {
+            if let Some(n) = extra.threads {
+                tch::set_num_threads(n);
+            }
+            let r = accel_example_tch_digits::plain::train_plain(&opts.run)?;
+            println!("{}", r.line("tch"));
+            return Ok(());
+        }
         let acc = accel::Accelerator::new()?;
         let threads = match extra.threads {
             Some(n) => {

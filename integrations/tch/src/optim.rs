@@ -192,12 +192,14 @@ impl Optimizer for AdamW {
             let v = exp_avg_sq
                 .entry(name.to_string())
                 .or_insert_with(|| vec![0.0; n]);
-            for i in 0..n {
-                let g = grad[i];
-                m[i] = b1 * m[i] + (1.0 - b1) * g;
-                v[i] = b2 * v[i] + (1.0 - b2) * g * g;
-                let w = value[i] * decay;
-                value[i] = w - step_size * m[i] / (v[i].sqrt() / bc2_sqrt + eps);
+            // Zipped slices, no index checks: the compiler vectorizes the
+            // loop (each element's arithmetic, and so its result, as before).
+            let moments = m.iter_mut().zip(v.iter_mut());
+            for ((w, &g), (m, v)) in value.iter_mut().zip(grad.iter()).zip(moments) {
+                *m = b1 * *m + (1.0 - b1) * g;
+                *v = b2 * *v + (1.0 - b2) * g * g;
+                let decayed = *w * decay;
+                *w = decayed - step_size * *m / (v.sqrt() / bc2_sqrt + eps);
             }
         });
         if let Some(e) = bad {
