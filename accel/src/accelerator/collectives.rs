@@ -57,7 +57,8 @@ impl Accelerator {
     /// Reduce `data` across ranks by name and return the result on every
     /// rank: `sum`, `mean` (or `avg`), `max`, `min` (and `prod`). Takes
     /// every [`Scalar`], so `u64` step counters and `bool` flags reduce too.
-    /// Collective.
+    /// Over the data-parallel ranks, as Accelerate's (the world without
+    /// tensor or context parallelism). Collective.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
@@ -68,7 +69,13 @@ impl Accelerator {
             .parse()
             .map_err(|e: Error| e.with_op("reduce").with_rank(self.rank()))?;
         let mut out = data.to_vec();
-        self.all_reduce(&mut out, op)?;
+        match self.data_parallel()? {
+            super::DataParallel::World => self.all_reduce(&mut out, op)?,
+            super::DataParallel::Group(dp) => {
+                T::all_reduce(&*dp, &mut out, op).map_err(|e| e.with_rank(self.rank()))?
+            }
+            super::DataParallel::Alone => {}
+        }
         Ok(out)
     }
 

@@ -80,9 +80,11 @@ impl Accelerator {
             %device,
             "accel connected"
         );
+        let parallelism = std::sync::Mutex::new(super::mesh::env_parallelism(&state)?);
         Ok(Accelerator {
             extension: OnceLock::new(),
             mesh: std::sync::Mutex::new(None),
+            parallelism,
             state,
             comm: Arc::from(comm),
             store,
@@ -123,9 +125,11 @@ impl Accelerator {
             &crate::flight::dump_dir(),
             crate::flight::dump_for_watch,
         )?;
+        let parallelism = std::sync::Mutex::new(super::mesh::env_parallelism(&state)?);
         Ok(Accelerator {
             extension: OnceLock::new(),
             mesh: std::sync::Mutex::new(None),
+            parallelism,
             state,
             comm,
             store,

@@ -60,9 +60,11 @@ impl Accelerator {
 
     /// This rank's contiguous share of `items`: `len / world_size` each, the
     /// first `len % world_size` ranks one more (Accelerate's
-    /// `split_between_processes`). Not collective.
+    /// `split_between_processes`). Over the data-parallel ranks (the ranks
+    /// of one tensor-parallel block get the same share). Not collective.
     pub fn split_between_processes<'a, T>(&self, items: &'a [T]) -> &'a [T] {
-        &items[self.state.split_range(items.len())]
+        let (rank, size) = self.data_parallel_place();
+        &items[accel_sharding::split_range(items.len(), size, rank)]
     }
 
     /// Like [`split_between_processes`](Self::split_between_processes), but
@@ -72,7 +74,8 @@ impl Accelerator {
     /// `[3, 4, 6]`, `[5, 6, 6]`). Empty `items` give empty shares (where
     /// Accelerate raises). Not collective.
     pub fn split_between_processes_padded<T: Clone>(&self, items: &[T]) -> Vec<T> {
-        accel_sharding::split_share(items, self.world_size(), self.rank(), true)
+        let (rank, size) = self.data_parallel_place();
+        accel_sharding::split_share(items, size, rank, true)
     }
 
     /// [`split_between_processes`](Self::split_between_processes) for a map
@@ -89,7 +92,8 @@ impl Accelerator {
         map: &std::collections::BTreeMap<K, Vec<T>>,
         apply_padding: bool,
     ) -> Result<std::collections::BTreeMap<K, Vec<T>>> {
-        accel_sharding::split_map(map, self.world_size(), self.rank(), apply_padding)
+        let (rank, size) = self.data_parallel_place();
+        accel_sharding::split_map(map, size, rank, apply_padding)
             .map_err(|e| e.with_rank(self.rank()))
     }
 

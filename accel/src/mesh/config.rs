@@ -125,6 +125,17 @@ impl ParallelismConfig {
         self.dp_replicate * self.dp_shard
     }
 
+    /// World rank `rank`'s index among the data-parallel ranks, and their
+    /// number: the mesh is row-major over `dp_replicate, dp_shard, cp, tp`,
+    /// so the ranks of one context- and tensor-parallel block (which see
+    /// the same batches) share an index.
+    pub fn data_parallel_place(&self, rank: usize) -> (usize, usize) {
+        (
+            rank / (self.cp.max(1) * self.tp.max(1)),
+            self.data_parallel_size(),
+        )
+    }
+
     /// This configuration for `world_size` ranks: checked, and, when every
     /// size is 1, the whole world as `dp_replicate` (plain data parallel,
     /// as Accelerate does).

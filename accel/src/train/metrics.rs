@@ -6,6 +6,7 @@ use accel_api::Result;
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::prepare::Batch;
+use crate::accelerator::DataParallel;
 use crate::{Accelerator, CollectivesExt, Scalar};
 
 impl Accelerator {
@@ -13,6 +14,8 @@ impl Accelerator {
     /// `even_batches` duplicated at the end of the epoch, so an epoch's
     /// gathers hold every sample exactly once, in order (Accelerate's
     /// `gather_for_metrics`). One element of `data` per sample of `batch`.
+    /// Over the data-parallel ranks (the world without tensor or context
+    /// parallelism; [`parallelism_config`](Self::parallelism_config)).
     /// Collective.
     ///
     /// # Behavior
@@ -37,7 +40,13 @@ impl Accelerator {
         row_len: usize,
         batch: &Batch<I>,
     ) -> Result<Vec<T>> {
-        let all = self.gather_varsize(data)?;
+        let all = match self.data_parallel()? {
+            DataParallel::World => self.gather_varsize(data)?,
+            DataParallel::Group(dp) => {
+                T::from_wire(dp.all_gather_varsize(&T::to_wire(data))?.concat())
+            }
+            DataParallel::Alone => data.to_vec(),
+        };
         Ok(accel_sharding::gather_for_metrics(
             all,
             batch.end_of_dataloader,
@@ -55,12 +64,14 @@ impl Accelerator {
         items: &[T],
         batch: &Batch<I>,
     ) -> Result<Vec<T>> {
-        let all: Vec<T> = self
-            .comm()
-            .gather_object(&items.to_vec())?
-            .into_iter()
-            .flatten()
-            .collect();
+        let all: Vec<T> = match self.data_parallel()? {
+            DataParallel::World => self.comm().gather_object(&items.to_vec())?,
+            DataParallel::Group(dp) => dp.gather_object(&items.to_vec())?,
+            DataParallel::Alone => vec![items.to_vec()],
+        }
+        .into_iter()
+        .flatten()
+        .collect();
         Ok(accel_sharding::gather_for_metrics(
             all,
             batch.end_of_dataloader,

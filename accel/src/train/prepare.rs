@@ -646,12 +646,14 @@ impl<D: Dataset> Prepare<PreparedLoader<D>> for DataLoader<D> {
             drop_last: self.drop_last,
             shuffle: self.shuffle,
             seed: self.seed,
-            num_processes: acc.world_size(),
+            // Over the data-parallel ranks: the ranks of one tensor-parallel
+            // block read the same batches.
+            num_processes: acc.data_parallel_place().1,
             split_batches,
             even_batches,
         };
-        let sharded =
-            ShardedLoader::new(config, acc.rank()).map_err(|e| e.with_rank(acc.rank()))?;
+        let sharded = ShardedLoader::new(config, acc.data_parallel_place().0)
+            .map_err(|e| e.with_rank(acc.rank()))?;
         Ok(PreparedLoader {
             loader: self,
             key: shared.next_key(Kind::Loader),

@@ -78,12 +78,6 @@ const REFUSED: &[(&str, &str)] = &[
         "accel does not drive Megatron-LM's tensor or pipeline parallelism",
     ),
     (
-        "parallelism_config",
-        "accel does not read this section yet: give the sizes as accel launch \
-         --parallelism-config-dp-shard-size N (and its siblings), which export \
-         PARALLELISM_CONFIG_* as accelerate launch does",
-    ),
-    (
         "mpirun_config",
         "accel starts MPI jobs itself: use --backend mpi with --hostfile FILE",
     ),
@@ -287,6 +281,7 @@ pub fn parse(text: &str, path: &Path) -> Result<AccelerateConfig> {
             "main_training_function" => {
                 ctx.opt_string(value)?;
             }
+            "parallelism_config" => parallelism_section(path, value, o)?,
             _ => match REFUSED.iter().find(|(k, _)| *k == key) {
                 Some((_, why)) => {
                     if !is_default(key, value) {
@@ -355,6 +350,68 @@ pub fn parse(text: &str, path: &Path) -> Result<AccelerateConfig> {
 
 /// `value` says nothing beyond the default of `key` (what `accelerate
 /// config` writes when the feature is off).
+/// Accelerate's `parallelism_config` section (what `accelerate config`
+/// writes: `parallelism_config_dp_replicate_size`, `_dp_shard_size`,
+/// `_tp_size`, `_cp_size`, and the context- and sequence-parallel
+/// settings) into the sizes of `accel launch --parallelism-config-*`, a
+/// layer below the flags. The settings accel does not drive are refused
+/// unless at their defaults.
+fn parallelism_section(path: &Path, value: &Yaml, o: &mut Options) -> Result<()> {
+    let map = match value {
+        Yaml::Null => return Ok(()),
+        Yaml::Hash(h) => h,
+        v => {
+            let ctx = Ctx {
+                path,
+                key: "parallelism_config",
+            };
+            return Err(ctx.wrong_type("a mapping of parallelism_config_* keys", v));
+        }
+    };
+    for (k, v) in map {
+        let name = k.as_str().unwrap_or_default();
+        let key = format!("parallelism_config.{name}");
+        let ctx = Ctx { path, key: &key };
+        let bare = name.strip_prefix("parallelism_config_").unwrap_or(name);
+        let size = |ctx: &Ctx<'_>| -> Result<Option<usize>> {
+            if v.is_null() {
+                return Ok(None);
+            }
+            ctx.parsed(ctx.integer(v)?, parse_count).map(Some)
+        };
+        match bare {
+            "dp_replicate_size" => o.pc_dp_replicate = size(&ctx)?,
+            "dp_shard_size" => o.pc_dp_shard = size(&ctx)?,
+            "tp_size" => o.pc_tp = size(&ctx)?,
+            "cp_size" => o.pc_cp = size(&ctx)?,
+            // How context-parallel ranks exchange keys and values: cp_size
+            // above 1 is refused when the sizes are checked.
+            "cp_comm_strategy" | "cp_backend" => {
+                ctx.opt_string(v)?;
+            }
+            "sp_size" => {
+                if size(&ctx)?.unwrap_or(1) > 1 {
+                    return Err(ctx.refuse(
+                        &show(v),
+                        "DeepSpeed's sequence parallelism (Ulysses) is not driven by accel",
+                    ));
+                }
+            }
+            "sp_backend"
+            | "sp_seq_length"
+            | "sp_seq_length_is_variable"
+            | "sp_attn_implementation" => {}
+            _ => {
+                return Err(ctx.wrong(
+                    "is not a parallelism_config key accel knows (dp_replicate_size, \
+                     dp_shard_size, tp_size, cp_size, cp_comm_strategy, sp_*)",
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 fn is_default(key: &str, value: &Yaml) -> bool {
     match value {
         Yaml::Null | Yaml::BadValue => true,
@@ -511,6 +568,41 @@ use_cpu: false
         assert_eq!(o.main_process_port, Some(29501));
         assert_eq!(o.mixed_precision, Some(MixedPrecision::Bf16));
         assert!(!o.debug && o.backend.is_none() && c.env.is_empty());
+    }
+
+    #[test]
+    fn the_parallelism_config_section_gives_the_mesh_sizes() {
+        let text = format!(
+            "{MULTI_GPU}parallelism_config:\n  parallelism_config_dp_replicate_size: 1\n  \
+             parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 4\n  \
+             parallelism_config_cp_size: 1\n  parallelism_config_cp_comm_strategy: allgather\n"
+        );
+        let o = parse(&text, p()).unwrap().options;
+        assert_eq!(
+            (o.pc_dp_replicate, o.pc_dp_shard, o.pc_tp, o.pc_cp),
+            (Some(1), Some(2), Some(4), Some(1))
+        );
+        // Empty, or null: nothing.
+        let o = parse(&format!("{MULTI_GPU}parallelism_config: {{}}\n"), p())
+            .unwrap()
+            .options;
+        assert_eq!((o.pc_dp_shard, o.pc_tp), (None, None));
+        for (section, says) in [
+            (
+                "{parallelism_config_tp_size: 0}",
+                "parallelism_config.parallelism_config_tp_size",
+            ),
+            (
+                "{parallelism_config_pp_size: 2}",
+                "not a parallelism_config key",
+            ),
+            ("{parallelism_config_sp_size: 2}", "sequence parallelism"),
+            ("{parallelism_config_tp_size: two}", "must be an integer"),
+            ("[1, 2]", "must be a mapping"),
+        ] {
+            let e = err(&format!("{MULTI_GPU}parallelism_config: {section}\n"));
+            assert!(e.contains(says), "{section}: {e}");
+        }
     }
 
     #[test]
