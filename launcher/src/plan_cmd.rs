@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use accel_api::{DType, Error, Result};
-use accel_offload::estimate::estimate;
+use accel_offload::estimate::{estimate, per_rank, RankEstimate, Split};
 use accel_offload::layout::Layout;
 use accel_offload::plan::{plan as make_plan, MaxMemory, Plan, PlanOptions, Reserve, Strategy};
 use accel_offload::source;
@@ -262,9 +262,47 @@ pub struct EstimateArgs {
     /// Dtypes to estimate: f32, f16, bf16, i8, i4 (comma-separated).
     #[arg(long, value_delimiter = ',', default_value = "f32,f16,i8,i4")]
     pub dtypes: Vec<String>,
+    /// Each rank's share under a parallelism configuration, as
+    /// `dp_shard=2,tp=2` (sizes dp_replicate, dp_shard, tp, cp; unset ones
+    /// 1; checked as accel launch checks them).
+    #[arg(long, value_name = "DIM=N,..", value_parser = parse_parallelism)]
+    pub parallelism: Option<Split>,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `dp_shard=2,tp=2` into the sizes, checked by Accelerate's rules
+/// (`accel::mesh::ParallelismConfig::for_world` of their product).
+fn parse_parallelism(s: &str) -> std::result::Result<Split, String> {
+    let mut c = accel::mesh::ParallelismConfig::default();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("{part:?} is not DIM=N (e.g. dp_shard=2,tp=2)"))?;
+        let n: usize = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("{k}={v:?}: the size is not a whole number"))?;
+        match k.trim() {
+            "dp_replicate" => c.dp_replicate = n,
+            "dp_shard" => c.dp_shard = n,
+            "tp" => c.tp = n,
+            "cp" => c.cp = n,
+            other => {
+                return Err(format!(
+                    "unknown dimension {other:?}: use dp_replicate, dp_shard, tp or cp"
+                ))
+            }
+        }
+    }
+    let total = c.total().max(1);
+    let c = c.for_world(total).map_err(|e| e.message().to_string())?;
+    Ok(Split {
+        dp_replicate: c.dp_replicate,
+        dp_shard: c.dp_shard,
+        tp: c.tp,
+    })
 }
 
 /// `doc` as indented JSON and a newline (`--json`).
@@ -276,6 +314,20 @@ fn pretty_json(doc: &impl serde::Serialize) -> String {
 pub fn estimate_memory(args: &EstimateArgs) -> Result<String> {
     let (layout, _) = args.model.load_with_notes()?;
     let rows = estimate(&layout, &args.model.no_split, &args.dtypes)?;
+    if let Some(split) = args.parallelism {
+        let floats: Vec<String> = rows
+            .iter()
+            .filter(|r| r.adam_training.is_some())
+            .map(|r| r.dtype.clone())
+            .collect();
+        let ranks = per_rank(&layout, &floats, split)?;
+        if args.json {
+            return Ok(pretty_json(
+                &serde_json::json!({"model": rows, "per_rank": ranks}),
+            ));
+        }
+        return Ok(per_rank_table(&ranks, split));
+    }
     if args.json {
         return Ok(pretty_json(&rows));
     }
@@ -305,6 +357,47 @@ pub fn estimate_memory(args: &EstimateArgs) -> Result<String> {
          estimate-memory` shows its largest single part instead (8 bytes per parameter for f16)"
     );
     Ok(s)
+}
+
+/// The per-rank table of `accel estimate-memory --parallelism`.
+fn per_rank_table(ranks: &[RankEstimate], split: Split) -> String {
+    let mut s = String::new();
+    let n = split.dp_replicate * split.dp_shard * split.tp;
+    let _ = writeln!(
+        s,
+        "per rank at dp_replicate={} x dp_shard={} x tp={} ({n} ranks), Adam, no activations:",
+        split.dp_replicate, split.dp_shard, split.tp
+    );
+    let _ = writeln!(
+        s,
+        "{:<6} {:>14} {:>14} {:>14} {:>14}",
+        "dtype", "parameters", "gradients", "optimizer", "total"
+    );
+    for r in ranks {
+        let _ = writeln!(
+            s,
+            "{:<6} {:>14} {:>14} {:>14} {:>14}",
+            r.dtype,
+            format_bytes(r.parameters),
+            format_bytes(r.gradients),
+            format_bytes(r.optimizer),
+            format_bytes(r.total)
+        );
+    }
+    if let Some(r) = ranks.first().filter(|r| !r.tp_indivisible.is_empty()) {
+        let _ = writeln!(
+            s,
+            "kept whole on every tp rank (no dimension divisible by {}): {}",
+            split.tp,
+            r.tp_indivisible.join(", ")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "tp divides each matrix along a dimension it divides and replicates vectors; \
+         dp_shard (ZeRO-3 / FSDP) divides everything a rank holds; dp_replicate divides nothing"
+    );
+    s
 }
 
 #[cfg(test)]
@@ -375,9 +468,62 @@ mod tests {
         assert_eq!(rows[3]["total"].as_u64().unwrap() * 8, f32_total);
         assert_eq!(rows[0]["adam_training"].as_u64().unwrap(), f32_total * 4);
         assert!(rows[2]["adam_training"].is_null());
-        assert!(estimate_memory(&EstimateArgs { json: false, ..e })
-            .unwrap()
-            .contains("training using Adam"));
+        assert!(estimate_memory(&EstimateArgs {
+            json: false,
+            ..e.clone()
+        })
+        .unwrap()
+        .contains("training using Adam"));
+
+        // Per rank at dp_shard=2 x tp=2: a quarter of the matrices' share
+        // (the llama's vectors are small), in the table and the JSON.
+        let Cmd::EstimateMemory(p) = Cmd::parse_from([
+            "x",
+            "estimate-memory",
+            "--checkpoint",
+            dir,
+            "--dtypes",
+            "f32",
+            "--parallelism",
+            "dp_shard=2,tp=2",
+            "--json",
+        ]) else {
+            panic!()
+        };
+        let doc: serde_json::Value = serde_json::from_str(&estimate_memory(&p).unwrap()).unwrap();
+        let rank = &doc["per_rank"][0];
+        let whole = doc["model"][0]["adam_training"].as_u64().unwrap();
+        let total = rank["total"].as_u64().unwrap();
+        assert!(
+            total * 4 >= whole && total * 3 < whole,
+            "{total} of {whole}"
+        );
+        assert_eq!(rank["split"]["tp"], 2);
+        let table = estimate_memory(&EstimateArgs { json: false, ..p }).unwrap();
+        assert!(table.contains("dp_shard=2 x tp=2 (4 ranks)"), "{table}");
+    }
+
+    #[test]
+    fn impossible_parallelism_is_refused_by_the_mesh_rules() {
+        assert_eq!(
+            parse_parallelism("dp_shard=2,tp=2").unwrap(),
+            Split {
+                dp_replicate: 1,
+                dp_shard: 2,
+                tp: 2
+            }
+        );
+        for (bad, says) in [
+            ("tp=2,dp_replicate=2", "dp_shard"),
+            ("cp=2", "cp"),
+            ("pp=2", "unknown dimension"),
+            ("tp", "DIM=N"),
+            ("tp=two", "whole number"),
+            ("tp=0", "0"),
+        ] {
+            let e = parse_parallelism(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     fn parse_plan(args: &[&str]) -> PlanArgs {
