@@ -328,3 +328,72 @@ fn two_machines_over_ipv6() {
     assert_eq!(v["store"], format!("tcp://[::1]:{port}"));
     assert!(v["barrier_ms"].is_number());
 }
+
+/// Two "pods" of a Kubeflow TrainJob: each launcher gets only what
+/// Kubeflow Trainer's torch runtime gives it (`PET_*`) and the run's token
+/// (from a Secret), and runs `accel launch -- prog` without flags.
+#[test]
+fn kubeflow_pet_variables_alone_run_a_4_rank_job() {
+    cluster_env_job(|machine, port| {
+        vec![
+            ("PET_NNODES", "2".to_string()),
+            ("PET_NPROC_PER_NODE", "2".to_string()),
+            ("PET_NODE_RANK", machine.to_string()),
+            ("PET_MASTER_ADDR", "127.0.0.1".to_string()),
+            ("PET_MASTER_PORT", port.to_string()),
+        ]
+    });
+}
+
+/// Two SkyPilot nodes: `SKYPILOT_NODE_IPS`, `SKYPILOT_NODE_RANK` and
+/// `SKYPILOT_NUM_GPUS_PER_NODE` (2 "GPUs" each: two ranks per machine);
+/// the port is the launcher's multi-machine default unless given.
+#[test]
+fn skypilot_variables_alone_run_a_4_rank_job() {
+    cluster_env_job(|machine, port| {
+        vec![
+            ("SKYPILOT_NODE_IPS", "127.0.0.1\n127.0.0.1\n".to_string()),
+            ("SKYPILOT_NODE_RANK", machine.to_string()),
+            ("SKYPILOT_NUM_GPUS_PER_NODE", "2".to_string()),
+            // Not SkyPilot's: a free port instead of 29500 for the test.
+            ("PET_MASTER_PORT", port.to_string()),
+        ]
+    });
+}
+
+/// `accel launch -- probe-worker` twice with no flags, each with `vars`:
+/// ranks 0-3 once each, at world size 4.
+fn cluster_env_job(vars: impl Fn(usize, u16) -> Vec<(&'static str, String)>) {
+    let port = free_port();
+    let gloo = cfg!(feature = "cpu-gloo");
+    let prog: &[&str] = if gloo {
+        &[ACCEL, "probe-worker", "--accelerator"]
+    } else {
+        &[ACCEL, "probe-worker"]
+    };
+    let pod = |machine: usize| {
+        let mut args = vec!["launch", "--join-timeout", "20s", "--"];
+        args.extend_from_slice(prog);
+        let mut cmd = command(&args);
+        cmd.env("ACCEL_RUN_TOKEN", "from-a-secret");
+        for (k, v) in vars(machine, port) {
+            cmd.env(k, v);
+        }
+        start(cmd)
+    };
+    let m1 = pod(1);
+    std::thread::sleep(Duration::from_millis(100));
+    let m0 = pod(0);
+    let (r0, r1) = (m0.finish(LIMIT), m1.finish(LIMIT));
+    r0.code_is(0);
+    r1.code_is(0);
+    let all: Vec<_> = probes(&r0.stdout, 0..2)
+        .into_iter()
+        .chain(probes(&r1.stdout, 2..4))
+        .collect();
+    for (i, v) in all.iter().enumerate() {
+        assert_eq!(v["rank"], i, "{}{}", r0.all(), r1.all());
+        assert_eq!(v["world_size"], 4);
+        assert_eq!(v["node_rank"], i / 2);
+    }
+}

@@ -129,6 +129,7 @@
 
 pub mod accelerate_config;
 mod args;
+mod cluster_env;
 pub mod config;
 pub mod default_backend;
 mod flags;
