@@ -61,14 +61,7 @@ fn two_machines_on_one_box_agree_on_ranks_and_run_id() {
         &["--token", "s3", "-n", "2", "--run-id", "two"],
         prog,
     ));
-    let r0 = m0.finish(LIMIT);
-    let r1 = m1.finish(LIMIT);
-    r0.code_is(0);
-    r1.code_is(0);
-    let all: Vec<_> = probes(&r0.stdout, 0..2)
-        .into_iter()
-        .chain(probes(&r1.stdout, 2..4))
-        .collect();
+    let all = four_probes(m0, m1);
     for (i, v) in all.iter().enumerate() {
         assert_eq!(v["rank"], i);
         assert_eq!(v["world_size"], 4);
@@ -384,16 +377,21 @@ fn cluster_env_job(vars: impl Fn(usize, u16) -> Vec<(&'static str, String)>) {
     let m1 = pod(1);
     std::thread::sleep(Duration::from_millis(100));
     let m0 = pod(0);
-    let (r0, r1) = (m0.finish(LIMIT), m1.finish(LIMIT));
-    r0.code_is(0);
-    r1.code_is(0);
-    let all: Vec<_> = probes(&r0.stdout, 0..2)
-        .into_iter()
-        .chain(probes(&r1.stdout, 2..4))
-        .collect();
-    for (i, v) in all.iter().enumerate() {
-        assert_eq!(v["rank"], i, "{}{}", r0.all(), r1.all());
+    for (i, v) in four_probes(m0, m1).iter().enumerate() {
+        assert_eq!(v["rank"], i);
         assert_eq!(v["world_size"], 4);
         assert_eq!(v["node_rank"], i / 2);
     }
+}
+
+/// Machines 0 and 1 of 2 × 2 probe workers, both succeeded: ranks 0-3's
+/// probe lines, machine 0's first.
+fn four_probes(m0: Running, m1: Running) -> Vec<serde_json::Value> {
+    let (r0, r1) = (m0.finish(LIMIT), m1.finish(LIMIT));
+    r0.code_is(0);
+    r1.code_is(0);
+    probes(&r0.stdout, 0..2)
+        .into_iter()
+        .chain(probes(&r1.stdout, 2..4))
+        .collect()
 }
