@@ -546,3 +546,32 @@ fn a_setting_that_cannot_apply_is_said_once_on_rank_0_and_fails_when_strict() {
     r.has_stderr("ACCEL_STRICT");
     r.lacks_stderr("accel: warning: ");
 }
+
+/// Several workers on a machine share its cores: torchrun's
+/// OMP_NUM_THREADS=1 and RAYON_NUM_THREADS = cores / workers (1 on a 2-core
+/// machine), unless the user set them.
+#[test]
+fn workers_get_their_share_of_the_cores_in_their_thread_pools() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let show = [
+        "sh",
+        "-c",
+        "echo omp=$OMP_NUM_THREADS rayon=$RAYON_NUM_THREADS",
+    ];
+    let r = accel(&argv("launch -n 2 --", &show));
+    r.code_is(0);
+    let want = format!("omp=1 rayon={}", (cores / 2).max(1));
+    assert_eq!(rank_lines(&r.stdout, 0), vec![want.clone()], "{}", r.all());
+    assert_eq!(rank_lines(&r.stdout, 1), vec![want], "{}", r.all());
+    // The user's own setting stands.
+    let mut cmd = command(&argv("launch -n 2 --", &show));
+    cmd.env("RAYON_NUM_THREADS", "3");
+    let r = start(cmd).finish(LIMIT);
+    r.code_is(0);
+    assert_eq!(
+        rank_lines(&r.stdout, 0),
+        vec!["omp=1 rayon=3"],
+        "{}",
+        r.all()
+    );
+}

@@ -75,7 +75,13 @@ fn main() -> ExitCode {
         }
         let acc = accel::Accelerator::new()?;
         if acc.is_main_process() {
-            println!("{}", opts.banner(&acc));
+            // candle's CPU kernels use rayon's pool (RAYON_NUM_THREADS,
+            // which accel launch sets to each worker's share of the cores).
+            println!(
+                "{}, {} rayon threads per rank",
+                opts.banner(&acc),
+                candle_core::utils::get_num_threads()
+            );
         }
         let report = train(&acc, &opts, |line| println!("{line}"))?;
         if acc.is_main_process() {

@@ -15,16 +15,40 @@ use super::settings::Settings;
 use super::shared::{base_env, scratch_dir, supervision, with_progress_posts};
 use super::{process_model, LaunchArgs};
 
-/// torchrun's OMP_NUM_THREADS policy: with several workers on a machine and
-/// no OMP_NUM_THREADS of the user's, each worker gets 1, so that N workers
-/// do not each start a thread per core.
-fn omp_policy(nproc: usize) -> Vec<(String, String)> {
-    if nproc > 1 && std::env::var_os("OMP_NUM_THREADS").is_none() {
-        tracing::info!("OMP_NUM_THREADS=1 for each worker (torchrun's default; set it to choose)");
-        vec![("OMP_NUM_THREADS".into(), "1".into())]
-    } else {
-        Vec::new()
+/// The workers' thread pools, with several workers on a machine: each gets
+/// torchrun's `OMP_NUM_THREADS=1` and `RAYON_NUM_THREADS` = its share of
+/// the cores given to the job (`available_parallelism`: the affinity mask
+/// and cgroup quota, at least 1), so that candle's and burn's rayon pools
+/// do not each take every core. A variable the user set is kept. (libtorch
+/// sizes its intra-op pool from the same share: `accel_tch::set_threads_per_rank`.)
+fn thread_policy(
+    nproc: usize,
+    cores: usize,
+    get: impl Fn(&str) -> Option<String>,
+) -> Vec<(String, String)> {
+    if nproc <= 1 {
+        return Vec::new();
     }
+    let share = (cores / nproc).max(1);
+    let mut env = Vec::new();
+    for (k, v) in [("OMP_NUM_THREADS", 1), ("RAYON_NUM_THREADS", share)] {
+        if get(k).is_none() {
+            env.push((k.to_string(), v.to_string()));
+        }
+    }
+    if !env.is_empty() {
+        let said: Vec<String> = env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        tracing::info!(
+            "each of the {nproc} workers gets {} ({cores} cores; set them to choose)",
+            said.join(" ")
+        );
+    }
+    env
+}
+
+/// The cores this launcher's workers may use.
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The process group of this machine: `program` as `s.nproc` workers, or
@@ -38,7 +62,7 @@ fn group(s: &Settings, program: Program) -> Result<Box<dyn ProcessGroup>> {
         ProcessModel::Processes => Box::new(LocalGroup {
             program,
             local_world_size: s.nproc,
-            extra_env: omp_policy(s.nproc)
+            extra_env: thread_policy(s.nproc, cores(), |k| std::env::var(k).ok())
                 .into_iter()
                 .chain(s.extra_env.iter().cloned())
                 .collect(),
@@ -88,4 +112,26 @@ pub(super) fn launch(s: &Settings, args: &LaunchArgs, program: Program) -> Resul
     })?;
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(finish(args, &out?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_share_the_cores_and_the_user_s_settings_stand() {
+        let none = |_: &str| None;
+        assert!(thread_policy(1, 16, none).is_empty(), "one worker: its own");
+        let env = thread_policy(4, 16, none);
+        assert!(env.contains(&("OMP_NUM_THREADS".into(), "1".into())));
+        assert!(env.contains(&("RAYON_NUM_THREADS".into(), "4".into())));
+        // More workers than cores: one thread each, never 0.
+        let env = thread_policy(8, 2, none);
+        assert!(env.contains(&("RAYON_NUM_THREADS".into(), "1".into())));
+        let mine = |k: &str| (k == "RAYON_NUM_THREADS").then(|| "3".to_string());
+        assert_eq!(
+            thread_policy(2, 16, mine),
+            vec![("OMP_NUM_THREADS".into(), "1".into())]
+        );
+    }
 }
