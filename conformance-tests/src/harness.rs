@@ -289,6 +289,7 @@ fn run_machines(spec: &RunSpec, dir: &Path, tok: &str, out: &Path) -> Result<(),
         max_restarts: 0,
         base: base.clone(),
         scratch: dir.join(format!("machine-{machine_rank}")),
+        auto_rank: false,
     };
     let join = |k: usize, port: u16| {
         Machines::join(config(k, port), tok).map_err(|e| format!("machine {k}: {e}"))

@@ -395,3 +395,66 @@ fn four_probes(m0: Running, m1: Running) -> Vec<serde_json::Value> {
         .chain(probes(&r1.stdout, 2..4))
         .collect()
 }
+
+/// torchrun's c10d launch, started twice as torchrun users do, with no
+/// `--node-rank`: the launcher that can listen at the endpoint hosts the
+/// rendezvous and is machine 0, the other gets machine rank 1 from it;
+/// ranks 0-3 each run once, at world size 4.
+#[test]
+fn c10d_launchers_without_a_node_rank_get_their_ranks_from_the_rendezvous() {
+    let port = free_port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let launcher = || {
+        let mut args = vec![
+            "launch",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            &endpoint,
+            "--rdzv-id",
+            "j1",
+            "--join-timeout",
+            "20s",
+            "--",
+        ];
+        args.extend_from_slice(&[ACCEL, "probe-worker"]);
+        let mut cmd = command(&args);
+        cmd.env("ACCEL_RUN_TOKEN", "t");
+        start(cmd)
+    };
+    let first = launcher();
+    std::thread::sleep(Duration::from_millis(300));
+    let second = launcher();
+    let (a, b) = (first.finish(LIMIT), second.finish(LIMIT));
+    a.code_is(0);
+    b.code_is(0);
+    let mut seen: Vec<(u64, u64)> = [&a, &b]
+        .iter()
+        .flat_map(|r| {
+            (0..4).flat_map(move |rank| {
+                rank_lines(&r.stdout, rank)
+                    .into_iter()
+                    .map(|l| serde_json::from_str::<serde_json::Value>(&l).unwrap())
+            })
+        })
+        .map(|v| {
+            assert_eq!(v["world_size"], 4, "{v}");
+            (
+                v["rank"].as_u64().unwrap(),
+                v["node_rank"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort_unstable();
+    assert_eq!(
+        seen,
+        [(0, 0), (1, 0), (2, 1), (3, 1)],
+        "{}\n{}",
+        a.all(),
+        b.all()
+    );
+}

@@ -63,6 +63,11 @@ pub struct MachinesConfig {
     pub base: WorkerEnv,
     /// Where error-file directories go.
     pub scratch: PathBuf,
+    /// No machine rank was given (torchrun's c10d rendezvous): the launcher
+    /// that can listen at the store's address hosts it and is machine 0,
+    /// the others take the next ranks from the store in the order they
+    /// join ([`Machines::join`]); `machine_rank` is ignored.
+    pub auto_rank: bool,
 }
 
 impl MachinesConfig {
@@ -136,6 +141,73 @@ impl std::fmt::Debug for Machines {
     }
 }
 
+/// Connect to machine 0's store (and a second connection for the
+/// heartbeats), within the join timeout.
+///
+/// # Errors
+/// The store cannot be reached in time, or refuses the token (naming the
+/// fix).
+fn connect_to_machine_0(
+    cfg: &MachinesConfig,
+    token: &str,
+) -> Result<(Arc<dyn Store>, Arc<dyn Store>)> {
+    let addr = tcp_url(&cfg.main_addr, cfg.main_port);
+    let addr = addr.trim_start_matches("tcp://").to_string();
+    let who = if cfg.auto_rank {
+        "this machine".to_string()
+    } else {
+        format!("machine {}", cfg.machine_rank)
+    };
+    let c = TcpStore::connect(addr.as_str(), Some(token), cfg.join_timeout).map_err(|e| {
+        if matches!(e.kind(), ErrorKind::Unauthorized) {
+            Error::new(
+                ErrorKind::Unauthorized,
+                format!(
+                    "{who} cannot join the run: machine 0's store at {addr} refused this \
+                     machine's token"
+                ),
+            )
+            .with_op("machine join")
+            .with_fix("pass the same token (--token-file, ACCEL_RUN_TOKEN, or `token` in the config file) on every machine")
+            .with_source(e)
+        } else {
+            e.with_op("machine join")
+        }
+    })?;
+    // Short: a beat must not outlive the lost threshold by much.
+    let beat = TcpStore::connect(addr.as_str(), Some(token), SUSPECT)
+        .map_err(|e| e.with_op("machine join"))?;
+    Ok((Arc::new(c), Arc::new(beat)))
+}
+
+/// The store key of the machine ranks handed out (torchrun's c10d).
+const NEXT_RANK_KEY: &str = "accel-launch/next-machine-rank";
+
+/// This machine's rank, handed out by machine 0's store in join order
+/// (1, 2, ...: machine 0 is the host).
+///
+/// # Errors
+/// The store's; more launchers than `--nnodes` allows, naming the count.
+fn next_machine_rank(store: &dyn Store, cfg: &MachinesConfig) -> Result<usize> {
+    let n = store
+        .add(NEXT_RANK_KEY, 1)
+        .map_err(|e| e.with_op("machine join"))?;
+    let rank = usize::try_from(n).unwrap_or(usize::MAX);
+    if rank >= cfg.num_machines {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "this launcher would be machine {rank}, but the run has {} machines: more \
+                 launchers joined than --nnodes allows",
+                cfg.num_machines
+            ),
+        )
+        .with_op("machine join")
+        .with_fix("start one accel launch per machine, or raise --nnodes"));
+    }
+    Ok(rank)
+}
+
 impl Machines {
     /// Host the store (machine 0) or connect to it (the others) with
     /// `token`; the join itself happens at each attempt's
@@ -147,6 +219,41 @@ impl Machines {
     /// token (naming the fix).
     pub fn join(mut cfg: MachinesConfig, token: &str) -> Result<Machines> {
         let host = host_name();
+        // torchrun's c10d: whoever can listen at the endpoint hosts.
+        let hosted = if cfg.auto_rank {
+            match store::host(&cfg.main_addr, cfg.main_port, true, token) {
+                Ok((server, _)) => {
+                    cfg.machine_rank = 0;
+                    Some(server)
+                }
+                // Taken (another launcher here hosts) or another machine's
+                // address: join as one of the others.
+                Err(e) if e.op() == Some("store bind") => {
+                    cfg.machine_rank = usize::MAX;
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        } else if cfg.machine_rank == 0 {
+            Some(store::host(&cfg.main_addr, cfg.main_port, true, token)?.0)
+        } else {
+            None
+        };
+        let (server, store, beat_store) = match hosted {
+            Some(server) => {
+                // Port 0: the one the kernel chose, for the workers' URL.
+                cfg.main_port = server.local_addr().port();
+                let st: Arc<dyn Store> = server.store().clone();
+                (Some(server), st.clone(), st)
+            }
+            None => {
+                let (store, beat) = connect_to_machine_0(&cfg, token)?;
+                if cfg.auto_rank {
+                    cfg.machine_rank = next_machine_rank(&*store, &cfg)?;
+                }
+                (None, store, beat)
+            }
+        };
         let me = Registration {
             machine_rank: cfg.machine_rank,
             nproc: cfg.nproc,
@@ -159,38 +266,6 @@ impl Machines {
             id: format!("{host}:{}:{}", std::process::id(), store::random_hex(4)?),
             min_machines: cfg.min_machines,
         };
-        let (server, store, beat_store): (Option<TcpStoreServer>, Arc<dyn Store>, Arc<dyn Store>) =
-            if cfg.machine_rank == 0 {
-                let (server, _) = store::host(&cfg.main_addr, cfg.main_port, true, token)?;
-                // Port 0: the one the kernel chose, for the workers' URL.
-                cfg.main_port = server.local_addr().port();
-                let st: Arc<dyn Store> = server.store().clone();
-                (Some(server), st.clone(), st)
-            } else {
-                let addr = tcp_url(&cfg.main_addr, cfg.main_port);
-                let addr = addr.trim_start_matches("tcp://").to_string();
-                let c = TcpStore::connect(addr.as_str(), Some(token), cfg.join_timeout).map_err(|e| {
-                if matches!(e.kind(), ErrorKind::Unauthorized) {
-                    Error::new(
-                        ErrorKind::Unauthorized,
-                        format!(
-                            "machine {} cannot join the run: machine 0's store at {addr} refused \
-                             this machine's token",
-                            cfg.machine_rank
-                        ),
-                    )
-                    .with_op("machine join")
-                    .with_fix("pass the same token (--token-file, ACCEL_RUN_TOKEN, or `token` in the config file) on every machine")
-                    .with_source(e)
-                } else {
-                    e.with_op("machine join")
-                }
-            })?;
-                // Short: a beat must not outlive the lost threshold by much.
-                let beat = TcpStore::connect(addr.as_str(), Some(token), SUSPECT)
-                    .map_err(|e| e.with_op("machine join"))?;
-                (None, Arc::new(c), Arc::new(beat))
-            };
         let run_id = match (cfg.machine_rank, &cfg.run_id) {
             (0, Some(id)) => id.clone(),
             (0, None) => store::random_hex(6)?,

@@ -139,6 +139,9 @@ pub struct Settings {
     pub join_window: Duration,
     /// This machine's rank.
     pub machine_rank: usize,
+    /// No rank was given to a torchrun-style c10d launch: the rendezvous
+    /// hands it out (`machine_rank` is then ignored).
+    pub auto_machine_rank: bool,
     /// Where the store listens (machine 0 binds it; others connect to it).
     pub main_addr: String,
     /// The store's port; 0 = choose a free one (one machine only).
@@ -242,6 +245,8 @@ impl Settings {
         let (file, extra_env) = file_layer(args)?;
         let env = Options::from_env(|k| std::env::var(k).ok())?;
         let o = torchrun_flags(args, args.options.clone().overlay(env).overlay(file))?;
+        // torchrun's c10d hands out node ranks when none is given.
+        let auto_rank = args.rdzv_backend.as_deref() == Some("c10d") && o.machine_rank.is_none();
         if args.options.token.is_some() {
             say(
                 "warning: --token on the command line is visible to every user of this machine \
@@ -249,6 +254,7 @@ impl Settings {
             );
         }
         let mut s = Settings::resolve(o)?;
+        s.auto_machine_rank = auto_rank && s.multi_machine();
         s.extra_env = extra_env;
         s.extra_env.extend(s.parallelism_env());
         Ok(s)
@@ -289,6 +295,7 @@ impl Settings {
             min_machines: machines.min,
             join_window: o.join_window.unwrap_or(DEFAULT_JOIN_WINDOW),
             machine_rank,
+            auto_machine_rank: false,
             main_addr,
             main_port,
             token,
@@ -346,6 +353,7 @@ impl Settings {
             max_restarts: self.max_restarts,
             base,
             scratch,
+            auto_rank: self.auto_machine_rank,
         }
     }
 }
