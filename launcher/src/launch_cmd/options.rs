@@ -392,9 +392,9 @@ impl Options {
     }
 
     /// The options the launcher's own environment sets: ACCEL_RUN_TOKEN,
-    /// ACCEL_TIMEOUT, ACCEL_BACKEND, ACCEL_DEBUG, ACCEL_DUMP_DIR; and the
-    /// machines a cluster scheduler describes (Kubeflow Trainer's `PET_*`,
-    /// SkyPilot's `SKYPILOT_*`: `cluster_env.rs`).
+    /// ACCEL_TIMEOUT, ACCEL_BACKEND, ACCEL_DEBUG, ACCEL_DUMP_DIR (the
+    /// machines a cluster scheduler describes join this layer in
+    /// `cluster_env.rs`).
     ///
     /// # Errors
     /// [`accel_api::ErrorKind::InvalidConfig`] naming the variable when its value is
@@ -440,8 +440,6 @@ impl Options {
                 }
             };
         }
-        // Kubeflow Trainer's PET_* and SkyPilot's SKYPILOT_*.
-        super::cluster_env::apply(&get, &mut o)?;
         Ok(o)
     }
 }

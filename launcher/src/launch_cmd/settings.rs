@@ -243,7 +243,10 @@ impl Settings {
     /// the config file's errors.
     pub fn from_args(args: &LaunchArgs) -> Result<Settings> {
         let (file, extra_env) = file_layer(args)?;
-        let env = Options::from_env(|k| std::env::var(k).ok())?;
+        let get = |k: &str| std::env::var(k).ok();
+        let mut env = Options::from_env(get)?;
+        // Kubeflow Trainer's PET_* and SkyPilot's SKYPILOT_*.
+        super::cluster_env::apply(&get, &mut env)?;
         let o = torchrun_flags(args, args.options.clone().overlay(env).overlay(file))?;
         // torchrun's c10d hands out node ranks when none is given.
         let auto_rank = args.rdzv_backend.as_deref() == Some("c10d") && o.machine_rank.is_none();
