@@ -16,6 +16,7 @@
 //! | [`split_share`], [`split_map`] | `split_between_processes`: each rank's contiguous share of a list or of a map of lists, with Accelerate's padding |
 //! | [`gather_for_metrics`], [`remainder_for_batches`] | drop the duplicated tail of the last gathered step |
 //! | [`GradientAccumulator`], [`accumulate()`] | accumulation cadence: all-reduce, optimizer, zero-grad and scheduler decisions per batch |
+//! | [`placement`](mod@placement) | how a tensor lies on a device mesh (replicated, sharded along a dimension, partial) and what each rank holds; box intersections for resharding |
 //! | [`ShardPlan`], [`WrapPolicy`], [`Stage`] | parameter sharding (ZeRO): units of parameters padded to a multiple of the world size, each rank's slice of them |
 //! | [`CheckpointWriter`], [`CheckpointDir`], [`verify_checkpoint`] | atomic checkpoint directories with a checksummed manifest, `checkpoint_N` naming, pruning by number |
 //! | [`swap`], [`recover_swap`] | replacing a folder so that a kill at any instant leaves the old or the new one (one `RENAME_EXCHANGE`, or two renames with recovery) |
@@ -71,6 +72,7 @@ pub mod iterable;
 pub mod loader;
 pub mod metrics;
 pub mod params;
+pub mod placement;
 pub mod reference;
 pub mod rng;
 pub mod sampler;
