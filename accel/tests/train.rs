@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use accel::train::*;
+use accel::zero::UnitGate;
 use accel::{Accelerator, ErrorKind, Wrapper};
 use accel_sharding::reference;
 
@@ -751,5 +752,62 @@ fn a_checkpoint_before_the_first_step_resumes_on_the_same_rates() {
                  {before:?} then {after:?}"
             );
         }
+    }
+}
+
+/// HSDP (dp_replicate 2 × dp_shard 2) against ZeRO over all 4 ranks, at
+/// stages 2 and 3: the shards average within their group, then across
+/// the replicas, so both end on the same parameters (to rounding: the
+/// sums are grouped differently).
+#[test]
+fn hybrid_sharding_trains_as_plain_data_parallel_zero() {
+    for stage in [accel::zero::Stage::Gradients, accel::zero::Stage::Full] {
+        let run = move |hsdp: bool| {
+            ranks(4, move |acc| {
+                if hsdp {
+                    acc.set_parallelism_config(accel::mesh::ParallelismConfig {
+                        dp_replicate: 2,
+                        dp_shard: 2,
+                        ..accel::mesh::ParallelismConfig::default()
+                    })
+                    .unwrap();
+                }
+                acc.set_training_config(TrainConfig {
+                    gradient_accumulation_steps: 2,
+                    sharding: Some(stage),
+                    ..TrainConfig::default()
+                })
+                .unwrap();
+                let mut model = acc.prepare_model(Linear::new(5)).unwrap();
+                let policy = accel::zero::WrapPolicy::Whole;
+                let opt = accel::zero::ShardedSgd::new(0.05);
+                let mut zero = acc.prepare_zero(&mut model, &policy, opt).unwrap();
+                let mut loader = acc
+                    .prepare_loader(DataLoader::new(Data { len: 64, d: 5 }, 2))
+                    .unwrap();
+                while let Some(b) = loader.next_batch() {
+                    acc.accumulate(&b);
+                    zero.gather(&mut *model, "").unwrap();
+                    acc.backward(&mut model, |m, s| m.grad(&b.items, s))
+                        .unwrap();
+                    zero.reduce_grads(&mut *model, "").unwrap();
+                    acc.zero_step(&mut zero, &mut model, None).unwrap();
+                    model.gw.fill(0.0);
+                    model.gb.fill(0.0);
+                }
+                zero.gather(&mut *model, "").unwrap();
+                model.flat()
+            })
+        };
+        let (plain, hybrid) = (run(false), run(true));
+        for (rank, (p, h)) in plain.iter().zip(&hybrid).enumerate() {
+            for (a, b) in p.iter().zip(h) {
+                assert!(
+                    (a - b).abs() <= 1e-6 * a.abs().max(1.0),
+                    "stage {stage}, rank {rank}: {p:?} against {h:?}"
+                );
+            }
+        }
+        assert!(plain[0] != Linear::new(5).flat(), "the parameters moved");
     }
 }

@@ -1,12 +1,17 @@
 //! The [`Accelerator`](crate::Accelerator)'s ZeRO entry points.
 
-use accel_api::Result;
+use std::sync::Arc;
+
+use accel_api::{Communicator, Result};
 use accel_sharding::{Stage, WrapPolicy};
 
 use super::gate::UnitGate;
 use super::optimizer::ShardOptimizer;
 use super::step::{StepOptions, StepReport, ZeroOptimizer};
 use crate::train::Parameters;
+
+/// The group ZeRO shards over, and the replicas it averages across.
+type ZeroGroups = (Arc<dyn Communicator>, Option<Arc<dyn Communicator>>);
 
 impl crate::Accelerator {
     /// The sharding stage in force: [`TrainConfig::sharding`](crate::train::TrainConfig::sharding),
@@ -32,17 +37,49 @@ impl crate::Accelerator {
         policy: &WrapPolicy,
         opt: O,
     ) -> Result<ZeroOptimizer<O>> {
-        let mut zero = ZeroOptimizer::new(
-            self.comm().clone(),
-            &model.model,
-            self.sharding(),
-            policy,
-            opt,
-        )?;
+        let (shards, replicas) = self.zero_groups()?;
+        let mut zero = ZeroOptimizer::new(shards, &model.model, self.sharding(), policy, opt)?;
+        if let Some(r) = replicas {
+            zero = zero.with_replicas(r);
+        }
         // Stage 3: the model's own copy is out of date already; free it now.
         zero.release(&mut model.model, "")?;
         model.sharded = true;
         Ok(zero.with_checkpoint_key(format!("zero_{}", model.key)))
+    }
+
+    /// The groups ZeRO shards over and averages across, from the
+    /// parallelism configuration: the world and none for plain data
+    /// parallelism; with hybrid sharding (`dp_replicate` and `dp_shard`
+    /// both above 1) or tensor / context parallelism, the mesh's
+    /// `dp_shard` group (this rank alone when `dp_shard` is 1) and its
+    /// `dp_replicate` group. Collective when the mesh is built.
+    fn zero_groups(&self) -> Result<ZeroGroups> {
+        let c = self.parallelism_config();
+        let hybrid = c.dp_replicate > 1 && c.dp_shard > 1;
+        if !hybrid && c.tp * c.cp == 1 {
+            return Ok((self.comm().clone(), None));
+        }
+        let mesh = self.device_mesh()?;
+        let shards = if c.dp_shard > 1 {
+            mesh.group("dp_shard")?.clone()
+        } else {
+            // Only this rank holds its (tensor-parallel) part: a group of one.
+            let me = u32::try_from(self.rank()).unwrap_or(u32::MAX);
+            let alone = self.comm().split(Some(me), 0)?.ok_or_else(|| {
+                accel_api::Error::new(
+                    accel_api::ErrorKind::Internal,
+                    "the split for a ZeRO group of one gave this rank no group",
+                )
+            })?;
+            Arc::from(alone)
+        };
+        let replicas = if c.dp_replicate > 1 {
+            Some(mesh.group("dp_replicate")?.clone())
+        } else {
+            None
+        };
+        Ok((shards, replicas))
     }
 
     /// The optimizer step of a sharded run on a batch where the

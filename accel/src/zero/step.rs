@@ -64,6 +64,9 @@ type Gathered = (usize, usize, PairWork);
 /// shards.
 pub struct ZeroOptimizer<O> {
     pub(super) comm: Arc<dyn Communicator>,
+    /// HSDP: the other replicas of this rank's shard, whose averaged
+    /// gradient shards are averaged across before each step.
+    pub(super) replicas: Option<Arc<dyn Communicator>>,
     pub(super) plan: ShardPlan,
     pub(super) stage: Stage,
     pub(super) opt: O,
@@ -160,6 +163,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
         let units = plan.units().len();
         let mut z = ZeroOptimizer {
             comm,
+            replicas: None,
             plan,
             stage,
             opt,
@@ -340,6 +344,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             self.check_model(model)?;
             self.reduce_all(model)?;
         }
+        self.average_across_replicas()?;
         let report = self.finish(opts)?;
         if !report.skipped {
             self.update_params(model)?;
@@ -353,6 +358,31 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             self.end_window()?;
         }
         Ok(report)
+    }
+
+    /// Hybrid sharding (HSDP): shard over `comm` as given to
+    /// [`new`](Self::new) (the mesh's `dp_shard` group) and average the
+    /// gradient shards across `replicas` (its `dp_replicate` group: the
+    /// ranks holding the same shard) before every step, so that the step
+    /// sees the average over every data-parallel rank.
+    /// [`Accelerator::prepare_zero`](crate::Accelerator::prepare_zero)
+    /// does this when the parallelism configuration asks for it.
+    pub fn with_replicas(mut self, replicas: Arc<dyn Communicator>) -> Self {
+        self.replicas = (replicas.world_size() > 1).then_some(replicas);
+        self
+    }
+
+    /// HSDP: the gradient shard, averaged within the shard group, averaged
+    /// across the replicas too (a sum, then a scale: exact for any engine).
+    fn average_across_replicas(&mut self) -> Result<()> {
+        let Some(rep) = &self.replicas else {
+            return Ok(());
+        };
+        rep.all_reduce_slice(&mut self.shard, ReduceOp::Sum)
+            .map_err(|e| e.with_op("HSDP gradient average"))?;
+        let scale = 1.0 / rep.world_size() as f32;
+        self.shard.iter_mut().for_each(|g| *g *= scale);
+        Ok(())
     }
 
     /// The reduce op and the factor that make a sum an average.
