@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 
 use accel_api::{BufMut, DType, Error, ErrorKind, Half16, Result};
 use accel_sharding::{
-    parse_checkpoint_name, read_manifest, read_verified, temp_path_for, verify_checkpoint,
-    write_file_synced, AccumulatorState, CheckpointDir, CheckpointWriter, FileEntry, Manifest,
-    SamplerState, MANIFEST_FILE,
+    parse_checkpoint_name, read_manifest, read_verified, verify_checkpoint, AccumulatorState,
+    CheckpointDir, CheckpointWriter, FileEntry, Manifest, SamplerState, MANIFEST_FILE,
 };
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use serde::{Deserialize, Serialize};
@@ -333,16 +332,16 @@ impl<D: Dataset> Checkpointed for PreparedLoader<D> {
 
 /// `accelerator.json`.
 #[derive(Debug, Serialize, Deserialize)]
-struct Meta {
-    version: u32,
-    iteration: Option<u64>,
-    world_size: usize,
-    accumulator: AccumulatorState,
-    objects: Vec<String>,
-    custom_objects: usize,
+pub(super) struct Meta {
+    pub(super) version: u32,
+    pub(super) iteration: Option<u64>,
+    pub(super) world_size: usize,
+    pub(super) accumulator: AccumulatorState,
+    pub(super) objects: Vec<String>,
+    pub(super) custom_objects: usize,
     /// The fp16 loss scaler (absent outside fp16 and in older checkpoints).
     #[serde(default)]
-    scaler: Option<super::amp::GradScaler>,
+    pub(super) scaler: Option<super::amp::GradScaler>,
 }
 
 /// The tensors of `s` as a safetensors file of `f32`, those named in
@@ -448,12 +447,12 @@ pub(crate) fn decode_tensors(
     Ok(out)
 }
 
-fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
+pub(super) fn to_json<T: Serialize>(v: &T) -> Vec<u8> {
     serde_json::to_vec_pretty(v).expect("checkpoint values serialise")
 }
 
 /// The files of one state under `stem` (`model_0`, `loader_0/rank_1`).
-fn encode_state(stem: &str, s: &StateDict) -> Result<Vec<(String, Vec<u8>)>> {
+pub(super) fn encode_state(stem: &str, s: &StateDict) -> Result<Vec<(String, Vec<u8>)>> {
     let mut files = vec![(format!("{stem}.json"), to_json(&s.values))];
     if !s.tensors.is_empty() {
         files.push((format!("{stem}.safetensors"), encode_tensors(s)?));
@@ -509,7 +508,7 @@ pub(crate) fn recover_logged(op: &str, dir: &Path) -> Result<()> {
 /// folder as the rank wrote them: `None` when they are, else the error
 /// naming the ranks whose files are not, and those ranks. `reported[r]`:
 /// rank `r`'s machine and its files' entries.
-fn incomplete_ranks(
+pub(super) fn incomplete_ranks(
     w: &mut CheckpointWriter,
     reported: &[(usize, BTreeMap<String, FileEntry>)],
     path: &Path,
@@ -577,7 +576,7 @@ fn in_object(dir: &Path, key: &str, e: Error) -> Error {
     }
 }
 
-fn kind_from_name(name: &str) -> ErrorKind {
+pub(super) fn kind_from_name(name: &str) -> ErrorKind {
     match name {
         "corrupt" => ErrorKind::Corrupt,
         "invalid_argument" => ErrorKind::InvalidArgument,
@@ -587,33 +586,44 @@ fn kind_from_name(name: &str) -> ErrorKind {
     }
 }
 
+/// Every rank of `comm` learns whether any rank failed; the failing rank
+/// keeps its own error, the others get one naming it. Collective on `comm`.
+pub(super) fn agree_on<T>(
+    comm: &dyn accel_api::Communicator,
+    rank: usize,
+    op: &str,
+    local: Result<T>,
+) -> Result<T> {
+    let local = local.map_err(|e| e.with_op(op).with_rank(rank));
+    if comm.world_size() == 1 {
+        return local;
+    }
+    let mine: Option<(String, String)> = local
+        .as_ref()
+        .err()
+        .map(|e| (e.kind().name().to_string(), e.to_string()));
+    let all = comm.gather_object(&mine)?;
+    let v = local?;
+    match all
+        .iter()
+        .enumerate()
+        .find_map(|(r, x)| x.as_ref().map(|x| (r, x)))
+    {
+        Some((r, (kind, msg))) => Err(Error::new(
+            kind_from_name(kind),
+            format!("rank {r} failed: {msg}"),
+        )
+        .with_op(op)
+        .with_rank(rank)),
+        None => Ok(v),
+    }
+}
+
 impl Accelerator {
     /// Every rank learns whether any rank failed; the failing rank keeps its
     /// own error, the others get one naming it. Collective.
     pub(crate) fn agree<T>(&self, op: &str, local: Result<T>) -> Result<T> {
-        let local = local.map_err(|e| e.with_op(op).with_rank(self.rank()));
-        if self.world_size() == 1 {
-            return local;
-        }
-        let mine: Option<(String, String)> = local
-            .as_ref()
-            .err()
-            .map(|e| (e.kind().name().to_string(), e.to_string()));
-        let all = self.comm().gather_object(&mine)?;
-        let v = local?;
-        match all
-            .iter()
-            .enumerate()
-            .find_map(|(r, x)| x.as_ref().map(|x| (r, x)))
-        {
-            Some((r, (kind, msg))) => Err(Error::new(
-                kind_from_name(kind),
-                format!("rank {r} failed: {msg}"),
-            )
-            .with_op(op)
-            .with_rank(self.rank())),
-            None => Ok(v),
-        }
+        agree_on(&**self.comm(), self.rank(), op, local)
     }
 
     /// Register an object whose state every [`save_state`](Self::save_state)
@@ -667,43 +677,8 @@ impl Accelerator {
         root: impl AsRef<Path>,
         objects: &[&dyn Checkpointed],
     ) -> Result<PathBuf> {
-        // ACCEL_TIMEOUT_CHECKPOINT's section and the checkpoint phase.
-        let _section = self.watch().section(crate::watch::Section::Checkpoint);
-        let _phase = self.phase_guard(crate::watch::Phase::Checkpoint);
-        let (n, limit) = {
-            let st = super::shared(self).lock();
-            (st.iteration, st.config.total_limit)
-        };
-        let dir = CheckpointDir::new(root.as_ref(), limit);
-        // A number at or below the newest one would go backwards: the new
-        // checkpoint would sort as the oldest and be pruned first.
-        let fresh = if self.is_main_process() {
-            match dir.latest() {
-                Ok(Some((m, p))) if m >= n => Err(Error::invalid_argument(
-                    "save_state",
-                    format!(
-                        "{} already holds {}; this run would save checkpoint_{n}",
-                        root.as_ref().display(),
-                        p.display()
-                    ),
-                )
-                .with_fix("load_state the latest checkpoint first (the numbering continues after it), call set_save_iteration, or save into another folder")),
-                Ok(_) => Ok(()),
-                Err(e) => Err(e),
-            }
-        } else {
-            Ok(())
-        };
-        self.agree("save_state", fresh)?;
-        let path = self.write_checkpoint(&dir.path_of(n), false, Some(n), objects)?;
-        let pruned = if self.is_main_process() {
-            dir.prune().map(|_| ())
-        } else {
-            Ok(())
-        };
-        self.agree("save_state", pruned)?;
-        super::shared(self).lock().iteration = n + 1;
-        Ok(path)
+        self.wait_for_save()?;
+        self.save_numbered(root.as_ref(), objects, false)
     }
 
     /// Save the training state into exactly `dir`, replacing a checkpoint
@@ -717,115 +692,10 @@ impl Accelerator {
         dir: impl AsRef<Path>,
         objects: &[&dyn Checkpointed],
     ) -> Result<PathBuf> {
+        self.wait_for_save()?;
         let _section = self.watch().section(crate::watch::Section::Checkpoint);
         let _phase = self.phase_guard(crate::watch::Phase::Checkpoint);
-        self.write_checkpoint(dir.as_ref(), true, None, objects)
-    }
-
-    fn write_checkpoint(
-        &self,
-        path: &Path,
-        replace: bool,
-        iteration: Option<u64>,
-        objects: &[&dyn Checkpointed],
-    ) -> Result<PathBuf> {
-        const OP: &str = "save_state";
-        let main = self.is_main_process();
-        let rank = self.rank();
-        let writer = if main {
-            if !replace && path.exists() {
-                Err(Error::invalid_argument(
-                    OP,
-                    format!("{} already exists", path.display()),
-                )
-                .with_fix("load the latest checkpoint first (the numbering continues after it), or save into another folder"))
-            } else {
-                CheckpointWriter::create(path).map(|w| {
-                    if let Some(what) = w.recovered() {
-                        crate::notice::warn(Some(rank), &format!("{OP}: {what}"));
-                    }
-                    Some(w)
-                })
-            }
-        } else {
-            Ok(None)
-        };
-        let writer = self.agree(OP, writer)?;
-        let temp = temp_path_for(path)?;
-
-        let (meta, registered) = {
-            let st = super::shared(self).lock();
-            let meta = Meta {
-                version: 1,
-                iteration,
-                world_size: self.world_size(),
-                accumulator: st.accumulator.state(),
-                objects: objects.iter().map(|o| o.checkpoint_key()).collect(),
-                custom_objects: st.registered.len(),
-                scaler: st.amp.scaler,
-            };
-            (meta, st.registered.clone())
-        };
-        let rng = super::shared(self).rng_state(OP);
-        let written = (|| -> Result<BTreeMap<String, FileEntry>> {
-            let rng = rng?;
-            let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-            for o in objects {
-                let key = o.checkpoint_key();
-                if o.per_rank() {
-                    files.extend(encode_state(
-                        &format!("{key}/rank_{rank}"),
-                        &o.checkpoint_state()?,
-                    )?);
-                } else if main {
-                    files.extend(encode_state(&key, &o.checkpoint_state()?)?);
-                }
-            }
-            if main {
-                for (i, r) in registered.iter().enumerate() {
-                    let s = r.lock().unwrap_or_else(|p| p.into_inner()).state_dict()?;
-                    files.extend(encode_state(&format!("custom_{i}"), &s)?);
-                }
-                files.push((CHECKPOINT_STATE_FILE.to_string(), to_json(&meta)));
-            }
-            files.push((format!("random_states/rank_{rank}.json"), to_json(&rng)));
-            let mut entries = BTreeMap::new();
-            for (name, bytes) in files {
-                write_file_synced(&temp.join(&name), &bytes)?;
-                entries.insert(name, FileEntry::of(&bytes));
-            }
-            Ok(entries)
-        })();
-        let written = self.agree(OP, written)?;
-        // The main process commits only what holds every rank's files as
-        // written (ADR 0029): not so, the save fails on every rank.
-        let reported: Vec<(usize, BTreeMap<String, FileEntry>)> = if self.world_size() == 1 {
-            vec![(self.state().node_rank, written)]
-        } else {
-            self.comm()
-                .gather_object(&(self.state().node_rank, written))?
-        };
-        let (committed, missing) = match writer {
-            Some(mut w) => match incomplete_ranks(&mut w, &reported, path) {
-                Ok(None) if replace => (w.commit_replacing().map(|_| ()), Vec::new()),
-                Ok(None) => (w.commit().map(|_| ()), Vec::new()),
-                Ok(Some((e, ranks))) => (Err(e), ranks),
-                Err(e) => (Err(e), Vec::new()),
-            },
-            None => (Ok(()), Vec::new()),
-        };
-        let missing: Vec<usize> = if self.world_size() == 1 {
-            missing
-        } else {
-            self.comm().broadcast_object(main.then_some(&missing), 0)?
-        };
-        if !main && missing.contains(&rank) {
-            // This rank's files went into a folder of its own: leave no
-            // `.partial` folder behind there.
-            let _ = std::fs::remove_dir_all(&temp);
-        }
-        self.agree(OP, committed)?;
-        Ok(path.to_path_buf())
+        self.save_into(dir.as_ref(), objects)
     }
 
     /// The newest `checkpoint_N` under `root`, if any.
@@ -882,6 +752,8 @@ impl Accelerator {
         path: impl AsRef<Path>,
         objects: &mut [&mut dyn Checkpointed],
     ) -> Result<PathBuf> {
+        // A background save in flight commits first.
+        self.wait_for_save()?;
         self.load_impl(path.as_ref(), objects, false, true)
     }
 

@@ -276,6 +276,10 @@ pub(crate) struct TrainState {
     pub(crate) straggler_every: usize,
     /// The last straggler report.
     pub(crate) straggler_report: Option<super::stragglers::StragglerReport>,
+    /// The background save in flight (`save_state_async`).
+    pub(crate) pending_save: Option<PendingSave>,
+    /// The communicator background saves commit over.
+    pub(crate) save_comm: Option<std::sync::Arc<dyn accel_api::Communicator>>,
 }
 
 impl std::fmt::Debug for TrainShared {
@@ -343,6 +347,8 @@ impl TrainShared {
                 applied,
                 straggler_every,
                 straggler_report: None,
+                pending_save: None,
+                save_comm: None,
             }),
             rng: Mutex::new(RngSlot::new()),
             trackers: Mutex::new(Vec::new()),
@@ -541,6 +547,59 @@ impl TrainShared {
         let mut slot = self.rng_slot();
         slot.rng = Some(rng);
         slot.generation += 1;
+    }
+}
+
+/// A save running on a thread of its own.
+pub(crate) struct PendingSave {
+    path: std::path::PathBuf,
+    thread: Option<std::thread::JoinHandle<accel_api::Result<std::path::PathBuf>>>,
+}
+
+impl PendingSave {
+    /// The save of `path` running on `thread`.
+    pub(crate) fn new(
+        path: std::path::PathBuf,
+        thread: std::thread::JoinHandle<accel_api::Result<std::path::PathBuf>>,
+    ) -> PendingSave {
+        PendingSave {
+            path,
+            thread: Some(thread),
+        }
+    }
+
+    /// Wait for it: the committed folder, or why not.
+    pub(crate) fn join(mut self) -> accel_api::Result<std::path::PathBuf> {
+        let t = self.thread.take().expect("joined once");
+        t.join().unwrap_or_else(|_| {
+            Err(accel_api::Error::new(
+                accel_api::ErrorKind::Internal,
+                format!("the background save of {} panicked", self.path.display()),
+            ))
+        })
+    }
+}
+
+impl Drop for PendingSave {
+    /// The process does not end with a write in flight: wait for it, and
+    /// say if it failed (nobody asked for its result).
+    fn drop(&mut self) {
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => crate::notice::warn(
+                    None,
+                    &format!(
+                        "the background save of {} failed, and nobody waited for it: {e}",
+                        self.path.display()
+                    ),
+                ),
+                Err(_) => crate::notice::warn(
+                    None,
+                    &format!("the background save of {} panicked", self.path.display()),
+                ),
+            }
+        }
     }
 }
 

@@ -385,13 +385,18 @@ impl Accelerator {
     }
 
     /// Flush and close every tracker (Accelerate's `end_training`); later
-    /// `log` calls go nowhere until `init_trackers` runs again.
+    /// `log` calls go nowhere until `init_trackers` runs again. Waits for
+    /// a background save in flight first
+    /// ([`wait_for_save`](Self::wait_for_save)).
     ///
     /// # Errors
-    /// The first tracker error (every tracker is still closed).
+    /// A failed background save (every tracker is still closed); the first
+    /// tracker error.
     pub fn end_training(&self) -> Result<()> {
         // No step bound after training (ACCEL_TIMEOUT_STEP).
         self.watch().idle();
+        // A background save's failure is the run's (save_state_async).
+        let saved = self.wait_for_save();
         let trackers: Vec<Box<dyn Tracker>> = std::mem::take(&mut *super::shared(self).trackers());
         let mut first = None;
         for mut t in trackers {
@@ -399,6 +404,7 @@ impl Accelerator {
                 first.get_or_insert(e);
             }
         }
+        saved?;
         first.map_or(Ok(()), Err)
     }
 }
