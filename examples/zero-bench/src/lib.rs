@@ -566,3 +566,59 @@ pub fn time_table(sums: &[Summary]) -> String {
     }
     t
 }
+
+/// How long one save stops training at stage 3, `save_state` against
+/// `save_state_async` (issue 41), interleaved over `cfg.rounds`: per round,
+/// the slowest rank's seconds in each call (the async one returns once
+/// the state is in memory; the training step after it and the wait for
+/// its commit are not counted), under `dir` (the two oldest checkpoints
+/// are pruned as it goes).
+///
+/// # Errors
+/// The saves', the steps'.
+pub fn save_stall(
+    acc: &Accelerator,
+    cfg: &Config,
+    dir: &std::path::Path,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    acc.set_training_config(accel::train::TrainConfig {
+        total_limit: Some(2),
+        ..accel::train::TrainConfig::default()
+    })?;
+    let (x, y) = batch_of(acc, &cfg.widths, cfg.batch);
+    let mut model = Deep::new(&cfg.widths)?;
+    let sgd = ShardedSgd::new(1e-3).with_momentum(0.9);
+    let mut zero = ZeroOptimizer::new(
+        acc.comm().clone(),
+        &model,
+        Stage::Full,
+        &WrapPolicy::Depth(1),
+        sgd,
+    )?;
+    let step = |model: &mut Deep, zero: &mut ZeroOptimizer<ShardedSgd>| -> Result<()> {
+        model.loss_and_grad_units(&x, &y, cfg.batch, 1.0, zero)?;
+        zero.step(model)?;
+        model.zero_grad();
+        Ok(())
+    };
+    for _ in 0..cfg.warmup.max(1) {
+        step(&mut model, &mut zero)?;
+    }
+    let slowest =
+        |t: f64| -> Result<f64> { Ok(acc.comm().all_reduce_vec(&[t], ReduceOp::Max)?[0]) };
+    let (mut sync, mut background) = (Vec::new(), Vec::new());
+    for _ in 0..cfg.rounds {
+        acc.comm().barrier()?;
+        let t0 = Instant::now();
+        acc.save_state(dir.join("sync"), &[&zero])?;
+        sync.push(slowest(t0.elapsed().as_secs_f64())?);
+        step(&mut model, &mut zero)?;
+        acc.comm().barrier()?;
+        let t0 = Instant::now();
+        acc.save_state_async(dir.join("async"), &[&zero])?;
+        background.push(slowest(t0.elapsed().as_secs_f64())?);
+        step(&mut model, &mut zero)?;
+        acc.wait_for_save()?;
+    }
+    Ok((sync, background))
+}

@@ -10,7 +10,9 @@
 
 use std::process::ExitCode;
 
-use accel_example_zero_bench::{heap, memory_table, run, summarize, time_table, Config, Run};
+use accel_example_zero_bench::{
+    heap, median, memory_table, run, save_stall, summarize, time_table, Config, Run,
+};
 use clap::{Parser, ValueEnum};
 
 #[global_allocator]
@@ -85,6 +87,10 @@ struct Args {
     /// Print the summaries and every sample as one JSON object instead.
     #[arg(long)]
     json: bool,
+    /// Instead of the tables: how long one save of a stage-3 run stops
+    /// training, save_state against save_state_async, checkpoints under DIR.
+    #[arg(long, value_name = "DIR")]
+    save_stall: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -106,6 +112,25 @@ fn main() -> ExitCode {
         stages,
     };
     let result = accel::run(|acc| {
+        if let Some(dir) = &args.save_stall {
+            let (sync, background) = save_stall(acc, &cfg, dir)?;
+            if acc.is_main_process() {
+                let (ms, mb) = (median(&sync), median(&background));
+                let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+                println!(
+                    "save stall, {} ranks, stage 3, widths {:?}: save_state median {:.1} ms (best {:.1}), save_state_async median {:.1} ms (best {:.1}): {:.1}x median, {:.1}x best-vs-best",
+                    acc.world_size(),
+                    cfg.widths,
+                    ms * 1e3,
+                    best(&sync) * 1e3,
+                    mb * 1e3,
+                    best(&background) * 1e3,
+                    ms / mb,
+                    best(&sync) / best(&background)
+                );
+            }
+            return acc.wait_for_everyone();
+        }
         let samples = run(acc, &cfg)?;
         if acc.is_main_process() {
             let sums = summarize(&samples, &cfg.stages);
