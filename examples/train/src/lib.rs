@@ -63,6 +63,8 @@ pub struct Options {
     pub slow_ms: u64,
     /// Only at this batch of the run (1-based; `None`: every batch).
     pub slow_at: Option<u64>,
+    /// Save with `save_state_async` (written in the background).
+    pub async_save: bool,
 }
 
 impl Default for Options {
@@ -87,6 +89,7 @@ impl Default for Options {
             slow_rank: None,
             slow_ms: 0,
             slow_at: None,
+            async_save: false,
         }
     }
 }
@@ -209,13 +212,18 @@ pub fn train(acc: &Accelerator, opts: &Options, mut log: impl FnMut(&str)) -> Re
                 opt.lr
             ));
             if opts.save_every > 0 && steps.is_multiple_of(opts.save_every) {
-                let dir = acc.save_state(
-                    &opts.checkpoint_dir,
-                    &[&model, &opt, &sched, &loader, &eval],
-                )?;
-                say(format!("saved {}", dir.display()));
+                let objects: [&dyn accel::train::Checkpointed; 5] =
+                    [&model, &opt, &sched, &loader, &eval];
+                if opts.async_save {
+                    let dir = acc.save_state_async(&opts.checkpoint_dir, &objects)?;
+                    say(format!("saving {} in the background", dir.display()));
+                } else {
+                    let dir = acc.save_state(&opts.checkpoint_dir, &objects)?;
+                    say(format!("saved {}", dir.display()));
+                }
             }
             if opts.stop_after == Some(steps) {
+                acc.wait_for_save()?;
                 say(run::stopping_line(steps));
                 return Ok(Report {
                     steps,

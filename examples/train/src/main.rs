@@ -21,7 +21,7 @@ const USAGE: &str = "usage: train [--epochs N] [--train-len N] [--eval-len N] [-
              [--accumulation K] [--lr X] [--hidden N] [--seed N] [--noise X]
              [--save-every N] [--keep N] [--checkpoint-dir DIR]
              [--resume] [--stop-after STEP] [--step-delay-ms MS] [--log-dir DIR]
-             [--slow-rank R --slow-ms MS [--slow-at BATCH]]";
+             [--slow-rank R --slow-ms MS [--slow-at BATCH]] [--async-save]";
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options::default();
@@ -46,6 +46,7 @@ fn parse(args: &[String]) -> Result<Options, String> {
             "--slow-rank" => o.slow_rank = Some(flags.num(flag)?),
             "--slow-ms" => o.slow_ms = flags.num(flag)?,
             "--slow-at" => o.slow_at = Some(flags.num(flag)?),
+            "--async-save" => o.async_save = true,
             _ => return Ok(false),
         }
         Ok(true)
