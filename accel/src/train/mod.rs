@@ -105,6 +105,8 @@ pub use control::RngGuard;
 pub use grads::{host_from_f32, host_to_f32};
 pub use iterable::{IterableDataset, IterableLoader, PreparedIterableLoader};
 pub use kernels::{DeviceScratch, GradKernels, GradStats};
+#[doc(hidden)]
+pub use model_io::model_reads;
 pub use model_io::{
     parse_shard_size, shard_plan, MaxShardSize, DEFAULT_MAX_SHARD_SIZE, DIGEST_KEY,
     SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,

@@ -477,6 +477,34 @@ impl Accelerator {
         self.load_model_impl(model, dir.as_ref(), true)
     }
 
+    /// [`load_model`](Self::load_model) with one reader: the main process
+    /// reads and checks the files into its model, then every parameter is
+    /// broadcast from it (Accelerate's `broadcast_from_rank0`, FSDP's
+    /// `sync_module_states`): one read of the checkpoint instead of one per
+    /// rank, and no rank but the main one holds the files' bytes.
+    /// Collective.
+    ///
+    /// # Errors
+    /// As [`load_model`](Self::load_model), the main process's for every
+    /// rank; a broadcast's.
+    pub fn load_model_broadcast<P: Parameters + ?Sized>(
+        &self,
+        model: &mut P,
+        dir: impl AsRef<Path>,
+    ) -> Result<()> {
+        const OP: &str = "load_model_broadcast";
+        let dir = dir.as_ref();
+        let loaded = if self.is_main_process() {
+            super::checkpoint::recover_logged(OP, dir).and_then(|()| {
+                read_model(dir).and_then(|(t, dtypes)| fill_model(model, t, &dtypes, dir, false))
+            })
+        } else {
+            Ok(())
+        };
+        self.agree(OP, loaded)?;
+        super::prepare::broadcast_values(self, model, OP)
+    }
+
     fn load_model_impl<P: Parameters + ?Sized>(
         &self,
         model: &mut P,
@@ -644,7 +672,18 @@ type ReadModel = (
     BTreeMap<String, safetensors::Dtype>,
 );
 
+/// Model folders read so far by this process (for tests of one reader).
+static MODEL_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many model folders this process has read (`load_model` reads one
+/// per rank, `load_model_broadcast` one per job). For tests.
+#[doc(hidden)]
+pub fn model_reads() -> usize {
+    MODEL_READS.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 fn read_model(dir: &Path) -> Result<ReadModel> {
+    MODEL_READS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let index_path = dir.join(SAFE_WEIGHTS_INDEX_NAME);
     if !index_path.exists() {
         let path = dir.join(SAFE_WEIGHTS_NAME);

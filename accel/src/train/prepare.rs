@@ -223,6 +223,32 @@ impl<M: Parameters> std::fmt::Debug for PreparedModel<M> {
 
 wrapper_impls!(PreparedModel, Parameters, model);
 
+/// Copy the main process's parameter values to every rank, one broadcast
+/// per parameter in the values' own memory (nothing on one rank).
+/// Collective.
+///
+/// # Errors
+/// A broadcast's, naming `op` and the parameter.
+pub(super) fn broadcast_values<P: Parameters + ?Sized>(
+    acc: &Accelerator,
+    model: &mut P,
+    op: &str,
+) -> Result<()> {
+    if acc.world_size() == 1 {
+        return Ok(());
+    }
+    let comm = acc.comm();
+    let mut err = None;
+    model.visit_params_mut(&mut |p| {
+        if err.is_none() && !p.value.is_empty() {
+            if let Err(e) = comm.broadcast(p.value, 0) {
+                err = Some(e.with_op(format!("{op}: broadcast of {:?}", p.name)));
+            }
+        }
+    });
+    err.map_or(Ok(()), Err)
+}
+
 impl<M: Parameters> Prepare<PreparedModel<M>> for M {
     /// Wraps the model and, like DDP, copies the main process's parameter
     /// values to every rank (one broadcast per parameter, in the values'
@@ -235,20 +261,7 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
     fn prepare_with(mut self, acc: &Accelerator) -> Result<PreparedModel<M>> {
         super::grads::check_kernels(&self, "prepare_model")?;
         super::shared(acc).check_mixed_precision(acc.rank(), &self)?;
-        if acc.world_size() > 1 {
-            let comm = acc.comm();
-            let mut err = None;
-            self.visit_params_mut(&mut |p| {
-                if err.is_none() && !p.value.is_empty() {
-                    if let Err(e) = comm.broadcast(p.value, 0) {
-                        err = Some(e.with_op(format!("prepare_model: broadcast of {:?}", p.name)));
-                    }
-                }
-            });
-            if let Some(e) = err {
-                return Err(e);
-            }
-        }
+        broadcast_values(acc, &mut self, "prepare_model")?;
         let shared = super::shared(acc).clone();
         Ok(PreparedModel {
             model: self,
