@@ -118,6 +118,7 @@ pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
         zero_equivalence: gate_zero,
         zero_clipping: gate_zero,
         zero_fp16_skip_agreed: gate_zero,
+        zero_hsdp: gate_hsdp,
     ]
 }
 

@@ -9,13 +9,61 @@
 use accel::train::{try_visit_params_mut, MixedPrecision, Parameters};
 use accel::train::{Dataset, GradScaler, GradScalerConfig, Optimizer, Sgd};
 use accel::zero::{NoGate, ShardedSgd, Stage, StepOptions, UnitGate, WrapPolicy, ZeroOptimizer};
-use accel_api::{BufMut, CommunicatorExt, Op};
+use std::sync::Arc;
+
+use accel_api::{BufMut, Communicator, CommunicatorExt, Op};
 
 use crate::fixtures::{grad_numel, resident_numel, zero_grads, Mlp, ScenarioModel, Synthetic};
 use crate::{Ctx, Outcome};
 
 pub(crate) fn gate_zero(ctx: &Ctx) -> Option<String> {
     crate::ctx::needs(ctx, &[Op::AllReduce, Op::AllGather, Op::ReduceScatter])
+}
+
+pub(crate) fn gate_hsdp(ctx: &Ctx) -> Option<String> {
+    crate::ctx::needs_peers(
+        ctx,
+        &[Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::Split],
+    )
+}
+
+/// HSDP (issue 39): 2 replicas (all of them on an odd world) of a model
+/// sharded over the rest, the mesh's row-major `dp_replicate` × `dp_shard`
+/// groups split off the world; stages 1-3 give the one-process run's
+/// parameters, as ZeRO over the whole world does.
+pub(crate) fn zero_hsdp<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+    let (n, rank) = (ctx.world_size(), ctx.comm.rank());
+    let replicas = if n % 2 == 0 { 2 } else { n };
+    let per = n / replicas;
+    let split = |color: usize, key: usize| {
+        ctx.comm
+            .split(Some(color as u32), key as u32)
+            .map_err(|e| e.to_string())?
+            .map(Arc::<dyn Communicator>::from)
+            .ok_or_else(|| "the split gave this rank no group".to_string())
+    };
+    let groups =
+        split(rank / per, rank % per).and_then(|s| Ok((s, split(rank % per, rank / per)?)));
+    let groups = match groups {
+        Ok(g) => g,
+        Err(e) => return Outcome::Fail(format!("the HSDP groups: {e}")),
+    };
+    for stage in [Stage::Optimizer, Stage::Gradients, Stage::Full] {
+        let what = format!("HSDP {replicas} x {per}, stage {stage}");
+        let r = sharded_run_over::<M>(
+            ctx,
+            Some(groups.clone()),
+            stage,
+            &WrapPolicy::Depth(1),
+            (2, true),
+            None,
+        )
+        .and_then(|(got, _, _, _)| close(&what, &got, &reference(n, 2, None)?.0));
+        if let Err(m) = r {
+            return Outcome::Fail(m);
+        }
+    }
+    Outcome::Pass
 }
 
 const STAGES: [Stage; 4] = [Stage::None, Stage::Optimizer, Stage::Gradients, Stage::Full];
@@ -34,6 +82,19 @@ fn sharded_run<M: ScenarioModel>(
     (k, gated): (usize, bool),
     clip: Option<f32>,
 ) -> Result<(Vec<f32>, Vec<f32>, usize, u64), String> {
+    sharded_run_over::<M>(ctx, None, stage, policy, (k, gated), clip)
+}
+
+/// [`sharded_run`] sharding over `hybrid`'s first group and averaging
+/// across its second (HSDP), or over the world (`None`).
+fn sharded_run_over<M: ScenarioModel>(
+    ctx: &Ctx,
+    hybrid: Option<(Arc<dyn Communicator>, Arc<dyn Communicator>)>,
+    stage: Stage,
+    policy: &WrapPolicy,
+    (k, gated): (usize, bool),
+    clip: Option<f32>,
+) -> Result<(Vec<f32>, Vec<f32>, usize, u64), String> {
     let (n, rank) = (ctx.world_size(), ctx.comm.rank());
     let data = Synthetic {
         len: n * k * BS * STEPS,
@@ -41,8 +102,15 @@ fn sharded_run<M: ScenarioModel>(
     };
     let mut model = M::build(HIDDEN, 3);
     let opt = ShardedSgd::new(0.2).with_momentum(0.5);
-    let mut zero = ZeroOptimizer::new(ctx.comm.clone(), &model, stage, policy, opt)
-        .map_err(|e| e.to_string())?;
+    let (shards, replicas) = match hybrid {
+        Some((s, r)) => (s, Some(r)),
+        None => (ctx.comm.clone(), None),
+    };
+    let mut zero =
+        ZeroOptimizer::new(shards, &model, stage, policy, opt).map_err(|e| e.to_string())?;
+    if let Some(r) = replicas {
+        zero = zero.with_replicas(r);
+    }
     let global = n * k * BS;
     let mut norms = Vec::new();
     for s in 0..STEPS {

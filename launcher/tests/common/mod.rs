@@ -108,6 +108,21 @@ pub fn command(args: &[&str]) -> Command {
 /// `cmd` (a launcher, or what execs one) with a clean launcher environment
 /// (no `ACCEL_*` setting of the caller's), no stdin, and its output piped.
 pub fn clean(cmd: &mut Command) -> &mut Command {
+    for k in [
+        "PET_NNODES",
+        "PET_NPROC_PER_NODE",
+        "PET_NODE_RANK",
+        "PET_MASTER_ADDR",
+        "PET_MASTER_PORT",
+        "PET_MAX_RESTARTS",
+        "SKYPILOT_NODE_RANK",
+        "SKYPILOT_NODE_IPS",
+        "SKYPILOT_NUM_GPUS_PER_NODE",
+        "KUBEFLOW_TRAINER_STATUS_URL",
+    ] {
+        // A scheduler's description of the machines is the test's to give.
+        cmd.env_remove(k);
+    }
     cmd.env_remove("ACCEL_RUN_TOKEN")
         .env_remove("ACCEL_TIMEOUT")
         .env_remove("ACCEL_BACKEND")
