@@ -18,6 +18,7 @@ macro_rules! outln {
 }
 
 mod bench;
+mod checkpoint_cmd;
 mod config_cmd;
 mod dump_cmd;
 mod elastic_worker;
@@ -52,6 +53,8 @@ enum Command {
     Launch(launch_cmd::LaunchArgs),
     /// Write a launch config file from flags, or interactively.
     Config(config_cmd::ConfigArgs),
+    /// Inspect or verify a checkpoint folder save_state wrote.
+    Checkpoint(checkpoint_cmd::CheckpointArgs),
     /// Show the probe table, the process state, versions, devices and plugins.
     Env(env_cmd::EnvArgs),
     /// Time a collective over a range of sizes on N local ranks
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Launch(args) => launch_cmd::run(args),
         Command::Config(args) => config_cmd::run(args),
+        Command::Checkpoint(args) => checkpoint_cmd::run(args),
         Command::Env(args) => env_cmd::run(args),
         Command::ProbeWorker(args) => probe_cmd::run(args),
         Command::ElasticWorker(args) => elastic_worker::run(args),

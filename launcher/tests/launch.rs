@@ -5,6 +5,8 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -574,4 +576,64 @@ fn workers_get_their_share_of_the_cores_in_their_thread_pools() {
         "{}",
         r.all()
     );
+}
+
+/// `accel checkpoint inspect|verify` on the demo's own checkpoint folder:
+/// the objects, world size and tensors; then a flipped byte found and named.
+#[test]
+fn checkpoint_inspect_and_verify_read_what_save_state_wrote() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let ck_s = ck.to_str().unwrap();
+    let out = Command::new(train_bin())
+        .args([
+            "--epochs",
+            "1",
+            "--train-len",
+            "200",
+            "--save-every",
+            "5",
+            "--checkpoint-dir",
+            ck_s,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = accel(&["checkpoint", "inspect", ck_s, "--json"]);
+    r.code_is(0);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["format"], "accel");
+    assert_eq!(v["world_size"], 1);
+    assert!(
+        v["objects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|o| o == "model_0"),
+        "{v}"
+    );
+    let model = v["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "model_0.safetensors")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(!model["tensors"].as_array().unwrap().is_empty(), "{model}");
+    let r = accel(&["checkpoint", "verify", ck_s]);
+    r.code_is(0);
+    r.has_stdout("every size and checksum matches the manifest");
+    // A flipped byte in the newest checkpoint's model file.
+    let dir = PathBuf::from(v["dir"].as_str().unwrap());
+    let f = dir.join("model_0.safetensors");
+    let mut bytes = std::fs::read(&f).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&f, bytes).unwrap();
+    let r = accel(&["checkpoint", "verify", ck_s]);
+    r.code_is(1);
+    r.has_stderr("model_0.safetensors");
 }

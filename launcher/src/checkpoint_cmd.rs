@@ -1,0 +1,247 @@
+//! `accel checkpoint inspect|verify DIR`: what an accel checkpoint folder
+//! (`save_state`'s `checkpoint_N`, or a folder of them: the newest) holds,
+//! and whether every file matches its manifest.
+//!
+//! `inspect` reads `accelerator.json` (the iteration, the world size it was
+//! saved at, the objects) and the header of every safetensors file (its
+//! tensors' names, element types and shapes: the format's 8-byte length and
+//! JSON header, no tensor data read). `verify` checks the manifest's own
+//! checksum and every file's size and SHA-256 (`accel_sharding::verify_checkpoint`).
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use accel_api::{Error, ErrorKind, Result};
+use accel_offload::util::format_bytes;
+use accel_sharding::{read_manifest, verify_checkpoint, CheckpointDir};
+use serde::Serialize;
+
+/// Arguments of `accel checkpoint`.
+#[derive(Debug, clap::Args)]
+pub struct CheckpointArgs {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum What {
+    /// The checkpoint's iteration, world size, objects, files and tensors.
+    Inspect {
+        /// A `checkpoint_N` folder, or a folder of them (the newest).
+        dir: PathBuf,
+        /// Print JSON instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check the manifest and every file's size and checksum; exit 1 naming
+    /// the first file that does not match.
+    Verify {
+        /// A `checkpoint_N` folder, or a folder of them (the newest).
+        dir: PathBuf,
+    },
+}
+
+/// One tensor of a safetensors file.
+#[derive(Debug, Serialize, PartialEq)]
+struct Tensor {
+    name: String,
+    dtype: String,
+    shape: Vec<u64>,
+}
+
+/// One file of the checkpoint.
+#[derive(Debug, Serialize)]
+struct File {
+    name: String,
+    bytes: u64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tensors: Vec<Tensor>,
+}
+
+/// What `inspect` says.
+#[derive(Debug, Serialize)]
+struct Inspection {
+    format: &'static str,
+    dir: PathBuf,
+    iteration: Option<u64>,
+    world_size: Option<u64>,
+    objects: Vec<String>,
+    files: Vec<File>,
+}
+
+/// Run `accel checkpoint`.
+///
+/// # Errors
+/// A folder that is not a checkpoint (naming it); a file that does not
+/// match the manifest (`verify`); unreadable files.
+pub fn run(args: CheckpointArgs) -> Result<ExitCode> {
+    match args.what {
+        What::Inspect { dir, json } => {
+            let i = inspect(&resolve(&dir)?)?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&i).expect("json"));
+            } else {
+                out!("{}", table(&i));
+            }
+        }
+        What::Verify { dir } => {
+            let dir = resolve(&dir)?;
+            let m = verify_checkpoint(&dir)?;
+            let bytes: u64 = m.files.values().map(|f| f.size).sum();
+            outln!(
+                "{}: {} files, {}, every size and checksum matches the manifest",
+                dir.display(),
+                m.files.len(),
+                format_bytes(bytes)
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `dir` itself when it has a manifest, else its newest `checkpoint_N`.
+fn resolve(dir: &Path) -> Result<PathBuf> {
+    if dir.join(accel_sharding::MANIFEST_FILE).exists() {
+        return Ok(dir.to_path_buf());
+    }
+    match CheckpointDir::new(dir, None).latest()? {
+        Some((_, p)) => Ok(p),
+        None => Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "{} is not an accel checkpoint (no {}) and holds no checkpoint_N folder",
+                dir.display(),
+                accel_sharding::MANIFEST_FILE
+            ),
+        )
+        .with_op("accel checkpoint")
+        .with_fix("pass a folder save_state wrote (checkpoint_N) or the folder it saves into")),
+    }
+}
+
+fn inspect(dir: &Path) -> Result<Inspection> {
+    let manifest = read_manifest(dir)?;
+    let meta: serde_json::Value = std::fs::read(dir.join("accelerator.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or(serde_json::Value::Null);
+    let mut files = Vec::new();
+    for (name, entry) in &manifest.files {
+        let tensors = if name.ends_with(".safetensors") {
+            header_tensors(&dir.join(name))?
+        } else {
+            Vec::new()
+        };
+        files.push(File {
+            name: name.clone(),
+            bytes: entry.size,
+            tensors,
+        });
+    }
+    Ok(Inspection {
+        format: "accel",
+        dir: dir.to_path_buf(),
+        iteration: meta["iteration"].as_u64(),
+        world_size: meta["world_size"].as_u64(),
+        objects: meta["objects"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|o| o.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        files,
+    })
+}
+
+/// The tensors a safetensors file's header lists, in name order.
+fn header_tensors(path: &Path) -> Result<Vec<Tensor>> {
+    let bad = |why: String| {
+        Error::new(ErrorKind::Corrupt, format!("{}: {why}", path.display()))
+            .with_op("accel checkpoint")
+    };
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|_| bad("shorter than a safetensors header".into()))?;
+    let n = u64::from_le_bytes(len);
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if n > size.saturating_sub(8) || n > 100 << 20 {
+        return Err(bad(format!("a header of {n} bytes in a file of {size}")));
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header)
+        .map_err(|e| bad(format!("reading the header: {e}")))?;
+    let map: BTreeMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| bad(format!("the header is not JSON: {e}")))?;
+    Ok(map
+        .into_iter()
+        .filter(|(k, _)| k != "__metadata__")
+        .map(|(name, v)| Tensor {
+            name,
+            dtype: v["dtype"].as_str().unwrap_or("?").to_string(),
+            shape: v["shape"]
+                .as_array()
+                .map(|s| s.iter().filter_map(serde_json::Value::as_u64).collect())
+                .unwrap_or_default(),
+        })
+        .collect())
+}
+
+fn table(i: &Inspection) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let total: u64 = i.files.iter().map(|f| f.bytes).sum();
+    let _ = writeln!(
+        s,
+        "{} (accel checkpoint): iteration {}, saved at world size {}, {} files, {}",
+        i.dir.display(),
+        i.iteration.map_or("-".into(), |n| n.to_string()),
+        i.world_size.map_or("?".into(), |n| n.to_string()),
+        i.files.len(),
+        format_bytes(total)
+    );
+    let _ = writeln!(s, "objects: {}", i.objects.join(", "));
+    for f in &i.files {
+        let _ = writeln!(s, "{:>12}  {}", format_bytes(f.bytes), f.name);
+        for t in &f.tensors {
+            let _ = writeln!(s, "{:>12}    {} {} {:?}", "", t.name, t.dtype, t.shape);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_are_read_and_bad_ones_named() {
+        let d = tempfile::tempdir().unwrap();
+        let header = br#"{"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"__metadata__":{"a":"b"}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(&[0u8; 24]);
+        let p = d.path().join("m.safetensors");
+        std::fs::write(&p, &bytes).unwrap();
+        assert_eq!(
+            header_tensors(&p).unwrap(),
+            vec![Tensor {
+                name: "w".into(),
+                dtype: "F32".into(),
+                shape: vec![2, 3]
+            }]
+        );
+        std::fs::write(&p, 1_000_000u64.to_le_bytes()).unwrap();
+        let e = header_tensors(&p).unwrap_err().to_string();
+        assert!(e.contains("m.safetensors") && e.contains("header"), "{e}");
+        assert!(resolve(d.path())
+            .unwrap_err()
+            .to_string()
+            .contains("not an accel checkpoint"));
+    }
+}
