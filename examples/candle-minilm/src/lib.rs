@@ -24,6 +24,8 @@
 
 use std::path::Path;
 
+pub mod tp;
+
 use accel_api::{Error, ErrorKind, Result};
 use accel_candle::{load_checkpoint_and_dispatch, DispatchOptions, Dispatched};
 use accel_example_minilm_data::bad_model;
@@ -89,15 +91,7 @@ impl Minilm {
         };
         let embeddings = BertModel::load(vb.clone(), &none).map_err(candle)?;
         let encoder = BertEncoder::load(vb.pp("encoder"), &cfg).map_err(candle)?;
-        let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
-            .map_err(|e| bad_model(dir, format!("tokenizer.json: {e}")))?;
-        tokenizer.with_padding(Some(tokenizers::PaddingParams::default()));
-        tokenizer
-            .with_truncation(Some(tokenizers::TruncationParams {
-                max_length: 256,
-                ..Default::default()
-            }))
-            .map_err(|e| bad_model(dir, format!("tokenizer.json: {e}")))?;
+        let tokenizer = load_tokenizer(dir)?;
         Ok(Minilm {
             dispatched,
             embeddings,
@@ -117,32 +111,12 @@ impl Minilm {
     /// [`ErrorKind::InvalidArgument`] for no sentence or one the tokenizer
     /// rejects; the dispatch's and candle's errors.
     pub fn embed(&self, sentences: &[&str]) -> Result<Vec<Vec<f32>>> {
-        if sentences.is_empty() {
-            return Err(Error::invalid_argument(
-                "Minilm::embed",
-                "no sentence given",
-            ));
-        }
-        let enc = self
-            .tokenizer
-            .encode_batch(sentences.to_vec(), true)
-            .map_err(|e| Error::invalid_argument("Minilm::embed", e.to_string()))?;
-        let (n, t) = (enc.len(), enc[0].get_ids().len());
-        let cat = |f: fn(&tokenizers::Encoding) -> &[u32]| {
-            let v: Vec<u32> = enc.iter().flat_map(|e| f(e).iter().copied()).collect();
-            Tensor::from_vec(v, (n, t), &Device::Cpu).map_err(candle)
-        };
-        let ids = cat(tokenizers::Encoding::get_ids)?;
-        let type_ids = cat(tokenizers::Encoding::get_type_ids)?;
-        let mask = cat(tokenizers::Encoding::get_attention_mask)?;
-        // BERT's additive mask: 0 where attended, f32::MIN on padding.
-        let extended = mask
-            .to_dtype(DType::F32)
-            .and_then(|m| m.affine(-1.0, 1.0))
-            .and_then(|m| m * f64::from(f32::MIN))
-            .and_then(|m| m.unsqueeze(1))
-            .and_then(|m| m.unsqueeze(1))
-            .map_err(candle)?;
+        let Batch {
+            ids,
+            type_ids,
+            mask,
+            extended,
+        } = tokenize(&self.tokenizer, sentences, "Minilm::embed")?;
         let layers = self.encoder.layers.len();
         let mut hidden: Option<Tensor> = None;
         self.dispatched.run(|i, _| {
@@ -167,9 +141,72 @@ impl Minilm {
     }
 }
 
+/// all-MiniLM-L6-v2's tokenizer from `dir`: padded to the longest of a
+/// batch, truncated at 256 tokens.
+///
+/// # Errors
+/// `InvalidConfig` naming `tokenizer.json` when it is missing or unreadable.
+pub(crate) fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
+    let mut tokenizer = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json"))
+        .map_err(|e| bad_model(dir, format!("tokenizer.json: {e}")))?;
+    tokenizer.with_padding(Some(tokenizers::PaddingParams::default()));
+    tokenizer
+        .with_truncation(Some(tokenizers::TruncationParams {
+            max_length: 256,
+            ..Default::default()
+        }))
+        .map_err(|e| bad_model(dir, format!("tokenizer.json: {e}")))?;
+    Ok(tokenizer)
+}
+
+/// A tokenized batch: ids, type ids and attention mask `[n, t]`, and BERT's
+/// additive mask `[n, 1, 1, t]` (0 where attended, `f32::MIN` on padding).
+pub(crate) struct Batch {
+    pub(crate) ids: Tensor,
+    pub(crate) type_ids: Tensor,
+    pub(crate) mask: Tensor,
+    pub(crate) extended: Tensor,
+}
+
+/// Tokenize `sentences` for `op`.
+///
+/// # Errors
+/// `InvalidArgument` for no sentence or one the tokenizer rejects; candle's.
+pub(crate) fn tokenize(
+    tokenizer: &tokenizers::Tokenizer,
+    sentences: &[&str],
+    op: &str,
+) -> Result<Batch> {
+    if sentences.is_empty() {
+        return Err(Error::invalid_argument(op, "no sentence given"));
+    }
+    let enc = tokenizer
+        .encode_batch(sentences.to_vec(), true)
+        .map_err(|e| Error::invalid_argument(op, e.to_string()))?;
+    let (n, t) = (enc.len(), enc[0].get_ids().len());
+    let cat = |f: fn(&tokenizers::Encoding) -> &[u32]| {
+        let v: Vec<u32> = enc.iter().flat_map(|e| f(e).iter().copied()).collect();
+        Tensor::from_vec(v, (n, t), &Device::Cpu).map_err(candle)
+    };
+    let mask = cat(tokenizers::Encoding::get_attention_mask)?;
+    let extended = mask
+        .to_dtype(DType::F32)
+        .and_then(|m| m.affine(-1.0, 1.0))
+        .and_then(|m| m * f64::from(f32::MIN))
+        .and_then(|m| m.unsqueeze(1))
+        .and_then(|m| m.unsqueeze(1))
+        .map_err(candle)?;
+    Ok(Batch {
+        ids: cat(tokenizers::Encoding::get_ids)?,
+        type_ids: cat(tokenizers::Encoding::get_type_ids)?,
+        mask,
+        extended,
+    })
+}
+
 /// Mean of the token states over the attention mask, then L2-normalised
 /// (sentence-transformers' `Pooling(mean)` + `Normalize`).
-fn mean_pool_normalize(hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
+pub(crate) fn mean_pool_normalize(hidden: &Tensor, mask: &Tensor) -> candle_core::Result<Tensor> {
     let m = mask.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?;
     let sum = hidden.broadcast_mul(&m)?.sum(1)?;
     let count = m.sum(1)?.clamp(1e-9, f64::MAX)?;

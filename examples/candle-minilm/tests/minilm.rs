@@ -101,3 +101,45 @@ fn embeddings_match_the_numpy_reference() {
     let ours = model.embed(&SENTENCES).unwrap();
     data::assert_matches_reference(&ours, &reference);
 }
+
+/// Tensor parallelism (issue 39): the model split over 2 rank threads
+/// (half the heads and half the MLP units of every layer on each, two
+/// all-reduces per layer over cpu-gloo) gives the one-rank embeddings
+/// within 1e-6 per coordinate, on both ranks.
+#[test]
+fn tensor_parallel_embeddings_equal_the_one_rank_model() {
+    let Some(dir) = data::model_dir_for_test() else {
+        return;
+    };
+    let whole = Minilm::load(&dir, None, 1)
+        .unwrap()
+        .embed(&SENTENCES)
+        .unwrap();
+    let d = dir.clone();
+    let per_rank = accel::Threads::new(2)
+        .backend("cpu-gloo")
+        .timeout(std::time::Duration::from_secs(60))
+        .run(move |acc| {
+            let model = accel_example_candle_minilm::tp::TpMinilm::load(&d, acc.comm().clone())?;
+            model.embed(&SENTENCES)
+        })
+        .unwrap();
+    for (rank, emb) in per_rank.iter().enumerate() {
+        assert_eq!(emb.len(), whole.len());
+        let worst = emb
+            .iter()
+            .flatten()
+            .zip(whole.iter().flatten())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!("rank {rank}: at most {worst:e} off the one-rank embeddings");
+        assert!(
+            worst <= 1e-6,
+            "rank {rank}: {worst} off the one-rank embeddings"
+        );
+    }
+    assert_eq!(
+        per_rank[0], per_rank[1],
+        "both ranks hold the same embeddings"
+    );
+}

@@ -68,6 +68,7 @@ mod amp;
 pub mod dispatch;
 mod model;
 mod optim;
+pub mod tp;
 pub mod zero;
 
 pub use amp::{compute_dtype, compute_var_builder};
