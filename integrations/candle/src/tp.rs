@@ -1,21 +1,28 @@
 //! Tensor parallelism for candle (issue 39): Megatron's column- and
 //! row-parallel linear layers, each cut from the full weight of a one-rank
 //! model by the rank's place in its tensor-parallel group (the mesh's `tp`
-//! group), with the collectives of the forward pass where Megatron puts
-//! them. Inference only so far: the backward's collectives are not there.
+//! group), with the collectives where Megatron puts them, forward and
+//! backward.
 //!
 //! A column-parallel layer holds `out / tp` rows of the weight (and of the
 //! bias): its output is this rank's slice of the features, all-gathered
-//! when asked. A row-parallel layer holds `in / tp` columns and takes the
-//! matching slice of its input: the partial products are all-reduced, then
-//! the (whole) bias is added. A column-parallel layer followed by a
-//! row-parallel one (attention's heads, an MLP's hidden units) needs one
-//! all-reduce and no gather.
+//! when asked (inference). A row-parallel layer holds `in / tp` columns and
+//! takes the matching slice of its input: the partial products are
+//! all-reduced, then the (whole) bias is added. A column-parallel layer
+//! followed by a row-parallel one (attention's heads, an MLP's hidden
+//! units) needs one all-reduce forward and one backward, and no gather.
+//!
+//! Training: the shards are `Var`s (`vars()`), and the collectives are
+//! candle ops with a backward, Megatron's `f` and `g`: the column-parallel
+//! layer's input passes unchanged forward and has its gradient summed over
+//! the group backward ([`copy_to_tp`]); the row-parallel layer's output is
+//! summed forward and its gradient passes unchanged backward
+//! ([`reduce_from_tp`]).
 
 use std::sync::Arc;
 
 use accel_api::{Communicator, CommunicatorExt, Error, ErrorKind, ReduceOp, Result};
-use candle_core::{Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, Var, D};
 
 fn candle(e: candle_core::Error) -> Error {
     Error::new(ErrorKind::Backend, format!("candle: {e}"))
@@ -37,21 +44,107 @@ fn chunk(n: usize, group: &dyn Communicator, what: &str) -> Result<(usize, usize
     Ok((group.rank() * per, per))
 }
 
-/// The sum of `t` over `group`, in place of `t`.
-fn all_reduce_sum(t: &Tensor, group: &dyn Communicator) -> Result<Tensor> {
-    let shape = t.shape().clone();
-    let mut v: Vec<f32> = t.flatten_all().and_then(|f| f.to_vec1()).map_err(candle)?;
-    group
-        .all_reduce_slice(&mut v, ReduceOp::Sum)
-        .map_err(|e| e.with_op("row-parallel linear: all_reduce"))?;
-    Tensor::from_vec(v, shape, t.device()).map_err(candle)
+/// Megatron's `f` (`!reduce`) and `g` (`reduce`) as a candle op over a
+/// group.
+#[derive(Clone)]
+struct TpOp {
+    group: Arc<dyn Communicator>,
+    reduce: bool,
+}
+
+/// The f32 elements of a contiguous tensor's storage.
+fn elements<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
+    let CpuStorage::F32(data) = storage else {
+        candle_core::bail!("tensor-parallel collectives take f32 tensors");
+    };
+    let Some((a, b)) = layout.contiguous_offsets() else {
+        candle_core::bail!("tensor-parallel collectives take contiguous tensors");
+    };
+    Ok(&data[a..b])
+}
+
+impl CustomOp1 for TpOp {
+    fn name(&self) -> &'static str {
+        if self.reduce {
+            "tp-reduce"
+        } else {
+            "tp-copy"
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let mut v = elements(storage, layout)?.to_vec();
+        if self.reduce {
+            self.group
+                .all_reduce_slice(&mut v, ReduceOp::Sum)
+                .map_err(|e| candle_core::Error::Msg(format!("tensor-parallel all_reduce: {e}")))?;
+        }
+        Ok((CpuStorage::F32(v), layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        if self.reduce {
+            return Ok(Some(grad.clone()));
+        }
+        let sum = TpOp {
+            group: self.group.clone(),
+            reduce: true,
+        };
+        grad.contiguous()?.apply_op1_no_bwd(&sum).map(Some)
+    }
+}
+
+fn apply(x: &Tensor, group: &Arc<dyn Communicator>, reduce: bool) -> Result<Tensor> {
+    if group.world_size() == 1 {
+        return Ok(x.clone());
+    }
+    let op = TpOp {
+        group: group.clone(),
+        reduce,
+    };
+    x.contiguous().and_then(|x| x.apply_op1(op)).map_err(candle)
+}
+
+/// Megatron's `f`: `x` unchanged forward, its gradient summed over
+/// `group` backward (the input of a column-parallel layer).
+///
+/// # Errors
+/// candle's (an f32 tensor is needed).
+pub fn copy_to_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    apply(x, group, false)
+}
+
+/// Megatron's `g`: `x` summed over `group` forward, its gradient unchanged
+/// backward (the output of a row-parallel layer). Collective.
+///
+/// # Errors
+/// candle's (an f32 tensor is needed); the all-reduce's.
+pub fn reduce_from_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    apply(x, group, true)
+}
+
+/// A shard of `t` along `dim` as a trainable `Var`.
+fn shard(t: &Tensor, dim: usize, start: usize, len: usize) -> Result<Var> {
+    t.narrow(dim, start, len)
+        .and_then(|s| s.contiguous())
+        .and_then(|s| Var::from_tensor(&s))
+        .map_err(candle)
 }
 
 /// `out / tp` output features of a linear layer.
 #[derive(Clone)]
 pub struct ColumnParallelLinear {
-    weight: Tensor,
-    bias: Option<Tensor>,
+    weight: Var,
+    bias: Option<Var>,
     group: Arc<dyn Communicator>,
     gather_output: bool,
 }
@@ -68,7 +161,8 @@ impl std::fmt::Debug for ColumnParallelLinear {
 impl ColumnParallelLinear {
     /// This rank's rows of `weight` (`[out, in]`, as `candle_nn::Linear`)
     /// and of `bias`; `gather_output`: all-gather the features after the
-    /// forward (else each rank keeps its slice, for a row-parallel layer).
+    /// forward (inference; else each rank keeps its slice, for a
+    /// row-parallel layer).
     ///
     /// # Errors
     /// `InvalidArgument` when `out` does not split evenly over the group;
@@ -79,38 +173,36 @@ impl ColumnParallelLinear {
         group: Arc<dyn Communicator>,
         gather_output: bool,
     ) -> Result<ColumnParallelLinear> {
-        let (start, len) = chunk(
-            weight.dim(0).map_err(candle)?,
-            &*group,
-            "a column-parallel layer",
-        )?;
-        let weight = weight
-            .narrow(0, start, len)
-            .and_then(|w| w.contiguous())
-            .map_err(candle)?;
-        let bias = bias
-            .map(|b| b.narrow(0, start, len).and_then(|b| b.contiguous()))
-            .transpose()
-            .map_err(candle)?;
+        let out = weight.dim(0).map_err(candle)?;
+        let (start, len) = chunk(out, &*group, "a column-parallel layer")?;
         Ok(ColumnParallelLinear {
-            weight,
-            bias,
+            weight: shard(weight, 0, start, len)?,
+            bias: bias.map(|b| shard(b, 0, start, len)).transpose()?,
             group,
             gather_output,
         })
     }
 
+    /// This rank's trainable shards: the weight's rows, then the bias's.
+    pub fn vars(&self) -> Vec<Var> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
+    }
+
     /// `x · Wᵀ + b` for this rank's features (all of them, gathered, with
-    /// `gather_output`). Collective with `gather_output`.
+    /// `gather_output`); backward, `x`'s gradient is summed over the
+    /// group. Collective with `gather_output`.
     ///
     /// # Errors
     /// candle's; the all-gather's.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = candle_nn::Module::forward(
-            &candle_nn::Linear::new(self.weight.clone(), self.bias.clone()),
-            x,
-        )
-        .map_err(candle)?;
+        let x = copy_to_tp(x, &self.group)?;
+        let linear = candle_nn::Linear::new(
+            self.weight.as_tensor().clone(),
+            self.bias.as_ref().map(|b| b.as_tensor().clone()),
+        );
+        let y = candle_nn::Module::forward(&linear, &x).map_err(candle)?;
         if !self.gather_output || self.group.world_size() == 1 {
             return Ok(y);
         }
@@ -132,8 +224,8 @@ impl ColumnParallelLinear {
 /// `in / tp` input features of a linear layer.
 #[derive(Clone)]
 pub struct RowParallelLinear {
-    weight: Tensor,
-    bias: Option<Tensor>,
+    weight: Var,
+    bias: Option<Var>,
     group: Arc<dyn Communicator>,
 }
 
@@ -157,20 +249,23 @@ impl RowParallelLinear {
         bias: Option<&Tensor>,
         group: Arc<dyn Communicator>,
     ) -> Result<RowParallelLinear> {
-        let (start, len) = chunk(
-            weight.dim(1).map_err(candle)?,
-            &*group,
-            "a row-parallel layer",
-        )?;
-        let weight = weight
-            .narrow(1, start, len)
-            .and_then(|w| w.contiguous())
-            .map_err(candle)?;
+        let inp = weight.dim(1).map_err(candle)?;
+        let (start, len) = chunk(inp, &*group, "a row-parallel layer")?;
         Ok(RowParallelLinear {
-            weight,
-            bias: bias.cloned(),
+            weight: shard(weight, 1, start, len)?,
+            bias: bias
+                .map(|b| Var::from_tensor(b).map_err(candle))
+                .transpose()?,
             group,
         })
+    }
+
+    /// This rank's trainable parts: the weight's columns, then the (whole,
+    /// replicated) bias.
+    pub fn vars(&self) -> Vec<Var> {
+        std::iter::once(self.weight.clone())
+            .chain(self.bias.clone())
+            .collect()
     }
 
     /// `Σ_ranks x_r · W_rᵀ + b`, `x_r` this rank's slice of the input
@@ -179,16 +274,11 @@ impl RowParallelLinear {
     /// # Errors
     /// candle's; the all-reduce's.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let partial =
-            candle_nn::Module::forward(&candle_nn::Linear::new(self.weight.clone(), None), x)
-                .map_err(candle)?;
-        let y = if self.group.world_size() == 1 {
-            partial
-        } else {
-            all_reduce_sum(&partial, &*self.group)?
-        };
+        let linear = candle_nn::Linear::new(self.weight.as_tensor().clone(), None);
+        let partial = candle_nn::Module::forward(&linear, x).map_err(candle)?;
+        let y = reduce_from_tp(&partial, &self.group)?;
         match &self.bias {
-            Some(b) => y.broadcast_add(b).map_err(candle),
+            Some(b) => y.broadcast_add(b.as_tensor()).map_err(candle),
             None => Ok(y),
         }
     }

@@ -1,0 +1,185 @@
+//! accel-candle's tensor-parallel layers trained on 2 rank threads over
+//! cpu-gloo against the same MLP on one rank: a replicated layer, then a
+//! column-parallel layer (ReLU) into a row-parallel one, mean squared
+//! error, 5 SGD steps. Every step, each rank's shards of the weights and of
+//! their gradients equal the one-rank model's rows and columns, the
+//! replicated layer's gradients (which need the column-parallel input's
+//! gradient summed over the ranks) equal its own, and the loss is the
+//! same.
+
+use std::time::Duration;
+
+use accel_candle::tp::{ColumnParallelLinear, RowParallelLinear};
+use candle_core::{Device, Tensor, Var};
+use candle_nn::Module;
+
+const IN: usize = 6;
+const HID: usize = 8;
+const OUT: usize = 4;
+const N: usize = 10;
+
+/// Deterministic values in [-0.5, 0.5).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % 1000) as f32 / 1000.0 - 0.5
+        })
+        .collect()
+}
+
+fn t(v: Vec<f32>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+/// The full model's starting values and the data.
+fn start() -> [Tensor; 8] {
+    [
+        t(values(IN * IN, 7), &[IN, IN]),
+        t(values(IN, 8), &[IN]),
+        t(values(HID * IN, 1), &[HID, IN]),
+        t(values(HID, 2), &[HID]),
+        t(values(OUT * HID, 3), &[OUT, HID]),
+        t(values(OUT, 4), &[OUT]),
+        t(values(N * IN, 5), &[N, IN]),
+        t(values(N * OUT, 6), &[N, OUT]),
+    ]
+}
+
+/// Per step: the loss, and the weights then gradients of the four tensors,
+/// as one rank holds them (the full model: all of them).
+type Trace = Vec<(f32, Vec<Vec<f32>>)>;
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+fn sgd(vars: &[Var], grads: &candle_core::backprop::GradStore, trace: &mut Vec<Vec<f32>>) {
+    for v in vars {
+        let g = grads.get(v.as_tensor()).expect("a gradient");
+        trace.push(flat(v.as_tensor()));
+        trace.push(flat(g));
+        v.set(&(v.as_tensor() - (g * 0.1).unwrap()).unwrap())
+            .unwrap();
+    }
+}
+
+fn one_rank() -> Trace {
+    let [w0, b0, w1, b1, w2, b2, x, y] = start();
+    let vars: Vec<Var> = [w0, b0, w1, b1, w2, b2]
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    let lin = |w: usize| {
+        candle_nn::Linear::new(
+            vars[w].as_tensor().clone(),
+            Some(vars[w + 1].as_tensor().clone()),
+        )
+    };
+    let mut out = Vec::new();
+    for _ in 0..5 {
+        let h0 = lin(0).forward(&x).unwrap();
+        let h1 = lin(2).forward(&h0).unwrap().relu().unwrap();
+        let p = lin(4).forward(&h1).unwrap();
+        let loss = (p - &y).unwrap().sqr().unwrap().mean_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let mut trace = Vec::new();
+        sgd(&vars, &grads, &mut trace);
+        out.push((loss.to_scalar::<f32>().unwrap(), trace));
+    }
+    out
+}
+
+/// Rows `r` of `[rows, cols]` values, or columns.
+fn part(
+    v: &[f32],
+    cols: usize,
+    rows: std::ops::Range<usize>,
+    by_cols: Option<std::ops::Range<usize>>,
+) -> Vec<f32> {
+    let mut out = Vec::new();
+    for r in rows {
+        let row = &v[r * cols..(r + 1) * cols];
+        match &by_cols {
+            Some(c) => out.extend_from_slice(&row[c.clone()]),
+            None => out.extend_from_slice(row),
+        }
+    }
+    out
+}
+
+fn close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{what}[{i}]: {a} against {b}"
+        );
+    }
+}
+
+#[test]
+fn column_then_row_parallel_trains_as_one_rank() {
+    let full = one_rank();
+    let traces = accel::Threads::new(2)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(30))
+        .run(|acc| {
+            let [w0, b0, w1, b1, w2, b2, x, y] = start();
+            let pre = [
+                Var::from_tensor(&w0).unwrap(),
+                Var::from_tensor(&b0).unwrap(),
+            ];
+            let g = acc.comm().clone();
+            let up = ColumnParallelLinear::from_full(&w1, Some(&b1), g.clone(), false)?;
+            let down = RowParallelLinear::from_full(&w2, Some(&b2), g)?;
+            let vars: Vec<Var> = pre
+                .iter()
+                .cloned()
+                .chain(up.vars())
+                .chain(down.vars())
+                .collect();
+            let mut out = Vec::new();
+            for _ in 0..5 {
+                let first = candle_nn::Linear::new(
+                    pre[0].as_tensor().clone(),
+                    Some(pre[1].as_tensor().clone()),
+                );
+                let h = up.forward(&first.forward(&x).unwrap())?.relu().unwrap();
+                let p = down.forward(&h)?;
+                let loss = (p - &y).unwrap().sqr().unwrap().mean_all().unwrap();
+                let grads = loss.backward().unwrap();
+                let mut trace = Vec::new();
+                sgd(&vars, &grads, &mut trace);
+                out.push((loss.to_scalar::<f32>().unwrap(), trace));
+            }
+            Ok(out)
+        })
+        .unwrap();
+    let half = HID / 2;
+    for (rank, trace) in traces.iter().enumerate() {
+        let rows = rank * half..(rank + 1) * half;
+        for (step, ((loss, mine), (want_loss, all))) in trace.iter().zip(&full).enumerate() {
+            let at = |what: &str| format!("rank {rank}, step {step}: {what}");
+            close(&at("loss"), &[*loss], &[*want_loss]);
+            // Weight then gradient, for w0, b0 (whole), w1 (rows), b1
+            // (rows), w2 (columns), b2 (whole).
+            for k in 0..2 {
+                close(&at("w0"), &mine[k], &all[k]);
+                close(&at("b0"), &mine[2 + k], &all[2 + k]);
+                close(
+                    &at("w1"),
+                    &mine[4 + k],
+                    &part(&all[4 + k], IN, rows.clone(), None),
+                );
+                close(&at("b1"), &mine[6 + k], &all[6 + k][rows.clone()]);
+                let w2 = part(&all[8 + k], HID, 0..OUT, Some(rows.clone()));
+                close(&at("w2"), &mine[8 + k], &w2);
+                close(&at("b2"), &mine[10 + k], &all[10 + k]);
+            }
+        }
+    }
+}
