@@ -51,5 +51,6 @@ accel_conformance::conformance_tests!(
         zero_equivalence,
         zero_clipping,
         zero_fp16_skip_agreed,
+        zero_hsdp,
     ],
 );
