@@ -283,3 +283,77 @@ impl RowParallelLinear {
         }
     }
 }
+
+/// `vocab / tp` rows of an embedding table (Megatron's vocab-parallel
+/// embedding): a rank looks up the ids in its range, zeros elsewhere, and
+/// the rows are summed over the group, so every rank gets every id's row
+/// while holding a part of the table.
+#[derive(Clone)]
+pub struct VocabParallelEmbedding {
+    table: Var,
+    start: usize,
+    hidden: usize,
+    group: Arc<dyn Communicator>,
+}
+
+impl std::fmt::Debug for VocabParallelEmbedding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VocabParallelEmbedding")
+            .field("table", &self.table.shape())
+            .field("start", &self.start)
+            .finish_non_exhaustive()
+    }
+}
+
+impl VocabParallelEmbedding {
+    /// This rank's rows of `table` (`[vocab, hidden]`).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the vocabulary does not split evenly over the
+    /// group; candle's.
+    pub fn from_full(
+        table: &Tensor,
+        group: Arc<dyn Communicator>,
+    ) -> Result<VocabParallelEmbedding> {
+        let (vocab, hidden) = table.dims2().map_err(candle)?;
+        let (start, len) = chunk(vocab, &*group, "a vocab-parallel embedding")?;
+        Ok(VocabParallelEmbedding {
+            table: shard(table, 0, start, len)?,
+            start,
+            hidden,
+            group,
+        })
+    }
+
+    /// This rank's trainable rows.
+    pub fn vars(&self) -> Vec<Var> {
+        vec![self.table.clone()]
+    }
+
+    /// The rows of `ids` (u32, any shape, below 2^24: the range test runs
+    /// in f32), `[.., hidden]`. Collective.
+    ///
+    /// # Errors
+    /// candle's; the all-reduce's.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let rows = self.table.dim(0).map_err(candle)?;
+        let (start, end) = (self.start as f64, (self.start + rows) as f64);
+        let looked = (|| -> candle_core::Result<Tensor> {
+            let f = ids.to_dtype(candle_core::DType::F32)?;
+            let mine = f
+                .ge(start)?
+                .mul(&f.lt(end)?)?
+                .to_dtype(candle_core::DType::F32)?;
+            // Ids of other ranks look up row 0, then are zeroed.
+            let local = ((&f - start)? * &mine)?.to_dtype(candle_core::DType::U32)?;
+            let flat = local.flatten_all()?;
+            let emb = self.table.as_tensor().index_select(&flat, 0)?;
+            let emb = emb.broadcast_mul(&mine.flatten_all()?.unsqueeze(1)?)?;
+            let mut shape = ids.dims().to_vec();
+            shape.push(self.hidden);
+            emb.reshape(shape)
+        })()
+        .map_err(candle)?;
+        reduce_from_tp(&looked, &self.group)
+    }
+}

@@ -183,3 +183,51 @@ fn column_then_row_parallel_trains_as_one_rank() {
         }
     }
 }
+
+/// A vocab-parallel embedding on 2 ranks gives every id's row, and its
+/// gradient lands on the rank holding that row, as a full table's does.
+#[test]
+fn vocab_parallel_embedding_looks_up_and_learns_as_a_full_table() {
+    const V: usize = 10;
+    const H: usize = 3;
+    let table = t(values(V * H, 11), &[V, H]);
+    let ids = Tensor::new(&[[3u32, 7, 0], [9, 3, 5]], &Device::Cpu).unwrap();
+    let weights = t(values(2 * 3 * H, 12), &[2, 3, H]);
+    // One rank: the rows, and the gradient of sum(rows * weights).
+    let full = Var::from_tensor(&table).unwrap();
+    let rows = full
+        .as_tensor()
+        .index_select(&ids.flatten_all().unwrap(), 0)
+        .and_then(|r| r.reshape((2, 3, H)))
+        .unwrap();
+    let grad = (&rows * &weights)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let (want_rows, want_grad) = (flat(&rows), flat(grad.get(full.as_tensor()).unwrap()));
+    let per_rank = accel::Threads::new(2)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(30))
+        .run(move |acc| {
+            let emb =
+                accel_candle::tp::VocabParallelEmbedding::from_full(&table, acc.comm().clone())?;
+            let rows = emb.forward(&ids)?;
+            let grads = (&rows * &weights)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let mine = flat(grads.get(emb.vars()[0].as_tensor()).unwrap());
+            Ok((flat(&rows), mine))
+        })
+        .unwrap();
+    let half = V / 2;
+    for (rank, (rows, grad)) in per_rank.iter().enumerate() {
+        close(&format!("rank {rank}: rows"), rows, &want_rows);
+        let mine = &want_grad[rank * half * H..(rank + 1) * half * H];
+        close(&format!("rank {rank}: gradient of its rows"), grad, mine);
+    }
+}
