@@ -31,6 +31,16 @@ fn two_machines(port: u16, flags: [&[&str]; 2], program: &[&str]) -> (Run, Run) 
     (m0.finish(LIMIT), m1.finish(LIMIT))
 }
 
+/// The probe worker; with cpu-gloo compiled in, the workers also connect a
+/// real backend through accel::Accelerator across the machines.
+fn probe_program() -> &'static [&'static str] {
+    if cfg!(feature = "cpu-gloo") {
+        &[ACCEL, "probe-worker", "--accelerator"]
+    } else {
+        &[ACCEL, "probe-worker"]
+    }
+}
+
 fn probes(stdout: &str, ranks: std::ops::Range<usize>) -> Vec<serde_json::Value> {
     ranks
         .map(|r| {
@@ -44,14 +54,7 @@ fn probes(stdout: &str, ranks: std::ops::Range<usize>) -> Vec<serde_json::Value>
 #[test]
 fn two_machines_on_one_box_agree_on_ranks_and_run_id() {
     let port = free_port();
-    // With cpu-gloo compiled in, the workers also connect a real backend
-    // through accel::Accelerator across both machines.
-    let gloo = cfg!(feature = "cpu-gloo");
-    let prog: &[&str] = if gloo {
-        &[ACCEL, "probe-worker", "--accelerator"]
-    } else {
-        &[ACCEL, "probe-worker"]
-    };
+    let prog = probe_program();
     // Machine 1 first: it waits for machine 0's store.
     let m1 = start(machine(1, port, &["--token", "s3", "-n", "2"], prog));
     std::thread::sleep(Duration::from_millis(100));
@@ -358,12 +361,7 @@ fn skypilot_variables_alone_run_a_4_rank_job() {
 /// ranks 0-3 once each, at world size 4.
 fn cluster_env_job(vars: impl Fn(usize, u16) -> Vec<(&'static str, String)>) {
     let port = free_port();
-    let gloo = cfg!(feature = "cpu-gloo");
-    let prog: &[&str] = if gloo {
-        &[ACCEL, "probe-worker", "--accelerator"]
-    } else {
-        &[ACCEL, "probe-worker"]
-    };
+    let prog = probe_program();
     let pod = |machine: usize| {
         let mut args = vec!["launch", "--join-timeout", "20s", "--"];
         args.extend_from_slice(prog);

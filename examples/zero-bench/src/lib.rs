@@ -254,19 +254,30 @@ fn batch_of(acc: &Accelerator, widths: &[usize], batch: usize) -> (Vec<f32>, Vec
     (x, y)
 }
 
-/// One stage: build, warm up, time; this rank's step times and memory.
-fn run_stage(acc: &Accelerator, cfg: &Config, stage: Stage) -> Result<(Vec<f64>, Memory, f32)> {
-    let base = heap::current();
-    let (x, y) = batch_of(acc, &cfg.widths, cfg.batch);
-    let mut model = Deep::new(&cfg.widths)?;
+/// The benchmark's model and its ZeRO optimizer (SGD with momentum, a
+/// unit per layer) at `stage`.
+fn model_and_zero(
+    acc: &Accelerator,
+    cfg: &Config,
+    stage: Stage,
+) -> Result<(Deep, ZeroOptimizer<ShardedSgd>)> {
+    let model = Deep::new(&cfg.widths)?;
     let sgd = ShardedSgd::new(1e-3).with_momentum(0.9);
-    let mut zero = ZeroOptimizer::new(
+    let zero = ZeroOptimizer::new(
         acc.comm().clone(),
         &model,
         stage,
         &WrapPolicy::Depth(1),
         sgd,
     )?;
+    Ok((model, zero))
+}
+
+/// One stage: build, warm up, time; this rank's step times and memory.
+fn run_stage(acc: &Accelerator, cfg: &Config, stage: Stage) -> Result<(Vec<f64>, Memory, f32)> {
+    let base = heap::current();
+    let (x, y) = batch_of(acc, &cfg.widths, cfg.batch);
+    let (mut model, mut zero) = model_and_zero(acc, cfg, stage)?;
     let mut loss = 0.0;
     // One step; the model's largest resident values and gradients in it.
     let mut one_step =
@@ -586,15 +597,7 @@ pub fn save_stall(
         ..accel::train::TrainConfig::default()
     })?;
     let (x, y) = batch_of(acc, &cfg.widths, cfg.batch);
-    let mut model = Deep::new(&cfg.widths)?;
-    let sgd = ShardedSgd::new(1e-3).with_momentum(0.9);
-    let mut zero = ZeroOptimizer::new(
-        acc.comm().clone(),
-        &model,
-        Stage::Full,
-        &WrapPolicy::Depth(1),
-        sgd,
-    )?;
+    let (mut model, mut zero) = model_and_zero(acc, cfg, Stage::Full)?;
     let step = |model: &mut Deep, zero: &mut ZeroOptimizer<ShardedSgd>| -> Result<()> {
         model.loss_and_grad_units(&x, &y, cfg.batch, 1.0, zero)?;
         zero.step(model)?;
