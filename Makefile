@@ -13,7 +13,9 @@ export CARGO_INCREMENTAL ?= 0
 # iproute2: the launcher's network-namespace machines (ip netns: tests/machines.rs,
 # tests/cluster.rs, torchrun across machines in tests/torch.rs).
 # shellcheck: the scripts are checked by a test (backends/cuda-nccl/tests/scripts.rs).
-DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2 shellcheck python3 openssl
+# protobuf-compiler: protoc, which etcd-client's build needs (the etcd store);
+# etcd-server: the etcd members of the etcd store's and launcher's tests.
+DEB_PACKAGES := libgloo-dev g++ pkg-config libopenmpi-dev openmpi-bin libclang-dev iproute2 shellcheck python3 openssl protobuf-compiler etcd-server
 
 # The default workspace's features in lint and tests: the mpi engine in the
 # launcher and the pure-Rust demo (both need Open MPI, which setup installs).

@@ -290,6 +290,7 @@ fn run_machines(spec: &RunSpec, dir: &Path, tok: &str, out: &Path) -> Result<(),
         base: base.clone(),
         scratch: dir.join(format!("machine-{machine_rank}")),
         auto_rank: false,
+        etcd: None,
     };
     let join = |k: usize, port: u16| {
         Machines::join(config(k, port), tok).map_err(|e| format!("machine {k}: {e}"))

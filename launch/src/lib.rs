@@ -49,7 +49,7 @@ pub mod store;
 pub mod supervise;
 
 pub use accel_api::worker::{self as worker_env, WorkerEnv};
-pub use coordinate::{Coordinator, HostedStore, Machines, MachinesConfig};
+pub use coordinate::{Coordinator, EtcdRendezvous, HostedStore, Machines, MachinesConfig};
 pub use group::{Attempt, Ended, LocalGroup, MpirunGroup, ProcessGroup, Program, ThreadsGroup};
 pub use supervise::{run, run_attempt, RunOutcome, Supervision};
 

@@ -1,7 +1,10 @@
 //! Elastic membership (`--nnodes MIN:MAX`, docs/adr/0026-elastic-membership.md):
 //! several launchers on 127.0.0.1, one rank each, running `accel
 //! elastic-worker` (a real training run on cpu-gloo that checkpoints and
-//! logs the samples of every step). Every launcher runs under a hard limit.
+//! logs the samples of every step); and on an etcd cluster of 3 loopback
+//! members (`--rdzv-backend etcd`, module `training::on_etcd`), where any
+//! machine may die, machine 0 included. Every launcher runs under a hard
+//! limit.
 
 mod common;
 
@@ -28,13 +31,8 @@ fn machine(
     extra: &[&str],
     worker: &[&str],
 ) -> Command {
-    let ck = dir.join("ck");
-    let log = dir.join("log");
-    let mut args = vec![
-        "launch".to_string(),
-        "--nnodes".into(),
-        nnodes.into(),
-        "--node-rank".into(),
+    let rdzv = [
+        "--node-rank".to_string(),
         rank.to_string(),
         "--master-addr".into(),
         "127.0.0.1".into(),
@@ -42,13 +40,24 @@ fn machine(
         port.to_string(),
         "--token".into(),
         "elastic".into(),
+    ];
+    launcher(&rdzv, nnodes, dir, extra, worker)
+}
+
+/// A launcher of the elastic worker, its rendezvous given by `rdzv`.
+fn launcher(rdzv: &[String], nnodes: &str, dir: &Path, extra: &[&str], worker: &[&str]) -> Command {
+    let ck = dir.join("ck");
+    let log = dir.join("log");
+    let mut args = vec!["launch".to_string(), "--nnodes".into(), nnodes.into()];
+    args.extend(rdzv.iter().cloned());
+    args.extend([
         "--backend".into(),
         "cpu-gloo".into(),
         "--timeout".into(),
         "20s".into(),
         "--grace-period".into(),
         "2s".into(),
-    ];
+    ]);
     args.extend(extra.iter().map(|s| s.to_string()));
     args.extend(
         [
@@ -133,6 +142,53 @@ fn elastic_ranges_are_checked() {
         "launch --nnodes 1:2 --backend mpi --master-addr 127.0.0.1 --token t -- true",
         "mpirun's world is fixed",
     );
+}
+
+#[test]
+fn etcd_rendezvous_flags_are_checked_before_anything_starts() {
+    let e = "launch --rdzv-backend etcd";
+    refused_words(
+        &format!("{e} --nnodes 2 --rdzv-endpoint 127.0.0.1:2379 -- true"),
+        "needs a run id",
+    );
+    refused_words(
+        &format!("{e} --nnodes 2 --rdzv-id r -- true"),
+        "needs the cluster's members",
+    );
+    refused_words(
+        &format!("{e} --nnodes 1 --rdzv-id r --rdzv-endpoint h:2379 -- true"),
+        "coordinates several machines",
+    );
+    refused_words(
+        &format!("{e} --nnodes 2 --rdzv-id r --rdzv-endpoint h:0 -- true"),
+        "1-65535",
+    );
+    refused_words(
+        &format!("{e} --nnodes 2 --rdzv-id r --rdzv-endpoint h:1 --rdzv-conf color=red -- true"),
+        "takes cacert, cert, key, user and password_file",
+    );
+    refused_words(
+        &format!("{e} --nnodes 2 --rdzv-id r --rdzv-endpoint h:1 --rdzv-conf user=u -- true"),
+        "needs both user=NAME and password_file=FILE",
+    );
+    refused_words(
+        &format!("{e} --nnodes 2 --rdzv-id r --rdzv-endpoint h:1 --rdzv-conf cert=c.pem -- true"),
+        "needs its key",
+    );
+    refused_words(
+        "launch --nnodes 2 --rdzv-conf user=u --master-addr 127.0.0.1 --token t -- true",
+        "pass --rdzv-backend etcd",
+    );
+    // Nobody answers there: the join's bound, naming the endpoint.
+    let port = free_port().to_string();
+    let r = start(command(&argv(
+        "launch --rdzv-backend etcd --nnodes 2 --rdzv-id r --join-timeout 1s --rdzv-endpoint",
+        &[&format!("127.0.0.1:{port}"), "--", "true"],
+    )))
+    .finish(Duration::from_secs(30));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    r.has_stderr("no quorum of the etcd cluster");
+    r.has_stderr(&port);
 }
 
 #[test]
@@ -451,6 +507,148 @@ mod training {
         resumed_inside_epoch_0(log, 12, &context);
         every_sample_once(log, &context);
         no_worker_left(dir.path());
+    }
+
+    /// The rendezvous on a 3-member etcd cluster (`--rdzv-backend etcd`):
+    /// no machine hosts the store, each round elects its machine 0.
+    mod on_etcd {
+        use super::*;
+        use accel_test_support::etcd::EtcdCluster;
+
+        /// Launcher `k` of run `run` (2 ranks, `--nnodes 2:3`); its
+        /// stderr goes to `m{k}.err` in `dir`, to see who leads a round.
+        fn etcd_machine(c: &EtcdCluster, run: &str, dir: &Path, k: usize) -> Command {
+            let rdzv = [
+                "--rdzv-backend",
+                "etcd",
+                "--rdzv-endpoint",
+                &c.endpoint_list(),
+                "--rdzv-id",
+                run,
+                "-n",
+                "2",
+            ]
+            .map(String::from);
+            let extra = [
+                "--max-restarts",
+                "2",
+                "--join-timeout",
+                "60s",
+                "--join-window",
+                "5s",
+            ];
+            // A checkpoint every 2 steps at world size 6 (48 samples): a
+            // multiple of the global batch at 4 (16), so no step at the end
+            // of an epoch is topped up after the resume.
+            let worker = ["--step-delay-ms", "300", "--save-every", "2"];
+            let mut cmd = launcher(&rdzv, "2:3", dir, &extra, &worker);
+            cmd.stderr(std::fs::File::create(dir.join(format!("m{k}.err"))).unwrap());
+            cmd
+        }
+
+        fn err(dir: &Path, k: usize) -> String {
+            std::fs::read_to_string(dir.join(format!("m{k}.err"))).unwrap_or_default()
+        }
+
+        #[test]
+        fn machine_0_and_an_etcd_member_killed_the_two_others_finish_at_world_size_4_with_every_sample_once(
+        ) {
+            let Some(mut c) = EtcdCluster::start(3) else {
+                return;
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let (d, log) = (dir.path(), dir.path().join("log"));
+            let mut ms: Vec<Option<Running>> = (0..3)
+                .map(|k| Some(start(etcd_machine(&c, "kill-0", d, k))))
+                .collect();
+            // 6 ranks, 4 steps an epoch: after step 3 (the checkpoint of
+            // step 2 is out), one etcd member dies (a quorum is left), then
+            // round 0's machine 0.
+            let all = || (0..3).map(|k| err(d, k)).collect::<Vec<_>>().join("\n");
+            assert!(
+                eventually(Duration::from_secs(90), || reached(&log, 3)),
+                "the run did not reach step 3\n{}",
+                all()
+            );
+            c.kill(2);
+            let leader = (0..3)
+                .find(|k| err(d, *k).contains("round 0: 3 machine(s), world size 6"))
+                .unwrap_or_else(|| panic!("no machine led round 0\n{}", all()));
+            let mut m0 = ms[leader].take().unwrap();
+            m0.child.kill().unwrap();
+            let _ = m0.child.wait();
+            let runs: Vec<Run> = ms
+                .into_iter()
+                .flatten()
+                .map(|m| m.finish(ELASTIC_LIMIT))
+                .collect();
+            let context = format!("{}\n{}", context(&runs.iter().collect::<Vec<_>>()), all());
+            for r in &runs {
+                assert_eq!(r.code, Some(0), "{context}");
+            }
+            assert!(
+                all().contains("round 1: 2 machine(s), world size 4"),
+                "{context}"
+            );
+            let (_, ranks) = committed(&log);
+            assert_eq!(ranks.get(&0), Some(&6), "{context}");
+            assert_eq!(ranks.get(&1), Some(&4), "{context}");
+            every_sample_once(&log, &context);
+            no_worker_left(d);
+            // The run's id is spent: a launcher reusing it is told so.
+            let r = start(etcd_machine(&c, "kill-0", d, 9)).finish(Duration::from_secs(30));
+            assert_ne!(r.code, Some(0));
+            let e = err(d, 9);
+            assert!(
+                e.contains("run `kill-0` already ended") && e.contains("--rdzv-id"),
+                "{e}"
+            );
+        }
+
+        #[test]
+        fn a_lost_quorum_ends_every_machine_naming_the_cluster_within_the_timeout() {
+            let Some(mut c) = EtcdCluster::start(3) else {
+                return;
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path();
+            let script = format!("touch {}/up-$RANK; sleep 120", d.display());
+            let m = |k: usize| {
+                let mut cmd = command(&argv(
+                    "launch --nnodes 2 --rdzv-backend etcd --timeout 3s --join-timeout 30s \
+                     --rdzv-id quorum --rdzv-endpoint",
+                    &[&c.endpoint_list(), "--", "sh", "-c", &script],
+                ));
+                cmd.stderr(std::fs::File::create(d.join(format!("m{k}.err"))).unwrap());
+                start(cmd)
+            };
+            let (m0, m1) = (m(0), m(1));
+            assert!(
+                eventually(Duration::from_secs(60), || d.join("up-0").exists()
+                    && d.join("up-1").exists()),
+                "the workers did not start\n{}\n{}",
+                err(d, 0),
+                err(d, 1)
+            );
+            c.kill(0);
+            c.kill(1);
+            let t = std::time::Instant::now();
+            // Within the timeout (3 s) + 2 s of silence, plus the stop of the
+            // workers (grace) and a loaded machine's slack.
+            let (r0, r1) = (m0.finish(ELASTIC_LIMIT), m1.finish(ELASTIC_LIMIT));
+            let took = t.elapsed();
+            let both = format!("{}\n{}", err(d, 0), err(d, 1));
+            assert!(took < Duration::from_secs(30), "{took:?}\n{both}");
+            for (k, r) in [r0, r1].iter().enumerate() {
+                assert_ne!(r.code, Some(0), "{both}");
+                let e = err(d, k);
+                assert!(
+                    e.contains("lost the etcd cluster") && e.contains(&c.endpoints()[2]),
+                    "machine {k}:\n{e}"
+                );
+            }
+            no_worker_left(d);
+        }
     }
 
     /// The pids of `pid`'s children.

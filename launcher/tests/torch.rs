@@ -240,7 +240,6 @@ fn torchruns_flags_map_and_the_ones_that_do_not_are_refused_with_a_reason() {
     ]);
     r.code_is(0);
     for (flag, why) in [
-        ("--rdzv-conf", "join-timeout"),
         ("--start-method", "fork and exec"),
         ("--local-ranks-filter", "--ranks"),
         ("--use-deepspeed", "--sharding"),

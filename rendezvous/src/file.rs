@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use accel_api::{CasOutcome, Error, ErrorKind, Result, Store};
+use accel_api::{CasOutcome, Error, Result, Store};
 
-use crate::memory::{missing_keys_error, parse_counter};
+use crate::memory::{counter_sum, missing_keys_error, parse_counter};
 
 /// Longest path component the store writes (most filesystems allow 255).
 const COMPONENT_MAX: usize = 200;
@@ -327,13 +327,7 @@ impl Store for FileStore {
             Some(v) => parse_counter(key, &v)?,
             None => 0,
         };
-        let new = cur.checked_add(delta).ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("store counter `{key}` overflows"),
-            )
-            .with_op("store add")
-        })?;
+        let new = counter_sum(key, cur, delta)?;
         self.write("store add", key, new.to_string().as_bytes())?;
         Ok(new)
     }
@@ -388,6 +382,7 @@ impl Store for FileStore {
 pub(crate) mod tests {
     use super::*;
     use crate::test_util::{self, TempDir};
+    use accel_api::ErrorKind;
     use std::sync::Arc;
 
     #[test]

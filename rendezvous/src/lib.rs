@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | [`TcpStore`] / [`TcpStoreServer`] | `tcp://host:port` | the default: the launcher (or rank 0) hosts the server, every rank connects; authenticated with the run token |
 //! | [`FileStore`] | `file:///abs/dir` | a shared directory (local tmp, NFS) when no TCP server can be hosted |
+//! | `EtcdStore` (feature `etcd`) | `etcd://host1:2379,host2:2379/namespace` | an etcd v3 cluster: no machine of the run hosts the store, so any may die |
 //! | [`MemoryStore`] | `memory:` | one process: threads as ranks, tests; also the state behind the TCP server |
 //! | [`PrefixStore`] | — | any store seen under a key prefix, so that independent users never collide |
 //!
@@ -67,6 +68,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 mod memory;
 mod prefix;
@@ -83,14 +86,16 @@ use std::time::Duration;
 
 use accel_api::{Error, Result, Store};
 
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdAuth, EtcdStore, ETCD_ENV};
 pub use file::FileStore;
 pub use memory::MemoryStore;
 pub use prefix::PrefixStore;
 pub use tcp::{ServerLimits, TcpStore, TcpStoreServer};
 pub use torch::{TorchServerLimits, TorchStore, TorchStoreServer};
 
-const URL_FORMS: &str =
-    "expected tcp://host:port, torch://host:port, file:///absolute/dir or memory:";
+const URL_FORMS: &str = "expected tcp://host:port, torch://host:port, \
+     etcd://host:port[,host:port...][/namespace], file:///absolute/dir or memory:";
 
 /// Open the store a URL names.
 ///
@@ -101,6 +106,11 @@ const URL_FORMS: &str =
 /// * `file:///absolute/dir`: [`FileStore::new`], with `timeout` as its lock
 ///   timeout (the directory's permissions are its only protection; `token`
 ///   is not used);
+/// * `etcd://host1:2379,host2:2379/namespace`: an etcd v3 cluster (feature
+///   `etcd`), keys under `namespace` (`accel` when none), TLS and
+///   authentication from `ACCEL_ETCD_*` (`EtcdAuth::from_env`), `timeout`
+///   as the bound of the connection and of every call that does not wait
+///   for a key; `token` is not used;
 /// * `memory:`: a fresh, empty [`MemoryStore`] (useful in tests only: it is
 ///   not shared with other processes).
 ///
@@ -114,7 +124,33 @@ pub fn open_store(url: &str, token: Option<&str>, timeout: Duration) -> Result<A
         StoreUrl::Torch(addr) => Arc::new(TorchStore::connect(addr, timeout)?),
         StoreUrl::File(path) => Arc::new(FileStore::new(path)?.with_lock_timeout(timeout)),
         StoreUrl::Memory => Arc::new(MemoryStore::new()),
+        StoreUrl::Etcd {
+            endpoints,
+            namespace,
+        } => open_etcd(&endpoints, namespace, timeout)?,
     })
+}
+
+#[cfg(feature = "etcd")]
+fn open_etcd(endpoints: &[String], namespace: &str, timeout: Duration) -> Result<Arc<dyn Store>> {
+    let auth = EtcdAuth::from_env()?;
+    Ok(Arc::new(EtcdStore::connect(
+        endpoints, namespace, &auth, timeout,
+    )?))
+}
+
+#[cfg(not(feature = "etcd"))]
+fn open_etcd(endpoints: &[String], namespace: &str, _timeout: Duration) -> Result<Arc<dyn Store>> {
+    Err(Error::new(
+        accel_api::ErrorKind::Unavailable,
+        format!(
+            "the store etcd://{}/{namespace} needs accel's etcd client, which this program was \
+             built without",
+            endpoints.join(",")
+        ),
+    )
+    .with_op("store open")
+    .with_fix("build the program with accel's `etcd` feature (features = [\"etcd\"])"))
 }
 
 /// Check a store URL's form (scheme, host, port range, absolute path)
@@ -136,6 +172,11 @@ enum StoreUrl<'a> {
     /// An absolute directory.
     File(&'a str),
     Memory,
+    /// etcd endpoints (`host:port`) and the namespace.
+    Etcd {
+        endpoints: Vec<String>,
+        namespace: &'a str,
+    },
 }
 
 fn parse_store_url(url: &str) -> Result<StoreUrl<'_>> {
@@ -175,6 +216,29 @@ fn parse_store_url(url: &str) -> Result<StoreUrl<'_>> {
         }
         return Ok(StoreUrl::File(path));
     }
+    if let Some(rest) = url.strip_prefix("etcd://") {
+        let (hosts, namespace) = rest.split_once('/').unwrap_or((rest, ""));
+        let namespace = namespace.trim_end_matches('/');
+        let mut endpoints = Vec::new();
+        for h in hosts.split(',') {
+            let (host, port) = h.rsplit_once(':').unwrap_or((h, ""));
+            if host.is_empty() || !matches!(port.parse::<u16>(), Ok(p) if p != 0) {
+                return Err(bad(&format!(
+                    "etcd endpoint {h:?} is not host:port with a port in 1..=65535"
+                )));
+            }
+            endpoints.push(h.to_string());
+        }
+        let namespace = if namespace.is_empty() {
+            "accel"
+        } else {
+            namespace
+        };
+        return Ok(StoreUrl::Etcd {
+            endpoints,
+            namespace,
+        });
+    }
     if url == "memory:" || url == "memory://" {
         return Ok(StoreUrl::Memory);
     }
@@ -207,6 +271,17 @@ mod tests {
             let dir = TempDir::new("scenario");
             Fixture::new(Arc::new(FileStore::new(dir.path()).unwrap()), dir)
         });
+    }
+
+    #[cfg(feature = "etcd")]
+    mod etcd_scenarios {
+        use super::*;
+        use accel_test_support::etcd::EtcdCluster;
+        // One member per test: each scenario on its own cluster.
+        store_scenarios!(optional EtcdCluster::start(1).map(|c| {
+            let url = format!("etcd://{}/scenario", c.endpoint_list());
+            Fixture::new(open_store(&url, None, T).unwrap(), c)
+        }));
     }
 
     #[test]
@@ -266,6 +341,10 @@ mod tests {
             "file://relative/dir",
             "file:relative",
             "memory:extra",
+            "etcd://",
+            "etcd://host",
+            "etcd://h:1,,h:2",
+            "etcd://h:0/ns",
         ] {
             let e = match open_store(url, None, Duration::from_millis(10)) {
                 Err(e) => e,

@@ -137,6 +137,17 @@ pub(crate) fn parse_counter(key: &str, v: &[u8]) -> Result<i64> {
         })
 }
 
+/// `cur + delta` for the counter at `key`, or an error naming it.
+pub(crate) fn counter_sum(key: &str, cur: i64, delta: i64) -> Result<i64> {
+    cur.checked_add(delta).ok_or_else(|| {
+        Error::new(
+            ErrorKind::InvalidArgument,
+            format!("store counter `{key}` overflows"),
+        )
+        .with_op("store add")
+    })
+}
+
 pub(crate) fn missing_keys_error(
     op: &str,
     missing: &[String],
@@ -180,12 +191,7 @@ impl Store for MemoryStore {
             Some(v) => parse_counter(key, v)?,
             None => 0,
         };
-        let new = cur.checked_add(delta).ok_or_else(|| {
-            Error::new(
-                ErrorKind::InvalidArgument,
-                format!("store counter `{key}` overflows"),
-            )
-        })?;
+        let new = counter_sum(key, cur, delta)?;
         map.insert(key.to_string(), new.to_string().into_bytes());
         drop(map);
         self.changed.notify_all();

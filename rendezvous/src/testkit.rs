@@ -73,8 +73,16 @@ impl Fixture {
 /// own per store: the tests are named as the scenarios.
 #[macro_export]
 macro_rules! store_scenarios {
+    // A store that may be absent here (a server not installed): `$make`
+    // is an `Option<Fixture>`, `None` after the caller recorded a skip.
+    (optional $make:expr) => {
+        $crate::store_scenarios!(@names optional $make);
+    };
     ($make:expr) => {
-        $crate::store_scenarios!(@each $make;
+        $crate::store_scenarios!(@names required $make);
+    };
+    (@names $mode:ident $make:expr) => {
+        $crate::store_scenarios!(@each $mode $make;
             set_get_overwrite,
             try_get_absent_is_none,
             get_waits_for_a_later_set,
@@ -88,12 +96,23 @@ macro_rules! store_scenarios {
             odd_keys_are_distinct,
             barrier_releases_everyone);
     };
-    (@each $make:expr; $($name:ident),*) => {
+    (@each required $make:expr; $($name:ident),*) => {
         $(
             #[test]
             fn $name() {
                 let f: $crate::testkit::Fixture = $make;
                 $crate::testkit::$name(&f);
+            }
+        )*
+    };
+    (@each optional $make:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                let f: Option<$crate::testkit::Fixture> = $make;
+                if let Some(f) = f {
+                    $crate::testkit::$name(&f);
+                }
             }
         )*
     };

@@ -21,6 +21,7 @@ pub mod child;
 pub mod demo_ranks;
 #[cfg(feature = "env-cases")]
 pub mod env_cases;
+pub mod etcd;
 #[cfg(feature = "fuzz")]
 pub mod fuzz;
 pub mod log_lines;

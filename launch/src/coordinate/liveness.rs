@@ -35,6 +35,8 @@ struct Table {
     /// clock). This machine's own entry: when its beat last reached the
     /// store.
     seen: Vec<(i64, Instant)>,
+    /// Why this machine's last beat failed, if it did.
+    beat_error: Option<String>,
 }
 
 /// The launchers' heartbeats during one attempt: this machine's beat and
@@ -54,18 +56,20 @@ impl Liveness {
     /// so that a beat stuck on a cut link holds up nothing else) and call
     /// `on_lost` once, from another thread, when a machine was silent for
     /// `lost_after`: with this machine (`me`) alone when its own beat did
-    /// not reach the store, else with the silent others.
+    /// not reach the store (and the store's last error), else with the
+    /// silent others.
     pub fn start(
         store: Arc<dyn Store>,
         attempt: u32,
         me: usize,
         num_machines: usize,
         lost_after: Duration,
-        on_lost: Box<dyn FnOnce(Silent) + Send>,
+        on_lost: Box<dyn FnOnce(Silent, Option<String>) + Send>,
     ) -> Liveness {
         let now = Instant::now();
         let table = Arc::new(Mutex::new(Table {
             seen: vec![(0, now); num_machines],
+            beat_error: None,
         }));
         let stop = Arc::new(AtomicBool::new(false));
         let live = Liveness {
@@ -81,7 +85,7 @@ impl Liveness {
                     .map(|k| key(attempt, &format!("alive/{k}")))
                     .collect();
                 while !st.load(Ordering::SeqCst) {
-                    let beat = store.add(&keys[me], 1).is_ok();
+                    let beat = store.add(&keys[me], 1);
                     let mut read = vec![None; num_machines];
                     for (k, slot) in read.iter_mut().enumerate().filter(|(k, _)| *k != me) {
                         *slot = store
@@ -92,8 +96,12 @@ impl Liveness {
                     }
                     let now = Instant::now();
                     let mut tab = t.lock().unwrap_or_else(|p| p.into_inner());
-                    if beat {
-                        tab.seen[me].1 = now;
+                    match beat {
+                        Ok(_) => {
+                            tab.seen[me].1 = now;
+                            tab.beat_error = None;
+                        }
+                        Err(e) => tab.beat_error = Some(e.to_string()),
                     }
                     for (k, v) in read.into_iter().enumerate() {
                         if let Some(v) = v.filter(|v| *v != tab.seen[k].0) {
@@ -124,7 +132,13 @@ impl Liveness {
                         others
                     };
                     if !lost.is_empty() && !stop.load(Ordering::SeqCst) {
-                        on_lost(lost);
+                        let why = probe
+                            .table
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .beat_error
+                            .clone();
+                        on_lost(lost, why);
                         return;
                     }
                 }
@@ -184,7 +198,17 @@ pub fn lost_failure(
     let host = |k: usize| slot(k).map_or_else(|| "?".to_string(), |m| m.host.clone());
     let secs = silent.as_secs_f64();
     let others = plan.machines.len().saturating_sub(1);
-    let (named, mut error) = if first == me {
+    let (named, mut error) = if first == me && store_at.starts_with("etcd://") {
+        // On etcd no machine hosts the store: this machine lost the cluster.
+        (
+            me,
+            format!(
+                "machine {me} lost the etcd cluster ({store_at}): its heartbeat did not reach \
+                 the store for {secs:.1}s (the cluster lost its quorum, or this machine's link \
+                 is down)"
+            ),
+        )
+    } else if first == me {
         // This machine's beat did not reach machine 0's store.
         (
             0,
@@ -288,13 +312,13 @@ mod tests {
             0,
             3,
             lost_after,
-            Box::new(move |lost| {
+            Box::new(move |lost, _| {
                 let _ = tx.send(lost);
             }),
         );
         // Machine 1 beats throughout; machine 2 beats, then stops.
-        let one = Liveness::start(store.clone(), 0, 1, 3, T, Box::new(|_| {}));
-        let two = Liveness::start(store.clone(), 0, 2, 3, T, Box::new(|_| {}));
+        let one = Liveness::start(store.clone(), 0, 1, 3, T, Box::new(|_, _| {}));
+        let two = Liveness::start(store.clone(), 0, 2, 3, T, Box::new(|_, _| {}));
         std::thread::sleep(3 * BEAT);
         two.stop();
         let lost = rx.recv_timeout(Duration::from_secs(5)).expect("a loss");

@@ -18,6 +18,7 @@ use accel_api::worker::{tcp_url, WorkerEnv};
 use accel_api::{Error, ErrorKind, Result, Store};
 use accel_rendezvous::{TcpStore, TcpStoreServer, TorchStoreServer};
 
+use super::etcd::{self, EtcdRendezvous};
 use super::liveness::{lost_failure, Liveness, BEAT, SUSPECT};
 use super::membership::{self, Global, MachineSlot, Plan, Registration, Watcher};
 use super::{elastic, host_name, read_stall, Coordinator, Settled};
@@ -68,6 +69,11 @@ pub struct MachinesConfig {
     /// the others take the next ranks from the store in the order they
     /// join ([`Machines::join`]); `machine_rank` is ignored.
     pub auto_rank: bool,
+    /// The run's store is on an etcd cluster (`--rdzv-backend etcd`): no
+    /// machine hosts it, each round elects its machine 0 (`etcd.rs`);
+    /// `machine_rank`, `main_addr` and `main_port` are not used, `run_id`
+    /// is required.
+    pub etcd: Option<EtcdRendezvous>,
 }
 
 impl MachinesConfig {
@@ -208,6 +214,23 @@ fn next_machine_rank(store: &dyn Store, cfg: &MachinesConfig) -> Result<usize> {
     Ok(rank)
 }
 
+/// What this machine tells the others when it joins (`cfg.machine_rank`
+/// as known now).
+fn registration(cfg: &MachinesConfig, host: &str) -> Result<Registration> {
+    Ok(Registration {
+        machine_rank: cfg.machine_rank,
+        nproc: cfg.nproc,
+        num_machines: cfg.num_machines,
+        world_size: cfg.world_size_claim(),
+        run_id: cfg.run_id.clone(),
+        host: host.to_string(),
+        pid: std::process::id(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        id: format!("{host}:{}:{}", std::process::id(), store::random_hex(4)?),
+        min_machines: cfg.min_machines,
+    })
+}
+
 impl Machines {
     /// Host the store (machine 0) or connect to it (the others) with
     /// `token`; the join itself happens at each attempt's
@@ -219,6 +242,9 @@ impl Machines {
     /// token (naming the fix).
     pub fn join(mut cfg: MachinesConfig, token: &str) -> Result<Machines> {
         let host = host_name();
+        if cfg.etcd.is_some() {
+            return Self::join_etcd(cfg, host);
+        }
         // torchrun's c10d: whoever can listen at the endpoint hosts.
         let hosted = if cfg.auto_rank {
             match store::host(&cfg.main_addr, cfg.main_port, true, token) {
@@ -254,18 +280,7 @@ impl Machines {
                 (None, store, beat)
             }
         };
-        let me = Registration {
-            machine_rank: cfg.machine_rank,
-            nproc: cfg.nproc,
-            num_machines: cfg.num_machines,
-            world_size: cfg.world_size_claim(),
-            run_id: cfg.run_id.clone(),
-            host: host.clone(),
-            pid: std::process::id(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            id: format!("{host}:{}:{}", std::process::id(), store::random_hex(4)?),
-            min_machines: cfg.min_machines,
-        };
+        let me = registration(&cfg, &host)?;
         let run_id = match (cfg.machine_rank, &cfg.run_id) {
             (0, Some(id)) => id.clone(),
             (0, None) => store::random_hex(6)?,
@@ -277,7 +292,47 @@ impl Machines {
         base.master_port = Some(cfg.main_port);
         base.store_url = Some(tcp_url(&cfg.main_addr, cfg.main_port));
         base.token = Some(token.to_string());
-        Ok(Machines {
+        Ok(Machines::new(
+            cfg,
+            me,
+            (server, store, beat_store),
+            (run_id, host, base),
+        ))
+    }
+
+    /// [`join`](Self::join) on an etcd cluster: connect, and learn the
+    /// machine rank from each round's plan.
+    fn join_etcd(mut cfg: MachinesConfig, host: String) -> Result<Machines> {
+        let (Some(rdzv), Some(run_id)) = (cfg.etcd.clone(), cfg.run_id.clone()) else {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                "an etcd rendezvous needs a run id (--rdzv-id) shared by every machine of the run",
+            ));
+        };
+        let bounds = (cfg.join_timeout, cfg.timeout, SUSPECT);
+        let (store, beat_store) = rdzv.connect(&run_id, bounds)?;
+        // Unknown until the first round's plan.
+        cfg.machine_rank = usize::MAX;
+        let me = registration(&cfg, &host)?;
+        let mut base = cfg.base.clone();
+        base.run_id = Some(run_id.clone());
+        base.master_addr = None;
+        base.master_port = None;
+        base.store_url = Some(rdzv.url(&run_id));
+        base.token = None;
+        let stores = (None, store, beat_store);
+        Ok(Machines::new(cfg, me, stores, (run_id, host, base)))
+    }
+
+    /// A coordinator before its first round: `stores` are the hosted
+    /// server (machine 0), the store and the heartbeats' store.
+    fn new(
+        cfg: MachinesConfig,
+        me: Registration,
+        (server, store, beat_store): (Option<TcpStoreServer>, Arc<dyn Store>, Arc<dyn Store>),
+        (run_id, host, base): (String, String, WorkerEnv),
+    ) -> Machines {
+        Machines {
             me,
             server,
             torch: None,
@@ -297,7 +352,15 @@ impl Machines {
             liveness: None,
             plan: None,
             cfg,
-        })
+        }
+    }
+
+    /// This machine hosts the store or, on etcd, leads the current round.
+    fn leads(&self) -> bool {
+        match self.cfg.etcd {
+            Some(_) => self.rank == 0,
+            None => self.cfg.machine_rank == 0,
+        }
     }
 
     /// The port machine 0's store listens on (the one it chose when given
@@ -306,8 +369,12 @@ impl Machines {
         self.cfg.main_port
     }
 
-    /// Where machine 0's store listens (for messages).
+    /// Where the run's store is (for messages): machine 0's address, or
+    /// the etcd cluster.
     fn store_at(&self) -> String {
+        if self.cfg.etcd.is_some() {
+            return self.store.describe();
+        }
         tcp_url(&self.cfg.main_addr, self.cfg.main_port)
             .trim_start_matches("tcp://")
             .to_string()
@@ -386,7 +453,7 @@ impl Machines {
     /// from `n + lag` on): `(rank offset, world size)`.
     fn join_round(&mut self, n: u32) -> Result<(usize, usize)> {
         let s = self.cfg.clone();
-        if !s.elastic() {
+        if s.etcd.is_none() && !s.elastic() {
             let plan = if s.machine_rank == 0 {
                 membership::host_join(
                     &*self.store,
@@ -414,7 +481,17 @@ impl Machines {
             window: s.join_window,
             timeout: s.join_timeout,
         };
-        let (round, plan) = if s.machine_rank == 0 {
+        let (round, plan) = if s.etcd.is_some() {
+            let previous = std::mem::take(&mut self.members);
+            etcd::join_round(
+                &*self.store,
+                &self.me,
+                (&self.run_id, s.max_restarts),
+                n + self.lag,
+                &previous,
+                bounds,
+            )?
+        } else if s.machine_rank == 0 {
             let previous = std::mem::take(&mut self.members);
             let plan = elastic::host_round(
                 &*self.store,
@@ -446,7 +523,7 @@ impl Machines {
     }
 
     fn take_plan(&mut self, plan: &Plan) {
-        if self.cfg.machine_rank != 0 {
+        if self.cfg.machine_rank != 0 || self.cfg.etcd.is_some() {
             self.run_id = plan.run_id.clone();
             self.max_restarts = plan.max_restarts;
         }
@@ -539,13 +616,16 @@ impl Coordinator for Machines {
         // Machine 0 hosts a fresh torch endpoint for each attempt (torch
         // expects a new store on a retry) and publishes its port before
         // the join; the others read it after.
-        let mut torch_port = if self.cfg.machine_rank == 0 {
+        // On etcd no machine has an address every other one knows: no torch
+        // endpoint (accel workers use the etcd store itself).
+        let on_etcd = self.cfg.etcd.is_some();
+        let mut torch_port = if self.cfg.machine_rank == 0 && !on_etcd {
             Some(self.host_torch(n)?)
         } else {
             None
         };
         let (rank_offset, world_size) = self.join_round(n)?;
-        if self.cfg.machine_rank != 0 {
+        if self.cfg.machine_rank != 0 && !on_etcd {
             torch_port = self.joined_torch_port(self.round)?;
         }
         if let Some(l) = self.liveness.take() {
@@ -561,14 +641,15 @@ impl Coordinator for Machines {
                 me,
                 self.count,
                 self.cfg.timeout + Duration::from_secs(2),
-                Box::new(move |lost| {
+                Box::new(move |lost, why| {
                     // This machine's own silence: the store is out of reach,
                     // and so are the others; settle_alone names them.
                     if let Some((k, silent)) = lost.first().filter(|(k, _)| *k == me) {
+                        let why = why.map(|w| format!(": {w}")).unwrap_or_default();
                         let _ = tx.send(Event::StoreLost {
                             attempt,
                             message: format!(
-                                "machine {k}'s heartbeat has not reached the store at {at} for {:.1}s",
+                                "machine {k}'s heartbeat has not reached the store at {at} for {:.1}s{why}",
                                 silent.as_secs_f64()
                             ),
                         });
@@ -708,8 +789,10 @@ impl Coordinator for Machines {
     }
 
     fn end(&mut self, _last: u32) {
-        if self.cfg.machine_rank == 0 && self.cfg.elastic() {
-            // Machines waiting for a round stop.
+        let reaches = self.reaches_store();
+        if reaches && self.leads() && (self.cfg.elastic() || self.cfg.etcd.is_some()) {
+            // Machines waiting for a round stop (on etcd, a later launcher
+            // with the same run id learns the run is over).
             let _ = self
                 .store
                 .set(&elastic::done_key(), b"machine 0's launcher ended the run");
@@ -717,7 +800,7 @@ impl Coordinator for Machines {
         // Wait for no goodbye of a silent machine, nor of the machine the
         // root cause says was lost (it may have gone silent a moment ago);
         // say none to a store this machine cannot reach.
-        let lost = (self.rank == 0)
+        let lost = (reaches && self.rank == 0)
             .then(|| membership::failure(&*self.store, self.round))
             .flatten()
             .filter(|f| matches!(f.exit, Exit::Lost { .. }))
@@ -732,7 +815,7 @@ impl Coordinator for Machines {
             // No attempt began: no machine joined to say goodbye.
             None => Vec::new(),
         };
-        if self.reaches_store() {
+        if reaches {
             membership::farewell(
                 &*self.store,
                 self.round,
@@ -753,6 +836,14 @@ impl Coordinator for Machines {
     }
 
     fn store_url(&self) -> String {
+        if let Some(url) = self
+            .base
+            .store_url
+            .clone()
+            .filter(|_| self.cfg.etcd.is_some())
+        {
+            return url;
+        }
         tcp_url(&self.cfg.main_addr, self.cfg.main_port)
     }
 

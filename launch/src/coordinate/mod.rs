@@ -6,7 +6,9 @@
 //!   machine 0): this launcher hosts the store, a fresh one per attempt;
 //! * [`Machines`] (`machines.rs`): several machines' launchers, machine 0
 //!   hosting the store for the whole run, every attempt starting with the
-//!   machines' join, fixed or elastic (`--num-machines MIN:MAX`).
+//!   machines' join, fixed or elastic (`--num-machines MIN:MAX`); or, on
+//!   an etcd cluster (`etcd.rs`), no machine hosting anything, each round
+//!   electing its machine 0.
 //!
 //! What [`Machines`] agrees on with the other machines, one file per
 //! protocol: the join and the attempt's outcome (`membership.rs`: who is
@@ -17,6 +19,7 @@
 //! one process (the conformance harness runs two "machines" on loopback).
 
 mod elastic;
+mod etcd;
 mod hosted;
 mod liveness;
 mod machines;
@@ -27,6 +30,7 @@ use std::sync::Arc;
 
 use accel_api::Result;
 
+pub use etcd::EtcdRendezvous;
 pub use hosted::HostedStore;
 pub use machines::{Machines, MachinesConfig};
 

@@ -269,7 +269,9 @@ pub fn parse(text: &str, path: &Path) -> Result<AccelerateConfig> {
                     return Err(ctx.refuse(
                         other,
                         "accel's machine 0 hosts the rendezvous itself (static and c10d both \
-                         mean that); etcd and other backends are not spoken",
+                         mean that); Accelerate's file has no place for an etcd cluster's \
+                         members: pass `--rdzv-backend etcd --rdzv-endpoint HOST:PORT,... \
+                         --rdzv-id RUN` on the command line instead",
                     ))
                 }
             },

@@ -64,16 +64,25 @@ pub struct LaunchArgs {
     #[arg(long, aliases = ["run_path"])]
     pub(super) run_path: bool,
 
-    /// torchrun's --rdzv-backend: `c10d` or `static`, both meaning that
-    /// machine 0 hosts the rendezvous at --rdzv-endpoint (accel's store).
-    #[arg(long = "rdzv-backend", aliases = ["rdzv_backend"], value_name = "c10d|static",
-          value_parser = ["c10d", "static"])]
+    /// torchrun's --rdzv-backend: `c10d` or `static` (machine 0 hosts the
+    /// rendezvous at --rdzv-endpoint, accel's store), or `etcd` (the
+    /// rendezvous on an etcd cluster, --rdzv-endpoint naming its members:
+    /// any machine may die; `etcd-v2`, torch's other name, means the same).
+    #[arg(long = "rdzv-backend", aliases = ["rdzv_backend"], value_name = "c10d|static|etcd",
+          value_parser = ["c10d", "static", "etcd", "etcd-v2"])]
     pub(super) rdzv_backend: Option<String>,
 
-    /// torchrun's --rdzv-endpoint `HOST[:PORT]`: where machine 0 hosts the
-    /// store (--main-process-ip / --main-process-port).
+    /// torchrun's --rdzv-endpoint: `HOST[:PORT]` where machine 0 hosts the
+    /// store (--main-process-ip / --main-process-port); under
+    /// `--rdzv-backend etcd`, the etcd members `HOST:PORT,HOST:PORT,...`.
     #[arg(long = "rdzv-endpoint", aliases = ["rdzv_endpoint"], value_name = "HOST[:PORT]")]
     pub(super) rdzv_endpoint: Option<String>,
+
+    /// torchrun's --rdzv-conf, under `--rdzv-backend etcd`: how to reach
+    /// the cluster, `KEY=VALUE,...` with `cacert` (or `ca`), `cert`, `key`
+    /// (PEM files: TLS), `user` and `password_file` (authentication).
+    #[arg(long = "rdzv-conf", aliases = ["rdzv_conf"], value_name = "KEY=VALUE,...")]
+    pub(super) rdzv_conf: Option<String>,
 
     /// torchrun's --monitor-interval: accepted for compatibility; accel
     /// watches its workers continuously, so it changes nothing.
@@ -110,6 +119,7 @@ impl LaunchArgs {
             run_path: false,
             rdzv_backend: None,
             rdzv_endpoint: None,
+            rdzv_conf: None,
             monitor_interval: None,
             workers_stdout_to_stderr: false,
             command,

@@ -28,10 +28,6 @@ fn distance(a: &str, b: &str) -> usize {
 /// take, and why (docs/torch.md has the whole table).
 const NOT_MAPPED: &[(&str, &str)] = &[
     (
-        "rdzv-conf",
-        "accel's rendezvous has no such settings; --join-timeout bounds the machines' join",
-    ),
-    (
         "rdzv-timeout",
         "use --join-timeout for the machines' join and --timeout for every blocking call",
     ),

@@ -18,7 +18,8 @@ use std::time::Duration;
 use accel_api::worker::{MixedPrecision, Stage, WorkerEnv};
 use accel_api::{Error, ErrorKind, Result};
 use accel_launch::output::say;
-use accel_launch::MachinesConfig;
+use accel_launch::{EtcdRendezvous, MachinesConfig};
+use accel_rendezvous::EtcdAuth;
 
 use super::args::LaunchArgs;
 use super::options::{format_dur, MachineCount, Options, RankFilter, StdStreams, TeeArg};
@@ -63,7 +64,8 @@ pub fn file_layer(args: &LaunchArgs) -> Result<(Options, Vec<(String, String)>)>
 /// # Errors
 /// [`ErrorKind::InvalidConfig`] when they contradict `o`.
 pub fn torchrun_flags(args: &LaunchArgs, mut o: Options) -> Result<Options> {
-    if let Some(ep) = &args.rdzv_endpoint {
+    // Under etcd, --rdzv-endpoint names the cluster ([`etcd_rendezvous`]).
+    if let Some(ep) = args.rdzv_endpoint.as_ref().filter(|_| !on_etcd(args)) {
         let (host, port) = split_endpoint(ep)?;
         if o.main_process_ip.as_deref().is_some_and(|h| h != host) {
             return Err(Error::invalid_config(
@@ -95,6 +97,105 @@ pub fn torchrun_flags(args: &LaunchArgs, mut o: Options) -> Result<Options> {
         o.machine_rank = Some(0);
     }
     Ok(o)
+}
+
+/// Variables for the workers, as `(name, value)`.
+type EnvPairs = Vec<(String, String)>;
+
+/// `--rdzv-backend etcd` (or torch's `etcd-v2`).
+fn on_etcd(args: &LaunchArgs) -> bool {
+    matches!(args.rdzv_backend.as_deref(), Some("etcd" | "etcd-v2"))
+}
+
+/// The etcd cluster of `--rdzv-backend etcd --rdzv-endpoint H:P,H:P
+/// [--rdzv-conf ...]`, and the variables that let the workers reach it
+/// too; `None` under another backend.
+///
+/// # Errors
+/// [`ErrorKind::InvalidConfig`] naming the flag: no endpoint, a malformed
+/// one, an unknown `--rdzv-conf` key, a password file that cannot be read,
+/// `--rdzv-conf` without etcd.
+pub fn etcd_rendezvous(args: &LaunchArgs) -> Result<Option<(EtcdRendezvous, EnvPairs)>> {
+    if !on_etcd(args) {
+        if let Some(c) = &args.rdzv_conf {
+            return Err(Error::invalid_config(
+                "--rdzv-conf",
+                c,
+                "it configures the etcd rendezvous; pass --rdzv-backend etcd, or drop it",
+            ));
+        }
+        return Ok(None);
+    }
+    let list = args.rdzv_endpoint.as_deref().unwrap_or_default();
+    let mut endpoints = Vec::new();
+    for ep in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let ep = ep
+            .strip_prefix("http://")
+            .or_else(|| ep.strip_prefix("https://"))
+            .unwrap_or(ep);
+        let (host, port) = split_endpoint(ep)?;
+        endpoints.push(format!("{host}:{}", port.unwrap_or(2379)));
+    }
+    if endpoints.is_empty() {
+        return Err(Error::invalid_config(
+            "--rdzv-endpoint",
+            list,
+            "--rdzv-backend etcd needs the cluster's members, HOST:PORT[,HOST:PORT...]",
+        ));
+    }
+    let mut auth = EtcdAuth::default();
+    let mut env = Vec::new();
+    let (mut user, mut password) = (None, None);
+    for kv in args.rdzv_conf.iter().flat_map(|c| c.split(',')) {
+        let bad = |why: &str| Error::invalid_config("--rdzv-conf", kv, why.to_string());
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| bad("expected KEY=VALUE"))?;
+        let (k, v) = (k.trim(), v.trim().to_string());
+        let var = match k {
+            "cacert" | "ca" => "ACCEL_ETCD_CA",
+            "cert" => "ACCEL_ETCD_CERT",
+            "key" => "ACCEL_ETCD_KEY",
+            "user" => "ACCEL_ETCD_USER",
+            "password_file" => "ACCEL_ETCD_PASSWORD",
+            _ => {
+                return Err(bad(
+                    "unknown key; --rdzv-conf takes cacert, cert, key, user and password_file",
+                ))
+            }
+        };
+        let value = match var {
+            "ACCEL_ETCD_CA" => auth.ca.insert(v.clone().into()).display().to_string(),
+            "ACCEL_ETCD_CERT" => auth.cert.insert(v.clone().into()).display().to_string(),
+            "ACCEL_ETCD_KEY" => auth.key.insert(v.clone().into()).display().to_string(),
+            "ACCEL_ETCD_USER" => user.insert(v).clone(),
+            _ => {
+                let p = std::fs::read_to_string(&v)
+                    .map_err(|e| bad(&format!("cannot read the password file: {e}")))?;
+                password.insert(p.trim().to_string()).clone()
+            }
+        };
+        env.push((var.to_string(), value));
+    }
+    auth.user = match (user, password) {
+        (Some(u), Some(p)) => Some((u, p)),
+        (None, None) => None,
+        _ => {
+            return Err(Error::invalid_config(
+                "--rdzv-conf",
+                args.rdzv_conf.as_deref().unwrap_or_default(),
+                "etcd authentication needs both user=NAME and password_file=FILE",
+            ))
+        }
+    };
+    if auth.cert.is_some() != auth.key.is_some() {
+        return Err(Error::invalid_config(
+            "--rdzv-conf",
+            args.rdzv_conf.as_deref().unwrap_or_default(),
+            "a client certificate (cert=) needs its key (key=), and the other way round",
+        ));
+    }
+    Ok(Some((EtcdRendezvous { endpoints, auth }, env)))
 }
 
 /// torchrun's `HOST[:PORT]` (IPv6 in brackets).
@@ -188,6 +289,8 @@ pub struct Settings {
     /// Accelerate's ParallelismConfig from the `--parallelism-config-*`
     /// flags, checked against the world size; exported to the workers.
     pub parallelism: Option<accel::mesh::ParallelismConfig>,
+    /// The run's store on an etcd cluster (`--rdzv-backend etcd`).
+    pub etcd: Option<EtcdRendezvous>,
 }
 
 impl Settings {
@@ -256,9 +359,14 @@ impl Settings {
                  (`ps`); use --token-file FILE or the ACCEL_RUN_TOKEN variable instead",
             );
         }
-        let mut s = Settings::resolve(o)?;
+        let etcd = etcd_rendezvous(args)?;
+        let mut s = Settings::resolve_on(o, etcd.as_ref().map(|e| &e.0))?;
         s.auto_machine_rank = auto_rank && s.multi_machine();
         s.extra_env = extra_env;
+        if let Some((rdzv, env)) = etcd {
+            s.extra_env.extend(env);
+            s.etcd = Some(rdzv);
+        }
         s.extra_env.extend(s.parallelism_env());
         Ok(s)
     }
@@ -268,12 +376,29 @@ impl Settings {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidConfig`] with the flag to fix.
+    #[cfg(test)]
     pub fn resolve(o: Options) -> Result<Settings> {
+        Self::resolve_on(o, None)
+    }
+
+    /// [`resolve`](Self::resolve), the run's store on `etcd` when given:
+    /// then no machine hosts it (no address, port or token to give), the
+    /// run spans several machines and names itself (`--rdzv-id`).
+    ///
+    /// # Errors
+    /// As `resolve`; under etcd, one machine or no run id.
+    pub fn resolve_on(o: Options, etcd: Option<&EtcdRendezvous>) -> Result<Settings> {
         let (machines, nproc, machine_rank) = processes(&o)?;
         let parallelism = parallelism(&o, machines, nproc)?;
         let timeout = timeout(&o)?;
         let token = token(&o)?;
-        let (main_addr, main_port, token) = endpoint(&o, machines.max, token)?;
+        let (main_addr, main_port, token) = match etcd {
+            None => endpoint(&o, machines.max, token)?,
+            Some(e) => {
+                check_etcd_run(&o, machines.max, e)?;
+                (String::new(), 0, token)
+            }
+        };
         if let Some(id) = &o.run_id {
             check_run_id(id)?;
         }
@@ -299,6 +424,7 @@ impl Settings {
             join_window: o.join_window.unwrap_or(DEFAULT_JOIN_WINDOW),
             machine_rank,
             auto_machine_rank: false,
+            etcd: None,
             main_addr,
             main_port,
             token,
@@ -357,6 +483,7 @@ impl Settings {
             base,
             scratch,
             auto_rank: self.auto_machine_rank,
+            etcd: self.etcd.clone(),
         }
     }
 }
@@ -441,6 +568,36 @@ fn processes(o: &Options) -> Result<(MachineCount, usize, usize)> {
         .with_fix("pass --machine-rank between 0 and --num-machines minus 1"));
     }
     Ok((machines, nproc, machine_rank))
+}
+
+/// What an etcd rendezvous needs of the options: several machines and a
+/// run id (the keys' namespace, shared by every machine of the run).
+fn check_etcd_run(o: &Options, num_machines: usize, e: &EtcdRendezvous) -> Result<()> {
+    if num_machines < 2 {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            "--rdzv-backend etcd coordinates several machines, but --nnodes / --num-machines \
+             is 1",
+        )
+        .with_fix("pass --nnodes MIN:MAX (or N), or drop --rdzv-backend etcd for one machine"));
+    }
+    if o.run_id.is_none() {
+        return Err(Error::new(
+            ErrorKind::InvalidConfig,
+            format!(
+                "--rdzv-backend etcd needs a run id: the run's keys on the cluster at {} live \
+                 under it",
+                e.endpoints.join(",")
+            ),
+        )
+        .with_fix(
+            "pass the same --rdzv-id RUN on every machine of the run, and a new one per run",
+        ));
+    }
+    if o.machine_rank.is_some() {
+        say("--machine-rank is not used under --rdzv-backend etcd: each round's plan gives the machine ranks");
+    }
+    Ok(())
 }
 
 /// The workers' bound of every blocking call (`--timeout`).
