@@ -46,6 +46,19 @@ fn machine(
 
 /// A launcher of the elastic worker, its rendezvous given by `rdzv`.
 fn launcher(rdzv: &[String], nnodes: &str, dir: &Path, extra: &[&str], worker: &[&str]) -> Command {
+    let args = launcher_args(rdzv, nnodes, dir, extra, worker);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    command(&refs)
+}
+
+/// The arguments of [`launcher`]'s `accel`.
+fn launcher_args(
+    rdzv: &[String],
+    nnodes: &str,
+    dir: &Path,
+    extra: &[&str],
+    worker: &[&str],
+) -> Vec<String> {
     let ck = dir.join("ck");
     let log = dir.join("log");
     let mut args = vec!["launch".to_string(), "--nnodes".into(), nnodes.into()];
@@ -76,8 +89,7 @@ fn launcher(rdzv: &[String], nnodes: &str, dir: &Path, extra: &[&str], worker: &
         .map(String::from),
     );
     args.extend(worker.iter().map(|s| s.to_string()));
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    command(&refs)
+    args
 }
 
 /// No process of this test's run is left (the killed launcher's worker
@@ -174,6 +186,10 @@ fn etcd_rendezvous_flags_are_checked_before_anything_starts() {
     refused_words(
         &format!("{e} --nnodes 2 --rdzv-id r --rdzv-endpoint h:1 --rdzv-conf cert=c.pem -- true"),
         "needs its key",
+    );
+    refused_words(
+        &format!("{e} --nnodes 2 --rdzv-id r --rdzv-endpoint h:1 --backend mpi -- true"),
+        "one mpirun",
     );
     refused_words(
         "launch --nnodes 2 --rdzv-conf user=u --master-addr 127.0.0.1 --token t -- true",
@@ -513,11 +529,24 @@ mod training {
     /// no machine hosts the store, each round elects its machine 0.
     mod on_etcd {
         use super::*;
-        use accel_test_support::etcd::EtcdCluster;
+        use accel_test_support::etcd::{EtcdCluster, Host};
+        use common::netns::Cluster;
 
         /// Launcher `k` of run `run` (2 ranks, `--nnodes 2:3`); its
         /// stderr goes to `m{k}.err` in `dir`, to see who leads a round.
         fn etcd_machine(c: &EtcdCluster, run: &str, dir: &Path, k: usize) -> Command {
+            etcd_machine_on(None, c, (run, "300"), dir, k)
+        }
+
+        /// [`etcd_machine`], on machine `k` of `net` when given, the
+        /// worker waiting `delay` ms a step.
+        fn etcd_machine_on(
+            net: Option<&Cluster>,
+            c: &EtcdCluster,
+            (run, delay): (&str, &str),
+            dir: &Path,
+            k: usize,
+        ) -> Command {
             let rdzv = [
                 "--rdzv-backend",
                 "etcd",
@@ -540,14 +569,57 @@ mod training {
             // A checkpoint every 2 steps at world size 6 (48 samples): a
             // multiple of the global batch at 4 (16), so no step at the end
             // of an epoch is topped up after the resume.
-            let worker = ["--step-delay-ms", "300", "--save-every", "2"];
-            let mut cmd = launcher(&rdzv, "2:3", dir, &extra, &worker);
+            let worker = ["--step-delay-ms", delay, "--save-every", "2"];
+            let mut cmd = match net {
+                None => launcher(&rdzv, "2:3", dir, &extra, &worker),
+                Some(net) => {
+                    let args = launcher_args(&rdzv, "2:3", dir, &extra, &worker);
+                    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+                    let mut cmd = net.command(k, ACCEL, &refs);
+                    clean(&mut cmd);
+                    cmd
+                }
+            };
             cmd.stderr(std::fs::File::create(dir.join(format!("m{k}.err"))).unwrap());
             cmd
         }
 
         fn err(dir: &Path, k: usize) -> String {
             std::fs::read_to_string(dir.join(format!("m{k}.err"))).unwrap_or_default()
+        }
+
+        /// The launcher (of 3) that led round 0.
+        fn leader_of_round_0(dir: &Path) -> usize {
+            (0..3)
+                .find(|k| err(dir, *k).contains("round 0: 3 machine(s), world size 6"))
+                .unwrap_or_else(|| {
+                    let all: Vec<String> = (0..3).map(|k| err(dir, k)).collect();
+                    panic!("no machine led round 0\n{}", all.join("\n"))
+                })
+        }
+
+        /// The launchers left after round 0's leader went: each succeeded,
+        /// round 1 ran at world size 4, every sample of the run's sample log
+        /// trained on once. The ranks of each attempt.
+        #[track_caller]
+        fn the_others_finished_at_world_size_4(
+            runs: &[Run],
+            dir: &Path,
+            context: &str,
+        ) -> std::collections::BTreeMap<u32, usize> {
+            for r in runs {
+                assert_eq!(r.code, Some(0), "{context}");
+            }
+            let all: Vec<String> = (0..3).map(|k| err(dir, k)).collect();
+            assert!(
+                all.concat().contains("round 1: 2 machine(s), world size 4"),
+                "{context}"
+            );
+            let log = dir.join("log");
+            every_sample_once(&log, context);
+            let (_, ranks) = committed(&log);
+            assert_eq!(ranks.get(&1), Some(&4), "{context}");
+            ranks
         }
 
         #[test]
@@ -571,9 +643,7 @@ mod training {
                 all()
             );
             c.kill(2);
-            let leader = (0..3)
-                .find(|k| err(d, *k).contains("round 0: 3 machine(s), world size 6"))
-                .unwrap_or_else(|| panic!("no machine led round 0\n{}", all()));
+            let leader = leader_of_round_0(d);
             let mut m0 = ms[leader].take().unwrap();
             m0.child.kill().unwrap();
             let _ = m0.child.wait();
@@ -583,17 +653,8 @@ mod training {
                 .map(|m| m.finish(ELASTIC_LIMIT))
                 .collect();
             let context = format!("{}\n{}", context(&runs.iter().collect::<Vec<_>>()), all());
-            for r in &runs {
-                assert_eq!(r.code, Some(0), "{context}");
-            }
-            assert!(
-                all().contains("round 1: 2 machine(s), world size 4"),
-                "{context}"
-            );
-            let (_, ranks) = committed(&log);
+            let ranks = the_others_finished_at_world_size_4(&runs, d, &context);
             assert_eq!(ranks.get(&0), Some(&6), "{context}");
-            assert_eq!(ranks.get(&1), Some(&4), "{context}");
-            every_sample_once(&log, &context);
             no_worker_left(d);
             // The run's id is spent: a launcher reusing it is told so.
             let r = start(etcd_machine(&c, "kill-0", d, 9)).finish(Duration::from_secs(30));
@@ -606,47 +667,133 @@ mod training {
         }
 
         #[test]
-        fn a_lost_quorum_ends_every_machine_naming_the_cluster_within_the_timeout() {
+        fn machine_0_cut_off_ends_naming_the_lost_cluster_and_the_others_finish_with_every_sample_once(
+        ) {
+            // Machines 0-2 run the launchers, 3-5 the etcd members, each a
+            // network namespace on one bridge.
+            let Some(net) = Cluster::or_skip(6, "etcd: machine 0 cut off") else {
+                return;
+            };
+            let hosts = (3..6)
+                .map(|i| Host {
+                    addr: net.addr(i).to_string(),
+                    prefix: ["ip", "netns", "exec", &net.machines[i].ns]
+                        .map(String::from)
+                        .to_vec(),
+                })
+                .collect();
+            let Some(c) = EtcdCluster::start_on(hosts) else {
+                return;
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let (d, log) = (dir.path(), dir.path().join("log"));
+            let mut ms: Vec<Option<Running>> = (0..3)
+                .map(|k| {
+                    Some(start(etcd_machine_on(
+                        Some(&net),
+                        &c,
+                        ("cut-0", "300"),
+                        d,
+                        k,
+                    )))
+                })
+                .collect();
+            let all = || (0..3).map(|k| err(d, k)).collect::<Vec<_>>().join("\n");
+            assert!(
+                eventually(Duration::from_secs(90), || reached(&log, 3)),
+                "the run did not reach step 3\n{}",
+                all()
+            );
+            let leader = leader_of_round_0(d);
+            net.cut(leader);
+            let cut_at = std::time::Instant::now();
+            let cut = ms[leader].take().unwrap().finish(ELASTIC_LIMIT);
+            let took = cut_at.elapsed();
+            let runs: Vec<Run> = ms
+                .into_iter()
+                .flatten()
+                .map(|m| m.finish(ELASTIC_LIMIT))
+                .collect();
+            let context = format!("{}\n{}", context(&runs.iter().collect::<Vec<_>>()), all());
+            // The cut machine: it lost the cluster, within 2 x (timeout + 2 s).
+            assert_ne!(cut.code, Some(0), "{context}");
+            assert!(
+                err(d, leader).contains("lost the etcd cluster"),
+                "{context}"
+            );
+            assert!(took < Duration::from_secs(44), "{took:?}\n{context}");
+            the_others_finished_at_world_size_4(&runs, d, &context);
+            net.reconnect(leader);
+            no_worker_left(d);
+        }
+
+        #[test]
+        fn a_lost_quorum_ends_every_machine_naming_the_cluster_and_a_new_run_resumes_after_it_returns(
+        ) {
             let Some(mut c) = EtcdCluster::start(3) else {
                 return;
             };
             let dir = tempfile::tempdir().unwrap();
-            let d = dir.path();
-            let script = format!("touch {}/up-$RANK; sleep 120", d.display());
-            let m = |k: usize| {
-                let mut cmd = command(&argv(
-                    "launch --nnodes 2 --rdzv-backend etcd --timeout 3s --join-timeout 30s \
-                     --rdzv-id quorum --rdzv-endpoint",
-                    &[&c.endpoint_list(), "--", "sh", "-c", &script],
-                ));
-                cmd.stderr(std::fs::File::create(d.join(format!("m{k}.err"))).unwrap());
-                start(cmd)
-            };
-            let (m0, m1) = (m(0), m(1));
+            let (d, log) = (dir.path(), dir.path().join("log"));
+            // Two machines of 2:3 (the round closes after the join window),
+            // slow steps: the run outlives the detection.
+            let ms: Vec<Running> = (0..2)
+                .map(|k| start(etcd_machine_on(None, &c, ("quorum", "1500"), d, k)))
+                .collect();
+            let all = || (0..2).map(|k| err(d, k)).collect::<Vec<_>>().join("\n");
             assert!(
-                eventually(Duration::from_secs(60), || d.join("up-0").exists()
-                    && d.join("up-1").exists()),
-                "the workers did not start\n{}\n{}",
-                err(d, 0),
-                err(d, 1)
+                eventually(Duration::from_secs(90), || reached(&log, 3)),
+                "the run did not reach step 3\n{}",
+                all()
             );
             c.kill(0);
             c.kill(1);
             let t = std::time::Instant::now();
-            // Within the timeout (3 s) + 2 s of silence, plus the stop of the
-            // workers (grace) and a loaded machine's slack.
-            let (r0, r1) = (m0.finish(ELASTIC_LIMIT), m1.finish(ELASTIC_LIMIT));
+            let runs: Vec<Run> = ms.into_iter().map(|m| m.finish(ELASTIC_LIMIT)).collect();
             let took = t.elapsed();
-            let both = format!("{}\n{}", err(d, 0), err(d, 1));
-            assert!(took < Duration::from_secs(30), "{took:?}\n{both}");
-            for (k, r) in [r0, r1].iter().enumerate() {
-                assert_ne!(r.code, Some(0), "{both}");
+            // Within the timeout (20 s) + 2 s of silence, plus the workers'
+            // stop (grace 2 s) and a loaded machine's slack.
+            assert!(took < Duration::from_secs(40), "{took:?}\n{}", all());
+            for (k, r) in runs.iter().enumerate() {
+                assert_ne!(r.code, Some(0), "{}", all());
                 let e = err(d, k);
+                // Its heartbeat lost the cluster, or (its workers done first)
+                // the agreement on the outcome did: the cluster and the quorum
+                // are named either way.
                 assert!(
-                    e.contains("lost the etcd cluster") && e.contains(&c.endpoints()[2]),
+                    e.contains("etcd cluster")
+                        && e.contains("quorum")
+                        && e.contains(&c.endpoints()[2]),
                     "machine {k}:\n{e}"
                 );
             }
+            no_worker_left(d);
+            // The members come back; a new run (a new id) resumes from the
+            // newest checkpoint (step 2 at the least) and finishes.
+            c.restart(0);
+            c.restart(1);
+            let again: Vec<Run> = (0..2)
+                .map(|k| start(etcd_machine_on(None, &c, ("quorum-2", "100"), d, k + 2)))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|m| m.finish(ELASTIC_LIMIT))
+                .collect();
+            let both = format!("{}\n{}", err(d, 2), err(d, 3));
+            for r in &again {
+                assert_eq!(r.code, Some(0), "{both}");
+            }
+            let resumed = again
+                .iter()
+                .flat_map(|r| rank_lines(&r.stdout, 0))
+                .find(|l| l.starts_with("resumed from"))
+                .unwrap_or_default();
+            let step: u64 = resumed
+                .split(" at step ")
+                .nth(1)
+                .and_then(|t| t.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            assert!(step >= 2, "{resumed:?}\n{both}");
             no_worker_left(d);
         }
     }

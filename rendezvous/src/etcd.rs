@@ -305,17 +305,19 @@ impl EtcdStore {
         Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + self.timeout;
+        let mut retried = false;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.call(left, &f) {
                 Call::Done(v) => return Ok(v),
                 Call::Failed(e) if transient(&e) && !left.is_zero() => {
+                    retried = true;
                     std::thread::sleep(RETRY.min(left));
                     if Instant::now() >= deadline {
-                        return Err(self.failed(op, what, e));
+                        return Err(self.failed(op, what, e, retried));
                     }
                 }
-                Call::Failed(e) => return Err(self.failed(op, what, e)),
+                Call::Failed(e) => return Err(self.failed(op, what, e, retried)),
                 Call::Late => return Err(self.late(op, what, self.timeout)),
             }
         }
@@ -369,7 +371,7 @@ impl EtcdStore {
                 Call::Failed(e) if transient(&e) && Instant::now() < deadline => {
                     std::thread::sleep(RETRY);
                 }
-                Call::Failed(e) => return Err(self.failed(op, what, e)),
+                Call::Failed(e) => return Err(self.failed(op, what, e, tried)),
                 Call::Late => return Err(self.late(op, what, self.timeout)),
             }
         }
@@ -392,18 +394,26 @@ impl EtcdStore {
         )
     }
 
-    fn failed(&self, op: &str, what: &str, e: etcd_client::Error) -> Error {
+    /// `e`, the last failure of a call (`retried`: after transient ones
+    /// for as long as the call's bound), as an error naming the cluster.
+    fn failed(&self, op: &str, what: &str, e: etcd_client::Error, retried: bool) -> Error {
         let eps = self.endpoints.join(",");
         let kind = if is_auth(&e) {
             ErrorKind::Unauthorized
         } else {
             ErrorKind::PeerLost { peer: None }
         };
-        let lost = e.to_string().contains("no leader");
-        let why = if lost {
+        let why = if e.to_string().contains("no leader") {
             format!(
                 "the etcd cluster at {eps} lost its quorum ({})",
                 self.quorum()
+            )
+        } else if retried && transient(&e) {
+            format!(
+                "the etcd cluster at {eps} lost its quorum or cannot be reached ({}; no member \
+                 answered for {:?})",
+                self.quorum(),
+                self.timeout
             )
         } else {
             format!("the etcd cluster at {eps} failed")
@@ -504,7 +514,7 @@ impl EtcdStore {
         match got {
             Call::Done(v) => Ok(Some(v)),
             Call::Failed(e) if transient(&e) => Err(Retry::Transient),
-            Call::Failed(e) => Err(Retry::Fatal(self.failed(op, &what, e))),
+            Call::Failed(e) => Err(Retry::Fatal(self.failed(op, &what, e, false))),
             Call::Late => Ok(None),
         }
     }

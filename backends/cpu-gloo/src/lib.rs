@@ -39,7 +39,8 @@
 //! variable, first of a comma-separated list), then an address derived
 //! from the store: `127.0.0.1` for an in-process store or a store on
 //! loopback, otherwise this machine's address on the route to the store's
-//! host; failing all that, Gloo's default (this machine's host name).
+//! host (the first member's, for a cluster such as etcd's);
+//! failing all that, Gloo's default (this machine's host name).
 //!
 //! ## What is supported
 //!

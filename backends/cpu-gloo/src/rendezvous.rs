@@ -216,6 +216,9 @@ fn store_host(describe: &str) -> StoreHost {
     };
     let authority = rest.split(['/', ' ', '?', '#']).next().unwrap_or("");
     let authority = authority.rsplit('@').next().unwrap_or("");
+    // A cluster's members (`etcd://h1:2379,h2:2379/...`): the first one's
+    // route is this machine's address towards all of them.
+    let authority = authority.split(',').next().unwrap_or("");
     if authority.is_empty() {
         return StoreHost::Unknown;
     }
@@ -283,6 +286,14 @@ mod tests {
         assert_eq!(
             store_host("tcp://tok@node7:9/x"),
             StoreHost::Remote("node7".into(), 9)
+        );
+        assert_eq!(
+            store_host("etcd://10.1.2.3:2379,10.1.2.4:2379/accel/run"),
+            StoreHost::Remote("10.1.2.3".into(), 2379)
+        );
+        assert_eq!(
+            store_host("etcd://127.0.0.1:2379,127.0.0.1:2381/accel/run"),
+            StoreHost::InProcess
         );
         assert_eq!(store_host("file:///tmp/store"), StoreHost::Unknown);
         assert_eq!(store_host("something else"), StoreHost::Unknown);

@@ -309,7 +309,11 @@ impl Machines {
                 "an etcd rendezvous needs a run id (--rdzv-id) shared by every machine of the run",
             ));
         };
-        let bounds = (cfg.join_timeout, cfg.timeout, SUSPECT);
+        // A call that does not wait for a key is answered within an
+        // election (about a second) on a cluster with a quorum: 5 s at most,
+        // so that a lost quorum ends the attempt soon.
+        let call = cfg.timeout.min(Duration::from_secs(5));
+        let bounds = (cfg.join_timeout, call, SUSPECT);
         let (store, beat_store) = rdzv.connect(&run_id, bounds)?;
         // Unknown until the first round's plan.
         cfg.machine_rank = usize::MAX;

@@ -199,6 +199,15 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         )
         .with_fix("use a fixed --num-machines with --backend mpi, or another backend (cpu-gloo) for an elastic run"));
     }
+    if s.etcd.is_some() && mpi::requested(&s) {
+        return Err(Error::invalid_config(
+            "--rdzv-backend",
+            "etcd",
+            "the etcd rendezvous runs one launcher per machine, and --backend mpi starts every \
+             rank with one mpirun",
+        )
+        .with_fix("use another backend (cpu-gloo) with --rdzv-backend etcd, or accel's own rendezvous with --backend mpi"));
+    }
     if mpi::requested(&s) {
         return mpi::launch(&s, args, None);
     }
@@ -206,7 +215,7 @@ fn launch(args: &LaunchArgs) -> Result<u8> {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    if s.backend.is_none() && !s.elastic() {
+    if s.backend.is_none() && !s.elastic() && s.etcd.is_none() {
         let choice = default_backend::choose(&program.path, s.world_size_claim(), s.num_machines);
         if choice.is_mpi() {
             say(&format!("backend mpi (default): {}", choice.reason));
