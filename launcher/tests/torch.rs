@@ -569,15 +569,43 @@ if attempt == "0" and r == 3:
 
 #[test]
 fn a_torch_program_runs_under_accel_launch_on_two_machines() {
+    let port = free_port().to_string();
+    torch_on_two_machines(&|rank| {
+        let mut args = machine_args("2", rank, "127.0.0.1", &port);
+        args.push("--join-timeout");
+        args.into_iter().map(String::from).collect()
+    });
+}
+
+/// The same on an etcd cluster (`--rdzv-backend etcd`): the torch store is
+/// hosted by the round's leader.
+#[test]
+fn a_torch_program_runs_under_accel_launch_on_two_machines_on_etcd() {
+    let Some(c) = accel_test_support::etcd::EtcdCluster::start(3) else {
+        return;
+    };
+    let eps = c.endpoint_list();
+    torch_on_two_machines(&|_| {
+        let line = "launch --nnodes 2 --rdzv-backend etcd --rdzv-id torch --rdzv-endpoint";
+        let mut args = argv(line, &[&eps]);
+        args.push("--join-timeout");
+        args.into_iter().map(String::from).collect()
+    });
+}
+
+/// ALL_REDUCE on 2 machines × 2 ranks, machine `K`'s launcher given by
+/// `rendezvous(K)` (its arguments up to `--join-timeout`); the first
+/// attempt fails on rank 3, the second must succeed on a fresh torch store.
+fn torch_on_two_machines(rendezvous: &dyn Fn(&str) -> Vec<String>) {
     let Some((bin, dir, prog)) = venv_with("allreduce.py", ALL_REDUCE) else {
         return;
     };
     let out = dir.path().to_string_lossy().into_owned();
-    let port = free_port().to_string();
     let machine = |rank: &str| {
-        let mut args = machine_args("2", rank, "127.0.0.1", &port);
+        let head = rendezvous(rank);
+        let mut args: Vec<&str> = head.iter().map(String::as_str).collect();
         args.extend(argv(
-            "--join-timeout 60s --max-restarts 1 -n 2",
+            "60s --max-restarts 1 -n 2",
             &[prog.as_str(), out.as_str()],
         ));
         let mut c = in_venv(command(&args), &bin);

@@ -214,6 +214,14 @@ fn next_machine_rank(store: &dyn Store, cfg: &MachinesConfig) -> Result<usize> {
     Ok(rank)
 }
 
+/// This machine's address on the route to `endpoint` (`host:port`): a UDP
+/// "connect" sends nothing, it asks the kernel for the source address.
+fn route_towards(endpoint: &str) -> Option<String> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect(endpoint).ok()?;
+    Some(s.local_addr().ok()?.ip().to_string())
+}
+
 /// What this machine tells the others when it joins (`cfg.machine_rank`
 /// as known now).
 fn registration(cfg: &MachinesConfig, host: &str) -> Result<Registration> {
@@ -580,6 +588,41 @@ impl Machines {
         Ok(port)
     }
 
+    /// On etcd, after the join: the torch endpoint of the round, which its
+    /// leader hosts on its address towards the cluster's first member and
+    /// publishes (`addr:port`); the others wait for it within the join
+    /// timeout.
+    fn etcd_torch_endpoint(&mut self) -> Result<(String, u16)> {
+        let k = torch_port_key(self.round);
+        if self.rank == 0 {
+            if let Some(old) = self.torch.take() {
+                old.shutdown();
+            }
+            let first = self.cfg.etcd.as_ref().and_then(|e| e.endpoints.first());
+            let addr = first
+                .and_then(|ep| route_towards(ep))
+                .unwrap_or_else(|| "127.0.0.1".into());
+            let (t, _) = store::host_torch(&addr, 0, true)?;
+            let port = t.local_addr().port();
+            self.torch = Some(t);
+            self.store.set(&k, format!("{addr} {port}").as_bytes())?;
+            return Ok((addr, port));
+        }
+        let raw = self.store.get(&k, self.cfg.join_timeout)?;
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        text.split_once(' ')
+            .and_then(|(a, p)| Some((a.to_string(), p.trim().parse().ok()?)))
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Corrupt,
+                    format!(
+                        "round {}'s torch endpoint in the store is {text:?}",
+                        self.round
+                    ),
+                )
+            })
+    }
+
     /// Another machine, after the join of attempt `n`: the port machine 0
     /// published (`None` from a machine 0 that hosts no torch endpoint, an
     /// older accel).
@@ -620,8 +663,8 @@ impl Coordinator for Machines {
         // Machine 0 hosts a fresh torch endpoint for each attempt (torch
         // expects a new store on a retry) and publishes its port before
         // the join; the others read it after.
-        // On etcd no machine has an address every other one knows: no torch
-        // endpoint (accel workers use the etcd store itself).
+        // On etcd the round's leader hosts it after the join, on its
+        // address towards the cluster, and the others wait for it.
         let on_etcd = self.cfg.etcd.is_some();
         let mut torch_port = if self.cfg.machine_rank == 0 && !on_etcd {
             Some(self.host_torch(n)?)
@@ -629,7 +672,11 @@ impl Coordinator for Machines {
             None
         };
         let (rank_offset, world_size) = self.join_round(n)?;
-        if self.cfg.machine_rank != 0 && !on_etcd {
+        let mut torch_addr = None;
+        if on_etcd {
+            let (addr, port) = self.etcd_torch_endpoint()?;
+            (torch_addr, torch_port) = (Some(addr), Some(port));
+        } else if self.cfg.machine_rank != 0 {
             torch_port = self.joined_torch_port(self.round)?;
         }
         if let Some(l) = self.liveness.take() {
@@ -678,6 +725,9 @@ impl Coordinator for Machines {
         if let Some(port) = torch_port {
             env.master_port = Some(port);
             env.agent_store = Some(true);
+        }
+        if torch_addr.is_some() {
+            env.master_addr = torch_addr;
         }
         env.run_id = Some(self.run_id.clone());
         env.world_size = Some(world_size);
