@@ -119,7 +119,7 @@ impl FileStore {
     /// the current directory). Every rank opens the same directory.
     ///
     /// # Errors
-    /// [`ErrorKind::Io`] naming the directory when it cannot be created or
+    /// [`ErrorKind::Io`](accel_api::ErrorKind::Io) naming the directory when it cannot be created or
     /// written.
     pub fn new(dir: impl AsRef<Path>) -> Result<FileStore> {
         let dir = dir.as_ref();
