@@ -89,6 +89,7 @@ mod rng;
 mod save;
 mod shared;
 mod stragglers;
+mod torch_dcp;
 mod tracker;
 mod trackers;
 
@@ -121,6 +122,7 @@ pub use rng::Rng;
 pub(crate) use shared::{shared, Kind, TrainShared};
 pub use shared::{TrainConfig, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP_BYTES};
 pub use stragglers::{StragglerReport, DEFAULT_STRAGGLER_EVERY, STRAGGLER_EVERY_ENV};
+pub use torch_dcp::{shard_file_name, DCP_SHARDING_INFO};
 pub use tracker::Tracker;
 pub use trackers::{JsonlTracker, TensorBoardTracker, TRACKER_NAMES};
 

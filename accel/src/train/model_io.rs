@@ -79,14 +79,14 @@ fn data_section(bytes: &[u8]) -> &[u8] {
 
 /// One tensor as `save_model` stores it: the model's own shape
 /// ([`Parameters::param_shape`], else 1-D) and its values' element type.
-struct Stored {
-    shape: Vec<usize>,
-    dtype: safetensors::Dtype,
-    bytes: Vec<u8>,
+pub(super) struct Stored {
+    pub(super) shape: Vec<usize>,
+    pub(super) dtype: safetensors::Dtype,
+    pub(super) bytes: Vec<u8>,
 }
 
 /// The safetensors file of `tensors` with `metadata` in its header.
-fn encode_stored(
+pub(super) fn encode_stored(
     tensors: &BTreeMap<String, Stored>,
     metadata: Option<HashMap<String, String>>,
 ) -> Result<Vec<u8>> {
@@ -125,6 +125,27 @@ fn encode_shard(tensors: &BTreeMap<String, Stored>) -> Result<(Vec<u8>, String)>
     let digest = sha256_hex(data_section(&plain));
     drop(plain);
     Ok((encode_stored(tensors, meta(Some(&digest)))?, digest))
+}
+
+/// Every parameter of `model` as [`stored`] stores it, in visiting order.
+pub(super) fn stored_params<P: Parameters + ?Sized>(model: &P) -> Result<Vec<(String, Stored)>> {
+    let mut out = Vec::new();
+    let mut failed = None;
+    let k = model.grad_kernels();
+    let k = k.as_deref();
+    model.visit_params(&mut |p| {
+        if failed.is_some() {
+            return;
+        }
+        match stored(k, p.name, p.value, model.param_shape(p.name)) {
+            Ok(t) => out.push((p.name.to_string(), t)),
+            Err(e) => failed = Some(e),
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// How `save_model` stores parameter `name` with values `value`: in the
@@ -536,27 +557,11 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
     let mut tensors: BTreeMap<String, Stored> = BTreeMap::new();
     let mut order: Vec<(String, u64)> = Vec::new();
     let mut dup = None;
-    let mut failed = None;
-    let k = model.grad_kernels();
-    let k = k.as_deref();
-    model.visit_params(&mut |p| {
-        if failed.is_some() {
-            return;
+    for (name, t) in stored_params(model)? {
+        order.push((name.clone(), t.bytes.len() as u64));
+        if tensors.insert(name.clone(), t).is_some() {
+            dup.get_or_insert(name);
         }
-        let t = match stored(k, p.name, p.value, model.param_shape(p.name)) {
-            Ok(t) => t,
-            Err(e) => {
-                failed = Some(e);
-                return;
-            }
-        };
-        order.push((p.name.to_string(), t.bytes.len() as u64));
-        if tensors.insert(p.name.to_string(), t).is_some() {
-            dup.get_or_insert_with(|| p.name.to_string());
-        }
-    });
-    if let Some(e) = failed {
-        return Err(e);
     }
     if let Some(name) = dup {
         return Err(Error::invalid_argument(
@@ -617,7 +622,7 @@ const MAX_HEADER: u64 = 100_000_000;
 /// never more than its header declares: the header length, then the
 /// header, then exactly the data its offsets cover, which must be the rest
 /// of the file.
-fn read_safetensors(path: &Path, f: fs::File) -> Result<Vec<u8>> {
+pub(super) fn read_safetensors(path: &Path, f: fs::File) -> Result<Vec<u8>> {
     use std::io::Read;
     let len = f
         .metadata()
@@ -667,7 +672,7 @@ fn read_safetensors(path: &Path, f: fs::File) -> Result<Vec<u8>> {
 }
 
 /// The tensors of a model folder (as `f32`) and each one's stored type.
-type ReadModel = (
+pub(super) type ReadModel = (
     BTreeMap<String, Tensor>,
     BTreeMap<String, safetensors::Dtype>,
 );
@@ -688,6 +693,10 @@ fn read_model(dir: &Path) -> Result<ReadModel> {
     if !index_path.exists() {
         let path = dir.join(SAFE_WEIGHTS_NAME);
         if !path.exists() {
+            // torch's distributed checkpoint (its Hugging Face layout).
+            if let Some(read) = super::torch_dcp::read_if_torch(dir)? {
+                return Ok(read);
+            }
             return Err(Error::io(
                 format!(
                     "{} holds neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME}",

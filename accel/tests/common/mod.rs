@@ -140,4 +140,4 @@ pub fn ranks<T: Send + 'static>(
 
 use accel_test_support::python;
 #[allow(unused_imports)]
-pub use python::{python_from, run_python, torch_python_candidates};
+pub use python::{python_from, run_python, run_python_file, torch_python_candidates};

@@ -1,0 +1,296 @@
+//! torch's distributed-checkpoint Hugging Face layout (issue 41), both ways
+//! and against the real torch 2.13 (`make torch-venv`):
+//! - accel writes it (`save_model_sharded`) at 2 and 3 ranks and reads it
+//!   back at 1, 2 and 4 (`load_model`);
+//! - a checkpoint torch FSDP2 (`fully_shard`, 2 ranks on gloo) saved with
+//!   `HuggingFaceStorageWriter(save_distributed=True)` loads into accel at
+//!   1, 2 and 4 ranks, equal to torch's own full weights;
+//! - what accel wrote at 2 ranks loads into torch (one process) with
+//!   `HuggingFaceStorageReader`, equal to the model accel saved;
+//! - torch's pickled `.metadata` layout, a missing rank's file and
+//!   overlapping chunks are refused, naming the file or tensor.
+
+use std::path::{Path, PathBuf};
+
+use accel::train::{shard_file_name, ParamMut, ParamRef, Parameters, DCP_SHARDING_INFO};
+use accel::ErrorKind;
+
+mod common;
+use common::{ranks, single};
+
+/// Named parameters with shapes, as torch's `nn.Sequential(Linear(5, 7),
+/// ReLU(), Linear(7, 3))` names them.
+#[derive(Clone, Debug, PartialEq)]
+struct Mlp(Vec<Param>);
+
+/// A parameter: name, shape, values, gradients.
+type Param = (String, Vec<usize>, Vec<f32>, Vec<f32>);
+
+impl Mlp {
+    /// Values `seed + i / 8` per parameter, in order.
+    fn new(seed: f32) -> Mlp {
+        let shapes = [
+            ("0.weight", vec![7, 5]),
+            ("0.bias", vec![7]),
+            ("2.weight", vec![3, 7]),
+            ("2.bias", vec![3]),
+        ];
+        Mlp(shapes
+            .into_iter()
+            .enumerate()
+            .map(|(p, (n, s))| {
+                let len: usize = s.iter().product();
+                let v = (0..len)
+                    .map(|i| seed + p as f32 * 10.0 + i as f32 / 8.0)
+                    .collect();
+                (n.to_string(), s, v, vec![0.0; len])
+            })
+            .collect())
+    }
+
+    fn values(&self) -> Vec<(String, Vec<f32>)> {
+        self.0
+            .iter()
+            .map(|(n, _, v, _)| (n.clone(), v.clone()))
+            .collect()
+    }
+}
+
+impl Parameters for Mlp {
+    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        for (n, _, v, g) in &self.0 {
+            f(ParamRef::host(n, v, g));
+        }
+    }
+    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        for (n, _, v, g) in &mut self.0 {
+            f(ParamMut::host(n, v, g));
+        }
+    }
+    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.0.iter().find(|p| p.0 == name).map(|p| p.1.clone())
+    }
+}
+
+/// `dir` saved by `world` rank threads from `Mlp::new(1.5)`.
+fn save_sharded(dir: &Path, world: usize) {
+    let d = dir.to_path_buf();
+    ranks(world, move |acc| {
+        acc.save_model_sharded(&Mlp::new(1.5), &d).unwrap();
+    });
+}
+
+/// What `world` ranks load from `dir` (each rank's values).
+fn load_on(dir: &Path, world: usize) -> Vec<Vec<(String, Vec<f32>)>> {
+    let d = dir.to_path_buf();
+    ranks(world, move |acc| {
+        let mut m = Mlp::new(0.0);
+        acc.load_model(&mut m, &d).unwrap();
+        m.values()
+    })
+}
+
+/// The header metadata of `file`.
+fn header(file: &Path) -> std::collections::HashMap<String, String> {
+    let bytes = std::fs::read(file).unwrap();
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+    meta.metadata().clone().unwrap_or_default()
+}
+
+#[test]
+fn accel_writes_per_rank_shards_with_offsets_and_reads_them_at_any_world_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    for world in [2, 3] {
+        let dir = tmp.path().join(format!("w{world}"));
+        save_sharded(&dir, world);
+        // One file per rank, each with its offsets: rank 1 of 2 holds rows
+        // 4..7 of 0.weight (torch's chunking: ceil(7 / 2) = 4).
+        for r in 0..world {
+            let meta = header(&dir.join(shard_file_name(r)));
+            assert_eq!(meta.get("format").map(String::as_str), Some("pt"));
+            assert!(meta.contains_key(DCP_SHARDING_INFO), "{meta:?}");
+        }
+        if world == 2 {
+            let info = &header(&dir.join(shard_file_name(1)))[DCP_SHARDING_INFO];
+            let info: serde_json::Value = serde_json::from_str(info).unwrap();
+            assert_eq!(info["0.weight"]["saved_offsets"], serde_json::json!([4, 0]));
+            assert_eq!(info["2.bias"]["saved_offsets"], serde_json::json!([2]));
+        }
+        let want = Mlp::new(1.5).values();
+        for at in [1, 2, 4] {
+            for got in load_on(&dir, at) {
+                assert_eq!(got, want, "saved at {world}, loaded at {at}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_missing_rank_overlapping_chunks_and_torchs_pickle_are_refused_naming_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("m");
+    save_sharded(&dir, 2);
+    let err = |d: &Path| {
+        let mut m = Mlp::new(0.0);
+        single().load_model(&mut m, d).unwrap_err()
+    };
+    // Rank 0's file gone: the tensors have a hole.
+    let gone = tmp.path().join("gone");
+    std::fs::create_dir(&gone).unwrap();
+    std::fs::copy(dir.join(shard_file_name(1)), gone.join(shard_file_name(1))).unwrap();
+    let e = err(&gone);
+    assert_eq!(e.kind(), &ErrorKind::Corrupt, "{e}");
+    assert!(e.to_string().contains("a rank's file is missing"), "{e}");
+    // The last rank's gone: the layout alone cannot tell (torch's reader
+    // neither), the model's shape does.
+    let last = tmp.path().join("last");
+    std::fs::create_dir(&last).unwrap();
+    std::fs::copy(dir.join(shard_file_name(0)), last.join(shard_file_name(0))).unwrap();
+    let e = err(&last).to_string();
+    assert!(
+        e.contains("0.weight") && e.contains("[4, 5]") && e.contains("[7, 5]"),
+        "{e}"
+    );
+    // The same rank twice (under another name): chunks overlap.
+    let twice = tmp.path().join("twice");
+    std::fs::create_dir(&twice).unwrap();
+    for (src, dst) in [(0, 0), (1, 1), (0, 2)] {
+        std::fs::copy(
+            dir.join(shard_file_name(src)),
+            twice.join(shard_file_name(dst)),
+        )
+        .unwrap();
+    }
+    let e = err(&twice);
+    assert!(e.to_string().contains("two chunks of tensor"), "{e}");
+    // torch's default writer: a pickled .metadata, never read.
+    let pickle = tmp.path().join("pickle");
+    std::fs::create_dir(&pickle).unwrap();
+    std::fs::write(pickle.join(".metadata"), b"\x80\x04pickle").unwrap();
+    std::fs::write(pickle.join("__0_0.distcp"), b"data").unwrap();
+    let e = err(&pickle);
+    assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
+    let m = e.to_string();
+    assert!(
+        m.contains(".metadata") && m.contains("HuggingFaceStorageWriter"),
+        "{m}"
+    );
+}
+
+/// torch's Python, with torch and safetensors (`make torch-venv`).
+fn torch_python() -> Option<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    common::python_from(
+        common::torch_python_candidates(&root),
+        "import torch, safetensors",
+        "`make torch-venv` makes one",
+    )
+}
+
+/// FSDP2 on 2 gloo ranks saves `argv[1]` with torch's Hugging Face writer,
+/// and rank 0 the full weights to `argv[2]` (a plain safetensors file).
+const TORCH_SAVES: &str = r#"
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageWriter
+from torch.distributed.fsdp import fully_shard
+from safetensors.torch import save_file
+
+def run(rank, out, full, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = port
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.manual_seed(7)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in m.state_dict().items()}, full)
+    fully_shard(m)
+    dcp.save(m.state_dict(), storage_writer=HuggingFaceStorageWriter(out, save_distributed=True))
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=2)
+"#;
+
+/// One process loads `argv[1]` with torch's Hugging Face reader into the
+/// plain model and compares with the full weights in `argv[2]`.
+const TORCH_LOADS: &str = r#"
+import sys, torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from safetensors.torch import load_file
+m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+sd = {k: torch.zeros_like(v) for k, v in m.state_dict().items()}
+dcp.load(sd, storage_reader=HuggingFaceStorageReader(sys.argv[1]))
+want = load_file(sys.argv[2])
+for k in want:
+    assert torch.equal(sd[k], want[k]), (k, sd[k], want[k])
+print("torch loaded", len(sd), "tensors")
+"#;
+
+#[test]
+fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
+    let Some(py) = torch_python() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, full) = (
+        tmp.path().join("torch"),
+        tmp.path().join("full.safetensors"),
+    );
+    let script = tmp.path().join("save.py");
+    std::fs::write(&script, TORCH_SAVES).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    common::run_python_file(
+        &py,
+        &script,
+        &[out.as_os_str(), full.as_os_str(), port.as_ref()],
+    );
+    // torch's full weights, by name.
+    let bytes = std::fs::read(&full).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut want: Vec<(String, Vec<f32>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            let data = v
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (n, data)
+        })
+        .collect();
+    want.sort_by(|a, b| a.0.cmp(&b.0));
+    for at in [1, 2, 4] {
+        for mut got in load_on(&out, at) {
+            got.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(got, want, "torch's 2 shards loaded at {at} rank(s)");
+        }
+    }
+    // The other way: accel's shards at 2 ranks, torch's reader, compared
+    // with the model save_model writes whole.
+    let ours = tmp.path().join("accel");
+    save_sharded(&ours, 2);
+    let whole = tmp.path().join("whole");
+    single()
+        .save_model(&Mlp::new(1.5), &whole, accel::train::DEFAULT_MAX_SHARD_SIZE)
+        .unwrap();
+    let load = tmp.path().join("load.py");
+    std::fs::write(&load, TORCH_LOADS).unwrap();
+    let printed = common::run_python_file(
+        &py,
+        &load,
+        &[
+            ours.as_os_str(),
+            whole.join("model.safetensors").as_os_str(),
+        ],
+    );
+    assert!(printed.contains("torch loaded 4 tensors"), "{printed}");
+}
