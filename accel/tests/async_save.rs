@@ -79,6 +79,36 @@ fn an_async_save_holds_the_state_of_its_call_and_the_bytes_of_a_sync_save() {
 }
 
 #[test]
+fn the_async_save_setting_makes_save_state_write_in_the_background() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().to_path_buf();
+    let got = ranks(2, move |acc| {
+        let model = acc.prepare_model(Linear::new(3)).unwrap();
+        // Off (the default): nothing is left in flight.
+        let first = acc.save_state(&root, &[&model]).unwrap();
+        let none = acc.wait_for_save().unwrap();
+        acc.set_training_config(accel::train::TrainConfig {
+            async_save: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let second = acc.save_state(&root, &[&model]).unwrap();
+        let waited = acc.wait_for_save().unwrap();
+        (first, none, second, waited)
+    });
+    for (first, none, second, waited) in got {
+        assert!(first.ends_with("checkpoint_0") && none.is_none());
+        assert!(second.ends_with("checkpoint_1"), "{second:?}");
+        assert_eq!(
+            waited.as_deref(),
+            Some(second.as_path()),
+            "saved in the background"
+        );
+        assert!(second.is_dir(), "{second:?} committed");
+    }
+}
+
+#[test]
 fn a_second_async_save_waits_for_the_first_and_the_numbering_goes_on() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().to_path_buf();

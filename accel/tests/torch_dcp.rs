@@ -7,6 +7,8 @@
 //!   1, 2 and 4 ranks, equal to torch's own full weights;
 //! - what accel wrote at 2 ranks loads into torch (one process) with
 //!   `HuggingFaceStorageReader`, equal to the model accel saved;
+//! - torch's checkpoint consolidates (`consolidate_model`) into torch's own
+//!   full weights, byte for byte;
 //! - torch's pickled `.metadata` layout, a missing rank's file and
 //!   overlapping chunks are refused, naming the file or tensor.
 
@@ -273,6 +275,21 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
             got.sort_by(|a, b| a.0.cmp(&b.0));
             assert_eq!(got, want, "torch's 2 shards loaded at {at} rank(s)");
         }
+    }
+    // Consolidated: torch's own full file, tensor for tensor (names,
+    // element type, shape, bytes).
+    let cons = tmp.path().join("consolidated");
+    accel::train::consolidate_model(&out, &cons, accel::train::DEFAULT_MAX_SHARD_SIZE).unwrap();
+    let ours = std::fs::read(cons.join("model.safetensors")).unwrap();
+    let ours = safetensors::SafeTensors::deserialize(&ours).unwrap();
+    assert_eq!(ours.len(), st.len());
+    for (n, v) in st.tensors() {
+        let o = ours.tensor(&n).unwrap();
+        assert_eq!(
+            (o.dtype(), o.shape(), o.data()),
+            (v.dtype(), v.shape(), v.data()),
+            "{n}"
+        );
     }
     // The other way: accel's shards at 2 ranks, torch's reader, compared
     // with the model save_model writes whole.

@@ -1,4 +1,6 @@
-//! `accel checkpoint inspect|verify DIR`: what an accel checkpoint folder
+//! `accel checkpoint inspect|verify DIR`, `accel checkpoint consolidate SRC
+//! DST` (whole weights from per-rank shards: `accel::train::consolidate_model`):
+//! what an accel checkpoint folder
 //! (`save_state`'s `checkpoint_N`, or a folder of them: the newest) holds,
 //! and whether every file matches its manifest.
 //!
@@ -40,6 +42,19 @@ enum What {
     Verify {
         /// A `checkpoint_N` folder, or a folder of them (the newest).
         dir: PathBuf,
+    },
+    /// Whole model weights from per-rank shards (torch's distributed
+    /// checkpoint with HuggingFaceStorageWriter, or save_model_sharded's),
+    /// or from a model folder: `model.safetensors` (and an index when
+    /// larger than --max-shard-size) in DST.
+    Consolidate {
+        /// The folder of shards (or of a model).
+        src: PathBuf,
+        /// The folder to write (replaced atomically).
+        dst: PathBuf,
+        /// The largest file, bytes or a size such as 5GB.
+        #[arg(long, default_value = "5GB")]
+        max_shard_size: String,
     },
 }
 
@@ -95,6 +110,18 @@ pub fn run(args: CheckpointArgs) -> Result<ExitCode> {
                 dir.display(),
                 m.files.len(),
                 format_bytes(bytes)
+            );
+        }
+        What::Consolidate {
+            src,
+            dst,
+            max_shard_size,
+        } => {
+            accel::train::consolidate_model(&src, &dst, max_shard_size.as_str())?;
+            outln!(
+                "{} -> {}: whole weights written",
+                src.display(),
+                dst.display()
             );
         }
     }

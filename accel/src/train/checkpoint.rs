@@ -650,7 +650,9 @@ impl Accelerator {
     /// Save the training state as `root/checkpoint_N` (`N` counts saves and
     /// continues after [`load_state`](Self::load_state)), then prune the
     /// oldest beyond [`TrainConfig::total_limit`](super::TrainConfig::total_limit),
-    /// by number. Returns the new directory. Collective.
+    /// by number. Returns the new directory. Collective. With
+    /// [`TrainConfig::async_save`](super::TrainConfig::async_save) it saves
+    /// in the background, as [`save_state_async`](Self::save_state_async).
     ///
     /// # Behavior
     /// Saves every object in `objects` (prepared wrappers or anything
@@ -678,7 +680,8 @@ impl Accelerator {
         objects: &[&dyn Checkpointed],
     ) -> Result<PathBuf> {
         self.wait_for_save()?;
-        self.save_numbered(root.as_ref(), objects, false)
+        let background = super::shared(self).lock().config.async_save;
+        self.save_numbered(root.as_ref(), objects, background)
     }
 
     /// Save the training state into exactly `dir`, replacing a checkpoint

@@ -109,8 +109,8 @@ pub use kernels::{DeviceScratch, GradKernels, GradStats};
 #[doc(hidden)]
 pub use model_io::model_reads;
 pub use model_io::{
-    parse_shard_size, shard_plan, MaxShardSize, DEFAULT_MAX_SHARD_SIZE, DIGEST_KEY,
-    SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
+    consolidate_model, parse_shard_size, shard_plan, MaxShardSize, DEFAULT_MAX_SHARD_SIZE,
+    DIGEST_KEY, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME,
 };
 pub use optim::{ConstantSchedule, LinearSchedule, Sgd};
 pub use phases::PhaseGuard;

@@ -548,6 +548,11 @@ impl Accelerator {
 }
 
 fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Result<()> {
+    write_stored(stored_params(model)?, dir, max)
+}
+
+/// Write `params` (in order) as `save_model` does.
+fn write_stored(params: Vec<(String, Stored)>, dir: &Path, max: u64) -> Result<()> {
     const OP: &str = "save_model";
     if max == 0 {
         return Err(Error::invalid_argument(OP, "max_shard_size is 0").with_fix(
@@ -557,7 +562,7 @@ fn write_model<P: Parameters + ?Sized>(model: &P, dir: &Path, max: u64) -> Resul
     let mut tensors: BTreeMap<String, Stored> = BTreeMap::new();
     let mut order: Vec<(String, u64)> = Vec::new();
     let mut dup = None;
-    for (name, t) in stored_params(model)? {
+    for (name, t) in params {
         order.push((name.clone(), t.bytes.len() as u64));
         if tensors.insert(name.clone(), t).is_some() {
             dup.get_or_insert(name);
@@ -677,6 +682,70 @@ pub(super) type ReadModel = (
     BTreeMap<String, safetensors::Dtype>,
 );
 
+/// Consolidate the model weights in `src` (any layout `load_model`
+/// reads: accel's or `transformers`' `model.safetensors` and index, or
+/// torch's per-rank distributed-checkpoint shards) into `dst` in
+/// `save_model`'s layout: whole tensors, in their stored element types
+/// (F32, F16, BF16; F64 is refused), files of at most `max_shard_size` bytes, written
+/// atomically. Reads every file of `src` once; needs no process group.
+///
+/// # Errors
+/// As [`load_model`](crate::Accelerator::load_model) for `src` (a missing
+/// or corrupt file, overlapping or missing chunks); as
+/// [`save_model`](crate::Accelerator::save_model) for `dst`.
+pub fn consolidate_model(
+    src: impl AsRef<Path>,
+    dst: impl AsRef<Path>,
+    max_shard_size: impl MaxShardSize,
+) -> Result<()> {
+    let (tensors, dtypes) = read_model(src.as_ref())?;
+    let mut params = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let dtype = dtypes
+            .get(&name)
+            .copied()
+            .unwrap_or(safetensors::Dtype::F32);
+        if dtype == safetensors::Dtype::F64 {
+            // Read through f32: it would not come out as it went in.
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "tensor {name:?} in {} is F64, which consolidation would round to f32",
+                    src.as_ref().display()
+                ),
+            )
+            .with_op("consolidate_model")
+            .with_fix("consolidate F64 weights with torch, or keep them sharded"));
+        }
+        let bytes = encode_values(&t.data, dtype);
+        params.push((
+            name,
+            Stored {
+                shape: t.shape,
+                dtype,
+                bytes,
+            },
+        ));
+    }
+    write_stored(params, dst.as_ref(), max_shard_size.shard_bytes()?)
+}
+
+/// `values` in `dtype`'s little-endian bytes (F16, BF16; F32 else).
+fn encode_values(values: &[f32], dtype: safetensors::Dtype) -> Vec<u8> {
+    use safetensors::Dtype;
+    match dtype {
+        Dtype::F16 => values
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
 /// Model folders read so far by this process (for tests of one reader).
 static MODEL_READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -699,13 +768,14 @@ fn read_model(dir: &Path) -> Result<ReadModel> {
             }
             return Err(Error::io(
                 format!(
-                    "{} holds neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME}",
+                    "{} holds neither {SAFE_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME} nor \
+                     per-rank shards of torch's distributed checkpoint",
                     dir.display()
                 ),
                 std::io::Error::from(std::io::ErrorKind::NotFound),
             )
             .with_op("load_model")
-            .with_fix("pass the folder save_model wrote"));
+            .with_fix("pass the folder save_model (or save_model_sharded, or torch's HuggingFaceStorageWriter) wrote"));
         }
         let bytes = read_safetensors(&path, files::open_regular(&path, "model file")?)?;
         check_digest(&path, &bytes, None)?;

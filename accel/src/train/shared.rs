@@ -71,6 +71,10 @@ pub struct TrainConfig {
     pub overlap_grad_sync: bool,
     /// Keep at most this many automatically named checkpoints (default: all).
     pub total_limit: Option<usize>,
+    /// [`save_state`](crate::Accelerator::save_state) saves in the
+    /// background, as [`save_state_async`](crate::Accelerator::save_state_async)
+    /// does (torchtitan's `async_mode`; default `false`).
+    pub async_save: bool,
     /// Mixed precision (Accelerate's `mixed_precision`). `None` (the
     /// default) takes what `accel launch --mixed-precision` set
     /// ([`MIXED_PRECISION_ENV`](crate::train::MIXED_PRECISION_ENV)), else [`MixedPrecision::No`]. In fp16 the
@@ -128,6 +132,7 @@ impl Default for TrainConfig {
             first_bucket_cap_bytes: DEFAULT_FIRST_BUCKET_CAP_BYTES,
             overlap_grad_sync: true,
             total_limit: None,
+            async_save: false,
             mixed_precision: None,
             grad_scaler: GradScalerConfig::default(),
             gradient_compression: None,
