@@ -21,6 +21,7 @@ accel_conformance::conformance_tests!(
         barrier_ordering,
         split_subgroups,
         mesh_groups,
+        tensor_parallel,
         varsize_gather,
         pad_across_processes,
         objects,
