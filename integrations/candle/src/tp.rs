@@ -18,6 +18,11 @@
 //! the group backward ([`copy_to_tp`]); the row-parallel layer's output is
 //! summed forward and its gradient passes unchanged backward
 //! ([`reduce_from_tp`]).
+//!
+//! A language model's head and loss: [`VocabParallelEmbedding`] holds
+//! `vocab / tp` rows of the table, and [`vocab_parallel_cross_entropy`]
+//! takes this rank's columns of the logits: the loss of the whole
+//! vocabulary with no rank ever holding all the logits.
 
 use std::sync::Arc;
 
@@ -356,4 +361,56 @@ impl VocabParallelEmbedding {
         .map_err(candle)?;
         reduce_from_tp(&looked, &self.group)
     }
+}
+
+/// The mean cross entropy of `logits` against `targets` when each rank of
+/// `group` holds the columns `vocab_start..vocab_start + V_local` of the
+/// logits (`[n, V_local]`, f32; a column-parallel head's output): Megatron's
+/// vocab-parallel cross entropy. The maxima are all-reduced (for a stable
+/// softmax), then the sums of the exponentials and each target's logit (on
+/// the rank that holds it); no rank holds the whole vocabulary. The
+/// gradient each rank gets is its columns of the whole loss's gradient.
+/// `targets` are u32 ids below 2^24 (the range test runs in f32).
+/// Collective.
+///
+/// # Errors
+/// candle's (shapes, an f32 tensor); the all-reduces'.
+pub fn vocab_parallel_cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    vocab_start: usize,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let (n, cols) = logits.dims2().map_err(candle)?;
+    // A constant shift (no gradient): the largest logit of each row.
+    let mut max: Vec<f32> = logits
+        .detach()
+        .max(D::Minus1)
+        .and_then(|m| m.to_vec1())
+        .map_err(candle)?;
+    if group.world_size() > 1 {
+        group.all_reduce_slice(&mut max, ReduceOp::Max)?;
+    }
+    let (start, end) = (vocab_start as f64, (vocab_start + cols) as f64);
+    let (sum_exp, picked) = (|| -> candle_core::Result<(Tensor, Tensor)> {
+        let m = Tensor::from_vec(max, (n, 1), logits.device())?;
+        let shifted = logits.broadcast_sub(&m)?;
+        let sum_exp = shifted.exp()?.sum(D::Minus1)?;
+        let f = targets.to_dtype(candle_core::DType::F32)?;
+        let mine = f
+            .ge(start)?
+            .mul(&f.lt(end)?)?
+            .to_dtype(candle_core::DType::F32)?;
+        // Targets of other ranks pick column 0, then are zeroed.
+        let local = ((&f - start)? * &mine)?.to_dtype(candle_core::DType::U32)?;
+        let picked = shifted
+            .gather(&local.unsqueeze(1)?.contiguous()?, 1)?
+            .squeeze(1)?
+            .mul(&mine)?;
+        Ok((sum_exp, picked))
+    })()
+    .map_err(candle)?;
+    let sum_exp = reduce_from_tp(&sum_exp, group)?;
+    let target = reduce_from_tp(&picked, group)?;
+    (|| sum_exp.log()?.sub(&target)?.mean_all())().map_err(candle)
 }

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use accel_candle::tp::{ColumnParallelLinear, RowParallelLinear};
+use accel_candle::tp::{vocab_parallel_cross_entropy, ColumnParallelLinear, RowParallelLinear};
 use candle_core::{Device, Tensor, Var};
 use candle_nn::Module;
 
@@ -229,5 +229,56 @@ fn vocab_parallel_embedding_looks_up_and_learns_as_a_full_table() {
         close(&format!("rank {rank}: rows"), rows, &want_rows);
         let mine = &want_grad[rank * half * H..(rank + 1) * half * H];
         close(&format!("rank {rank}: gradient of its rows"), grad, mine);
+    }
+}
+
+/// The vocab-parallel cross entropy on 2 and 4 ranks (each holding a
+/// quarter or a half of the logits' columns): the loss of the whole
+/// vocabulary, and each rank's columns of its gradient, as candle's own
+/// cross entropy on one rank gives them.
+#[test]
+fn vocab_parallel_cross_entropy_is_the_whole_vocabularys_loss_and_gradient() {
+    const V: usize = 12;
+    const B: usize = 5;
+    // Large logits: the max shift must be the global one.
+    let logits: Vec<f32> = values(B * V, 21).iter().map(|v| v * 40.0).collect();
+    let targets = [0u32, 11, 5, 6, 3];
+    let full = Var::from_tensor(&t(logits.clone(), &[B, V])).unwrap();
+    let tg = Tensor::new(&targets, &Device::Cpu).unwrap();
+    let loss = candle_nn::loss::cross_entropy(full.as_tensor(), &tg).unwrap();
+    let want_loss = loss.to_scalar::<f32>().unwrap();
+    let want_grad = flat(loss.backward().unwrap().get(full.as_tensor()).unwrap());
+    for tp in [2usize, 4] {
+        let logits = logits.clone();
+        let per = V / tp;
+        let got = accel::Threads::new(tp)
+            .backend("cpu-gloo")
+            .timeout(Duration::from_secs(30))
+            .run(move |acc| {
+                let cols = acc.rank() * per..(acc.rank() + 1) * per;
+                let mine =
+                    Var::from_tensor(&t(part(&logits, V, 0..B, Some(cols.clone())), &[B, per]))
+                        .unwrap();
+                let tg = Tensor::new(&targets, &Device::Cpu).unwrap();
+                let loss =
+                    vocab_parallel_cross_entropy(mine.as_tensor(), &tg, cols.start, acc.comm())?;
+                let grads = loss.backward().unwrap();
+                let g = flat(grads.get(mine.as_tensor()).unwrap());
+                Ok((loss.to_scalar::<f32>().unwrap(), g, cols))
+            })
+            .unwrap();
+        for (rank, (loss, grad, cols)) in got.iter().enumerate() {
+            close(
+                &format!("tp {tp}, rank {rank}: loss"),
+                &[*loss],
+                &[want_loss],
+            );
+            let want = part(&want_grad, V, 0..B, Some(cols.clone()));
+            close(
+                &format!("tp {tp}, rank {rank}: its columns of the gradient"),
+                grad,
+                &want,
+            );
+        }
     }
 }
