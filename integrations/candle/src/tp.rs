@@ -137,6 +137,18 @@ pub fn reduce_from_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tenso
     apply(x, group, true)
 }
 
+/// For u32 `ids` (below 2^24: the test runs in f32): 1.0 where an id is
+/// in `start..end` and 0.0 elsewhere, and the ids less `start` (0 outside).
+fn in_range(ids: &Tensor, start: f64, end: f64) -> candle_core::Result<(Tensor, Tensor)> {
+    let f = ids.to_dtype(candle_core::DType::F32)?;
+    let mine = f
+        .ge(start)?
+        .mul(&f.lt(end)?)?
+        .to_dtype(candle_core::DType::F32)?;
+    let local = ((&f - start)? * &mine)?.to_dtype(candle_core::DType::U32)?;
+    Ok((mine, local))
+}
+
 /// A shard of `t` along `dim` as a trainable `Var`.
 fn shard(t: &Tensor, dim: usize, start: usize, len: usize) -> Result<Var> {
     t.narrow(dim, start, len)
@@ -344,13 +356,8 @@ impl VocabParallelEmbedding {
         let rows = self.table.dim(0).map_err(candle)?;
         let (start, end) = (self.start as f64, (self.start + rows) as f64);
         let looked = (|| -> candle_core::Result<Tensor> {
-            let f = ids.to_dtype(candle_core::DType::F32)?;
-            let mine = f
-                .ge(start)?
-                .mul(&f.lt(end)?)?
-                .to_dtype(candle_core::DType::F32)?;
             // Ids of other ranks look up row 0, then are zeroed.
-            let local = ((&f - start)? * &mine)?.to_dtype(candle_core::DType::U32)?;
+            let (mine, local) = in_range(ids, start, end)?;
             let flat = local.flatten_all()?;
             let emb = self.table.as_tensor().index_select(&flat, 0)?;
             let emb = emb.broadcast_mul(&mine.flatten_all()?.unsqueeze(1)?)?;
@@ -396,13 +403,8 @@ pub fn vocab_parallel_cross_entropy(
         let m = Tensor::from_vec(max, (n, 1), logits.device())?;
         let shifted = logits.broadcast_sub(&m)?;
         let sum_exp = shifted.exp()?.sum(D::Minus1)?;
-        let f = targets.to_dtype(candle_core::DType::F32)?;
-        let mine = f
-            .ge(start)?
-            .mul(&f.lt(end)?)?
-            .to_dtype(candle_core::DType::F32)?;
         // Targets of other ranks pick column 0, then are zeroed.
-        let local = ((&f - start)? * &mine)?.to_dtype(candle_core::DType::U32)?;
+        let (mine, local) = in_range(targets, start, end)?;
         let picked = shifted
             .gather(&local.unsqueeze(1)?.contiguous()?, 1)?
             .squeeze(1)?
