@@ -727,6 +727,76 @@ mod training {
             no_worker_left(d);
         }
 
+        /// A cluster that takes TLS clients with certificates only: the
+        /// launchers reach it with `--rdzv-conf`, and so do their workers
+        /// (cpu-gloo bootstraps through it: an all-reduce over 2 machines).
+        #[test]
+        fn tls_with_client_certificates_reaches_launchers_and_workers() {
+            let dir = tempfile::tempdir().unwrap();
+            let d = dir.path();
+            accel_test_support::tls::certificates(d);
+            let p = |f: &str| d.join(f).to_string_lossy().into_owned();
+            let Some(c) = EtcdCluster::start_tls(
+                &d.join("server.pem"),
+                &d.join("server.key"),
+                &d.join("ca.pem"),
+            ) else {
+                return;
+            };
+            let conf = format!(
+                "cacert={},cert={},key={}",
+                p("ca.pem"),
+                p("client.pem"),
+                p("client.key")
+            );
+            let eps = c.endpoint_list();
+            let m = || {
+                start(command(&argv(
+                    "launch --nnodes 2 --rdzv-backend etcd --rdzv-id tls --backend cpu-gloo \
+                     --rdzv-endpoint",
+                    &[
+                        &eps,
+                        "--rdzv-conf",
+                        &conf,
+                        "--",
+                        ACCEL,
+                        "probe-worker",
+                        "--accelerator",
+                    ],
+                )))
+            };
+            let (m0, m1) = (m(), m());
+            let runs = [m0.finish(ELASTIC_LIMIT), m1.finish(ELASTIC_LIMIT)];
+            let mut sums = Vec::new();
+            for r in &runs {
+                assert_eq!(r.code, Some(0), "{}", r.all());
+                sums.extend(
+                    r.stdout
+                        .lines()
+                        .filter_map(|l| l.find('{').map(|i| &l[i..]))
+                        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                        .filter_map(|v| v.get("all_reduce_sum").and_then(|s| s.as_f64())),
+                );
+            }
+            // 1 + 2 on both ranks.
+            assert_eq!(sums, [3.0, 3.0], "{}\n{}", runs[0].all(), runs[1].all());
+            // Without the client certificate the launcher cannot join.
+            let r = start(command(&argv(
+                "launch --nnodes 2 --rdzv-backend etcd --rdzv-id tls-2 --join-timeout 2s \
+                 --rdzv-endpoint",
+                &[
+                    &eps,
+                    "--rdzv-conf",
+                    &format!("cacert={}", p("ca.pem")),
+                    "--",
+                    "true",
+                ],
+            )))
+            .finish(Duration::from_secs(30));
+            assert_eq!(r.code, Some(1), "{}", r.all());
+            r.has_stderr(&c.endpoints()[0]);
+        }
+
         #[test]
         fn a_lost_quorum_ends_every_machine_naming_the_cluster_and_a_new_run_resumes_after_it_returns(
         ) {

@@ -13,72 +13,6 @@ use std::time::Duration;
 
 use common::*;
 
-/// A CA and a server certificate for 127.0.0.1 in `dir` (ca.pem, srv.pem,
-/// srv.key).
-fn certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let run = |args: &[&str]| {
-        let out = Command::new("openssl")
-            .args(args)
-            .current_dir(dir)
-            .output()
-            .expect("openssl (Debian's openssl package)");
-        assert!(out.status.success(), "openssl {args:?}: {out:?}");
-    };
-    let mut ca = vec!["req", "-x509"];
-    ca.extend(ec);
-    ca.extend([
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=accel test CA",
-    ]);
-    run(&ca);
-    let mut csr = vec!["req"];
-    csr.extend(ec);
-    csr.extend([
-        "-keyout",
-        "srv.key",
-        "-out",
-        "srv.csr",
-        "-subj",
-        "/CN=127.0.0.1",
-    ]);
-    run(&csr);
-    std::fs::write(
-        dir.join("ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .unwrap();
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "srv.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "srv.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "ext",
-    ]);
-}
-
 /// The status server: answers each POST with 200 and appends its
 /// Authorization header and body, one JSON line each, to `posts`.
 const SERVER: &str = r#"
@@ -143,13 +77,13 @@ fn train_posting(dir: &Path, url: &str) -> Run {
 fn progress_reaches_the_status_server_with_the_token() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    certificates(dir);
+    accel_test_support::tls::certificates(dir);
     let posts = dir.join("posts.jsonl");
     let mut child = Command::new("python3")
         .args(["-c", SERVER])
         .arg(&posts)
-        .arg(dir.join("srv.pem"))
-        .arg(dir.join("srv.key"))
+        .arg(dir.join("server.pem"))
+        .arg(dir.join("server.key"))
         .stdout(Stdio::piped())
         .spawn()
         .expect("python3");
@@ -204,7 +138,7 @@ fn progress_reaches_the_status_server_with_the_token() {
 fn a_status_server_that_never_answers_does_not_fail_the_run() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    certificates(dir);
+    accel_test_support::tls::certificates(dir);
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = silent.local_addr().unwrap().port();
     let held = std::thread::spawn(move || {

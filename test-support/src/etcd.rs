@@ -35,6 +35,8 @@ struct Member {
 pub struct EtcdCluster {
     dir: PathBuf,
     members: Vec<Member>,
+    /// The members' TLS files for clients (certificate, key, CA), if any.
+    tls: Option<[PathBuf; 3]>,
 }
 
 fn free_port() -> u16 {
@@ -64,7 +66,7 @@ impl EtcdCluster {
             prefix: Vec::new(),
         };
         let members = (0..n).map(|_| (loopback.clone(), free_port(), free_port()));
-        Self::start_members(members.collect())
+        Self::start_members(members.collect(), None)
     }
 
     /// One member on each of `hosts` (ports 2379 and 2380 on each), and
@@ -74,10 +76,13 @@ impl EtcdCluster {
     /// # Panics
     /// When a member does not come up in time.
     pub fn start_on(hosts: Vec<Host>) -> Option<EtcdCluster> {
-        Self::start_members(hosts.into_iter().map(|h| (h, 2379, 2380)).collect())
+        Self::start_members(hosts.into_iter().map(|h| (h, 2379, 2380)).collect(), None)
     }
 
-    fn start_members(spec: Vec<(Host, u16, u16)>) -> Option<EtcdCluster> {
+    fn start_members(
+        spec: Vec<(Host, u16, u16)>,
+        tls: Option<[PathBuf; 3]>,
+    ) -> Option<EtcdCluster> {
         let Some(bin) = etcd_binary() else {
             crate::skips::skip(
                 "no `etcd` binary (Debian's etcd-server; the Makefile's setup installs it)",
@@ -88,7 +93,6 @@ impl EtcdCluster {
             std::env::temp_dir().join(format!("accel-etcd-{}-{}", std::process::id(), free_port()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the cluster's folder");
-        let n = spec.len();
         let members: Vec<Member> = spec
             .into_iter()
             .enumerate()
@@ -100,12 +104,34 @@ impl EtcdCluster {
                 child: None,
             })
             .collect();
-        let mut c = EtcdCluster { dir, members };
+        let mut c = EtcdCluster { dir, members, tls };
+        c.start_all(&bin);
+        Some(c)
+    }
+
+    /// One loopback member serving clients over TLS only, with the
+    /// certificate `cert` and key `key` and checking every client's
+    /// certificate against `ca` (etcd's `--client-cert-auth`). `None`
+    /// after a skip when `etcd` is not installed.
+    ///
+    /// # Panics
+    /// When the member does not come up in time.
+    pub fn start_tls(cert: &Path, key: &Path, ca: &Path) -> Option<EtcdCluster> {
+        let loopback = Host {
+            addr: "127.0.0.1".into(),
+            prefix: Vec::new(),
+        };
+        let tls = [cert.into(), key.into(), ca.into()];
+        Self::start_members(vec![(loopback, free_port(), free_port())], Some(tls))
+    }
+
+    fn start_all(&mut self, bin: &PathBuf) {
+        let c = self;
+        let n = c.members.len();
         for i in 0..n {
-            c.spawn(&bin, i, true);
+            c.spawn(bin, i, true);
         }
         c.wait_healthy();
-        Some(c)
     }
 
     fn initial_cluster(&self) -> String {
@@ -120,7 +146,8 @@ impl EtcdCluster {
         let initial = self.initial_cluster();
         let log = std::fs::File::create(self.dir.join(format!("m{i}.log"))).expect("a log file");
         let m = &mut self.members[i];
-        let client = format!("http://{}:{}", m.host.addr, m.client);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://{}:{}", m.host.addr, m.client);
         let peer = format!("http://{}:{}", m.host.addr, m.peer);
         // Killed with this test's thread, even by SIGKILL: no member outlives it.
         let mut line: Vec<std::ffi::OsString> = m.host.prefix.iter().map(Into::into).collect();
@@ -146,6 +173,17 @@ impl EtcdCluster {
             .args(["--initial-cluster-token", "accel-test"])
             // Fast elections: a lost leader is replaced within a second.
             .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(self.tls.iter().flat_map(|[cert, key, ca]| {
+                [
+                    "--cert-file".into(),
+                    cert.clone().into_os_string(),
+                    "--key-file".into(),
+                    key.clone().into_os_string(),
+                    "--trusted-ca-file".into(),
+                    ca.clone().into_os_string(),
+                    "--client-cert-auth".into(),
+                ]
+            }))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -170,10 +208,10 @@ impl EtcdCluster {
     }
 
     /// `true` when member `m` serves with a leader behind it: asked over
-    /// HTTP here, or, in a host of its own (unreachable from here), read
-    /// from its log.
+    /// HTTP here, or, in a host of its own (unreachable from here) or
+    /// behind TLS, read from its log.
     fn serves(&self, m: &Member) -> bool {
-        if m.host.prefix.is_empty() {
+        if m.host.prefix.is_empty() && self.tls.is_none() {
             return healthy(&format!("{}:{}", m.host.addr, m.client));
         }
         let log = std::fs::read_to_string(self.dir.join(format!("{}.log", m.name)));

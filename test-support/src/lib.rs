@@ -30,3 +30,4 @@ pub mod python;
 pub mod ranks;
 pub mod skips;
 pub mod special_files;
+pub mod tls;
