@@ -79,6 +79,7 @@ pub mod sampler;
 pub mod shard;
 pub mod split;
 pub mod swap;
+pub mod tp_plan;
 
 pub use accumulate::{
     accumulate, AccumulationConfig, AccumulatorState, GradientAccumulator, StepDecision,

@@ -86,6 +86,7 @@ mod overlap;
 mod phases;
 mod prepare;
 mod rng;
+mod safetensors_file;
 mod save;
 mod shared;
 mod stragglers;

@@ -28,7 +28,6 @@
 //! in its values' own element type (f16, bf16, f32, f64).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs;
 use std::path::{Path, PathBuf};
 
 use accel_api::{files, Error, ErrorKind, Result};
@@ -37,6 +36,9 @@ use serde::{Deserialize, Serialize};
 
 use super::adapters::{Parameters, Tensor};
 use super::checkpoint::decode_tensors;
+use super::safetensors_file::{
+    encode_stored, file_dtype, read_safetensors, stored_params, ReadModel, Stored,
+};
 use crate::Accelerator;
 
 /// The single-file name.
@@ -77,39 +79,6 @@ fn data_section(bytes: &[u8]) -> &[u8] {
     &bytes[8 + n as usize..]
 }
 
-/// One tensor as `save_model` stores it: the model's own shape
-/// ([`Parameters::param_shape`], else 1-D) and its values' element type.
-pub(super) struct Stored {
-    pub(super) shape: Vec<usize>,
-    pub(super) dtype: safetensors::Dtype,
-    pub(super) bytes: Vec<u8>,
-}
-
-/// The safetensors file of `tensors` with `metadata` in its header.
-pub(super) fn encode_stored(
-    tensors: &BTreeMap<String, Stored>,
-    metadata: Option<HashMap<String, String>>,
-) -> Result<Vec<u8>> {
-    let mut views = Vec::with_capacity(tensors.len());
-    for (name, t) in tensors {
-        let v = safetensors::tensor::TensorView::new(t.dtype, t.shape.clone(), &t.bytes).map_err(
-            |e| {
-                Error::invalid_argument(
-                    "save_model",
-                    format!(
-                        "tensor {name:?}: shape {:?} does not fit its data: {e}",
-                        t.shape
-                    ),
-                )
-            },
-        )?;
-        views.push((name.as_str(), v));
-    }
-    safetensors::serialize(views, metadata).map_err(|e| {
-        Error::invalid_argument("save_model", format!("cannot encode safetensors: {e}"))
-    })
-}
-
 /// One file with `{"format": "pt"}` and its data digest in the header;
 /// also returns the digest.
 fn encode_shard(tensors: &BTreeMap<String, Stored>) -> Result<(Vec<u8>, String)> {
@@ -125,97 +94,6 @@ fn encode_shard(tensors: &BTreeMap<String, Stored>) -> Result<(Vec<u8>, String)>
     let digest = sha256_hex(data_section(&plain));
     drop(plain);
     Ok((encode_stored(tensors, meta(Some(&digest)))?, digest))
-}
-
-/// Every parameter of `model` as [`stored`] stores it, in visiting order.
-pub(super) fn stored_params<P: Parameters + ?Sized>(model: &P) -> Result<Vec<(String, Stored)>> {
-    let mut out = Vec::new();
-    let mut failed = None;
-    let k = model.grad_kernels();
-    let k = k.as_deref();
-    model.visit_params(&mut |p| {
-        if failed.is_some() {
-            return;
-        }
-        match stored(k, p.name, p.value, model.param_shape(p.name)) {
-            Ok(t) => out.push((p.name.to_string(), t)),
-            Err(e) => failed = Some(e),
-        }
-    });
-    match failed {
-        Some(e) => Err(e),
-        None => Ok(out),
-    }
-}
-
-/// How `save_model` stores parameter `name` with values `value`: in the
-/// model's shape (1-D when it gives none), in the values' own element type
-/// (host bytes as they are; device values through `f32`).
-fn stored(
-    k: Option<&dyn super::kernels::GradKernels>,
-    name: &str,
-    value: accel_api::Buf<'_>,
-    shape: Option<Vec<usize>>,
-) -> Result<Stored> {
-    use accel_api::Buf;
-    use safetensors::Dtype;
-    let n = value.len();
-    let shape = shape.unwrap_or_else(|| vec![n]);
-    if shape.iter().product::<usize>() != n {
-        return Err(Error::invalid_argument(
-            "save_model",
-            format!("parameter {name:?} has {n} values but its shape is {shape:?}"),
-        )
-        .with_fix("param_shape must give the shape of the parameter's values"));
-    }
-    let Some(dtype) = file_dtype(value.dtype()) else {
-        return Err(Error::invalid_argument(
-            "save_model",
-            format!(
-                "parameter {name:?} is {}; weights are floating point",
-                value.dtype()
-            ),
-        ));
-    };
-    let bytes = match value {
-        Buf::Host(h) => h.bytes().to_vec(),
-        Buf::Device(_) => {
-            let data = super::grads::read_f32(k, name, value)?;
-            match dtype {
-                Dtype::F16 => data
-                    .iter()
-                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                Dtype::BF16 => data
-                    .iter()
-                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                Dtype::F64 => data
-                    .iter()
-                    .flat_map(|x| f64::from(*x).to_le_bytes())
-                    .collect(),
-                _ => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            }
-        }
-    };
-    Ok(Stored {
-        shape,
-        dtype,
-        bytes,
-    })
-}
-
-/// The safetensors element type of a floating-point parameter.
-fn file_dtype(t: accel_api::DType) -> Option<safetensors::Dtype> {
-    use accel_api::DType;
-    use safetensors::Dtype;
-    match t {
-        DType::F16 => Some(Dtype::F16),
-        DType::BF16 => Some(Dtype::BF16),
-        DType::F32 => Some(Dtype::F32),
-        DType::F64 => Some(Dtype::F64),
-        _ => None,
-    }
 }
 
 /// Each tensor's element type as a (checked) file stores it.
@@ -619,68 +497,6 @@ fn write_stored(params: Vec<(String, Stored)>, dir: &Path, max: u64) -> Result<(
 fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg).with_op("load_model")
 }
-
-/// safetensors' own bound on a header (100 MB).
-const MAX_HEADER: u64 = 100_000_000;
-
-/// Read the safetensors file `f` (opened from `path`, a regular file),
-/// never more than its header declares: the header length, then the
-/// header, then exactly the data its offsets cover, which must be the rest
-/// of the file.
-pub(super) fn read_safetensors(path: &Path, f: fs::File) -> Result<Vec<u8>> {
-    use std::io::Read;
-    let len = f
-        .metadata()
-        .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?
-        .len();
-    let bad = |m: String| corrupt(format!("{}: {m}", path.display()));
-    let io = |e| Error::io(format!("cannot read {}", path.display()), e);
-    let mut r = f.take(len);
-    let mut n = [0u8; 8];
-    r.read_exact(&mut n)
-        .map_err(|_| bad(format!("{len} bytes, too short for a safetensors header")))?;
-    let n = u64::from_le_bytes(n);
-    if n > MAX_HEADER || 8 + n > len {
-        return Err(bad(format!(
-            "not safetensors: header length {n}, file of {len} bytes"
-        )));
-    }
-    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0));
-    bytes.extend_from_slice(&n.to_le_bytes());
-    (&mut r).take(n).read_to_end(&mut bytes).map_err(io)?;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes[8..])
-        .map_err(|e| {
-            bad(format!(
-                "not safetensors: the header is not a JSON object: {e}"
-            ))
-        })?;
-    let end = header
-        .iter()
-        .filter(|(k, _)| k.as_str() != "__metadata__")
-        .map(|(_, v)| v["data_offsets"][1].as_u64())
-        .try_fold(0u64, |m, e| e.map(|e| m.max(e)))
-        .ok_or_else(|| bad("not safetensors: a tensor without data_offsets".to_string()))?;
-    let declared = 8 + n + end;
-    if declared != len {
-        return Err(bad(format!(
-            "holds {len} bytes, its header declares {declared}: truncated or padded"
-        )));
-    }
-    r.read_to_end(&mut bytes).map_err(io)?;
-    if bytes.len() as u64 != len {
-        return Err(bad(format!(
-            "changed while being read ({} of {len} bytes)",
-            bytes.len()
-        )));
-    }
-    Ok(bytes)
-}
-
-/// The tensors of a model folder (as `f32`) and each one's stored type.
-pub(super) type ReadModel = (
-    BTreeMap<String, Tensor>,
-    BTreeMap<String, safetensors::Dtype>,
-);
 
 /// Consolidate the model weights in `src` (any layout `load_model`
 /// reads: accel's or `transformers`' `model.safetensors` and index, or

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::adapters::{Parameters, Tensor};
 use super::checkpoint::decode_tensors;
-use super::model_io::{encode_stored, read_safetensors, stored_params, ReadModel, Stored};
+use super::safetensors_file::{encode_stored, read_safetensors, stored_params, ReadModel, Stored};
 use crate::Accelerator;
 
 /// The header key of a shard's offsets (torch's `CUSTOM_METADATA_KEY`).

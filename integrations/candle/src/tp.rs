@@ -26,7 +26,10 @@
 
 use std::sync::Arc;
 
+use accel::CollectivesExt;
 use accel_api::{Communicator, CommunicatorExt, Error, ErrorKind, ReduceOp, Result};
+use accel_sharding::placement::Placement;
+use accel_sharding::tp_plan::{ModuleKind, TpPlan};
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, Var, D};
 
 fn candle(e: candle_core::Error) -> Error {
@@ -415,4 +418,69 @@ pub fn vocab_parallel_cross_entropy(
     let sum_exp = reduce_from_tp(&sum_exp, group)?;
     let target = reduce_from_tp(&picked, group)?;
     (|| sum_exp.log()?.sub(&target)?.mean_all())().map_err(candle)
+}
+
+/// This rank's part of parameter `param` (the whole tensor `full`, of a
+/// `kind` module) under `plan` on `group` (the `tp` group): what a loader
+/// keeps of a full checkpoint. torch's chunking: `ceil(n / tp)` each, the
+/// last rank's shorter.
+///
+/// # Errors
+/// A shape the plan's style cannot split; candle's.
+pub fn cut_by_plan(
+    full: &Tensor,
+    param: &str,
+    kind: ModuleKind,
+    plan: &TpPlan,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let layout = plan.layout(param, kind, full.dims(), group.world_size())?;
+    let b = layout.local_box(&[group.rank()])?;
+    let mut t = full.clone();
+    for (d, r) in b.iter().enumerate() {
+        if r.len() != full.dim(d).map_err(candle)? {
+            t = t.narrow(d, r.start, r.len()).map_err(candle)?;
+        }
+    }
+    t.contiguous().map_err(candle)
+}
+
+/// The whole parameter `param` (shape `full_shape`, of a `kind` module)
+/// from every rank's part `local` (as [`cut_by_plan`] cut it), gathered
+/// over `group`: what a saver writes (`save_model`'s whole tensors in the
+/// Hugging Face layout). Collective.
+///
+/// # Errors
+/// A shape the plan's style cannot split; candle's; the gather's.
+pub fn whole_by_plan(
+    local: &Tensor,
+    param: &str,
+    kind: ModuleKind,
+    full_shape: &[usize],
+    plan: &TpPlan,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let layout = plan.layout(param, kind, full_shape, group.world_size())?;
+    let Placement::Shard { dim } = layout.placements[0] else {
+        return Ok(local.clone());
+    };
+    let flat: Vec<f32> = local
+        .to_dtype(candle_core::DType::F32)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1())
+        .map_err(candle)?;
+    let parts = group.all_gather_varsize(&flat)?;
+    let pieces = parts
+        .into_iter()
+        .zip(layout.boxes())
+        .filter(|(_, b)| b.iter().all(|r| !r.is_empty()))
+        .map(|(data, b)| {
+            let shape: Vec<usize> = b.iter().map(|r| r.len()).collect();
+            Tensor::from_vec(data, shape, local.device())
+        })
+        .collect::<candle_core::Result<Vec<_>>>()
+        .map_err(candle)?;
+    Tensor::cat(&pieces, dim)
+        .and_then(|t| t.to_dtype(local.dtype()))
+        .map_err(candle)
 }

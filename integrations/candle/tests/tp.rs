@@ -282,3 +282,78 @@ fn vocab_parallel_cross_entropy_is_the_whole_vocabularys_loss_and_gradient() {
         }
     }
 }
+
+/// A `tp_plan` (transformers' vocabulary) cuts a full checkpoint's
+/// parameters on 2 and 3 ranks (torch's uneven chunks at 3) and puts the
+/// whole tensors back together exactly.
+#[test]
+fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
+    use accel_candle::tp::{cut_by_plan, whole_by_plan};
+    use accel_sharding::tp_plan::{ModuleKind, TpPlan};
+    let params: Vec<(&str, ModuleKind, Vec<usize>)> = vec![
+        ("embed_tokens.weight", ModuleKind::Embedding, vec![10, 4]),
+        (
+            "layers.0.mlp.up_proj.weight",
+            ModuleKind::Linear,
+            vec![8, 4],
+        ),
+        ("layers.0.mlp.up_proj.bias", ModuleKind::Linear, vec![8]),
+        (
+            "layers.0.mlp.down_proj.weight",
+            ModuleKind::Linear,
+            vec![4, 8],
+        ),
+        ("layers.0.mlp.down_proj.bias", ModuleKind::Linear, vec![4]),
+        ("norm.weight", ModuleKind::Linear, vec![4]),
+    ];
+    let plan_json = r#"{"embed_tokens": "rowwise", "layers.*.mlp.up_proj": "colwise",
+                        "layers.*.mlp.down_proj": "rowwise"}"#;
+    for tp in [2usize, 3] {
+        let params = params.clone();
+        let got = accel::Threads::new(tp)
+            .backend("cpu-gloo")
+            .timeout(Duration::from_secs(30))
+            .run(move |acc| {
+                let plan = TpPlan::from_json(plan_json)?;
+                let mut out = Vec::new();
+                for (i, (name, kind, shape)) in params.iter().enumerate() {
+                    let n: usize = shape.iter().product();
+                    let full = t(values(n, 30 + i as u64), shape);
+                    let mine = cut_by_plan(&full, name, *kind, &plan, acc.comm())?;
+                    let whole = whole_by_plan(&mine, name, *kind, shape, &plan, acc.comm())?;
+                    out.push((
+                        name.to_string(),
+                        mine.dims().to_vec(),
+                        flat(&whole),
+                        flat(&full),
+                    ));
+                }
+                Ok(out)
+            })
+            .unwrap();
+        for (rank, per) in got.iter().enumerate() {
+            for (name, dims, whole, full) in per {
+                assert_eq!(
+                    whole, full,
+                    "tp {tp}, rank {rank}: {name} put back together"
+                );
+                let want: Vec<usize> = match name.as_str() {
+                    // ceil(10 / tp) rows; at 3 the last rank holds 2.
+                    "embed_tokens.weight" if tp == 3 => vec![if rank == 2 { 2 } else { 4 }, 4],
+                    "embed_tokens.weight" => vec![5, 4],
+                    "layers.0.mlp.up_proj.weight" => {
+                        vec![8usize.div_ceil(tp).min(8 - rank * 8usize.div_ceil(tp)), 4]
+                    }
+                    "layers.0.mlp.up_proj.bias" => {
+                        vec![8usize.div_ceil(tp).min(8 - rank * 8usize.div_ceil(tp))]
+                    }
+                    "layers.0.mlp.down_proj.weight" => {
+                        vec![4, 8usize.div_ceil(tp).min(8 - rank * 8usize.div_ceil(tp))]
+                    }
+                    _ => vec![4],
+                };
+                assert_eq!(dims, &want, "tp {tp}, rank {rank}: {name}'s part");
+            }
+        }
+    }
+}
