@@ -195,6 +195,13 @@ fn etcd_rendezvous_flags_are_checked_before_anything_starts() {
         "launch --nnodes 2 --rdzv-conf user=u --master-addr 127.0.0.1 --token t -- true",
         "pass --rdzv-backend etcd",
     );
+    // torch's other name runs the same rendezvous, and says so.
+    let r = start(command(&argv(
+        "launch --rdzv-backend etcd-v2 --nnodes 2 --rdzv-id r --join-timeout 1s --rdzv-endpoint",
+        &["127.0.0.1:1", "--", "true"],
+    )))
+    .finish(Duration::from_secs(30));
+    r.has_stderr("accel's etcd rendezvous runs, over etcd's v3 API");
     // Nobody answers there: the join's bound, naming the endpoint.
     let port = free_port().to_string();
     let r = start(command(&argv(

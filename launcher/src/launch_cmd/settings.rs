@@ -126,6 +126,13 @@ pub fn etcd_rendezvous(args: &LaunchArgs) -> Result<Option<(EtcdRendezvous, EnvP
         }
         return Ok(None);
     }
+    if args.rdzv_backend.as_deref() == Some("etcd-v2") {
+        say(
+            "--rdzv-backend etcd-v2 (torch's name for its etcd rendezvous): accel's etcd \
+             rendezvous runs, over etcd's v3 API, with accel's keys (torch's launchers cannot \
+             join it)",
+        );
+    }
     let list = args.rdzv_endpoint.as_deref().unwrap_or_default();
     let mut endpoints = Vec::new();
     for ep in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
