@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 
 use super::adapters::{Parameters, Tensor};
 use super::checkpoint::decode_tensors;
-use super::safetensors_file::{encode_stored, read_safetensors, stored_params, ReadModel, Stored};
+use super::safetensors_file::{
+    encode_stored, file_dtype, read_safetensors, stored_params, ReadModel, Stored,
+};
 use crate::Accelerator;
 
 /// The header key of a shard's offsets (torch's `CUSTOM_METADATA_KEY`).
@@ -40,6 +42,22 @@ struct Offsets {
 /// rank).
 pub fn shard_file_name(rank: usize) -> String {
     format!("shard-{:05}-model-00001-of-00001.safetensors", rank + 1)
+}
+
+/// One rank's chunk of a tensor, for [`save_shards`](crate::Accelerator::save_shards):
+/// where it sits in the whole tensor and its values.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShardChunk {
+    /// The tensor's name in the files.
+    pub name: String,
+    /// The chunk's first index along each dimension of the whole tensor.
+    pub offsets: Vec<usize>,
+    /// The chunk's shape (as many dimensions as `offsets`).
+    pub shape: Vec<usize>,
+    /// The values' element type (F16, BF16, F32 or F64).
+    pub dtype: accel_api::DType,
+    /// The values, row-major, little-endian, `shape`'s product of them.
+    pub bytes: Vec<u8>,
 }
 
 impl Accelerator {
@@ -62,49 +80,84 @@ impl Accelerator {
         model: &P,
         dir: impl AsRef<Path>,
     ) -> Result<std::path::PathBuf> {
-        const OP: &str = "save_model_sharded";
-        let dir = dir.as_ref();
+        let chunks = rank_chunks(model, self.rank(), self.world_size());
+        self.write_shards("save_model_sharded", chunks, dir.as_ref())
+    }
+
+    /// Save the chunks each rank holds (a tensor-parallel rank's parts of
+    /// its layers, cut by a plan: `accel_candle::tp::shard_chunk`) in
+    /// torch's distributed-checkpoint layout, as
+    /// [`save_model_sharded`](Self::save_model_sharded) writes it: one file
+    /// per rank that has chunks, each chunk's offsets in its header. A
+    /// tensor replicated over ranks is given by one of them only.
+    /// [`load_model`](Self::load_model) (and torch's reader) assemble the
+    /// whole tensors, and refuse a folder whose chunks overlap or leave a
+    /// hole. Collective.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`] naming a chunk whose shape, offsets
+    /// and bytes disagree, or whose element type is not floating point; as
+    /// [`save_model`](Self::save_model).
+    pub fn save_shards(
+        &self,
+        chunks: Vec<ShardChunk>,
+        dir: impl AsRef<Path>,
+    ) -> Result<std::path::PathBuf> {
+        self.write_shards("save_shards", Ok(chunks), dir.as_ref())
+    }
+
+    fn write_shards(
+        &self,
+        op: &str,
+        chunks: Result<Vec<ShardChunk>>,
+        dir: &Path,
+    ) -> Result<std::path::PathBuf> {
         let mut writer = None;
         let created = if self.is_main_process() {
             CheckpointWriter::create(dir).map(|w| writer = Some(w.without_manifest()))
         } else {
             Ok(())
         };
-        self.agree(OP, created)?;
-        let (rank, world) = (self.rank(), self.world_size());
-        let written = encode_rank_shard(model, rank, world).and_then(|bytes| {
-            let temp = temp_path_for(dir)?;
-            write_file_synced(&temp.join(shard_file_name(rank)), &bytes)
-        });
-        self.agree(OP, written)?;
+        self.agree(op, created)?;
+        let rank = self.rank();
+        let written = chunks
+            .and_then(|c| encode_chunks(op, c))
+            .and_then(|bytes| match bytes {
+                Some(bytes) => {
+                    let temp = temp_path_for(dir)?;
+                    write_file_synced(&temp.join(shard_file_name(rank)), &bytes)
+                }
+                None => Ok(()),
+            });
+        self.agree(op, written)?;
         let committed = match writer.take() {
             Some(w) => w.commit_replacing().map(|_| ()),
             None => Ok(()),
         };
-        self.agree(OP, committed)?;
+        self.agree(op, committed)?;
         Ok(dir.to_path_buf())
     }
 }
 
-/// Rank `rank`'s file: its chunk of dimension 0 of every parameter (a
-/// scalar on rank 0 alone), with the offsets in the header.
-fn encode_rank_shard<P: Parameters + ?Sized>(
+/// Rank `rank`'s chunks: dimension 0 of every parameter in `world`
+/// chunks (a scalar on rank 0 alone).
+fn rank_chunks<P: Parameters + ?Sized>(
     model: &P,
     rank: usize,
     world: usize,
-) -> Result<Vec<u8>> {
-    let mut mine: BTreeMap<String, Stored> = BTreeMap::new();
-    let mut info: BTreeMap<String, Offsets> = BTreeMap::new();
+) -> Result<Vec<ShardChunk>> {
+    let mut out = Vec::new();
     for (name, t) in stored_params(model)? {
+        let dtype = dtype_of(t.dtype);
         let Some(&rows) = t.shape.first() else {
             if rank == 0 {
-                info.insert(
-                    name.clone(),
-                    Offsets {
-                        saved_offsets: Vec::new(),
-                    },
-                );
-                mine.insert(name, t);
+                out.push(ShardChunk {
+                    name,
+                    offsets: Vec::new(),
+                    shape: Vec::new(),
+                    dtype,
+                    bytes: t.bytes,
+                });
             }
             continue;
         };
@@ -118,18 +171,62 @@ fn encode_rank_shard<P: Parameters + ?Sized>(
         let mut offsets = vec![0; shape.len()];
         offsets[0] = range.start;
         let bytes = t.bytes[range.start * row_bytes..range.end * row_bytes].to_vec();
+        out.push(ShardChunk {
+            name,
+            offsets,
+            shape,
+            dtype,
+            bytes,
+        });
+    }
+    Ok(out)
+}
+
+fn dtype_of(d: safetensors::Dtype) -> accel_api::DType {
+    use safetensors::Dtype;
+    match d {
+        Dtype::F16 => accel_api::DType::F16,
+        Dtype::BF16 => accel_api::DType::BF16,
+        Dtype::F64 => accel_api::DType::F64,
+        _ => accel_api::DType::F32,
+    }
+}
+
+/// One rank's file of `chunks`, the offsets in its header; `None` for no
+/// chunk (the rank writes no file).
+fn encode_chunks(op: &str, chunks: Vec<ShardChunk>) -> Result<Option<Vec<u8>>> {
+    if chunks.is_empty() {
+        return Ok(None);
+    }
+    let mut mine: BTreeMap<String, Stored> = BTreeMap::new();
+    let mut info: BTreeMap<String, Offsets> = BTreeMap::new();
+    for c in chunks {
+        let bad = |why: String| Error::invalid_argument(op, format!("chunk {:?}: {why}", c.name));
+        let Some(dtype) = file_dtype(c.dtype) else {
+            return Err(bad(format!("{} is not a floating-point type", c.dtype)));
+        };
+        let n: usize = c.shape.iter().product();
+        if c.offsets.len() != c.shape.len() || n * c.dtype.size() != c.bytes.len() {
+            return Err(bad(format!(
+                "offsets {:?}, shape {:?} and {} bytes of {} disagree",
+                c.offsets,
+                c.shape,
+                c.bytes.len(),
+                c.dtype
+            )));
+        }
         info.insert(
-            name.clone(),
+            c.name.clone(),
             Offsets {
-                saved_offsets: offsets,
+                saved_offsets: c.offsets,
             },
         );
         mine.insert(
-            name,
+            c.name,
             Stored {
-                shape,
-                dtype: t.dtype,
-                bytes,
+                shape: c.shape,
+                dtype,
+                bytes: c.bytes,
             },
         );
     }
@@ -141,7 +238,7 @@ fn encode_rank_shard<P: Parameters + ?Sized>(
             serde_json::to_string(&info).expect("offsets serialise"),
         ),
     ]);
-    encode_stored(&mine, Some(meta))
+    encode_stored(&mine, Some(meta)).map(Some)
 }
 
 fn corrupt(msg: String) -> Error {

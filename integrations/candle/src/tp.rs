@@ -484,3 +484,76 @@ pub fn whole_by_plan(
         .and_then(|t| t.to_dtype(local.dtype()))
         .map_err(candle)
 }
+
+/// This rank's part `local` of parameter `param` (shape `full_shape`, of
+/// a `kind` module) under `plan`, as a chunk for
+/// [`Accelerator::save_shards`](accel::Accelerator::save_shards): its
+/// offsets in the whole tensor, its values in their own element type
+/// (f16, bf16, f32, f64). `None` for a replicated parameter on every rank
+/// of `group` but its first (one copy is written).
+///
+/// # Errors
+/// A shape the plan's style cannot split, or a `local` of another shape
+/// than the plan gives this rank; another element type; candle's.
+pub fn shard_chunk(
+    local: &Tensor,
+    param: &str,
+    kind: ModuleKind,
+    full_shape: &[usize],
+    plan: &TpPlan,
+    group: &Arc<dyn Communicator>,
+) -> Result<Option<accel::train::ShardChunk>> {
+    use candle_core::DType;
+    let layout = plan.layout(param, kind, full_shape, group.world_size())?;
+    if layout.placements[0] == Placement::Replicate && group.rank() != 0 {
+        return Ok(None);
+    }
+    let b = layout.local_box(&[group.rank()])?;
+    let shape: Vec<usize> = b.iter().map(|r| r.len()).collect();
+    if local.dims() != shape.as_slice() {
+        return Err(Error::invalid_argument(
+            "shard_chunk",
+            format!(
+                "{param}: this rank holds {:?}, but the plan gives it {shape:?} of {full_shape:?}",
+                local.dims()
+            ),
+        ));
+    }
+    let flat = local.flatten_all().map_err(candle)?;
+    let (dtype, bytes) = match local.dtype() {
+        DType::F32 => (
+            accel_api::DType::F32,
+            le(flat.to_vec1::<f32>(), |v| v.to_le_bytes().to_vec())?,
+        ),
+        DType::F64 => (
+            accel_api::DType::F64,
+            le(flat.to_vec1::<f64>(), |v| v.to_le_bytes().to_vec())?,
+        ),
+        DType::BF16 => (
+            accel_api::DType::BF16,
+            le(flat.to_vec1::<half::bf16>(), |v| v.to_le_bytes().to_vec())?,
+        ),
+        DType::F16 => (
+            accel_api::DType::F16,
+            le(flat.to_vec1::<half::f16>(), |v| v.to_le_bytes().to_vec())?,
+        ),
+        other => {
+            return Err(Error::invalid_argument(
+                "shard_chunk",
+                format!("{param} is {other:?}; weights are floating point"),
+            ))
+        }
+    };
+    Ok(Some(accel::train::ShardChunk {
+        name: param.to_string(),
+        offsets: b.iter().map(|r| r.start).collect(),
+        shape,
+        dtype,
+        bytes,
+    }))
+}
+
+/// Values' little-endian bytes, one value at a time.
+fn le<T>(values: candle_core::Result<Vec<T>>, f: impl Fn(&T) -> Vec<u8>) -> Result<Vec<u8>> {
+    Ok(values.map_err(candle)?.iter().flat_map(f).collect())
+}

@@ -288,7 +288,7 @@ fn vocab_parallel_cross_entropy_is_the_whole_vocabularys_loss_and_gradient() {
 /// whole tensors back together exactly.
 #[test]
 fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
-    use accel_candle::tp::{cut_by_plan, whole_by_plan};
+    use accel_candle::tp::{cut_by_plan, shard_chunk, whole_by_plan};
     use accel_sharding::tp_plan::{ModuleKind, TpPlan};
     let params: Vec<(&str, ModuleKind, Vec<usize>)> = vec![
         ("embed_tokens.weight", ModuleKind::Embedding, vec![10, 4]),
@@ -308,19 +308,24 @@ fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
     ];
     let plan_json = r#"{"embed_tokens": "rowwise", "layers.*.mlp.up_proj": "colwise",
                         "layers.*.mlp.down_proj": "rowwise"}"#;
+    let tmp = tempfile::tempdir().unwrap();
     for tp in [2usize, 3] {
         let params = params.clone();
+        let ckpt = tmp.path().join(format!("tp{tp}"));
+        let saved = ckpt.clone();
         let got = accel::Threads::new(tp)
             .backend("cpu-gloo")
             .timeout(Duration::from_secs(30))
             .run(move |acc| {
                 let plan = TpPlan::from_json(plan_json)?;
                 let mut out = Vec::new();
+                let mut chunks = Vec::new();
                 for (i, (name, kind, shape)) in params.iter().enumerate() {
                     let n: usize = shape.iter().product();
                     let full = t(values(n, 30 + i as u64), shape);
                     let mine = cut_by_plan(&full, name, *kind, &plan, acc.comm())?;
                     let whole = whole_by_plan(&mine, name, *kind, shape, &plan, acc.comm())?;
+                    chunks.extend(shard_chunk(&mine, name, *kind, shape, &plan, acc.comm())?);
                     out.push((
                         name.to_string(),
                         mine.dims().to_vec(),
@@ -328,6 +333,8 @@ fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
                         flat(&full),
                     ));
                 }
+                // Each rank's parts, in torch's per-rank layout.
+                acc.save_shards(chunks, &ckpt)?;
                 Ok(out)
             })
             .unwrap();
@@ -354,6 +361,19 @@ fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
                 };
                 assert_eq!(dims, &want, "tp {tp}, rank {rank}: {name}'s part");
             }
+        }
+        // The per-rank files put back together (replicated tensors written
+        // once: no overlap) hold the whole tensors.
+        let whole = tmp.path().join(format!("whole{tp}"));
+        accel::train::consolidate_model(&saved, &whole, "5GB").unwrap();
+        let read =
+            candle_core::safetensors::load(whole.join("model.safetensors"), &Device::Cpu).unwrap();
+        for (name, _, _, full) in &got[0] {
+            assert_eq!(
+                &flat(&read[name]),
+                full,
+                "tp {tp}: {name} from the per-rank files"
+            );
         }
     }
 }
