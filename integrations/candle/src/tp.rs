@@ -19,6 +19,13 @@
 //! summed forward and its gradient passes unchanged backward
 //! ([`reduce_from_tp`]).
 //!
+//! Sequence parallelism (Megatron's): between the tensor-parallel blocks,
+//! norms and dropout run on `seq / tp` rows each ([`scatter_to_sp`]); a
+//! block is entered with [`gather_from_sp`] and left with a row-parallel
+//! layer's [`forward_sequence_parallel`](RowParallelLinear::forward_sequence_parallel)
+//! (a reduce-scatter in place of the all-reduce): the same traffic, and
+//! the activations outside the blocks are split too.
+//!
 //! A language model's head and loss: [`VocabParallelEmbedding`] holds
 //! `vocab / tp` rows of the table, and [`vocab_parallel_cross_entropy`]
 //! takes this rank's columns of the logits: the loss of the whole
@@ -52,14 +59,6 @@ fn chunk(n: usize, group: &dyn Communicator, what: &str) -> Result<(usize, usize
     Ok((group.rank() * per, per))
 }
 
-/// Megatron's `f` (`!reduce`) and `g` (`reduce`) as a candle op over a
-/// group.
-#[derive(Clone)]
-struct TpOp {
-    group: Arc<dyn Communicator>,
-    reduce: bool,
-}
-
 /// The f32 elements of a contiguous tensor's storage.
 fn elements<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result<&'a [f32]> {
     let CpuStorage::F32(data) = storage else {
@@ -71,64 +70,13 @@ fn elements<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::Result
     Ok(&data[a..b])
 }
 
-impl CustomOp1 for TpOp {
-    fn name(&self) -> &'static str {
-        if self.reduce {
-            "tp-reduce"
-        } else {
-            "tp-copy"
-        }
-    }
-
-    fn cpu_fwd(
-        &self,
-        storage: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let mut v = elements(storage, layout)?.to_vec();
-        if self.reduce {
-            self.group
-                .all_reduce_slice(&mut v, ReduceOp::Sum)
-                .map_err(|e| candle_core::Error::Msg(format!("tensor-parallel all_reduce: {e}")))?;
-        }
-        Ok((CpuStorage::F32(v), layout.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _arg: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<Option<Tensor>> {
-        if self.reduce {
-            return Ok(Some(grad.clone()));
-        }
-        let sum = TpOp {
-            group: self.group.clone(),
-            reduce: true,
-        };
-        grad.contiguous()?.apply_op1_no_bwd(&sum).map(Some)
-    }
-}
-
-fn apply(x: &Tensor, group: &Arc<dyn Communicator>, reduce: bool) -> Result<Tensor> {
-    if group.world_size() == 1 {
-        return Ok(x.clone());
-    }
-    let op = TpOp {
-        group: group.clone(),
-        reduce,
-    };
-    x.contiguous().and_then(|x| x.apply_op1(op)).map_err(candle)
-}
-
 /// Megatron's `f`: `x` unchanged forward, its gradient summed over
 /// `group` backward (the input of a column-parallel layer).
 ///
 /// # Errors
 /// candle's (an f32 tensor is needed).
 pub fn copy_to_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
-    apply(x, group, false)
+    apply(x, group, Kind::Copy)
 }
 
 /// Megatron's `g`: `x` summed over `group` forward, its gradient unchanged
@@ -137,7 +85,7 @@ pub fn copy_to_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
 /// # Errors
 /// candle's (an f32 tensor is needed); the all-reduce's.
 pub fn reduce_from_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
-    apply(x, group, true)
+    apply(x, group, Kind::Reduce)
 }
 
 /// For u32 `ids` (below 2^24: the test runs in f32): 1.0 where an id is
@@ -218,11 +166,27 @@ impl ColumnParallelLinear {
     /// candle's; the all-gather's.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let x = copy_to_tp(x, &self.group)?;
+        self.local_forward(&x)
+    }
+
+    /// [`forward`](Self::forward) entering from a sequence-parallel region
+    /// (Megatron's sequence parallelism): `x` is this rank's rows of
+    /// dimension 0 (the sequence), all-gathered first ([`gather_from_sp`],
+    /// whose backward reduce-scatters `x`'s gradient). Collective.
+    ///
+    /// # Errors
+    /// candle's; the all-gather's.
+    pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {
+        let x = gather_from_sp(x, &self.group)?;
+        self.local_forward(&x)
+    }
+
+    fn local_forward(&self, x: &Tensor) -> Result<Tensor> {
         let linear = candle_nn::Linear::new(
             self.weight.as_tensor().clone(),
             self.bias.as_ref().map(|b| b.as_tensor().clone()),
         );
-        let y = candle_nn::Module::forward(&linear, &x).map_err(candle)?;
+        let y = candle_nn::Module::forward(&linear, x).map_err(candle)?;
         if !self.gather_output || self.group.world_size() == 1 {
             return Ok(y);
         }
@@ -294,14 +258,185 @@ impl RowParallelLinear {
     /// # Errors
     /// candle's; the all-reduce's.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, false)
+    }
+
+    /// [`forward`](Self::forward) leaving a sequence-parallel region
+    /// (Megatron's sequence parallelism): the partial products are
+    /// reduce-scattered along dimension 0 (the sequence) instead of
+    /// all-reduced, each rank keeping its rows of the sum
+    /// ([`reduce_scatter_to_sp`]), then the bias is added. Collective.
+    ///
+    /// # Errors
+    /// candle's; the reduce-scatter's (the sequence must split evenly).
+    pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, true)
+    }
+
+    fn forward_with(&self, x: &Tensor, sequence_parallel: bool) -> Result<Tensor> {
         let linear = candle_nn::Linear::new(self.weight.as_tensor().clone(), None);
         let partial = candle_nn::Module::forward(&linear, x).map_err(candle)?;
-        let y = reduce_from_tp(&partial, &self.group)?;
+        let y = if sequence_parallel {
+            reduce_scatter_to_sp(&partial, &self.group)?
+        } else {
+            reduce_from_tp(&partial, &self.group)?
+        };
         match &self.bias {
             Some(b) => y.broadcast_add(b.as_tensor()).map_err(candle),
             None => Ok(y),
         }
     }
+}
+
+/// Megatron's collectives over a group as candle ops, each with its
+/// backward: `f` and `g` around the tensor-parallel blocks, and the
+/// sequence-parallel transitions along dimension 0 (the sequence).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// `f`: unchanged; backward: all-reduce.
+    Copy,
+    /// `g`: all-reduce; backward: unchanged.
+    Reduce,
+    /// Keep this rank's rows; backward: all-gather the rows.
+    Scatter,
+    /// All-gather the rows; backward: reduce-scatter the rows.
+    Gather,
+    /// Reduce-scatter the rows; backward: all-gather the rows.
+    ReduceScatter,
+}
+
+#[derive(Clone)]
+struct Collective {
+    group: Arc<dyn Communicator>,
+    kind: Kind,
+}
+
+impl Collective {
+    fn run(&self, v: &[f32], shape: &Shape) -> candle_core::Result<(Vec<f32>, Shape)> {
+        let (n, r) = (self.group.world_size(), self.group.rank());
+        let msg =
+            |e: Error| candle_core::Error::Msg(format!("tensor-parallel {:?}: {e}", self.kind));
+        let mut dims = shape.dims().to_vec();
+        let rows = dims.first().copied().unwrap_or(1);
+        let splits = matches!(self.kind, Kind::Scatter | Kind::ReduceScatter);
+        if splits && (dims.is_empty() || !rows.is_multiple_of(n)) {
+            candle_core::bail!(
+                "sequence parallel: {rows} rows do not split over {n} tensor-parallel ranks"
+            );
+        }
+        let out = match self.kind {
+            Kind::Copy => v.to_vec(),
+            Kind::Reduce => {
+                let mut v = v.to_vec();
+                self.group
+                    .all_reduce_slice(&mut v, ReduceOp::Sum)
+                    .map_err(msg)?;
+                v
+            }
+            Kind::Scatter => {
+                let per = v.len() / n;
+                dims[0] = rows / n;
+                v[r * per..(r + 1) * per].to_vec()
+            }
+            Kind::Gather => {
+                if dims.is_empty() {
+                    candle_core::bail!("sequence parallel: a tensor needs a sequence dimension");
+                }
+                dims[0] = rows * n;
+                self.group.all_gather_vec(v).map_err(msg)?
+            }
+            Kind::ReduceScatter => {
+                dims[0] = rows / n;
+                self.group
+                    .reduce_scatter_vec(v, ReduceOp::Sum)
+                    .map_err(msg)?
+            }
+        };
+        Ok((out, Shape::from(dims)))
+    }
+}
+
+impl CustomOp1 for Collective {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Copy => "tp-copy",
+            Kind::Reduce => "tp-reduce",
+            Kind::Scatter => "sp-scatter",
+            Kind::Gather => "sp-gather",
+            Kind::ReduceScatter => "sp-reduce-scatter",
+        }
+    }
+
+    fn cpu_fwd(
+        &self,
+        storage: &CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (v, shape) = self.run(elements(storage, layout)?, layout.shape())?;
+        Ok((CpuStorage::F32(v), shape))
+    }
+
+    fn bwd(
+        &self,
+        _arg: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<Option<Tensor>> {
+        let kind = match self.kind {
+            Kind::Reduce => return Ok(Some(grad.clone())),
+            Kind::Copy => Kind::Reduce,
+            Kind::Scatter | Kind::ReduceScatter => Kind::Gather,
+            Kind::Gather => Kind::ReduceScatter,
+        };
+        let back = Collective {
+            group: self.group.clone(),
+            kind,
+        };
+        grad.contiguous()?.apply_op1_no_bwd(&back).map(Some)
+    }
+}
+
+fn apply(x: &Tensor, group: &Arc<dyn Communicator>, kind: Kind) -> Result<Tensor> {
+    if group.world_size() == 1 {
+        return Ok(x.clone());
+    }
+    let op = Collective {
+        group: group.clone(),
+        kind,
+    };
+    x.contiguous().and_then(|x| x.apply_op1(op)).map_err(candle)
+}
+
+/// Enter a sequence-parallel region from a replicated tensor: this rank's
+/// rows of dimension 0 (the sequence), split evenly; the gradient is
+/// all-gathered backward. Collective backward.
+///
+/// # Errors
+/// candle's (an f32 tensor whose rows split evenly over the group).
+pub fn scatter_to_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    apply(x, group, Kind::Scatter)
+}
+
+/// Leave a sequence-parallel region into a tensor-parallel one (before a
+/// column-parallel layer): every rank's rows all-gathered along dimension
+/// 0; the gradient is reduce-scattered backward (each rank keeps its
+/// rows of the sum). Collective.
+///
+/// # Errors
+/// candle's (an f32 tensor); the all-gather's.
+pub fn gather_from_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    apply(x, group, Kind::Gather)
+}
+
+/// Leave a tensor-parallel region into a sequence-parallel one (after a
+/// row-parallel layer's partial products): summed over the group and
+/// scattered along dimension 0, each rank keeping its rows; the gradient
+/// is all-gathered backward. Collective.
+///
+/// # Errors
+/// candle's (an f32 tensor whose rows split evenly); the reduce-scatter's.
+pub fn reduce_scatter_to_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    apply(x, group, Kind::ReduceScatter)
 }
 
 /// `vocab / tp` rows of an embedding table (Megatron's vocab-parallel

@@ -377,3 +377,146 @@ fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
         }
     }
 }
+
+/// `x` normalised per row, then scaled by `g` and shifted by `b` (a
+/// LayerNorm written with differentiable ops).
+fn layer_norm(x: &Tensor, g: &Tensor, b: &Tensor) -> Tensor {
+    let mean = x.mean_keepdim(1).unwrap();
+    let xc = x.broadcast_sub(&mean).unwrap();
+    let var = xc.sqr().unwrap().mean_keepdim(1).unwrap();
+    let xn = xc
+        .broadcast_div(&(var + 1e-5).unwrap().sqrt().unwrap())
+        .unwrap();
+    xn.broadcast_mul(g).unwrap().broadcast_add(b).unwrap()
+}
+
+/// Sequence parallelism on 2 ranks: a LayerNorm on each rank's rows of the
+/// sequence, then a column-parallel layer entered with an all-gather and a
+/// row-parallel one left with a reduce-scatter. Each rank's output rows,
+/// the input's gradient, the linear layers' gradient shards and the
+/// LayerNorm's gradient summed over the ranks (Megatron all-reduces it)
+/// equal the one-rank block's.
+#[test]
+fn sequence_parallel_norm_then_column_and_row_parallel_equal_one_rank() {
+    use accel_candle::tp::scatter_to_sp;
+    const S: usize = 6;
+    let [_, _, w1, b1, w2, b2, _, _] = start();
+    let x = t(values(S * IN, 40), &[S, IN]);
+    let (g, b) = (t(values(IN, 41), &[IN]), t(values(IN, 42), &[IN]));
+    let target = t(values(S * OUT, 43), &[S, OUT]);
+    // One rank.
+    let vars: Vec<Var> = [&x, &g, &b, &w1, &b1, &w2, &b2]
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    let v = |i: usize| vars[i].as_tensor();
+    let h = layer_norm(v(0), v(1), v(2));
+    let h = h
+        .matmul(&v(3).t().unwrap())
+        .unwrap()
+        .broadcast_add(v(4))
+        .unwrap()
+        .relu()
+        .unwrap();
+    let y = h
+        .matmul(&v(5).t().unwrap())
+        .unwrap()
+        .broadcast_add(v(6))
+        .unwrap();
+    let grads = (&y * &target)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let want_y = flat(&y);
+    let want: Vec<Vec<f32>> = vars
+        .iter()
+        .map(|v| flat(grads.get(v.as_tensor()).unwrap()))
+        .collect();
+    let got = accel::Threads::new(2)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(30))
+        .run(move |acc| {
+            let group = acc.comm().clone();
+            let xv = Var::from_tensor(&x).unwrap();
+            let (gv, bv) = (Var::from_tensor(&g).unwrap(), Var::from_tensor(&b).unwrap());
+            let col = ColumnParallelLinear::from_full(&w1, Some(&b1), group.clone(), false)?;
+            let row = RowParallelLinear::from_full(&w2, Some(&b2), group.clone())?;
+            let rows = scatter_to_sp(xv.as_tensor(), &group)?;
+            let h = layer_norm(&rows, gv.as_tensor(), bv.as_tensor());
+            let h = col.forward_sequence_parallel(&h)?.relu().unwrap();
+            let y = row.forward_sequence_parallel(&h)?;
+            let r = acc.rank();
+            let my_target = target.narrow(0, r * S / 2, S / 2).unwrap();
+            let grads = (&y * &my_target)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+            let g = |v: &Var| flat(grads.get(v.as_tensor()).unwrap());
+            Ok((
+                flat(&y),
+                g(&xv),
+                [g(&gv), g(&bv)],
+                col.vars().iter().map(g).collect::<Vec<_>>(),
+                row.vars().iter().map(g).collect::<Vec<_>>(),
+            ))
+        })
+        .unwrap();
+    let half = S / 2;
+    let hid_half = HID / 2;
+    let mut norm_sum = [vec![0.0f32; IN], vec![0.0f32; IN]];
+    let mut bias_sum = vec![0.0f32; OUT];
+    for (r, (y, dx, norm, col, row)) in got.iter().enumerate() {
+        close(
+            &format!("rank {r}: its output rows"),
+            y,
+            &want_y[r * half * OUT..(r + 1) * half * OUT],
+        );
+        // The input is replicated: its gradient is gathered back whole.
+        close(&format!("rank {r}: the input's gradient"), dx, &want[0]);
+        close(
+            &format!("rank {r}: column weight rows"),
+            &col[0],
+            &part(&want[3], IN, r * hid_half..(r + 1) * hid_half, None),
+        );
+        close(
+            &format!("rank {r}: column bias"),
+            &col[1],
+            &want[4][r * hid_half..(r + 1) * hid_half],
+        );
+        close(
+            &format!("rank {r}: row weight columns"),
+            &row[0],
+            &part(
+                &want[5],
+                HID,
+                0..OUT,
+                Some(r * hid_half..(r + 1) * hid_half),
+            ),
+        );
+        // The row-parallel bias is added to each rank's rows: its
+        // gradient is a partial sum, as the LayerNorm's.
+        bias_sum.iter_mut().zip(&row[1]).for_each(|(s, v)| *s += v);
+        for (sum, g) in norm_sum.iter_mut().zip(norm) {
+            sum.iter_mut().zip(g).for_each(|(s, v)| *s += v);
+        }
+    }
+    close(
+        "the LayerNorm's scale gradient summed over the ranks",
+        &norm_sum[0],
+        &want[1],
+    );
+    close(
+        "the LayerNorm's shift gradient summed over the ranks",
+        &norm_sum[1],
+        &want[2],
+    );
+    close(
+        "the row-parallel bias's gradient summed over the ranks",
+        &bias_sum,
+        &want[6],
+    );
+}
