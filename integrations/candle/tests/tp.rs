@@ -10,6 +10,9 @@
 use std::time::Duration;
 
 use accel_candle::tp::{vocab_parallel_cross_entropy, ColumnParallelLinear, RowParallelLinear};
+mod common;
+use common::values;
+
 use candle_core::{Device, Tensor, Var};
 use candle_nn::Module;
 
@@ -17,19 +20,6 @@ const IN: usize = 6;
 const HID: usize = 8;
 const OUT: usize = 4;
 const N: usize = 10;
-
-/// Deterministic values in [-0.5, 0.5).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s % 1000) as f32 / 1000.0 - 0.5
-        })
-        .collect()
-}
 
 fn t(v: Vec<f32>, shape: &[usize]) -> Tensor {
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
