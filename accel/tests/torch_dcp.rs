@@ -143,6 +143,16 @@ fn a_missing_rank_overlapping_chunks_and_torchs_pickle_are_refused_naming_them()
     let e = err(&gone);
     assert_eq!(e.kind(), &ErrorKind::Corrupt, "{e}");
     assert!(e.to_string().contains("a rank's file is missing"), "{e}");
+    // A region across both ranks' chunks reads whole from the two files,
+    // and with rank 0's file gone it has a hole.
+    let want: Vec<f32> = Mlp::new(1.5).0[0].2[2 * 5..6 * 5].to_vec();
+    let rows = accel::train::read_tensor_region(&dir, "0.weight", &[2..6, 0..5]).unwrap();
+    assert_eq!(
+        (rows.shape.as_slice(), &rows.data),
+        (&[4usize, 5][..], &want)
+    );
+    let e = accel::train::read_tensor_region(&gone, "0.weight", &[2..6, 0..5]).unwrap_err();
+    assert!(e.to_string().contains("a rank's file is missing"), "{e}");
     // The last rank's gone: the layout alone cannot tell (torch's reader
     // neither), the model's shape does.
     let last = tmp.path().join("last");

@@ -16,7 +16,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use accel_api::{files, Error, ErrorKind, Result};
-use accel_sharding::placement::chunk;
+use std::ops::Range;
+
+use accel_sharding::placement::{chunk, intersect};
 use accel_sharding::{temp_path_for, write_file_synced, CheckpointWriter};
 use serde::{Deserialize, Serialize};
 
@@ -266,15 +268,9 @@ pub(super) fn read_if_torch(dir: &Path) -> Result<Option<ReadModel>> {
              that folder",
         ));
     }
-    let Ok(entries) = std::fs::read_dir(dir) else {
+    let Ok(names) = safetensors_names(dir) else {
         return Ok(None);
     };
-    let mut names: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".safetensors"))
-        .collect();
-    names.sort();
     if names.is_empty() {
         return Ok(None);
     }
@@ -346,44 +342,193 @@ fn assemble(name: &str, parts: Vec<(Vec<usize>, Tensor)>, dir: &Path) -> Result<
             shape[d] = shape[d].max(off[d] + t.shape[d]);
         }
     }
+    let whole: Vec<Range<usize>> = shape.iter().map(|&n| 0..n).collect();
+    fill_region(name, &parts, &whole, dir)
+}
+
+/// The box `region` of tensor `name` from the chunks that overlap it:
+/// every element of the box covered exactly once, or an error naming the
+/// tensor (overlapping chunks, or a hole: a rank's file missing).
+fn fill_region(
+    name: &str,
+    parts: &[(Vec<usize>, Tensor)],
+    region: &[Range<usize>],
+    dir: &Path,
+) -> Result<Tensor> {
+    let rank = region.len();
+    let shape: Vec<usize> = region.iter().map(|r| r.len()).collect();
     let total: usize = shape.iter().product();
     let mut data = vec![0f32; total];
     let mut seen = vec![false; total];
     let mut covered = 0usize;
-    let strides: Vec<usize> = (0..rank).map(|d| shape[d + 1..].iter().product()).collect();
-    for (off, t) in &parts {
-        // Row by row of the last dimension: the row's place in the chunk,
-        // then in the whole tensor.
-        let inner = if rank == 0 { 1 } else { t.shape[rank - 1] };
-        let rows = t.data.len().checked_div(inner).unwrap_or(0);
-        for row in 0..rows {
-            let mut rest = row;
-            let mut at = if rank == 0 { 0 } else { off[rank - 1] };
-            for d in (0..rank.saturating_sub(1)).rev() {
-                let i = rest % t.shape[d];
-                rest /= t.shape[d];
-                at += (off[d] + i) * strides[d];
+    let stride = |dims: &[usize], d: usize| -> usize { dims[d + 1..].iter().product() };
+    for (off, t) in parts {
+        if off.len() != rank {
+            continue;
+        }
+        if rank == 0 {
+            // A scalar: one element, no box.
+            if seen[0] {
+                return Err(corrupt(format!(
+                    "{}: two chunks of tensor {name:?} hold element 0",
+                    dir.display()
+                )));
             }
-            for j in 0..inner {
-                let k = at + j;
-                if seen[k] {
+            seen[0] = true;
+            data[0] = t.data[0];
+            covered += 1;
+            continue;
+        }
+        let chunk_box: Vec<Range<usize>> =
+            off.iter().zip(&t.shape).map(|(&o, &n)| o..o + n).collect();
+        let Some(common) = intersect(&chunk_box, region) else {
+            continue;
+        };
+        // Row by row of the last dimension of the common box.
+        let last = rank - 1;
+        let run = common[last].len();
+        let rows: usize = common[..last].iter().map(|r| r.len()).product();
+        for row in 0..rows {
+            let (mut src, mut dst) = (
+                common[last].start - off[last],
+                common[last].start - region[last].start,
+            );
+            let mut rest = row;
+            for d in (0..last).rev() {
+                let i = common[d].start + rest % common[d].len();
+                rest /= common[d].len();
+                src += (i - off[d]) * stride(&t.shape, d);
+                dst += (i - region[d].start) * stride(&shape, d);
+            }
+            for j in 0..run {
+                if seen[dst + j] {
                     return Err(corrupt(format!(
-                        "{}: two chunks of tensor {name:?} hold element {k}",
-                        dir.display()
+                        "{}: two chunks of tensor {name:?} hold element {}",
+                        dir.display(),
+                        dst + j
                     )));
                 }
-                seen[k] = true;
-                data[k] = t.data[row * inner + j];
+                seen[dst + j] = true;
+                data[dst + j] = t.data[src + j];
             }
-            covered += inner;
+            covered += run;
         }
     }
     if covered != total {
         return Err(corrupt(format!(
-            "{}: the chunks of tensor {name:?} cover {covered} of its {total} elements (shape \
-             {shape:?}): a rank's file is missing",
+            "{}: the chunks of tensor {name:?} cover {covered} of the {total} elements asked \
+             ({region:?}): a rank's file is missing",
             dir.display()
         )));
     }
     Ok(Tensor { shape, data })
+}
+
+/// The box `region` of tensor `name` (f32) from a folder of torch's
+/// per-rank shards (torch's `HuggingFaceStorageWriter` with
+/// `save_distributed=True`, [`save_shards`](crate::Accelerator::save_shards),
+/// [`save_model_sharded`](crate::Accelerator::save_model_sharded)): what a
+/// rank of another layout needs (resharding across meshes: a
+/// tensor-parallel part cut by another plan or size). Reads every file's
+/// header, and the data of the files that hold a part of the box only.
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] naming the tensor when the chunks overlap or
+/// leave a hole in the box, or a file is malformed; [`ErrorKind::Io`]; a
+/// folder of another layout is [`ErrorKind::InvalidArgument`].
+pub fn read_tensor_region(
+    dir: impl AsRef<Path>,
+    name: &str,
+    region: &[Range<usize>],
+) -> Result<Tensor> {
+    let dir = dir.as_ref();
+    let mut parts = Vec::new();
+    let mut found = false;
+    for file in safetensors_names(dir)? {
+        let (path, f) = files::open_inside(dir, &file, "shard")?;
+        let Some(chunk) = header_chunk(&path, name)? else {
+            continue;
+        };
+        found = true;
+        let (off, shape) = chunk;
+        let chunk_box: Vec<Range<usize>> =
+            off.iter().zip(&shape).map(|(&o, &n)| o..o + n).collect();
+        if off.len() == region.len()
+            && !region.is_empty()
+            && intersect(&chunk_box, region).is_none()
+        {
+            continue;
+        }
+        let bytes = read_safetensors(&path, f)?;
+        let t = decode_tensors(&bytes, &path)?
+            .remove(name)
+            .ok_or_else(|| corrupt(format!("{}: tensor {name:?} vanished", path.display())))?;
+        parts.push((off, t));
+    }
+    if !found {
+        return Err(Error::invalid_argument(
+            "read_tensor_region",
+            format!(
+                "{} holds no chunk of tensor {name:?} in torch's per-rank layout",
+                dir.display()
+            ),
+        ));
+    }
+    fill_region(name, &parts, region, dir)
+}
+
+/// The `*.safetensors` files of `dir`, sorted.
+fn safetensors_names(dir: &Path) -> Result<Vec<String>> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(format!("cannot list {}", dir.display()), e))?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// From `path`'s header alone (its first bytes): tensor `name`'s offsets
+/// and shape when the file holds a chunk of it.
+fn header_chunk(path: &Path, name: &str) -> Result<Option<(Vec<usize>, Vec<usize>)>> {
+    use std::io::Read;
+    let bad = |m: String| corrupt(format!("{}: {m}", path.display()));
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n)
+        .map_err(|_| bad("too short for a safetensors header".into()))?;
+    let n = u64::from_le_bytes(n);
+    if n > 100_000_000 {
+        return Err(bad(format!("not safetensors: header length {n}")));
+    }
+    let mut head = Vec::new();
+    f.take(n)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&head).map_err(|e| bad(format!("not safetensors: {e}")))?;
+    let Some(shape) = header[name]["shape"].as_array() else {
+        return Ok(None);
+    };
+    let shape: Vec<usize> = shape
+        .iter()
+        .filter_map(|v| v.as_u64().map(|v| v as usize))
+        .collect();
+    let info = header["__metadata__"][DCP_SHARDING_INFO]
+        .as_str()
+        .ok_or_else(|| bad(format!("no {DCP_SHARDING_INFO} in the header")))?;
+    let info: BTreeMap<String, Offsets> = serde_json::from_str(info)
+        .map_err(|e| bad(format!("malformed {DCP_SHARDING_INFO}: {e}")))?;
+    let off = info
+        .get(name)
+        .map(|o| o.saved_offsets.clone())
+        .ok_or_else(|| {
+            bad(format!(
+                "tensor {name:?} has no entry in {DCP_SHARDING_INFO}"
+            ))
+        })?;
+    Ok(Some((off, shape)))
 }

@@ -555,6 +555,27 @@ pub fn vocab_parallel_cross_entropy(
     (|| sum_exp.log()?.sub(&target)?.mean_all())().map_err(candle)
 }
 
+/// A parameter as a tensor-parallel plan sees it: its name (`layers.0.mlp.up_proj.weight`),
+/// its module's kind, its whole shape, and the plan.
+#[derive(Clone, Copy, Debug)]
+pub struct Planned<'a> {
+    /// The parameter's name.
+    pub name: &'a str,
+    /// Its module's kind (the style's split depends on it).
+    pub kind: ModuleKind,
+    /// The whole tensor's shape.
+    pub shape: &'a [usize],
+    /// The plan.
+    pub plan: &'a TpPlan,
+}
+
+impl Planned<'_> {
+    fn layout(&self, group: &Arc<dyn Communicator>) -> Result<accel_sharding::placement::Layout> {
+        self.plan
+            .layout(self.name, self.kind, self.shape, group.world_size())
+    }
+}
+
 /// This rank's part of parameter `param` (the whole tensor `full`, of a
 /// `kind` module) under `plan` on `group` (the `tp` group): what a loader
 /// keeps of a full checkpoint. torch's chunking: `ceil(n / tp)` each, the
@@ -564,12 +585,10 @@ pub fn vocab_parallel_cross_entropy(
 /// A shape the plan's style cannot split; candle's.
 pub fn cut_by_plan(
     full: &Tensor,
-    param: &str,
-    kind: ModuleKind,
-    plan: &TpPlan,
+    p: &Planned<'_>,
     group: &Arc<dyn Communicator>,
 ) -> Result<Tensor> {
-    let layout = plan.layout(param, kind, full.dims(), group.world_size())?;
+    let layout = p.layout(group)?;
     let b = layout.local_box(&[group.rank()])?;
     let mut t = full.clone();
     for (d, r) in b.iter().enumerate() {
@@ -589,13 +608,10 @@ pub fn cut_by_plan(
 /// A shape the plan's style cannot split; candle's; the gather's.
 pub fn whole_by_plan(
     local: &Tensor,
-    param: &str,
-    kind: ModuleKind,
-    full_shape: &[usize],
-    plan: &TpPlan,
+    p: &Planned<'_>,
     group: &Arc<dyn Communicator>,
 ) -> Result<Tensor> {
-    let layout = plan.layout(param, kind, full_shape, group.world_size())?;
+    let layout = p.layout(group)?;
     let Placement::Shard { dim } = layout.placements[0] else {
         return Ok(local.clone());
     };
@@ -632,14 +648,12 @@ pub fn whole_by_plan(
 /// than the plan gives this rank; another element type; candle's.
 pub fn shard_chunk(
     local: &Tensor,
-    param: &str,
-    kind: ModuleKind,
-    full_shape: &[usize],
-    plan: &TpPlan,
+    p: &Planned<'_>,
     group: &Arc<dyn Communicator>,
 ) -> Result<Option<accel::train::ShardChunk>> {
     use candle_core::DType;
-    let layout = plan.layout(param, kind, full_shape, group.world_size())?;
+    let (param, full_shape) = (p.name, p.shape);
+    let layout = p.layout(group)?;
     if layout.placements[0] == Placement::Replicate && group.rank() != 0 {
         return Ok(None);
     }
@@ -691,4 +705,24 @@ pub fn shard_chunk(
 /// Values' little-endian bytes, one value at a time.
 fn le<T>(values: candle_core::Result<Vec<T>>, f: impl Fn(&T) -> Vec<u8>) -> Result<Vec<u8>> {
     Ok(values.map_err(candle)?.iter().flat_map(f).collect())
+}
+
+/// This rank's part of parameter `param` (shape `full_shape`, of a `kind`
+/// module) under `plan` on `group`, read from a folder of torch's per-rank
+/// shards written at any layout ([`Accelerator::save_shards`](accel::Accelerator::save_shards)
+/// at another tensor-parallel size, torch's own writer): the chunks that
+/// overlap this rank's box are read, the others' data is not. f32.
+///
+/// # Errors
+/// A shape the plan's style cannot split; as
+/// [`read_tensor_region`](accel::train::read_tensor_region) (overlapping
+/// chunks, a hole, a malformed file); candle's.
+pub fn load_by_plan(
+    dir: &std::path::Path,
+    p: &Planned<'_>,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let b = p.layout(group)?.local_box(&[group.rank()])?;
+    let t = accel::train::read_tensor_region(dir, p.name, &b)?;
+    Tensor::from_vec(t.data, t.shape, &candle_core::Device::Cpu).map_err(candle)
 }

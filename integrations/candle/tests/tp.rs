@@ -278,7 +278,7 @@ fn vocab_parallel_cross_entropy_is_the_whole_vocabularys_loss_and_gradient() {
 /// whole tensors back together exactly.
 #[test]
 fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
-    use accel_candle::tp::{cut_by_plan, shard_chunk, whole_by_plan};
+    use accel_candle::tp::{cut_by_plan, load_by_plan, shard_chunk, whole_by_plan, Planned};
     use accel_sharding::tp_plan::{ModuleKind, TpPlan};
     let params: Vec<(&str, ModuleKind, Vec<usize>)> = vec![
         ("embed_tokens.weight", ModuleKind::Embedding, vec![10, 4]),
@@ -296,6 +296,19 @@ fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
         ("layers.0.mlp.down_proj.bias", ModuleKind::Linear, vec![4]),
         ("norm.weight", ModuleKind::Linear, vec![4]),
     ];
+    fn planned<'a>(
+        name: &'a str,
+        kind: ModuleKind,
+        shape: &'a [usize],
+        plan: &'a TpPlan,
+    ) -> Planned<'a> {
+        Planned {
+            name,
+            kind,
+            shape,
+            plan,
+        }
+    }
     let plan_json = r#"{"embed_tokens": "rowwise", "layers.*.mlp.up_proj": "colwise",
                         "layers.*.mlp.down_proj": "rowwise"}"#;
     let tmp = tempfile::tempdir().unwrap();
@@ -313,9 +326,14 @@ fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
                 for (i, (name, kind, shape)) in params.iter().enumerate() {
                     let n: usize = shape.iter().product();
                     let full = t(values(n, 30 + i as u64), shape);
-                    let mine = cut_by_plan(&full, name, *kind, &plan, acc.comm())?;
-                    let whole = whole_by_plan(&mine, name, *kind, shape, &plan, acc.comm())?;
-                    chunks.extend(shard_chunk(&mine, name, *kind, shape, &plan, acc.comm())?);
+                    let mine = cut_by_plan(&full, &planned(name, *kind, shape, &plan), acc.comm())?;
+                    let whole =
+                        whole_by_plan(&mine, &planned(name, *kind, shape, &plan), acc.comm())?;
+                    chunks.extend(shard_chunk(
+                        &mine,
+                        &planned(name, *kind, shape, &plan),
+                        acc.comm(),
+                    )?);
                     out.push((
                         name.to_string(),
                         mine.dims().to_vec(),
@@ -364,6 +382,37 @@ fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
                 full,
                 "tp {tp}: {name} from the per-rank files"
             );
+        }
+    }
+    // Resharding across meshes: what 2 ranks saved loads at 3 and the
+    // other way round, each rank reading its part of the chunks, equal to
+    // the part cut from the whole tensor.
+    for (saved_at, load_at) in [(2usize, 3usize), (3, 2)] {
+        let params = params.clone();
+        let dir = tmp.path().join(format!("tp{saved_at}"));
+        let got = accel::Threads::new(load_at)
+            .backend("cpu-gloo")
+            .timeout(Duration::from_secs(30))
+            .run(move |acc| {
+                let plan = TpPlan::from_json(plan_json)?;
+                let mut out = Vec::new();
+                for (i, (name, kind, shape)) in params.iter().enumerate() {
+                    let n: usize = shape.iter().product();
+                    let full = t(values(n, 30 + i as u64), shape);
+                    let want = cut_by_plan(&full, &planned(name, *kind, shape, &plan), acc.comm())?;
+                    let got = load_by_plan(&dir, &planned(name, *kind, shape, &plan), acc.comm())?;
+                    out.push((name.to_string(), flat(&got), flat(&want)));
+                }
+                Ok(out)
+            })
+            .unwrap();
+        for (rank, per) in got.iter().enumerate() {
+            for (name, got, want) in per {
+                assert_eq!(
+                    got, want,
+                    "saved at {saved_at}, rank {rank} of {load_at}: {name}"
+                );
+            }
         }
     }
 }
