@@ -15,7 +15,7 @@ use crate::ctx::*;
 pub(crate) fn scenarios() -> Vec<Scenario> {
     scenarios![
         mesh_groups: |c| needs(c, &[Op::Split, Op::AllGather]),
-        tensor_parallel: |c| needs(c, &[Op::Split, Op::AllReduce]),
+        tensor_parallel: |c| needs_peers(c, &[Op::Split, Op::AllReduce]),
     ]
 }
 
