@@ -595,14 +595,27 @@ mod training {
             std::fs::read_to_string(dir.join(format!("m{k}.err"))).unwrap_or_default()
         }
 
+        /// The stderr of launchers `0..n`, one after another.
+        fn errs(dir: &Path, n: usize) -> String {
+            (0..n).map(|k| err(dir, k)).collect::<Vec<_>>().join("\n")
+        }
+
+        /// Waits (90 s at most) for the run of `n` launchers in `dir` to
+        /// log step 3: a checkpoint (step 2) is out.
+        #[track_caller]
+        fn past_step_3(dir: &Path, n: usize) {
+            assert!(
+                eventually(Duration::from_secs(90), || reached(&dir.join("log"), 3)),
+                "the run did not reach step 3\n{}",
+                errs(dir, n)
+            );
+        }
+
         /// The launcher (of 3) that led round 0.
         fn leader_of_round_0(dir: &Path) -> usize {
             (0..3)
                 .find(|k| err(dir, *k).contains("round 0: 3 machine(s), world size 6"))
-                .unwrap_or_else(|| {
-                    let all: Vec<String> = (0..3).map(|k| err(dir, k)).collect();
-                    panic!("no machine led round 0\n{}", all.join("\n"))
-                })
+                .unwrap_or_else(|| panic!("no machine led round 0\n{}", errs(dir, 3)))
         }
 
         /// The launchers left after round 0's leader went: each succeeded,
@@ -636,19 +649,15 @@ mod training {
                 return;
             };
             let dir = tempfile::tempdir().unwrap();
-            let (d, log) = (dir.path(), dir.path().join("log"));
+            let d = dir.path();
             let mut ms: Vec<Option<Running>> = (0..3)
                 .map(|k| Some(start(etcd_machine(&c, "kill-0", d, k))))
                 .collect();
             // 6 ranks, 4 steps an epoch: after step 3 (the checkpoint of
             // step 2 is out), one etcd member dies (a quorum is left), then
             // round 0's machine 0.
-            let all = || (0..3).map(|k| err(d, k)).collect::<Vec<_>>().join("\n");
-            assert!(
-                eventually(Duration::from_secs(90), || reached(&log, 3)),
-                "the run did not reach step 3\n{}",
-                all()
-            );
+            past_step_3(d, 3);
+            let all = || errs(d, 3);
             c.kill(2);
             let leader = leader_of_round_0(d);
             let mut m0 = ms[leader].take().unwrap();
@@ -693,7 +702,7 @@ mod training {
                 return;
             };
             let dir = tempfile::tempdir().unwrap();
-            let (d, log) = (dir.path(), dir.path().join("log"));
+            let d = dir.path();
             let mut ms: Vec<Option<Running>> = (0..3)
                 .map(|k| {
                     Some(start(etcd_machine_on(
@@ -705,12 +714,8 @@ mod training {
                     )))
                 })
                 .collect();
-            let all = || (0..3).map(|k| err(d, k)).collect::<Vec<_>>().join("\n");
-            assert!(
-                eventually(Duration::from_secs(90), || reached(&log, 3)),
-                "the run did not reach step 3\n{}",
-                all()
-            );
+            past_step_3(d, 3);
+            let all = || errs(d, 3);
             let leader = leader_of_round_0(d);
             net.cut(leader);
             let cut_at = std::time::Instant::now();
@@ -811,18 +816,14 @@ mod training {
                 return;
             };
             let dir = tempfile::tempdir().unwrap();
-            let (d, log) = (dir.path(), dir.path().join("log"));
+            let d = dir.path();
             // Two machines of 2:3 (the round closes after the join window),
             // slow steps: the run outlives the detection.
             let ms: Vec<Running> = (0..2)
                 .map(|k| start(etcd_machine_on(None, &c, ("quorum", "1500"), d, k)))
                 .collect();
-            let all = || (0..2).map(|k| err(d, k)).collect::<Vec<_>>().join("\n");
-            assert!(
-                eventually(Duration::from_secs(90), || reached(&log, 3)),
-                "the run did not reach step 3\n{}",
-                all()
-            );
+            past_step_3(d, 2);
+            let all = || errs(d, 2);
             c.kill(0);
             c.kill(1);
             let t = std::time::Instant::now();

@@ -37,7 +37,7 @@ use serde::{Deserialize, Serialize};
 use super::adapters::{Parameters, Tensor};
 use super::checkpoint::decode_tensors;
 use super::safetensors_file::{
-    encode_stored, file_dtype, read_safetensors, stored_params, ReadModel, Stored,
+    corrupt, encode_stored, file_dtype, read_safetensors, stored_params, ReadModel, Stored,
 };
 use crate::Accelerator;
 
@@ -492,10 +492,6 @@ fn write_stored(params: Vec<(String, Stored)>, dir: &Path, max: u64) -> Result<(
     }
     w.commit_replacing()?;
     Ok(())
-}
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Corrupt, msg).with_op("load_model")
 }
 
 /// Consolidate the model weights in `src` (any layout `load_model`

@@ -11,7 +11,8 @@ use accel_api::{Error, ErrorKind, Result};
 
 use super::adapters::{Parameters, Tensor};
 
-fn corrupt(msg: String) -> Error {
+/// A model file that does not read: `Corrupt`, in `load_model`.
+pub(crate) fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg).with_op("load_model")
 }
 

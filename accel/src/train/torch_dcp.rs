@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::adapters::{Parameters, Tensor};
 use super::checkpoint::decode_tensors;
 use super::safetensors_file::{
-    encode_stored, file_dtype, read_safetensors, stored_params, ReadModel, Stored,
+    corrupt, encode_stored, file_dtype, read_safetensors, stored_params, ReadModel, Stored,
 };
 use crate::Accelerator;
 
@@ -241,10 +241,6 @@ fn encode_chunks(op: &str, chunks: Vec<ShardChunk>) -> Result<Option<Vec<u8>>> {
         ),
     ]);
     encode_stored(&mine, Some(meta)).map(Some)
-}
-
-fn corrupt(msg: String) -> Error {
-    Error::new(ErrorKind::Corrupt, msg).with_op("load_model")
 }
 
 /// What a folder without accel's files may hold instead: torch's sharded

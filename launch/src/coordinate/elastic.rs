@@ -316,12 +316,14 @@ fn register(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use accel_rendezvous::MemoryStore;
     use std::sync::Arc;
 
-    fn reg(rank: usize, id: &str) -> Registration {
+    /// A registration of 2 ranks on a run of 2 to 3 machines (the etcd
+    /// coordinator's tests use it too).
+    pub(in crate::coordinate) fn reg(rank: usize, id: &str) -> Registration {
         Registration {
             machine_rank: rank,
             nproc: 2,

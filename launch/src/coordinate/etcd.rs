@@ -71,9 +71,7 @@ impl EtcdRendezvous {
                  `etcdctl del --prefix {ns}/`"
             )));
         }
-        let beat = EtcdStore::connect(&self.endpoints, &ns, &self.auth, join)
-            .map_err(at)?
-            .with_call_timeout(beat);
+        let beat = store.sibling(beat);
         Ok((Arc::new(store), Arc::new(beat)))
     }
 }
@@ -106,18 +104,12 @@ mod tests {
     use accel_rendezvous::MemoryStore;
     use std::time::Instant;
 
+    /// The elastic tests' registration, on the run "r" with no fixed rank.
     fn reg(id: &str) -> Registration {
         Registration {
             machine_rank: usize::MAX,
-            nproc: 2,
-            num_machines: 3,
-            world_size: 6,
             run_id: Some("r".into()),
-            host: format!("host-{id}"),
-            pid: 1,
-            version: "0".into(),
-            id: id.into(),
-            min_machines: 2,
+            ..super::super::elastic::tests::reg(0, id)
         }
     }
 

@@ -177,6 +177,22 @@ impl Liveness {
     }
 }
 
+/// Where a run's store lives, for the words of a loss: on machine 0 (its
+/// address), or on an etcd cluster that no machine hosts (its URL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSite {
+    Machine0(String),
+    Cluster(String),
+}
+
+impl std::fmt::Display for StoreSite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreSite::Machine0(at) | StoreSite::Cluster(at) => f.write_str(at),
+        }
+    }
+}
+
 /// The root cause of losing the machines `lost` (the first one is named)
 /// as `me` sees it; `plan` gives their hosts and ranks, `witness` the rank
 /// failure that was noticed first, if any.
@@ -184,7 +200,7 @@ pub fn lost_failure(
     plan: &Plan,
     me: usize,
     lost: &Silent,
-    store_at: &str,
+    site: &StoreSite,
     witness: Option<&Failure>,
 ) -> Failure {
     let (first, silent) = lost.first().copied().unwrap_or((me, Duration::ZERO));
@@ -198,8 +214,8 @@ pub fn lost_failure(
     let host = |k: usize| slot(k).map_or_else(|| "?".to_string(), |m| m.host.clone());
     let secs = silent.as_secs_f64();
     let others = plan.machines.len().saturating_sub(1);
-    let (named, mut error) = if first == me && store_at.starts_with("etcd://") {
-        // On etcd no machine hosts the store: this machine lost the cluster.
+    let (named, mut error) = if let (true, StoreSite::Cluster(store_at)) = (first == me, site) {
+        // No machine hosts the store: this machine lost the cluster.
         (
             me,
             format!(
@@ -210,6 +226,7 @@ pub fn lost_failure(
         )
     } else if first == me {
         // This machine's beat did not reach machine 0's store.
+        let store_at = site;
         (
             0,
             format!(
@@ -357,7 +374,13 @@ mod tests {
         };
         assert!(witness.speaks_of_a_peer());
         let lost = vec![(2, Duration::from_millis(3100))];
-        let f = lost_failure(&plan, 0, &lost, "10.0.0.1:1", Some(&witness));
+        let f = lost_failure(
+            &plan,
+            0,
+            &lost,
+            &StoreSite::Machine0("10.0.0.1:1".into()),
+            Some(&witness),
+        );
         assert_eq!((f.machine, f.rank, f.host.as_str()), (2, 4, "host2"));
         assert!(matches!(f.exit, Exit::Lost { silent_ms: 3100 }));
         let e = f.error.unwrap();
@@ -371,16 +394,30 @@ mod tests {
             &plan,
             2,
             &vec![(2, Duration::from_secs(5))],
-            "10.0.0.1:1",
+            &StoreSite::Machine0("10.0.0.1:1".into()),
             None,
         );
         assert_eq!((f.machine, f.rank), (0, 0));
         assert!(f.error.unwrap().starts_with(
             "machine 2 lost machine 0 (host host0, ranks 0-1) and with it the others"
         ));
+        // Cut off from an etcd cluster: no machine hosts it, so this one is named.
+        let at = StoreSite::Cluster("etcd://10.0.0.9:2379/run".into());
+        let f = lost_failure(&plan, 2, &vec![(2, Duration::from_secs(5))], &at, None);
+        assert_eq!((f.machine, f.rank), (2, 4));
+        assert!(f
+            .error
+            .unwrap()
+            .starts_with("machine 2 lost the etcd cluster (etcd://10.0.0.9:2379/run)"));
         // Machine 0 hearing from nobody.
         let all = vec![(1, Duration::from_secs(5)), (2, Duration::from_secs(5))];
-        let f = lost_failure(&plan, 0, &all, "10.0.0.1:1", None);
+        let f = lost_failure(
+            &plan,
+            0,
+            &all,
+            &StoreSite::Machine0("10.0.0.1:1".into()),
+            None,
+        );
         assert!(f
             .error
             .unwrap()

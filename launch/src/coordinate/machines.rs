@@ -19,7 +19,7 @@ use accel_api::{Error, ErrorKind, Result, Store};
 use accel_rendezvous::{TcpStore, TcpStoreServer, TorchStoreServer};
 
 use super::etcd::{self, EtcdRendezvous};
-use super::liveness::{lost_failure, Liveness, BEAT, SUSPECT};
+use super::liveness::{lost_failure, Liveness, StoreSite, BEAT, SUSPECT};
 use super::membership::{self, Global, MachineSlot, Plan, Registration, Watcher};
 use super::{elastic, host_name, read_stall, Coordinator, Settled};
 use crate::event::{Event, LAST_SIGNAL};
@@ -383,13 +383,15 @@ impl Machines {
 
     /// Where the run's store is (for messages): machine 0's address, or
     /// the etcd cluster.
-    fn store_at(&self) -> String {
+    fn store_at(&self) -> StoreSite {
         if self.cfg.etcd.is_some() {
-            return self.store.describe();
+            return StoreSite::Cluster(self.store.describe());
         }
-        tcp_url(&self.cfg.main_addr, self.cfg.main_port)
-            .trim_start_matches("tcp://")
-            .to_string()
+        StoreSite::Machine0(
+            tcp_url(&self.cfg.main_addr, self.cfg.main_port)
+                .trim_start_matches("tcp://")
+                .to_string(),
+        )
     }
 
     /// `f` as the loss of a silent machine, when `f` speaks of a lost or
