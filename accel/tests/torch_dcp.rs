@@ -8,7 +8,14 @@
 //! - what accel wrote at 2 ranks loads into torch (one process) with
 //!   `HuggingFaceStorageReader`, equal to the model accel saved;
 //! - torch's checkpoint consolidates (`consolidate_model`) into torch's own
-//!   full weights, byte for byte;
+//!   full weights and into what torch's own consolidation writes, byte for
+//!   byte, and Python's safetensors reads accel's consolidated file with the
+//!   names, shapes and dtypes torch gave;
+//! - a ZeRO-3 run at 4 ranks saves the layout unit by unit
+//!   (`ZeroOptimizer::save_model_sharded`), the same bytes as the
+//!   replicated save of its gathered parameters; torch FSDP2 at 2 ranks
+//!   loads it (`dcp.load` with `HuggingFaceStorageReader`) equal to accel's
+//!   values;
 //! - torch's pickled `.metadata` layout, a missing rank's file and
 //!   overlapping chunks are refused, naming the file or tensor.
 
@@ -90,6 +97,33 @@ fn load_on(dir: &Path, world: usize) -> Vec<Vec<(String, Vec<f32>)>> {
         acc.load_model(&mut m, &d).unwrap();
         m.values()
     })
+}
+
+/// A safetensors file's header metadata and tensors (name, dtype, shape,
+/// bytes): what two files must agree on (the metadata's order in the
+/// header is a hash map's).
+type Contents = (
+    std::collections::HashMap<String, String>,
+    Vec<(String, String, Vec<usize>, Vec<u8>)>,
+);
+
+fn contents(file: &Path) -> Contents {
+    let bytes = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut t: Vec<_> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| {
+            (
+                n,
+                format!("{:?}", v.dtype()),
+                v.shape().to_vec(),
+                v.data().to_vec(),
+            )
+        })
+        .collect();
+    t.sort();
+    (header(file), t)
 }
 
 /// The header metadata of `file`.
@@ -241,6 +275,130 @@ for k in want:
 print("torch loaded", len(sd), "tensors")
 "#;
 
+/// torch's own consolidation of `argv[1]` into `argv[2]` (every tensor in
+/// one file), then Python's safetensors reads accel's consolidated file
+/// `argv[3]`: one line `name dtype shape` per tensor.
+const TORCH_CONSOLIDATES: &str = r#"
+import glob, os, sys
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch.distributed.checkpoint._consolidate_hf_safetensors import consolidate_safetensors_files
+names = set()
+for f in glob.glob(os.path.join(sys.argv[1], "*.safetensors")):
+    with safe_open(f, "pt") as h:
+        names.update(h.keys())
+os.makedirs(sys.argv[2], exist_ok=True)
+consolidate_safetensors_files(sys.argv[1], sys.argv[2], {n: 1 for n in names})
+for n, t in sorted(load_file(sys.argv[3]).items()):
+    print(n, str(t.dtype), list(t.shape))
+"#;
+
+/// FSDP2 on 2 gloo ranks loads `argv[1]` with torch's Hugging Face reader
+/// (`dcp.load` into the sharded state dict) and compares every full tensor
+/// with `argv[2]` (a plain safetensors file).
+const TORCH_LOADS_SHARDED: &str = r#"
+import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torch.distributed.fsdp import fully_shard
+from safetensors.torch import load_file
+
+def run(rank, ck, full, port):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = port
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    fully_shard(m)
+    sd = m.state_dict()
+    for v in sd.values():
+        v.to_local().zero_()
+    dcp.load(sd, storage_reader=HuggingFaceStorageReader(ck))
+    want = load_file(full)
+    for k, v in sd.items():
+        assert torch.equal(v.full_tensor(), want[k]), (k, v.full_tensor(), want[k])
+    if rank == 0:
+        print("torch loaded", len(sd), "tensors at 2 ranks")
+    dist.barrier()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(run, args=(sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=2)
+"#;
+
+/// A free loopback port, for torch's rendezvous.
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string()
+}
+
+/// ZeRO stage 3 over `world` rank threads: 3 steps of SGD with momentum on
+/// `Mlp::new(1.5)` (gradients from the values and the rank), then the
+/// layout written unit by unit to `dir`, and the replicated save of the
+/// gathered parameters to `dir`-replicated. Returns the gathered values.
+fn zero3_saves(dir: &Path, world: usize) -> Vec<(String, Vec<f32>)> {
+    use accel::zero::{ShardedSgd, Stage, UnitGate, WrapPolicy, ZeroOptimizer};
+    let d = dir.to_path_buf();
+    let mut all = ranks(world, move |acc| {
+        let mut m = Mlp::new(1.5);
+        let opt = ShardedSgd::new(0.1).with_momentum(0.9);
+        let mut zero = ZeroOptimizer::new(
+            acc.comm().clone(),
+            &m,
+            Stage::Full,
+            &WrapPolicy::Depth(1),
+            opt,
+        )
+        .unwrap();
+        assert!(zero.plan().units().len() > 1, "more than one unit");
+        for _ in 0..3 {
+            zero.gather(&mut m, "").unwrap();
+            for (_, _, v, g) in &mut m.0 {
+                for (g, v) in g.iter_mut().zip(v.iter()) {
+                    *g = *v * 0.25 + acc.rank() as f32 * 0.01;
+                }
+            }
+            zero.reduce_grads(&mut m, "").unwrap();
+            zero.step(&mut m).unwrap();
+        }
+        zero.save_model_sharded(&acc, &m, &d).unwrap();
+        let full = zero.full_parameters(&m).unwrap();
+        acc.save_model_sharded(&full, d.with_extension("replicated"))
+            .unwrap();
+        full.params
+    });
+    let first = all.remove(0);
+    assert!(
+        all.iter().all(|p| *p == first),
+        "every rank gathers the same"
+    );
+    first
+}
+
+#[test]
+fn a_zero3_run_saves_unit_by_unit_what_the_replicated_save_writes_and_loads_anywhere() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("zero3");
+    let full = zero3_saves(&dir, 4);
+    assert_ne!(full, Mlp::new(1.5).values(), "the steps moved the values");
+    for rank in 0..4 {
+        let f = shard_file_name(rank);
+        assert_eq!(
+            contents(&dir.join(&f)),
+            contents(&dir.with_extension("replicated").join(&f)),
+            "{f}"
+        );
+    }
+    for at in [1, 3] {
+        for got in load_on(&dir, at) {
+            assert_eq!(got, full, "loaded at {at} rank(s)");
+        }
+    }
+}
+
 #[test]
 fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
     let Some(py) = torch_python() else {
@@ -253,12 +411,7 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
     );
     let script = tmp.path().join("save.py");
     std::fs::write(&script, TORCH_SAVES).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let port = free_port();
     common::run_python_file(
         &py,
         &script,
@@ -301,6 +454,32 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
             "{n}"
         );
     }
+    // torch's own consolidation, tensor for tensor; Python reads ours.
+    let tcons = tmp.path().join("torch-consolidated");
+    let script = tmp.path().join("consolidate.py");
+    std::fs::write(&script, TORCH_CONSOLIDATES).unwrap();
+    let cons_file = cons.join("model.safetensors");
+    let printed = common::run_python_file(
+        &py,
+        &script,
+        &[out.as_os_str(), tcons.as_os_str(), cons_file.as_os_str()],
+    );
+    let theirs = std::fs::read(tcons.join("model-00001-of-00001.safetensors")).unwrap();
+    let theirs = safetensors::SafeTensors::deserialize(&theirs).unwrap();
+    assert_eq!(theirs.len(), ours.len());
+    let mut seen = Vec::new();
+    for (n, v) in theirs.tensors() {
+        let o = ours.tensor(&n).unwrap();
+        assert_eq!(
+            (o.dtype(), o.shape(), o.data()),
+            (v.dtype(), v.shape(), v.data()),
+            "{n}"
+        );
+        seen.push(format!("{n} torch.float32 {:?}", v.shape()));
+    }
+    seen.sort();
+    let read: Vec<&str> = printed.lines().collect();
+    assert_eq!(read, seen, "{printed}");
     // The other way: accel's shards at 2 ranks, torch's reader, compared
     // with the model save_model writes whole.
     let ours = tmp.path().join("accel");
@@ -320,4 +499,30 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
         ],
     );
     assert!(printed.contains("torch loaded 4 tensors"), "{printed}");
+    // A ZeRO-3 run at 4 ranks, loaded by torch FSDP2 at 2.
+    let zero3 = tmp.path().join("zero3");
+    let values = zero3_saves(&zero3, 4);
+    let mut model = Mlp::new(0.0);
+    for (p, (_, v)) in model.0.iter_mut().zip(values) {
+        p.2 = v;
+    }
+    let want = tmp.path().join("zero3-whole");
+    single()
+        .save_model(&model, &want, accel::train::DEFAULT_MAX_SHARD_SIZE)
+        .unwrap();
+    let script = tmp.path().join("load_sharded.py");
+    std::fs::write(&script, TORCH_LOADS_SHARDED).unwrap();
+    let printed = common::run_python_file(
+        &py,
+        &script,
+        &[
+            zero3.as_os_str(),
+            want.join("model.safetensors").as_os_str(),
+            free_port().as_ref(),
+        ],
+    );
+    assert!(
+        printed.contains("torch loaded 4 tensors at 2 ranks"),
+        "{printed}"
+    );
 }

@@ -108,7 +108,7 @@ impl Accelerator {
         self.write_shards("save_shards", Ok(chunks), dir.as_ref())
     }
 
-    fn write_shards(
+    pub(crate) fn write_shards(
         &self,
         op: &str,
         chunks: Result<Vec<ShardChunk>>,
@@ -148,40 +148,49 @@ fn rank_chunks<P: Parameters + ?Sized>(
     rank: usize,
     world: usize,
 ) -> Result<Vec<ShardChunk>> {
-    let mut out = Vec::new();
-    for (name, t) in stored_params(model)? {
-        let dtype = dtype_of(t.dtype);
-        let Some(&rows) = t.shape.first() else {
-            if rank == 0 {
-                out.push(ShardChunk {
-                    name,
-                    offsets: Vec::new(),
-                    shape: Vec::new(),
-                    dtype,
-                    bytes: t.bytes,
-                });
-            }
-            continue;
-        };
-        let range = chunk(rows, world, rank);
-        if range.is_empty() {
-            continue;
-        }
-        let row_bytes = t.bytes.len() / rows.max(1);
-        let mut shape = t.shape.clone();
-        shape[0] = range.len();
-        let mut offsets = vec![0; shape.len()];
-        offsets[0] = range.start;
-        let bytes = t.bytes[range.start * row_bytes..range.end * row_bytes].to_vec();
-        out.push(ShardChunk {
+    Ok(stored_params(model)?
+        .into_iter()
+        .filter_map(|(name, t)| {
+            row_chunk(name, &t.shape, dtype_of(t.dtype), &t.bytes, (rank, world))
+        })
+        .collect())
+}
+
+/// Rank `rank`'s rows of the whole tensor `name` (`shape`, `bytes` of
+/// `dtype`): dimension 0 in `world` chunks as torch's FSDP2 shards it, a
+/// scalar on rank 0 alone; `None` where the rank holds no row.
+pub(crate) fn row_chunk(
+    name: String,
+    shape: &[usize],
+    dtype: accel_api::DType,
+    bytes: &[u8],
+    (rank, world): (usize, usize),
+) -> Option<ShardChunk> {
+    let Some(&rows) = shape.first() else {
+        return (rank == 0).then(|| ShardChunk {
             name,
-            offsets,
-            shape,
+            offsets: Vec::new(),
+            shape: Vec::new(),
             dtype,
-            bytes,
+            bytes: bytes.to_vec(),
         });
+    };
+    let range = chunk(rows, world, rank);
+    if range.is_empty() {
+        return None;
     }
-    Ok(out)
+    let row_bytes = bytes.len() / rows.max(1);
+    let mut part = shape.to_vec();
+    part[0] = range.len();
+    let mut offsets = vec![0; part.len()];
+    offsets[0] = range.start;
+    Some(ShardChunk {
+        name,
+        offsets,
+        shape: part,
+        dtype,
+        bytes: bytes[range.start * row_bytes..range.end * row_bytes].to_vec(),
+    })
 }
 
 fn dtype_of(d: safetensors::Dtype) -> accel_api::DType {

@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 
-use accel_api::{Error, ErrorKind, Result};
+use accel_api::{DType, Error, ErrorKind, Result};
 use accel_sharding::Stage;
 
 use super::optimizer::ShardOptimizer;
 use super::step::ZeroOptimizer;
-use crate::train::{try_visit_params, Checkpointed, ParamMut, ParamRef, Parameters, StateDict};
+use crate::train::{
+    row_chunk, try_visit_params, Checkpointed, ParamMut, ParamRef, Parameters, StateDict,
+};
 
 /// Every parameter's full values, gathered from the shards: what
 /// [`Accelerator::save_model`](crate::Accelerator::save_model) writes
@@ -76,6 +78,48 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
             }
         }
         Ok(out)
+    }
+
+    /// Save the model's weights in torch's distributed-checkpoint layout,
+    /// as [`Accelerator::save_model_sharded`] writes a replicated model:
+    /// each rank's rows (dimension 0 in world-size chunks, as torch's FSDP2
+    /// shards it) of every tensor in one file per rank, loadable by torch's
+    /// `HuggingFaceStorageReader` and [`Accelerator::load_model`] at any
+    /// world size. At stage 3 the units are gathered one at a time and only
+    /// this rank's rows kept: the whole model is never in one rank's memory.
+    /// Collective; every rank passes its own accelerator (the one whose
+    /// communicator the optimizer shards over) and the same folder.
+    ///
+    /// # Errors
+    /// As [`full_parameters`](Self::full_parameters) and
+    /// [`Accelerator::save_shards`]; a failure on any rank fails every rank.
+    pub fn save_model_sharded(
+        &mut self,
+        acc: &crate::Accelerator,
+        model: &dyn Parameters,
+        dir: impl AsRef<std::path::Path>,
+    ) -> Result<std::path::PathBuf> {
+        if self.stage != Stage::Full {
+            return acc.save_model_sharded(model, dir);
+        }
+        let at = (acc.rank(), acc.world_size());
+        let mut chunks = Vec::new();
+        let gathered = (0..self.plan.units().len()).try_for_each(|u| {
+            let (_, start) = self.unit_span(u)?;
+            self.gather_unit(u, start)?;
+            for s in &self.plan.units()[u].slots {
+                let v = &self.values[s.offset..s.offset + s.numel];
+                let shape = model.param_shape(&s.name).unwrap_or_else(|| vec![s.numel]);
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                chunks.extend(row_chunk(s.name.clone(), &shape, DType::F32, &bytes, at));
+            }
+            Ok::<_, Error>(())
+        });
+        acc.write_shards(
+            "save_model_sharded",
+            gathered.map(|()| chunks),
+            dir.as_ref(),
+        )
     }
 
     fn unit_layout(&self) -> Vec<(String, usize)> {
