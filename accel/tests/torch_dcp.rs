@@ -177,6 +177,19 @@ fn a_missing_rank_overlapping_chunks_and_torchs_pickle_are_refused_naming_them()
     let e = err(&gone);
     assert_eq!(e.kind(), &ErrorKind::Corrupt, "{e}");
     assert!(e.to_string().contains("a rank's file is missing"), "{e}");
+    // The headers alone tell the same (`accel checkpoint verify`).
+    let index = |d: &Path| accel::train::dcp_index(d).unwrap().unwrap();
+    let whole = index(&dir);
+    assert_eq!(whole.world_size(), 2);
+    assert_eq!(whole.tensors["0.weight"], [7, 5]);
+    assert_eq!(whole.files[1].2[1].offsets, [4, 0], "{whole:?}");
+    whole.check().unwrap();
+    let e = index(&gone).check().unwrap_err().to_string();
+    assert!(
+        e.contains("\"0.bias\" [7]: its chunks hold 3 of its 7 elements")
+            && e.contains("a rank's file is missing"),
+        "{e}"
+    );
     // A region across both ranks' chunks reads whole from the two files,
     // and with rank 0's file gone it has a hole.
     let want: Vec<f32> = Mlp::new(1.5).0[0].2[2 * 5..6 * 5].to_vec();
@@ -209,6 +222,11 @@ fn a_missing_rank_overlapping_chunks_and_torchs_pickle_are_refused_naming_them()
     }
     let e = err(&twice);
     assert!(e.to_string().contains("two chunks of tensor"), "{e}");
+    let e = index(&twice).check().unwrap_err().to_string();
+    assert!(
+        e.contains("overlap") && e.contains(&shard_file_name(2)),
+        "{e}"
+    );
     // torch's default writer: a pickled .metadata, never read.
     let pickle = tmp.path().join("pickle");
     std::fs::create_dir(&pickle).unwrap();
@@ -216,6 +234,8 @@ fn a_missing_rank_overlapping_chunks_and_torchs_pickle_are_refused_naming_them()
     std::fs::write(pickle.join("__0_0.distcp"), b"data").unwrap();
     let e = err(&pickle);
     assert_eq!(e.kind(), &ErrorKind::Unsupported, "{e}");
+    let i = accel::train::dcp_index(&pickle).unwrap_err();
+    assert_eq!(i.kind(), &ErrorKind::Unsupported, "{i}");
     let m = e.to_string();
     assert!(
         m.contains(".metadata") && m.contains("HuggingFaceStorageWriter"),

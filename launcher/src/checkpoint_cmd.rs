@@ -2,7 +2,11 @@
 //! DST` (whole weights from per-rank shards: `accel::train::consolidate_model`):
 //! what an accel checkpoint folder
 //! (`save_state`'s `checkpoint_N`, or a folder of them: the newest) holds,
-//! and whether every file matches its manifest.
+//! and whether every file matches its manifest; and the same for a folder
+//! in torch's per-rank distributed-checkpoint layout
+//! (`HuggingFaceStorageWriter(save_distributed=True)`, `save_model_sharded`):
+//! its files, each tensor's chunks and their offsets, the world size it was
+//! saved at, and whether the chunks cover every tensor exactly once.
 //!
 //! `inspect` reads `accelerator.json` (the iteration, the world size it was
 //! saved at, the objects) and the header of every safetensors file (its
@@ -29,18 +33,22 @@ pub struct CheckpointArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum What {
-    /// The checkpoint's iteration, world size, objects, files and tensors.
+    /// The checkpoint's iteration, world size, objects, files and tensors
+    /// (for torch's per-rank layout: files, chunks and their offsets).
     Inspect {
-        /// A `checkpoint_N` folder, or a folder of them (the newest).
+        /// A `checkpoint_N` folder, a folder of them (the newest), or a
+        /// folder in torch's per-rank layout.
         dir: PathBuf,
         /// Print JSON instead of the table.
         #[arg(long)]
         json: bool,
     },
-    /// Check the manifest and every file's size and checksum; exit 1 naming
-    /// the first file that does not match.
+    /// Check the manifest and every file's size and checksum (for torch's
+    /// per-rank layout: that the chunks cover every tensor exactly once);
+    /// exit 1 naming the first file or tensor that does not.
     Verify {
-        /// A `checkpoint_N` folder, or a folder of them (the newest).
+        /// A `checkpoint_N` folder, a folder of them (the newest), or a
+        /// folder in torch's per-rank layout.
         dir: PathBuf,
     },
     /// Whole model weights from per-rank shards (torch's distributed
@@ -58,12 +66,15 @@ enum What {
     },
 }
 
-/// One tensor of a safetensors file.
+/// One tensor of a safetensors file (in torch's per-rank layout, a chunk
+/// of one, with its offsets in the whole tensor).
 #[derive(Debug, Serialize, PartialEq)]
 struct Tensor {
     name: String,
     dtype: String,
     shape: Vec<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    offsets: Option<Vec<u64>>,
 }
 
 /// One file of the checkpoint.
@@ -94,7 +105,10 @@ struct Inspection {
 pub fn run(args: CheckpointArgs) -> Result<ExitCode> {
     match args.what {
         What::Inspect { dir, json } => {
-            let i = inspect(&resolve(&dir)?)?;
+            let i = match torch_layout(&dir)? {
+                Some(index) => inspect_torch(&dir, &index),
+                None => inspect(&resolve(&dir)?)?,
+            };
             if json {
                 outln!("{}", serde_json::to_string_pretty(&i).expect("json"));
             } else {
@@ -102,6 +116,19 @@ pub fn run(args: CheckpointArgs) -> Result<ExitCode> {
             }
         }
         What::Verify { dir } => {
+            if let Some(index) = torch_layout(&dir)? {
+                index.check()?;
+                let bytes: u64 = index.files.iter().map(|f| f.1).sum();
+                outln!(
+                    "{}: torch's per-rank layout, {} files, {}, {} tensors, every element held \
+                     by exactly one chunk",
+                    dir.display(),
+                    index.files.len(),
+                    format_bytes(bytes),
+                    index.tensors.len()
+                );
+                return Ok(ExitCode::SUCCESS);
+            }
             let dir = resolve(&dir)?;
             let m = verify_checkpoint(&dir)?;
             let bytes: u64 = m.files.values().map(|f| f.size).sum();
@@ -126,6 +153,43 @@ pub fn run(args: CheckpointArgs) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `dir`'s files and chunks when it is in torch's per-rank layout (and
+/// not an accel checkpoint).
+fn torch_layout(dir: &Path) -> Result<Option<accel::train::DcpIndex>> {
+    if dir.join(accel_sharding::MANIFEST_FILE).exists() || !dir.is_dir() {
+        return Ok(None);
+    }
+    accel::train::dcp_index(dir)
+}
+
+fn inspect_torch(dir: &Path, index: &accel::train::DcpIndex) -> Inspection {
+    let u = |v: &[usize]| v.iter().map(|&n| n as u64).collect();
+    Inspection {
+        format: "torch-dcp",
+        dir: dir.to_path_buf(),
+        iteration: None,
+        world_size: Some(index.world_size() as u64),
+        objects: vec!["model".into()],
+        files: index
+            .files
+            .iter()
+            .map(|(name, bytes, chunks)| File {
+                name: name.clone(),
+                bytes: *bytes,
+                tensors: chunks
+                    .iter()
+                    .map(|c| Tensor {
+                        name: c.name.clone(),
+                        dtype: c.dtype.clone(),
+                        shape: u(&c.shape),
+                        offsets: Some(u(&c.offsets)),
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }
 
 /// `dir` itself when it has a manifest, else its newest `checkpoint_N`.
@@ -215,6 +279,7 @@ fn header_tensors(path: &Path) -> Result<Vec<Tensor>> {
                 .as_array()
                 .map(|s| s.iter().filter_map(serde_json::Value::as_u64).collect())
                 .unwrap_or_default(),
+            offsets: None,
         })
         .collect())
 }
@@ -225,8 +290,12 @@ fn table(i: &Inspection) -> String {
     let total: u64 = i.files.iter().map(|f| f.bytes).sum();
     let _ = writeln!(
         s,
-        "{} (accel checkpoint): iteration {}, saved at world size {}, {} files, {}",
+        "{} ({}): iteration {}, saved at world size {}, {} files, {}",
         i.dir.display(),
+        match i.format {
+            "accel" => "accel checkpoint",
+            _ => "torch's per-rank distributed-checkpoint layout",
+        },
         i.iteration.map_or("-".into(), |n| n.to_string()),
         i.world_size.map_or("?".into(), |n| n.to_string()),
         i.files.len(),
@@ -236,7 +305,11 @@ fn table(i: &Inspection) -> String {
     for f in &i.files {
         let _ = writeln!(s, "{:>12}  {}", format_bytes(f.bytes), f.name);
         for t in &f.tensors {
-            let _ = writeln!(s, "{:>12}    {} {} {:?}", "", t.name, t.dtype, t.shape);
+            let at = t
+                .offsets
+                .as_ref()
+                .map_or(String::new(), |o| format!(" at {o:?}"));
+            let _ = writeln!(s, "{:>12}    {} {} {:?}{at}", "", t.name, t.dtype, t.shape);
         }
     }
     s
@@ -260,7 +333,8 @@ mod tests {
             vec![Tensor {
                 name: "w".into(),
                 dtype: "F32".into(),
-                shape: vec![2, 3]
+                shape: vec![2, 3],
+                offsets: None,
             }]
         );
         std::fs::write(&p, 1_000_000u64.to_le_bytes()).unwrap();

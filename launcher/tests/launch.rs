@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -636,4 +636,76 @@ fn checkpoint_inspect_and_verify_read_what_save_state_wrote() {
     let r = accel(&["checkpoint", "verify", ck_s]);
     r.code_is(1);
     r.has_stderr("model_0.safetensors");
+}
+
+/// A safetensors file of f32 rows: `(name, shape, offsets)` per tensor,
+/// the offsets under `DCP_SHARDING_INFO` as torch's per-rank writer puts
+/// them.
+fn dcp_file(path: &Path, tensors: &[(&str, [u64; 2], [u64; 2])]) {
+    let mut header = serde_json::Map::new();
+    let mut info = serde_json::Map::new();
+    let mut at = 0u64;
+    for (name, shape, off) in tensors {
+        let n = shape[0] * shape[1] * 4;
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "F32", "shape": shape, "data_offsets": [at, at + n]}),
+        );
+        info.insert(name.to_string(), serde_json::json!({"saved_offsets": off}));
+        at += n;
+    }
+    let info = serde_json::Value::Object(info).to_string();
+    header.insert(
+        "__metadata__".into(),
+        serde_json::json!({"DCP_SHARDING_INFO": info}),
+    );
+    let head = serde_json::Value::Object(header).to_string();
+    let mut bytes = (head.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(head.as_bytes());
+    bytes.resize(bytes.len() + at as usize, 0);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// `accel checkpoint inspect|verify` on torch's per-rank layout: each
+/// file's chunks and offsets, the world size it was saved at; a folder
+/// whose first rank's file is gone fails verify naming the tensor.
+#[test]
+fn checkpoint_inspect_and_verify_read_torchs_per_rank_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let name = |r: usize| format!("shard-{:05}-model-00001-of-00001.safetensors", r + 1);
+    dcp_file(
+        &d.join(name(0)),
+        &[("w", [2, 3], [0, 0]), ("b", [1, 4], [0, 0])],
+    );
+    dcp_file(&d.join(name(1)), &[("w", [1, 3], [2, 0])]);
+    let ds = d.to_str().unwrap();
+    let r = accel(&["checkpoint", "inspect", ds, "--json"]);
+    r.code_is(0);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(
+        (&v["format"], &v["world_size"]),
+        (&"torch-dcp".into(), &2.into()),
+        "{v}"
+    );
+    let second = &v["files"][1];
+    assert_eq!(second["name"], name(1).as_str(), "{v}");
+    assert_eq!(
+        second["tensors"][0]["offsets"],
+        serde_json::json!([2, 0]),
+        "{v}"
+    );
+    let r = accel(&["checkpoint", "inspect", ds]);
+    r.code_is(0);
+    r.has_stdout("torch's per-rank distributed-checkpoint layout");
+    r.has_stdout("w F32 [1, 3] at [2, 0]");
+    let r = accel(&["checkpoint", "verify", ds]);
+    r.code_is(0);
+    r.has_stdout("2 files");
+    r.has_stdout("every element held by exactly one chunk");
+    std::fs::remove_file(d.join(name(0))).unwrap();
+    let r = accel(&["checkpoint", "verify", ds]);
+    r.code_is(1);
+    r.has_stderr("tensor \"w\" [3, 3]");
+    r.has_stderr("a rank's file is missing");
 }

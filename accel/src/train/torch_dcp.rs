@@ -256,23 +256,7 @@ fn encode_chunks(op: &str, chunks: Vec<ShardChunk>) -> Result<Option<Vec<u8>>> {
 /// Hugging Face layout (`Some`), torch's pickled `.metadata` (an error
 /// naming the writer to use), or nothing torch wrote (`None`).
 pub(super) fn read_if_torch(dir: &Path) -> Result<Option<ReadModel>> {
-    let pickled = dir.join(".metadata");
-    if pickled.exists() {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "{} is torch.distributed.checkpoint's own metadata, a pickle, which accel \
-                 never reads",
-                pickled.display()
-            ),
-        )
-        .with_op("load_model")
-        .with_fix(
-            "save with torch.distributed.checkpoint.HuggingFaceStorageWriter(path, \
-             save_distributed=True) instead (or consolidate to model.safetensors), then load \
-             that folder",
-        ));
-    }
+    refuse_pickled(dir, "load_model")?;
     let Ok(names) = safetensors_names(dir) else {
         return Ok(None);
     };
@@ -329,6 +313,29 @@ pub(super) fn read_if_torch(dir: &Path) -> Result<Option<ReadModel>> {
         out.insert(n.clone(), assemble(&n, parts, dir)?);
     }
     Ok(Some((out, dtypes)))
+}
+
+/// An error for a folder in torch's pickled `.metadata` layout, naming the
+/// file and the writer to use instead.
+fn refuse_pickled(dir: &Path, op: &str) -> Result<()> {
+    let pickled = dir.join(".metadata");
+    if !pickled.exists() {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Unsupported,
+        format!(
+            "{} is torch.distributed.checkpoint's own metadata, a pickle, which accel never \
+             reads",
+            pickled.display()
+        ),
+    )
+    .with_op(op)
+    .with_fix(
+        "save with torch.distributed.checkpoint.HuggingFaceStorageWriter(path, \
+         save_distributed=True) instead (or consolidate to model.safetensors), then load that \
+         folder",
+    ))
 }
 
 /// The whole tensor `name` from its chunks: the shape is the furthest
@@ -495,9 +502,8 @@ fn safetensors_names(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// From `path`'s header alone (its first bytes): tensor `name`'s offsets
-/// and shape when the file holds a chunk of it.
-fn header_chunk(path: &Path, name: &str) -> Result<Option<(Vec<usize>, Vec<usize>)>> {
+/// `path`'s safetensors header (its first bytes, no tensor data) as JSON.
+fn read_header(path: &Path) -> Result<serde_json::Value> {
     use std::io::Read;
     let bad = |m: String| corrupt(format!("{}: {m}", path.display()));
     let mut f = std::fs::File::open(path)
@@ -513,20 +519,49 @@ fn header_chunk(path: &Path, name: &str) -> Result<Option<(Vec<usize>, Vec<usize
     f.take(n)
         .read_to_end(&mut head)
         .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
-    let header: serde_json::Value =
-        serde_json::from_slice(&head).map_err(|e| bad(format!("not safetensors: {e}")))?;
-    let Some(shape) = header[name]["shape"].as_array() else {
+    serde_json::from_slice(&head).map_err(|e| bad(format!("not safetensors: {e}")))
+}
+
+/// The offsets of every tensor in a header's [`DCP_SHARDING_INFO`], or
+/// `None` when the header has none (not torch's per-rank layout).
+fn header_offsets(
+    path: &Path,
+    header: &serde_json::Value,
+) -> Result<Option<BTreeMap<String, Offsets>>> {
+    let Some(info) = header["__metadata__"][DCP_SHARDING_INFO].as_str() else {
         return Ok(None);
     };
-    let shape: Vec<usize> = shape
-        .iter()
-        .filter_map(|v| v.as_u64().map(|v| v as usize))
-        .collect();
-    let info = header["__metadata__"][DCP_SHARDING_INFO]
-        .as_str()
+    serde_json::from_str(info).map(Some).map_err(|e| {
+        corrupt(format!(
+            "{}: malformed {DCP_SHARDING_INFO}: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// A header entry's shape.
+fn header_shape(entry: &serde_json::Value) -> Vec<usize> {
+    entry["shape"]
+        .as_array()
+        .map(|s| {
+            s.iter()
+                .filter_map(|v| v.as_u64().map(|v| v as usize))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// From `path`'s header alone (its first bytes): tensor `name`'s offsets
+/// and shape when the file holds a chunk of it.
+fn header_chunk(path: &Path, name: &str) -> Result<Option<(Vec<usize>, Vec<usize>)>> {
+    let header = read_header(path)?;
+    if !header[name].is_object() {
+        return Ok(None);
+    }
+    let shape = header_shape(&header[name]);
+    let bad = |m: String| corrupt(format!("{}: {m}", path.display()));
+    let info = header_offsets(path, &header)?
         .ok_or_else(|| bad(format!("no {DCP_SHARDING_INFO} in the header")))?;
-    let info: BTreeMap<String, Offsets> = serde_json::from_str(info)
-        .map_err(|e| bad(format!("malformed {DCP_SHARDING_INFO}: {e}")))?;
     let off = info
         .get(name)
         .map(|o| o.saved_offsets.clone())
@@ -536,4 +571,176 @@ fn header_chunk(path: &Path, name: &str) -> Result<Option<(Vec<usize>, Vec<usize
             ))
         })?;
     Ok(Some((off, shape)))
+}
+
+/// A folder in torch's per-rank layout that does not hold what it says.
+fn unsound(msg: String) -> Error {
+    Error::new(ErrorKind::Corrupt, msg).with_op("checkpoint check")
+}
+
+/// One chunk of a folder in torch's per-rank layout, as its file's header
+/// gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DcpChunk {
+    /// The tensor's name.
+    pub name: String,
+    /// The element type as safetensors names it (`F32`, `BF16`, ...).
+    pub dtype: String,
+    /// The chunk's first index along each dimension of the whole tensor.
+    pub offsets: Vec<usize>,
+    /// The chunk's shape.
+    pub shape: Vec<usize>,
+}
+
+/// What a folder in torch's per-rank layout holds, from its files'
+/// headers alone (no tensor data read): [`dcp_index`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DcpIndex {
+    /// Each file (sorted), its size in bytes and its chunks.
+    pub files: Vec<(String, u64, Vec<DcpChunk>)>,
+    /// Each tensor's whole shape: the furthest chunk end per dimension.
+    pub tensors: BTreeMap<String, Vec<usize>>,
+}
+
+/// The files and chunks of `dir` when it is in torch's per-rank layout
+/// (every `*.safetensors` header carries [`DCP_SHARDING_INFO`]), `None`
+/// when it is not; only the headers are read. [`DcpIndex::check`] then
+/// says whether the chunks cover every tensor.
+///
+/// # Errors
+/// [`ErrorKind::Unsupported`] for torch's pickled `.metadata` layout
+/// (naming the writer to use); [`ErrorKind::Corrupt`] naming a file whose
+/// header is malformed or lacks a tensor's offsets; [`ErrorKind::Io`].
+pub fn dcp_index(dir: impl AsRef<Path>) -> Result<Option<DcpIndex>> {
+    let dir = dir.as_ref();
+    refuse_pickled(dir, "accel checkpoint")?;
+    let names = safetensors_names(dir)?;
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut index = DcpIndex {
+        files: Vec::new(),
+        tensors: BTreeMap::new(),
+    };
+    for file in names {
+        let (path, f) = files::open_inside(dir, &file, "shard")?;
+        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let header = read_header(&path)?;
+        let Some(info) = header_offsets(&path, &header)? else {
+            return Ok(None);
+        };
+        let mut chunks = Vec::new();
+        let entries = header.as_object().into_iter().flatten();
+        for (name, entry) in entries.filter(|(k, _)| *k != "__metadata__") {
+            let offsets = info
+                .get(name)
+                .map(|o| o.saved_offsets.clone())
+                .ok_or_else(|| {
+                    unsound(format!(
+                        "{}: tensor {name:?} has no entry in {DCP_SHARDING_INFO}",
+                        path.display()
+                    ))
+                })?;
+            let shape = header_shape(entry);
+            if offsets.len() != shape.len() {
+                return Err(unsound(format!(
+                    "{}: tensor {name:?} has {} dimensions but {} offsets",
+                    path.display(),
+                    shape.len(),
+                    offsets.len()
+                )));
+            }
+            let whole = index
+                .tensors
+                .entry(name.clone())
+                .or_insert_with(|| vec![0; shape.len()]);
+            for (w, (o, n)) in whole.iter_mut().zip(offsets.iter().zip(&shape)) {
+                *w = (*w).max(o + n);
+            }
+            chunks.push(DcpChunk {
+                name: name.clone(),
+                dtype: entry["dtype"].as_str().unwrap_or("?").to_string(),
+                offsets,
+                shape,
+            });
+        }
+        index.files.push((file, size, chunks));
+    }
+    Ok(Some(index))
+}
+
+impl DcpIndex {
+    /// The number of files: the world size the folder was saved at when
+    /// every rank wrote one.
+    pub fn world_size(&self) -> usize {
+        self.files.len()
+    }
+
+    /// Check that every element of every tensor is held by exactly one
+    /// chunk, and that a tensor's chunks agree on their element type and
+    /// number of dimensions.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Corrupt`] naming the tensor (and the files) whose chunks
+    /// overlap, leave a hole (a rank's file missing) or disagree.
+    pub fn check(&self) -> Result<()> {
+        let mut by_tensor: BTreeMap<&str, Vec<(&str, &DcpChunk)>> = BTreeMap::new();
+        for (file, _, chunks) in &self.files {
+            for c in chunks {
+                by_tensor.entry(&c.name).or_default().push((file, c));
+            }
+        }
+        for (name, parts) in by_tensor {
+            let whole = &self.tensors[name];
+            let (f0, c0) = parts[0];
+            for (f, c) in &parts[1..] {
+                if c.dtype != c0.dtype || c.shape.len() != c0.shape.len() {
+                    return Err(unsound(format!(
+                        "tensor {name:?}: its chunk in {f} is {} of {} dimensions, in {f0} {} of {}",
+                        c.dtype,
+                        c.shape.len(),
+                        c0.dtype,
+                        c0.shape.len()
+                    )));
+                }
+            }
+            let boxes: Vec<Vec<Range<usize>>> = parts
+                .iter()
+                .map(|(_, c)| {
+                    c.offsets
+                        .iter()
+                        .zip(&c.shape)
+                        .map(|(&o, &n)| o..o + n)
+                        .collect()
+                })
+                .collect();
+            for i in 0..parts.len() {
+                for j in i + 1..parts.len() {
+                    let overlap = if whole.is_empty() {
+                        Some(Vec::new())
+                    } else {
+                        intersect(&boxes[i], &boxes[j]).filter(|b| b.iter().all(|r| !r.is_empty()))
+                    };
+                    if overlap.is_some() {
+                        return Err(unsound(format!(
+                            "tensor {name:?}: the chunks in {} and {} overlap",
+                            parts[i].0, parts[j].0
+                        )));
+                    }
+                }
+            }
+            let held: usize = parts
+                .iter()
+                .map(|(_, c)| c.shape.iter().product::<usize>())
+                .sum();
+            let total: usize = whole.iter().product();
+            if held != total {
+                return Err(unsound(format!(
+                    "tensor {name:?} {whole:?}: its chunks hold {held} of its {total} elements: a \
+                     rank's file is missing"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
