@@ -4,12 +4,17 @@
 //! residual blocks (LayerNorm, a column-parallel then a row-parallel
 //! layer), a final LayerNorm, a column-parallel head and the vocab-parallel
 //! cross entropy (no rank holds all the logits). Each data-parallel rank
-//! reads half the batch, gradients are averaged over the `dp` group. Every
-//! step's loss agrees with one rank's to 1e-5 relative, and so do the
-//! final weights' shards.
+//! reads its share of the batch, gradients are averaged over the `dp`
+//! group. Every step's loss agrees with one rank's to 1e-5 relative, and so
+//! do the final weights' shards.
+//!
+//! The same model, larger, is the mesh benchmark
+//! (`scripts/bench_mesh.sh`, an ignored test here): the step time at
+//! `dp_shard=2 × tp=2` against `dp_shard=4`, interleaved, and each rank's
+//! parameter bytes.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use accel::mesh::{DeviceMesh, ParallelismConfig};
 use accel_api::{Communicator, CommunicatorExt, ReduceOp};
@@ -21,14 +26,30 @@ use common::values;
 
 use candle_core::{Device, Tensor, Var, D};
 
-const V: usize = 16;
-const H: usize = 8;
-const F: usize = 16;
-const LAYERS: usize = 2;
-/// Samples per step (all ranks together), tokens per sample.
-const B: usize = 4;
-const S: usize = 3;
-const STEPS: usize = 20;
+/// The model's and the run's sizes.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    /// Vocabulary, hidden width, feed-forward width, blocks.
+    v: usize,
+    h: usize,
+    f: usize,
+    layers: usize,
+    /// Samples per step (all ranks together), tokens per sample.
+    b: usize,
+    s: usize,
+    steps: usize,
+}
+
+/// The test's model.
+const SMALL: Dims = Dims {
+    v: 16,
+    h: 8,
+    f: 16,
+    layers: 2,
+    b: 4,
+    s: 3,
+    steps: 20,
+};
 const LR: f64 = 0.2;
 
 fn t(v: Vec<f32>, shape: &[usize]) -> Tensor {
@@ -44,33 +65,35 @@ struct Full {
     head: Tensor,
 }
 
-fn full() -> Full {
+fn full(d: Dims) -> Full {
+    let Dims { v, h, f, .. } = d;
     Full {
-        emb: t(values(V * H, 1), &[V, H]),
-        layers: (0..LAYERS as u64)
+        emb: t(values(v * h, 1), &[v, h]),
+        layers: (0..d.layers as u64)
             .map(|l| {
                 [
-                    t(vec![1.0; H], &[H]),
-                    t(vec![0.0; H], &[H]),
-                    t(values(F * H, 10 + l), &[F, H]),
-                    t(values(F, 20 + l), &[F]),
-                    t(values(H * F, 30 + l), &[H, F]),
-                    t(values(H, 40 + l), &[H]),
+                    t(vec![1.0; h], &[h]),
+                    t(vec![0.0; h], &[h]),
+                    t(values(f * h, 10 + l), &[f, h]),
+                    t(values(f, 20 + l), &[f]),
+                    t(values(h * f, 30 + l), &[h, f]),
+                    t(values(h, 40 + l), &[h]),
                 ]
             })
             .collect(),
-        norm: [t(vec![1.0; H], &[H]), t(vec![0.0; H], &[H])],
-        head: t(values(V * H, 2), &[V, H]),
+        norm: [t(vec![1.0; h], &[h]), t(vec![0.0; h], &[h])],
+        head: t(values(v * h, 2), &[v, h]),
     }
 }
 
-/// Step `step`'s batch: `B × S` input ids and the next-token targets.
-fn batch(step: usize) -> (Vec<u32>, Vec<u32>) {
-    let ids: Vec<u32> = values(B * S, 100 + step as u64)
+/// Step `step`'s batch: `b × s` input ids and the next-token targets.
+fn batch(d: Dims, step: usize) -> (Vec<u32>, Vec<u32>) {
+    let v = d.v as u32;
+    let ids: Vec<u32> = values(d.b * d.s, 100 + step as u64)
         .iter()
-        .map(|v| (((v + 0.5) * V as f32) as u32).min(V as u32 - 1))
+        .map(|x| (((x + 0.5) * v as f32) as u32).min(v - 1))
         .collect();
-    let targets: Vec<u32> = ids.iter().map(|&i| (i * 7 + 1) % V as u32).collect();
+    let targets: Vec<u32> = ids.iter().map(|&i| (i * 7 + 1) % v).collect();
     (ids, targets)
 }
 
@@ -95,8 +118,8 @@ fn flat(t: &Tensor) -> Vec<f32> {
 }
 
 /// One rank, the whole batch: the loss of every step and the final head.
-fn one_rank() -> (Vec<f32>, Vec<f32>) {
-    let f = full();
+fn one_rank(d: Dims) -> (Vec<f32>, Vec<f32>) {
+    let f = full(d);
     let mut vars = vec![Var::from_tensor(&f.emb).unwrap()];
     for l in &f.layers {
         vars.extend(l.iter().map(|t| Var::from_tensor(t).unwrap()));
@@ -104,12 +127,12 @@ fn one_rank() -> (Vec<f32>, Vec<f32>) {
     vars.extend(f.norm.iter().map(|t| Var::from_tensor(t).unwrap()));
     vars.push(Var::from_tensor(&f.head).unwrap());
     let mut losses = Vec::new();
-    for step in 0..STEPS {
-        let (ids, targets) = batch(step);
+    for step in 0..d.steps {
+        let (ids, targets) = batch(d, step);
         let v = |i: usize| vars[i].as_tensor();
         let ids = Tensor::new(ids.as_slice(), &Device::Cpu).unwrap();
         let mut x = v(0).index_select(&ids, 0).unwrap();
-        for l in 0..LAYERS {
+        for l in 0..d.layers {
             let p = 1 + 6 * l;
             let h = layer_norm(&x, v(p), v(p + 1)).unwrap();
             let h = h.matmul(&v(p + 2).t().unwrap()).unwrap();
@@ -117,7 +140,7 @@ fn one_rank() -> (Vec<f32>, Vec<f32>) {
             let h = h.matmul(&v(p + 4).t().unwrap()).unwrap();
             x = (x + h.broadcast_add(v(p + 5)).unwrap()).unwrap();
         }
-        let n = 1 + 6 * LAYERS;
+        let n = 1 + 6 * d.layers;
         let x = layer_norm(&x, v(n), v(n + 1)).unwrap();
         let logits = x.matmul(&v(n + 2).t().unwrap()).unwrap();
         let tg = Tensor::new(targets.as_slice(), &Device::Cpu).unwrap();
@@ -147,21 +170,30 @@ fn dp_average(grads: &[Tensor], dp: &Arc<dyn Communicator>) -> Vec<Tensor> {
         .collect()
 }
 
-#[test]
-fn a_small_decoder_trains_at_dp_shard_2_by_tp_2_as_on_one_rank() {
-    let (want, want_head) = one_rank();
-    let got = accel::Threads::new(4)
+/// What a rank of a mesh run gives back: every step's loss (averaged over
+/// `dp`), its `tp` rank, its rows of the head, its parameter count and its
+/// step times after the first.
+type Ranked = (Vec<f32>, usize, Vec<f32>, usize, Vec<Duration>);
+
+/// `d`'s model trained on 4 rank threads over cpu-gloo under `config`.
+fn mesh_run(d: Dims, config: ParallelismConfig) -> Vec<Ranked> {
+    accel::Threads::new(4)
         .backend("cpu-gloo")
-        .timeout(Duration::from_secs(60))
-        .run(|acc| {
-            let config = ParallelismConfig {
-                dp_shard: 2,
-                tp: 2,
-                ..ParallelismConfig::default()
-            };
+        .timeout(Duration::from_secs(600))
+        .run(move |acc| {
             let mesh = DeviceMesh::new(acc.comm(), config)?;
-            let (tp, dp) = (mesh.group("tp")?.clone(), mesh.group("dp")?.clone());
-            let f = full();
+            let dp = mesh.group("dp")?.clone();
+            // Without tensor parallelism the mesh has no tp group: one of
+            // this rank alone (the same layers, whole).
+            let tp: Arc<dyn Communicator> = match mesh.group("tp") {
+                Ok(g) => g.clone(),
+                Err(_) => acc
+                    .comm()
+                    .split(Some(acc.rank() as u32), 0)?
+                    .expect("a colour")
+                    .into(),
+            };
+            let f = full(d);
             let emb = VocabParallelEmbedding::from_full(&f.emb, tp.clone())?;
             let mut blocks = Vec::new();
             for l in &f.layers {
@@ -186,13 +218,17 @@ fn a_small_decoder_trains_at_dp_shard_2_by_tp_2_as_on_one_rank() {
             }
             vars.extend(norm.iter().cloned());
             vars.extend(head.vars());
-            let (d, half) = (dp.rank(), B / 2);
-            let vocab_start = tp.rank() * V / 2;
+            let numel = vars.iter().map(|v| v.as_tensor().elem_count()).sum();
+            let share = d.b / dp.world_size();
+            let (me, s) = (dp.rank(), d.s);
+            let vocab_start = tp.rank() * d.v / tp.world_size();
             let mut losses = Vec::new();
-            for step in 0..STEPS {
-                let (ids, targets) = batch(step);
-                // This data-parallel rank's half of the samples.
-                let mine = |v: &[u32]| v[d * half * S..(d + 1) * half * S].to_vec();
+            let mut times = Vec::new();
+            for step in 0..d.steps {
+                let start = Instant::now();
+                let (ids, targets) = batch(d, step);
+                // This data-parallel rank's share of the samples.
+                let mine = |v: &[u32]| v[me * share * s..(me + 1) * share * s].to_vec();
                 let ids = Tensor::new(mine(&ids).as_slice(), &Device::Cpu).unwrap();
                 let tg = Tensor::new(mine(&targets).as_slice(), &Device::Cpu).unwrap();
                 let mut x = emb.forward(&ids)?;
@@ -212,20 +248,36 @@ fn a_small_decoder_trains_at_dp_shard_2_by_tp_2_as_on_one_rank() {
                     .map(|v| g.get(v.as_tensor()).unwrap().clone())
                     .collect();
                 sgd(&vars, &dp_average(&grads, &dp));
+                if step > 0 {
+                    times.push(start.elapsed());
+                }
             }
             let head_rows = flat(head.vars()[0].as_tensor());
-            Ok((losses, tp.rank(), head_rows))
+            Ok((losses, tp.rank(), head_rows, numel, times))
         })
-        .unwrap();
-    for (rank, (losses, tp_rank, head)) in got.iter().enumerate() {
+        .unwrap()
+}
+
+#[test]
+fn a_small_decoder_trains_at_dp_shard_2_by_tp_2_as_on_one_rank() {
+    let d = SMALL;
+    let (want, want_head) = one_rank(d);
+    let config = ParallelismConfig {
+        dp_shard: 2,
+        tp: 2,
+        ..ParallelismConfig::default()
+    };
+    let got = mesh_run(d, config);
+    let (v, h) = (d.v, d.h);
+    for (rank, (losses, tp_rank, head, _, _)) in got.iter().enumerate() {
         for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * b.abs().max(1.0),
                 "rank {rank}, step {step}: loss {a} against one rank's {b}"
             );
         }
-        let rows = V / 2;
-        let w = &want_head[tp_rank * rows * H..(tp_rank + 1) * rows * H];
+        let rows = v / 2;
+        let w = &want_head[tp_rank * rows * h..(tp_rank + 1) * rows * h];
         for (i, (a, b)) in head.iter().zip(w).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
@@ -235,7 +287,91 @@ fn a_small_decoder_trains_at_dp_shard_2_by_tp_2_as_on_one_rank() {
     }
     // The loss went down: the model learned, so equal losses mean
     // something; and the two data-parallel halves differ.
-    assert!(want[STEPS - 1] < want[0] * 0.9, "{want:?}");
-    let (ids, _) = batch(0);
-    assert_ne!(ids[..B * S / 2], ids[B * S / 2..]);
+    assert!(want[d.steps - 1] < want[0] * 0.9, "{want:?}");
+    let (ids, _) = batch(d, 0);
+    let half = d.b * d.s / 2;
+    assert_ne!(ids[..half], ids[half..]);
+}
+
+/// The mesh benchmark (`scripts/bench_mesh.sh`; ACCEL_BENCH_ROUNDS rounds,
+/// default 3): a larger decoder at `dp_shard=2 × tp=2` and at
+/// `dp_shard=4`, interleaved; per round each configuration's median step
+/// time (the slowest rank's), then the medians and bests, and each
+/// configuration's parameters per rank.
+#[test]
+#[ignore = "a benchmark: scripts/bench_mesh.sh runs it"]
+fn bench_mesh_step_time() {
+    let d = Dims {
+        v: 4096,
+        h: 256,
+        f: 1024,
+        layers: 4,
+        b: 16,
+        s: 64,
+        steps: 6,
+    };
+    let rounds: usize = std::env::var("ACCEL_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    let configs = [
+        (
+            "dp_shard=2 x tp=2",
+            ParallelismConfig {
+                dp_shard: 2,
+                tp: 2,
+                ..ParallelismConfig::default()
+            },
+        ),
+        (
+            "dp_shard=4",
+            ParallelismConfig {
+                dp_shard: 4,
+                ..ParallelismConfig::default()
+            },
+        ),
+    ];
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut per: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut numel = vec![(0, 0); configs.len()];
+    println!("decoder {d:?}");
+    for round in 0..rounds {
+        for (k, (name, config)) in configs.iter().enumerate() {
+            let got = mesh_run(d, *config);
+            // Each step's time is the slowest rank's.
+            let steps = got[0].4.len();
+            let slowest: Vec<f64> = (0..steps)
+                .map(|i| {
+                    got.iter()
+                        .map(|r| r.4[i].as_secs_f64() * 1e3)
+                        .fold(0.0, f64::max)
+                })
+                .collect();
+            let m = median(slowest);
+            per[k].push(m);
+            let counts = got.iter().map(|r| r.3);
+            numel[k] = (counts.clone().min().unwrap(), counts.max().unwrap());
+            println!("round {round}: {name}: step {m:.1} ms (median of {steps})");
+        }
+    }
+    println!("| configuration | step, median | best | parameters per rank |");
+    println!("|---|---|---|---|");
+    for (k, (name, _)) in configs.iter().enumerate() {
+        let best = per[k].iter().copied().fold(f64::INFINITY, f64::min);
+        let (lo, hi) = numel[k];
+        println!(
+            "| {name} | {:.1} ms | {best:.1} ms | {lo}..{hi} ({:.1} MiB f32) |",
+            median(per[k].clone()),
+            hi as f64 * 4.0 / (1 << 20) as f64
+        );
+    }
+    let best = |k: usize| per[k].iter().copied().fold(f64::INFINITY, f64::min);
+    println!(
+        "tp / dp step time: median {:.2}, best {:.2}",
+        median(per[0].clone()) / median(per[1].clone()),
+        best(0) / best(1)
+    );
 }
