@@ -8,6 +8,10 @@
 //! group. Every step's loss agrees with one rank's to 1e-5 relative, and so
 //! do the final weights' shards.
 //!
+//! With ZeRO over `dp_shard` on top (stages 1 to 3, SGD with momentum)
+//! the run equals one rank's too, and at stage 3 a rank keeps under 30%
+//! of one rank's parameters and momentum.
+//!
 //! The same model, larger, is the mesh benchmark
 //! (`scripts/bench_mesh.sh`, an ignored test here): the step time at
 //! `dp_shard=2 × tp=2` against `dp_shard=4`, interleaved, and each rank's
@@ -17,10 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use accel::mesh::{DeviceMesh, ParallelismConfig};
+use accel::zero::{ShardedSgd, Stage, UnitGate, WrapPolicy, ZeroOptimizer};
 use accel_api::{Communicator, CommunicatorExt, ReduceOp};
 use accel_candle::tp::{
     vocab_parallel_cross_entropy, ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
 };
+use accel_candle::CandleModel;
 mod common;
 use common::values;
 
@@ -113,12 +119,34 @@ fn sgd(vars: &[Var], grads: &[Tensor]) {
     }
 }
 
+/// The momentum of the ZeRO runs' SGD.
+const MU: f64 = 0.5;
+
+/// SGD with momentum as torch (and accel's `ShardedSgd`) take it: the
+/// buffer starts as the first gradient, then `mu * buf + g`.
+fn sgd_momentum(vars: &[Var], grads: &[Tensor], bufs: &mut Vec<Tensor>) {
+    if bufs.is_empty() {
+        bufs.extend(grads.iter().cloned());
+    } else {
+        for (b, g) in bufs.iter_mut().zip(grads) {
+            *b = ((&*b * MU).unwrap() + g).unwrap();
+        }
+    }
+    sgd(vars, bufs);
+}
+
 fn flat(t: &Tensor) -> Vec<f32> {
     t.flatten_all().unwrap().to_vec1().unwrap()
 }
 
 /// One rank, the whole batch: the loss of every step and the final head.
 fn one_rank(d: Dims) -> (Vec<f32>, Vec<f32>) {
+    one_rank_with(d, false)
+}
+
+/// [`one_rank`], with momentum when `momentum`.
+fn one_rank_with(d: Dims, momentum: bool) -> (Vec<f32>, Vec<f32>) {
+    let mut bufs = Vec::new();
     let f = full(d);
     let mut vars = vec![Var::from_tensor(&f.emb).unwrap()];
     for l in &f.layers {
@@ -151,7 +179,11 @@ fn one_rank(d: Dims) -> (Vec<f32>, Vec<f32>) {
             .iter()
             .map(|v| g.get(v.as_tensor()).unwrap().clone())
             .collect();
-        sgd(&vars, &grads);
+        if momentum {
+            sgd_momentum(&vars, &grads, &mut bufs);
+        } else {
+            sgd(&vars, &grads);
+        }
     }
     (losses, flat(vars.last().unwrap().as_tensor()))
 }
@@ -171,12 +203,20 @@ fn dp_average(grads: &[Tensor], dp: &Arc<dyn Communicator>) -> Vec<Tensor> {
 }
 
 /// What a rank of a mesh run gives back: every step's loss (averaged over
-/// `dp`), its `tp` rank, its rows of the head, its parameter count and its
-/// step times after the first.
+/// `dp`), its `tp` rank, its rows of the head, the values it keeps between
+/// steps (parameters, and under ZeRO their shards and the momentum's) and
+/// its step times after the first.
 type Ranked = (Vec<f32>, usize, Vec<f32>, usize, Vec<Duration>);
 
 /// `d`'s model trained on 4 rank threads over cpu-gloo under `config`.
 fn mesh_run(d: Dims, config: ParallelismConfig) -> Vec<Ranked> {
+    mesh_run_with(d, config, None)
+}
+
+/// [`mesh_run`], the optimizer a ZeRO one over the `dp` group at `zero`
+/// (SGD with momentum [`MU`]) when given, else plain SGD with the
+/// gradients averaged over `dp`.
+fn mesh_run_with(d: Dims, config: ParallelismConfig, zero: Option<Stage>) -> Vec<Ranked> {
     accel::Threads::new(4)
         .backend("cpu-gloo")
         .timeout(Duration::from_secs(600))
@@ -218,7 +258,32 @@ fn mesh_run(d: Dims, config: ParallelismConfig) -> Vec<Ranked> {
             }
             vars.extend(norm.iter().cloned());
             vars.extend(head.vars());
-            let numel = vars.iter().map(|v| v.as_tensor().elem_count()).sum();
+            let mut numel: usize = vars.iter().map(|v| v.as_tensor().elem_count()).sum();
+            // Under ZeRO: the variables in a VarMap (named by module, for
+            // the units), sharded over the data-parallel ranks.
+            let mut sharded = match zero {
+                None => None,
+                Some(stage) => {
+                    let map = candle_nn::VarMap::new();
+                    let mut names = vec!["emb.weight".to_string()];
+                    for l in 0..d.layers {
+                        for p in ["norm.g", "norm.b", "up.w", "up.b", "down.w", "down.b"] {
+                            names.push(format!("b{l}.{p}"));
+                        }
+                    }
+                    names.extend(["norm.g", "norm.b", "head.w"].map(String::from));
+                    let mut data = map.data().lock().unwrap();
+                    for (n, v) in names.iter().zip(&vars) {
+                        data.insert(n.clone(), v.clone());
+                    }
+                    drop(data);
+                    let model = CandleModel::new(&map)?;
+                    let opt = ShardedSgd::new(LR).with_momentum(MU as f32);
+                    let z =
+                        ZeroOptimizer::new(dp.clone(), &model, stage, &WrapPolicy::Depth(1), opt)?;
+                    Some((model, z))
+                }
+            };
             let share = d.b / dp.world_size();
             let (me, s) = (dp.rank(), d.s);
             let vocab_start = tp.rank() * d.v / tp.world_size();
@@ -231,6 +296,9 @@ fn mesh_run(d: Dims, config: ParallelismConfig) -> Vec<Ranked> {
                 let mine = |v: &[u32]| v[me * share * s..(me + 1) * share * s].to_vec();
                 let ids = Tensor::new(mine(&ids).as_slice(), &Device::Cpu).unwrap();
                 let tg = Tensor::new(mine(&targets).as_slice(), &Device::Cpu).unwrap();
+                if let Some((model, z)) = &mut sharded {
+                    z.gather(model, "")?;
+                }
                 let mut x = emb.forward(&ids)?;
                 for (n, c, r) in &blocks {
                     let h = layer_norm(&x, n[0].as_tensor(), n[1].as_tensor()).unwrap();
@@ -243,14 +311,32 @@ fn mesh_run(d: Dims, config: ParallelismConfig) -> Vec<Ranked> {
                 let l = dp.all_reduce_vec(&[loss.to_scalar::<f32>().unwrap()], ReduceOp::Sum)?;
                 losses.push(l[0] / dp.world_size() as f32);
                 let g = loss.backward().unwrap();
-                let grads: Vec<Tensor> = vars
-                    .iter()
-                    .map(|v| g.get(v.as_tensor()).unwrap().clone())
-                    .collect();
-                sgd(&vars, &dp_average(&grads, &dp));
+                if let Some((model, z)) = &mut sharded {
+                    accel::train::zero_grads(model);
+                    model.add_grads(&g)?;
+                    z.reduce_grads(model, "")?;
+                    z.step(model)?;
+                } else {
+                    let grads: Vec<Tensor> = vars
+                        .iter()
+                        .map(|v| g.get(v.as_tensor()).unwrap().clone())
+                        .collect();
+                    sgd(&vars, &dp_average(&grads, &dp));
+                }
                 if step > 0 {
                     times.push(start.elapsed());
                 }
+            }
+            if let Some((model, z)) = &mut sharded {
+                // What stays between steps: the shards of the values and
+                // the momentum, and any unit the model still holds.
+                let shard = z
+                    .state_dict()
+                    .tensors
+                    .get("zero.params")
+                    .map_or(0, |t| t.data.len());
+                numel = z.state_numel() + shard + model.resident_numel();
+                z.gather(model, "")?;
             }
             let head_rows = flat(head.vars()[0].as_tensor());
             Ok((losses, tp.rank(), head_rows, numel, times))
@@ -293,11 +379,61 @@ fn a_small_decoder_trains_at_dp_shard_2_by_tp_2_as_on_one_rank() {
     assert_ne!(ids[..half], ids[half..]);
 }
 
+/// ZeRO over `dp_shard` on top of `tp` (FSDP × TP): at every stage the
+/// run equals one rank with the same SGD with momentum, and at stage 3
+/// each rank keeps about a quarter of one rank's parameters and momentum.
+#[test]
+fn zero_over_dp_shard_composes_with_tp_as_on_one_rank() {
+    let d = SMALL;
+    let (want, want_head) = one_rank_with(d, true);
+    let one_rank_numel = 2 * full_numel(d);
+    let config = ParallelismConfig {
+        dp_shard: 2,
+        tp: 2,
+        ..ParallelismConfig::default()
+    };
+    for stage in [Stage::Optimizer, Stage::Gradients, Stage::Full] {
+        let got = mesh_run_with(d, config, Some(stage));
+        for (rank, (losses, tp_rank, head, kept, _)) in got.iter().enumerate() {
+            for (step, (a, b)) in losses.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "{stage}, rank {rank}, step {step}: loss {a} against one rank's {b}"
+                );
+            }
+            let rows = d.v / 2;
+            let w = &want_head[tp_rank * rows * d.h..(tp_rank + 1) * rows * d.h];
+            for (i, (a, b)) in head.iter().zip(w).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "{stage}, rank {rank}: head[{i}] {a} against {b}"
+                );
+            }
+            if stage == Stage::Full {
+                // The replicated norms keep it above a quarter.
+                let share = *kept as f64 / one_rank_numel as f64;
+                assert!(
+                    (0.25..0.3).contains(&share),
+                    "rank {rank} keeps {kept} of {one_rank_numel}"
+                );
+            }
+        }
+    }
+}
+
+/// The whole model's parameter count.
+fn full_numel(d: Dims) -> usize {
+    let f = full(d);
+    let layers: usize = f.layers.iter().flatten().map(Tensor::elem_count).sum();
+    f.emb.elem_count() + layers + 2 * d.h + f.head.elem_count()
+}
+
 /// The mesh benchmark (`scripts/bench_mesh.sh`; ACCEL_BENCH_ROUNDS rounds,
-/// default 3): a larger decoder at `dp_shard=2 × tp=2` and at
-/// `dp_shard=4`, interleaved; per round each configuration's median step
-/// time (the slowest rank's), then the medians and bests, and each
-/// configuration's parameters per rank.
+/// default 3): a larger decoder at `dp_shard=2 × tp=2`, at `dp_shard=4`
+/// and at `dp_shard=2 × tp=2` with ZeRO-3 over `dp_shard` (SGD with
+/// momentum), interleaved; per round each configuration's median step time
+/// (the slowest rank's), then the medians and bests, and the values each
+/// keeps per rank between steps.
 #[test]
 #[ignore = "a benchmark: scripts/bench_mesh.sh runs it"]
 fn bench_mesh_step_time() {
@@ -314,21 +450,22 @@ fn bench_mesh_step_time() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(3);
+    let tp2 = ParallelismConfig {
+        dp_shard: 2,
+        tp: 2,
+        ..ParallelismConfig::default()
+    };
+    let dp4 = ParallelismConfig {
+        dp_shard: 4,
+        ..ParallelismConfig::default()
+    };
     let configs = [
+        ("dp_shard=2 x tp=2", tp2, None),
+        ("dp_shard=4", dp4, None),
         (
-            "dp_shard=2 x tp=2",
-            ParallelismConfig {
-                dp_shard: 2,
-                tp: 2,
-                ..ParallelismConfig::default()
-            },
-        ),
-        (
-            "dp_shard=4",
-            ParallelismConfig {
-                dp_shard: 4,
-                ..ParallelismConfig::default()
-            },
+            "dp_shard=2 x tp=2, ZeRO-3 over dp_shard",
+            tp2,
+            Some(Stage::Full),
         ),
     ];
     let median = |mut v: Vec<f64>| {
@@ -339,8 +476,8 @@ fn bench_mesh_step_time() {
     let mut numel = vec![(0, 0); configs.len()];
     println!("decoder {d:?}");
     for round in 0..rounds {
-        for (k, (name, config)) in configs.iter().enumerate() {
-            let got = mesh_run(d, *config);
+        for (k, (name, config, zero)) in configs.iter().enumerate() {
+            let got = mesh_run_with(d, *config, *zero);
             // Each step's time is the slowest rank's.
             let steps = got[0].4.len();
             let slowest: Vec<f64> = (0..steps)
@@ -357,9 +494,9 @@ fn bench_mesh_step_time() {
             println!("round {round}: {name}: step {m:.1} ms (median of {steps})");
         }
     }
-    println!("| configuration | step, median | best | parameters per rank |");
+    println!("| configuration | step, median | best | values kept per rank |");
     println!("|---|---|---|---|");
-    for (k, (name, _)) in configs.iter().enumerate() {
+    for (k, (name, _, _)) in configs.iter().enumerate() {
         let best = per[k].iter().copied().fold(f64::INFINITY, f64::min);
         let (lo, hi) = numel[k];
         println!(
