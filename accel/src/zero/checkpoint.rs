@@ -81,10 +81,10 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     }
 
     /// Save the model's weights in torch's distributed-checkpoint layout,
-    /// as [`Accelerator::save_model_sharded`] writes a replicated model:
+    /// as [`Accelerator::save_model_sharded`](crate::Accelerator::save_model_sharded) writes a replicated model:
     /// each rank's rows (dimension 0 in world-size chunks, as torch's FSDP2
     /// shards it) of every tensor in one file per rank, loadable by torch's
-    /// `HuggingFaceStorageReader` and [`Accelerator::load_model`] at any
+    /// `HuggingFaceStorageReader` and [`Accelerator::load_model`](crate::Accelerator::load_model) at any
     /// world size. At stage 3 the units are gathered one at a time and only
     /// this rank's rows kept: the whole model is never in one rank's memory.
     /// Collective; every rank passes its own accelerator (the one whose
@@ -92,7 +92,7 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     ///
     /// # Errors
     /// As [`full_parameters`](Self::full_parameters) and
-    /// [`Accelerator::save_shards`]; a failure on any rank fails every rank.
+    /// [`Accelerator::save_shards`](crate::Accelerator::save_shards); a failure on any rank fails every rank.
     pub fn save_model_sharded(
         &mut self,
         acc: &crate::Accelerator,

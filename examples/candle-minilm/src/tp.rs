@@ -1,9 +1,10 @@
 //! all-MiniLM-L6-v2 with tensor parallelism (issue 39): each rank of the
 //! tensor-parallel group holds `12 / tp` attention heads and `1536 / tp`
 //! MLP units of every layer, cut from the one-rank checkpoint by
-//! accel-candle's column- and row-parallel layers (query, key, value and
-//! the MLP's first layer column-parallel; the attention's output and the
-//! MLP's second layer row-parallel: two all-reduces per layer). The
+//! accel-candle's layers as the model's tensor-parallel plan ([`TP_PLAN`],
+//! transformers' `tp_plan` vocabulary) says: query, key, value and the
+//! MLP's first layer `colwise`; the attention's output and the MLP's second
+//! layer `rowwise` (two all-reduces per layer). The
 //! embeddings, the layer norms and the pooling are replicated. The
 //! layers' arithmetic is candle-transformers' BERT's (scaled dot-product
 //! attention with the additive mask, exact GELU, post-norm residuals).
@@ -12,7 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use accel_api::{Communicator, Error, ErrorKind, Result};
-use accel_candle::tp::{ColumnParallelLinear, RowParallelLinear};
+use accel_candle::tp::PlannedLinear;
+use accel_candle::tp::TpPlan;
 use accel_example_minilm_data::bad_model;
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{LayerNorm, Module, VarBuilder};
@@ -22,15 +24,26 @@ fn candle(e: candle_core::Error) -> Error {
     Error::new(ErrorKind::Backend, format!("candle: {e}"))
 }
 
+/// BERT's tensor-parallel plan (module patterns, `*` one segment): how
+/// [`TpMinilm::load`] splits every layer.
+pub const TP_PLAN: &str = r#"{
+    "encoder.layer.*.attention.self.query": "colwise",
+    "encoder.layer.*.attention.self.key": "colwise",
+    "encoder.layer.*.attention.self.value": "colwise",
+    "encoder.layer.*.attention.output.dense": "rowwise",
+    "encoder.layer.*.intermediate.dense": "colwise",
+    "encoder.layer.*.output.dense": "rowwise"
+}"#;
+
 /// One BERT layer, this rank's part of it.
 struct Layer {
-    query: ColumnParallelLinear,
-    key: ColumnParallelLinear,
-    value: ColumnParallelLinear,
-    attn_out: RowParallelLinear,
+    query: PlannedLinear,
+    key: PlannedLinear,
+    value: PlannedLinear,
+    attn_out: PlannedLinear,
     attn_norm: LayerNorm,
-    up: ColumnParallelLinear,
-    down: RowParallelLinear,
+    up: PlannedLinear,
+    down: PlannedLinear,
     out_norm: LayerNorm,
 }
 
@@ -85,35 +98,29 @@ impl TpMinilm {
         };
         let embeddings = BertModel::load(vb.clone(), &none).map_err(candle)?;
         let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+        let plan = TpPlan::from_json(TP_PLAN)?;
         let mut layers = Vec::new();
         for i in 0..cfg.num_hidden_layers {
             let l = vb.pp(format!("encoder.layer.{i}"));
-            let w = |p: &VarBuilder<'_>, rows: usize, cols: usize| -> Result<(Tensor, Tensor)> {
-                Ok((
-                    p.get((rows, cols), "weight").map_err(candle)?,
-                    p.get(rows, "bias").map_err(candle)?,
-                ))
-            };
-            let col =
-                |p: VarBuilder<'_>, rows: usize, cols: usize| -> Result<ColumnParallelLinear> {
-                    let (wt, b) = w(&p, rows, cols)?;
-                    ColumnParallelLinear::from_full(&wt, Some(&b), group.clone(), false)
-                };
-            let row = |p: VarBuilder<'_>, rows: usize, cols: usize| -> Result<RowParallelLinear> {
-                let (wt, b) = w(&p, rows, cols)?;
-                RowParallelLinear::from_full(&wt, Some(&b), group.clone())
+            // Module `name` of this layer, `[rows, cols]`, split by the plan.
+            let linear = |name: &str, rows: usize, cols: usize| -> Result<PlannedLinear> {
+                let p = l.pp(name);
+                let weight = p.get((rows, cols), "weight").map_err(candle)?;
+                let bias = p.get(rows, "bias").map_err(candle)?;
+                let module = format!("encoder.layer.{i}.{name}");
+                PlannedLinear::from_full(&module, &weight, Some(&bias), &plan, group.clone())
             };
             let norm = |p: VarBuilder<'_>| {
                 candle_nn::layer_norm(h, cfg.layer_norm_eps, p.pp("LayerNorm")).map_err(candle)
             };
             layers.push(Layer {
-                query: col(l.pp("attention.self.query"), h, h)?,
-                key: col(l.pp("attention.self.key"), h, h)?,
-                value: col(l.pp("attention.self.value"), h, h)?,
-                attn_out: row(l.pp("attention.output.dense"), h, h)?,
+                query: linear("attention.self.query", h, h)?,
+                key: linear("attention.self.key", h, h)?,
+                value: linear("attention.self.value", h, h)?,
+                attn_out: linear("attention.output.dense", h, h)?,
                 attn_norm: norm(l.pp("attention.output"))?,
-                up: col(l.pp("intermediate.dense"), inter, h)?,
-                down: row(l.pp("output.dense"), h, inter)?,
+                up: linear("intermediate.dense", inter, h)?,
+                down: linear("output.dense", h, inter)?,
                 out_norm: norm(l.pp("output"))?,
             });
         }

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use accel::CollectivesExt;
 use accel_api::{Communicator, CommunicatorExt, Error, ErrorKind, ReduceOp, Result};
 use accel_sharding::placement::Placement;
-use accel_sharding::tp_plan::{ModuleKind, TpPlan};
+pub use accel_sharding::tp_plan::{ModuleKind, TpPlan, TpStyle};
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, Var, D};
 
 fn candle(e: candle_core::Error) -> Error {
@@ -725,4 +725,90 @@ pub fn load_by_plan(
     let b = p.layout(group)?.local_box(&[group.rank()])?;
     let t = accel::train::read_tensor_region(dir, p.name, &b)?;
     Tensor::from_vec(t.data, t.shape, &candle_core::Device::Cpu).map_err(candle)
+}
+
+/// A linear layer built by a tensor-parallel plan from the full weights of
+/// a one-rank model: column-parallel where the plan says `colwise` (and
+/// `colwise_rep`, `local_colwise`), row-parallel for `rowwise` (and its
+/// variants), whole for `replicate` and for a module the plan does not name.
+/// How a model is split is then data (a model's `base_model_tp_plan`), not
+/// code: a column-parallel layer keeps its slice of the features, for the
+/// row-parallel layer after it.
+#[derive(Clone, Debug)]
+pub enum PlannedLinear {
+    /// `colwise`: this rank's output features.
+    Column(ColumnParallelLinear),
+    /// `rowwise`: this rank's input features, the outputs summed.
+    Row(RowParallelLinear),
+    /// `replicate`: the whole layer on every rank.
+    Whole {
+        /// `[out, in]`.
+        weight: Var,
+        /// `[out]`.
+        bias: Option<Var>,
+    },
+}
+
+impl PlannedLinear {
+    /// Module `module`'s layer (`weight` `[out, in]` as
+    /// `candle_nn::Linear`, its `bias`), split by `plan`'s style for
+    /// `{module}.weight` over `group` (the `tp` group).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the split features do not divide evenly over
+    /// the group; candle's.
+    pub fn from_full(
+        module: &str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        plan: &TpPlan,
+        group: Arc<dyn Communicator>,
+    ) -> Result<PlannedLinear> {
+        Ok(match plan.style(&format!("{module}.weight")) {
+            TpStyle::Colwise => {
+                PlannedLinear::Column(ColumnParallelLinear::from_full(weight, bias, group, false)?)
+            }
+            TpStyle::Rowwise => {
+                PlannedLinear::Row(RowParallelLinear::from_full(weight, bias, group)?)
+            }
+            TpStyle::Replicate => PlannedLinear::Whole {
+                weight: Var::from_tensor(weight).map_err(candle)?,
+                bias: bias.map(Var::from_tensor).transpose().map_err(candle)?,
+            },
+        })
+    }
+
+    /// This rank's trainable tensors: the weight (or its shard), then the
+    /// bias.
+    pub fn vars(&self) -> Vec<Var> {
+        match self {
+            PlannedLinear::Column(c) => c.vars(),
+            PlannedLinear::Row(r) => r.vars(),
+            PlannedLinear::Whole { weight, bias } => std::iter::once(weight.clone())
+                .chain(bias.clone())
+                .collect(),
+        }
+    }
+
+    /// The layer's forward: a column-parallel layer gives this rank's
+    /// features, a row-parallel one takes them and gives the summed whole
+    /// (collective), a whole layer `x · Wᵀ + b`.
+    ///
+    /// # Errors
+    /// candle's; the collectives'.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            PlannedLinear::Column(c) => c.forward(x),
+            PlannedLinear::Row(r) => r.forward(x),
+            PlannedLinear::Whole { weight, bias } => {
+                let y = x
+                    .broadcast_matmul(&weight.as_tensor().t().map_err(candle)?)
+                    .map_err(candle)?;
+                match bias {
+                    Some(b) => y.broadcast_add(b.as_tensor()).map_err(candle),
+                    None => Ok(y),
+                }
+            }
+        }
+    }
 }

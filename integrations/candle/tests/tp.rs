@@ -276,6 +276,62 @@ fn vocab_parallel_cross_entropy_is_the_whole_vocabularys_loss_and_gradient() {
 /// A `tp_plan` (transformers' vocabulary) cuts a full checkpoint's
 /// parameters on 2 and 3 ranks (torch's uneven chunks at 3) and puts the
 /// whole tensors back together exactly.
+/// Layers built by a plan: an unnamed module whole, `colwise` then
+/// `rowwise` split, on 2 ranks, give one rank's output and input gradient;
+/// each rank holds its half of the split layers.
+#[test]
+fn layers_built_by_a_plan_compute_what_one_rank_does() {
+    use accel_candle::tp::{PlannedLinear, TpPlan};
+    let plan = TpPlan::from_json(r#"{"mlp.up": "colwise", "mlp.down": "rowwise"}"#).unwrap();
+    let [w0, b0, w1, b1, w2, b2, x, _] = start();
+    // One rank: the same three layers, whole.
+    let one = |x: &Tensor| -> candle_core::Result<Tensor> {
+        let h = x.matmul(&w0.t()?)?.broadcast_add(&b0)?.tanh()?;
+        let h = h.matmul(&w1.t()?)?.broadcast_add(&b1)?.tanh()?;
+        h.matmul(&w2.t()?)?.broadcast_add(&b2)
+    };
+    let xv = Var::from_tensor(&x).unwrap();
+    let want = one(xv.as_tensor()).unwrap();
+    let want_grad = flat(
+        want.sum_all()
+            .unwrap()
+            .backward()
+            .unwrap()
+            .get(xv.as_tensor())
+            .unwrap(),
+    );
+    let want = flat(&want);
+    let got = accel::Threads::new(2)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(30))
+        .run(move |acc| {
+            let [w0, b0, w1, b1, w2, b2, x, _] = start();
+            let g = acc.comm().clone();
+            let pre = PlannedLinear::from_full("pre", &w0, Some(&b0), &plan, g.clone())?;
+            let up = PlannedLinear::from_full("mlp.up", &w1, Some(&b1), &plan, g.clone())?;
+            let down = PlannedLinear::from_full("mlp.down", &w2, Some(&b2), &plan, g)?;
+            let kinds = [&pre, &up, &down].map(|l| match l {
+                PlannedLinear::Column(_) => "column",
+                PlannedLinear::Row(_) => "row",
+                PlannedLinear::Whole { .. } => "whole",
+            });
+            assert_eq!(kinds, ["whole", "column", "row"]);
+            let sizes: Vec<usize> = up.vars().iter().map(|v| v.elem_count()).collect();
+            assert_eq!(sizes, [w1.elem_count() / 2, b1.elem_count() / 2]);
+            let xv = Var::from_tensor(&x).unwrap();
+            let h = pre.forward(xv.as_tensor())?.tanh().unwrap();
+            let h = up.forward(&h)?.tanh().unwrap();
+            let y = down.forward(&h)?;
+            let grads = y.sum_all().unwrap().backward().unwrap();
+            Ok((flat(&y), flat(grads.get(xv.as_tensor()).unwrap())))
+        })
+        .unwrap();
+    for (rank, (y, gx)) in got.iter().enumerate() {
+        close(&format!("rank {rank}: output"), y, &want);
+        close(&format!("rank {rank}: input gradient"), gx, &want_grad);
+    }
+}
+
 #[test]
 fn a_tp_plan_cuts_whole_parameters_and_gathers_them_back() {
     use accel_candle::tp::{cut_by_plan, load_by_plan, shard_chunk, whole_by_plan, Planned};
