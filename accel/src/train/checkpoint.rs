@@ -12,7 +12,7 @@ use accel_sharding::{
     parse_checkpoint_name, read_manifest, read_verified, verify_checkpoint, AccumulatorState,
     CheckpointDir, CheckpointWriter, FileEntry, Manifest, SamplerState, MANIFEST_FILE,
 };
-use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use safetensors::tensor::{Dtype, SafeTensors};
 use serde::{Deserialize, Serialize};
 
 use super::adapters::{
@@ -346,43 +346,65 @@ pub(super) struct Meta {
 
 /// The tensors of `s` as a safetensors file of `f32`, those named in
 /// `s.stored_as` in that type.
+/// A state's tensor as safetensors writes it: f32 values borrowed as their
+/// little-endian bytes (no copy), or narrowed to f16/bf16 one tensor at a
+/// time while the file is encoded.
+struct StateView<'a> {
+    dtype: Dtype,
+    t: &'a Tensor,
+}
+
+impl safetensors::View for StateView<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.t.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        use std::borrow::Cow;
+        let d = &self.t.data;
+        match self.dtype {
+            Dtype::BF16 => Cow::Owned(
+                d.iter()
+                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                    .collect(),
+            ),
+            Dtype::F16 => Cow::Owned(
+                d.iter()
+                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                    .collect(),
+            ),
+            _ if cfg!(target_endian = "little") => Cow::Borrowed(bytemuck::cast_slice(d)),
+            _ => Cow::Owned(d.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.t.data.len() * self.dtype.bitsize() / 8
+    }
+}
+
+/// `s`'s tensors as one safetensors file, in their stored element types.
 fn encode_tensors(s: &StateDict) -> Result<Vec<u8>> {
-    let bytes: Vec<(&str, Dtype, Vec<u8>, &[usize])> = s
-        .tensors
-        .iter()
-        .map(|(n, t)| {
-            let (dtype, b): (Dtype, Vec<u8>) = match s.stored_as.get(n) {
-                Some(DType::BF16) => (
-                    Dtype::BF16,
-                    t.data
-                        .iter()
-                        .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                        .collect(),
-                ),
-                Some(DType::F16) => (
-                    Dtype::F16,
-                    t.data
-                        .iter()
-                        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                        .collect(),
-                ),
-                _ => (
-                    Dtype::F32,
-                    t.data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                ),
-            };
-            (n.as_str(), dtype, b, t.shape.as_slice())
-        })
-        .collect();
-    let mut views = Vec::with_capacity(bytes.len());
-    for (name, dtype, b, shape) in &bytes {
-        let v = TensorView::new(*dtype, shape.to_vec(), b).map_err(|e| {
-            Error::invalid_argument(
+    let mut views = Vec::with_capacity(s.tensors.len());
+    for (name, t) in &s.tensors {
+        let dtype = match s.stored_as.get(name) {
+            Some(DType::BF16) => Dtype::BF16,
+            Some(DType::F16) => Dtype::F16,
+            _ => Dtype::F32,
+        };
+        let n: usize = t.shape.iter().product();
+        if n != t.data.len() {
+            return Err(Error::invalid_argument(
                 "save_state",
-                format!("tensor {name:?}: shape {shape:?} does not fit its data: {e}"),
-            )
-        })?;
-        views.push((*name, v));
+                format!(
+                    "tensor {name:?}: shape {:?} does not fit its {} values",
+                    t.shape,
+                    t.data.len()
+                ),
+            ));
+        }
+        views.push((name.as_str(), StateView { dtype, t }));
     }
     safetensors::serialize(views, None).map_err(|e| {
         Error::invalid_argument("save_state", format!("cannot encode safetensors: {e}"))

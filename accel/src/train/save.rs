@@ -1,7 +1,7 @@
 //! Writing a checkpoint in two halves: the state staged in memory on the
 //! calling thread ([`Accelerator::stage_checkpoint`]: the writer agreed,
-//! every object's state encoded), then written, checked and committed
-//! ([`commit_staged`]: files fsynced into the temporary folder, every
+//! a snapshot of every object's state), then encoded, written, checked and
+//! committed ([`commit_staged`]: files fsynced into the temporary folder, every
 //! rank's files checked by the main process, the rename, the pruning) on
 //! that thread (`save_state`) or on a thread of its own over a
 //! communicator of its own (`save_state_async`, ADR 0036).
@@ -19,7 +19,7 @@ use super::checkpoint::{
     agree_on, encode_state, incomplete_ranks, to_json, Meta, CHECKPOINT_STATE_FILE,
 };
 use super::shared::PendingSave;
-use crate::train::Checkpointed;
+use crate::train::{Checkpointed, StateDict};
 use crate::{Accelerator, CollectivesExt};
 
 const OP: &str = "save_state";
@@ -31,11 +31,39 @@ pub(super) struct Staged {
     /// The main process's writer of the temporary folder.
     writer: Option<CheckpointWriter>,
     temp: PathBuf,
-    files: Vec<(String, Vec<u8>)>,
+    files: Vec<StagedFile>,
     rank: usize,
     node_rank: usize,
     /// The main process of a numbered save: prune the oldest afterwards.
     prune: Option<CheckpointDir>,
+}
+
+/// One file of a staged checkpoint, or the files of one state: a state is
+/// encoded (safetensors and JSON) when it is written, so that a background
+/// save's caller waits only for the snapshot.
+pub(super) enum StagedFile {
+    Bytes(String, Vec<u8>),
+    State(String, StateDict),
+}
+
+impl StagedFile {
+    /// The state `s` under `stem`, its tensors' shapes checked now (what
+    /// encoding would refuse later).
+    fn state(stem: String, s: StateDict) -> Result<StagedFile> {
+        for (name, t) in &s.tensors {
+            if t.shape.iter().product::<usize>() != t.data.len() {
+                return Err(Error::invalid_argument(
+                    OP,
+                    format!(
+                        "{stem}: tensor {name:?}: shape {:?} does not fit its {} values",
+                        t.shape,
+                        t.data.len()
+                    ),
+                ));
+            }
+        }
+        Ok(StagedFile::State(stem, s))
+    }
 }
 
 /// Write `s`'s files, check every rank's from the main process, commit,
@@ -58,9 +86,15 @@ pub(super) fn commit_staged(comm: &dyn Communicator, s: Staged) -> Result<PathBu
     let main = writer.is_some();
     let written = (|| -> Result<BTreeMap<String, FileEntry>> {
         let mut entries = BTreeMap::new();
-        for (name, bytes) in files {
-            write_file_synced(&temp.join(&name), &bytes)?;
-            entries.insert(name, FileEntry::of(&bytes));
+        for f in files {
+            let encoded = match f {
+                StagedFile::Bytes(name, bytes) => vec![(name, bytes)],
+                StagedFile::State(stem, state) => encode_state(&stem, &state)?,
+            };
+            for (name, bytes) in encoded {
+                write_file_synced(&temp.join(&name), &bytes)?;
+                entries.insert(name, FileEntry::of(&bytes));
+            }
         }
         Ok(entries)
     })();
@@ -100,7 +134,8 @@ pub(super) fn commit_staged(comm: &dyn Communicator, s: Staged) -> Result<PathBu
 impl Accelerator {
     /// Stage a checkpoint of `objects` for `path`: the main process creates
     /// the temporary folder (refusing an existing `path` unless `replace`),
-    /// every rank encodes its files in memory. `prune`: the numbered
+    /// every rank takes a snapshot of its states (encoded when written).
+    /// `prune`: the numbered
     /// folder to prune after the commit. Collective.
     ///
     /// # Errors
@@ -149,28 +184,31 @@ impl Accelerator {
             (meta, st.registered.clone())
         };
         let rng = super::shared(self).rng_state(OP);
-        let files = (|| -> Result<Vec<(String, Vec<u8>)>> {
+        let files = (|| -> Result<Vec<StagedFile>> {
             let rng = rng?;
-            let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+            let mut files = Vec::new();
             for o in objects {
                 let key = o.checkpoint_key();
                 if o.per_rank() {
-                    files.extend(encode_state(
-                        &format!("{key}/rank_{rank}"),
-                        &o.checkpoint_state()?,
-                    )?);
+                    let stem = format!("{key}/rank_{rank}");
+                    files.push(StagedFile::state(stem, o.checkpoint_state()?)?);
                 } else if main {
-                    files.extend(encode_state(&key, &o.checkpoint_state()?)?);
+                    files.push(StagedFile::state(key, o.checkpoint_state()?)?);
                 }
             }
             if main {
                 for (i, r) in registered.iter().enumerate() {
                     let s = r.lock().unwrap_or_else(|p| p.into_inner()).state_dict()?;
-                    files.extend(encode_state(&format!("custom_{i}"), &s)?);
+                    files.push(StagedFile::state(format!("custom_{i}"), s)?);
                 }
-                files.push((CHECKPOINT_STATE_FILE.to_string(), to_json(&meta)));
+                let meta = to_json(&meta);
+                files.push(StagedFile::Bytes(CHECKPOINT_STATE_FILE.to_string(), meta));
             }
-            files.push((format!("random_states/rank_{rank}.json"), to_json(&rng)));
+            let rng = to_json(&rng);
+            files.push(StagedFile::Bytes(
+                format!("random_states/rank_{rank}.json"),
+                rng,
+            ));
             Ok(files)
         })();
         let files = self.agree(OP, files)?;
