@@ -19,6 +19,7 @@
 //! - torch's pickled `.metadata` layout, a missing rank's file and
 //!   overlapping chunks are refused, naming the file or tensor.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use accel::train::{shard_file_name, ParamMut, ParamRef, Parameters, DCP_SHARDING_INFO};
@@ -345,14 +346,17 @@ if __name__ == "__main__":
     mp.spawn(run, args=(sys.argv[1], sys.argv[2], sys.argv[3]), nprocs=2)
 "#;
 
+/// Run Python script `text` (written to `dir/name`) with `args`; its
+/// standard output.
+fn run_script(py: &Path, dir: &Path, name: &str, text: &str, args: &[&OsStr]) -> String {
+    let script = dir.join(name);
+    std::fs::write(&script, text).unwrap();
+    common::run_python_file(py, &script, args)
+}
+
 /// A free loopback port, for torch's rendezvous.
 fn free_port() -> String {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string()
+    accel_test_support::free_port().to_string()
 }
 
 /// ZeRO stage 3 over `world` rank threads: 3 steps of SGD with momentum on
@@ -429,14 +433,9 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
         tmp.path().join("torch"),
         tmp.path().join("full.safetensors"),
     );
-    let script = tmp.path().join("save.py");
-    std::fs::write(&script, TORCH_SAVES).unwrap();
     let port = free_port();
-    common::run_python_file(
-        &py,
-        &script,
-        &[out.as_os_str(), full.as_os_str(), port.as_ref()],
-    );
+    let args = [out.as_os_str(), full.as_os_str(), port.as_ref()];
+    run_script(&py, tmp.path(), "save.py", TORCH_SAVES, &args);
     // torch's full weights, by name.
     let bytes = std::fs::read(&full).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -476,14 +475,9 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
     }
     // torch's own consolidation, tensor for tensor; Python reads ours.
     let tcons = tmp.path().join("torch-consolidated");
-    let script = tmp.path().join("consolidate.py");
-    std::fs::write(&script, TORCH_CONSOLIDATES).unwrap();
     let cons_file = cons.join("model.safetensors");
-    let printed = common::run_python_file(
-        &py,
-        &script,
-        &[out.as_os_str(), tcons.as_os_str(), cons_file.as_os_str()],
-    );
+    let args = [out.as_os_str(), tcons.as_os_str(), cons_file.as_os_str()];
+    let printed = run_script(&py, tmp.path(), "consolidate.py", TORCH_CONSOLIDATES, &args);
     let theirs = std::fs::read(tcons.join("model-00001-of-00001.safetensors")).unwrap();
     let theirs = safetensors::SafeTensors::deserialize(&theirs).unwrap();
     assert_eq!(theirs.len(), ours.len());
@@ -508,16 +502,9 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
     single()
         .save_model(&Mlp::new(1.5), &whole, accel::train::DEFAULT_MAX_SHARD_SIZE)
         .unwrap();
-    let load = tmp.path().join("load.py");
-    std::fs::write(&load, TORCH_LOADS).unwrap();
-    let printed = common::run_python_file(
-        &py,
-        &load,
-        &[
-            ours.as_os_str(),
-            whole.join("model.safetensors").as_os_str(),
-        ],
-    );
+    let whole_file = whole.join("model.safetensors");
+    let args = [ours.as_os_str(), whole_file.as_os_str()];
+    let printed = run_script(&py, tmp.path(), "load.py", TORCH_LOADS, &args);
     assert!(printed.contains("torch loaded 4 tensors"), "{printed}");
     // A ZeRO-3 run at 4 ranks, loaded by torch FSDP2 at 2.
     let zero3 = tmp.path().join("zero3");
@@ -530,16 +517,14 @@ fn torch_fsdp2s_checkpoint_loads_into_accel_and_accels_into_torch() {
     single()
         .save_model(&model, &want, accel::train::DEFAULT_MAX_SHARD_SIZE)
         .unwrap();
-    let script = tmp.path().join("load_sharded.py");
-    std::fs::write(&script, TORCH_LOADS_SHARDED).unwrap();
-    let printed = common::run_python_file(
+    let (want_file, port) = (want.join("model.safetensors"), free_port());
+    let args = [zero3.as_os_str(), want_file.as_os_str(), port.as_ref()];
+    let printed = run_script(
         &py,
-        &script,
-        &[
-            zero3.as_os_str(),
-            want.join("model.safetensors").as_os_str(),
-            free_port().as_ref(),
-        ],
+        tmp.path(),
+        "load_sharded.py",
+        TORCH_LOADS_SHARDED,
+        &args,
     );
     assert!(
         printed.contains("torch loaded 4 tensors at 2 ranks"),

@@ -26,13 +26,7 @@ fn worker() {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use accel_test_support::free_port;
 
 /// A clean environment: only what a process needs, none of accel's contract.
 fn bare(cmd: &mut Command) -> &mut Command {

@@ -8,6 +8,7 @@
 
 mod common;
 
+use accel_test_support::free_port;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -4,6 +4,7 @@
 
 mod common;
 
+use accel_test_support::free_port;
 use std::process::Command;
 use std::time::Duration;
 

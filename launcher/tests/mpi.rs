@@ -7,6 +7,7 @@
 //! binary itself (probe-worker) needs `--features mpi`.
 
 mod common;
+use accel_test_support::free_port;
 use accel_test_support::skips;
 
 use std::path::PathBuf;

@@ -3,6 +3,7 @@
 //! tests print why and skip; under CI they fail.
 
 mod common;
+use accel_test_support::free_port;
 use accel_test_support::skips;
 
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! restarted one by one, all stopped on drop. Both skip (a failure under
 //! `make test`) when `etcd` is not installed.
 
-use std::net::TcpListener;
+use crate::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,13 +37,6 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     /// The members' TLS files for clients (certificate, key, CA), if any.
     tls: Option<[PathBuf; 3]>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// The `etcd` binary, when installed.

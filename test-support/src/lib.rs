@@ -31,3 +31,12 @@ pub mod ranks;
 pub mod skips;
 pub mod special_files;
 pub mod tls;
+
+/// A loopback port that was free a moment ago (for a server a test starts,
+/// or runs over several machines, which need a fixed port).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}

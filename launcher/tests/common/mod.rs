@@ -234,16 +234,6 @@ pub fn refused_words(words: &str, says: &str) -> Run {
     refused(&argv(words, &[]), says)
 }
 
-/// A port that was free a moment ago (for runs over several machines, which
-/// need a fixed port).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `true` while a process with this pid exists and is not a zombie.
 pub fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
