@@ -505,7 +505,7 @@ fn safetensors_names(dir: &Path) -> Result<Vec<String>> {
 /// `path`'s safetensors header (its first bytes, no tensor data) as JSON.
 fn read_header(path: &Path) -> Result<serde_json::Value> {
     use std::io::Read;
-    let bad = |m: String| corrupt(format!("{}: {m}", path.display()));
+    let bad = |m: String| Error::new(ErrorKind::Corrupt, format!("{}: {m}", path.display()));
     let mut f = std::fs::File::open(path)
         .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
     let mut n = [0u8; 8];
@@ -532,10 +532,10 @@ fn header_offsets(
         return Ok(None);
     };
     serde_json::from_str(info).map(Some).map_err(|e| {
-        corrupt(format!(
-            "{}: malformed {DCP_SHARDING_INFO}: {e}",
-            path.display()
-        ))
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("{}: malformed {DCP_SHARDING_INFO}: {e}", path.display()),
+        )
     })
 }
 
@@ -554,13 +554,15 @@ fn header_shape(entry: &serde_json::Value) -> Vec<usize> {
 /// From `path`'s header alone (its first bytes): tensor `name`'s offsets
 /// and shape when the file holds a chunk of it.
 fn header_chunk(path: &Path, name: &str) -> Result<Option<(Vec<usize>, Vec<usize>)>> {
-    let header = read_header(path)?;
+    let op = |e: Error| e.with_op("read_tensor_region");
+    let header = read_header(path).map_err(op)?;
     if !header[name].is_object() {
         return Ok(None);
     }
     let shape = header_shape(&header[name]);
     let bad = |m: String| corrupt(format!("{}: {m}", path.display()));
-    let info = header_offsets(path, &header)?
+    let info = header_offsets(path, &header)
+        .map_err(op)?
         .ok_or_else(|| bad(format!("no {DCP_SHARDING_INFO} in the header")))?;
     let off = info
         .get(name)
@@ -625,8 +627,9 @@ pub fn dcp_index(dir: impl AsRef<Path>) -> Result<Option<DcpIndex>> {
     for file in names {
         let (path, f) = files::open_inside(dir, &file, "shard")?;
         let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let header = read_header(&path)?;
-        let Some(info) = header_offsets(&path, &header)? else {
+        let op = |e: Error| e.with_op("checkpoint check");
+        let header = read_header(&path).map_err(op)?;
+        let Some(info) = header_offsets(&path, &header).map_err(op)? else {
             return Ok(None);
         };
         let mut chunks = Vec::new();

@@ -87,8 +87,11 @@ impl<O: ShardOptimizer> ZeroOptimizer<O> {
     /// `HuggingFaceStorageReader` and [`Accelerator::load_model`](crate::Accelerator::load_model) at any
     /// world size. At stage 3 the units are gathered one at a time and only
     /// this rank's rows kept: the whole model is never in one rank's memory.
-    /// Collective; every rank passes its own accelerator (the one whose
-    /// communicator the optimizer shards over) and the same folder.
+    /// Collective over `acc`'s ranks (the optimizer may shard over a group
+    /// of them, as under HSDP), each passing the same folder. For a model
+    /// whose parameters are whole tensors: a tensor-parallel model's parts
+    /// are chunks of larger tensors, which [`Accelerator::save_shards`](crate::Accelerator::save_shards)
+    /// writes with their offsets.
     ///
     /// # Errors
     /// As [`full_parameters`](Self::full_parameters) and
