@@ -202,13 +202,18 @@ fn resolve(dir: &Path) -> Result<PathBuf> {
         None => Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
-                "{} is not an accel checkpoint (no {}) and holds no checkpoint_N folder",
+                "{} is not an accel checkpoint (no {}), holds no checkpoint_N folder, and is not \
+                 in torch's per-rank layout (no safetensors file with {})",
                 dir.display(),
-                accel_sharding::MANIFEST_FILE
+                accel_sharding::MANIFEST_FILE,
+                accel::train::DCP_SHARDING_INFO
             ),
         )
         .with_op("accel checkpoint")
-        .with_fix("pass a folder save_state wrote (checkpoint_N) or the folder it saves into")),
+        .with_fix(
+            "pass a folder save_state wrote (checkpoint_N), the folder it saves into, or a \
+             folder of per-rank shards (save_model_sharded, torch's HuggingFaceStorageWriter)",
+        )),
     }
 }
 
