@@ -187,7 +187,11 @@ fn survivor_says(r: &Run, lost: usize, i: usize) {
             l.starts_with(&format!("[rank {rank}] "))
                 && l.contains(&format!("[cpu-gloo rank {rank}] "))
                 && [
+                    // First of the missing, or after ranks that were one
+                    // call behind (a rank ahead in the call check lists
+                    // them too, each with its last call).
                     format!("missing ranks: {a}"),
+                    format!(", {a} (last: "),
                     format!("lost peer rank {a}"),
                     format!("lost peer rank {b}"),
                 ]

@@ -48,6 +48,30 @@ fn kill_all(children: &mut [Option<Child>]) {
     }
 }
 
+/// Kill every rank and say what each printed (the end of it): why a trial
+/// that did not get going did not.
+fn kill_and_tell(children: &mut [Option<Child>]) -> String {
+    let mut told = Vec::new();
+    for (rank, slot) in children.iter_mut().enumerate() {
+        let Some(mut c) = slot.take() else { continue };
+        let _ = c.kill();
+        let text = c.wait_with_output().map_or_else(
+            |e| format!("(no output: {e})"),
+            |out| {
+                let all = format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let lines: Vec<&str> = all.lines().collect();
+                lines[lines.len().saturating_sub(15)..].join("\n")
+            },
+        );
+        told.push(format!("rank {rank} printed:\n{text}"));
+    }
+    told.join("\n")
+}
+
 /// One trial: `world` ranks, `victim` killed `delay` after its first
 /// rounds. Returns the slowest survivor's report latency, or why the
 /// trial failed.
@@ -64,8 +88,10 @@ fn trial(world: usize, victim: usize, delay: Duration, n: usize) -> Result<Durat
     let ready = dir.join(format!("ready-{victim}"));
     while !ready.exists() {
         if start.elapsed() > TRIAL_DEADLINE {
-            kill_all(&mut children);
-            return Err("the ranks did not start their rounds".into());
+            let told = kill_and_tell(&mut children);
+            return Err(format!(
+                "the ranks did not start their rounds within {TRIAL_DEADLINE:?}\n{told}"
+            ));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
