@@ -15,7 +15,6 @@
 //! checksum and every file's size and SHA-256 (`accel_sharding::verify_checkpoint`).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -255,25 +254,18 @@ fn inspect(dir: &Path) -> Result<Inspection> {
 
 /// The tensors a safetensors file's header lists, in name order.
 fn header_tensors(path: &Path) -> Result<Vec<Tensor>> {
-    let bad = |why: String| {
-        Error::new(ErrorKind::Corrupt, format!("{}: {why}", path.display()))
-            .with_op("accel checkpoint")
+    let header =
+        accel::train::safetensors_header(path).map_err(|e| e.with_op("accel checkpoint"))?;
+    let map: BTreeMap<String, serde_json::Value> = match header {
+        serde_json::Value::Object(m) => m.into_iter().collect(),
+        _ => {
+            return Err(Error::new(
+                ErrorKind::Corrupt,
+                format!("{}: the header is not a JSON object", path.display()),
+            )
+            .with_op("accel checkpoint"))
+        }
     };
-    let mut f = std::fs::File::open(path)
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len)
-        .map_err(|_| bad("shorter than a safetensors header".into()))?;
-    let n = u64::from_le_bytes(len);
-    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-    if n > size.saturating_sub(8) || n > 100 << 20 {
-        return Err(bad(format!("a header of {n} bytes in a file of {size}")));
-    }
-    let mut header = vec![0u8; n as usize];
-    f.read_exact(&mut header)
-        .map_err(|e| bad(format!("reading the header: {e}")))?;
-    let map: BTreeMap<String, serde_json::Value> =
-        serde_json::from_slice(&header).map_err(|e| bad(format!("the header is not JSON: {e}")))?;
     Ok(map
         .into_iter()
         .filter(|(k, _)| k != "__metadata__")

@@ -365,18 +365,8 @@ impl safetensors::View for StateView<'_> {
         use std::borrow::Cow;
         let d = &self.t.data;
         match self.dtype {
-            Dtype::BF16 => Cow::Owned(
-                d.iter()
-                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
-            ),
-            Dtype::F16 => Cow::Owned(
-                d.iter()
-                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                    .collect(),
-            ),
-            _ if cfg!(target_endian = "little") => Cow::Borrowed(bytemuck::cast_slice(d)),
-            _ => Cow::Owned(d.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            Dtype::F32 if cfg!(target_endian = "little") => Cow::Borrowed(bytemuck::cast_slice(d)),
+            dtype => Cow::Owned(super::safetensors_file::encode_values(d, dtype)),
         }
     }
     fn data_len(&self) -> usize {

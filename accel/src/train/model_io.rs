@@ -37,7 +37,8 @@ use serde::{Deserialize, Serialize};
 use super::adapters::{Parameters, Tensor};
 use super::checkpoint::decode_tensors;
 use super::safetensors_file::{
-    corrupt, encode_stored, file_dtype, read_safetensors, stored_params, ReadModel, Stored,
+    corrupt, encode_stored, encode_values, file_dtype, read_safetensors, stored_params, ReadModel,
+    Stored,
 };
 use crate::Accelerator;
 
@@ -540,22 +541,6 @@ pub fn consolidate_model(
         ));
     }
     write_stored(params, dst.as_ref(), max_shard_size.shard_bytes()?)
-}
-
-/// `values` in `dtype`'s little-endian bytes (F16, BF16; F32 else).
-fn encode_values(values: &[f32], dtype: safetensors::Dtype) -> Vec<u8> {
-    use safetensors::Dtype;
-    match dtype {
-        Dtype::F16 => values
-            .iter()
-            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
-            .collect(),
-        Dtype::BF16 => values
-            .iter()
-            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
-            .collect(),
-        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    }
 }
 
 /// Model folders read so far by this process (for tests of one reader).

@@ -11,6 +11,22 @@ use accel_api::{Error, ErrorKind, Result};
 
 use super::adapters::{Parameters, Tensor};
 
+/// `values` in `dtype`'s little-endian bytes (F16, BF16; F32 else).
+pub(crate) fn encode_values(values: &[f32], dtype: safetensors::Dtype) -> Vec<u8> {
+    use safetensors::Dtype;
+    match dtype {
+        Dtype::F16 => values
+            .iter()
+            .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
 /// A model file that does not read: `Corrupt`, in `load_model`.
 pub(crate) fn corrupt(msg: String) -> Error {
     Error::new(ErrorKind::Corrupt, msg).with_op("load_model")
@@ -104,19 +120,11 @@ fn stored(
         Buf::Device(_) => {
             let data = super::grads::read_f32(k, name, value)?;
             match dtype {
-                Dtype::F16 => data
-                    .iter()
-                    .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
-                    .collect(),
-                Dtype::BF16 => data
-                    .iter()
-                    .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
-                    .collect(),
                 Dtype::F64 => data
                     .iter()
                     .flat_map(|x| f64::from(*x).to_le_bytes())
                     .collect(),
-                _ => data.iter().flat_map(|x| x.to_le_bytes()).collect(),
+                _ => encode_values(&data, dtype),
             }
         }
     };

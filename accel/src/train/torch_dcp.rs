@@ -502,24 +502,33 @@ fn safetensors_names(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// `path`'s safetensors header (its first bytes, no tensor data) as JSON.
-fn read_header(path: &Path) -> Result<serde_json::Value> {
+/// `path`'s safetensors header as JSON (its tensors' names, dtypes,
+/// shapes and offsets, and `__metadata__`), reading the file's first bytes
+/// only, never tensor data.
+///
+/// # Errors
+/// [`ErrorKind::Corrupt`] naming the file when it is shorter than a
+/// header, declares a header longer than the file (or than 100 MiB), or
+/// the header is not JSON; [`ErrorKind::Io`] when it cannot be read.
+pub fn safetensors_header(path: &Path) -> Result<serde_json::Value> {
     use std::io::Read;
     let bad = |m: String| Error::new(ErrorKind::Corrupt, format!("{}: {m}", path.display()));
     let mut f = std::fs::File::open(path)
         .map_err(|e| Error::io(format!("cannot open {}", path.display()), e))?;
     let mut n = [0u8; 8];
     f.read_exact(&mut n)
-        .map_err(|_| bad("too short for a safetensors header".into()))?;
+        .map_err(|_| bad("shorter than a safetensors header".into()))?;
     let n = u64::from_le_bytes(n);
-    if n > 100_000_000 {
-        return Err(bad(format!("not safetensors: header length {n}")));
+    let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+    if n > size.saturating_sub(8) || n > 100 << 20 {
+        return Err(bad(format!(
+            "not safetensors: a header of {n} bytes in a file of {size}"
+        )));
     }
-    let mut head = Vec::new();
-    f.take(n)
-        .read_to_end(&mut head)
-        .map_err(|e| Error::io(format!("cannot read {}", path.display()), e))?;
-    serde_json::from_slice(&head).map_err(|e| bad(format!("not safetensors: {e}")))
+    let mut head = vec![0u8; n as usize];
+    f.read_exact(&mut head)
+        .map_err(|e| Error::io(format!("cannot read the header of {}", path.display()), e))?;
+    serde_json::from_slice(&head).map_err(|e| bad(format!("the header is not JSON: {e}")))
 }
 
 /// The offsets of every tensor in a header's [`DCP_SHARDING_INFO`], or
@@ -555,7 +564,7 @@ fn header_shape(entry: &serde_json::Value) -> Vec<usize> {
 /// and shape when the file holds a chunk of it.
 fn header_chunk(path: &Path, name: &str) -> Result<Option<(Vec<usize>, Vec<usize>)>> {
     let op = |e: Error| e.with_op("read_tensor_region");
-    let header = read_header(path).map_err(op)?;
+    let header = safetensors_header(path).map_err(op)?;
     if !header[name].is_object() {
         return Ok(None);
     }
@@ -628,7 +637,7 @@ pub fn dcp_index(dir: impl AsRef<Path>) -> Result<Option<DcpIndex>> {
         let (path, f) = files::open_inside(dir, &file, "shard")?;
         let size = f.metadata().map(|m| m.len()).unwrap_or(0);
         let op = |e: Error| e.with_op("checkpoint check");
-        let header = read_header(&path).map_err(op)?;
+        let header = safetensors_header(&path).map_err(op)?;
         let Some(info) = header_offsets(&path, &header).map_err(op)? else {
             return Ok(None);
         };
