@@ -5,6 +5,7 @@
 
 use accel::train::{try_visit_params_mut, Dataset, MixedPrecision, ParamMut, ParamRef, Parameters};
 use accel::zero::{resize_host_storage, NoGate, UnitGate};
+use accel_api::{Communicator, CommunicatorExt, ReduceOp};
 
 /// Input features per sample.
 pub const FEATURES: usize = 8;
@@ -121,6 +122,60 @@ pub trait ScenarioModel: Parameters + Send + 'static {
         precision: MixedPrecision,
         gate: &mut dyn UnitGate,
     ) -> accel_api::Result<f32>;
+
+    /// The `tensor_parallel` scenario in this framework (issue 39):
+    /// `y = relu(x · w1ᵀ) · w2ᵀ` for `case` and its backward for `dy`, with
+    /// the framework's column-parallel layer for `w1` and row-parallel
+    /// layer for `w2` over `group` (each cut from the case's whole weights
+    /// by the layer, as a user's model would be), returning `y`, `x`'s
+    /// gradient, and this rank's rows of `w1`'s gradient and columns of
+    /// `w2`'s. `None` (the default) when the framework has no
+    /// tensor-parallel layers: the scenario is then skipped, saying so.
+    ///
+    /// # Errors
+    /// The framework's; the group's collectives'.
+    fn tensor_parallel(
+        case: &TpCase,
+        group: &std::sync::Arc<dyn Communicator>,
+    ) -> Option<accel_api::Result<TpGrads>> {
+        let _ = (case, group);
+        None
+    }
+}
+
+/// The case of the `tensor_parallel` scenario: whole values, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TpCase {
+    /// Rows of `x`.
+    pub batch: usize,
+    /// Input features.
+    pub inputs: usize,
+    /// Hidden units (split over the `tp` group; every size the scenario
+    /// tries divides it).
+    pub hidden: usize,
+    /// Output features.
+    pub outputs: usize,
+    /// The input, `batch × inputs`.
+    pub x: Vec<f32>,
+    /// The column-parallel layer's whole weight, `hidden × inputs`.
+    pub w1: Vec<f32>,
+    /// The row-parallel layer's whole weight, `outputs × hidden`.
+    pub w2: Vec<f32>,
+    /// The output's gradient, `batch × outputs`.
+    pub dy: Vec<f32>,
+}
+
+/// What [`ScenarioModel::tensor_parallel`] returns, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TpGrads {
+    /// The output, `batch × outputs` (whole on every rank).
+    pub y: Vec<f32>,
+    /// `x`'s gradient, `batch × inputs` (summed over the group).
+    pub dx: Vec<f32>,
+    /// This rank's rows of `w1`'s gradient.
+    pub dw1: Vec<f32>,
+    /// This rank's columns of `w2`'s gradient.
+    pub dw2: Vec<f32>,
 }
 
 impl ScenarioModel for Mlp {
@@ -138,6 +193,17 @@ impl ScenarioModel for Mlp {
         gate: &mut dyn UnitGate,
     ) -> accel_api::Result<f32> {
         self.loss_and_grad_units(batch, scale, gate)
+    }
+
+    /// The two layers written out by hand (the scenario's oracle, cut by
+    /// rows of the hidden units).
+    fn tensor_parallel(
+        case: &TpCase,
+        group: &std::sync::Arc<dyn Communicator>,
+    ) -> Option<accel_api::Result<TpGrads>> {
+        let rows = accel_sharding::placement::chunk(case.hidden, group.world_size(), group.rank());
+        let reduce = |v: Vec<f32>| group.all_reduce_vec(&v, ReduceOp::Sum);
+        Some(two_layers(case, &rows, &reduce))
     }
 }
 
@@ -357,4 +423,64 @@ impl Parameters for Mlp {
         resize_host_storage(&mut self.grads[i], 0);
         Ok(())
     }
+}
+
+/// `a` (`m × k`) times `b` (`n × k`) transposed: `m × n`.
+fn mat_bt(a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[i * n + j] = (0..k).map(|t| a[i * k + t] * b[j * k + t]).sum();
+        }
+    }
+    out
+}
+
+/// The transpose of `a` (`m × n`).
+fn transpose(a: &[f32], m: usize, n: usize) -> Vec<f32> {
+    let mut out = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            out[j * m + i] = a[i * n + j];
+        }
+    }
+    out
+}
+
+/// Columns `c` of `a` (`m × n`), row-major.
+pub(crate) fn columns(a: &[f32], n: usize, c: &std::ops::Range<usize>) -> Vec<f32> {
+    a.chunks(n)
+        .flat_map(|row| row[c.clone()].to_vec())
+        .collect()
+}
+
+/// `y = relu(x w1ᵀ) w2ᵀ` and its backward for `dy` (the fixture's
+/// tensor-parallel layers), with `w1` the rows `rows` of the whole (column
+/// parallel: outputs split) and `w2` the matching columns (row parallel:
+/// inputs split); `reduce` sums the partial `y` and `dx` over the group
+/// (nothing on one rank).
+pub(crate) fn two_layers(
+    case: &TpCase,
+    rows: &std::ops::Range<usize>,
+    reduce: &dyn Fn(Vec<f32>) -> accel_api::Result<Vec<f32>>,
+) -> accel_api::Result<TpGrads> {
+    let (b, i, o) = (case.batch, case.inputs, case.outputs);
+    let (x, dy) = (&case.x, &case.dy);
+    let hl = rows.len();
+    let w1l = case.w1[rows.start * i..rows.end * i].to_vec();
+    let w2l = columns(&case.w2, case.hidden, rows);
+    let pre = mat_bt(x, &w1l, (b, i, hl));
+    let act: Vec<f32> = pre.iter().map(|v| v.max(0.0)).collect();
+    let y = reduce(mat_bt(&act, &w2l, (b, hl, o)))?;
+    // Backward: dW2's columns, dh's columns, dW1's rows, dx summed.
+    let dw2 = mat_bt(&transpose(dy, b, o), &transpose(&act, b, hl), (o, b, hl));
+    let dact = mat_bt(dy, &transpose(&w2l, o, hl), (b, o, hl));
+    let dpre: Vec<f32> = dact
+        .iter()
+        .zip(&pre)
+        .map(|(g, p)| if *p > 0.0 { *g } else { 0.0 })
+        .collect();
+    let dw1 = mat_bt(&transpose(&dpre, b, hl), &transpose(x, b, i), (hl, b, i));
+    let dx = reduce(mat_bt(&dpre, &transpose(&w1l, hl, i), (b, hl, i)))?;
+    Ok(TpGrads { y, dx, dw1, dw2 })
 }

@@ -47,6 +47,60 @@ macro_rules! scenarios {
     };
 }
 
+/// `impl Parameters for $ty` by handing every method to `self.$field` (a
+/// framework's [`ScenarioModel`] around that framework's adapter:
+/// `delegate_parameters!(CandleMlp => model, uses_mixed_precision: true)`);
+/// `uses_mixed_precision: B` answers that method with `B` (a model whose
+/// forward computes in the mixed precision's type) instead of asking the
+/// adapter.
+#[macro_export]
+macro_rules! delegate_parameters {
+    ($ty:ty => $field:ident) => {
+        impl $crate::__accel::train::Parameters for $ty {
+            $crate::delegate_parameters!(@methods $field);
+            fn uses_mixed_precision(&self) -> bool {
+                $crate::__accel::train::Parameters::uses_mixed_precision(&self.$field)
+            }
+        }
+    };
+    ($ty:ty => $field:ident, uses_mixed_precision: $mp:literal) => {
+        impl $crate::__accel::train::Parameters for $ty {
+            $crate::delegate_parameters!(@methods $field);
+            fn uses_mixed_precision(&self) -> bool {
+                $mp
+            }
+        }
+    };
+    (@methods $field:ident) => {
+        fn visit_params(&self, f: &mut dyn FnMut($crate::__accel::train::ParamRef<'_>)) {
+            $crate::__accel::train::Parameters::visit_params(&self.$field, f)
+        }
+        fn visit_params_mut(&mut self, f: &mut dyn FnMut($crate::__accel::train::ParamMut<'_>)) {
+            $crate::__accel::train::Parameters::visit_params_mut(&mut self.$field, f)
+        }
+        fn num_params(&self) -> usize {
+            $crate::__accel::train::Parameters::num_params(&self.$field)
+        }
+        fn grad_kernels(
+            &self,
+        ) -> Option<std::sync::Arc<dyn $crate::__accel::train::GradKernels>> {
+            $crate::__accel::train::Parameters::grad_kernels(&self.$field)
+        }
+        fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
+            $crate::__accel::train::Parameters::param_shape(&self.$field, name)
+        }
+        fn set_param_storage(&mut self, name: &str, numel: usize) -> $crate::__accel::Result<()> {
+            $crate::__accel::train::Parameters::set_param_storage(&mut self.$field, name, numel)
+        }
+        fn release_grad(&mut self, name: &str) -> $crate::__accel::Result<()> {
+            $crate::__accel::train::Parameters::release_grad(&mut self.$field, name)
+        }
+    };
+}
+
+#[doc(hidden)]
+pub use accel as __accel;
+
 mod async_scenarios;
 mod collectives;
 mod ctx;
@@ -67,7 +121,7 @@ mod zero_scenarios;
 use std::time::Duration;
 
 pub use ctx::{Ctx, Outcome, Scenario, ScenarioResult};
-pub use fixtures::ScenarioModel;
+pub use fixtures::{ScenarioModel, TpCase, TpGrads};
 pub use prop::agree;
 pub use seed::Seed;
 pub use threads::{
@@ -90,8 +144,8 @@ pub fn all_scenarios() -> Vec<Scenario> {
 
 /// The scenarios that train a model, for model type `M`: accumulation
 /// cadence, W×k equivalence with one process, the fp16 skip, bf16
-/// equivalence, clipping, and the ZeRO stages (equivalence, clipping, the
-/// fp16 skip). Each is named with [`ScenarioModel::PREFIX`] before the
+/// equivalence, clipping, the ZeRO stages (equivalence, clipping, the
+/// fp16 skip, HSDP), and its tensor-parallel layers against one rank's. Each is named with [`ScenarioModel::PREFIX`] before the
 /// fixture's name (`candle_train_equivalence`); the oracles are the
 /// fixture [`Mlp`](fixtures::Mlp) on one process. A framework's
 /// integration runs them on every column with
@@ -105,9 +159,11 @@ pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
             Box::leak(format!("{}{base}", M::PREFIX).into_boxed_str())
         }
     };
+    use mesh_scenarios::{gate_tp, tensor_parallel};
     use train_scenarios::*;
     use zero_scenarios::*;
-    // The training scenarios that train a model, then the sharding ones.
+    // The training scenarios that train a model, the sharding ones, then
+    // tensor parallelism.
     scenarios![<M> name;
         train_accumulation_cadence: gate_train,
         train_equivalence: gate_train,
@@ -119,6 +175,7 @@ pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
         zero_clipping: gate_zero,
         zero_fp16_skip_agreed: gate_zero,
         zero_hsdp: gate_hsdp,
+        tensor_parallel: gate_tp,
     ]
 }
 

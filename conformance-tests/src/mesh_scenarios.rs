@@ -1,22 +1,29 @@
 //! The device mesh (issue 39): at every world size its groups hold the
 //! ranks the row-major mesh puts beside this one, each group's members read
 //! back with an all-gather inside it; the joint groups are Accelerate's.
-//! Tensor parallelism over the mesh's `tp` group (`tensor_parallel`): a
-//! column-parallel then a row-parallel linear layer, forward and backward,
-//! equal to the same two layers on one rank.
+//! Tensor parallelism over the mesh's `tp` group (`tensor_parallel`, one
+//! per model type: the fixture's pure-Rust layers, a framework's own
+//! column- and row-parallel layers): a column-parallel then a row-parallel
+//! linear layer, forward and backward, equal to the same two layers on one
+//! rank.
 
 use accel::mesh::{DeviceMesh, ParallelismConfig, JOINT_DIMS};
-use accel_api::{CommunicatorExt, Op, ReduceOp};
+use accel_api::{CommunicatorExt, Op};
 use accel_sharding::placement::chunk;
 
 use crate::ctx::*;
+use crate::fixtures::{columns, two_layers, ScenarioModel, TpCase};
 
 /// This area's scenarios.
 pub(crate) fn scenarios() -> Vec<Scenario> {
     scenarios![
         mesh_groups: |c| needs(c, &[Op::Split, Op::AllGather]),
-        tensor_parallel: |c| needs_peers(c, &[Op::Split, Op::AllReduce]),
     ]
+}
+
+/// The gate of [`tensor_parallel`].
+pub(crate) fn gate_tp(ctx: &Ctx) -> Option<String> {
+    needs_peers(ctx, &[Op::Split, Op::AllReduce])
 }
 
 /// The configurations tried at `n` ranks: plain data parallel always;
@@ -115,79 +122,31 @@ fn ints(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
         .collect()
 }
 
-/// `a` (`m × k`) times `b` (`n × k`) transposed: `m × n`.
-fn mat_bt(a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f32> {
-    let mut out = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            out[i * n + j] = (0..k).map(|t| a[i * k + t] * b[j * k + t]).sum();
-        }
+/// The case every model type runs: batch 3, 4 inputs, 12 hidden units
+/// (split evenly at tp 2, 3 and 4), 5 outputs, small integers (their
+/// products and sums are exact in f32 in any order, so every rank and
+/// framework must give one rank's values exactly; no pre-activation is 0,
+/// where frameworks' ReLU gradients differ).
+fn case() -> TpCase {
+    let (batch, inputs, hidden, outputs) = (3, 4, 12, 5);
+    TpCase {
+        batch,
+        inputs,
+        hidden,
+        outputs,
+        x: ints(batch, inputs, 1),
+        w1: ints(hidden, inputs, 2),
+        w2: ints(outputs, hidden, 3),
+        dy: ints(batch, outputs, 4),
     }
-    out
 }
 
-/// The transpose of `a` (`m × n`).
-fn transpose(a: &[f32], m: usize, n: usize) -> Vec<f32> {
-    let mut out = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            out[j * m + i] = a[i * n + j];
-        }
-    }
-    out
-}
-
-/// Columns `c` of `a` (`m × n`), row-major.
-fn columns(a: &[f32], n: usize, c: &std::ops::Range<usize>) -> Vec<f32> {
-    a.chunks(n)
-        .flat_map(|row| row[c.clone()].to_vec())
-        .collect()
-}
-
-/// The two layers' outputs and gradients: `y`, `dx`, `dw1`, `dw2`.
-struct Pass {
-    y: Vec<f32>,
-    dx: Vec<f32>,
-    dw1: Vec<f32>,
-    dw2: Vec<f32>,
-}
-
-/// `y = relu(x w1ᵀ) w2ᵀ` and its backward for `dy`, with `w1` the rows
-/// `rows` of the whole (column parallel: outputs split) and `w2` the
-/// matching columns (row parallel: inputs split); `reduce` sums the
-/// partial `y` and `dx` over the group (nothing on one rank).
-fn two_layers(
-    dims: (usize, usize, usize, usize),
-    rows: &std::ops::Range<usize>,
-    reduce: &dyn Fn(Vec<f32>) -> accel_api::Result<Vec<f32>>,
-) -> accel_api::Result<Pass> {
-    let (b, i, h, o) = dims;
-    let x = ints(b, i, 1);
-    let (w1, w2, dy) = (ints(h, i, 2), ints(o, h, 3), ints(b, o, 4));
-    let hl = rows.len();
-    let w1l = w1[rows.start * i..rows.end * i].to_vec();
-    let w2l = columns(&w2, h, rows);
-    let pre = mat_bt(&x, &w1l, (b, i, hl));
-    let act: Vec<f32> = pre.iter().map(|v| v.max(0.0)).collect();
-    let y = reduce(mat_bt(&act, &w2l, (b, hl, o)))?;
-    // Backward: dW2's columns, dh's columns, dW1's rows, dx summed.
-    let dw2 = mat_bt(&transpose(&dy, b, o), &transpose(&act, b, hl), (o, b, hl));
-    let dact = mat_bt(&dy, &transpose(&w2l, o, hl), (b, o, hl));
-    let dpre: Vec<f32> = dact
-        .iter()
-        .zip(&pre)
-        .map(|(g, p)| if *p > 0.0 { *g } else { 0.0 })
-        .collect();
-    let dw1 = mat_bt(&transpose(&dpre, b, hl), &transpose(&x, b, i), (hl, b, i));
-    let dx = reduce(mat_bt(&dpre, &transpose(&w1l, hl, i), (b, hl, i)))?;
-    Ok(Pass { y, dx, dw1, dw2 })
-}
-
-fn tensor_parallel(ctx: &Ctx) -> Outcome {
-    // Batch, inputs, hidden (split over tp), outputs; 7 hidden: uneven chunks.
-    let dims = (3, 4, 7, 5);
-    let (b, i, h, o) = dims;
-    let whole = match two_layers(dims, &(0..h), &|v| Ok(v)) {
+/// `M`'s tensor-parallel layers on every tensor-parallel mesh of this
+/// world size against the fixture's layers on one rank.
+pub(crate) fn tensor_parallel<M: ScenarioModel>(ctx: &Ctx) -> Outcome {
+    let case = case();
+    let (b, i, h, o) = (case.batch, case.inputs, case.hidden, case.outputs);
+    let whole = match two_layers(&case, &(0..h), &|v| Ok(v)) {
         Ok(p) => p,
         Err(e) => return Outcome::Fail(e.to_string()),
     };
@@ -210,12 +169,17 @@ fn tensor_parallel(ctx: &Ctx) -> Outcome {
             Ok(c) => c,
             Err(e) => return Outcome::Fail(e.to_string()),
         };
-        let rows = chunk(h, tp.world_size(), tp.rank());
-        let reduce = |v: Vec<f32>| tp.all_reduce_vec(&v, ReduceOp::Sum);
-        let got = match two_layers(dims, &rows, &reduce) {
-            Ok(p) => p,
-            Err(e) => return Outcome::Fail(format!("{config:?}: {e}")),
+        let got = match M::tensor_parallel(&case, tp) {
+            None => {
+                return Outcome::Skip(format!(
+                    "the {}model has no tensor-parallel layers",
+                    M::PREFIX.replace('_', " ")
+                ))
+            }
+            Some(Ok(p)) => p,
+            Some(Err(e)) => return Outcome::Fail(format!("{config:?}: {e}")),
         };
+        let rows = chunk(h, tp.world_size(), tp.rank());
         let want_dw1 = &whole.dw1[rows.start * i..rows.end * i];
         let want_dw2 = columns(&whole.dw2, h, &rows);
         for (what, g, w) in [

@@ -1,12 +1,16 @@
 //! Embed libtorch's lib directory as an rpath of this crate's tests, pass it
 //! on (`DEP_ACCEL_TCH_LIBTORCH_LIB`) to dependents that build binaries, and
-//! compile `csrc/autocast.cpp` (libtorch's per-device autocast switches,
-//! which tch's C API lacks) against the headers of that libtorch.
+//! compile the C++ shim against the headers of that libtorch: what tch's C
+//! API lacks (`csrc/autocast.cpp`: per-device autocast switches;
+//! `csrc/grad_hooks.cpp`: gradient-accumulator hooks, a gradient set to
+//! none; `csrc/tp.cpp`: the tensor-parallel autograd functions).
 fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/grad_hooks.cpp");
+    println!("cargo:rerun-if-changed=csrc/tp.cpp");
+    println!("cargo:rerun-if-changed=csrc/shim.h");
     let Ok(dir) = std::env::var("DEP_TCH_LIBTORCH_LIB") else {
         panic!("torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB); build with `source .accel-cache/tch/env.sh` (make tch-setup)");
     };
@@ -21,6 +25,7 @@ fn main() {
         .cpp(true)
         .file("csrc/autocast.cpp")
         .file("csrc/grad_hooks.cpp")
+        .file("csrc/tp.cpp")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag("-std=c++20")

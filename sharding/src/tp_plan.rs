@@ -58,6 +58,26 @@ const STYLES: &[(&str, TpStyle)] = &[
     ("sequence_parallel", TpStyle::Replicate),
 ];
 
+/// Rank `rank`'s part of `n` features split evenly over `tp` ranks: its
+/// first feature and how many (a tensor-parallel layer's shard; `what`
+/// names the layer in the error).
+///
+/// # Errors
+/// [`accel_api::ErrorKind::InvalidArgument`] when `tp` does not divide `n`.
+pub fn even_split(n: usize, tp: usize, rank: usize, what: &str) -> Result<(usize, usize)> {
+    if tp == 0 || !n.is_multiple_of(tp) {
+        return Err(Error::invalid_argument(
+            "tensor parallel",
+            format!(
+                "{what} has {n} features, which {tp} tensor-parallel ranks cannot split evenly"
+            ),
+        )
+        .with_fix("choose a tp size that divides the layer's features"));
+    }
+    let per = n / tp;
+    Ok((rank * per, per))
+}
+
 /// Module-name patterns and their styles.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TpPlan {
@@ -167,6 +187,21 @@ mod tests {
                 "embed_tokens": "rowwise", "lm_head": "colwise_rep"}"#,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn even_split_gives_each_rank_its_run_and_refuses_a_remainder() {
+        let parts: Vec<(usize, usize)> = (0..3)
+            .map(|r| even_split(12, 3, r, "a layer").unwrap())
+            .collect();
+        assert_eq!(parts, [(0, 4), (4, 4), (8, 4)]);
+        let e = even_split(7, 2, 0, "a row-parallel layer").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("a row-parallel layer has 7 features, which 2 tensor-parallel ranks"),
+            "{e}"
+        );
+        assert!(even_split(4, 0, 0, "a layer").is_err());
     }
 
     #[test]

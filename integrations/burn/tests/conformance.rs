@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use accel::train::{MixedPrecision, ParamMut, ParamRef, Parameters};
+use accel::train::MixedPrecision;
 use accel::zero::UnitGate;
 use accel_burn::BurnModel;
 use accel_conformance::fixtures::{Mlp, Sample, FEATURES};
@@ -120,26 +120,7 @@ impl ScenarioModel for BurnMlp {
     }
 }
 
-impl Parameters for BurnMlp {
-    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        self.model.visit_params(f)
-    }
-    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        self.model.visit_params_mut(f)
-    }
-    fn num_params(&self) -> usize {
-        self.model.num_params()
-    }
-    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.model.param_shape(name)
-    }
-    fn set_param_storage(&mut self, name: &str, numel: usize) -> accel::Result<()> {
-        self.model.set_param_storage(name, numel)
-    }
-    fn release_grad(&mut self, name: &str) -> accel::Result<()> {
-        self.model.release_grad(name)
-    }
-}
+accel_conformance::delegate_parameters!(BurnMlp => model);
 
 fn main() -> ExitCode {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))

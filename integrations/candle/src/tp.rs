@@ -36,6 +36,7 @@ use std::sync::Arc;
 use accel::CollectivesExt;
 use accel_api::{Communicator, CommunicatorExt, Error, ErrorKind, ReduceOp, Result};
 use accel_sharding::placement::Placement;
+use accel_sharding::tp_plan::even_split;
 pub use accel_sharding::tp_plan::{ModuleKind, TpPlan, TpStyle};
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, Var, D};
 
@@ -45,18 +46,7 @@ fn candle(e: candle_core::Error) -> Error {
 
 /// This rank's chunk of `n` over `group` (`n` must divide evenly).
 fn chunk(n: usize, group: &dyn Communicator, what: &str) -> Result<(usize, usize)> {
-    let tp = group.world_size();
-    if !n.is_multiple_of(tp) {
-        return Err(Error::invalid_argument(
-            "tensor parallel",
-            format!(
-                "{what} has {n} features, which {tp} tensor-parallel ranks cannot split evenly"
-            ),
-        )
-        .with_fix("choose a tp size that divides the layer's features"));
-    }
-    let per = n / tp;
-    Ok((group.rank() * per, per))
+    even_split(n, group.world_size(), group.rank(), what)
 }
 
 /// The f32 elements of a contiguous tensor's storage.

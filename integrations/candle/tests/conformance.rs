@@ -3,7 +3,9 @@
 //! plugin at 1-4 ranks, mpi at 1-4 ranks under mpirun): accumulation
 //! cadence, W×k equivalence with one process, the fp16 skip agreed by
 //! every rank, bf16 equivalence, clipping, and ZeRO stages 0-3
-//! (equivalence, clipping, the fp16 skip). The oracle is the suite's own:
+//! (equivalence, clipping, the fp16 skip, HSDP), and accel-candle's
+//! tensor-parallel layers on every tensor-parallel mesh of the world size
+//! (column- then row-parallel, forward and gradients). The oracle is the suite's own:
 //! the fixture MLP with hand-derived gradients on one process, so candle's
 //! autograd is checked against it too.
 //!
@@ -17,13 +19,16 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use accel::train::{MixedPrecision, ParamMut, ParamRef, Parameters};
+use accel::train::MixedPrecision;
 use accel::zero::UnitGate;
+use accel_api::Communicator;
+use accel_candle::tp::{ColumnParallelLinear, RowParallelLinear};
 use accel_candle::{compute_var_builder, sequential_loss_and_grad, CandleModel, Link};
 use accel_conformance::fixtures::{Mlp, Sample, FEATURES, NAMES};
-use accel_conformance::{worker, ScenarioModel};
-use candle_core::{DType, Device, Tensor};
+use accel_conformance::{worker, ScenarioModel, TpCase, TpGrads};
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module, VarBuilder, VarMap};
 
 /// The fixture MLP in candle: candle-nn `Linear` layers `fc1`
@@ -126,32 +131,48 @@ impl ScenarioModel for CandleMlp {
         ];
         sequential_loss_and_grad(&mut self.model, gate, &x, &links, &mse, scale)
     }
+
+    /// accel-candle's `ColumnParallelLinear` then `RowParallelLinear`, cut
+    /// from the whole weights; candle's autograd for the gradients.
+    fn tensor_parallel(
+        case: &TpCase,
+        group: &Arc<dyn Communicator>,
+    ) -> Option<accel::Result<TpGrads>> {
+        Some((|| {
+            let t = |v: &[f32], r: usize, c: usize| {
+                Tensor::from_vec(v.to_vec(), (r, c), &Device::Cpu).map_err(candle)
+            };
+            let (b, h) = (case.batch, case.hidden);
+            let w1 = t(&case.w1, h, case.inputs)?;
+            let w2 = t(&case.w2, case.outputs, h)?;
+            let up = ColumnParallelLinear::from_full(&w1, None, group.clone(), false)?;
+            let down = RowParallelLinear::from_full(&w2, None, group.clone())?;
+            let x = Var::from_tensor(&t(&case.x, b, case.inputs)?).map_err(candle)?;
+            let act = up.forward(x.as_tensor())?.relu().map_err(candle)?;
+            let y = down.forward(&act)?;
+            let dy = t(&case.dy, b, case.outputs)?;
+            let grads = (&y * &dy)
+                .and_then(|p| p.sum_all())
+                .and_then(|l| l.backward())
+                .map_err(candle)?;
+            let flat = |v: &Tensor| -> accel::Result<Vec<f32>> {
+                let g = grads.get(v).ok_or_else(|| {
+                    accel::Error::new(accel_api::ErrorKind::Backend, "candle: no gradient")
+                })?;
+                g.flatten_all().and_then(|g| g.to_vec1()).map_err(candle)
+            };
+            Ok(TpGrads {
+                y: y.flatten_all().and_then(|y| y.to_vec1()).map_err(candle)?,
+                dx: flat(x.as_tensor())?,
+                dw1: flat(up.vars()[0].as_tensor())?,
+                dw2: flat(down.vars()[0].as_tensor())?,
+            })
+        })())
+    }
 }
 
-impl Parameters for CandleMlp {
-    fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        self.model.visit_params(f)
-    }
-    fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        self.model.visit_params_mut(f)
-    }
-    fn num_params(&self) -> usize {
-        self.model.num_params()
-    }
-    fn param_shape(&self, name: &str) -> Option<Vec<usize>> {
-        self.model.param_shape(name)
-    }
-    /// The forward pass computes in the mixed precision's type.
-    fn uses_mixed_precision(&self) -> bool {
-        true
-    }
-    fn set_param_storage(&mut self, name: &str, numel: usize) -> accel::Result<()> {
-        self.model.set_param_storage(name, numel)
-    }
-    fn release_grad(&mut self, name: &str) -> accel::Result<()> {
-        self.model.release_grad(name)
-    }
-}
+// The forward pass computes in the mixed precision's type.
+accel_conformance::delegate_parameters!(CandleMlp => model, uses_mixed_precision: true);
 
 fn main() -> ExitCode {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "shim.h"
+
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -52,14 +54,6 @@ struct Armed {
   }
 };
 
-void write_error(char* err, size_t len, const char* msg) {
-  if (err == nullptr || len == 0) {
-    return;
-  }
-  std::strncpy(err, msg, len - 1);
-  err[len - 1] = '\0';
-}
-
 }  // namespace
 
 extern "C" {
@@ -85,9 +79,9 @@ void* accel_tch_grad_hooks_arm(const void* const* tensors, size_t n, Ready ready
     }
     return armed.release();
   } catch (const std::exception& e) {
-    write_error(err, err_len, e.what());
+    accel_shim::write_error(err, err_len, e.what());
   } catch (...) {
-    write_error(err, err_len, "an unknown C++ exception");
+    accel_shim::write_error(err, err_len, "an unknown C++ exception");
   }
   return nullptr;
 }
@@ -106,6 +100,18 @@ int64_t accel_tch_grad_post_hooks(const void* tensor) {
   try {
     auto node = torch::autograd::impl::try_get_grad_accumulator(*static_cast<const at::Tensor*>(tensor));
     return node ? static_cast<int64_t>(node->post_hooks().size()) : 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Set the gradient of a tensor (at::Tensor*) to none, as torch's
+// zero_grad(set_to_none=True): autograd allocates it again at the next
+// backward. 0, or -1 on an error.
+int accel_tch_grad_to_none(const void* tensor) {
+  try {
+    static_cast<const at::Tensor*>(tensor)->mutable_grad().reset();
+    return 0;
   } catch (...) {
     return -1;
   }

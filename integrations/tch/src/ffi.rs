@@ -1,5 +1,6 @@
 //! Every `unsafe` operation of the crate: views of libtorch tensor memory,
-//! and the C++ shim (autocast switches, gradient-accumulator hooks).
+//! and the C++ shim (autocast switches, gradient-accumulator hooks, the
+//! tensor-parallel autograd functions).
 //!
 //! # The contract of a view
 //! A view borrows the [`Tensor`] handle it was made from and points at the
@@ -28,8 +29,10 @@ use accel_api::{HostBuf, HostBufMut};
 use tch::{Kind, Tensor};
 
 mod grad_hooks;
+mod tp;
 pub use grad_hooks::grad_post_hooks;
-pub(crate) use grad_hooks::GradHooks;
+pub(crate) use grad_hooks::{grad_to_none, GradHooks};
+pub(crate) use tp::{apply as tp_apply, TpCollective};
 
 /// The accel element type of a libtorch kind, if collectives can carry it.
 pub fn dtype_of(kind: Kind) -> Option<DType> {

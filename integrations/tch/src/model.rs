@@ -105,6 +105,46 @@ impl TchModel {
         &self.params
     }
 
+    /// [`Parameters::visit_params`] without defining gradients: one set to
+    /// none (freed by [`Zero3TchModel`](crate::Zero3TchModel)'s
+    /// `release_grad`) is seen empty, which reads as zeros.
+    pub(crate) fn visit_params_keeping_freed(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
+        self.contiguous_grads();
+        for (name, p) in &self.params {
+            let g = grad_or_empty(p);
+            f(ParamRef {
+                name,
+                value: view(p),
+                grad: view(&g),
+            });
+        }
+    }
+
+    /// [`Parameters::visit_params_mut`] without defining gradients, as
+    /// [`visit_params_keeping_freed`](Self::visit_params_keeping_freed).
+    pub(crate) fn visit_params_mut_keeping_freed(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
+        self.contiguous_grads();
+        for (name, p) in &mut self.params {
+            let mut g = grad_or_empty(p);
+            f(ParamMut {
+                name,
+                value: view_mut(p),
+                grad: view_mut(&mut g),
+            });
+        }
+    }
+
+    /// Make every defined gradient contiguous.
+    fn contiguous_grads(&self) {
+        for (_, p) in &self.params {
+            let mut g = p.grad();
+            if g.defined() && !g.is_contiguous() {
+                let c = g.contiguous();
+                g.set_data(&c);
+            }
+        }
+    }
+
     /// Make every parameter's gradient defined and contiguous.
     fn define_grads(&self) {
         for (_, p) in &self.params {
@@ -131,6 +171,16 @@ impl std::ops::Deref for TchModel {
 impl std::ops::DerefMut for TchModel {
     fn deref_mut(&mut self) -> &mut VarStore {
         &mut self.vs
+    }
+}
+
+/// `p`'s gradient, or an empty tensor of its kind where it has none.
+fn grad_or_empty(p: &Tensor) -> Tensor {
+    let g = p.grad();
+    if g.defined() {
+        g
+    } else {
+        Tensor::empty([0], (p.kind(), p.device()))
     }
 }
 

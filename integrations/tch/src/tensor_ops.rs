@@ -173,7 +173,7 @@ fn gather_rows(acc: &Accelerator, t: &Tensor, keep: Option<(bool, usize)>) -> Re
 
 /// A writable view of `t`: of its device memory on CUDA, of its host
 /// memory otherwise.
-fn view_mut(t: &mut Tensor) -> Result<BufMut<'_>> {
+pub(crate) fn view_mut(t: &mut Tensor) -> Result<BufMut<'_>> {
     Ok(if let Device::Cuda(_) = t.device() {
         BufMut::Device(ffi::device_view_mut(t)?)
     } else {

@@ -9,8 +9,10 @@ use tch::Tensor;
 
 use crate::TchModel;
 
-/// A [`TchModel`] that implements [`Parameters::set_param_storage`], so
-/// that a stage-3 [`ZeroOptimizer`](accel::zero::ZeroOptimizer) holds only
+/// A [`TchModel`] that implements [`Parameters::set_param_storage`] and
+/// [`Parameters::release_grad`], so that a stage-2 [`ZeroOptimizer`](accel::zero::ZeroOptimizer)
+/// frees each gradient once it is reduce-scattered (set to none, as
+/// torch's `zero_grad(set_to_none=True)`), and a stage-3 one holds only
 /// this rank's shard between a unit's uses: a released parameter's data
 /// and gradient are swapped (`set_data`) for empty tensors, and a gathered
 /// one gets zero-filled tensors of its shape back, which the optimizer then
@@ -61,12 +63,16 @@ impl Zero3TchModel {
 }
 
 impl Parameters for Zero3TchModel {
+    /// A gradient freed by [`release_grad`](Parameters::release_grad) is
+    /// seen empty (it reads as zeros) rather than allocated again.
     fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        self.inner.visit_params(f)
+        self.inner.visit_params_keeping_freed(f)
     }
 
+    /// As [`visit_params`](Parameters::visit_params): a freed gradient is
+    /// seen empty.
     fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        self.inner.visit_params_mut(f)
+        self.inner.visit_params_mut_keeping_freed(f)
     }
 
     fn num_params(&self) -> usize {
@@ -131,5 +137,20 @@ impl Parameters for Zero3TchModel {
             }
         });
         Ok(())
+    }
+
+    /// ZeRO stage 2: the gradient is set to none (torch's
+    /// `zero_grad(set_to_none=True)`), so its storage is freed until the
+    /// next backward, where autograd allocates it again.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidArgument`](accel_api::ErrorKind::InvalidArgument)
+    /// for a name the model does not have; libtorch's.
+    fn release_grad(&mut self, name: &str) -> Result<()> {
+        let params = self.inner.named_parameters();
+        let (_, p) = params.iter().find(|(n, _)| n == name).ok_or_else(|| {
+            Error::invalid_argument("release_grad", format!("no parameter {name:?}"))
+        })?;
+        crate::ffi::grad_to_none(p)
     }
 }

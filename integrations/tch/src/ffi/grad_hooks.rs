@@ -27,6 +27,7 @@ extern "C" {
     ) -> *mut c_void;
     fn accel_tch_grad_hooks_disarm(armed: *mut c_void);
     fn accel_tch_grad_post_hooks(tensor: *const c_void) -> i64;
+    fn accel_tch_grad_to_none(tensor: *const c_void) -> i32;
 }
 
 /// What the hooks of one [`GradHooks`] point at. Shared with libtorch's
@@ -269,4 +270,23 @@ pub fn grad_post_hooks(t: &Tensor) -> Result<usize> {
             "libtorch failed to list a gradient accumulator's hooks",
         )
     })
+}
+
+/// Set `t`'s gradient to none (torch's `zero_grad(set_to_none=True)`): its
+/// storage is freed, and autograd allocates a new one at the next backward.
+///
+/// # Errors
+/// [`ErrorKind::Backend`] when libtorch fails.
+pub(crate) fn grad_to_none(t: &Tensor) -> Result<()> {
+    // SAFETY: `t.as_ptr()` points at a live `at::Tensor` for this call; the
+    // shim resets its gradient slot and catches every C++ exception.
+    let rc = unsafe { accel_tch_grad_to_none(t.as_ptr().cast()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorKind::Backend,
+            "libtorch failed to set a gradient to none",
+        ))
+    }
 }

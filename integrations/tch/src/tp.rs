@@ -1,0 +1,279 @@
+//! Tensor parallelism for tch (issue 39): Megatron's column- and
+//! row-parallel linear layers, the vocab-parallel embedding and cross
+//! entropy, each cut from the full weight of a one-rank model by the rank's
+//! place in its tensor-parallel group (the mesh's `tp` group), with the
+//! collectives where Megatron puts them, forward and backward.
+//!
+//! The collectives are libtorch autograd functions (a C++
+//! `torch::autograd::Function` in the crate's shim whose sums run through
+//! accel's communicator): [`copy_to_tp`] is Megatron's `f` (forward
+//! unchanged, backward the gradient summed over the group: a
+//! column-parallel layer's input), [`reduce_from_tp`] its `g` (forward
+//! summed, backward unchanged: a row-parallel layer's output). A
+//! column-parallel layer followed by a row-parallel one (attention's heads,
+//! an MLP's hidden units) costs one all-reduce forward and one backward.
+//!
+//! The shards are variables of the `VarStore` path they are made in, so a
+//! [`TchModel`](crate::TchModel) over that store trains them (and ZeRO
+//! shards them over the mesh's `dp` group). The sums in a backward run on
+//! the thread that calls `backward()` (libtorch's CPU engine); a failed sum
+//! makes libtorch's backward fail with accel's message (use
+//! `f_backward` to get it as an error). The same names and semantics as
+//! `accel_candle::tp`.
+
+use std::sync::Arc;
+
+use accel_api::{Communicator, Error, ErrorKind, ReduceOp, Result};
+use accel_sharding::tp_plan::even_split;
+use tch::{nn, Kind, Tensor};
+
+use crate::ffi::{tp_apply, TpCollective};
+
+/// Megatron's `f`: `x` unchanged forward, its gradient summed over
+/// `group` backward (the input of a column-parallel layer).
+///
+/// # Errors
+/// libtorch's, when the function cannot be applied.
+pub fn copy_to_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    tp_apply(x, group, TpCollective::CopyToTp)
+}
+
+/// Megatron's `g`: `x` summed over `group` forward, its gradient unchanged
+/// backward (the output of a row-parallel layer). Collective.
+///
+/// # Errors
+/// The all-reduce's (a CPU or CUDA tensor of a kind accel carries).
+pub fn reduce_from_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    tp_apply(x, group, TpCollective::ReduceFromTp)
+}
+
+fn torch(op: &str, e: tch::TchError) -> Error {
+    Error::new(ErrorKind::Backend, format!("{op}: libtorch: {e}"))
+}
+
+/// A trainable variable `name` in `path` holding `len` entries of `t`
+/// along `dim` from `start`.
+fn shard(
+    path: &nn::Path<'_>,
+    name: &str,
+    t: &Tensor,
+    dim: i64,
+    start: usize,
+    len: usize,
+) -> Tensor {
+    path.var_copy(name, &t.narrow(dim, start as i64, len as i64))
+}
+
+fn dim(t: &Tensor, d: usize, what: &str) -> Result<usize> {
+    let size = t.size();
+    size.get(d).map(|&n| n as usize).ok_or_else(|| {
+        Error::invalid_argument(
+            "tensor parallel",
+            format!("{what}: the weight has shape {size:?}, which has no dimension {d}"),
+        )
+    })
+}
+
+/// `out / tp` output features of a linear layer.
+#[derive(Debug)]
+pub struct ColumnParallelLinear {
+    /// This rank's rows of the weight, `[out / tp, in]`.
+    pub weight: Tensor,
+    /// This rank's part of the bias.
+    pub bias: Option<Tensor>,
+    group: Arc<dyn Communicator>,
+}
+
+impl ColumnParallelLinear {
+    /// Variables `weight` and `bias` in `path` holding this rank's rows of
+    /// `weight` (`[out, in]`, as `nn::Linear`) and of `bias`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `out` does not split evenly over the group.
+    pub fn from_full(
+        path: &nn::Path<'_>,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        group: Arc<dyn Communicator>,
+    ) -> Result<ColumnParallelLinear> {
+        let out = dim(weight, 0, "a column-parallel layer")?;
+        let (start, len) = even_split(
+            out,
+            group.world_size(),
+            group.rank(),
+            "a column-parallel layer",
+        )?;
+        Ok(ColumnParallelLinear {
+            weight: shard(path, "weight", weight, 0, start, len),
+            bias: bias.map(|b| shard(path, "bias", b, 0, start, len)),
+            group,
+        })
+    }
+
+    /// `x · Wᵀ + b` for this rank's output features; backward, `x`'s
+    /// gradient is summed over the group.
+    ///
+    /// # Errors
+    /// As [`copy_to_tp`].
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let x = copy_to_tp(x, &self.group)?;
+        Ok(x.linear(&self.weight, self.bias.as_ref()))
+    }
+}
+
+/// `in / tp` input features of a linear layer.
+#[derive(Debug)]
+pub struct RowParallelLinear {
+    /// This rank's columns of the weight, `[out, in / tp]`.
+    pub weight: Tensor,
+    /// The whole bias (added once, after the sum).
+    pub bias: Option<Tensor>,
+    group: Arc<dyn Communicator>,
+}
+
+impl RowParallelLinear {
+    /// Variables `weight` and `bias` in `path` holding this rank's columns
+    /// of `weight` (`[out, in]`) and the whole `bias`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `in` does not split evenly over the group.
+    pub fn from_full(
+        path: &nn::Path<'_>,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        group: Arc<dyn Communicator>,
+    ) -> Result<RowParallelLinear> {
+        let inp = dim(weight, 1, "a row-parallel layer")?;
+        let (start, len) = even_split(
+            inp,
+            group.world_size(),
+            group.rank(),
+            "a row-parallel layer",
+        )?;
+        Ok(RowParallelLinear {
+            weight: shard(path, "weight", weight, 1, start, len),
+            bias: bias.map(|b| path.var_copy("bias", b)),
+            group,
+        })
+    }
+
+    /// `Σ_ranks x_r · W_rᵀ + b`, `x_r` this rank's slice of the input
+    /// features (a column-parallel layer's output). Collective.
+    ///
+    /// # Errors
+    /// The all-reduce's.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let partial = x.linear::<Tensor>(&self.weight, None);
+        let y = reduce_from_tp(&partial, &self.group)?;
+        Ok(match &self.bias {
+            Some(b) => y + b,
+            None => y,
+        })
+    }
+}
+
+/// 1 where an id is in `start..end`, 0 elsewhere (`Int64`), and the ids
+/// less `start` where they are (0 elsewhere).
+fn in_range(ids: &Tensor, start: i64, end: i64) -> (Tensor, Tensor) {
+    let mine = ids.ge(start).logical_and(&ids.lt(end)).to_kind(Kind::Int64);
+    let local = (ids - start) * &mine;
+    (mine, local)
+}
+
+/// `vocab / tp` rows of an embedding table.
+#[derive(Debug)]
+pub struct VocabParallelEmbedding {
+    /// This rank's rows of the table, `[vocab / tp, hidden]`.
+    pub table: Tensor,
+    start: usize,
+    group: Arc<dyn Communicator>,
+}
+
+impl VocabParallelEmbedding {
+    /// A variable `weight` in `path` holding this rank's rows of `table`
+    /// (`[vocab, hidden]`).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the vocabulary does not split evenly over the
+    /// group.
+    pub fn from_full(
+        path: &nn::Path<'_>,
+        table: &Tensor,
+        group: Arc<dyn Communicator>,
+    ) -> Result<VocabParallelEmbedding> {
+        let vocab = dim(table, 0, "a vocab-parallel embedding")?;
+        let (start, len) = even_split(
+            vocab,
+            group.world_size(),
+            group.rank(),
+            "a vocab-parallel embedding",
+        )?;
+        Ok(VocabParallelEmbedding {
+            table: shard(path, "weight", table, 0, start, len),
+            start,
+            group,
+        })
+    }
+
+    /// The rows of `ids` (`Int64`, any shape), `[.., hidden]`. Collective.
+    ///
+    /// # Errors
+    /// The all-reduce's.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let rows = self.table.size()[0];
+        let start = self.start as i64;
+        // Ids of other ranks look up row 0, then are zeroed.
+        let (mine, local) = in_range(ids, start, start + rows);
+        let looked = Tensor::embedding(&self.table, &local, -1, false, false)
+            * mine.unsqueeze(-1).to_kind(self.table.kind());
+        reduce_from_tp(&looked, &self.group)
+    }
+}
+
+/// Megatron's vocab-parallel cross entropy: the mean over rows of the
+/// whole vocabulary's cross entropy, from this rank's columns
+/// `vocab_start..vocab_start + V_local` of the logits (`[n, V_local]`, a
+/// column-parallel head's output) and the `Int64` `targets`. Three sums
+/// over the group (each row's largest logit, for a stable softmax; the
+/// exponentials; the target's logit, from the rank whose columns hold it),
+/// so no rank ever holds all the logits; backward, each rank gets its
+/// columns of the whole loss's gradient. Collective.
+///
+/// # Errors
+/// `InvalidArgument` for logits that are not `[n, V_local]`; the
+/// all-reduces'.
+pub fn vocab_parallel_cross_entropy(
+    logits: &Tensor,
+    targets: &Tensor,
+    vocab_start: usize,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let &[_, cols] = logits.size().as_slice() else {
+        return Err(Error::invalid_argument(
+            "vocab_parallel_cross_entropy",
+            format!(
+                "the logits have shape {:?}; [rows, this rank's vocabulary] is needed",
+                logits.size()
+            ),
+        ));
+    };
+    // A constant shift (no gradient): the largest logit of each row.
+    let mut max = logits
+        .detach()
+        .f_amax([1i64].as_slice(), false)
+        .map_err(|e| torch("vocab_parallel_cross_entropy", e))?
+        .contiguous();
+    if group.world_size() > 1 {
+        group.all_reduce(crate::tensor_ops::view_mut(&mut max)?, ReduceOp::Max)?;
+    }
+    let shifted = logits - max.unsqueeze(1);
+    let sum_exp = shifted.exp().sum_dim_intlist(1, false, None::<Kind>);
+    let start = vocab_start as i64;
+    // Targets of other ranks pick column 0, then are zeroed.
+    let (mine, local) = in_range(targets, start, start + cols);
+    let picked =
+        shifted.gather(1, &local.unsqueeze(1), false).squeeze_dim(1) * mine.to_kind(logits.kind());
+    let sum_exp = reduce_from_tp(&sum_exp, group)?;
+    let target = reduce_from_tp(&picked, group)?;
+    Ok((sum_exp.log() - target).mean(None::<Kind>))
+}

@@ -1,0 +1,254 @@
+//! accel-tch's tensor-parallel layers on 2 rank threads over cpu-gloo
+//! against the same model on one rank (libtorch's own layers):
+//! - a replicated layer, then a column-parallel layer (ReLU) into a
+//!   row-parallel one, mean squared error, 3 SGD steps: every step the
+//!   loss, each rank's shards of the weights and of their gradients equal
+//!   the one-rank model's rows and columns, and the replicated layer's
+//!   gradients (which need the column-parallel input's gradient summed
+//!   over the ranks: Megatron's `f` in backward) equal its own;
+//! - a vocab-parallel embedding and a column-parallel head into the
+//!   vocab-parallel cross entropy: the whole vocabulary's loss and each
+//!   rank's rows of the table's and the head's gradients;
+//! - a tensor the communicator cannot carry is an error, not a crash.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use accel_api::{Communicator, ErrorKind};
+use accel_tch::tp::{
+    reduce_from_tp, vocab_parallel_cross_entropy, ColumnParallelLinear, RowParallelLinear,
+    VocabParallelEmbedding,
+};
+use common::det;
+use tch::{nn, Kind, Tensor};
+
+const IN: i64 = 6;
+const HID: i64 = 8;
+const OUT: i64 = 4;
+const N: i64 = 10;
+const VOCAB: i64 = 12;
+
+fn t(seed: usize, shape: &[i64]) -> Tensor {
+    let n: i64 = shape.iter().product();
+    let v: Vec<f32> = (0..n as usize).map(|i| det(seed, i)).collect();
+    Tensor::from_slice(&v).reshape(shape)
+}
+
+fn flat(t: &Tensor) -> Vec<f32> {
+    Vec::<f32>::try_from(t.flatten(0, -1)).unwrap()
+}
+
+fn close(what: &str, got: &Tensor, want: &Tensor) {
+    let (g, w) = (flat(got), flat(want));
+    assert_eq!(g.len(), w.len(), "{what}: lengths");
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{what}[{i}]: {a} against one rank's {b}"
+        );
+    }
+}
+
+/// Per step: the loss, then (value, gradient) of w0, b0, w1, b1, w2, b2.
+type Trace = Vec<(f32, Vec<(Tensor, Tensor)>)>;
+
+fn step(loss: &Tensor, vars: &[&Tensor]) -> (f32, Vec<(Tensor, Tensor)>) {
+    loss.backward();
+    let mut out = Vec::new();
+    tch::no_grad(|| {
+        for v in vars {
+            let g = v.grad();
+            out.push((v.copy(), g.copy()));
+            let mut v = v.shallow_clone();
+            let _ = v.f_sub_(&(&g * 0.1)).unwrap();
+            let _ = v.grad().zero_();
+        }
+    });
+    (loss.double_value(&[]) as f32, out)
+}
+
+fn one_rank() -> Trace {
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let p = vs.root();
+    let w: Vec<Tensor> = [(1, [IN, IN]), (3, [HID, IN]), (5, [OUT, HID])]
+        .iter()
+        .enumerate()
+        .flat_map(|(k, (s, shape))| {
+            [
+                p.var_copy(&format!("w{k}"), &t(*s, shape)),
+                p.var_copy(&format!("b{k}"), &t(s + 1, &shape[..1])),
+            ]
+        })
+        .collect();
+    let (x, y) = (t(7, &[N, IN]), t(8, &[N, OUT]));
+    (0..3)
+        .map(|_| {
+            let h = x.linear(&w[0], Some(&w[1]));
+            let h = h.linear(&w[2], Some(&w[3])).relu();
+            let loss = (h.linear(&w[4], Some(&w[5])) - &y)
+                .square()
+                .mean(None::<Kind>);
+            step(&loss, &w.iter().collect::<Vec<_>>())
+        })
+        .collect()
+}
+
+fn threads<T: Send + 'static>(
+    f: impl Fn(Arc<dyn Communicator>) -> accel::Result<T> + Send + Sync + 'static,
+) -> Vec<T> {
+    accel::Threads::new(2)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(30))
+        .run(move |acc| f(acc.comm().clone()))
+        .unwrap()
+}
+
+#[test]
+fn column_then_row_parallel_trains_as_one_rank() {
+    let full = one_rank();
+    let traces = threads(|g| {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let p = vs.root();
+        let w0 = p.var_copy("w0", &t(1, &[IN, IN]));
+        let b0 = p.var_copy("b0", &t(2, &[IN]));
+        let up = ColumnParallelLinear::from_full(
+            &(&p / "up"),
+            &t(3, &[HID, IN]),
+            Some(&t(4, &[HID])),
+            g.clone(),
+        )?;
+        let down = RowParallelLinear::from_full(
+            &(&p / "down"),
+            &t(5, &[OUT, HID]),
+            Some(&t(6, &[OUT])),
+            g,
+        )?;
+        let (x, y) = (t(7, &[N, IN]), t(8, &[N, OUT]));
+        let vars = [
+            &w0,
+            &b0,
+            &up.weight,
+            up.bias.as_ref().unwrap(),
+            &down.weight,
+            down.bias.as_ref().unwrap(),
+        ];
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            let h = up.forward(&x.linear(&w0, Some(&b0)))?.relu();
+            let loss = (down.forward(&h)? - &y).square().mean(None::<Kind>);
+            let (l, vals) = step(&loss, &vars);
+            let vals: Vec<(Vec<f32>, Vec<f32>)> =
+                vals.iter().map(|(v, g)| (flat(v), flat(g))).collect();
+            out.push((l, vals));
+        }
+        Ok(out)
+    });
+    let half = HID / 2;
+    for (rank, trace) in traces.iter().enumerate() {
+        let r = rank as i64 * half;
+        for (s, ((loss, mine), (want, all))) in trace.iter().zip(&full).enumerate() {
+            let at = |what: &str| format!("rank {rank}, step {s}: {what}");
+            assert!(
+                (loss - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "{}: {loss} against {want}",
+                at("loss")
+            );
+            // The full model's part this rank holds, per tensor.
+            let part = |k: usize, t: &Tensor| match k {
+                2 | 3 => t.narrow(0, r, half),
+                4 => t.narrow(1, r, half),
+                _ => t.shallow_clone(),
+            };
+            for (k, ((v, g), (fv, fg))) in mine.iter().zip(all).enumerate() {
+                let name = ["w0", "b0", "w1", "b1", "w2", "b2"][k];
+                let v = Tensor::from_slice(v);
+                let g = Tensor::from_slice(g);
+                close(&at(name), &v, &part(k, fv));
+                close(&at(&format!("{name}'s gradient")), &g, &part(k, fg));
+            }
+        }
+    }
+}
+
+#[test]
+fn vocab_parallel_embedding_head_and_cross_entropy_equal_the_whole_vocabulary() {
+    const H: i64 = 5;
+    let ids = Tensor::from_slice(&[0i64, 3, 5, 6, 11, 7, 2, 9]);
+    let targets = Tensor::from_slice(&[1i64, 11, 6, 0, 5, 8, 3, 7]);
+    // One rank: a full table and head, libtorch's cross entropy.
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let table = vs.root().var_copy("table", &t(11, &[VOCAB, H]));
+    let head = vs.root().var_copy("head", &t(12, &[VOCAB, H]));
+    let emb = Tensor::embedding(&table, &ids, -1, false, false);
+    let loss = emb
+        .linear::<Tensor>(&head, None)
+        .cross_entropy_for_logits(&targets);
+    loss.backward();
+    let (want, want_table, want_head) = (loss.double_value(&[]), table.grad(), head.grad());
+
+    let got = threads(move |g| {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let p = vs.root();
+        let table =
+            VocabParallelEmbedding::from_full(&(&p / "emb"), &t(11, &[VOCAB, H]), g.clone())?;
+        let head =
+            ColumnParallelLinear::from_full(&(&p / "head"), &t(12, &[VOCAB, H]), None, g.clone())?;
+        let ids = Tensor::from_slice(&[0i64, 3, 5, 6, 11, 7, 2, 9]);
+        let targets = Tensor::from_slice(&[1i64, 11, 6, 0, 5, 8, 3, 7]);
+        let start = g.rank() * (VOCAB as usize / 2);
+        let logits = head.forward(&table.forward(&ids)?)?;
+        assert_eq!(logits.size(), [8, VOCAB / 2], "this rank's columns only");
+        let loss = vocab_parallel_cross_entropy(&logits, &targets, start, &g)?;
+        loss.backward();
+        Ok((
+            loss.double_value(&[]),
+            flat(&table.table.grad()),
+            flat(&head.weight.grad()),
+        ))
+    });
+    let half = VOCAB / 2;
+    for (rank, (loss, table, head)) in got.iter().enumerate() {
+        assert!(
+            (loss - want).abs() <= 1e-5 * (1.0 + want.abs()),
+            "rank {rank}: loss {loss} against the whole vocabulary's {want}"
+        );
+        let rows = |t: &Tensor| t.narrow(0, rank as i64 * half, half);
+        close(
+            &format!("rank {rank}: the table's gradient"),
+            &Tensor::from_slice(table),
+            &rows(&want_table),
+        );
+        close(
+            &format!("rank {rank}: the head's gradient"),
+            &Tensor::from_slice(head),
+            &rows(&want_head),
+        );
+    }
+}
+
+#[test]
+fn a_tensor_the_communicator_cannot_carry_is_an_error() {
+    let errors = threads(|g| {
+        let x = Tensor::from_slice(&[true, false]);
+        let e = reduce_from_tp(&x, &g).expect_err("bool tensors have no accel element type");
+        // The uneven split is refused naming the layer and the fix.
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let uneven =
+            ColumnParallelLinear::from_full(&vs.root(), &t(1, &[7, 3]), None, g).unwrap_err();
+        Ok((
+            matches!(e.kind(), ErrorKind::Unsupported),
+            e.to_string(),
+            uneven.to_string(),
+        ))
+    });
+    for (unsupported, msg, uneven) in errors {
+        assert!(unsupported, "{msg}");
+        assert!(msg.contains("Bool"), "{msg}");
+        assert!(
+            uneven.contains("a column-parallel layer has 7 features") && uneven.contains("tp size"),
+            "{uneven}"
+        );
+    }
+}
