@@ -169,6 +169,33 @@ impl TpPlan {
     }
 }
 
+/// A parameter as a tensor-parallel plan sees it: its name
+/// (`layers.0.mlp.up_proj.weight`), its module's kind, its whole shape, and
+/// the plan. What the frameworks' plan helpers (`cut_by_plan`,
+/// `whole_by_plan`, ...) take.
+#[derive(Clone, Copy, Debug)]
+pub struct Planned<'a> {
+    /// The parameter's name.
+    pub name: &'a str,
+    /// Its module's kind (the style's split depends on it).
+    pub kind: ModuleKind,
+    /// The whole tensor's shape.
+    pub shape: &'a [usize],
+    /// The plan.
+    pub plan: &'a TpPlan,
+}
+
+impl Planned<'_> {
+    /// The parameter's layout over a `tp`-rank dimension
+    /// ([`TpPlan::layout`]).
+    ///
+    /// # Errors
+    /// As [`TpPlan::layout`].
+    pub fn layout(&self, tp: usize) -> Result<Layout> {
+        self.plan.layout(self.name, self.kind, self.shape, tp)
+    }
+}
+
 /// `pattern` matches `module` segment by segment, `*` any one segment.
 fn matches(pattern: &str, module: &str) -> bool {
     let (p, m): (Vec<&str>, Vec<&str>) =

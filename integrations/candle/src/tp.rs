@@ -37,7 +37,7 @@ use accel::CollectivesExt;
 use accel_api::{Communicator, CommunicatorExt, Error, ErrorKind, ReduceOp, Result};
 use accel_sharding::placement::Placement;
 use accel_sharding::tp_plan::even_split;
-pub use accel_sharding::tp_plan::{ModuleKind, TpPlan, TpStyle};
+pub use accel_sharding::tp_plan::{ModuleKind, Planned, TpPlan, TpStyle};
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, Var, D};
 
 fn candle(e: candle_core::Error) -> Error {
@@ -545,27 +545,6 @@ pub fn vocab_parallel_cross_entropy(
     (|| sum_exp.log()?.sub(&target)?.mean_all())().map_err(candle)
 }
 
-/// A parameter as a tensor-parallel plan sees it: its name (`layers.0.mlp.up_proj.weight`),
-/// its module's kind, its whole shape, and the plan.
-#[derive(Clone, Copy, Debug)]
-pub struct Planned<'a> {
-    /// The parameter's name.
-    pub name: &'a str,
-    /// Its module's kind (the style's split depends on it).
-    pub kind: ModuleKind,
-    /// The whole tensor's shape.
-    pub shape: &'a [usize],
-    /// The plan.
-    pub plan: &'a TpPlan,
-}
-
-impl Planned<'_> {
-    fn layout(&self, group: &Arc<dyn Communicator>) -> Result<accel_sharding::placement::Layout> {
-        self.plan
-            .layout(self.name, self.kind, self.shape, group.world_size())
-    }
-}
-
 /// This rank's part of parameter `param` (the whole tensor `full`, of a
 /// `kind` module) under `plan` on `group` (the `tp` group): what a loader
 /// keeps of a full checkpoint. torch's chunking: `ceil(n / tp)` each, the
@@ -578,7 +557,7 @@ pub fn cut_by_plan(
     p: &Planned<'_>,
     group: &Arc<dyn Communicator>,
 ) -> Result<Tensor> {
-    let layout = p.layout(group)?;
+    let layout = p.layout(group.world_size())?;
     let b = layout.local_box(&[group.rank()])?;
     let mut t = full.clone();
     for (d, r) in b.iter().enumerate() {
@@ -601,7 +580,7 @@ pub fn whole_by_plan(
     p: &Planned<'_>,
     group: &Arc<dyn Communicator>,
 ) -> Result<Tensor> {
-    let layout = p.layout(group)?;
+    let layout = p.layout(group.world_size())?;
     let Placement::Shard { dim } = layout.placements[0] else {
         return Ok(local.clone());
     };
@@ -643,7 +622,7 @@ pub fn shard_chunk(
 ) -> Result<Option<accel::train::ShardChunk>> {
     use candle_core::DType;
     let (param, full_shape) = (p.name, p.shape);
-    let layout = p.layout(group)?;
+    let layout = p.layout(group.world_size())?;
     if layout.placements[0] == Placement::Replicate && group.rank() != 0 {
         return Ok(None);
     }
@@ -712,7 +691,7 @@ pub fn load_by_plan(
     p: &Planned<'_>,
     group: &Arc<dyn Communicator>,
 ) -> Result<Tensor> {
-    let b = p.layout(group)?.local_box(&[group.rank()])?;
+    let b = p.layout(group.world_size())?.local_box(&[group.rank()])?;
     let t = accel::train::read_tensor_region(dir, p.name, &b)?;
     Tensor::from_vec(t.data, t.shape, &candle_core::Device::Cpu).map_err(candle)
 }

@@ -20,11 +20,19 @@
 //! makes libtorch's backward fail with accel's message (use
 //! `f_backward` to get it as an error). The same names and semantics as
 //! `accel_candle::tp`.
+//!
+//! A tensor-parallel plan (transformers' `tp_plan` vocabulary,
+//! [`TpPlan`]) builds the layers ([`PlannedLinear`]), cuts a full
+//! checkpoint's tensor to a rank's part ([`cut_by_plan`]) and gathers the
+//! whole tensor back for a save ([`whole_by_plan`]).
 
 use std::sync::Arc;
 
+use accel::CollectivesExt;
 use accel_api::{Communicator, Error, ErrorKind, ReduceOp, Result};
+use accel_sharding::placement::Placement;
 use accel_sharding::tp_plan::even_split;
+pub use accel_sharding::tp_plan::{ModuleKind, Planned, TpPlan, TpStyle};
 use tch::{nn, Kind, Tensor};
 
 use crate::ffi::{tp_apply, TpCollective};
@@ -276,4 +284,119 @@ pub fn vocab_parallel_cross_entropy(
     let sum_exp = reduce_from_tp(&sum_exp, group)?;
     let target = reduce_from_tp(&picked, group)?;
     Ok((sum_exp.log() - target).mean(None::<Kind>))
+}
+
+/// This rank's part of a parameter (the whole tensor `full`) under the
+/// plan on `group` (the `tp` group): what a loader keeps of a full
+/// checkpoint. torch's chunking: `ceil(n / tp)` each, the last rank's
+/// shorter.
+///
+/// # Errors
+/// A shape the plan's style cannot split.
+pub fn cut_by_plan(
+    full: &Tensor,
+    p: &Planned<'_>,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let b = p.layout(group.world_size())?.local_box(&[group.rank()])?;
+    let mut t = full.shallow_clone();
+    for (d, r) in b.iter().enumerate() {
+        t = t.narrow(d as i64, r.start as i64, r.len() as i64);
+    }
+    Ok(t.contiguous())
+}
+
+/// The whole parameter from every rank's part `local` (as [`cut_by_plan`]
+/// cut it), gathered over `group`, in `local`'s kind: what a saver writes
+/// (`save_model`'s whole tensors in the Hugging Face layout). Collective.
+///
+/// # Errors
+/// A shape the plan's style cannot split; the gather's.
+pub fn whole_by_plan(
+    local: &Tensor,
+    p: &Planned<'_>,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let layout = p.layout(group.world_size())?;
+    let Placement::Shard { dim } = layout.placements[0] else {
+        return Ok(local.shallow_clone());
+    };
+    let flat = Vec::<f32>::try_from(local.flatten(0, -1).to_kind(Kind::Float))
+        .map_err(|e| torch("whole_by_plan", e))?;
+    let parts = group.all_gather_varsize(&flat)?;
+    let pieces: Vec<Tensor> = parts
+        .into_iter()
+        .zip(layout.boxes())
+        .filter(|(_, b)| b.iter().all(|r| !r.is_empty()))
+        .map(|(data, b)| {
+            let shape: Vec<i64> = b.iter().map(|r| r.len() as i64).collect();
+            Tensor::from_slice(&data).reshape(shape)
+        })
+        .collect();
+    Ok(Tensor::cat(&pieces, dim as i64).to_kind(local.kind()))
+}
+
+/// A linear layer built by a tensor-parallel plan from the full weights of
+/// a one-rank model: column-parallel where the plan says `colwise` (and
+/// its variants), row-parallel for `rowwise`, whole for `replicate` and
+/// for a module the plan does not name. How a model is split is then data
+/// (a model's `base_model_tp_plan`), not code.
+#[derive(Debug)]
+pub enum PlannedLinear {
+    /// `colwise`: this rank's output features.
+    Column(ColumnParallelLinear),
+    /// `rowwise`: this rank's input features, the outputs summed.
+    Row(RowParallelLinear),
+    /// `replicate`: the whole layer on every rank.
+    Whole {
+        /// `[out, in]`.
+        weight: Tensor,
+        /// `[out]`.
+        bias: Option<Tensor>,
+    },
+}
+
+impl PlannedLinear {
+    /// Module `module`'s layer (`weight` `[out, in]`, its `bias`) as
+    /// variables of `path`, split by `plan`'s style for `{module}.weight`
+    /// over `group` (the `tp` group).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when the split features do not divide evenly over
+    /// the group.
+    pub fn from_full(
+        path: &nn::Path<'_>,
+        module: &str,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        plan: &TpPlan,
+        group: Arc<dyn Communicator>,
+    ) -> Result<PlannedLinear> {
+        Ok(match plan.style(&format!("{module}.weight")) {
+            TpStyle::Colwise => {
+                PlannedLinear::Column(ColumnParallelLinear::from_full(path, weight, bias, group)?)
+            }
+            TpStyle::Rowwise => {
+                PlannedLinear::Row(RowParallelLinear::from_full(path, weight, bias, group)?)
+            }
+            TpStyle::Replicate => PlannedLinear::Whole {
+                weight: path.var_copy("weight", weight),
+                bias: bias.map(|b| path.var_copy("bias", b)),
+            },
+        })
+    }
+
+    /// The layer's forward: a column-parallel layer gives this rank's
+    /// features, a row-parallel one takes them and gives the summed whole
+    /// (collective), a whole layer `x · Wᵀ + b`.
+    ///
+    /// # Errors
+    /// The collectives'.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            PlannedLinear::Column(c) => c.forward(x),
+            PlannedLinear::Row(r) => r.forward(x),
+            PlannedLinear::Whole { weight, bias } => Ok(x.linear(weight, bias.as_ref())),
+        }
+    }
 }

@@ -9,6 +9,8 @@
 //! - a vocab-parallel embedding and a column-parallel head into the
 //!   vocab-parallel cross entropy: the whole vocabulary's loss and each
 //!   rank's rows of the table's and the head's gradients;
+//! - layers built by a tensor-parallel plan compute what one rank does, and
+//!   the plan cuts each whole weight to a rank's part and gathers it back;
 //! - a tensor the communicator cannot carry is an error, not a crash.
 
 mod common;
@@ -18,8 +20,8 @@ use std::time::Duration;
 
 use accel_api::{Communicator, ErrorKind};
 use accel_tch::tp::{
-    reduce_from_tp, vocab_parallel_cross_entropy, ColumnParallelLinear, RowParallelLinear,
-    VocabParallelEmbedding,
+    cut_by_plan, reduce_from_tp, vocab_parallel_cross_entropy, whole_by_plan, ColumnParallelLinear,
+    ModuleKind, Planned, PlannedLinear, RowParallelLinear, TpPlan, VocabParallelEmbedding,
 };
 use common::det;
 use tch::{nn, Kind, Tensor};
@@ -249,6 +251,85 @@ fn a_tensor_the_communicator_cannot_carry_is_an_error() {
         assert!(
             uneven.contains("a column-parallel layer has 7 features") && uneven.contains("tp size"),
             "{uneven}"
+        );
+    }
+}
+
+/// A replicated layer's weight, then a column-parallel and a row-parallel
+/// layer's weights and biases.
+fn plan_weights() -> (Tensor, Tensor, Tensor, Tensor, Tensor) {
+    (
+        t(1, &[IN, IN]),
+        t(3, &[HID, IN]),
+        t(4, &[HID]),
+        t(5, &[OUT, HID]),
+        t(6, &[OUT]),
+    )
+}
+
+#[test]
+fn layers_built_by_a_plan_compute_what_one_rank_does_and_cut_and_gather_their_weights() {
+    let x = t(7, &[N, IN]);
+    let (w0, w1, b1, w2, b2) = plan_weights();
+    let want = x
+        .linear::<Tensor>(&w0, None)
+        .linear(&w1, Some(&b1))
+        .relu()
+        .linear(&w2, Some(&b2));
+    let got = threads(|g| {
+        let plan = TpPlan::from_json(r#"{"up": "colwise", "down": "rowwise"}"#)?;
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let p = vs.root();
+        let (w0, w1, b1, w2, b2) = plan_weights();
+        let layer = |m: &str, w: &Tensor, b: Option<&Tensor>| {
+            PlannedLinear::from_full(&(&p / m), m, w, b, &plan, g.clone())
+        };
+        let first = layer("first", &w0, None)?;
+        let up = layer("up", &w1, Some(&b1))?;
+        let down = layer("down", &w2, Some(&b2))?;
+        assert!(matches!(first, PlannedLinear::Whole { .. }), "{first:?}");
+        let y = down.forward(&up.forward(&first.forward(&t(7, &[N, IN]))?)?.relu())?;
+        // The plan cuts each whole weight to the layer's shard, and gathers
+        // the shards back to the whole.
+        let mut weights = Vec::new();
+        for (name, layer, whole) in [("up.weight", &up, &w1), ("down.weight", &down, &w2)] {
+            let shard = match layer {
+                PlannedLinear::Column(c) => &c.weight,
+                PlannedLinear::Row(r) => &r.weight,
+                PlannedLinear::Whole { weight, .. } => weight,
+            };
+            let shape: Vec<usize> = whole.size().iter().map(|&d| d as usize).collect();
+            let planned = Planned {
+                name,
+                kind: ModuleKind::Linear,
+                shape: &shape,
+                plan: &plan,
+            };
+            let cut = cut_by_plan(whole, &planned, &g)?;
+            assert_eq!(
+                flat(&cut),
+                flat(shard),
+                "{name}: the cut is the layer's shard"
+            );
+            weights.push(flat(&whole_by_plan(shard, &planned, &g)?));
+        }
+        Ok((flat(&y), weights))
+    });
+    for (rank, (y, weights)) in got.iter().enumerate() {
+        close(
+            &format!("rank {rank}: the output"),
+            &Tensor::from_slice(y),
+            &want,
+        );
+        assert_eq!(
+            weights[0],
+            flat(&w1),
+            "rank {rank}: up.weight gathered whole"
+        );
+        assert_eq!(
+            weights[1],
+            flat(&w2),
+            "rank {rank}: down.weight gathered whole"
         );
     }
 }
