@@ -145,12 +145,12 @@ pub fn all_scenarios() -> Vec<Scenario> {
 /// The scenarios that train a model, for model type `M`: accumulation
 /// cadence, W×k equivalence with one process, the fp16 skip, bf16
 /// equivalence, clipping, the ZeRO stages (equivalence, clipping, the
-/// fp16 skip, HSDP), and its tensor-parallel layers against one rank's. Each is named with [`ScenarioModel::PREFIX`] before the
-/// fixture's name (`candle_train_equivalence`); the oracles are the
-/// fixture [`Mlp`](fixtures::Mlp) on one process. A framework's
-/// integration runs them on every column with
-/// [`worker::main_with`] (a model type's names are made once per call and
-/// live as long as the process).
+/// fp16 skip, HSDP), and its tensor-parallel layers against one rank's.
+/// Each is named with [`ScenarioModel::PREFIX`] before the fixture's name
+/// (`candle_train_equivalence`); the oracles are the fixture
+/// [`Mlp`](fixtures::Mlp) on one process. A framework's integration runs
+/// them on every column with [`worker::main_with`] (a model type's names
+/// are made once per call and live as long as the process).
 pub fn model_scenarios<M: ScenarioModel>() -> Vec<Scenario> {
     let name = |base: &'static str| -> &'static str {
         if M::PREFIX.is_empty() {
