@@ -125,8 +125,8 @@ pub use shared::{TrainConfig, DEFAULT_BUCKET_CAP_BYTES, DEFAULT_FIRST_BUCKET_CAP
 pub use stragglers::{StragglerReport, DEFAULT_STRAGGLER_EVERY, STRAGGLER_EVERY_ENV};
 pub(crate) use torch_dcp::row_chunk;
 pub use torch_dcp::{
-    dcp_index, read_tensor_region, safetensors_header, shard_file_name, DcpChunk, DcpIndex,
-    ShardChunk, DCP_SHARDING_INFO,
+    dcp_index, read_planned_part, read_tensor_region, safetensors_header, shard_file_name,
+    DcpChunk, DcpIndex, ShardChunk, DCP_SHARDING_INFO,
 };
 pub use tracker::Tracker;
 pub use trackers::{JsonlTracker, TensorBoardTracker, TRACKER_NAMES};

@@ -436,6 +436,23 @@ fn fill_region(
     Ok(Tensor { shape, data })
 }
 
+/// This rank's part of a parameter under a tensor-parallel plan (`group`
+/// is the `tp` group: its size and this rank's place in it), read from a
+/// folder of torch's per-rank shards written at any layout: what the
+/// frameworks' `load_by_plan` reads, as [`read_tensor_region`] of the box
+/// the plan gives this rank.
+///
+/// # Errors
+/// A shape the plan's style cannot split; as [`read_tensor_region`].
+pub fn read_planned_part(
+    dir: impl AsRef<Path>,
+    p: &accel_sharding::tp_plan::Planned<'_>,
+    group: &dyn accel_api::Communicator,
+) -> Result<Tensor> {
+    let b = p.layout(group.world_size())?.local_box(&[group.rank()])?;
+    read_tensor_region(dir, p.name, &b)
+}
+
 /// The box `region` of tensor `name` (f32) from a folder of torch's
 /// per-rank shards (torch's `HuggingFaceStorageWriter` with
 /// `save_distributed=True`, [`save_shards`](crate::Accelerator::save_shards),

@@ -683,16 +683,15 @@ fn le<T>(values: candle_core::Result<Vec<T>>, f: impl Fn(&T) -> Vec<u8>) -> Resu
 /// overlap this rank's box are read, the others' data is not. f32.
 ///
 /// # Errors
-/// A shape the plan's style cannot split; as
-/// [`read_tensor_region`](accel::train::read_tensor_region) (overlapping
-/// chunks, a hole, a malformed file); candle's.
+/// As [`read_planned_part`](accel::train::read_planned_part) (a shape the
+/// plan's style cannot split; overlapping chunks, a hole, a malformed
+/// file); candle's.
 pub fn load_by_plan(
     dir: &std::path::Path,
     p: &Planned<'_>,
     group: &Arc<dyn Communicator>,
 ) -> Result<Tensor> {
-    let b = p.layout(group.world_size())?.local_box(&[group.rank()])?;
-    let t = accel::train::read_tensor_region(dir, p.name, &b)?;
+    let t = accel::train::read_planned_part(dir, p, &**group)?;
     Tensor::from_vec(t.data, t.shape, &candle_core::Device::Cpu).map_err(candle)
 }
 

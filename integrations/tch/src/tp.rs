@@ -23,8 +23,11 @@
 //!
 //! A tensor-parallel plan (transformers' `tp_plan` vocabulary,
 //! [`TpPlan`]) builds the layers ([`PlannedLinear`]), cuts a full
-//! checkpoint's tensor to a rank's part ([`cut_by_plan`]) and gathers the
-//! whole tensor back for a save ([`whole_by_plan`]).
+//! checkpoint's tensor to a rank's part ([`cut_by_plan`]), gathers the
+//! whole tensor back for a save ([`whole_by_plan`]), and writes and reads
+//! a rank's parts in torch's per-rank checkpoint layout ([`shard_chunk`]
+//! with `Accelerator::save_shards`, [`load_by_plan`] at any tensor-parallel
+//! size).
 
 use std::sync::Arc;
 
@@ -334,6 +337,68 @@ pub fn whole_by_plan(
         })
         .collect();
     Ok(Tensor::cat(&pieces, dim as i64).to_kind(local.kind()))
+}
+
+/// This rank's part `local` of a parameter under the plan, as a chunk for
+/// [`Accelerator::save_shards`](accel::Accelerator::save_shards): its
+/// offsets in the whole tensor, its values in their own element type (f16,
+/// bf16, f32, f64; a CUDA tensor is copied to the host). `None` for a
+/// replicated parameter on every rank of `group` but its first (one copy
+/// is written).
+///
+/// # Errors
+/// A shape the plan's style cannot split, or a `local` of another shape
+/// than the plan gives this rank; a kind accel has no element type for.
+pub fn shard_chunk(
+    local: &Tensor,
+    p: &Planned<'_>,
+    group: &Arc<dyn Communicator>,
+) -> Result<Option<accel::train::ShardChunk>> {
+    let layout = p.layout(group.world_size())?;
+    if layout.placements[0] == Placement::Replicate && group.rank() != 0 {
+        return Ok(None);
+    }
+    let b = layout.local_box(&[group.rank()])?;
+    let shape: Vec<usize> = b.iter().map(|r| r.len()).collect();
+    let dims: Vec<usize> = local.size().iter().map(|&d| d.max(0) as usize).collect();
+    if dims != shape {
+        return Err(Error::invalid_argument(
+            "shard_chunk",
+            format!(
+                "{}: this rank holds {dims:?}, but the plan gives it {shape:?} of {:?}",
+                p.name, p.shape
+            ),
+        ));
+    }
+    let host = local.to_device(tch::Device::Cpu).contiguous();
+    let view = crate::ffi::host_view(&host)?;
+    Ok(Some(accel::train::ShardChunk {
+        name: p.name.to_string(),
+        offsets: b.iter().map(|r| r.start).collect(),
+        shape,
+        dtype: view.dtype(),
+        bytes: view.bytes().to_vec(),
+    }))
+}
+
+/// This rank's part of a parameter under the plan on `group`, read from a
+/// folder of torch's per-rank shards written at any layout
+/// ([`Accelerator::save_shards`](accel::Accelerator::save_shards) at
+/// another tensor-parallel size, torch's own writer): only the chunks that
+/// overlap this rank's box are read. An f32 CPU tensor.
+///
+/// # Errors
+/// As [`read_planned_part`](accel::train::read_planned_part) (a shape the
+/// plan's style cannot split; overlapping chunks, a hole, a malformed
+/// file).
+pub fn load_by_plan(
+    dir: &std::path::Path,
+    p: &Planned<'_>,
+    group: &Arc<dyn Communicator>,
+) -> Result<Tensor> {
+    let t = accel::train::read_planned_part(dir, p, &**group)?;
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    Ok(Tensor::from_slice(&t.data).reshape(shape))
 }
 
 /// A linear layer built by a tensor-parallel plan from the full weights of

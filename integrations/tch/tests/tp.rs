@@ -11,6 +11,8 @@
 //!   rank's rows of the table's and the head's gradients;
 //! - layers built by a tensor-parallel plan compute what one rank does, and
 //!   the plan cuts each whole weight to a rank's part and gathers it back;
+//! - a plan's parts written in torch's per-rank checkpoint layout at tp 2
+//!   and 3 consolidate into the whole tensors, and load at the other size;
 //! - a tensor the communicator cannot carry is an error, not a crash.
 
 mod common;
@@ -20,8 +22,9 @@ use std::time::Duration;
 
 use accel_api::{Communicator, ErrorKind};
 use accel_tch::tp::{
-    cut_by_plan, reduce_from_tp, vocab_parallel_cross_entropy, whole_by_plan, ColumnParallelLinear,
-    ModuleKind, Planned, PlannedLinear, RowParallelLinear, TpPlan, VocabParallelEmbedding,
+    cut_by_plan, load_by_plan, reduce_from_tp, shard_chunk, vocab_parallel_cross_entropy,
+    whole_by_plan, ColumnParallelLinear, ModuleKind, Planned, PlannedLinear, RowParallelLinear,
+    TpPlan, VocabParallelEmbedding,
 };
 use common::det;
 use tch::{nn, Kind, Tensor};
@@ -97,14 +100,23 @@ fn one_rank() -> Trace {
         .collect()
 }
 
+/// `f` on `n` rank threads over cpu-gloo, each rank's result.
+fn ranks_at<T: Send + 'static>(
+    n: usize,
+    f: impl Fn(&accel::Accelerator) -> accel::Result<T> + Send + Sync + 'static,
+) -> Vec<T> {
+    accel::Threads::new(n)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(30))
+        .run(move |acc| f(acc))
+        .unwrap()
+}
+
+/// `f` with the world's communicator on 2 rank threads.
 fn threads<T: Send + 'static>(
     f: impl Fn(Arc<dyn Communicator>) -> accel::Result<T> + Send + Sync + 'static,
 ) -> Vec<T> {
-    accel::Threads::new(2)
-        .backend("cpu-gloo")
-        .timeout(Duration::from_secs(30))
-        .run(move |acc| f(acc.comm().clone()))
-        .unwrap()
+    ranks_at(2, move |acc| f(acc.comm().clone()))
 }
 
 #[test]
@@ -331,5 +343,87 @@ fn layers_built_by_a_plan_compute_what_one_rank_does_and_cut_and_gather_their_we
             flat(&w2),
             "rank {rank}: down.weight gathered whole"
         );
+    }
+}
+
+/// The parameters of the checkpoint test: name, module kind, whole shape.
+const PLANNED: [(&str, ModuleKind, &[i64]); 6] = [
+    ("embed_tokens.weight", ModuleKind::Embedding, &[10, 4]),
+    ("layers.0.mlp.up_proj.weight", ModuleKind::Linear, &[8, 4]),
+    ("layers.0.mlp.up_proj.bias", ModuleKind::Linear, &[8]),
+    ("layers.0.mlp.down_proj.weight", ModuleKind::Linear, &[4, 8]),
+    ("layers.0.mlp.down_proj.bias", ModuleKind::Linear, &[4]),
+    ("norm.weight", ModuleKind::Linear, &[4]),
+];
+
+const PLAN: &str = r#"{"embed_tokens": "rowwise", "layers.*.mlp.up_proj": "colwise",
+                       "layers.*.mlp.down_proj": "rowwise"}"#;
+
+/// Each planned parameter's whole value, its part on this rank, and what
+/// `f` makes of it.
+fn each_planned<T>(
+    g: &Arc<dyn Communicator>,
+    mut f: impl FnMut(&Planned<'_>, &Tensor, Tensor) -> accel::Result<T>,
+) -> accel::Result<Vec<T>> {
+    let plan = TpPlan::from_json(PLAN)?;
+    let mut out = Vec::new();
+    for (i, (name, kind, shape)) in PLANNED.iter().enumerate() {
+        let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+        let p = Planned {
+            name,
+            kind: *kind,
+            shape: &dims,
+            plan: &plan,
+        };
+        let full = t(30 + i, shape);
+        let mine = cut_by_plan(&full, &p, g)?;
+        out.push(f(&p, &full, mine)?);
+    }
+    Ok(out)
+}
+
+#[test]
+fn a_plans_parts_in_torchs_per_rank_layout_consolidate_and_load_at_another_tp_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    for tp in [2usize, 3] {
+        let dir = tmp.path().join(format!("tp{tp}"));
+        let ckpt = dir.clone();
+        ranks_at(tp, move |acc| {
+            let g = acc.comm().clone();
+            let chunks = each_planned(&g, |p, _, mine| shard_chunk(&mine, p, &g))?;
+            acc.save_shards(chunks.into_iter().flatten().collect(), &ckpt)
+        });
+        // The per-rank files put back together hold the whole tensors
+        // (replicated ones written once).
+        let whole = tmp.path().join(format!("whole{tp}"));
+        accel::train::consolidate_model(&dir, &whole, "5GB").unwrap();
+        let read = Tensor::read_safetensors(whole.join("model.safetensors")).unwrap();
+        for (i, (name, _, shape)) in PLANNED.iter().enumerate() {
+            let (_, got) = read.iter().find(|(n, _)| n == name).expect(name);
+            assert_eq!(flat(got), flat(&t(30 + i, shape)), "tp {tp}: {name}");
+        }
+    }
+    // Resharding: what 2 ranks saved loads at 3 and the other way round,
+    // each rank's part equal to the one cut from the whole tensor.
+    for (saved_at, load_at) in [(2usize, 3usize), (3, 2)] {
+        let dir = tmp.path().join(format!("tp{saved_at}"));
+        let got = ranks_at(load_at, move |acc| {
+            let g = acc.comm().clone();
+            each_planned(&g, |p, _, want| {
+                Ok((
+                    p.name.to_string(),
+                    flat(&load_by_plan(&dir, p, &g)?),
+                    flat(&want),
+                ))
+            })
+        });
+        for (rank, per) in got.iter().enumerate() {
+            for (name, got, want) in per {
+                assert_eq!(
+                    got, want,
+                    "saved at {saved_at}, rank {rank} of {load_at}: {name}"
+                );
+            }
+        }
     }
 }
