@@ -13,7 +13,9 @@
 //!   the plan cuts each whole weight to a rank's part and gathers it back;
 //! - a plan's parts written in torch's per-rank checkpoint layout at tp 2
 //!   and 3 consolidate into the whole tensors, and load at the other size;
-//! - a tensor the communicator cannot carry is an error, not a crash.
+//! - a tensor the communicator cannot carry is an error, not a crash; a
+//!   sum that fails inside libtorch's backward (a peer that never joins
+//!   it) ends the backward within the timeout with accel's error.
 
 mod common;
 
@@ -426,4 +428,30 @@ fn a_plans_parts_in_torchs_per_rank_layout_consolidate_and_load_at_another_tp_si
             }
         }
     }
+}
+
+#[test]
+fn a_sum_that_fails_in_a_backward_is_libtorchs_error_naming_the_collective_not_a_hang() {
+    let got = accel::Threads::new(2)
+        .backend("cpu-gloo")
+        .timeout(Duration::from_secs(2))
+        .run(|acc| {
+            if acc.rank() == 1 {
+                // Rank 1 never runs the backward's all-reduce.
+                return Ok(None);
+            }
+            let g = acc.comm().clone();
+            let x = t(1, &[2, 3]).set_requires_grad(true);
+            let y = accel_tch::tp::copy_to_tp(&x, &g)?;
+            let started = std::time::Instant::now();
+            let e = y.sum(Kind::Float).f_backward().unwrap_err();
+            Ok(Some((e.to_string(), started.elapsed())))
+        })
+        .unwrap();
+    let (msg, took) = got[0].clone().expect("rank 0's error");
+    // accel's own error, through libtorch's: backend, rank, op, timeout.
+    for says in ["cpu-gloo rank 0", "all_reduce", "timed out after 2s"] {
+        assert!(msg.contains(says), "{says:?} in {msg}");
+    }
+    assert!(took < Duration::from_secs(20), "{took:?}: {msg}");
 }
