@@ -1,8 +1,12 @@
-// Megatron's two tensor-parallel collectives as libtorch autograd functions
+// Megatron's tensor-parallel collectives as libtorch autograd functions
 // (torch::autograd::Function, what a Python torch.autograd.Function is in
-// C++), each summing over a group through a Rust callback:
-//   f (copy to tp):      forward x unchanged, backward the gradient summed;
-//   g (reduce from tp):  forward x summed, backward the gradient unchanged.
+// C++), each running its collective over a group through a Rust callback:
+//   f (copy to tp):           forward x unchanged, backward the gradient summed;
+//   g (reduce from tp):       forward x summed, backward the gradient unchanged;
+// and the sequence-parallel ones, along dimension 0 (the sequence):
+//   scatter to sp:            forward this rank's rows, backward all-gathered;
+//   gather from sp:           forward all-gathered, backward reduce-scattered;
+//   reduce-scatter to sp:     forward reduce-scattered, backward all-gathered.
 // The group is an opaque Rust handle owned by a Group, which the autograd
 // node keeps until it is destroyed (release is called once, then). No
 // exception crosses the C boundary; an error in backward is a C++ exception
@@ -24,14 +28,17 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-// Sums the tensor (at::Tensor*) over the group in place: 0, or non-zero
-// with a NUL-terminated message in err.
-using Reduce = int (*)(const void* group, void* tensor, char* err, size_t err_len);
+// Runs collective op over the group from in to out (both at::Tensor*,
+// contiguous, out allocated by the caller): 0 sums out in place (in is
+// out), 1 all-gathers in's rows into out, 2 reduce-scatters in's rows
+// (summed) into out. 0, or non-zero with a NUL-terminated message in err.
+using Collective = int (*)(const void* group, int op, const void* in, void* out, char* err, size_t err_len);
 using Release = void (*)(void* group);
 
 class Group final : public torch::CustomClassHolder {
  public:
-  Group(void* handle, Reduce reduce, Release release) : handle_(handle), reduce_(reduce), release_(release) {}
+  Group(void* handle, int64_t size, int64_t rank, Collective run, Release release)
+      : handle_(handle), size_(size), rank_(rank), run_(run), release_(release) {}
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
   ~Group() override { release_(handle_); }
@@ -39,16 +46,58 @@ class Group final : public torch::CustomClassHolder {
   // The sum over the group of a contiguous copy of t.
   at::Tensor sum(const at::Tensor& t) const {
     at::Tensor out = t.contiguous().clone();
-    char err[1024] = {0};
-    if (reduce_(handle_, &out, err, sizeof err) != 0) {
-      throw std::runtime_error(err[0] != '\0' ? err : "the tensor-parallel all-reduce failed");
-    }
+    run(0, out, out);
     return out;
   }
 
+  // Every rank's rows of t, in rank order, along dimension 0.
+  at::Tensor gather_rows(const at::Tensor& t) const {
+    at::Tensor in = t.contiguous();
+    auto sizes = in.sizes().vec();
+    sizes.at(0) *= size_;
+    at::Tensor out = at::empty(sizes, in.options());
+    run(1, in, out);
+    return out;
+  }
+
+  // This rank's rows of the sum over the group of t.
+  at::Tensor reduce_scatter_rows(const at::Tensor& t) const {
+    at::Tensor in = t.contiguous();
+    auto sizes = in.sizes().vec();
+    sizes.at(0) = rows(in) / size_;
+    at::Tensor out = at::empty(sizes, in.options());
+    run(2, in, out);
+    return out;
+  }
+
+  // This rank's rows of t.
+  at::Tensor my_rows(const at::Tensor& t) const {
+    int64_t n = rows(t) / size_;
+    return t.narrow(0, rank_ * n, n).contiguous();
+  }
+
  private:
+  // t's rows, which must split evenly over the group.
+  int64_t rows(const at::Tensor& t) const {
+    if (t.dim() == 0 || t.size(0) % size_ != 0) {
+      throw std::invalid_argument("sequence parallel: a tensor of shape " + c10::str(t.sizes()) +
+                                  " does not split its first dimension (the sequence) evenly over " +
+                                  std::to_string(size_) + " tensor-parallel ranks");
+    }
+    return t.size(0);
+  }
+
+  void run(int op, const at::Tensor& in, at::Tensor& out) const {
+    char err[1024] = {0};
+    if (run_(handle_, op, &in, &out, err, sizeof err) != 0) {
+      throw std::runtime_error(err[0] != '\0' ? err : "a tensor-parallel collective failed");
+    }
+  }
+
   void* handle_;
-  Reduce reduce_;
+  int64_t size_;
+  int64_t rank_;
+  Collective run_;
   Release release_;
 };
 
@@ -75,19 +124,71 @@ struct ReduceFromTp : public torch::autograd::Function<ReduceFromTp> {
   }
 };
 
+struct ScatterToSp : public torch::autograd::Function<ScatterToSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Group> group) {
+    at::Tensor out = group->my_rows(x);
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {group_of(ctx)->gather_rows(grads[0]), at::Tensor()};
+  }
+};
+
+struct GatherFromSp : public torch::autograd::Function<GatherFromSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Group> group) {
+    at::Tensor out = group->gather_rows(x);
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {group_of(ctx)->reduce_scatter_rows(grads[0]), at::Tensor()};
+  }
+};
+
+struct ReduceScatterToSp : public torch::autograd::Function<ReduceScatterToSp> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, c10::intrusive_ptr<Group> group) {
+    at::Tensor out = group->reduce_scatter_rows(x);
+    ctx->saved_data["group"] = c10::IValue::make_capsule(std::move(group));
+    return out;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {group_of(ctx)->gather_rows(grads[0]), at::Tensor()};
+  }
+};
+
+at::Tensor apply_kind(int kind, const at::Tensor& t, c10::intrusive_ptr<Group> g) {
+  switch (kind) {
+    case 0:
+      return CopyToTp::apply(t, std::move(g));
+    case 1:
+      return ReduceFromTp::apply(t, std::move(g));
+    case 2:
+      return ScatterToSp::apply(t, std::move(g));
+    case 3:
+      return GatherFromSp::apply(t, std::move(g));
+    case 4:
+      return ReduceScatterToSp::apply(t, std::move(g));
+    default:
+      throw std::invalid_argument("no tensor-parallel function of kind " + std::to_string(kind));
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
-// f (kind 0) or g (kind 1) applied to x (at::Tensor*): a new at::Tensor* the
-// caller owns, or null with a message in err. The group handle is owned
-// from here on: release(group) is called exactly once, when the last user
-// (this call, or the autograd node it made) is done with it.
-void* accel_tch_tp_apply(const void* x, int kind, void* group, Reduce reduce, Release release, char* err,
-                         size_t err_len) {
+// f (kind 0), g (1), scatter to sp (2), gather from sp (3) or reduce-scatter
+// to sp (4) applied to x (at::Tensor*) over a group of size ranks, this one
+// rank: a new at::Tensor* the caller owns, or null with a message in err.
+// The group handle is owned from here on: release(group) is called exactly
+// once, when the last user (this call, or the autograd node it made) is
+// done with it.
+void* accel_tch_tp_apply(const void* x, int kind, void* group, int64_t size, int64_t rank, Collective run,
+                         Release release, char* err, size_t err_len) {
   c10::intrusive_ptr<Group> owned;
   try {
-    owned = c10::make_intrusive<Group>(group, reduce, release);
+    owned = c10::make_intrusive<Group>(group, size, rank, run, release);
   } catch (...) {
     release(group);
     accel_shim::write_error(err, err_len, "out of memory");
@@ -95,7 +196,7 @@ void* accel_tch_tp_apply(const void* x, int kind, void* group, Reduce reduce, Re
   }
   try {
     const auto& t = *static_cast<const at::Tensor*>(x);
-    at::Tensor out = kind == 0 ? CopyToTp::apply(t, std::move(owned)) : ReduceFromTp::apply(t, std::move(owned));
+    at::Tensor out = apply_kind(kind, t, std::move(owned));
     return new at::Tensor(std::move(out));
   } catch (const std::exception& e) {
     accel_shim::write_error(err, err_len, e.what());

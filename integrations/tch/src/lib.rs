@@ -15,7 +15,7 @@
 //! | [`AdamW`] | an AdamW whose moments go into checkpoints (exact resume) |
 //! | [`TensorCollectives`] | `gather`, `gather_for_metrics`, `reduce`, `pad_across_processes`, all-reduce and broadcast on tensors |
 //! | [`set_seed`], [`set_threads_per_rank`] | seed accel and libtorch together; share the cores between local ranks |
-//! | [`tp`] | tensor parallelism: column- and row-parallel linear layers, the vocab-parallel embedding and cross entropy, Megatron's `f` and `g` as libtorch autograd functions |
+//! | [`tp`] | tensor parallelism: column- and row-parallel linear layers, the vocab-parallel embedding and cross entropy, sequence parallelism, layers and checkpoints by a `tp_plan`; Megatron's collectives as libtorch autograd functions |
 //! | [`dispatch`] | big-model inference: [`load_checkpoint_and_dispatch`] plans a device map for a `VarStore` model, loads a safetensors checkpoint into it (device, host store, disk store) and runs offloaded blocks with prefetch |
 //! | [`ffi`] | zero-copy host views of CPU tensors, device views of CUDA tensors; the C++ shim (autocast switches, gradient-accumulator hooks); the crate's only unsafe code |
 //!

@@ -21,6 +21,14 @@
 //! `f_backward` to get it as an error). The same names and semantics as
 //! `accel_candle::tp`.
 //!
+//! Sequence parallelism (Megatron's), as in candle: between the
+//! tensor-parallel blocks, norms and dropout run on `seq / tp` rows each
+//! ([`scatter_to_sp`]); a block is entered with [`gather_from_sp`] (a
+//! column-parallel layer's [`forward_sequence_parallel`](ColumnParallelLinear::forward_sequence_parallel))
+//! and left with a row-parallel layer's
+//! [`forward_sequence_parallel`](RowParallelLinear::forward_sequence_parallel)
+//! (a reduce-scatter in place of the all-reduce).
+//!
 //! A tensor-parallel plan (transformers' `tp_plan` vocabulary,
 //! [`TpPlan`]) builds the layers ([`PlannedLinear`]), cuts a full
 //! checkpoint's tensor to a rank's part ([`cut_by_plan`]), gathers the
@@ -56,6 +64,38 @@ pub fn copy_to_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
 /// The all-reduce's (a CPU or CUDA tensor of a kind accel carries).
 pub fn reduce_from_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
     tp_apply(x, group, TpCollective::ReduceFromTp)
+}
+
+/// Enter a sequence-parallel region from a replicated tensor: this rank's
+/// rows of dimension 0 (the sequence), split evenly; the gradient is
+/// all-gathered backward. Collective backward.
+///
+/// # Errors
+/// Rows that do not split evenly over the group.
+pub fn scatter_to_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    tp_apply(x, group, TpCollective::ScatterToSp)
+}
+
+/// Leave a sequence-parallel region into a tensor-parallel one (before a
+/// column-parallel layer): every rank's rows all-gathered along dimension
+/// 0; the gradient is reduce-scattered backward (each rank keeps its rows
+/// of the sum). Collective.
+///
+/// # Errors
+/// The all-gather's.
+pub fn gather_from_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    tp_apply(x, group, TpCollective::GatherFromSp)
+}
+
+/// Leave a tensor-parallel region into a sequence-parallel one (after a
+/// row-parallel layer's partial products): summed over the group and
+/// scattered along dimension 0, each rank keeping its rows; the gradient
+/// is all-gathered backward. Collective.
+///
+/// # Errors
+/// Rows that do not split evenly; the reduce-scatter's.
+pub fn reduce_scatter_to_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
+    tp_apply(x, group, TpCollective::ReduceScatterToSp)
 }
 
 fn torch(op: &str, e: tch::TchError) -> Error {
@@ -130,6 +170,18 @@ impl ColumnParallelLinear {
         let x = copy_to_tp(x, &self.group)?;
         Ok(x.linear(&self.weight, self.bias.as_ref()))
     }
+
+    /// [`forward`](Self::forward) entering from a sequence-parallel region
+    /// (Megatron's sequence parallelism): `x` is this rank's rows of
+    /// dimension 0 (the sequence), all-gathered first ([`gather_from_sp`],
+    /// whose backward reduce-scatters `x`'s gradient). Collective.
+    ///
+    /// # Errors
+    /// The all-gather's.
+    pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {
+        let x = gather_from_sp(x, &self.group)?;
+        Ok(x.linear(&self.weight, self.bias.as_ref()))
+    }
 }
 
 /// `in / tp` input features of a linear layer.
@@ -174,8 +226,28 @@ impl RowParallelLinear {
     /// # Errors
     /// The all-reduce's.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, false)
+    }
+
+    /// [`forward`](Self::forward) leaving a sequence-parallel region
+    /// (Megatron's sequence parallelism): the partial products are
+    /// reduce-scattered along dimension 0 (the sequence) instead of
+    /// all-reduced, each rank keeping its rows of the sum
+    /// ([`reduce_scatter_to_sp`]), then the bias is added. Collective.
+    ///
+    /// # Errors
+    /// The reduce-scatter's (the sequence must split evenly).
+    pub fn forward_sequence_parallel(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, true)
+    }
+
+    fn forward_with(&self, x: &Tensor, sequence_parallel: bool) -> Result<Tensor> {
         let partial = x.linear::<Tensor>(&self.weight, None);
-        let y = reduce_from_tp(&partial, &self.group)?;
+        let y = if sequence_parallel {
+            reduce_scatter_to_sp(&partial, &self.group)?
+        } else {
+            reduce_from_tp(&partial, &self.group)?
+        };
         Ok(match &self.bias {
             Some(b) => y + b,
             None => y,

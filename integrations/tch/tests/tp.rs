@@ -11,6 +11,9 @@
 //!   rank's rows of the table's and the head's gradients;
 //! - layers built by a tensor-parallel plan compute what one rank does, and
 //!   the plan cuts each whole weight to a rank's part and gathers it back;
+//! - sequence parallelism: a LayerNorm on each rank's rows, a
+//!   column-parallel layer entered with an all-gather and a row-parallel
+//!   one left with a reduce-scatter equal the one-rank block;
 //! - a plan's parts written in torch's per-rank checkpoint layout at tp 2
 //!   and 3 consolidate into the whole tensors, and load at the other size;
 //! - a tensor the communicator cannot carry is an error, not a crash; a
@@ -24,9 +27,9 @@ use std::time::Duration;
 
 use accel_api::{Communicator, ErrorKind};
 use accel_tch::tp::{
-    cut_by_plan, load_by_plan, reduce_from_tp, shard_chunk, vocab_parallel_cross_entropy,
-    whole_by_plan, ColumnParallelLinear, ModuleKind, Planned, PlannedLinear, RowParallelLinear,
-    TpPlan, VocabParallelEmbedding,
+    cut_by_plan, load_by_plan, reduce_from_tp, scatter_to_sp, shard_chunk,
+    vocab_parallel_cross_entropy, whole_by_plan, ColumnParallelLinear, ModuleKind, Planned,
+    PlannedLinear, RowParallelLinear, TpPlan, VocabParallelEmbedding,
 };
 use common::det;
 use tch::{nn, Kind, Tensor};
@@ -251,15 +254,24 @@ fn a_tensor_the_communicator_cannot_carry_is_an_error() {
         let e = reduce_from_tp(&x, &g).expect_err("bool tensors have no accel element type");
         // The uneven split is refused naming the layer and the fix.
         let vs = nn::VarStore::new(tch::Device::Cpu);
-        let uneven =
-            ColumnParallelLinear::from_full(&vs.root(), &t(1, &[7, 3]), None, g).unwrap_err();
+        let uneven = ColumnParallelLinear::from_full(&vs.root(), &t(1, &[7, 3]), None, g.clone())
+            .unwrap_err();
+        // A sequence of 5 rows does not split over 2 ranks.
+        let rows = scatter_to_sp(&t(2, &[5, 3]), &g).unwrap_err();
         Ok((
             matches!(e.kind(), ErrorKind::Unsupported),
             e.to_string(),
             uneven.to_string(),
+            rows.to_string(),
         ))
     });
-    for (unsupported, msg, uneven) in errors {
+    for (unsupported, msg, uneven, rows) in errors {
+        assert!(
+            rows.contains(
+                "shape [5, 3] does not split its first dimension (the sequence) evenly over 2"
+            ),
+            "{rows}"
+        );
         assert!(unsupported, "{msg}");
         assert!(msg.contains("Bool"), "{msg}");
         assert!(
@@ -454,4 +466,113 @@ fn a_sum_that_fails_in_a_backward_is_libtorchs_error_naming_the_collective_not_a
         assert!(msg.contains(says), "{says:?} in {msg}");
     }
     assert!(took < Duration::from_secs(20), "{took:?}: {msg}");
+}
+
+/// Sequence parallelism on 2 ranks: a LayerNorm on each rank's rows of the
+/// sequence, then a column-parallel layer entered with an all-gather and a
+/// row-parallel one left with a reduce-scatter. Each rank's output rows,
+/// the input's gradient (gathered back whole), the linear layers' gradient
+/// shards, and the LayerNorm's and row bias's gradients summed over the
+/// ranks (partial sums, which Megatron all-reduces) equal the one-rank
+/// block's.
+#[test]
+fn sequence_parallel_norm_then_column_and_row_parallel_equal_one_rank() {
+    const S: i64 = 6;
+    let block = |x: &Tensor, ln: (&Tensor, &Tensor)| {
+        x.layer_norm([IN], Some(ln.0), Some(ln.1), 1e-5, false)
+    };
+    // One rank.
+    let leaf = |seed: usize, shape: &[i64]| t(seed, shape).set_requires_grad(true);
+    let (x, g, b) = (leaf(40, &[S, IN]), leaf(41, &[IN]), leaf(42, &[IN]));
+    let (w1, b1, w2, b2) = (
+        leaf(3, &[HID, IN]),
+        leaf(4, &[HID]),
+        leaf(5, &[OUT, HID]),
+        leaf(6, &[OUT]),
+    );
+    let y = block(&x, (&g, &b))
+        .linear(&w1, Some(&b1))
+        .relu()
+        .linear(&w2, Some(&b2));
+    (&y * t(43, &[S, OUT])).sum(Kind::Float).backward();
+    let got = threads(move |group| {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let p = vs.root();
+        let col = ColumnParallelLinear::from_full(
+            &(&p / "up"),
+            &t(3, &[HID, IN]),
+            Some(&t(4, &[HID])),
+            group.clone(),
+        )?;
+        let row = RowParallelLinear::from_full(
+            &(&p / "down"),
+            &t(5, &[OUT, HID]),
+            Some(&t(6, &[OUT])),
+            group.clone(),
+        )?;
+        let (x, g, b) = (leaf(40, &[S, IN]), leaf(41, &[IN]), leaf(42, &[IN]));
+        let rows = scatter_to_sp(&x, &group)?;
+        let h = col
+            .forward_sequence_parallel(&block(&rows, (&g, &b)))?
+            .relu();
+        let y = row.forward_sequence_parallel(&h)?;
+        let r = group.rank() as i64;
+        let target = t(43, &[S, OUT]).narrow(0, r * S / 2, S / 2);
+        (&y * target)
+            .sum(Kind::Float)
+            .f_backward()
+            .map_err(|e| accel::Error::new(accel_api::ErrorKind::Backend, e.to_string()))?;
+        let grads: Vec<Vec<f32>> = [&x, &g, &b, &col.weight, col.bias.as_ref().unwrap()]
+            .iter()
+            .chain([&row.weight, row.bias.as_ref().unwrap()].iter())
+            .map(|v| flat(&v.grad()))
+            .collect();
+        Ok((flat(&y), grads))
+    });
+    let (half, hid) = (S / 2, HID / 2);
+    let mut sums = [
+        Tensor::zeros([IN], tch::kind::FLOAT_CPU),
+        Tensor::zeros([IN], tch::kind::FLOAT_CPU),
+        Tensor::zeros([OUT], tch::kind::FLOAT_CPU),
+    ];
+    for (r, (out, grads)) in got.iter().enumerate() {
+        let r = r as i64;
+        let at = |what: &str| format!("rank {r}: {what}");
+        let g = |i: usize| Tensor::from_slice(&grads[i]);
+        close(
+            &at("its output rows"),
+            &Tensor::from_slice(out),
+            &y.narrow(0, r * half, half),
+        );
+        close(&at("the input's gradient"), &g(0), &x.grad());
+        close(
+            &at("column weight rows"),
+            &g(3),
+            &w1.grad().narrow(0, r * hid, hid),
+        );
+        close(
+            &at("column bias"),
+            &g(4),
+            &b1.grad().narrow(0, r * hid, hid),
+        );
+        close(
+            &at("row weight columns"),
+            &g(5),
+            &w2.grad().narrow(1, r * hid, hid),
+        );
+        for (sum, i) in sums.iter_mut().zip([1, 2, 6]) {
+            *sum += g(i).reshape(sum.size());
+        }
+    }
+    close(
+        "the LayerNorm scale's gradient, summed",
+        &sums[0],
+        &g.grad(),
+    );
+    close(
+        "the LayerNorm shift's gradient, summed",
+        &sums[1],
+        &b.grad(),
+    );
+    close("the row bias's gradient, summed", &sums[2], &b2.grad());
 }
