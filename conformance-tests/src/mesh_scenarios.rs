@@ -117,28 +117,49 @@ fn mesh_groups(ctx: &Ctx) -> Outcome {
 /// Row-major `rows × cols` of small integers from `seed` (their products
 /// and sums stay exact in f32, whatever the order of the additions).
 fn ints(rows: usize, cols: usize, seed: usize) -> Vec<f32> {
+    ints_by(rows, cols, seed, 7)
+}
+
+/// [`ints`] walking the integers by `step`.
+fn ints_by(rows: usize, cols: usize, seed: usize, step: usize) -> Vec<f32> {
     (0..rows * cols)
-        .map(|i| ((i * 7 + seed * 3) % 9) as f32 - 4.0)
+        .map(|i| ((i * step + seed * 3) % 9) as f32 - 4.0)
         .collect()
 }
 
-/// The case every model type runs: batch 3, 4 inputs, 12 hidden units
+/// The case every model type runs: batch 5, 4 inputs, 12 hidden units
 /// (split evenly at tp 2, 3 and 4), 5 outputs, small integers (their
 /// products and sums are exact in f32 in any order, so every rank and
-/// framework must give one rank's values exactly; no pre-activation is 0,
-/// where frameworks' ReLU gradients differ).
+/// framework must give one rank's values exactly). Every hidden unit has a
+/// positive and a negative pre-activation and none is 0 (where
+/// frameworks' ReLU gradients differ), so every rank's rows of every tp
+/// size carry both of ReLU's branches.
 fn case() -> TpCase {
-    let (batch, inputs, hidden, outputs) = (3, 4, 12, 5);
-    TpCase {
+    let (batch, inputs, hidden, outputs) = (5, 4, 12, 5);
+    let case = TpCase {
         batch,
         inputs,
         hidden,
         outputs,
-        x: ints(batch, inputs, 1),
+        x: ints_by(batch, inputs, 8, 5),
         w1: ints(hidden, inputs, 2),
         w2: ints(outputs, hidden, 3),
         dy: ints(batch, outputs, 4),
+    };
+    for unit in 0..hidden {
+        let pre: Vec<f32> = (0..batch)
+            .map(|r| {
+                let x = &case.x[r * inputs..(r + 1) * inputs];
+                let w = &case.w1[unit * inputs..(unit + 1) * inputs];
+                x.iter().zip(w).map(|(a, b)| a * b).sum()
+            })
+            .collect();
+        assert!(
+            pre.iter().any(|v| *v > 0.0) && pre.iter().any(|v| *v < 0.0) && !pre.contains(&0.0),
+            "the tensor-parallel case's hidden unit {unit} has pre-activations {pre:?}"
+        );
     }
+    case
 }
 
 /// `M`'s tensor-parallel layers on every tensor-parallel mesh of this

@@ -8,7 +8,7 @@
 //! | piece | what it does |
 //! |---|---|
 //! | [`TchModel`] | a `VarStore`'s trainable variables as the training loop's `Parameters`: values and gradients viewed in place (host views for CPU tensors, device views for CUDA ones), averaged in buckets on synchronising batches; [`TchModel::backward_reporting`] reports each gradient as autograd finishes it, so that its bucket is reduced while the backward goes on |
-//! | [`Zero3TchModel`] | a [`TchModel`] whose parameters ZeRO stage 3 (`accel::zero`, `Stage::Full`) frees between a unit's uses (`set_param_storage` swaps each tensor's data for an empty one) |
+//! | [`Zero3TchModel`] | a [`TchModel`] whose parameters ZeRO stage 3 (`accel::zero`, `Stage::Full`) frees between a unit's uses (`set_param_storage` swaps each tensor's data for an empty one), and whose gradients stage 2 frees once reduce-scattered (`release_grad` sets them to none) |
 //! | [`TchKernels`] | the training loop's arithmetic and bucket copies on device tensors |
 //! | [`autocast_forward`], [`autocast_with`] | the forward pass under libtorch's autocast (bf16 on the CPU; bf16/f16 on CUDA), outputs in f32 |
 //! | [`TchOptimizer`] | a `tch::nn::Optimizer` that steps only on synchronising batches and takes its learning rate from a prepared scheduler |
@@ -17,7 +17,7 @@
 //! | [`set_seed`], [`set_threads_per_rank`] | seed accel and libtorch together; share the cores between local ranks |
 //! | [`tp`] | tensor parallelism: column- and row-parallel linear layers, the vocab-parallel embedding and cross entropy, sequence parallelism, layers and checkpoints by a `tp_plan`; Megatron's collectives as libtorch autograd functions |
 //! | [`dispatch`] | big-model inference: [`load_checkpoint_and_dispatch`] plans a device map for a `VarStore` model, loads a safetensors checkpoint into it (device, host store, disk store) and runs offloaded blocks with prefetch |
-//! | [`ffi`] | zero-copy host views of CPU tensors, device views of CUDA tensors; the C++ shim (autocast switches, gradient-accumulator hooks); the crate's only unsafe code |
+//! | [`ffi`] | zero-copy host views of CPU tensors, device views of CUDA tensors; the C++ shim (autocast switches, gradient-accumulator hooks, a gradient set to none, the tensor-parallel autograd functions); the crate's only unsafe code |
 //!
 //! Checkpoints go through the Accelerator's `save_state` / `load_state`: a
 //! prepared [`TchModel`] saves its variables, [`AdamW`] its moments, in

@@ -1,5 +1,6 @@
 //! A `tch::nn::VarStore` as the training loop's [`Parameters`].
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use accel::train::{GradKernels, ParamMut, ParamRef, Parameters};
@@ -105,11 +106,17 @@ impl TchModel {
         &self.params
     }
 
-    /// [`Parameters::visit_params`] without defining gradients: one set to
-    /// none (freed by [`Zero3TchModel`](crate::Zero3TchModel)'s
-    /// `release_grad`) is seen empty, which reads as zeros.
-    pub(crate) fn visit_params_keeping_freed(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        self.contiguous_grads();
+    /// [`Parameters::visit_params`], except that the gradients of the
+    /// parameters named in `freed` (set to none by
+    /// [`Zero3TchModel`](crate::Zero3TchModel)'s `release_grad`) are not
+    /// allocated again while autograd has not: they are seen empty, which
+    /// reads as zeros.
+    pub(crate) fn visit_params_keeping_freed(
+        &self,
+        freed: &HashSet<String>,
+        f: &mut dyn FnMut(ParamRef<'_>),
+    ) {
+        self.define_grads_except(freed);
         for (name, p) in &self.params {
             let g = grad_or_empty(p);
             f(ParamRef {
@@ -120,10 +127,14 @@ impl TchModel {
         }
     }
 
-    /// [`Parameters::visit_params_mut`] without defining gradients, as
-    /// [`visit_params_keeping_freed`](Self::visit_params_keeping_freed).
-    pub(crate) fn visit_params_mut_keeping_freed(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        self.contiguous_grads();
+    /// [`Parameters::visit_params_mut`] keeping the `freed` gradients
+    /// unallocated, as [`visit_params_keeping_freed`](Self::visit_params_keeping_freed).
+    pub(crate) fn visit_params_mut_keeping_freed(
+        &mut self,
+        freed: &HashSet<String>,
+        f: &mut dyn FnMut(ParamMut<'_>),
+    ) {
+        self.define_grads_except(freed);
         for (name, p) in &mut self.params {
             let mut g = grad_or_empty(p);
             f(ParamMut {
@@ -134,29 +145,21 @@ impl TchModel {
         }
     }
 
-    /// Make every defined gradient contiguous.
-    fn contiguous_grads(&self) {
-        for (_, p) in &self.params {
-            let mut g = p.grad();
-            if g.defined() && !g.is_contiguous() {
-                let c = g.contiguous();
-                g.set_data(&c);
+    /// Make every parameter's gradient defined and contiguous, but for
+    /// those named in `freed` where they have none.
+    fn define_grads_except(&self, freed: &HashSet<String>) {
+        for (name, p) in &self.params {
+            if freed.contains(name) && !p.grad().defined() {
+                continue;
             }
+            define_grad(p);
         }
     }
 
     /// Make every parameter's gradient defined and contiguous.
     fn define_grads(&self) {
         for (_, p) in &self.params {
-            let mut g = p.grad();
-            if !g.defined() {
-                // Autograd's accumulation gives the parameter a zero gradient
-                // with the parameter's (contiguous) layout.
-                tch::with_grad(|| (p.sum(Kind::Float) * 0.0).backward());
-            } else if !g.is_contiguous() {
-                let c = g.contiguous();
-                g.set_data(&c);
-            }
+            define_grad(p);
         }
     }
 }
@@ -171,6 +174,19 @@ impl std::ops::Deref for TchModel {
 impl std::ops::DerefMut for TchModel {
     fn deref_mut(&mut self) -> &mut VarStore {
         &mut self.vs
+    }
+}
+
+/// Make `p`'s gradient defined (zeros where it has none) and contiguous.
+pub(crate) fn define_grad(p: &Tensor) {
+    let mut g = p.grad();
+    if !g.defined() {
+        // Autograd's accumulation gives the parameter a zero gradient
+        // with the parameter's (contiguous) layout.
+        tch::with_grad(|| (p.sum(Kind::Float) * 0.0).backward());
+    } else if !g.is_contiguous() {
+        let c = g.contiguous();
+        g.set_data(&c);
     }
 }
 

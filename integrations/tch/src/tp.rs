@@ -18,8 +18,11 @@
 //! shards them over the mesh's `dp` group). The sums in a backward run on
 //! the thread that calls `backward()` (libtorch's CPU engine); a failed sum
 //! makes libtorch's backward fail with accel's message (use
-//! `f_backward` to get it as an error). The same names and semantics as
-//! `accel_candle::tp`.
+//! `f_backward` to get it as an error). The names and semantics are
+//! `accel_candle::tp`'s (candle's column-parallel layer can also gather
+//! its output for inference). The collectives in a backward are not
+//! recorded by autograd: a double backward (`create_graph`) through them is
+//! not supported, as in Megatron's own.
 //!
 //! Sequence parallelism (Megatron's), as in candle: between the
 //! tensor-parallel blocks, norms and dropout run on `seq / tp` rows each
@@ -27,7 +30,10 @@
 //! column-parallel layer's [`forward_sequence_parallel`](ColumnParallelLinear::forward_sequence_parallel))
 //! and left with a row-parallel layer's
 //! [`forward_sequence_parallel`](RowParallelLinear::forward_sequence_parallel)
-//! (a reduce-scatter in place of the all-reduce).
+//! (a reduce-scatter in place of the all-reduce). A replicated parameter
+//! used on the rows (a norm's scale, the row-parallel bias) gets a partial
+//! gradient on each rank: sum them over the group with
+//! [`sum_partial_grads`] before the optimizer step, as Megatron does.
 //!
 //! A tensor-parallel plan (transformers' `tp_plan` vocabulary,
 //! [`TpPlan`]) builds the layers ([`PlannedLinear`]), cuts a full
@@ -96,6 +102,30 @@ pub fn gather_from_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tenso
 /// Rows that do not split evenly; the reduce-scatter's.
 pub fn reduce_scatter_to_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
     tp_apply(x, group, TpCollective::ReduceScatterToSp)
+}
+
+/// Sum over `group` the gradients of replicated parameters that were used
+/// on this rank's rows only (a norm's scale and shift between
+/// sequence-parallel regions, a row-parallel layer's bias under
+/// [`RowParallelLinear::forward_sequence_parallel`]): each rank's backward
+/// gives a partial gradient, and Megatron all-reduces them over the
+/// tensor-parallel group before the optimizer step, so that the replicas
+/// stay equal. Parameters without a gradient are skipped. Collective.
+///
+/// # Errors
+/// The all-reduces'.
+pub fn sum_partial_grads(params: &[&Tensor], group: &Arc<dyn Communicator>) -> Result<()> {
+    for p in params {
+        let mut g = p.grad();
+        if g.defined() {
+            if !g.is_contiguous() {
+                let c = g.contiguous();
+                g.set_data(&c);
+            }
+            group.all_reduce(crate::tensor_ops::view_mut(&mut g)?, ReduceOp::Sum)?;
+        }
+    }
+    Ok(())
 }
 
 fn torch(op: &str, e: tch::TchError) -> Error {
@@ -382,8 +412,9 @@ pub fn cut_by_plan(
 }
 
 /// The whole parameter from every rank's part `local` (as [`cut_by_plan`]
-/// cut it), gathered over `group`, in `local`'s kind: what a saver writes
-/// (`save_model`'s whole tensors in the Hugging Face layout). Collective.
+/// cut it), gathered over `group` (as f32 values), in `local`'s kind and on
+/// its device: what a saver writes (`save_model`'s whole tensors in the
+/// Hugging Face layout). Collective.
 ///
 /// # Errors
 /// A shape the plan's style cannot split; the gather's.
@@ -408,7 +439,9 @@ pub fn whole_by_plan(
             Tensor::from_slice(&data).reshape(shape)
         })
         .collect();
-    Ok(Tensor::cat(&pieces, dim as i64).to_kind(local.kind()))
+    Ok(Tensor::cat(&pieces, dim as i64)
+        .to_kind(local.kind())
+        .to_device(local.device()))
 }
 
 /// This rank's part `local` of a parameter under the plan, as a chunk for
@@ -439,6 +472,19 @@ pub fn shard_chunk(
             format!(
                 "{}: this rank holds {dims:?}, but the plan gives it {shape:?} of {:?}",
                 p.name, p.shape
+            ),
+        ));
+    }
+    if !matches!(
+        local.kind(),
+        Kind::Half | Kind::BFloat16 | Kind::Float | Kind::Double
+    ) {
+        return Err(Error::invalid_argument(
+            "shard_chunk",
+            format!(
+                "{} is {:?}; weights are floating point",
+                p.name,
+                local.kind()
             ),
         ));
     }

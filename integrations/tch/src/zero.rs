@@ -1,6 +1,7 @@
 //! ZeRO stage 3 on a tch model: a [`TchModel`] whose parameters
 //! [`accel::zero`] can free between uses.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use accel::train::{GradKernels, ParamMut, ParamRef, Parameters};
@@ -28,6 +29,9 @@ use crate::TchModel;
 pub struct Zero3TchModel {
     inner: TchModel,
     shapes: Vec<Vec<i64>>,
+    /// The parameters whose gradient `release_grad` set to none (seen
+    /// empty until autograd or a gather allocates it again).
+    freed: HashSet<String>,
 }
 
 impl Zero3TchModel {
@@ -41,6 +45,7 @@ impl Zero3TchModel {
         Zero3TchModel {
             inner: model,
             shapes,
+            freed: HashSet::new(),
         }
     }
 
@@ -66,13 +71,15 @@ impl Parameters for Zero3TchModel {
     /// A gradient freed by [`release_grad`](Parameters::release_grad) is
     /// seen empty (it reads as zeros) rather than allocated again.
     fn visit_params(&self, f: &mut dyn FnMut(ParamRef<'_>)) {
-        self.inner.visit_params_keeping_freed(f)
+        self.inner.visit_params_keeping_freed(&self.freed, f)
     }
 
     /// As [`visit_params`](Parameters::visit_params): a freed gradient is
     /// seen empty.
     fn visit_params_mut(&mut self, f: &mut dyn FnMut(ParamMut<'_>)) {
-        self.inner.visit_params_mut_keeping_freed(f)
+        let freed = std::mem::take(&mut self.freed);
+        self.inner.visit_params_mut_keeping_freed(&freed, f);
+        self.freed = freed;
     }
 
     fn num_params(&self) -> usize {
@@ -136,6 +143,13 @@ impl Parameters for Zero3TchModel {
                 grad.set_data(&fresh());
             }
         });
+        if numel != 0 && !grad.defined() {
+            // A gathered unit starts with zero gradients, also where the
+            // gradient was set to none (by `release_grad`, or an
+            // optimizer's `zero_grad`).
+            crate::model::define_grad(p);
+            self.freed.remove(name);
+        }
         Ok(())
     }
 
@@ -151,6 +165,8 @@ impl Parameters for Zero3TchModel {
         let (_, p) = params.iter().find(|(n, _)| n == name).ok_or_else(|| {
             Error::invalid_argument("release_grad", format!("no parameter {name:?}"))
         })?;
-        crate::ffi::grad_to_none(p)
+        crate::ffi::grad_to_none(p)?;
+        self.freed.insert(name.to_string());
+        Ok(())
     }
 }

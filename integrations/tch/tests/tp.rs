@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use accel_api::{Communicator, ErrorKind};
 use accel_tch::tp::{
-    cut_by_plan, load_by_plan, reduce_from_tp, scatter_to_sp, shard_chunk,
+    cut_by_plan, load_by_plan, reduce_from_tp, scatter_to_sp, shard_chunk, sum_partial_grads,
     vocab_parallel_cross_entropy, whole_by_plan, ColumnParallelLinear, ModuleKind, Planned,
     PlannedLinear, RowParallelLinear, TpPlan, VocabParallelEmbedding,
 };
@@ -449,7 +449,9 @@ fn a_sum_that_fails_in_a_backward_is_libtorchs_error_naming_the_collective_not_a
         .timeout(Duration::from_secs(2))
         .run(|acc| {
             if acc.rank() == 1 {
-                // Rank 1 never runs the backward's all-reduce.
+                // Rank 1 never runs the backward's all-reduce, and stays
+                // connected until rank 0 has timed out.
+                std::thread::sleep(Duration::from_secs(4));
                 return Ok(None);
             }
             let g = acc.comm().clone();
@@ -483,14 +485,14 @@ fn sequence_parallel_norm_then_column_and_row_parallel_equal_one_rank() {
     };
     // One rank.
     let leaf = |seed: usize, shape: &[i64]| t(seed, shape).set_requires_grad(true);
-    let (x, g, b) = (leaf(40, &[S, IN]), leaf(41, &[IN]), leaf(42, &[IN]));
+    let (x, g_norm, b_norm) = (leaf(40, &[S, IN]), leaf(41, &[IN]), leaf(42, &[IN]));
     let (w1, b1, w2, b2) = (
         leaf(3, &[HID, IN]),
         leaf(4, &[HID]),
         leaf(5, &[OUT, HID]),
         leaf(6, &[OUT]),
     );
-    let y = block(&x, (&g, &b))
+    let y = block(&x, (&g_norm, &b_norm))
         .linear(&w1, Some(&b1))
         .relu()
         .linear(&w2, Some(&b2));
@@ -522,12 +524,21 @@ fn sequence_parallel_norm_then_column_and_row_parallel_equal_one_rank() {
             .sum(Kind::Float)
             .f_backward()
             .map_err(|e| accel::Error::new(accel_api::ErrorKind::Backend, e.to_string()))?;
+        let partial: Vec<Vec<f32>> = [&g, &b, row.bias.as_ref().unwrap()]
+            .iter()
+            .map(|v| flat(&v.grad()))
+            .collect();
+        sum_partial_grads(&[&g, &b, row.bias.as_ref().unwrap()], &group)?;
+        let summed: Vec<Vec<f32>> = [&g, &b, row.bias.as_ref().unwrap()]
+            .iter()
+            .map(|v| flat(&v.grad()))
+            .collect();
         let grads: Vec<Vec<f32>> = [&x, &g, &b, &col.weight, col.bias.as_ref().unwrap()]
             .iter()
             .chain([&row.weight, row.bias.as_ref().unwrap()].iter())
             .map(|v| flat(&v.grad()))
             .collect();
-        Ok((flat(&y), grads))
+        Ok((flat(&y), grads, partial, summed))
     });
     let (half, hid) = (S / 2, HID / 2);
     let mut sums = [
@@ -535,10 +546,32 @@ fn sequence_parallel_norm_then_column_and_row_parallel_equal_one_rank() {
         Tensor::zeros([IN], tch::kind::FLOAT_CPU),
         Tensor::zeros([OUT], tch::kind::FLOAT_CPU),
     ];
-    for (r, (out, grads)) in got.iter().enumerate() {
+    for (r, (out, grads, partial, summed)) in got.iter().enumerate() {
         let r = r as i64;
         let at = |what: &str| format!("rank {r}: {what}");
-        let g = |i: usize| Tensor::from_slice(&grads[i]);
+        // Each rank's partial gradients, then the sums every rank holds
+        // after sum_partial_grads.
+        let g = |i: usize| match i {
+            1 => Tensor::from_slice(&partial[0]),
+            2 => Tensor::from_slice(&partial[1]),
+            6 => Tensor::from_slice(&partial[2]),
+            _ => Tensor::from_slice(&grads[i]),
+        };
+        close(
+            &at("the norm scale's summed gradient"),
+            &Tensor::from_slice(&summed[0]),
+            &g_norm.grad(),
+        );
+        close(
+            &at("the norm shift's summed gradient"),
+            &Tensor::from_slice(&summed[1]),
+            &b_norm.grad(),
+        );
+        close(
+            &at("the row bias's summed gradient"),
+            &Tensor::from_slice(&summed[2]),
+            &b2.grad(),
+        );
         close(
             &at("its output rows"),
             &Tensor::from_slice(out),
@@ -567,12 +600,12 @@ fn sequence_parallel_norm_then_column_and_row_parallel_equal_one_rank() {
     close(
         "the LayerNorm scale's gradient, summed",
         &sums[0],
-        &g.grad(),
+        &g_norm.grad(),
     );
     close(
         "the LayerNorm shift's gradient, summed",
         &sums[1],
-        &b.grad(),
+        &b_norm.grad(),
     );
     close("the row bias's gradient, summed", &sums[2], &b2.grad());
 }

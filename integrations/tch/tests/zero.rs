@@ -240,4 +240,35 @@ fn zero3_tch_model_frees_and_restores_its_tensors() {
     let e = m.set_param_storage("a.weight", 3).unwrap_err();
     assert!(e.to_string().contains("cannot hold 3"), "{e}");
     assert!(m.set_param_storage("c.weight", 0).is_err());
+    // Stage 2: a released gradient is set to none and seen empty (it is
+    // not allocated again by a visit), the other gradients stay whole.
+    m.release_grad("b.weight").unwrap();
+    assert_eq!(
+        resident(&m),
+        2 * numel - HIDDEN,
+        "b.weight's gradient freed"
+    );
+    let mut grads = Vec::new();
+    m.visit_params_mut(&mut |p| grads.push((p.name.to_string(), p.grad.len())));
+    assert!(grads.contains(&("b.weight".to_string(), 0)), "{grads:?}");
+    assert_eq!(
+        resident(&m),
+        2 * numel - HIDDEN,
+        "a visit does not allocate it"
+    );
+    // A gather gives a gradient set to none back, zero-filled (stage 3
+    // after stage 2's release, or after an optimizer's zero_grad).
+    m.set_param_storage("b.weight", 0).unwrap();
+    m.set_param_storage("b.weight", HIDDEN).unwrap();
+    assert_eq!(
+        resident(&m),
+        2 * numel,
+        "the gathered unit's gradient is back"
+    );
+    let b = values(&m)
+        .into_iter()
+        .find(|(n, _)| n == "b.weight")
+        .unwrap();
+    assert!(b.1.iter().all(|&v| v == 0.0), "zero-filled");
+    assert!(m.release_grad("c.weight").is_err());
 }
