@@ -72,20 +72,20 @@ pub fn reduce_from_tp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tenso
     tp_apply(x, group, TpCollective::ReduceFromTp)
 }
 
-/// Enter a sequence-parallel region from a replicated tensor: this rank's
-/// rows of dimension 0 (the sequence), split evenly; the gradient is
-/// all-gathered backward. Collective backward.
+/// Into a sequence-parallel region: a replicated `x` becomes this rank's
+/// `1/tp` of its rows (dimension 0, the sequence); backward, the rows'
+/// gradients are put back together with an all-gather.
 ///
 /// # Errors
-/// Rows that do not split evenly over the group.
+/// A first dimension that `tp` does not divide.
 pub fn scatter_to_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
     tp_apply(x, group, TpCollective::ScatterToSp)
 }
 
-/// Leave a sequence-parallel region into a tensor-parallel one (before a
-/// column-parallel layer): every rank's rows all-gathered along dimension
-/// 0; the gradient is reduce-scattered backward (each rank keeps its rows
-/// of the sum). Collective.
+/// Out of a sequence-parallel region, before a column-parallel layer:
+/// the ranks' rows concatenated in rank order (an all-gather); backward,
+/// the gradient is summed over the group and each rank keeps its own rows
+/// (a reduce-scatter).
 ///
 /// # Errors
 /// The all-gather's.
@@ -93,13 +93,13 @@ pub fn gather_from_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tenso
     tp_apply(x, group, TpCollective::GatherFromSp)
 }
 
-/// Leave a tensor-parallel region into a sequence-parallel one (after a
-/// row-parallel layer's partial products): summed over the group and
-/// scattered along dimension 0, each rank keeping its rows; the gradient
-/// is all-gathered backward. Collective.
+/// Into a sequence-parallel region, after a row-parallel layer's partial
+/// products: their sum over the group, of which each rank keeps its own
+/// rows (a reduce-scatter, in place of `g`'s all-reduce); backward, an
+/// all-gather of the rows' gradients.
 ///
 /// # Errors
-/// Rows that do not split evenly; the reduce-scatter's.
+/// A first dimension that `tp` does not divide; the reduce-scatter's.
 pub fn reduce_scatter_to_sp(x: &Tensor, group: &Arc<dyn Communicator>) -> Result<Tensor> {
     tp_apply(x, group, TpCollective::ReduceScatterToSp)
 }
