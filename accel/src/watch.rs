@@ -201,8 +201,8 @@ impl SectionTimeouts {
     }
 }
 
-/// A rank's straggler score: its time against the group's median, in its
-/// worst phase, at the last report.
+/// A rank's straggler score: its time against the group's median, in the
+/// phase that costs it the most time over that median, at the last report.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StragglerMark {
     /// Time / group median (1.0: as the median).

@@ -68,13 +68,20 @@ impl StragglerReport {
             .max_by(|a, b| a.1.total_cmp(&b.1))
     }
 
-    /// `rank`'s worst score, over the phases.
+    /// `rank`'s mark: the phase that costs it the most time over the
+    /// group's median (milliseconds, not the ratio: a phase of a few
+    /// microseconds that jitters to three times its median must not hide a
+    /// forward 40 ms slower), with its score there.
     pub fn mark(&self, rank: usize) -> Option<StragglerMark> {
+        let times = self.times.get(rank)?;
         Phase::ALL
             .into_iter()
-            .filter_map(|p| self.scores(p).get(rank).map(|&s| (p, s)))
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(phase, score)| StragglerMark {
+            .filter_map(|p| {
+                let score = *self.scores(p).get(rank)?;
+                Some((p, score, times.get(p) - self.median(p)))
+            })
+            .max_by(|a, b| a.2.total_cmp(&b.2).then(a.1.total_cmp(&b.1)))
+            .map(|(phase, score, _)| StragglerMark {
                 score,
                 phase,
                 at_step: self.step,
@@ -140,5 +147,24 @@ mod tests {
             ],
         };
         assert_eq!(r.straggler(Phase::Forward), Some((1, 3.0)));
+        // A rank 40 ms slow in forward, where the others take no time (a
+        // score of 3 against the mean), and jittery in a phase of a few
+        // microseconds (a score of 4 there): its mark is the forward, where
+        // it loses the time.
+        let r = StragglerReport {
+            step: 10,
+            times: vec![
+                times([0.0, 0.0, 0.0, 0.0, 0.05, 0.0]),
+                times([0.0, 40.0, 0.0, 0.0, 0.2, 0.0]),
+                times([0.0, 0.0, 0.0, 0.0, 0.05, 0.0]),
+            ],
+        };
+        let m = r.mark(1).unwrap();
+        assert_eq!((m.phase, m.score), (Phase::Forward, 3.0), "{m:?}");
+        assert!(
+            r.scores(Phase::Optimizer)[1] > m.score,
+            "the tiny phase scores higher"
+        );
+        assert!(r.mark(3).is_none(), "no such rank");
     }
 }
