@@ -428,7 +428,9 @@ fn a_machine_that_never_joins_is_named_by_the_join_timeout_everywhere() {
                 "machine {i} must name machine 2:\n{}",
                 r.all()
             );
-            assert!(r.elapsed < Duration::from_secs(3 + 2), "{}", r.all());
+            // The join timeout, plus the launcher's start and exit in a
+            // namespace on a loaded 2-core machine (5.03 s once in CI).
+            assert!(r.elapsed < Duration::from_secs(3 + 3), "{}", r.all());
         }
     });
 }
