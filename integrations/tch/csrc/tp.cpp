@@ -45,7 +45,7 @@ class Group final : public torch::CustomClassHolder {
 
   // The sum over the group of a contiguous copy of t.
   at::Tensor sum(const at::Tensor& t) const {
-    at::Tensor out = t.contiguous().clone();
+    at::Tensor out = t.clone(at::MemoryFormat::Contiguous);
     run(0, out, out);
     return out;
   }
