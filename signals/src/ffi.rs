@@ -1,6 +1,8 @@
-//! The SIGABRT handler. Everything it calls is async-signal-safe: `prctl`,
-//! `getpid`, `write` and copies into stack buffers.
+//! The SIGABRT handler (everything it calls is async-signal-safe: `prctl`,
+//! `getpid`, `write` and copies into stack buffers), and glibc's allocator
+//! settings ([`malloc`]).
 
+pub(crate) mod malloc;
 use std::mem::MaybeUninit;
 
 extern "C" fn on_abort(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {

@@ -1,5 +1,8 @@
 //! # accel-signals: what a worker process says when it is killed by its own hand
 //!
+//! (And one more process-wide setting the facade cannot make without
+//! `unsafe`: [`keep_freed_memory`], glibc's allocator keeping freed memory.)
+//!
 //! A process that hosts ranks as threads (xla, or `ACCEL_PROCESS_MODEL=threads`)
 //! dies as a whole when one thread calls `abort()`: a C library's failed check,
 //! `std::process::abort`, a double panic. Rust prints nothing for a bare
@@ -41,6 +44,31 @@ pub fn name_aborting_rank_threads() -> bool {
         use std::sync::OnceLock;
         static INSTALLED: OnceLock<bool> = OnceLock::new();
         *INSTALLED.get_or_init(ffi::install)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+/// Once per process, tell glibc's allocator to keep the memory the program
+/// frees: every block from glibc's heaps instead of a mapping of its own
+/// (`mallopt(M_MMAP_MAX, 0)`), and up to 512 MiB freed at a heap's top kept
+/// (`M_TRIM_THRESHOLD`). Without it glibc maps each block above 32 MiB
+/// afresh and unmaps it when freed, so a training loop whose gradients
+/// are larger faults in and zeroes every page of them on every backward
+/// (docs/adr/0038). Blocks of 64 MiB or more still get a mapping of their
+/// own on threads other than the main one (glibc's other arenas are heaps
+/// of at most 64 MiB).
+///
+/// Returns whether glibc took the settings (`false` on other C libraries
+/// and targets, where nothing changes).
+pub fn keep_freed_memory() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::sync::OnceLock;
+        static KEPT: OnceLock<bool> = OnceLock::new();
+        *KEPT.get_or_init(ffi::malloc::keep_freed_memory)
     }
     #[cfg(not(target_os = "linux"))]
     {

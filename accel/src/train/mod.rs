@@ -79,6 +79,7 @@ mod grad_sync;
 mod grads;
 mod iterable;
 mod kernels;
+mod malloc;
 mod metrics;
 mod model_io;
 pub(crate) mod optim;

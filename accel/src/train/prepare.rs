@@ -258,7 +258,12 @@ impl<M: Parameters> Prepare<PreparedModel<M>> for M {
     /// [`Parameters::grad_kernels`].
     /// A mixed precision the model does not compute in is reported first
     /// ([`Accelerator::settings_not_applied`]; an error under strict mode).
+    /// The first model prepared in a process also has glibc keep the memory
+    /// the loop frees (large gradients are then reused instead of mapped
+    /// and faulted in on every backward; `ACCEL_MALLOC=system` opts out,
+    /// any other value is an `InvalidConfig` error; docs/adr/0038).
     fn prepare_with(mut self, acc: &Accelerator) -> Result<PreparedModel<M>> {
+        super::malloc::apply_from_env()?;
         super::grads::check_kernels(&self, "prepare_model")?;
         super::shared(acc).check_mixed_precision(acc.rank(), &self)?;
         broadcast_values(acc, &mut self, "prepare_model")?;
