@@ -185,24 +185,50 @@ impl<'a> HostBufMut<'a> {
     /// # Panics
     /// When `n` is 0 (a group has at least one rank).
     pub fn divide_by(&mut self, n: usize) {
+        self.divide(None, n);
+    }
+
+    /// Set every element to `src`'s element divided by `n`, in one pass:
+    /// the same values as copying `src` in, then [`divide_by`](Self::divide_by).
+    ///
+    /// # Panics
+    /// When `n` is 0, or `src` is not as long as this view or not aligned
+    /// to its element type.
+    pub fn assign_divided(&mut self, src: &[u8], n: usize) {
+        assert_eq!(
+            src.len(),
+            self.bytes.len(),
+            "assign_divided: lengths differ"
+        );
+        self.divide(Some(src), n);
+    }
+
+    fn divide(&mut self, src: Option<&[u8]>, n: usize) {
         assert!(n > 0, "divide_by(0)");
-        fn each<T: Element>(b: &mut [u8], f: impl Fn(T) -> T) {
-            bytemuck::cast_slice_mut::<u8, T>(b)
-                .iter_mut()
-                .for_each(|x| *x = f(*x));
+        fn each<T: Element>(b: &mut [u8], src: Option<&[u8]>, f: impl Fn(T) -> T) {
+            let out = bytemuck::cast_slice_mut::<u8, T>(b);
+            match src {
+                None => out.iter_mut().for_each(|x| *x = f(*x)),
+                Some(src) => out
+                    .iter_mut()
+                    .zip(bytemuck::cast_slice::<u8, T>(src))
+                    .for_each(|(x, y)| *x = f(*y)),
+            }
         }
         let b = &mut *self.bytes;
         match self.dtype {
-            crate::DType::F16 => each(b, |x: half::f16| half::f16::from_f32(x.to_f32() / n as f32)),
-            crate::DType::BF16 => each(b, |x: half::bf16| {
+            crate::DType::F16 => each(b, src, |x: half::f16| {
+                half::f16::from_f32(x.to_f32() / n as f32)
+            }),
+            crate::DType::BF16 => each(b, src, |x: half::bf16| {
                 half::bf16::from_f32(x.to_f32() / n as f32)
             }),
-            crate::DType::F32 => each(b, |x: f32| x / n as f32),
-            crate::DType::F64 => each(b, |x: f64| x / n as f64),
-            crate::DType::I8 => each(b, |x: i8| (i64::from(x) / n as i64) as i8),
-            crate::DType::U8 => each(b, |x: u8| (u64::from(x) / n as u64) as u8),
-            crate::DType::I32 => each(b, |x: i32| (i64::from(x) / n as i64) as i32),
-            crate::DType::I64 => each(b, |x: i64| x / n as i64),
+            crate::DType::F32 => each(b, src, |x: f32| x / n as f32),
+            crate::DType::F64 => each(b, src, |x: f64| x / n as f64),
+            crate::DType::I8 => each(b, src, |x: i8| (i64::from(x) / n as i64) as i8),
+            crate::DType::U8 => each(b, src, |x: u8| (u64::from(x) / n as u64) as u8),
+            crate::DType::I32 => each(b, src, |x: i32| (i64::from(x) / n as i64) as i32),
+            crate::DType::I64 => each(b, src, |x: i64| x / n as i64),
         }
     }
 }
@@ -591,6 +617,20 @@ mod tests {
         h.as_mut_slice::<f32>().unwrap()[1] = 5.0;
         assert!(h.as_mut_slice::<i32>().is_err());
         assert_eq!(v, vec![1.0, 5.0, 3.0]);
+    }
+
+    #[test]
+    fn assign_divided_is_a_copy_then_divide_by() {
+        let src: Vec<f32> = (0..37).map(|i| i as f32 * 0.7 - 9.1).collect();
+        let mut copied = src.clone();
+        HostBufMut::from(&mut copied[..]).divide_by(3);
+        let mut out = vec![0f32; 37];
+        HostBufMut::from(&mut out[..]).assign_divided(bytemuck::cast_slice(&src), 3);
+        assert_eq!(out, copied);
+        let src = [-7i32, 7, 5];
+        let mut out = [0i32; 3];
+        HostBufMut::from(&mut out[..]).assign_divided(bytemuck::cast_slice(&src), 2);
+        assert_eq!(out, [-3, 3, 2]);
     }
 
     #[test]

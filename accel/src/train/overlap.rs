@@ -78,7 +78,11 @@ impl<'a> OverlapGate<'a> {
                     (true, Some(c)) => c,
                     _ => b.dtype,
                 };
-                b.device != Device::CPU || !caps.reduce_dtypes.contains(&narrow)
+                // A bucket of one parameter is reduced in place after the
+                // backward, as `backward` does: started now it would need
+                // a copy in and a copy out (a handle owns its buffer), which
+                // on a host engine cost more than the overlap hides (ADR 0033).
+                b.device != Device::CPU || !caps.reduce_dtypes.contains(&narrow) || b.members == 1
             })
             .collect();
         let mut left = vec![0; plan.buckets.len()];
@@ -191,16 +195,16 @@ impl<'a> OverlapGate<'a> {
         let started = first_error.is_none() && self.mark(model, "").is_ok();
         let world = self.how.world;
         let mut done: Vec<Option<HostBytes>> = (0..self.flights.len()).map(|_| None).collect();
+        let mut divide = vec![false; self.flights.len()];
         let mut wait_error = None;
         for (bi, f) in self.flights.iter_mut().enumerate() {
             let r = match f.take() {
                 None => continue,
-                Some(Flight::Plain(w)) => w.wait().map(|mut buf| {
-                    if !self.how.native_avg {
-                        buf.host_mut().divide_by(world);
-                    }
-                    buf
-                }),
+                // Without a native average the copy back divides.
+                Some(Flight::Plain(w)) => {
+                    divide[bi] = !self.how.native_avg;
+                    w.wait()
+                }
                 Some(Flight::Compressed(w)) => w.wait().and_then(|narrow| {
                     let mut out = self
                         .pool
@@ -233,8 +237,12 @@ impl<'a> OverlapGate<'a> {
                 if let (Some(buf), BufMut::Host(mut h)) = (&done[bi], p.grad) {
                     let s = size_of(bi);
                     let n = h.bytes().len();
-                    h.bytes_mut()
-                        .copy_from_slice(&buf.bytes()[off * s..off * s + n]);
+                    let src = &buf.bytes()[off * s..off * s + n];
+                    if divide[bi] {
+                        h.assign_divided(src, world);
+                    } else {
+                        h.bytes_mut().copy_from_slice(src);
+                    }
                 }
             }
             i += 1;
