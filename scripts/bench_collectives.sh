@@ -9,6 +9,10 @@
 #   CHECK_OFF=0 scripts/bench_collectives.sh     # without the check-off runs
 #   MPI=0 scripts/bench_collectives.sh           # the Gloo columns only
 #                                                # (= scripts/bench_gloo.sh)
+#   BASE=/path/to/old/accel scripts/bench_collectives.sh
+#                                                # also an older build's accel
+#                                                # bench, same rounds: a table
+#                                                # of now / before per size
 #
 # Every program times the same way: per size, WARMUP untimed all-reduces
 # (f32, sum, zero-filled buffer), then ITERS times { barrier; t0;
@@ -173,12 +177,14 @@ for ((r = 0; r < ROUNDS; r++)); do
   echo "$NAME: round $((r + 1))/$ROUNDS" >&2
   if [ "$GLOO" = 1 ]; then
     run_accel cpu-gloo accel "$r"
+    if [ -n "${BASE:-}" ]; then ACCEL=$BASE run_accel cpu-gloo basegloo "$r"; fi
     if [ "$CHECK_OFF" = 1 ]; then run_accel cpu-gloo accelnc "$r" ACCEL_CHECK_CALLS=0; fi
     run_raw_gloo "$r"
     if [ "$HAVE_TORCH" = 1 ]; then run_torch "$r"; fi
   fi
   if [ "$MPI" = 1 ]; then
     run_accel default:mpi accelmpi "$r"
+    if [ -n "${BASE:-}" ]; then ACCEL=$BASE run_accel default:mpi basempi "$r"; fi
     if [ "$CHECK_OFF" = 1 ]; then run_accel default:mpi accelmpinc "$r" ACCEL_CHECK_CALLS=0; fi
     run_raw_mpi blocking rawmpi "$r"
     RAW_MPI_THREAD=multiple run_raw_mpi blocking rawmpimt "$r"
@@ -210,7 +216,7 @@ human() {
                          else if (b >= 1024) printf "%d KiB", b / 1024; else printf "%d B", b }'
 }
 
-for n in accel accelnc raw torch accelmpi accelmpinc rawmpi rawmpimt rawmpinb; do
+for n in accel accelnc raw torch accelmpi accelmpinc rawmpi rawmpimt rawmpinb basegloo basempi; do
   if ls "$WORK/$n".[0-9]* >/dev/null 2>&1; then agg "$n" >"$WORK/$n.agg"; else : >"$WORK/$n.agg"; fi
 done
 
@@ -246,6 +252,17 @@ if [ "$MPI" = 1 ]; then
   done <"$WORK/accelmpi.agg"
   echo
   echo "MPI: $("$MPIRUN" --version 2>/dev/null | head -n1); mpirun flags: ${MPI_FLAGS[*]:-none}"
+fi
+if [ -n "${BASE:-}" ]; then
+  echo
+  echo "Against $BASE (the same rounds, interleaved; check on in both):"
+  echo
+  echo "| size | cpu-gloo now / before (median) | best / best | mpi now / before (median) | best / best |"
+  echo "|---:|---:|---:|---:|---:|"
+  for size in $(cut -d' ' -f1 "$WORK/accel.agg" "$WORK/accelmpi.agg" | sort -un); do
+    echo "| $(human "$size") | $(ratio "$(col accel "$size" 2)" "$(col basegloo "$size" 2)") | $(ratio "$(col accel "$size" 3)" "$(col basegloo "$size" 3)") | $(ratio "$(col accelmpi "$size" 2)" "$(col basempi "$size" 2)") | $(ratio "$(col accelmpi "$size" 3)" "$(col basempi "$size" 3)") |"
+  done
+  echo
 fi
 echo "2 ranks, f32 sum, iters $ITERS, warmup $WARMUP, rounds $ROUNDS; host: $(nproc) cores, $(uname -sr); 1-minute load average $(sort -g "$LOADS" | head -n1)-$(sort -g "$LOADS" | tail -n1) during the runs, $(cut -d' ' -f1-3 /proc/loadavg) at the end"
 if [ "$HAVE_TORCH" = 1 ]; then echo "torch: $("$PY" -c 'import torch; print(torch.__version__)') ($PY)"; fi
