@@ -170,7 +170,10 @@ impl Accelerator {
     /// e.g. `loss_and_grad_units(batch, scale, gate)`). Each gradient bucket
     /// starts its all-reduce on the communicator's worker as soon as its
     /// gradients are final, while `f` goes on; after `f` the rest start,
-    /// every bucket is waited for and the averages are copied back.
+    /// every bucket is waited for and the averages are copied back. A
+    /// bucket of one parameter waits for the end of `f` and is reduced in
+    /// place, as [`backward`](Self::backward) does (started, it would be
+    /// copied in and out; ADR 0033).
     /// Returns `f`'s result. Collective when the batch synchronises.
     ///
     /// # Behavior

@@ -64,8 +64,9 @@ pub struct TrainConfig {
     /// Reduce each gradient bucket as soon as the backward pass has
     /// finished its gradients, while the rest of the backward runs, when
     /// the backward reports them ([`Accelerator::backward_overlapped`]);
-    /// default `true`. `false` reduces every bucket after the backward (the
-    /// same buckets and the same results, bit for bit).
+    /// default `true` (a bucket of one parameter is reduced in place after
+    /// the backward either way). `false` reduces every bucket after the
+    /// backward (the same buckets and the same results, bit for bit).
     ///
     /// [`Accelerator::backward_overlapped`]: crate::Accelerator::backward_overlapped
     pub overlap_grad_sync: bool,
