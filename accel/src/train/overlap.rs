@@ -194,24 +194,23 @@ impl<'a> OverlapGate<'a> {
         // Whatever the backward did not report is final now.
         let started = first_error.is_none() && self.mark(model, "").is_ok();
         let world = self.how.world;
-        let mut done: Vec<Option<HostBytes>> = (0..self.flights.len()).map(|_| None).collect();
-        let mut divide = vec![false; self.flights.len()];
+        // Each bucket's result, and whether the copy back divides (a plain
+        // sum without a native average; a compressed one was divided as it
+        // widened).
+        let mut done: Vec<Option<(HostBytes, bool)>> =
+            (0..self.flights.len()).map(|_| None).collect();
         let mut wait_error = None;
         for (bi, f) in self.flights.iter_mut().enumerate() {
             let r = match f.take() {
                 None => continue,
-                // Without a native average the copy back divides.
-                Some(Flight::Plain(w)) => {
-                    divide[bi] = !self.how.native_avg;
-                    w.wait()
-                }
+                Some(Flight::Plain(w)) => w.wait().map(|buf| (buf, !self.how.native_avg)),
                 Some(Flight::Compressed(w)) => w.wait().and_then(|narrow| {
                     let mut out = self
                         .pool
                         .pop()
                         .unwrap_or_else(|| HostBytes::zeroed(DType::F32, 0));
                     widen_into(&narrow, &mut out, world)?;
-                    Ok(out)
+                    Ok((out, false))
                 }),
             };
             match r {
@@ -234,11 +233,11 @@ impl<'a> OverlapGate<'a> {
         let mut i = 0;
         model.visit_params_mut(&mut |p| {
             if let Some((bi, off)) = self.plan.slots[i] {
-                if let (Some(buf), BufMut::Host(mut h)) = (&done[bi], p.grad) {
+                if let (Some((buf, divide)), BufMut::Host(mut h)) = (&done[bi], p.grad) {
                     let s = size_of(bi);
                     let n = h.bytes().len();
                     let src = &buf.bytes()[off * s..off * s + n];
-                    if divide[bi] {
+                    if *divide {
                         h.assign_divided(src, world);
                     } else {
                         h.bytes_mut().copy_from_slice(src);
@@ -247,7 +246,8 @@ impl<'a> OverlapGate<'a> {
             }
             i += 1;
         });
-        self.pool.extend(done.into_iter().flatten());
+        self.pool
+            .extend(done.into_iter().flatten().map(|(buf, _)| buf));
         let report = if self.deferred.iter().any(|d| *d) {
             grads::all_reduce_gradients(
                 &*self.comm,

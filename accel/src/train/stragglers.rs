@@ -111,20 +111,23 @@ impl StragglerReport {
 mod tests {
     use super::*;
 
-    fn times(ms: [f64; 6]) -> PhaseTimes {
-        PhaseTimes { ms }
+    fn report(step: u64, rows: &[[f64; 6]]) -> StragglerReport {
+        StragglerReport {
+            step,
+            times: rows.iter().map(|&ms| PhaseTimes { ms }).collect(),
+        }
     }
 
     #[test]
     fn scores_are_time_over_the_median_and_name_the_slowest_rank() {
-        let r = StragglerReport {
-            step: 50,
-            times: vec![
-                times([1.0, 10.0, 0.0, 0.0, 0.0, 0.0]),
-                times([1.0, 40.0, 0.0, 0.0, 0.0, 0.0]),
-                times([2.0, 10.0, 0.0, 0.0, 0.0, 0.0]),
+        let r = report(
+            50,
+            &[
+                [1.0, 10.0, 0.0, 0.0, 0.0, 0.0],
+                [1.0, 40.0, 0.0, 0.0, 0.0, 0.0],
+                [2.0, 10.0, 0.0, 0.0, 0.0, 0.0],
             ],
-        };
+        );
         assert_eq!(r.median(Phase::Forward), 10.0);
         assert_eq!(r.scores(Phase::Forward), vec![1.0, 4.0, 1.0]);
         assert_eq!(r.straggler(Phase::Forward), Some((1, 4.0)));
@@ -138,27 +141,20 @@ mod tests {
         assert_eq!(s["straggler/data"], 2.0);
         assert!(!s.contains_key("phase/backward_ms"));
         // One rank alone in a phase: scored against the mean.
-        let r = StragglerReport {
-            step: 2,
-            times: vec![
-                times([0.0; 6]),
-                times([0.0, 30.0, 0.0, 0.0, 0.0, 0.0]),
-                times([0.0; 6]),
-            ],
-        };
+        let r = report(2, &[[0.0; 6], [0.0, 30.0, 0.0, 0.0, 0.0, 0.0], [0.0; 6]]);
         assert_eq!(r.straggler(Phase::Forward), Some((1, 3.0)));
         // A rank 40 ms slow in forward, where the others take no time (a
         // score of 3 against the mean), and jittery in a phase of a few
         // microseconds (a score of 4 there): its mark is the forward, where
         // it loses the time.
-        let r = StragglerReport {
-            step: 10,
-            times: vec![
-                times([0.0, 0.0, 0.0, 0.0, 0.05, 0.0]),
-                times([0.0, 40.0, 0.0, 0.0, 0.2, 0.0]),
-                times([0.0, 0.0, 0.0, 0.0, 0.05, 0.0]),
+        let r = report(
+            10,
+            &[
+                [0.0, 0.0, 0.0, 0.0, 0.05, 0.0],
+                [0.0, 40.0, 0.0, 0.0, 0.2, 0.0],
+                [0.0, 0.0, 0.0, 0.0, 0.05, 0.0],
             ],
-        };
+        );
         let m = r.mark(1).unwrap();
         assert_eq!((m.phase, m.score), (Phase::Forward, 3.0), "{m:?}");
         assert!(
