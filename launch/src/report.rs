@@ -265,10 +265,29 @@ pub struct Stall {
     pub missing: Vec<(usize, Option<String>)>,
 }
 
+impl Stall {
+    /// The missing rank furthest behind, which the others wait on: one that
+    /// entered no collective, else the one whose last collective is oldest,
+    /// the lowest rank among equals. A rank one collective behind is often
+    /// only stuck in a collective the furthest one froze after the witness
+    /// had left it (a ring all-reduce that completed for rank 0 but not for
+    /// the rank after the stopped one).
+    pub fn furthest_behind(&self) -> Option<&(usize, Option<String>)> {
+        let seq = |last: &Option<String>| {
+            last.as_deref().map(|l| {
+                l.rsplit_once('#')
+                    .and_then(|(_, n)| n.parse::<u64>().ok())
+                    .unwrap_or(u64::MAX)
+            })
+        };
+        self.missing.iter().min_by_key(|(r, last)| (seq(last), *r))
+    }
+}
+
 impl Failure {
     /// The root cause a stall verdict points to: `victim` (a rank that
-    /// timed out waiting) becomes the witness, and the first missing rank
-    /// is blamed, at `place` (its rank, local rank, machine and host when
+    /// timed out waiting) becomes the witness, and the missing rank
+    /// furthest behind ([`Stall::furthest_behind`]) is blamed, at `place` (its rank, local rank, machine and host when
     /// this launcher knows them). Returns `victim` unchanged when the
     /// verdict names no missing rank or names the victim itself.
     pub fn blame_stall(
@@ -276,7 +295,7 @@ impl Failure {
         stall: &Stall,
         place: Option<(usize, usize, String)>,
     ) -> Failure {
-        let Some((rank, last)) = stall.missing.first().cloned() else {
+        let Some((rank, last)) = stall.furthest_behind().cloned() else {
             return victim;
         };
         if stall.missing.iter().any(|(r, _)| *r == victim.rank) {
@@ -303,7 +322,12 @@ impl Failure {
             )),
             location: None,
             stderr_tail: victim.stderr_tail,
-            also_hung: stall.missing.iter().skip(1).map(|(r, _)| *r).collect(),
+            also_hung: stall
+                .missing
+                .iter()
+                .map(|(r, _)| *r)
+                .filter(|&r| r != rank)
+                .collect(),
             interrupted: false,
         }
     }
@@ -546,7 +570,10 @@ mod tests {
         let stall = Stall {
             seen_by: 0,
             waiting_in: "all_reduce#42".into(),
-            missing: vec![(1, Some("all_reduce#41".into())), (3, None)],
+            missing: vec![
+                (1, Some("all_reduce#41".into())),
+                (3, Some("all_reduce#41".into())),
+            ],
         };
         let f = Failure::blame_stall(victim(), &stall, Some((1, 0, "h".into())));
         assert_eq!(f.rank, 1);
@@ -572,6 +599,36 @@ mod tests {
         assert!(f.headline().starts_with("rank 1 "), "{}", f.headline());
         let back: Failure = serde_json::from_str(&serde_json::to_string(&f).unwrap()).unwrap();
         assert_eq!(back, f);
+    }
+
+    #[test]
+    fn a_stall_blames_the_rank_furthest_behind() {
+        // Rank 3 was stopped after all_reduce#380; rank 0 left #383, whose
+        // ring rank 3 froze for ranks 1, 2 and 4 (seen in CI on 2026-12-06).
+        let last = |n: u32| Some(format!("all_reduce#{n}"));
+        let stall = Stall {
+            seen_by: 0,
+            waiting_in: "all_reduce#384".into(),
+            missing: vec![
+                (1, last(383)),
+                (2, last(383)),
+                (3, last(380)),
+                (4, last(383)),
+            ],
+        };
+        let f = Failure::blame_stall(victim(), &stall, Some((3, 1, "m1".into())));
+        assert_eq!((f.rank, f.also_hung.clone()), (3, vec![1, 2, 4]));
+        let e = f.error.unwrap();
+        assert!(
+            e.starts_with("rank 3 did not arrive at all_reduce#384 (last entered: all_reduce#380)"),
+            "{e}"
+        );
+        // A rank that entered no collective is further behind than any.
+        let never = Stall {
+            missing: vec![(1, last(383)), (2, None), (3, last(380))],
+            ..stall
+        };
+        assert_eq!(never.furthest_behind().map(|m| m.0), Some(2));
     }
 
     #[test]

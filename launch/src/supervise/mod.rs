@@ -54,7 +54,7 @@ fn blame_stall(
     {
         return;
     }
-    let Some(&(missing, _)) = stall.missing.first() else {
+    let Some(&(missing, _)) = stall.furthest_behind() else {
         return;
     };
     let ranks = group.ranks(attempt);
