@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use accel_api::worker::stall::{label, parse_record, rank_key, record};
+use accel_api::worker::stall::{behind_key, label, parse_record, rank_key, record};
 use accel_api::{CallInfo, Communicator, Error, ErrorKind, Layer, Layered, Op, Store};
 
 /// The store format the launcher reads too ([`accel_api::worker::stall`]),
@@ -219,26 +219,48 @@ impl Layer for StallLayer {
                 "every rank entered {} (none is missing: one may be stuck inside it)",
                 v.waiting_in
             )),
-            Ok(v) => err
-                .with_detail(format!(
+            Ok(v) => {
+                let fix = stall_fix(&v);
+                err.with_detail(format!(
                     "missing ranks: {}; this rank waited in {}",
                     v.missing_text(),
                     v.waiting_in
                 ))
-                .with_fix(format!(
-                    "look at what rank(s) {} did instead of entering {} (a hang, a longer step, a different code path), or raise ACCEL_TIMEOUT",
-                    v.missing
-                        .iter()
-                        .map(|m| m.rank.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    v.waiting_in
-                )),
+                .with_fix(fix)
+            }
             Err(e) => err.with_detail(format!(
                 "the store could not say which rank is missing: {}",
                 e.message()
             )),
         }
+    }
+}
+
+/// Where to look: every missing rank, and first the one furthest behind
+/// when the others got further (they may only be held up by it).
+fn stall_fix(v: &StallVerdict) -> String {
+    let ranks = v
+        .missing
+        .iter()
+        .map(|m| m.rank.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let key = |m: &MissingRank| behind_key(m.rank, m.last.as_deref()).0;
+    let first = v
+        .furthest_behind()
+        .filter(|f| v.missing.iter().any(|m| key(m) > key(f)));
+    let also = "(a hang, a longer step, a different code path), or raise ACCEL_TIMEOUT";
+    match first {
+        Some(f) => format!(
+            "look first at what rank {} did (furthest behind, last entered {}: the other missing ranks may be held up by it), then at rank(s) {ranks}, instead of entering {} {also}",
+            f.rank,
+            f.last.as_deref().unwrap_or("no collective"),
+            v.waiting_in
+        ),
+        None => format!(
+            "look at what rank(s) {ranks} did instead of entering {} {also}",
+            v.waiting_in
+        ),
     }
 }
 
@@ -337,6 +359,12 @@ mod tests {
             s.contains("missing ranks: 1 (last: all_gather#1), 2 (last: none); this rank waited in all_reduce#2"),
             "{s}"
         );
+        assert!(
+            s.contains(
+                "look first at what rank 2 did (furthest behind, last entered no collective"
+            ),
+            "{s}"
+        );
         let v = StallVerdict::read(&*store).expect("a verdict");
         assert_eq!(v.seen_by, 0);
         assert_eq!(v.waiting_in, "all_reduce#2");
@@ -348,6 +376,37 @@ mod tests {
             parse_record(&store.try_get("rank/0").unwrap().unwrap()),
             Some((2, "all_reduce".into())),
             "the survivor published its own record before reading"
+        );
+    }
+
+    #[test]
+    fn the_fix_names_a_rank_furthest_behind_only_when_one_is() {
+        let missing = |lasts: &[(usize, u64)]| StallVerdict {
+            seen_by: 0,
+            waiting_in: "all_reduce#384".into(),
+            missing: lasts
+                .iter()
+                .map(|&(rank, n)| MissingRank {
+                    rank,
+                    last: Some(label(n, "all_reduce")),
+                })
+                .collect(),
+        };
+        let f = stall_fix(&missing(&[(1, 383), (3, 380), (4, 383)]));
+        assert!(
+            f.starts_with(
+                "look first at what rank 3 did (furthest behind, last entered all_reduce#380"
+            ),
+            "{f}"
+        );
+        assert!(
+            f.contains("then at rank(s) 1, 3, 4, instead of entering all_reduce#384"),
+            "{f}"
+        );
+        let f = stall_fix(&missing(&[(1, 383), (2, 383)]));
+        assert!(
+            f.starts_with("look at what rank(s) 1, 2 did instead of entering all_reduce#384"),
+            "{f}"
         );
     }
 

@@ -266,21 +266,14 @@ pub struct Stall {
 }
 
 impl Stall {
-    /// The missing rank furthest behind, which the others wait on: one that
-    /// entered no collective, else the one whose last collective is oldest,
-    /// the lowest rank among equals. A rank one collective behind is often
-    /// only stuck in a collective the furthest one froze after the witness
-    /// had left it (a ring all-reduce that completed for rank 0 but not for
-    /// the rank after the stopped one).
+    /// The missing rank furthest behind, which the others wait on
+    /// (`accel_api::worker::stall::behind_key`): a rank one collective
+    /// behind is often only stuck in a collective the furthest one froze
+    /// after the witness had left it.
     pub fn furthest_behind(&self) -> Option<&(usize, Option<String>)> {
-        let seq = |last: &Option<String>| {
-            last.as_deref().map(|l| {
-                l.rsplit_once('#')
-                    .and_then(|(_, n)| n.parse::<u64>().ok())
-                    .unwrap_or(u64::MAX)
-            })
-        };
-        self.missing.iter().min_by_key(|(r, last)| (seq(last), *r))
+        self.missing
+            .iter()
+            .min_by_key(|(r, last)| accel_api::worker::stall::behind_key(*r, last.as_deref()))
     }
 }
 

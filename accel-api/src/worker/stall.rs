@@ -39,6 +39,18 @@ pub fn label(seq: u64, op: &str) -> String {
     format!("{op}#{seq}")
 }
 
+/// The number of a collective's label (`all_reduce#41` → 41).
+pub fn label_seq(label: &str) -> Option<u64> {
+    label.rsplit_once('#').and_then(|(_, n)| n.parse().ok())
+}
+
+/// How far behind a missing rank is, as a sort key: a rank that entered no
+/// collective first, then the lower its last collective's number the
+/// further behind, then the lower rank.
+pub fn behind_key(rank: usize, last: Option<&str>) -> (Option<u64>, usize) {
+    (last.map(|l| label_seq(l).unwrap_or(u64::MAX)), rank)
+}
+
 /// One rank that did not arrive at a collective, and what it last entered.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MissingRank {
@@ -70,6 +82,15 @@ impl StallVerdict {
             .join(", ")
     }
 
+    /// The missing rank furthest behind ([`behind_key`]): the others that
+    /// are missing are often held up by it, inside a collective it never
+    /// finished (a ring all-reduce another rank had already left).
+    pub fn furthest_behind(&self) -> Option<&MissingRank> {
+        self.missing
+            .iter()
+            .min_by_key(|m| behind_key(m.rank, m.last.as_deref()))
+    }
+
     /// Leave this verdict in `store` (scoped to the inspector's prefix)
     /// unless a rank left one already: the first rank to time out is the
     /// one that speaks.
@@ -91,10 +112,7 @@ impl StallVerdict {
     /// verdict waited in is no longer missing.
     pub fn read_fresh(store: &dyn Store) -> Option<StallVerdict> {
         let mut v = Self::read(store)?;
-        let waited = v
-            .waiting_in
-            .rsplit_once('#')
-            .and_then(|(_, n)| n.parse::<u64>().ok());
+        let waited = label_seq(&v.waiting_in);
         v.missing.retain_mut(|m| {
             let now = store.try_get(&rank_key(m.rank)).ok().flatten();
             match now.as_deref().and_then(parse_record) {
@@ -137,5 +155,26 @@ mod tests {
             ],
         };
         assert_eq!(v.missing_text(), "1 (last: all_reduce#2), 3 (last: none)");
+        assert_eq!(v.furthest_behind().map(|m| m.rank), Some(3), "none entered");
+        let v = StallVerdict {
+            missing: vec![
+                MissingRank {
+                    rank: 1,
+                    last: Some("all_reduce#383".into()),
+                },
+                MissingRank {
+                    rank: 3,
+                    last: Some("all_reduce#380".into()),
+                },
+                MissingRank {
+                    rank: 4,
+                    last: Some("all_reduce#380".into()),
+                },
+            ],
+            ..v
+        };
+        assert_eq!(v.furthest_behind().map(|m| m.rank), Some(3));
+        assert_eq!(label_seq("all_reduce#383"), Some(383));
+        assert_eq!(label_seq("all_reduce"), None);
     }
 }
