@@ -280,8 +280,9 @@ impl Stall {
 impl Failure {
     /// The root cause a stall verdict points to: `victim` (a rank that
     /// timed out waiting) becomes the witness, and the missing rank
-    /// furthest behind ([`Stall::furthest_behind`]) is blamed, at `place` (its rank, local rank, machine and host when
-    /// this launcher knows them). Returns `victim` unchanged when the
+    /// furthest behind ([`Stall::furthest_behind`]) is blamed, at `place`
+    /// (its rank, local rank, machine and host when this launcher knows
+    /// them). Returns `victim` unchanged when the
     /// verdict names no missing rank or names the victim itself.
     pub fn blame_stall(
         victim: Failure,
