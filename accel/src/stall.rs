@@ -19,7 +19,7 @@
 //! last one long before anyone times out waiting for it. The store is read
 //! only after a timeout.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -42,6 +42,8 @@ struct Shared {
     op: AtomicUsize,
     /// The record last written to the store.
     published: Mutex<u64>,
+    /// A lost peer's verdict was waited for once (later errors only look).
+    waited_for_verdict: AtomicBool,
     stop: Mutex<bool>,
     wake: Condvar,
 }
@@ -110,6 +112,7 @@ pub fn stall_inspector(
         seq: AtomicU64::new(NONE),
         op: AtomicUsize::new(0),
         published: Mutex::new(NONE),
+        waited_for_verdict: AtomicBool::new(false),
         stop: Mutex::new(false),
         wake: Condvar::new(),
     });
@@ -137,7 +140,39 @@ pub fn stall_inspector(
     Ok(Layered::new(inner, StallLayer { shared, interval }))
 }
 
+/// How long a rank that lost a peer waits for the verdict of a rank that
+/// timed out first (it leaves it a moment after it gives up).
+const PEER_VERDICT_GRACE: Duration = Duration::from_millis(500);
+
 impl StallLayer {
+    /// A peer that gave up first may have timed out waiting for ranks this
+    /// rank never waited for (it had got further, into the next call): the
+    /// verdict that peer leaves names them. A peer that died leaves none:
+    /// the first such error waits `timeout` (at most
+    /// [`PEER_VERDICT_GRACE`]) for it, later ones only look.
+    fn with_peer_verdict(&self, timeout: Duration, err: Error) -> Error {
+        let s = &self.shared;
+        let found = if s.waited_for_verdict.swap(true, Ordering::SeqCst) {
+            s.store.try_get(VERDICT_KEY).ok().flatten()
+        } else {
+            s.store
+                .get(VERDICT_KEY, timeout.min(PEER_VERDICT_GRACE))
+                .ok()
+        };
+        let Some(v) = found else {
+            return err;
+        };
+        match serde_json::from_slice::<StallVerdict>(&v) {
+            Ok(v) if v.seen_by != s.rank && !v.missing.is_empty() => err.with_detail(format!(
+                "rank {} had timed out in {} waiting for missing ranks: {}",
+                v.seen_by,
+                v.waiting_in,
+                v.missing_text()
+            )),
+            _ => err,
+        }
+    }
+
     /// How often the publishing thread writes a changed record.
     pub fn interval(&self) -> Duration {
         self.interval
@@ -203,11 +238,15 @@ impl Layer for StallLayer {
         Box::new(accel_api::Layered::new(sub, crate::flight::DumpOnFailure))
     }
 
-    /// After a collective's timeout, names the ranks that never entered it.
-    fn on_error(&self, _inner: &dyn Communicator, call: &CallInfo, err: Error) -> Error {
+    /// After a collective's timeout, names the ranks that never entered it;
+    /// after a lost peer, the ranks a peer that timed out first named.
+    fn on_error(&self, inner: &dyn Communicator, call: &CallInfo, err: Error) -> Error {
         // The first timeout, mismatch or lost peer: what every communicator
         // of this process was doing (`accel trace` reads it).
         crate::flight::dump_on_failure(&err);
+        if call.is_collective() && matches!(err.kind(), ErrorKind::PeerLost { .. }) {
+            return self.with_peer_verdict(inner.timeout(), err);
+        }
         if !call.is_collective() || !matches!(err.kind(), ErrorKind::Timeout { .. }) {
             return err;
         }
@@ -270,10 +309,10 @@ mod tests {
     use accel_api::kit::{Engine, EngineInfo, Group};
     use accel_api::{Buf, BufMut, Capabilities, CommunicatorExt, Device, ReduceOp, Result};
     use accel_rendezvous::MemoryStore;
-    use std::sync::atomic::AtomicBool;
 
     /// Rank 0 of 3 whose all-reduces succeed (leaving the buffer as it is)
-    /// until `late` is set, then time out.
+    /// until `late` is set, then time out; whose broadcasts then lose rank
+    /// 1, which gave up first.
     struct Late {
         info: EngineInfo,
         late: Arc<AtomicBool>,
@@ -293,6 +332,12 @@ mod tests {
             Ok(())
         }
         fn broadcast(&self, _: BufMut<'_>, _: usize) -> Result<()> {
+            if self.late.load(Ordering::SeqCst) {
+                return Err(Error::new(
+                    ErrorKind::PeerLost { peer: Some(1) },
+                    "rank 1 gave up first",
+                ));
+            }
             Ok(())
         }
         fn all_gather(&self, _: Buf<'_>, _: BufMut<'_>) -> Result<()> {
@@ -377,6 +422,47 @@ mod tests {
             Some((2, "all_reduce".into())),
             "the survivor published its own record before reading"
         );
+    }
+
+    /// A rank that lost a peer which had timed out first names the ranks
+    /// that peer waited for (its verdict); without a verdict the error is
+    /// the engine's, after the grace.
+    #[test]
+    fn a_lost_peer_that_timed_out_first_passes_on_whom_it_waited_for() {
+        // A lost peer poisons the group: one communicator per case.
+        let lost_with = |verdict: Option<&StallVerdict>| {
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            if let Some(v) = verdict {
+                v.write_first(&*store);
+            }
+            let (c, late) = inspected(&store);
+            late.store(true, Ordering::SeqCst);
+            c.broadcast_slice(&mut [1.0f32], 0).unwrap_err()
+        };
+        let e = lost_with(None);
+        assert_eq!(e.message(), "rank 1 gave up first", "no verdict: {e}");
+        let v = StallVerdict {
+            seen_by: 1,
+            waiting_in: "broadcast#52".into(),
+            missing: vec![MissingRank {
+                rank: 2,
+                last: None,
+            }],
+        };
+        let e = lost_with(Some(&v));
+        assert!(
+            matches!(e.kind(), ErrorKind::PeerLost { peer: Some(1) }),
+            "{e}"
+        );
+        assert!(
+            e.message().ends_with(
+                "; rank 1 had timed out in broadcast#52 waiting for missing ranks: 2 (last: none)"
+            ),
+            "{e}"
+        );
+        // Its own verdict says nothing new to the rank that wrote it.
+        let e = lost_with(Some(&StallVerdict { seen_by: 0, ..v }));
+        assert_eq!(e.message(), "rank 1 gave up first", "{e}");
     }
 
     #[test]
