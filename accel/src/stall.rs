@@ -153,17 +153,12 @@ impl StallLayer {
     fn with_peer_verdict(&self, timeout: Duration, err: Error) -> Error {
         let s = &self.shared;
         let found = if s.waited_for_verdict.swap(true, Ordering::SeqCst) {
-            s.store.try_get(VERDICT_KEY).ok().flatten()
+            StallVerdict::read(&*s.store)
         } else {
-            s.store
-                .get(VERDICT_KEY, timeout.min(PEER_VERDICT_GRACE))
-                .ok()
+            StallVerdict::wait(&*s.store, timeout.min(PEER_VERDICT_GRACE))
         };
-        let Some(v) = found else {
-            return err;
-        };
-        match serde_json::from_slice::<StallVerdict>(&v) {
-            Ok(v) if v.seen_by != s.rank && !v.missing.is_empty() => err.with_detail(format!(
+        match found {
+            Some(v) if v.seen_by != s.rank && !v.missing.is_empty() => err.with_detail(format!(
                 "rank {} had timed out in {} waiting for missing ranks: {}",
                 v.seen_by,
                 v.waiting_in,

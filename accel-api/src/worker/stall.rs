@@ -106,6 +106,12 @@ impl StallVerdict {
         serde_json::from_slice(&v).ok()
     }
 
+    /// [`read`](Self::read), waiting up to `timeout` for a rank to write it.
+    pub fn wait(store: &dyn Store, timeout: std::time::Duration) -> Option<StallVerdict> {
+        let v = store.get(VERDICT_KEY, timeout).ok()?;
+        serde_json::from_slice(&v).ok()
+    }
+
     /// [`read`](Self::read), with each missing rank's record read again
     /// now: its last collective as of this moment (the verdict's is as of
     /// the timeout), and a rank that has since entered the collective the
